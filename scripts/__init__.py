@@ -1,0 +1,1 @@
+"""Tooling for the SGLang EAGLE fast-verify patch series (one module per verb)."""

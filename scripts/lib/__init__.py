@@ -1,0 +1,1 @@
+"""Shared core used by the verbs in scripts/ (pin, git, base, apply)."""

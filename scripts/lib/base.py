@@ -1,0 +1,214 @@
+"""Getting the pinned, unpatched SGLang base: a clone of the tag, or the pinned wheel turned into a git tree.
+
+Both end in a bare cache repository build/cache/sglang-<tag>.git whose tag <tag> is the pristine base; apply,
+check-patches, refresh and the tests clone from it (a local clone takes a second).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from . import gitutil
+from .errors import UserError
+from .pin import REPO_ROOT, Pin
+from .progress import Progress, say
+
+BUILD_DIR = REPO_ROOT / "build"
+CACHE_DIR = BUILD_DIR / "cache"
+SOURCES = ("auto", "clone", "wheel")
+# Files git must never see as changes in a base or patched tree (bytecode from imports, our record).
+EXCLUDES = ("__pycache__/", "*.pyc", "/python/sglang/_patchset.json")
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def github_reachable(url: str, tag: str, timeout: float = 20.0) -> tuple[bool, str]:
+    try:
+        cp = subprocess.run(["git", "ls-remote", "--exit-code", url, f"refs/tags/{tag}"], capture_output=True,
+                            text=True, timeout=timeout, env=gitutil.git_env())
+    except subprocess.TimeoutExpired:
+        return False, f"no answer from {url} within {timeout:.0f}s"
+    if cp.returncode == 0:
+        return True, cp.stdout.split()[0] if cp.stdout.split() else ""
+    return False, (cp.stderr.strip().splitlines() or [f"exit {cp.returncode}"])[-1]
+
+
+def wheel_version(filename: str) -> str:
+    parts = filename.split("-")
+    return parts[1] if len(parts) > 2 else "?"
+
+
+def fetch_wheel(pin: Pin, cache_dir: Path = CACHE_DIR, requirement: str | None = None, filename: str | None = None,
+                sha256: str | None = None) -> Path:
+    """Return a verified local copy of the wheel. SGLANG_WHEEL=<file> uses a file you already have."""
+    requirement = requirement or pin.wheel_requirement
+    filename = filename or pin.wheel_filename
+    sha256 = pin.wheel_sha256 if sha256 is None else sha256
+    local = os.environ.get("SGLANG_WHEEL")
+    if local:
+        path = Path(local)
+        if not path.is_file():
+            raise UserError(f"SGLANG_WHEEL={local} does not exist; point it at {filename} or unset it")
+    else:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        path = cache_dir / filename
+        if not path.is_file():
+            say(f"downloading {requirement} ({filename}) from PyPI into {cache_dir}")
+            m = re.match(r"[^-]+-[^-]+-(cp\d+)-[^-]+-(.+)\.whl$", filename)
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(cache_dir),
+                   requirement]
+            if m:
+                cmd += ["--python-version", m.group(1)[2:], "--implementation", "cp", "--platform", m.group(2)]
+            cp = subprocess.run(cmd)
+            if cp.returncode != 0 or not path.is_file():
+                raise UserError(f"could not download {requirement} ({filename}) from PyPI (pip exit {cp.returncode}). "
+                                f"Download it elsewhere and set SGLANG_WHEEL=/path/to/{filename}")
+    if sha256:
+        say(f"verifying sha256 of {path.name}")
+        got = sha256_file(path)
+        if got != sha256:
+            raise UserError(f"{path} has sha256 {got}, but the pin (patches/pin.toml) expects {sha256} for {filename}. "
+                            f"Delete the file and retry, or check where it came from.")
+    return path
+
+
+def unpack_wheel(wheel: Path, target: Path, prefix: str = "", only: str | None = "sglang/") -> int:
+    """Extract the wheel's files (only those under `only`, if given) to target/prefix, keeping exec bits."""
+    with zipfile.ZipFile(wheel) as z:
+        names = [n for n in z.namelist() if not n.endswith("/") and (only is None or n.startswith(only))]
+        prog = Progress(f"unpacking {wheel.name}", len(names))
+        for n in names:
+            dest = target / prefix / n
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with z.open(n) as src, open(dest, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            mode = (z.getinfo(n).external_attr >> 16) & 0o777
+            if mode & 0o111:
+                dest.chmod(0o755)
+            prog.step()
+        prog.close()
+    return len(names)
+
+
+def read_version(pkg_dir: Path) -> str | None:
+    """The release a tree's sglang package says it is (wheel trees carry _version.py)."""
+    for name in ("_version.py", "version.py"):
+        f = pkg_dir / name
+        if f.is_file():
+            m = re.search(r"__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)['\"]", f.read_text())
+            if m:
+                return m.group(1)
+    return None
+
+
+def add_excludes(repo: Path) -> None:
+    exclude = Path(gitutil.out(repo, "rev-parse", "--git-path", "info/exclude"))
+    if not exclude.is_absolute():
+        exclude = repo / exclude
+    exclude.parent.mkdir(parents=True, exist_ok=True)
+    have = exclude.read_text().splitlines() if exclude.exists() else []
+    with open(exclude, "a") as f:
+        for pat in EXCLUDES:
+            if pat not in have:
+                f.write(pat + "\n")
+
+
+def git_tree_from_wheel(wheel: Path, dest: Path, tag: str, sha256: str) -> str:
+    """A fresh git repository with the wheel's sglang/ under python/, one commit tagged `tag`. Returns its id."""
+    dest.mkdir(parents=True)
+    gitutil.git(dest, "init", "-q", "-b", "main")
+    add_excludes(dest)
+    unpack_wheel(wheel, dest, prefix="python")
+    say("committing the base tree")
+    gitutil.git(dest, "add", "-A")
+    msg = (f"SGLang {tag} from the PyPI wheel {wheel.name}\n\nsha256 {sha256}\n"
+           f"The wheel's sglang/ is the repository's python/sglang/ (upstream layout).\n")
+    gitutil.git(dest, "commit", "-q", "-m", msg, fixed_date=True)
+    gitutil.git(dest, "tag", tag)
+    return gitutil.out(dest, "rev-parse", "HEAD")
+
+
+def base_cache_path(tag: str, cache_dir: Path = CACHE_DIR) -> Path:
+    return cache_dir / f"sglang-{tag}.git"
+
+
+def base_info_path(bare: Path) -> Path:
+    return bare / "eagle-base.json"
+
+
+def ensure_base(pin: Pin, source: str = "auto", cache_dir: Path = CACHE_DIR, repository: str | None = None,
+                tag: str | None = None, wheel: dict | None = None) -> tuple[Path, dict]:
+    """Make (once) and return the bare base repository for `tag`, and what it came from.
+
+    source: auto (clone if the upstream answers, else the wheel, and say so), clone, or wheel.
+    wheel: optional {requirement, filename, sha256} overriding the pin's (used by refresh).
+    """
+    if source not in SOURCES:
+        raise UserError(f"unknown base source {source!r}: use one of {', '.join(SOURCES)}")
+    gitutil.require_git()
+    repository = repository or os.environ.get("SGLANG_REPO") or pin.repository
+    tag = tag or pin.tag
+    bare = base_cache_path(tag, cache_dir)
+    if bare.is_dir() and base_info_path(bare).is_file():
+        info = json.loads(base_info_path(bare).read_text())
+        if source in ("auto", info["source"]):
+            return bare, info
+        shutil.rmtree(bare)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    if source == "auto":
+        ok, detail = github_reachable(repository, tag)
+        if ok:
+            source = "clone"
+        else:
+            source = "wheel"
+            say(f"{repository} is not reachable ({detail}); falling back to the pinned PyPI wheel "
+                f"{(wheel or {}).get('requirement', pin.wheel_requirement)}, verified by sha256 "
+                f"(same Python sources as the tag; set SGLANG_BASE=clone to insist on GitHub)")
+    with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
+        work = Path(tmp) / "work"
+        if source == "clone":
+            say(f"cloning {repository} at {tag}")
+            cp = subprocess.run(["git", "clone", "--progress", "--depth", "1", "--branch", tag, repository, str(work)],
+                                env=gitutil.git_env())
+            if cp.returncode != 0:
+                raise UserError(f"git clone of {repository} at {tag} failed (exit {cp.returncode}). Without GitHub, "
+                                f"use SGLANG_BASE=wheel (the pinned PyPI wheel).")
+            add_excludes(work)
+            commit = gitutil.out(work, "rev-parse", "HEAD")
+            gitutil.git(work, "tag", "-f", tag)
+            say(f"the clone of {tag} is commit {commit}")
+            info = {"source": "clone", "repository": repository, "tag": tag, "commit": commit}
+        else:
+            w = wheel or {}
+            path = fetch_wheel(pin, cache_dir, w.get("requirement"), w.get("filename"), w.get("sha256"))
+            digest = w.get("sha256") or sha256_file(path)
+            commit = git_tree_from_wheel(path, work, tag, digest)
+            info = {"source": "wheel", "tag": tag, "wheel": path.name, "sha256": digest, "commit": commit}
+        gitutil.git(cache_dir, "clone", "-q", "--bare", str(work), str(bare))
+        base_info_path(bare).write_text(json.dumps(info, indent=1) + "\n")
+    return bare, info
+
+
+def clone_base(bare: Path, dest: Path, tag: str) -> None:
+    """A working tree at the pristine base tag, cloned from the cache."""
+    if dest.exists() and any(dest.iterdir()):
+        raise UserError(f"{dest} exists and is not empty; remove it or pick another directory")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    gitutil.git(dest.parent, "clone", "-q", "--branch", tag, str(bare), str(dest))
+    gitutil.git(dest, "checkout", "-q", "-B", "patched", tag)
+    add_excludes(dest)

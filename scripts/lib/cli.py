@@ -1,0 +1,20 @@
+"""Common main() wrapper: a UserError prints its message (no traceback) and exits with its code."""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+from .errors import UserError
+
+
+def run(main: Callable[[list[str] | None], int | None], argv: list[str] | None = None) -> None:
+    try:
+        rc = main(argv)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(rc or 0)

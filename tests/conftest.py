@@ -1,0 +1,62 @@
+"""Test setup: every test that imports sglang gets the *patched tree* (build/sglang/python), never an installed copy.
+
+sglang is deliberately not installed in .venv (see requirements/README.md), and this file puts the tree first on
+sys.path before any test module is imported. It refuses to run against a tree that does not hold the current
+series (stale build/sglang: run `make apply`).
+
+SGLANG_TREE=<dir> points the tests at another tree (a helper's work tree, or the pristine base when proving that
+patch tests fail without the patches: scripts/prove_tests.py); the freshness check is then skipped.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from scripts.lib.applycore import patchset_id, read_record  # noqa: E402
+from scripts.lib.pin import load_pin, series_patches  # noqa: E402
+
+DEFAULT_TREE = ROOT / "build" / "sglang"
+TREE = Path(os.environ.get("SGLANG_TREE") or DEFAULT_TREE).resolve()
+PKG_PARENT = TREE / "python"
+
+
+def _tree_problem() -> str | None:
+    if not (PKG_PARENT / "sglang" / "__init__.py").is_file():
+        return f"{TREE} holds no SGLang tree: run `make apply` first"
+    if "SGLANG_TREE" in os.environ:
+        return None
+    rec = read_record(PKG_PARENT / "sglang")
+    want = patchset_id(series_patches(load_pin()))
+    if rec is None or rec.get("patchset") != want:
+        got = rec.get("patchset") if rec else "none"
+        return f"{TREE} holds patch set {got}, but patches/ is {want}: run `make apply` to bring it up to date"
+    return None
+
+
+PROBLEM = _tree_problem()
+if PROBLEM is None:
+    sys.path.insert(0, str(PKG_PARENT))
+
+
+def pytest_report_header(config):
+    return [f"sglang tree: {TREE}" + (f" (unusable: {PROBLEM})" if PROBLEM else "")]
+
+
+@pytest.fixture(scope="session")
+def sglang_tree() -> Path:
+    """The SGLang tree under test; importing sglang afterwards is guaranteed to come from it."""
+    if PROBLEM:
+        pytest.fail(PROBLEM, pytrace=False)
+    spec = importlib.util.find_spec("sglang")
+    origin = Path(spec.origin).resolve() if spec and spec.origin else None
+    if origin is None or PKG_PARENT.resolve() not in origin.parents:
+        pytest.fail(f"sglang would be imported from {origin}, not from {PKG_PARENT}", pytrace=False)
+    return TREE

@@ -1,0 +1,57 @@
+"""Helpers shared by the patch tests: faked GPU platforms and Kimi-K2.5-shaped server arguments.
+
+Everything here drives real SGLang code from the tree under test; only the platform probes are faked, through
+SGLang's own `runtime_context.override_platform`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+KIMI_K25 = FIXTURES / "kimi-k25"  # config.json only: KimiK25ForConditionalGeneration, DeepSeek-V3 text model
+KIMI_K25_EAGLE3 = FIXTURES / "kimi-k25-eagle3"  # config.json only: a Llama EAGLE-3 draft head for it
+
+EAGLE3_CHAIN = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=str(KIMI_K25_EAGLE3),
+                    speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4)
+
+
+def facts(major: int, **extra) -> dict:
+    """Platform facts of a CUDA GPU with compute capability major.0 (9: H100/H200, 10: B200, 12: RTX PRO 6000)."""
+    d = dict(is_cuda=True, is_hip=False, is_npu=False, is_xpu=False, is_musa=False, is_mps=False,
+             is_sm90=major == 9, is_sm100=major == 10, is_sm100_or_sm110=major == 10, is_sm110=False,
+             is_sm120=major == 12, is_blackwell=major >= 10, is_hopper_with_cuda_12_3=major == 9,
+             has_amx=False, has_flashinfer=True, device_sm=major * 10, device_capability=(major, 0))
+    d.update(extra)
+    return d
+
+
+@contextlib.contextmanager
+def platform(major: int, **extra):
+    from sglang.srt.runtime_context import override_platform
+
+    with override_platform(**facts(major, **extra)):
+        yield
+
+
+def server_args(major: int = 12, tp: int = 8, nnodes: int = 1, spec: bool = True, **kw):
+    """Resolved ServerArgs for Kimi-K2.5 (+ EAGLE-3 chain drafting if spec) on a faked platform."""
+    from sglang.srt.server_args import ServerArgs
+
+    args = dict(model_path=str(KIMI_K25), tp_size=tp, nnodes=nnodes, device="cuda")
+    if nnodes > 1:
+        args.update(node_rank=0, dist_init_addr="127.0.0.1:5000")
+    if spec:
+        args.update(EAGLE3_CHAIN)
+    args.update(kw)
+    with platform(major):
+        sa = ServerArgs(**args)
+        sa.resolve_once()
+    return sa
+
+
+def resolved(sa, name: str):
+    from sglang.srt.arg_groups.overrides import resolution_result
+
+    return resolution_result(sa, name)
