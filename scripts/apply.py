@@ -28,6 +28,7 @@ DEFAULT_TREE = BUILD_DIR / "sglang"
 
 def build_tree(pin, dest: Path, source: str, rebuild: bool = False) -> str:
     """Create or update the default patched tree (build/sglang). Returns 'applied' or 'already'."""
+    dest = Path(dest).resolve()
     if dest.exists() and rebuild:
         import shutil
         say(f"--rebuild: removing {dest}")

@@ -8,6 +8,7 @@ and the user's git configuration is ignored.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -16,13 +17,14 @@ import tempfile
 from pathlib import Path
 
 from .lib import gitutil
+from .lib.applycore import RECORD_NAME, Layout, patchset_id, read_record
 from .lib.cli import run
 from .lib.errors import UserError
-from .lib.pin import NULL_BLOB, Pin, dump_pin, load_pin, parse_patch
+from .lib.pin import NULL_BLOB, Pin, dump_pin, load_pin, parse_patch, series_patches
 from .lib.progress import say
 
 FORMAT_PATCH = ["format-patch", "--full-index", "--no-signature", "--zero-commit", "--no-numbered", "--no-stat",
-                "--no-renames", "--encode-email-headers", "--src-prefix=a/", "--dst-prefix=b/"]
+                "--no-renames", "--encode-email-headers", "--filename-max-length=100", "--src-prefix=a/", "--dst-prefix=b/"]
 
 
 def _clean_env() -> dict[str, str]:
@@ -77,7 +79,20 @@ def export(tree: Path, pin: Pin, out_dir: Path) -> list[str]:
             patched[path] = _blob_at(tree, "HEAD", path)
     new_pin = Pin(**{**pin.__dict__, "patches_dir": out_dir, "base_blobs": base, "patched_blobs": patched})
     (out_dir / "pin.toml").write_text(dump_pin(new_pin))
+    _refresh_record(tree, new_pin)
     return names
+
+
+def _refresh_record(tree: Path, pin: Pin) -> None:
+    """The tree now holds exactly the exported series: say so in its record (sglang/_patchset.json)."""
+    layout = Layout(tree, "git")
+    rec = read_record(layout.pkg_dir)
+    if rec is None or gitutil.status_porcelain(tree):
+        return
+    patches = series_patches(pin)
+    rec.update(patchset=patchset_id(patches), patches=[{"file": p.path.name, "subject": p.subject} for p in patches],
+               files=dict(sorted(pin.patched_blobs.items())), head=gitutil.out(tree, "rev-parse", "HEAD"))
+    (layout.pkg_dir / RECORD_NAME).write_text(json.dumps(rec, indent=1) + "\n")
 
 
 def _blob_at(tree: Path, rev: str, path: str) -> str:

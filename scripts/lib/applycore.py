@@ -21,7 +21,7 @@ from pathlib import Path
 from . import gitutil
 from .base import add_excludes, read_version
 from .errors import ConflictError, UserError
-from .pin import Pin, PatchInfo, series_patches, touched_files
+from .pin import NULL_BLOB, Pin, PatchInfo, series_patches, touched_files
 from .progress import say
 
 RECORD_NAME = "_patchset.json"  # inside the sglang package: sglang/_patchset.json
@@ -81,7 +81,7 @@ def classify(layout: Layout, pin: Pin, patches: list[PatchInfo]) -> State:
     missing = [f for f in files if f not in pin.base_blobs or f not in pin.patched_blobs]
     if missing:
         raise UserError(f"the pin lacks blob ids for {', '.join(missing)}: run `make export` to regenerate patches/pin.toml")
-    actual = {f: gitutil.file_blob(layout.path_of(f)) for f in files}
+    actual = {f: gitutil.file_blob(layout.path_of(f)) or NULL_BLOB for f in files}
     if all(actual[f] == pin.patched_blobs[f] for f in files):
         return State("patched", [])
     if all(actual[f] == pin.base_blobs[f] for f in files):
@@ -94,7 +94,8 @@ def wrong_base_message(layout: Layout, pin: Pin, state: State) -> str:
     lines = [f"{layout.root} is not the pinned base {pin.describe()}, so nothing was changed:"]
     for f, blob in state.mismatches[:8]:
         want = pin.base_blobs[f]
-        lines.append(f"  {f}: blob {blob[:12] if blob else '(missing)'}, expected {want[:12]} (SGLang {pin.version})")
+        shown = "(missing)" if blob == NULL_BLOB else blob[:12]
+        lines.append(f"  {f}: blob {shown}, expected {'(absent)' if want == NULL_BLOB else want[:12]} (SGLang {pin.version})")
     if len(state.mismatches) > 8:
         lines.append(f"  ... and {len(state.mismatches) - 8} more")
     if version and version != pin.version:
@@ -233,7 +234,7 @@ def apply_site(site: Path, pin: Pin) -> str:
                                     f"Nothing was changed there.\n--- git apply said:\n{cp.stderr.strip()[-2000:]}")
         staged = Layout(stage, "git")
         for f in files:
-            if gitutil.file_blob(staged.path_of(f)) != pin.patched_blobs[f]:
+            if (gitutil.file_blob(staged.path_of(f)) or NULL_BLOB) != pin.patched_blobs[f]:
                 raise UserError(f"staged result for {f} differs from patches/pin.toml; nothing was changed "
                                 f"(patches and pin out of sync: run make export)")
         backup = Path(tmp) / "backup"

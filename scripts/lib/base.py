@@ -206,6 +206,7 @@ def ensure_base(pin: Pin, source: str = "auto", cache_dir: Path = CACHE_DIR, rep
 
 def clone_base(bare: Path, dest: Path, tag: str) -> None:
     """A working tree at the pristine base tag, cloned from the cache."""
+    dest = Path(dest).resolve()
     if dest.exists() and any(dest.iterdir()):
         raise UserError(f"{dest} exists and is not empty; remove it or pick another directory")
     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -153,9 +153,12 @@ def parse_patch(path: Path) -> PatchInfo:
     if not path.is_file():
         raise UserError(f"patch {path.name} is listed in the series but {path} does not exist")
     text = path.read_text()
-    head, sep, diff = text.partition("\n---\n")
-    if not sep:
-        raise UserError(f"{path.name} is not `git format-patch` output (no '---' separator)")
+    cut = text.find("\ndiff --git ")
+    if not text.startswith("From ") or cut < 0:
+        raise UserError(f"{path.name} is not `git format-patch` output (no 'From' header or no diff)")
+    head, diff = text[:cut], text[cut + 1:]
+    if "\n---\n" in head:  # exported with a diffstat
+        head = head.split("\n---\n", 1)[0]
     subject_lines, msg_lines, in_subject, in_body = [], [], False, False
     for line in head.splitlines():
         if in_body:
