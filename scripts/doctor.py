@@ -731,7 +731,8 @@ def diagnose(probe: Probe, *, tp: int = 8, need_gb: float = DEFAULT_NEED_GB, env
     if "expandable_segments:True" in alloc.replace(" ", ""):
         add("env.alloc", "warn", f"PYTORCH_CUDA_ALLOC_CONF={alloc}: expandable segments are reported to crash "
             "the PCIe one-shot all-reduce", "unset PYTORCH_CUDA_ALLOC_CONF (or drop expandable_segments)")
-    nccl_env = {k: v for k, v in env.items() if k.startswith("NCCL_")}
+    # NCCL_VERSION is metadata that NVIDIA's CUDA images set, not an NCCL setting.
+    nccl_env = {k: v for k, v in env.items() if k.startswith("NCCL_") and k != "NCCL_VERSION"}
     if nccl_env:
         add("env.nccl", "info", "NCCL settings in the environment (they win over the PCIe env file): "
             + ", ".join(f"{k}={v}" for k, v in sorted(nccl_env.items())))
