@@ -32,8 +32,11 @@ check-patches:   ## lint the series, apply to a pristine base, re-export, fail o
 refresh:         ## move the series to a new upstream: make refresh TO=v0.5.24 (or WHEEL=sglang==0.5.24)
 	$(PY) -m scripts.refresh $(if $(TO),--tag $(TO)) $(if $(WHEEL),--wheel $(WHEEL)) $(if $(WRITE),--write)
 
-test: setup apply  ## run the test suite against build/sglang
+test: setup apply  ## the whole check: pytest against build/sglang, series round trip, Dockerfile lint, prove-tests
 	$(VPY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m scripts.check_patches
+	$(VPY) -m scripts.image --lint-only
+	$(VPY) -m scripts.prove_tests
 
 prove-tests: setup apply  ## show that every patch test fails on the unpatched v0.5.23 tree
 	$(VPY) -m scripts.prove_tests
@@ -47,7 +50,7 @@ lint-docker:     ## hadolint docker/Dockerfile
 doctor:          ## preflight of this box (GPUs, NVLink/P2P, NUMA, driver, NCCL, host settings)
 	$(PY) -m scripts.doctor
 
-bench:           ## A/B regression benchmarks on the 8-GPU box (see README)
+bench:           ## A/B regression benchmarks on the 8-GPU box (BENCH_ARGS="--variants ... --scenarios C1")
 	$(PY) -m scripts.bench $(BENCH_ARGS)
 
 bench-comm:      ## all-reduce / verify-shaped communication benchmark on any box with >= 2 GPUs
@@ -56,5 +59,5 @@ bench-comm:      ## all-reduce / verify-shaped communication benchmark on any bo
 docs:            ## regenerate the cost-model tables in eagle-fast-verify.md from bench/results
 	$(PY) -m scripts.cost_model --write
 
-clean:           ## remove build/ (keeps the wheel cache) and .venv
-	rm -rf build/sglang build/sglang-* build/wt-* $(VENV)
+clean:           ## remove the trees under build/ (keeps the wheel and base cache) and .venv
+	rm -rf build/sglang build/sglang-* build/wt-* build/image-context $(VENV)

@@ -15,11 +15,12 @@ import argparse
 import re
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from .export import export
 from .lib import gitutil
-from .lib.applycore import _am_failure
+from .lib.applycore import _am_failure, apply_git
 from .lib.base import BUILD_DIR, CACHE_DIR, clone_base, ensure_base, fetch_wheel, sha256_file
 from .lib.cli import run
 from .lib.errors import UserError
@@ -35,7 +36,7 @@ def _wheel_spec(requirement: str, wheel_file: Path | None) -> dict:
         return {"requirement": requirement, "filename": wheel_file.name, "sha256": sha256_file(wheel_file),
                 "path": wheel_file}
     import subprocess
-    import tempfile
+
     tmp = Path(tempfile.mkdtemp(dir=CACHE_DIR if CACHE_DIR.exists() else None))
     say(f"downloading {requirement} to find its file name and hash")
     cp = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(tmp),
@@ -57,6 +58,14 @@ def refresh(pin: Pin, tag: str, wheel: dict | None, dest: Path, cache_dir: Path 
     if dest.exists():
         shutil.rmtree(dest)
     clone_base(bare, dest, tag)
+    # Every pre-image blob of the series (the old base and each patch's result), so that `git am -3` can fall
+    # back on a real 3-way merge: apply the series to the old base once and fetch that history.
+    old_bare, old_info = ensure_base(pin, "auto", cache_dir=cache_dir)
+    with tempfile.TemporaryDirectory() as tmp:
+        old_tree = Path(tmp) / "old"
+        clone_base(old_bare, old_tree, pin.tag)
+        apply_git(old_tree, pin, base=old_info)
+        gitutil.git(dest, "fetch", "-q", "--no-tags", str(old_tree), "HEAD:refs/previous/series")
     report = []
     for p in series_patches(pin):
         check = gitutil.git(dest, "apply", "--check", str(p.path), check=False)

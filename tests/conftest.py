@@ -60,3 +60,52 @@ def sglang_tree() -> Path:
     if origin is None or PKG_PARENT.resolve() not in origin.parents:
         pytest.fail(f"sglang would be imported from {origin}, not from {PKG_PARENT}", pytrace=False)
     return TREE
+
+
+# ------------------------------------------------------------------------------ patch-tooling fixtures
+# Real git, real files: the "upstream" is a git repository made from the pinned wheel's files.
+CACHE = ROOT / "build" / "cache"
+
+
+def _wheel(requirement: str) -> Path:
+    """A real sglang wheel from PyPI, downloaded once into build/cache (the same cache make apply uses)."""
+    import subprocess
+
+    version = requirement.split("==")[1]
+    found = sorted(CACHE.glob(f"sglang-{version}-cp311-cp311-manylinux_2_34_x86_64.whl"))
+    if not found:
+        CACHE.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                        "--python-version", "3.11", "--implementation", "cp", "--platform",
+                        "manylinux_2_34_x86_64", "-d", str(CACHE), requirement], check=True)
+        found = sorted(CACHE.glob(f"sglang-{version}-*.whl"))
+    return found[0]
+
+
+@pytest.fixture(scope="session")
+def wheel_0523() -> Path:
+    return _wheel("sglang==0.5.23")
+
+
+@pytest.fixture(scope="session")
+def wheel_0522() -> Path:
+    return _wheel("sglang==0.5.22")
+
+
+@pytest.fixture(scope="session")
+def upstream(tmp_path_factory, wheel_0523) -> Path:
+    """A local stand-in for github.com/sgl-project/sglang: a bare repository whose tag v0.5.23 holds the
+    wheel's files under python/ (built by the same code as the wheel fallback of make apply)."""
+    from scripts.lib import gitutil
+    from scripts.lib.base import git_tree_from_wheel, sha256_file
+
+    root = tmp_path_factory.mktemp("upstream")
+    git_tree_from_wheel(wheel_0523, root / "work", "v0.5.23", sha256_file(wheel_0523))
+    gitutil.git(root, "clone", "-q", "--bare", str(root / "work"), str(root / "sglang.git"))
+    return root / "sglang.git"
+
+
+@pytest.fixture(scope="session")
+def base_cache(tmp_path_factory) -> Path:
+    """One SGLANG_PATCHES_CACHE for the tests that do not test base creation itself (the base is built once)."""
+    return tmp_path_factory.mktemp("base-cache")

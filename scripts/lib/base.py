@@ -23,7 +23,7 @@ from .pin import REPO_ROOT, Pin
 from .progress import Progress, say
 
 BUILD_DIR = REPO_ROOT / "build"
-CACHE_DIR = BUILD_DIR / "cache"
+CACHE_DIR = Path(os.environ.get("SGLANG_PATCHES_CACHE") or BUILD_DIR / "cache")  # base + wheel cache
 SOURCES = ("auto", "clone", "wheel")
 # Files git must never see as changes in a base or patched tree (bytecode from imports, our record).
 EXCLUDES = ("__pycache__/", "*.pyc", "/python/sglang/_patchset.json")
