@@ -95,6 +95,7 @@ def source_url() -> str:
 def build_args(pin: Pin) -> dict[str, str]:
     patches = series_patches(pin)
     return {
+        "BASE": base_reference(pin)[0],
         "BASE_IMAGE": pin.image_name,
         "BASE_TAG": pin.image_tag,
         "BASE_DIGEST": pin.image_digest,

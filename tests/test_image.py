@@ -110,7 +110,7 @@ def test_from_uses_the_pin():
     assert (d["BASE_IMAGE"], d["BASE_TAG"], d.get("BASE_DIGEST", "")) == (pin.image_name, pin.image_tag,
                                                                           pin.image_digest)
     froms = [a for k, a in INSTR if k == "FROM"]
-    assert froms == ["${BASE_IMAGE}:${BASE_TAG}${BASE_DIGEST:+@${BASE_DIGEST}}"]
+    assert froms == ["${BASE}"] and d["BASE"] == f"{pin.image_name}:{pin.image_tag}"
     labels = " ".join(a for k, a in INSTR if k == "LABEL")
     for key in ("org.opencontainers.image.source", "org.opencontainers.image.version",
                 "org.opencontainers.image.revision", "org.opencontainers.image.base.digest",
@@ -335,6 +335,7 @@ def test_dry_run_build_command_carries_labels_and_args(capsys):
     assert cmd[cmd.index("-f") + 1].endswith("docker/Dockerfile")
     args, labels = _pairs(cmd, "--build-arg"), _pairs(cmd, "--label")
     assert args["BASE_IMAGE"] == pin.image_name and args["BASE_TAG"] == pin.image_tag
+    assert args["BASE"] == f"{pin.image_name}:{pin.image_tag}" + (f"@{pin.image_digest}" if pin.image_digest else "")
     assert args["PATCHSET"] == patchset_id(patches)
     assert args["PATCHES"] == ",".join(p.path.name for p in patches)
     for key in ("source", "version", "revision", "title", "description", "base.name", "base.digest"):
@@ -355,6 +356,7 @@ def test_dry_run_with_a_pinned_digest(tmp_path, capsys):
     cmd, err = _dry_run(capsys, "--patches-dir", str(pdir))
     args, labels = _pairs(cmd, "--build-arg"), _pairs(cmd, "--label")
     assert args["BASE_DIGEST"] == digest and labels["org.opencontainers.image.base.digest"] == digest
+    assert args["BASE"].endswith("@" + digest)
     assert labels["io.eagle-fast-verify.base-ref"].endswith("@" + digest)
     assert args["PATCHES"] == "0001-x.patch"
     assert "no digest" not in err
