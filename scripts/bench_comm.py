@@ -40,7 +40,7 @@ from .lib.progress import say
 ENV_FILE = REPO_ROOT / "docker" / "pcie-nccl.env"
 RESULTS = REPO_ROOT / "bench" / "results"
 HIDDEN = 7168
-VERIFY_ROWS = [4, 8, 16, 32, 64]  # batch 1, 2, 4, 8, 16 x 4 draft tokens
+VERIFY_ROWS = [1, 4, 8, 16, 32, 64]  # plain decode at batch 1; batch 1, 2, 4, 8, 16 x 4 draft tokens
 PREFILL_ROWS = [512, 2048, 8192]
 CHAIN = 122  # all-reduces in one Kimi-K2.5 verify forward (61 layers x 2)
 FIXED_VARIANTS = {
@@ -101,6 +101,8 @@ def gpu_inventory() -> dict:
 
 
 def git_rev() -> str:
+    if os.environ.get("EAGLE_GIT_REV"):  # machines that get a copy of the tree without .git
+        return os.environ["EAGLE_GIT_REV"]
     try:
         return subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, timeout=10).stdout.strip() or "unknown"
@@ -260,6 +262,52 @@ def table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def plot(result: dict, png: Path) -> bool:
+    """Per-call all-reduce latency vs rows (graph-replayed) and the verify forward eager vs graph; False if
+    matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        say("matplotlib is not installed: no plot (pip install matplotlib)")
+        return False
+    s = result["summary"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.8))
+    series: dict[str, list] = {}
+    for r in s["allreduce"]:
+        series.setdefault(f"{r['impl']} / {r['variant']}", []).append((r["rows"], r["us_per_call"]))
+    for name, pts in sorted(series.items()):
+        pts.sort()
+        a.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+    if s["peer_gbps_min"]:
+        rows = sorted({r["rows"] for r in s["allreduce"]})
+        a.plot(rows, [floor_us(n, result["meta"]["world"], s["peer_gbps_min"]) for n in rows], "k--",
+               label="bandwidth floor")
+    a.set(xscale="log", yscale="log", xlabel="rows x 7168 bf16", ylabel="us per all-reduce (graph chain)",
+          title="All-reduce per call")
+    a.legend(fontsize=7)
+    vf = [r for r in s["verify_forward"] if r["variant"] == "default"]
+    impls = sorted({r["impl"] for r in vf})
+    rows = sorted({r["rows"] for r in vf})
+    w = 0.8 / (2 * max(len(impls), 1))
+    for i, impl in enumerate(impls):
+        by = {r["rows"]: r for r in vf if r["impl"] == impl}
+        for j, mode in enumerate(("eager_ms", "graph_ms")):
+            xs = [k + (2 * i + j) * w for k in range(len(rows))]
+            b.bar(xs, [by.get(n, {}).get(mode) or 0 for n in rows], w, label=f"{impl} {mode[:-3]}")
+    b.set_xticks([k + 0.4 - w / 2 for k in range(len(rows))], [str(n) for n in rows])
+    b.set(xlabel="rows (batch x draft tokens)", ylabel="ms", title="61-layer verify-shaped forward")
+    b.legend(fontsize=7)
+    m = result["meta"]
+    fig.suptitle(f"bench-comm: {m.get('gpu_name')} x{m.get('world')}, git {m.get('git_rev')}, {m.get('utc')}")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="scripts.bench_comm", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -279,7 +327,15 @@ def main(argv=None) -> int:
     ap.add_argument("--box", default=None, help="name of this box in the result file (default: GPU model)")
     ap.add_argument("--out", type=Path, default=None, help="result JSON path (default under bench/results/)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per variant before it counts as hung")
+    ap.add_argument("--plot", type=Path, metavar="RESULT_JSON", help="only draw the PNG (and table) of a result file")
     a = ap.parse_args(argv)
+    if a.plot:
+        result = json.loads(a.plot.read_text())
+        result["summary"] = summarize(result)
+        print(table(result["summary"]))
+        plot(result, a.plot.with_suffix(".png"))
+        say(f"plot: {a.plot.with_suffix('.png')}")
+        return 0
 
     meta: dict = {"command": "python -m scripts.bench_comm " + shlex.join(argv if argv is not None else sys.argv[1:]),
                   "git_rev": git_rev(), "utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ"),
@@ -344,7 +400,8 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(table(result["summary"]))
-    say(f"results: {out}")
+    plot(result, out.with_suffix(".png"))
+    say(f"results: {out} (+ .png)")
     errors = [r for r in records if r.get("kind") == "variant_error"]
     return 1 if errors or not result["summary"]["correctness"]["ok"] else 0
 

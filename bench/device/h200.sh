@@ -44,5 +44,6 @@ else
   for so in $(find /tmp/aot -name '*.so'); do n=$(basename "$so" .so); mkdir -p "/tmp/fi/flashinfer/data/aot/$n"; cp "$so" "/tmp/fi/flashinfer/data/aot/$n/"; done
   ls /tmp/fi/flashinfer/data/aot
   shift
+  # EAGLE_GIT_REV: set it in the device command (`EAGLE_GIT_REV=$(git rev-parse --short HEAD)` here); no .git there
   python3 -m scripts.bench_comm --box H200 --out "$OUT/bench-comm.json" "$@" 2>&1 | tee "$OUT/bench-comm.log"
 fi
