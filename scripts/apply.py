@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 from pathlib import Path
 
 from .lib import gitutil
@@ -30,7 +31,6 @@ def build_tree(pin, dest: Path, source: str, rebuild: bool = False) -> str:
     """Create or update the default patched tree (build/sglang). Returns 'applied' or 'already'."""
     dest = Path(dest).resolve()
     if dest.exists() and rebuild:
-        import shutil
         say(f"--rebuild: removing {dest}")
         shutil.rmtree(dest)
     if not dest.exists() or not any(dest.iterdir()):

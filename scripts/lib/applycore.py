@@ -62,7 +62,7 @@ def _record(pin: Pin, patches: list[PatchInfo], layout: Layout, base: dict) -> d
     return {
         "tool": "eagle-fast-verify patches",
         "patchset": patchset_id(patches),
-        "base": {"tag": pin.tag, "wheel": pin.wheel_requirement, **base},
+        "base": {"tag": pin.tag, "requirement": pin.wheel_requirement, **base},
         "layout": layout.kind,
         "patches": [{"file": p.path.name, "subject": p.subject} for p in patches],
         "files": dict(sorted(pin.patched_blobs.items())),
