@@ -287,7 +287,8 @@ def plot(result: dict, png: Path) -> bool:
                label="bandwidth floor")
     a.set(xscale="log", yscale="log", xlabel="rows x 7168 bf16", ylabel="us per all-reduce (graph chain)",
           title="All-reduce per call")
-    a.legend(fontsize=7)
+    if series:
+        a.legend(fontsize=7)
     vf = [r for r in s["verify_forward"] if r["variant"] == "default"]
     impls = sorted({r["impl"] for r in vf})
     rows = sorted({r["rows"] for r in vf})

@@ -83,19 +83,23 @@ class Bench:
                 times.append(s.elapsed_time(e) * 1e3)
         return statistics.median(times)
 
-    def time_chain_eager(self, fn, reps: int) -> float:
-        """Median wall microseconds of fn() launched eagerly (a whole chain), synchronised before and after."""
-        fn()
+    def _median_wall_us(self, launch, reps: int) -> float:
+        """Median wall microseconds of launch() after one warm-up, all ranks lined up and synchronised around it."""
+        launch()
         self.sync()
         times = []
         for _ in range(reps):
             self.dist.barrier()
             self.sync()
             t0 = time.perf_counter()
-            fn()
+            launch()
             self.sync()
             times.append((time.perf_counter() - t0) * 1e6)
         return statistics.median(times)
+
+    def time_chain_eager(self, fn, reps: int) -> float:
+        """Median wall microseconds of fn() launched eagerly (a whole chain)."""
+        return self._median_wall_us(fn, reps)
 
     def capture(self, fn):
         """fn() captured once in a CUDA graph (after one eager warm-up on the current stream); None on CPU."""
@@ -115,20 +119,7 @@ class Bench:
     def time_chain_graph(self, fn, reps: int):
         """Median microseconds of one replay of fn() captured in a CUDA graph; None on CPU."""
         g = self.capture(fn)
-        if g is None:
-            return None
-        g.replay()
-        self.sync()
-        times = []
-        for _ in range(reps):
-            self.dist.barrier()
-            self.sync()
-            t0 = time.perf_counter()
-            g.replay()
-            self.sync()
-            times.append((time.perf_counter() - t0) * 1e6)
-        del g
-        return statistics.median(times)
+        return None if g is None else self._median_wall_us(g.replay, reps)
 
     def ref_sum(self, x):
         """fp32 sum over ranks of x (all_gather, then sum): the reference every reduction is checked against."""
