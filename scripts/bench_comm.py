@@ -25,7 +25,6 @@ import os
 import platform
 import shlex
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile

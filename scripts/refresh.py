@@ -12,7 +12,6 @@ move to the new base (re-exported from the refreshed tree).
 from __future__ import annotations
 
 import argparse
-import re
 import shutil
 import sys
 import tempfile
@@ -21,7 +20,7 @@ from pathlib import Path
 from .export import export
 from .lib import gitutil
 from .lib.applycore import _am_failure, apply_git
-from .lib.base import BUILD_DIR, CACHE_DIR, clone_base, ensure_base, fetch_wheel, sha256_file
+from .lib.base import BUILD_DIR, CACHE_DIR, clone_base, ensure_base, sha256_file
 from .lib.cli import run
 from .lib.errors import UserError
 from .lib.pin import Pin, dump_pin, load_pin, series_patches
@@ -37,13 +36,16 @@ def _wheel_spec(requirement: str, wheel_file: Path | None) -> dict:
                 "path": wheel_file}
     import subprocess
 
-    tmp = Path(tempfile.mkdtemp(dir=CACHE_DIR if CACHE_DIR.exists() else None))
+    # into the wheel cache itself, where refresh() looks first (nothing left behind in a temp dir)
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    version = requirement.split("==", 1)[-1]
     say(f"downloading {requirement} to find its file name and hash")
-    cp = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(tmp),
-                         requirement])
-    files = list(tmp.glob("*.whl"))
+    cp = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d",
+                         str(CACHE_DIR), requirement])
+    files = sorted(CACHE_DIR.glob(f"sglang-{version}-*.whl"))
     if cp.returncode != 0 or len(files) != 1:
-        raise UserError(f"could not download {requirement}; pass --wheel-file")
+        raise UserError(f"could not download {requirement} (or several wheels of it are in {CACHE_DIR}); "
+                        f"pass --wheel-file")
     return {"requirement": requirement, "filename": files[0].name, "sha256": sha256_file(files[0]), "path": files[0]}
 
 

@@ -1,8 +1,5 @@
 """eagle-fast-verify.md's tables are generated from committed files (scripts/cost_model.py)."""
 
-import json
-import shutil
-
 from scripts import cost_model
 
 
@@ -10,7 +7,7 @@ def test_cost_model_doc_is_current():
     assert cost_model.main(["--check"]) == 0
 
 
-def test_cost_model_tracks_its_inputs(tmp_path, monkeypatch):
+def test_cost_model_tracks_its_inputs():
     """Change one measured number in a copy of a result file: the rendered proxy table changes with it."""
     runs = cost_model.load_runs()
     before = cost_model.h200_table(runs)

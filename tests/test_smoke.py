@@ -13,8 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from scripts import smoke
 from scripts.lib import gitutil
 from scripts.lib.pin import dump_pin, expected_blobs, load_pin, parse_patch

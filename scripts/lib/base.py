@@ -48,11 +48,6 @@ def github_reachable(url: str, tag: str, timeout: float = 20.0) -> tuple[bool, s
     return False, (cp.stderr.strip().splitlines() or [f"exit {cp.returncode}"])[-1]
 
 
-def wheel_version(filename: str) -> str:
-    parts = filename.split("-")
-    return parts[1] if len(parts) > 2 else "?"
-
-
 def fetch_wheel(pin: Pin, cache_dir: Path = CACHE_DIR, requirement: str | None = None, filename: str | None = None,
                 sha256: str | None = None) -> Path:
     """Return a verified local copy of the wheel. SGLANG_WHEEL=<file> uses a file you already have."""

@@ -169,7 +169,7 @@ class Bench:
     # ------------------------------------------------------------------ measurements
     def allreduce_sizes(self) -> None:
         """NCCL all-reduce per call at verify and prefill row counts: eager (one call) and graph (a chain)."""
-        torch, dist = self.torch, self.dist
+        dist = self.dist
         for rows in self.cfg["rows"] + self.cfg["prefill_rows"]:
             chain = self.cfg["chain"] if rows <= 256 else 4
             x = self.randn(rows, HIDDEN)
@@ -195,7 +195,6 @@ class Bench:
                 self.rec(**base, mode="graph", us_per_call=graph_chain / chain, us_chain=graph_chain)
             _log(self.rank, f"{self.variant}: nccl all-reduce {rows} rows: {eager_one:.1f} us single, "
                             f"{eager_chain / chain:.1f} eager, {(graph_chain or float('nan')) / chain:.1f} graph per call")
-            del bufs
 
     def fused_sizes(self) -> None:
         """FlashInfer trtllm all-reduce + residual + RMSNorm vs NCCL all-reduce + fused add-RMSNorm (issue 3)."""
