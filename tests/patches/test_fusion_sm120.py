@@ -119,20 +119,6 @@ def fusion_on():
         yield
 
 
-def test_fusion_sm120_per_batch_predicate(monkeypatch, add_norm, fusion_on):
-    monkeypatch.setattr(add_norm, "_is_sm90_supported", False)
-    monkeypatch.setattr(add_norm, "_is_sm100_supported", False)
-    monkeypatch.setattr(add_norm, "_is_sm120_supported", True)  # AttributeError on the unpatched tree
-    monkeypatch.setattr(add_norm, "_is_flashinfer_available", True)
-    cap = add_norm.FUSE_ALLREDUCE_MAX_BATCH_SIZE
-    assert add_norm.flashinfer_ar_fusion_applies(8)
-    assert add_norm.flashinfer_ar_fusion_applies(cap)
-    assert not add_norm.flashinfer_ar_fusion_applies(cap + 1)
-    assert not add_norm.flashinfer_ar_fusion_applies(0)
-    monkeypatch.setattr(add_norm, "_is_sm120_supported", False)
-    assert not add_norm.flashinfer_ar_fusion_applies(8)
-
-
 @unchanged
 def test_fusion_per_batch_predicate_sm90_unchanged(monkeypatch, add_norm, fusion_on):
     monkeypatch.setattr(add_norm, "_is_sm90_supported", True)
@@ -182,6 +168,50 @@ def test_fusion_sm120_token_cap_sizes_the_workspaces(reload_add_norm, monkeypatc
     with get_context().override_server_args(flashinfer_allreduce_fusion_backend="trtllm"):
         base_runner.BaseRunner._pre_initialize_flashinfer_allreduce_workspace(runner)
     assert seen["max_token_num"] == want and seen["hidden_dim"] == 7168
+
+
+def test_fusion_sm120_per_batch_predicate(reload_add_norm, monkeypatch, fusion_on):
+    """The per-batch predicate of add_norm as imported on a (faked) SM12X GPU, where the cap is 256: decode and
+    chain verify fuse, one token past the cap does not, and no other GPU generation is admitted by the SM12X term."""
+    mod = reload_add_norm(12)
+    monkeypatch.setattr(mod, "_is_flashinfer_available", True)
+    assert (mod._is_sm90_supported, mod._is_sm100_supported, mod._is_sm120_supported) == (False, False, True)
+    assert mod.FUSE_ALLREDUCE_MAX_BATCH_SIZE == 256
+    assert [mod.flashinfer_ar_fusion_applies(n) for n in (0, 1, 8, 64, 256, 257, 2048)] == \
+        [False, True, True, True, True, False, False]
+    monkeypatch.setattr(mod, "_is_sm120_supported", False)
+    assert not mod.flashinfer_ar_fusion_applies(8)
+
+
+@pytest.fixture
+def kimi_tp8_context():
+    """A published runtime context of Kimi-K2.5 at TP8 (attention TP group of 8), as the scheduler has it."""
+    from sglang.srt import runtime_context as rc
+
+    with rc.use_context(rc.create_context(server_args(12, spec=False), role="scheduler")):
+        yield
+
+
+@pytest.mark.parametrize("rows", [1, 8, 64, 256])
+def test_fusion_sm120_layernorm_asks_for_the_capped_workspace(reload_add_norm, monkeypatch, fake_flashinfer,
+                                                              kimi_tp8_context, rows):
+    """The fused RMSNorm path (layernorm._forward_with_allreduce_fusion) asks ensure_workspace_initialized for the
+    workspace BaseRunner pre-initialized (256 tokens on SM12X), so a re-init cannot build a 2048-token one (~0.9 GiB
+    per GPU at TP8), possibly inside graph capture."""
+    reload_add_norm(12)
+    from sglang.srt.layers import flashinfer_comm_fusion as fcf
+    from sglang.srt.layers import layernorm
+
+    asked = []
+    monkeypatch.setattr(fcf, "flashinfer_allreduce_residual_rmsnorm", fused_op(fcf))  # the op's real body
+    monkeypatch.setattr(fcf, "ensure_workspace_initialized", lambda **kw: asked.append(kw) or False)
+    import sglang.srt.distributed as dist_pkg
+
+    monkeypatch.setattr(dist_pkg, "attention_tensor_model_parallel_all_reduce", lambda x: x)
+    norm = SimpleNamespace(variance_epsilon=1e-6, forward=lambda x, residual, extra: (x, residual))
+    x = torch.randn(rows, 7168, dtype=torch.bfloat16)
+    layernorm._forward_with_allreduce_fusion(norm, x, torch.randn_like(x), None, torch.ones(7168))
+    assert [(kw["max_token_num"], kw["token_num"]) for kw in asked] == [(256, rows)]
 
 
 @unchanged
@@ -234,37 +264,79 @@ class FakeDriver:
         return (self.CUresult.CUDA_SUCCESS,)
 
 
-def _align(x, a):
-    return (x + a - 1) // a * a
+class _FlashInferStop(Exception):
+    pass
 
 
-def _expected_sizes(world, tokens, hidden, gran, mc=None):
-    buf = world * tokens * hidden * 2
-    flag = world * 256 * 4
-    lamport = min(world * tokens * hidden * 2, 2147483647 & ~((1 << 21) - 1)) * 3
-    out = []
-    for s in (buf, flag, lamport):
-        a = _align(_align(s, 1 << 21) + 2048, gran)
-        out.append(_align(a, mc) if mc else a)
-    return out
+def flashinfer_allocation_sizes(monkeypatch, world, tokens, hidden, drv: FakeDriver, multicast: bool) -> list[int]:
+    """What FlashInfer 0.7.2 itself allocates per rank for the trtllm fusion workspace, from its own code: the
+    three buffer sizes trtllm_create_ipc_workspace_for_all_reduce_fusion asks SymmDeviceMemory for, each turned
+    into an allocation size by SymmDeviceMemory._get_allocation_prop with this driver's granularities (multicast
+    rounding included when asked for). The oracle the preflight's mirror is checked against."""
+    import types
+
+    from flashinfer.comm import mnnvl, trtllm_ar
+
+    asked: list[int] = []
+
+    class RecordingSymmDeviceMemory:
+        def __init__(self, buf_size, group_size, **kw):
+            asked.append(buf_size)
+            if len(asked) == 3:  # buffer, flags, Lamport: everything FlashInfer allocates
+                raise _FlashInferStop
+
+        def get_buffer_ptrs_host(self):
+            return [0] * world
+
+    monkeypatch.setattr(trtllm_ar, "SymmDeviceMemory", RecordingSymmDeviceMemory)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    with pytest.raises(_FlashInferStop):
+        trtllm_ar.trtllm_create_ipc_workspace_for_all_reduce_fusion(
+            tp_rank=0, tp_size=world, max_token_num=tokens, hidden_dim=hidden, create_metadata=True,
+            comm_backend=object(), use_symm_dev_mem=True)
+
+    ok = SimpleNamespace(value=0)
+    fake_cuda = types.SimpleNamespace(**{k: getattr(mnnvl.cuda, k) for k in dir(mnnvl.cuda) if not k.startswith("_")})
+    fake_cuda.cuMemGetAllocationGranularity = lambda prop, flags: (ok, drv.granularity)
+    fake_cuda.cuMulticastGetGranularity = lambda prop, flags: (ok, drv.mc_granularity)
+    monkeypatch.setattr(mnnvl, "cuda", fake_cuda)
+    sizes = []
+    for buf_size in asked:
+        mem = mnnvl.SymmDeviceMemory.__new__(mnnvl.SymmDeviceMemory)
+        mem.device_idx, mem.group_size, mem.SIGNAL_PAD_SIZE = 0, world, mnnvl.SIGNAL_PAD_SIZE
+        mem._enable_multicast = multicast
+        mem._exchanger = SimpleNamespace(handle_type=mnnvl.cuda.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        mem._get_allocation_prop(buf_size)
+        sizes.append(mem.allocation_size)
+    return sizes
+
+
+def assert_probes_cover(probe: list[int], allocated: list[int], granule: int) -> None:
+    """The preflight must probe at least what FlashInfer allocates (else it passes where the real allocation
+    fails), and no more than one allocation granule above it (else it refuses a workspace that would fit)."""
+    assert len(probe) == len(allocated) == 3
+    for p, a in zip(probe, allocated):
+        assert a <= p <= a + granule, (probe, allocated)
 
 
 PROP = SimpleNamespace(location=SimpleNamespace(id=0), requestedHandleTypes=1)
 
 
-def test_fusion_preflight_sizes_without_multicast(fcf):
+def test_fusion_preflight_sizes_without_multicast(fcf, monkeypatch):
     drv = FakeDriver(multicast=False)
     sizes = fcf._flashinfer_trtllm_workspace_allocation_sizes(drv, PROP, 8, 256, 7168, torch.bfloat16)
     assert "cuMulticastGetGranularity" not in drv.calls
-    assert sizes == _expected_sizes(8, 256, 7168, drv.granularity)
+    assert_probes_cover(sizes, flashinfer_allocation_sizes(monkeypatch, 8, 256, 7168, drv, multicast=False),
+                        drv.granularity)
 
 
 @unchanged
-def test_fusion_preflight_sizes_with_multicast_unchanged(fcf):
+def test_fusion_preflight_sizes_with_multicast_unchanged(fcf, monkeypatch):
     drv = FakeDriver(multicast=True)
     sizes = fcf._flashinfer_trtllm_workspace_allocation_sizes(drv, PROP, 8, 2048, 7168, torch.bfloat16)
     assert drv.calls.count("cuMulticastGetGranularity") == 3
-    assert sizes == _expected_sizes(8, 2048, 7168, drv.granularity, drv.mc_granularity)
+    assert_probes_cover(sizes, flashinfer_allocation_sizes(monkeypatch, 8, 2048, 7168, drv, multicast=True),
+                        drv.mc_granularity)
 
 
 @pytest.fixture
@@ -286,10 +358,12 @@ def test_fusion_preflight_votes_proceed_without_multicast(fcf, monkeypatch, gloo
     monkeypatch.setattr(fcf, "get_cuda_driver_bindings", lambda: drv)
     monkeypatch.setattr(fcf, "_make_flashinfer_workspace_allocation_prop", lambda d: PROP)
     assert fcf._preflight_check_workspace_memory(8, 256, 7168, torch.bfloat16, cpu_group=gloo_group) is True
-    assert drv.created == _expected_sizes(8, 256, 7168, drv.granularity)
+    assert drv.created == fcf._flashinfer_trtllm_workspace_allocation_sizes(drv, PROP, 8, 256, 7168, torch.bfloat16)
+    assert_probes_cover(drv.created, flashinfer_allocation_sizes(monkeypatch, 8, 256, 7168, drv, multicast=False),
+                        drv.granularity)
 
 
-# ----------------------------------------------------------------------------------- small-token guard
+# ------------------------------------------------------------------------ PDL completion at kernel end
 class FakeComm:
     class AllReduceFusionPattern:
         kAllReduce = 0
@@ -320,24 +394,44 @@ def fused_op(fcf):
     return inspect.unwrap(fcf.flashinfer_allreduce_residual_rmsnorm)
 
 
-def test_fusion_small_token_guard_fused_call(fcf, fake_flashinfer):
-    """Batches of <= 16 tokens (chain verify at bs <= 4) complete the one-shot kernel's PDL trigger at its end."""
-    rows = [1, 4, 8, 16, 17, 64]
-    for r in rows:
-        x = torch.randn(r, 7168, dtype=torch.bfloat16)
-        fused_op(fcf)(x, torch.randn_like(x), torch.ones(7168, dtype=torch.bfloat16))
-    assert all(kw["launch_with_pdl"] for kw in fake_flashinfer.calls)
-    assert [kw["trigger_completion_at_end"] for kw in fake_flashinfer.calls] == [True] * 4 + [False] * 2
+# Row counts from decode (1) through chain verify (bs x 4 draft tokens) to the SM12X cap (256), and beyond it to
+# FlashInfer's own one-shot bound at TP8 (192 rows of 7168 bf16) and a prefill chunk.
+PDL_ROWS = [1, 4, 8, 16, 17, 32, 64, 128, 192, 193, 256, 1024]
 
 
-def test_fusion_small_token_guard_allreduce_only(fcf, fake_flashinfer):
-    for r in (4, 16, 32):
-        fcf.flashinfer_allreduce(torch.randn(r, 7168, dtype=torch.bfloat16), use_attn_tp_group=True)
-    assert [kw["trigger_completion_at_end"] for kw in fake_flashinfer.calls] == [True, True, False]
+def _flashinfer_picks_oneshot(rows: int, world: int) -> bool:
+    """FlashInfer 0.7.2's own decision for use_oneshot=None (trtllm_ar._should_use_oneshot)."""
+    from flashinfer.comm.trtllm_ar import _should_use_oneshot
+
+    return _should_use_oneshot(rows, 7168, torch.bfloat16, world)
 
 
 @unchanged
-def test_fusion_small_token_guard_keeps_explicit_true(fcf, fake_flashinfer):
+def test_fusion_oneshot_range_reaches_past_16_tokens():
+    """Why a <= 16-token guard was not enough: FlashInfer runs its one-shot kernel far beyond 16 rows (at TP8 up
+    to 192 rows of 7168 bf16, at TP2/TP4 every size up to the SM12X cap)."""
+    assert [r for r in PDL_ROWS if _flashinfer_picks_oneshot(r, 8)] == [1, 4, 8, 16, 17, 32, 64, 128, 192]
+    assert all(_flashinfer_picks_oneshot(r, w) for r in PDL_ROWS if r <= 256 for w in (2, 4))
+
+
+def test_fusion_pdl_completion_at_end_fused_call(fcf, fake_flashinfer):
+    """Every fused call that FlashInfer may run one-shot completes its PDL trigger at kernel end; the two-shot
+    kernel ignores the flag, so SGLang passes it on every call."""
+    for r in PDL_ROWS:
+        x = torch.randn(r, 7168, dtype=torch.bfloat16)
+        fused_op(fcf)(x, torch.randn_like(x), torch.ones(7168, dtype=torch.bfloat16), max_token_num=max(r, 2048))
+    assert all(kw["launch_with_pdl"] for kw in fake_flashinfer.calls)
+    assert [kw["trigger_completion_at_end"] for kw in fake_flashinfer.calls] == [True] * len(PDL_ROWS)
+
+
+def test_fusion_pdl_completion_at_end_allreduce_only(fcf, fake_flashinfer):
+    for r in PDL_ROWS:
+        fcf.flashinfer_allreduce(torch.randn(r, 7168, dtype=torch.bfloat16), use_attn_tp_group=True)
+    assert [kw["trigger_completion_at_end"] for kw in fake_flashinfer.calls] == [True] * len(PDL_ROWS)
+
+
+@unchanged
+def test_fusion_pdl_completion_keeps_explicit_true(fcf, fake_flashinfer):
     x = torch.randn(64, 7168, dtype=torch.bfloat16)
     fused_op(fcf)(x, torch.randn_like(x), torch.ones(7168, dtype=torch.bfloat16), trigger_completion_at_end=True)
     assert fake_flashinfer.calls[0]["trigger_completion_at_end"] is True

@@ -9,12 +9,14 @@ GPU path is taken) and the real `PcieIpcCommunicator.should_pcie_ipc_ar` over a 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import multiprocessing
 import os
 import signal
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -27,7 +29,8 @@ HIDDEN = 7168  # Kimi-K2.5 / DeepSeek-V3
 DECODE_ROWS = 48 * 4  # max_bs x draft tokens: the decode-sized PCIe-IPC workspace
 # Variables the launcher may touch for these tests; cleared before each run so the host's environment
 # cannot leak in, and put back afterwards.
-WATCHED = ("CUDA_VISIBLE_DEVICES", "SGLANG_PCIE_NCCL_DEFAULTS", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE",
+WATCHED = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NCCL_MAX_CTAS", "NCCL_MIN_CTAS", "NCCL_MAX_NRINGS",
+           "NCCL_MIN_NRINGS", "SGLANG_PCIE_NCCL_DEFAULTS", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE",
            "SGLANG_ENABLE_DETERMINISTIC_INFERENCE", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_PROTO",
            "NCCL_ALGO", "NCCL_P2P_LEVEL", "NCCL_IB_DISABLE", "NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE",
            "NCCL_GRAPH_MIXING_SUPPORT")
@@ -56,19 +59,34 @@ def env_file_values() -> dict[str, str]:
     return dict(ln.split("=", 1) for ln in lines)
 
 
-class FakeNvml:
-    """The pynvml calls SGLang makes, answering for `count` GPUs; `nvlink` holds the NVLink-joined index pairs."""
+# PCI bus ids of an 8-GPU two-socket box: GPUs 0-3 under socket 0, 4-7 under socket 1 (sysfs spelling).
+BUS = ["0000:01:00.0", "0000:21:00.0", "0000:41:00.0", "0000:61:00.0",
+       "0000:81:00.0", "0000:a1:00.0", "0000:c1:00.0", "0000:e1:00.0"]
 
-    def __init__(self, monkeypatch, count=8, nvlink=(), fail=None, pair_error=None):
+
+class FakeNvml:
+    """The pynvml calls SGLang makes, answering for `count` GPUs.
+
+    NVML index i is the GPU on PCI bus `buses[i]` (default: bus order), named `names[i]`, with UUID GPU-<i>...;
+    `nvlink` holds NVLink-joined NVML index pairs. `pairs` records which NVML index pairs were asked about.
+    """
+
+    def __init__(self, monkeypatch, count=8, nvlink=(), fail=None, pair_error=None, buses=None, names=None):
         import pynvml
 
         self.pynvml, self.count, self.fail, self.pair_error = pynvml, count, fail, pair_error
+        self.buses = list(buses or BUS[:count])
+        self.names = list(names or ["NVIDIA RTX PRO 6000 Blackwell Server Edition"] * count)
         self.nvlink = {frozenset(p) for p in nvlink}
-        self.queried: set[int] = set()
+        self.pairs: set[frozenset] = set()
         self.inits = 0
         for name in ("nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
-                     "nvmlDeviceGetP2PStatus"):
+                     "nvmlDeviceGetP2PStatus", "nvmlDeviceGetPciInfo", "nvmlDeviceGetUUID", "nvmlDeviceGetName"):
             monkeypatch.setattr(pynvml, name, getattr(self, name))
+
+    @staticmethod
+    def uuid(i: int) -> str:
+        return f"GPU-{i:x}{i:x}{i:x}{i:x}0e1f-2a3b-4c5d-6e7f-8091a2b3c4d{i:x}"
 
     def nvmlInit(self):
         self.inits += 1
@@ -84,16 +102,44 @@ class FakeNvml:
     def nvmlDeviceGetHandleByIndex(self, i):
         if not 0 <= i < self.count:
             raise self.pynvml.NVMLError(self.pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        self.queried.add(i)
         return ("gpu", i)
+
+    def nvmlDeviceGetPciInfo(self, handle):
+        domain, rest = self.buses[handle[1]].split(":", 1)
+        return SimpleNamespace(busId=f"0000{domain}:{rest}".upper().encode())  # NVML: 00000000:C1:00.0
+
+    def nvmlDeviceGetUUID(self, handle):
+        return self.uuid(handle[1])
+
+    def nvmlDeviceGetName(self, handle):
+        return self.names[handle[1]]
 
     def nvmlDeviceGetP2PStatus(self, a, b, index):
         assert index == self.pynvml.NVML_P2P_CAPS_INDEX_NVLINK
+        self.pairs.add(frozenset((a[1], b[1])))
         if self.pair_error is not None:
             raise self.pynvml.NVMLError(self.pair_error)
         if frozenset((a[1], b[1])) in self.nvlink:
             return self.pynvml.NVML_P2P_STATUS_OK
         return self.pynvml.NVML_P2P_STATUS_NOT_SUPPORTED
+
+
+def all_pairs(indices) -> set:
+    return {frozenset(p) for p in itertools.combinations(indices, 2)}
+
+
+@pytest.fixture
+def numa(tmp_path, monkeypatch):
+    """numa(nodes): sysfs numa_node files for BUS (one node per GPU), read by the launcher instead of /sys."""
+    from sglang.srt.entrypoints import pcie_defaults
+
+    def make(nodes):
+        for bus, node in zip(BUS, nodes):
+            (tmp_path / bus).mkdir(exist_ok=True)
+            (tmp_path / bus / "numa_node").write_text(f"{node}\n")
+
+    monkeypatch.setattr(pcie_defaults, "_SYSFS_PCI_DEVICES", str(tmp_path))
+    return make
 
 
 @pytest.fixture
@@ -194,12 +240,79 @@ def test_pcie_nccl_notsupported_pair_counts_as_no_nvlink(launch, kimi_tp8, monke
 def test_pcie_nccl_maps_cuda_visible_devices_to_nvml(launch, kimi_tp8, monkeypatch):
     # GPUs 0-1 share NVLink, but this server sees 4-7 only: PCIe-only for it.
     nvml = FakeNvml(monkeypatch, nvlink=[(0, 1)])
-    changed = launch(kimi_tp8, CUDA_VISIBLE_DEVICES="4,5,6,7")
-    assert nvml.queried == {4, 5, 6, 7}
+    changed = launch(server_args(12, tp=4), CUDA_VISIBLE_DEVICES="4,5,6,7")
+    assert nvml.pairs == all_pairs([4, 5, 6, 7])
     assert set(env_file_values()) <= set(changed)
 
 
-@pytest.mark.parametrize("failure", ["init", "pair", "import", "uuid"])
+@pytest.mark.parametrize("kw, gpus, pcie_only", [
+    (dict(), [0, 1, 2, 3], True),                       # GPUs 0-3: no NVLink among them
+    (dict(base_gpu_id=4), [4, 5, 6, 7], False),         # GPUs 4-7 include the NVLink pair 6-7
+    (dict(gpu_id_step=2), [0, 2, 4, 6], True),          # every other GPU: 6 without its NVLink peer 7
+    (dict(base_gpu_id=1, gpu_id_step=2), [1, 3, 5, 7], True),
+])
+def test_pcie_nccl_probes_exactly_the_tp_group(launch, monkeypatch, kw, gpus, pcie_only):
+    """A TP4 server on an 8-GPU host where only GPUs 6 and 7 share an NVLink bridge: the probe covers the GPUs
+    the engine will place the TP ranks on (--base-gpu-id, --gpu-id-step, --tp-size), nothing else."""
+    nvml = FakeNvml(monkeypatch, nvlink=[(6, 7)])
+    changed = launch(server_args(12, tp=4, **kw))
+    assert nvml.pairs == all_pairs(gpus)
+    assert (set(env_file_values()) <= set(changed)) is pcie_only
+    assert ("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" in changed) is pcie_only
+
+
+# NVML enumerates the GPUs in another order than PCI bus order (index 0 is the GPU on the highest bus).
+SCRAMBLED = list(reversed(BUS))
+
+
+def test_pcie_nccl_maps_cuda_ordinals_in_pci_bus_order(launch, monkeypatch):
+    """CUDA numbers GPUs in PCI bus order (CUDA_DEVICE_ORDER=PCI_BUS_ID, or identical GPUs); NVML indices carry
+    no order. CUDA GPUs 0-1 are the two lowest buses (NVML 7 and 6), not NVML indices 0-1 (joined by NVLink)."""
+    nvml = FakeNvml(monkeypatch, nvlink=[(0, 1)], buses=SCRAMBLED)
+    changed = launch(server_args(12, tp=2), CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES="0,1")
+    assert nvml.pairs == {frozenset((7, 6))}
+    assert set(env_file_values()) <= set(changed)
+
+
+def test_pcie_nccl_maps_cuda_visible_devices_uuids(launch, monkeypatch):
+    """GPU UUIDs (unique prefixes, as CUDA accepts them) are matched against NVML's UUIDs."""
+    nvml = FakeNvml(monkeypatch, nvlink=[(0, 1)])
+    uuids = ",".join(FakeNvml.uuid(i)[:8] for i in (5, 2))
+    changed = launch(server_args(12, tp=2), CUDA_VISIBLE_DEVICES=uuids)
+    assert nvml.pairs == {frozenset((5, 2))}
+    assert set(env_file_values()) <= set(changed)
+
+
+def test_pcie_nccl_mixed_gpus_need_pci_bus_order(launch, monkeypatch, caplog):
+    """With different GPU models CUDA's default order puts the fastest first: CUDA ordinals cannot be mapped to
+    PCI devices without CUDA_DEVICE_ORDER=PCI_BUS_ID, so the topology is unknown and nothing is set."""
+    names = ["NVIDIA RTX PRO 6000 Blackwell Server Edition"] * 6 + ["NVIDIA RTX 5090"] * 2
+    FakeNvml(monkeypatch, names=names)
+    changed = launch(server_args(12, tp=2))
+    assert not (set(env_file_values()) & set(changed))
+    (line,) = [m for m in pcie_log(caplog) if "topology unknown" in m]
+    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in line
+
+
+@pytest.mark.parametrize("nodes, warned", [([0, 0, 0, 0, 1, 1, 1, 1], []),
+                                           ([0, 1, 0, 1, 0, 1, 0, 1], ["0-3", "4-7"]),
+                                           ([0, 0, 0, 1, 1, 1, 1, 1], ["0-3"])])
+def test_pcie_nccl_logs_rank_numa_map_and_warns_on_split_islands(launch, kimi_tp8, monkeypatch, caplog, numa,
+                                                                 nodes, warned):
+    """On a two-NUMA 8-GPU host the launcher logs which NUMA node each TP rank's GPU sits on, and warns when a
+    PCIe-IPC island (ranks 0-3, 4-7) spans both nodes."""
+    numa(nodes)
+    FakeNvml(monkeypatch)
+    launch(kimi_tp8)
+    (rank_map,) = [m for m in pcie_log(caplog) if m.startswith("PCIe-only TP group")]
+    for rank, (bus, node) in enumerate(zip(BUS, nodes)):
+        assert f"rank {rank}: GPU {rank} {bus} NUMA {node}" in rank_map
+    warnings = [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING]
+    assert [w.split("TP ranks ")[1].split(" ")[0] for w in warnings] == warned
+    assert all("CUDA_VISIBLE_DEVICES" in w for w in warnings)
+
+
+@pytest.mark.parametrize("failure", ["init", "pair", "import", "mig", "too_few"])
 def test_pcie_nccl_unknown_topology_changes_nothing_and_says_so(launch, kimi_tp8, monkeypatch, caplog, failure):
     import pynvml
 
@@ -210,13 +323,33 @@ def test_pcie_nccl_unknown_topology_changes_nothing_and_says_so(launch, kimi_tp8
         FakeNvml(monkeypatch, pair_error=pynvml.NVML_ERROR_UNKNOWN)
     elif failure == "import":
         monkeypatch.setitem(sys.modules, "pynvml", None)
-    else:  # UUIDs cannot be mapped the way custom all-reduce maps ordinals
+    elif failure == "mig":
         FakeNvml(monkeypatch)
-        env["CUDA_VISIBLE_DEVICES"] = "GPU-0e1f,GPU-2a3b"
+        env["CUDA_VISIBLE_DEVICES"] = "MIG-0e1f2a3b-4c5d-6e7f-8091-a2b3c4d5e6f7"
+    else:  # the TP8 group needs 8 GPUs, 4 are visible
+        FakeNvml(monkeypatch)
+        env["CUDA_VISIBLE_DEVICES"] = "0,1,2,3"
     changed = launch(kimi_tp8, **env)
     assert {k for k in changed if k.startswith("NCCL_")} <= UPSTREAM_NCCL
     assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" not in changed
     assert len([m for m in pcie_log(caplog) if "topology unknown" in m]) == 1
+
+
+@pytest.mark.parametrize("user, kept_floor", [
+    ({"NCCL_MAX_NCHANNELS": "4"}, False), ({"NCCL_MAX_CTAS": "2"}, False), ({"NCCL_MAX_NRINGS": "4"}, False),
+    ({"NCCL_MIN_CTAS": "1"}, False), ({"NCCL_MAX_NCHANNELS": "16"}, True), ({"NCCL_MAX_CTAS": "8"}, True),
+])
+def test_pcie_nccl_channel_floor_never_overrides_a_user_setting(launch, kimi_tp8, monkeypatch, caplog, user,
+                                                                kept_floor):
+    """NCCL runs max(floor, min(found, ceiling)) channels (graph/connect.cc), so NCCL_MIN_NCHANNELS=8 would raise
+    a user's ceiling (NCCL_MAX_NCHANNELS/NRINGS/CTAS) or floor below 8: then it is not set, and the log says why."""
+    FakeNvml(monkeypatch)
+    changed = launch(kimi_tp8, **user)
+    assert ("NCCL_MIN_NCHANNELS" in changed) is kept_floor
+    assert {k: os.environ[k] for k in user} == user
+    (line,) = [m for m in pcie_log(caplog) if "NCCL defaults for PCIe applied" in m]
+    if not kept_floor:
+        assert f"{next(iter(user))}={next(iter(user.values()))}" in line
 
 
 @pytest.mark.unchanged
@@ -275,6 +408,16 @@ def test_pcie_ipc_allreduce_default_needs_sm120_but_nccl_defaults_do_not(launch,
     assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" not in changed and not pcie_ipc_on()
 
 
+def test_pcie_ipc_allreduce_default_respects_disable_custom_all_reduce(launch, monkeypatch, caplog):
+    """PCIe IPC is a custom all-reduce: --disable-custom-all-reduce keeps the default off (the NCCL defaults still
+    apply), and the log says why and how to enable it anyway."""
+    FakeNvml(monkeypatch)
+    changed = launch(server_args(12, disable_custom_all_reduce=True))
+    assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" not in changed and not pcie_ipc_on()
+    assert set(env_file_values()) <= set(changed)
+    assert any("--disable-custom-all-reduce" in m for m in pcie_log(caplog))
+
+
 @pytest.mark.unchanged
 def test_pcie_ipc_allreduce_stays_off_on_nvlink_sm120(launch, kimi_tp8, monkeypatch):
     FakeNvml(monkeypatch, nvlink=[(2, 5)])
@@ -286,32 +429,114 @@ def test_pcie_ipc_allreduce_stays_off_on_nvlink_sm120(launch, kimi_tp8, monkeypa
 # Routing in GroupCoordinator.all_reduce
 
 
-class FakeWorkspace:
+PROFILE = REPO / "docker" / "profiles" / "kimi-k25-eagle3-tp8.toml"
+RTX_PRO_6000_MIB = 97887
+# Profile keys that name files or the HTTP front end rather than how the model runs.
+NOT_SERVER_SHAPE = {"model-path", "speculative-draft-model-path", "host", "port", "tool-call-parser",
+                    "reasoning-parser", "trust-remote-code", "enable-metrics"}
+
+
+@pytest.fixture(scope="module")
+def kimi_profile_args():
+    """ServerArgs resolved from the shipped serving profile's [args] (Kimi-K2.5, TP8, EAGLE-3 3/1/4, 16 running
+    requests, decode graphs up to bs 16) on a faked SM120 box with 96 GB GPUs."""
+    import tomllib
+    from unittest import mock
+
+    from sglang.srt.arg_groups import memory_hook
+
+    args = tomllib.loads(PROFILE.read_text())["args"]
+    kw = {k.replace("-", "_"): v for k, v in args.items() if k not in NOT_SERVER_SHAPE and v is not False}
+    kw.pop("tp_size")
+    with mock.patch.object(memory_hook, "get_device_memory_capacity", lambda device=None: RTX_PRO_6000_MIB):
+        return server_args(12, tp=args["tp-size"], **kw)
+
+
+@pytest.fixture
+def published_profile(kimi_profile_args):
+    from sglang.srt import runtime_context as rc
+
+    with rc.use_context(rc.create_context(kimi_profile_args, role="scheduler")):
+        yield kimi_profile_args
+
+
+def widest_decode_rows(sa) -> int:
+    """BaseRunner._widest_decode_rows (what the PCIe-IPC workspace is prepared with) on a target ModelRunner whose
+    request pool holds the profile's running requests (kv_cache_configurator.resolve_max_num_reqs)."""
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.model_executor.runner.base_runner import BaseRunner
+    from sglang.srt.runtime_context import get_parallel
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    mr = ModelRunner.__new__(ModelRunner)
+    vars(mr).update(spec_algorithm=SpeculativeAlgorithm.EAGLE3, is_draft_worker=False, server_args=sa,
+                    req_to_token_pool=SimpleNamespace(size=sa.max_running_requests // get_parallel().attn_dp_size))
+    return BaseRunner._widest_decode_rows(SimpleNamespace(model_runner=mr))
+
+
+class PcieIpcWorkspace:
+    """Stands in for flashinfer.comm.PcieIpcAllReduceWorkspace (needs GPUs): built with the max_numel SGLang asks
+    for, and, like FlashInfer's, it cannot take more elements than that."""
+
+    built: list = []
+
+    def __init__(self, group, max_numel, dtype, tune_batches, tune_cache):
+        self.max_numel, self.tune_batches = max_numel, tune_batches
+        PcieIpcWorkspace.built.append(self)
+
     def supports(self, t):
-        return True
+        return t.numel() <= self.max_numel
 
 
-def pcie_ipc_comm(disabled=False, max_rows=DECODE_ROWS):
+def prepared_pcie_ipc(max_rows, disabled=False):
+    """SGLang's PcieIpcCommunicator for a TP8 group, prepared as BaseRunner._pre_initialize_pcie_ipc_workspace does
+    (prepare(hidden, max_rows)), with FlashInfer's workspace class replaced (no GPU)."""
     from sglang.srt.distributed.device_communicators.pcie_ipc_ar import PcieIpcCommunicator
 
     c = PcieIpcCommunicator.__new__(PcieIpcCommunicator)
-    c.disabled, c.max_numel, c._workspace, c._build_failed = disabled, max_rows * HIDDEN, FakeWorkspace(), False
+    vars(c).update(disabled=disabled, max_numel=0, _workspace=None, _bound_stream=None, _cpu_group=None,
+                   _max_rows=None, _group=None, _device=torch.device("meta"), _world_size=8,
+                   _workspace_cls=PcieIpcWorkspace, _build_failed=False)
+    c.prepare(hidden=HIDDEN, max_rows=max_rows)
     return c
 
 
 @pytest.fixture
-def coordinator(monkeypatch):
-    """make(pcie_ipc=..., fi=True) -> (GroupCoordinator of TP8 on one PCIe node, list of routed calls)."""
-    from sglang.srt.distributed import parallel_state as ps
+def fusion_workspace(monkeypatch):
+    """fusion_workspace(tokens): FlashInfer's allreduce-only/fusion workspace as BaseRunner pre-initializes it
+    (tokens = the fusion's token cap), in SGLang's own workspace manager; FlashInfer's real size check answers."""
+    from flashinfer.comm.allreduce import TRTLLMAllReduceFusionWorkspace
+
     from sglang.srt.layers import flashinfer_comm_fusion as fcf
+
+    def make(tokens):
+        ws = TRTLLMAllReduceFusionWorkspace.__new__(TRTLLMAllReduceFusionWorkspace)
+        ws.metadata = {"max_token_num": tokens, "tp_size": 8, "hidden_dim": HIDDEN, "use_fp32_lamport": False}
+        ws._destroyed = True  # nothing was allocated, nothing to free
+        manager = fcf._get_workspace_manager(True)
+        vars(manager).update(workspace=ws, world_size=8, rank=0, group=(None, None), max_token_num=tokens,
+                             hidden_dim=HIDDEN, dtype=torch.bfloat16, backend="trtllm", use_fp32_lamport=False,
+                             initialized=True)
+        manager._configure_workspace_size_check()
+        monkeypatch.setattr(fcf, "_flashinfer_allreduce_unavailable", False)
+        monkeypatch.setattr(fcf, "_flashinfer_comm", SimpleNamespace())
+
+    yield make
+    vars(fcf._get_workspace_manager(True)).update(workspace=None, initialized=False)
+
+
+@pytest.fixture
+def coordinator(monkeypatch):
+    """make(pcie_ipc=..., fi=True) -> (GroupCoordinator of TP8 on one PCIe node, list of routed calls).
+
+    The real GroupCoordinator.all_reduce decides; only the collectives it dispatches to are recorded."""
+    from sglang.srt.distributed import parallel_state as ps
 
     calls = []
     monkeypatch.setattr(ps, "flashinfer_allreduce", lambda t, group_name: calls.append("flashinfer") or t)
     monkeypatch.setattr(ps, "outplace_all_reduce",
                         lambda t, group_name, outplace_all_reduce_method: calls.append(outplace_all_reduce_method) or t)
     monkeypatch.setattr(ps, "inplace_all_reduce", lambda t, group_name: calls.append("nccl"))
-    # FlashInfer's allreduce-only workspace exists and fits (fusion on): upstream sends plain reductions there.
-    monkeypatch.setattr(fcf, "can_use_flashinfer_allreduce", lambda *a, **k: True)
 
     def make(pcie_ipc=None, fi=True):
         g = ps.GroupCoordinator.__new__(ps.GroupCoordinator)
@@ -331,33 +556,60 @@ def rows(n, dtype=torch.bfloat16):
     return torch.empty((n, HIDDEN), dtype=dtype, device="meta")
 
 
-@pytest.mark.parametrize("n", [1, 8, DECODE_ROWS])
-def test_pcie_ipc_takes_decode_allreduce_before_flashinfer(coordinator, n):
-    make, calls = coordinator
-    make(pcie_ipc=pcie_ipc_comm()).all_reduce(rows(n))
-    assert calls == ["pcie_ipc"]
+def route(make, calls, n, **kw) -> str:
+    calls.clear()
+    make(**kw).all_reduce(rows(n))
+    (taken,) = calls
+    return taken
+
+
+SM120_FUSION_CAP = 256  # SGLANG_SM120_ALLREDUCE_FUSION_MAX_TOKENS default: sizes the FlashInfer workspace
 
 
 @pytest.mark.unchanged
-def test_pcie_ipc_prefill_allreduce_keeps_upstream_route(coordinator):
+def test_pcie_ipc_workspace_is_sized_from_the_profile(published_profile):
+    """The shipped profile (16 running requests, decode graphs to bs 16, 4 draft tokens) gives a 64-row PCIe-IPC
+    workspace: the widest verify batch, not the 192-row default of an unconfigured server."""
+    PcieIpcWorkspace.built.clear()
+    max_rows = widest_decode_rows(published_profile)
+    prepared_pcie_ipc(max_rows)
+    assert max_rows == 64
+    (ws,) = PcieIpcWorkspace.built
+    assert ws.max_numel == 64 * HIDDEN and max(ws.tune_batches) == 64
+
+
+U = pytest.mark.unchanged
+
+
+@pytest.mark.parametrize("n, fusion_on, want", [
+    # decode and chain verify (bs x 4 draft tokens up to bs 16): PCIe-IPC ahead of FlashInfer's one-shot kernel
+    (1, True, "pcie_ipc"), (4, True, "pcie_ipc"), (16, True, "pcie_ipc"), (64, True, "pcie_ipc"),
+    # wider than the PCIe-IPC workspace: a short prefill or a draft-extend chunk keeps FlashInfer up to its cap...
+    pytest.param(65, True, "flashinfer", marks=U), pytest.param(256, True, "flashinfer", marks=U),
+    # ... and NCCL above it
+    pytest.param(257, True, "nccl", marks=U), pytest.param(8192, True, "nccl", marks=U),
+    # fusion off (the TP8 default): no FlashInfer workspace, PCIe-IPC up to 64 rows, NCCL above
+    pytest.param(64, False, "pcie_ipc", marks=U), pytest.param(65, False, "nccl", marks=U),
+    pytest.param(8192, False, "nccl", marks=U),
+])
+def test_pcie_ipc_routing_from_the_profile_sizes(published_profile, coordinator, fusion_workspace, n, fusion_on,
+                                                 want):
+    """Which collective takes a plain TP all-reduce of n rows x 7168 bf16, with the workspaces sized as the patched
+    server sizes them for the shipped profile on SM120."""
     make, calls = coordinator
-    make(pcie_ipc=pcie_ipc_comm()).all_reduce(rows(DECODE_ROWS + 1))  # wider than the decode workspace
-    make(pcie_ipc=pcie_ipc_comm()).all_reduce(rows(8192))
-    make(pcie_ipc=pcie_ipc_comm(), fi=False).all_reduce(rows(8192))
-    assert calls == ["flashinfer", "flashinfer", "nccl"]
+    if fusion_on:
+        fusion_workspace(SM120_FUSION_CAP)
+    pcie_ipc = prepared_pcie_ipc(widest_decode_rows(published_profile))
+    assert route(make, calls, n, pcie_ipc=pcie_ipc, fi=fusion_on) == want
 
 
 @pytest.mark.unchanged
-def test_pcie_ipc_absent_disabled_or_refusing_keeps_flashinfer(coordinator):
+def test_pcie_ipc_absent_disabled_or_refusing_keeps_flashinfer(published_profile, coordinator, fusion_workspace):
     make, calls = coordinator
-    make(pcie_ipc=None).all_reduce(rows(8))
-    make(pcie_ipc=pcie_ipc_comm(disabled=True)).all_reduce(rows(8))
-    make(pcie_ipc=pcie_ipc_comm()).all_reduce(rows(8, torch.float16))  # PCIe-IPC serves bf16 only
-    assert calls == ["flashinfer"] * 3
-
-
-@pytest.mark.unchanged
-def test_pcie_ipc_without_flashinfer_keeps_upstream_route(coordinator):
-    make, calls = coordinator
-    make(pcie_ipc=pcie_ipc_comm(), fi=False).all_reduce(rows(8))
-    assert calls == ["pcie_ipc"]
+    fusion_workspace(SM120_FUSION_CAP)
+    max_rows = widest_decode_rows(published_profile)
+    assert route(make, calls, 8, pcie_ipc=None) == "flashinfer"
+    assert route(make, calls, 8, pcie_ipc=prepared_pcie_ipc(max_rows, disabled=True)) == "flashinfer"
+    calls.clear()
+    make(pcie_ipc=prepared_pcie_ipc(max_rows)).all_reduce(rows(8, torch.float16))  # PCIe-IPC serves bf16 only
+    assert calls == ["flashinfer"]

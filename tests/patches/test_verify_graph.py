@@ -1,15 +1,17 @@
-"""Issue 4: every fixed-width EAGLE verify batch replays a CUDA graph, and every fallback is counted.
+"""Every fixed-width EAGLE verify batch replays a CUDA graph, and every speculative fallback is counted.
 
 Drives the real SGLang code of the tree under test:
-- DecodeCudaGraphRunner.can_run_graph / graph_fallback_reason on TARGET_VERIFY batches (runner built without
+- DecodeCudaGraphRunner and the two EAGLE draft runners: can_run_graph / graph_fallback_reason (runners built without
   __init__, SimpleNamespace forward batches),
-- ModelRunner._forward_raw counting each target-verify forward (ModelRunner built without __init__; only the
-  graph replay and the eager model forward themselves are stubbed),
+- ModelRunner.forward / _forward_raw counting each target-verify forward by outcome (ModelRunner built without
+  __init__; only the graph replays and the eager model forward themselves are stubbed), once under an elastic-EP
+  retry; EagleDraftWorker.draft and _draft_extend_for_decode counting the draft stages,
 - the /server_info readback (SchedulerInternalStateController) and the Prometheus counter fed by
   SchedulerMetricsReporter.report_decode_stats,
 - resolved ServerArgs for Kimi-K2.5 + EAGLE-3 (topk 1, 4 draft tokens, TP8) on a faked SM120 box with 96 GB GPUs:
-  the captured decode/verify batch sizes cover every batch the scheduler can form, and speculative decoding with
-  decode CUDA graphs off is refused unless SGLANG_SPEC_ALLOW_EAGER_VERIFY is set.
+  the captured decode/verify batch sizes cover every batch the scheduler can form (resolution-time cap, then
+  ModelRunner's cap to the largest size really captured), and speculative decoding with decode CUDA graphs off, or
+  compact ragged verify without ragged graphs, is announced at startup.
 """
 
 from __future__ import annotations
@@ -144,7 +146,7 @@ def test_verify_batches_never_carry_replace_embeds(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Counters: SpecVerifyGraphStats, ModelRunner._forward_raw, /server_info, Prometheus
+# Counters: SpecGraphStats, ModelRunner.forward, the EAGLE draft stages, /server_info, Prometheus
 # ---------------------------------------------------------------------------------------------------------------
 
 def _eager_runner():
@@ -153,24 +155,44 @@ def _eager_runner():
     return EagerRunner.__new__(EagerRunner)
 
 
-def test_verify_stats_count_outcomes_and_warn_once_per_reason(caplog):
-    from sglang.srt.model_executor.runner.verify_graph_stats import SpecVerifyGraphStats
+def _stats():
+    from sglang.srt.model_executor.runner.spec_graph_stats import SpecGraphStats
 
-    stats, r = SpecVerifyGraphStats(), _runner()
+    return SpecGraphStats()
+
+
+def _graph(n=0, piecewise=0, eager=0, **reasons):
+    return {"graph": n, "piecewise": piecewise, "eager": eager, "fallback_reasons": reasons}
+
+
+def test_spec_graph_stats_count_outcomes_and_warn_once_per_stage_and_reason(caplog):
+    stats, r = _stats(), _runner()
     forwards = [(r, _verify_batch(bs=4)), (r, _verify_batch(bs=MAX_BS)), (r, _verify_batch(bs=MAX_BS + 8)),
                 (r, _verify_batch(bs=MAX_BS + 1)), (r, _verify_batch(width=1)), (None, _verify_batch()),
                 (_eager_runner(), _verify_batch()), (r, _verify_batch(bs=1))]
     with caplog.at_level(logging.WARNING):
         for runner, fb in forwards:
-            stats.record_forward(runner, fb, bool(runner is not None and runner.can_run_graph(fb)))
-    assert stats.to_dict() == {"graph": 3, "eager": 5, "eager_reasons": {
-        "batch_above_max_bs": 2, "width_mismatch": 1, "no_graph_runner": 2}}
+            can = bool(runner is not None and runner.can_run_graph(fb))
+            stats.record_forward("target_verify", runner, fb, "graph" if can else "eager")
+        stats.record_forward("target_verify", r, _verify_batch(bs=MAX_BS + 2), "piecewise")
+        stats.record_forward("draft_decode", None, _verify_batch(bs=2), "eager")
+        stats.record_forward("draft_extend", r, _verify_batch(bs=2), "eager", "dsa_topk_seed")
+    got = stats.to_dict()
+    assert got["target_verify"] == _graph(3, piecewise=1, eager=5, batch_above_max_bs=3, width_mismatch=1,
+                                          no_graph_runner=2)
+    assert got["draft_decode"] == _graph(eager=1, no_graph_runner=1)
+    assert got["draft_extend"] == _graph(eager=1, dsa_topk_seed=1)
     warned = [rec.getMessage() for rec in caplog.records if rec.levelno == logging.WARNING]
-    assert len(warned) == 3, warned
-    for reason in ("batch_above_max_bs", "width_mismatch", "no_graph_runner"):
-        assert sum(f"reason={reason}" in m for m in warned) == 1, warned
-    assert sorted(stats.pop_unexported()) == [("eager", "batch_above_max_bs", 2), ("eager", "no_graph_runner", 2),
-                                              ("eager", "width_mismatch", 1), ("graph", "", 3)]
+    assert len(warned) == 5, warned
+    for stage, reason in (("target_verify", "batch_above_max_bs"), ("target_verify", "width_mismatch"),
+                          ("target_verify", "no_graph_runner"), ("draft_decode", "no_graph_runner"),
+                          ("draft_extend", "dsa_topk_seed")):
+        assert sum(f"Speculative {stage} forward" in m and f"reason={reason}" in m for m in warned) == 1, warned
+    assert sorted(stats.pop_unexported()) == [
+        ("draft_decode", "eager", "no_graph_runner", 1), ("draft_extend", "eager", "dsa_topk_seed", 1),
+        ("target_verify", "eager", "batch_above_max_bs", 2), ("target_verify", "eager", "no_graph_runner", 2),
+        ("target_verify", "eager", "width_mismatch", 1), ("target_verify", "graph", "", 3),
+        ("target_verify", "piecewise", "batch_above_max_bs", 1)]
     assert stats.pop_unexported() == []
 
 
@@ -188,44 +210,191 @@ def published(kimi_sm120):
         yield kimi_sm120
 
 
-def test_verify_forward_raw_counts_every_target_verify_forward(published):
-    """The real ModelRunner._forward_raw dispatch records each TARGET_VERIFY forward, draft runners record none."""
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+def _model_runner(decode_runner, is_draft_worker=False, piecewise=False):
+    """A ModelRunner (no __init__) whose graph replays and eager forwards are stubbed (they need a GPU); the
+    dispatch in forward/_forward_raw is the real code."""
     from sglang.srt.model_executor.model_runner import ModelRunner
-    from sglang.srt.model_executor.runner.verify_graph_stats import SpecVerifyGraphStats
 
-    def model_runner(decode_runner, is_draft_worker=False):
-        mr = ModelRunner.__new__(ModelRunner)
-        if decode_runner is not None:  # the replay itself needs a GPU
-            decode_runner.execute = lambda fb, pp_proxy_tensors=None: "graph"
-        vars(mr).update(
-            model=SimpleNamespace(shared_experts_config=None), attn_backend=None, device="cuda",
-            decode_cuda_graph_runner=decode_runner, prefill_cuda_graph_runner=None, hisparse_coordinator=None,
-            is_draft_worker=is_draft_worker, pp_group=SimpleNamespace(is_last_rank=True),
-            spec_verify_graph_stats=SpecVerifyGraphStats(),
-            # the eager model forward itself needs a GPU
-            eager_runner=SimpleNamespace(execute=lambda fb, pp_proxy_tensors=None: "eager"),
-            _prepare_eager_forward_batch=lambda fb: None,
-            _maybe_execute_deferred_mamba_cow_and_clear=lambda fb: None)
-        return mr
+    mr = ModelRunner.__new__(ModelRunner)
+    if decode_runner is not None:
+        decode_runner.execute = lambda fb, pp_proxy_tensors=None: "graph"
+    prefill = SimpleNamespace(can_run_graph=lambda fb: True, execute=lambda fb, **kw: "piecewise") if piecewise \
+        else None
+    vars(mr).update(
+        model=SimpleNamespace(shared_experts_config=None), attn_backend=None, device="cuda",
+        decode_cuda_graph_runner=decode_runner, prefill_cuda_graph_runner=prefill, hisparse_coordinator=None,
+        is_draft_worker=is_draft_worker, pp_group=SimpleNamespace(is_last_rank=True),
+        spec_graph_stats=_stats(), forward_pass_id=0, msprobe_debugger=None, canary_manager=None,
+        enable_elastic_ep=False, eplb_manager=None, device_timer=None,
+        eager_runner=SimpleNamespace(execute=lambda fb, pp_proxy_tensors=None: "eager"),
+        _prepare_eager_forward_batch=lambda fb: None, _extend_forward_kwargs=lambda fb, pp: {},
+        _maybe_execute_deferred_mamba_cow_and_clear=lambda fb: None)
+    return mr
 
-    mr = model_runner(_runner())
-    outs = [mr._forward_raw(fb, None) for fb in (_verify_batch(bs=2), _verify_batch(bs=MAX_BS + 1),
-                                                 _verify_batch(bs=MAX_BS))]
+
+def _forward(mr, fb):
+    fb.apply_deprecated_skip_attn_backend_init = lambda skip: None
+    fb.token_indices_to_pool = None
+    return mr.forward(fb)
+
+
+def test_spec_graph_forward_counts_every_target_verify_forward(published):
+    """The real ModelRunner.forward counts each TARGET_VERIFY forward once, by how it ran: decode graph, piecewise
+    prefill graph, eager; decode batches and draft runners count nothing."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    mr = _model_runner(_runner())
+    outs = [_forward(mr, fb) for fb in (_verify_batch(bs=2), _verify_batch(bs=MAX_BS + 1), _verify_batch(bs=MAX_BS))]
     assert [o.logits_output for o in outs] == ["graph", "eager", "graph"]
-    assert [o.can_run_graph for o in outs] == [True, False, True]
+    assert [o.graph_outcome for o in outs] == ["graph", "eager", "graph"]
     decode = _verify_batch(bs=2, forward_mode=ForwardMode.DECODE, spec_info=None)
-    assert mr._forward_raw(decode, None).logits_output == "graph"
-    assert mr.spec_verify_graph_stats.to_dict() == {"graph": 2, "eager": 1,
-                                                    "eager_reasons": {"batch_above_max_bs": 1}}
+    assert _forward(mr, decode).logits_output == "graph"
+    assert mr.spec_graph_stats.to_dict()["target_verify"] == _graph(2, eager=1, batch_above_max_bs=1)
 
-    no_graphs = model_runner(None)
-    assert no_graphs._forward_raw(_verify_batch(), None).logits_output == "eager"
-    assert no_graphs.spec_verify_graph_stats.to_dict()["eager_reasons"] == {"no_graph_runner": 1}
+    no_graphs = _model_runner(None)
+    assert _forward(no_graphs, _verify_batch()).logits_output == "eager"
+    assert no_graphs.spec_graph_stats.to_dict()["target_verify"] == _graph(eager=1, no_graph_runner=1)
 
-    draft = model_runner(_runner(), is_draft_worker=True)
-    draft._forward_raw(_verify_batch(), None)
-    assert draft.spec_verify_graph_stats.to_dict()["graph"] == 0
+    piecewise = _model_runner(_runner(), piecewise=True)
+    assert _forward(piecewise, _verify_batch(bs=MAX_BS + 1)).logits_output == "piecewise"
+    assert piecewise.spec_graph_stats.to_dict()["target_verify"] == _graph(piecewise=1, batch_above_max_bs=1)
+
+    draft = _model_runner(_runner(), is_draft_worker=True)
+    _forward(draft, _verify_batch())
+    assert draft.spec_graph_stats.to_dict()["target_verify"] == _graph()
+
+
+def test_spec_graph_elastic_ep_retry_counts_one_verify_once(published, monkeypatch):
+    """An elastic-EP rank fault re-runs the verify forward; it is still one verify."""
+    from sglang.srt.model_executor import model_runner as mr_mod
+
+    monkeypatch.setattr(mr_mod, "maybe_rebalance_after_rank_fault", lambda eplb_manager: True)
+    mr = _model_runner(_runner())
+    mr.enable_elastic_ep = True
+    _forward(mr, _verify_batch(bs=2))
+    assert mr.spec_graph_stats.to_dict()["target_verify"] == _graph(1)
+
+
+def _draft_runner(**overrides):
+    """An EAGLE draft-decode graph runner captured at bs 1..MAX_BS, topk 1 (no __init__, no GPU)."""
+    from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
+
+    r = EAGLEDraftCudaGraphRunner.__new__(EAGLEDraftCudaGraphRunner)
+    attrs = dict(captured_req_width=1, require_mlp_tp_gather=False, disable_padding=False, max_bs=MAX_BS,
+                 require_mlp_sync=False)
+    attrs.update(overrides)
+    vars(r).update(attrs)
+    return r
+
+
+def _draft_extend_runner(**overrides):
+    from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import EAGLEDraftExtendCudaGraphRunner
+
+    r = EAGLEDraftExtendCudaGraphRunner.__new__(EAGLEDraftExtendCudaGraphRunner)
+    attrs = dict(captured_req_width=WIDTH, require_mlp_tp_gather=False, disable_padding=False, max_bs=MAX_BS,
+                 require_mlp_sync=False)
+    attrs.update(overrides)
+    vars(r).update(attrs)
+    return r
+
+
+def _draft_batch(bs=8, width=1, **overrides):
+    import torch
+
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    fb = SimpleNamespace(forward_mode=ForwardMode.DECODE, batch_size=bs, seq_lens=torch.ones(bs),
+                         spec_info=SimpleNamespace(num_tokens_per_req=width), can_run_decode_cuda_graph=True,
+                         can_run_dp_draft_cuda_graph=True, sampling_info=None)
+    vars(fb).update(overrides)
+    return fb
+
+
+DRAFT_CASES = {
+    "ok": ({}, {}, None),
+    "batch_above_max_bs": ({}, dict(bs=MAX_BS + 1), "batch_above_max_bs"),
+    "width_mismatch": ({}, dict(width=3), "width_mismatch"),
+    "mlp_sync": (dict(require_mlp_sync=True), dict(can_run_decode_cuda_graph=False), "mlp_sync"),
+}
+
+
+@pytest.mark.parametrize("case", DRAFT_CASES)
+@pytest.mark.parametrize("stage", ["draft_decode", "draft_extend"])
+def test_spec_graph_draft_runner_fallback_reason(stage, case):
+    """The draft runners name the reason a batch misses their graph; the decision itself is upstream's."""
+    runner_kw, batch_kw, reason = DRAFT_CASES[case]
+    if stage == "draft_extend":  # captured at num_draft_tokens rows per request
+        batch_kw = {**batch_kw, "width": 1 if "width" in batch_kw else WIDTH}
+        runner, fb = _draft_extend_runner(**runner_kw), _draft_batch(**batch_kw)
+    else:
+        runner, fb = _draft_runner(**runner_kw), _draft_batch(**batch_kw)
+    assert runner.graph_fallback_reason(fb) == reason
+    assert runner.can_run_graph(fb) is (reason is None)
+
+
+@pytest.mark.unchanged
+@pytest.mark.parametrize("case", DRAFT_CASES)
+def test_spec_graph_draft_runner_decision_unchanged(case):
+    runner_kw, batch_kw, reason = DRAFT_CASES[case]
+    assert bool(_draft_runner(**runner_kw).can_run_graph(_draft_batch(**batch_kw))) is (reason is None)
+
+
+class _Stop(Exception):
+    pass
+
+
+def _eagle_draft_worker(monkeypatch, graph_runner, extend_runner):
+    """The real EagleDraftWorker (no __init__) of a 3-step chain; its GPU work is stubbed: the draft forward, the
+    graph replays and the verify-input builder."""
+    from sglang.srt.speculative import eagle_worker_v2 as ew
+
+    target = SimpleNamespace(model_runner=SimpleNamespace(spec_graph_stats=_stats(), kv_index_translator=None))
+    w = ew.EagleDraftWorker.__new__(ew.EagleDraftWorker)
+    vars(w).update(req_to_token_pool=None, cuda_graph_runner=graph_runner, cuda_graph_runner_for_draft_extend=
+                   extend_runner, draft_runner=SimpleNamespace(canary_manager=None,
+                                                               forward=lambda fb: (_ for _ in ()).throw(_Stop())),
+                   topk=1, speculative_num_steps=3, speculative_num_draft_tokens=WIDTH, target_worker=target,
+                   seed_dsa_topk_from_draft_extend=False, tree_mask_mode=None, device="cpu",
+                   draft_attn_backend=SimpleNamespace(init_forward_metadata=lambda fb: None),
+                   draft_forward=lambda fb: (None, None, None, None), plan_stream=None,
+                   plan_stream_ctx=__import__("contextlib").nullcontext())
+    if graph_runner is not None:
+        graph_runner.execute = lambda fb: (None, None, None, None)
+    if extend_runner is not None:
+        extend_runner.execute = lambda fb, select_index: (_ for _ in ()).throw(_Stop())
+    monkeypatch.setattr(ew, "build_eagle_verify_input", lambda *a, **k: SimpleNamespace())
+    return w, target.model_runner.spec_graph_stats
+
+
+def test_spec_graph_eagle_draft_decode_counted(monkeypatch):
+    """EagleDraftWorker.draft records its draft-decode forward: graph when its runner takes the batch, eager with
+    the runner's reason otherwise (here a batch above the captured maximum)."""
+    from sglang.srt.speculative import eagle_worker_v2 as ew
+
+    w, stats = _eagle_draft_worker(monkeypatch, _draft_runner(), None)
+    for bs in (4, MAX_BS + 1):
+        fb = _draft_batch(bs=bs, mark_forward_metadata_ready=lambda: None)
+        monkeypatch.setattr(ew, "prepare_for_draft",
+                            lambda *a, fb=fb, **k: (fb, w.cuda_graph_runner.can_run_graph(fb), None))
+        w.draft(SimpleNamespace(spec_info=SimpleNamespace(dsa_topk_indices=None)))
+    assert stats.to_dict()["draft_decode"] == _graph(1, eager=1, batch_above_max_bs=1)
+
+
+def test_spec_graph_eagle_draft_extend_counted(monkeypatch):
+    """The draft extend after each verify is recorded the same way (graph, or eager with the reason)."""
+    import torch
+
+    from sglang.srt.speculative import eagle_worker_v2 as ew
+
+    w, stats = _eagle_draft_worker(monkeypatch, None, _draft_extend_runner())
+    for bs in (4, MAX_BS + 1):
+        fb = _draft_batch(bs=bs, width=WIDTH)
+        monkeypatch.setattr(ew, "prepare_for_draft_extend", lambda *a, fb=fb, **k: fb)
+        result = SimpleNamespace(prepared_draft_extend_inputs=(None, None, None), logits_output=SimpleNamespace(
+            hidden_states=None), accept_lens=torch.ones(bs, dtype=torch.int32))
+        with pytest.raises(_Stop):
+            w._draft_extend_for_decode(SimpleNamespace(seq_lens=torch.ones(bs)), result)
+    assert stats.to_dict()["draft_extend"] == _graph(1, eager=1, batch_above_max_bs=1)
 
 
 def _scheduler_with(stats):
@@ -233,33 +402,34 @@ def _scheduler_with(stats):
 
     return SimpleNamespace(
         spec_algorithm=SpeculativeAlgorithm.EAGLE3, draft_worker=None,
-        tp_worker=SimpleNamespace(model_runner=SimpleNamespace(spec_verify_graph_stats=stats)),
+        tp_worker=SimpleNamespace(model_runner=SimpleNamespace(spec_graph_stats=stats)),
         metrics_reporter=SimpleNamespace(spec_total_num_accept_tokens=30, spec_total_num_forward_ct=10))
 
 
-def test_verify_counts_in_server_info():
-    """GET /server_info returns internal_states[0] from get_internal_state; bench_serving reads it."""
+def test_spec_graph_counts_in_server_info():
+    """GET /server_info returns internal_states[0] from get_internal_state; bench_serving and make bench read it."""
     from sglang.srt.managers.scheduler_components.internal_state import SchedulerInternalStateController
-    from sglang.srt.model_executor.runner.verify_graph_stats import SpecVerifyGraphStats
 
-    stats = SpecVerifyGraphStats()
-    for reason in (None, None, "batch_above_max_bs", "mlp_sync", "batch_above_max_bs"):
-        stats.record(reason)
+    stats = _stats()
+    for outcome, reason in (("graph", ""), ("graph", ""), ("eager", "batch_above_max_bs"), ("eager", "mlp_sync"),
+                            ("piecewise", "batch_above_max_bs")):
+        stats.record("target_verify", outcome, reason)
+    stats.record("draft_extend", "eager", "mlp_sync")
     state = {}
     SchedulerInternalStateController(_scheduler_with(stats), record_step_time=False)._add_speculative(state)
     assert state["avg_spec_accept_length"] == 3.0
-    assert state["spec_verify_cuda_graph"] == {"graph": 2, "eager": 3, "eager_reasons": {
-        "batch_above_max_bs": 2, "mlp_sync": 1}}
+    assert state["spec_cuda_graph"] == {
+        "target_verify": _graph(2, piecewise=1, eager=2, batch_above_max_bs=2, mlp_sync=1),
+        "draft_decode": _graph(), "draft_extend": _graph(eager=1, mlp_sync=1)}
 
 
-def test_verify_counts_in_prometheus_metrics(published):
+def test_spec_graph_counts_in_prometheus_metrics(published):
     import functools
 
     import prometheus_client
     from prometheus_client import CollectorRegistry, generate_latest
 
     from sglang.srt.managers.scheduler_components.metrics_reporter import SchedulerMetricsReporter
-    from sglang.srt.model_executor.runner.verify_graph_stats import SpecVerifyGraphStats
     from sglang.srt.observability.metrics_collector import SchedulerMetricsCollector
 
     registry = CollectorRegistry()  # not the process-wide one: other tests may build collectors too
@@ -271,39 +441,54 @@ def test_verify_counts_in_prometheus_metrics(published):
         _summary_cls = functools.partial(prometheus_client.Summary, registry=registry)
 
     collector = Collector(labels={"model_name": "kimi", "tp_rank": 0, "moe_ep_rank": 0}, server_args=published)
-    stats = SpecVerifyGraphStats()
+    stats = _stats()
     reporter = SchedulerMetricsReporter.__new__(SchedulerMetricsReporter)
     vars(reporter).update(scheduler=_scheduler_with(stats), metrics_collector=collector,
                           current_scheduler_metrics_enabled=True, is_stats_logging_rank=False,
                           enable_mfu_metrics=False, scheduler_status_logger=None,
                           forward_ct_decode=1, decode_log_interval=40)
     batch = SimpleNamespace(dp_cooperation_info=None)
-    for step in ([None, None, "batch_above_max_bs"], [None], []):
-        for reason in step:
-            stats.record(reason)
+    steps = [[("target_verify", "graph", ""), ("target_verify", "graph", ""),
+              ("target_verify", "eager", "batch_above_max_bs"), ("draft_decode", "graph", "")],
+             [("target_verify", "graph", "")], []]
+    for step in steps:
+        for stage, outcome, reason in step:
+            stats.record(stage, outcome, reason)
         reporter.report_decode_stats(True, running_batch=batch, num_generated_tokens=len(step))
 
-    samples = {(s.labels["outcome"], s.labels["reason"]): s.value
-               for metric in registry.collect() if metric.name == "sglang:spec_verify_forwards"
+    samples = {(s.labels["stage"], s.labels["outcome"], s.labels["reason"]): s.value
+               for metric in registry.collect() if metric.name == "sglang:spec_cuda_graph_forwards"
                for s in metric.samples if s.name.endswith("_total")}
-    assert samples == {("graph", ""): 3.0, ("eager", "batch_above_max_bs"): 1.0}
-    assert "sglang:spec_verify_forwards_total{" in generate_latest(registry).decode()
+    assert samples == {("target_verify", "graph", ""): 3.0, ("target_verify", "eager", "batch_above_max_bs"): 1.0,
+                       ("draft_decode", "graph", ""): 1.0}
+    assert "sglang:spec_cuda_graph_forwards_total{" in generate_latest(registry).decode()
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Capture sizes cover every batch the scheduler can form (resolved ServerArgs, faked SM120)
 # ---------------------------------------------------------------------------------------------------------------
 
+def _pool_size(sa) -> int:
+    """req_to_token_pool.size as the server sizes it: KVCacheConfigurator.resolve_max_num_reqs (max_running_requests
+    per DP worker, lowered only when the KV pool is small; here it is not)."""
+    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
+
+    cfgr = KVCacheConfigurator.__new__(KVCacheConfigurator)  # __slots__: set one by one
+    cfgr.model_config = SimpleNamespace(context_len=262144)
+    cfgr.attn_dp_size = max(1, resolved(sa, "attn_dp_size") or 1)
+    cfgr.mambaish_config = None
+    return cfgr.resolve_max_num_reqs(token_capacity=10**8)
+
+
 def _captured_bs(sa):
-    """The verify graph's capture list as DecodeCudaGraphRunner builds it, for a pool of max_running_requests."""
+    """The verify graph's capture list as DecodeCudaGraphRunner builds it, for the request pool the server sizes."""
     from sglang.srt import runtime_context as rc
     from sglang.srt.model_executor.runner.base_cuda_graph_runner import get_batch_sizes_to_capture
 
-    per_worker = resolved(sa, "max_running_requests") // max(1, resolved(sa, "attn_dp_size") or 1)
     with rc.use_context(rc.create_context(sa, role="scheduler")):
-        pool = SimpleNamespace(size=per_worker + 1)  # pool_configurator: max_running_requests + 1 slots
+        pool = SimpleNamespace(size=_pool_size(sa))
         capture_bs, _ = get_batch_sizes_to_capture(SimpleNamespace(req_to_token_pool=pool, server_args=sa), WIDTH)
-    return per_worker, capture_bs
+    return pool.size, capture_bs
 
 
 def _assert_covered(sa):
@@ -341,32 +526,86 @@ def test_verify_capture_sizes_cover_running_requests_with_small_graph_max_bs(kim
     assert resolved(kimi_sm120_small_graph, "max_running_requests") == 32
 
 
+@pytest.fixture(scope="module")
+def kimi_sm120_tbo_odd_max():
+    """Two-batch overlap with --cuda-graph-max-bs-decode 15: the capture filter keeps only even sizes (TBO
+    alignment 2 at one row per request), so 15 is configured but 14 is the largest graph captured."""
+    return _sm120_args(enable_two_batch_overlap=True, cuda_graph_max_bs_decode=15)
+
+
+def test_verify_running_requests_capped_to_the_largest_captured_graph(kimi_sm120_tbo_odd_max, caplog):
+    """The real ModelRunner._cap_running_requests_to_verify_graphs, after the decode graph runner captured the real
+    capture list: every batch the scheduler can form (1..max_running_requests) replays a verify graph."""
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    sa = kimi_sm120_tbo_odd_max
+    assert resolved(sa, "max_running_requests") == 15  # the resolution-time bound: the configured max_bs
+    pool_size, capture_bs = _captured_bs(sa)
+    assert max(capture_bs) == 14
+    graph_runner = _runner(max_bs=max(capture_bs), capture_bs=capture_bs)
+    mr = ModelRunner.__new__(ModelRunner)
+    vars(mr).update(is_draft_worker=False, spec_algorithm=SpeculativeAlgorithm.EAGLE3, max_running_requests=pool_size,
+                    decode_cuda_graph_runner=graph_runner, memory_pool_config=SimpleNamespace(max_running_requests=
+                                                                                             pool_size))
+    with caplog.at_level(logging.WARNING):
+        mr._cap_running_requests_to_verify_graphs()
+    assert (mr.max_running_requests, mr.memory_pool_config.max_running_requests) == (14, 14)
+    assert all(graph_runner.graph_fallback_reason(_verify_batch(bs=bs)) is None
+               for bs in range(1, mr.max_running_requests + 1))
+    assert any("capped from 15 to 14" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("draft, spec", [(True, True), (False, False)])
+def test_verify_running_request_cap_leaves_draft_and_plain_runners(draft, spec):
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    mr = ModelRunner.__new__(ModelRunner)
+    vars(mr).update(is_draft_worker=draft, max_running_requests=48, memory_pool_config=None,
+                    spec_algorithm=SpeculativeAlgorithm.EAGLE3 if spec else SpeculativeAlgorithm.NONE,
+                    decode_cuda_graph_runner=_runner(capture_bs=[1, 2, 4, 8]))
+    mr._cap_running_requests_to_verify_graphs()
+    assert mr.max_running_requests == 48
+
+
 # ---------------------------------------------------------------------------------------------------------------
-# Startup refusal: speculative decoding with the target's decode CUDA graphs off
+# Eager verify said at startup: decode CUDA graphs off, compact ragged verify without ragged graphs
 # ---------------------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("flag", ["disable_cuda_graph", "disable_decode_cuda_graph"])
-def test_verify_refuses_spec_without_decode_cuda_graph(flag, monkeypatch):
-    monkeypatch.delenv("SGLANG_SPEC_ALLOW_EAGER_VERIFY", raising=False)
-    with pytest.raises(ValueError) as err:
-        _sm120_args(**{flag: True})
-    msg = str(err.value)
-    assert "--" + flag.replace("_", "-") in msg
-    assert "SGLANG_SPEC_ALLOW_EAGER_VERIFY=1" in msg
-    assert "Speculative decoding" in msg
-
-
-def test_verify_allows_eager_verify_when_opted_in(monkeypatch, caplog):
-    monkeypatch.setenv("SGLANG_SPEC_ALLOW_EAGER_VERIFY", "1")
+def test_verify_warns_at_startup_without_decode_cuda_graph(flag, caplog):
+    """Speculation with the target's decode graphs off starts (upstream's own test kit runs EAGLE-3 with
+    --disable-cuda-graph), with one warning that names the cause, the cost and where the eager verifies are
+    counted."""
     with caplog.at_level(logging.WARNING):
-        sa = _sm120_args(disable_decode_cuda_graph=True)
+        sa = _sm120_args(**{flag: True})
     assert resolved(sa, "cuda_graph_config").decode.backend == "disabled"
     assert resolved(sa, "speculative_algorithm") == "EAGLE3"
-    assert any("SGLANG_SPEC_ALLOW_EAGER_VERIFY" in r.getMessage() for r in caplog.records)
+    (msg,) = [r.getMessage() for r in caplog.records if "decode CUDA graphs disabled" in r.getMessage()]
+    assert "--" + flag.replace("_", "-") in msg and "spec_cuda_graph" in msg and "no_graph_runner" in msg
 
 
 @pytest.mark.unchanged
-def test_verify_refusal_leaves_non_speculative_servers_alone(monkeypatch):
-    monkeypatch.delenv("SGLANG_SPEC_ALLOW_EAGER_VERIFY", raising=False)
-    sa = _sm120_args(spec=False, disable_cuda_graph=True)
+def test_verify_warning_leaves_non_speculative_servers_alone(caplog):
+    with caplog.at_level(logging.WARNING):
+        sa = _sm120_args(spec=False, disable_cuda_graph=True)
     assert resolved(sa, "cuda_graph_config").decode.backend == "disabled"
+    assert not [r for r in caplog.records if "Speculative decoding" in r.getMessage()]
+
+
+@pytest.mark.parametrize("backend_cls, warned", [("TritonAttnBackend", True), ("FlashInferMLAAttnBackend", False)])
+def test_verify_compact_ragged_verify_without_ragged_graphs_warns(caplog, backend_cls, warned):
+    """SGLANG_RAGGED_VERIFY_MODE=compact on an attention backend that captures no ragged verify graphs (triton, the
+    SM120 MLA default) sends every target verify to eager: the runner says so once at startup."""
+    from sglang.srt.layers.attention.flashinfer_mla_backend import FlashInferMLAAttnBackend
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    cls = {"TritonAttnBackend": TritonAttnBackend, "FlashInferMLAAttnBackend": FlashInferMLAAttnBackend}[backend_cls]
+    runner = _runner(ragged_verify_mode=True, attn_backend=cls.__new__(cls))
+    with caplog.at_level(logging.WARNING):
+        runner._warn_if_ragged_verify_runs_eager()
+    msgs = [r.getMessage() for r in caplog.records if "SGLANG_RAGGED_VERIFY_MODE" in r.getMessage()]
+    assert bool(msgs) is warned
+    if warned:
+        assert backend_cls in msgs[0] and "SGLANG_RAGGED_VERIFY_MODE=static" in msgs[0]
