@@ -488,6 +488,22 @@ class PcieIpcWorkspace:
         return t.numel() <= self.max_numel
 
 
+GIB = 1 << 30
+
+
+@pytest.fixture(autouse=True)
+def device_memory(monkeypatch):
+    """set(free_bytes): what torch.cuda.mem_get_info answers (no GPU here), and FlashInfer's JIT module's
+    workspace_size (2 bytes x max_numel x 2 stages here; the real one is compiled CUDA code)."""
+    import flashinfer.comm.pcie_ipc_ar as fi_ar
+
+    state = {"free": 80 * GIB}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (state["free"], 96 * GIB))
+    monkeypatch.setattr(fi_ar, "get_pcie_ipc_comm_module",
+                        lambda: SimpleNamespace(workspace_size=lambda world, numel, elem, blocks: 2 * numel * elem))
+    return lambda free: state.__setitem__("free", free)
+
+
 def prepared_pcie_ipc(max_rows, disabled=False):
     """SGLang's PcieIpcCommunicator for a TP8 group, prepared as BaseRunner._pre_initialize_pcie_ipc_workspace does
     (prepare(hidden, max_rows)), with FlashInfer's workspace class replaced (no GPU)."""
@@ -601,6 +617,22 @@ def test_pcie_ipc_routing_from_the_profile_sizes(published_profile, coordinator,
         fusion_workspace(SM120_FUSION_CAP)
     pcie_ipc = prepared_pcie_ipc(widest_decode_rows(published_profile))
     assert route(make, calls, n, pcie_ipc=pcie_ipc, fi=fusion_on) == want
+
+
+def test_pcie_ipc_short_of_memory_stays_off_with_a_reason(published_profile, coordinator, fusion_workspace,
+                                                          device_memory, caplog):
+    """A rank that cannot allocate the workspace (FlashInfer's cudaMalloc comes before its handle exchange) does
+    not enter the build: the communicator is disabled, says why, and reductions keep the FlashInfer/NCCL route.
+    (The group agreement itself is tested on two CPU ranks in tests/gpu/test_harness.py.)"""
+    make, calls = coordinator
+    fusion_workspace(SM120_FUSION_CAP)
+    PcieIpcWorkspace.built.clear()
+    device_memory(1 << 20)
+    with caplog.at_level(logging.WARNING):
+        pcie_ipc = prepared_pcie_ipc(widest_decode_rows(published_profile))
+    assert pcie_ipc.disabled and PcieIpcWorkspace.built == []
+    assert any("this rank has 1048576 bytes free" in r.getMessage() for r in caplog.records)
+    assert route(make, calls, 8, pcie_ipc=pcie_ipc) == "flashinfer"
 
 
 @pytest.mark.unchanged

@@ -1,0 +1,375 @@
+"""What each rank runs in the GPU tier: scenario functions of a Rank (tests/gpu/_harness.py), returning JSON dicts.
+
+Every scenario brings SGLang's distributed state up the way the model runner does (scripts/bench/sglang_comm.py
+bring_up: ServerArgs for Kimi-K2.5 resolved on this device, published as the scheduler publishes them,
+bootstrap.init_parallel_runtime) and then drives SGLang's own code: GroupCoordinator.all_reduce, the PCIe-IPC
+communicator, the fused all-reduce + residual + RMSNorm op and its workspace manager, the launcher's decision.
+Inputs are seeded per rank, so each rank computes the fp32 reference of every reduction itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from scripts.bench import sglang_comm as sc
+
+# Bring-up for most scenarios: the shipped profile's graph sizes, the FlashInfer fusion on (trtllm, the backend
+# the SM12X patch admits), PCIe IPC forced on (on an NVLink host the launcher would leave it off), autotune off
+# (one scenario measures it; elsewhere it would cost minutes per process), SGLang's own custom all-reduce off:
+# on an NVLink host it would take the reductions PCIe IPC is here to serve, and on the PCIe-only box upstream
+# disables it beyond 2 GPUs anyway.
+DEFAULT_SA = dict(flashinfer_allreduce_fusion_backend="trtllm", disable_flashinfer_autotune=True,
+                  disable_custom_all_reduce=True)
+
+
+def _up(r, *, pcie_ipc: bool = True, **server_args):
+    if pcie_ipc:
+        os.environ["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"] = "1"
+    return sc.bring_up(r.rank, r.world, r.port, device=r.device, **{**DEFAULT_SA, **server_args})
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _device(r):
+    torch = _torch()
+    return torch.device("cuda", torch.cuda.current_device()) if r.cuda else torch.device("cpu")
+
+
+# ------------------------------------------------------------------------------------------ harness (CPU and GPU)
+def routing_only(r, rows=(1, 8), **server_args):
+    """Bring-up and plain TP all-reduces; on CPU ranks over gloo (SGLang's CPU engine), NCCL-free."""
+    sa = sc.bring_up(r.rank, r.world, r.port, device=r.device, **server_args)
+    tp, log, t = sc.tp_group(), sc.RouteLog(), sc.Tensors(r.rank, r.world, _device(r))
+    calls = []
+    for n in rows:
+        y = tp.all_reduce(t.randn(n, seed=n))
+        calls.append({"rows": n, "backend": log.take(), **t.errors(y, t.ref_sum(n, seed=n))})
+    return {"tp_size": tp.world_size, "rank_in_group": tp.rank_in_group, "device": sa.device, "calls": calls,
+            "pid": os.getpid()}
+
+
+def fail_on(r, bad_rank: int):
+    if r.rank == bad_rank:
+        raise RuntimeError(f"injected failure on rank {bad_rank}")
+    return {"rank": r.rank}
+
+
+def hang_on(r, stuck_rank: int):
+    while r.rank == stuck_rank:
+        time.sleep(1)
+    return {"rank": r.rank}
+
+
+# ------------------------------------------------------------------------------------------ GPU: the battery
+def _routing(r, sa, rows, prefill_rows) -> list[dict]:
+    """tp.all_reduce eager and replayed from a graph captured inside graph_capture(), fresh inputs each way."""
+    tp, log, t, timer = sc.tp_group(), sc.RouteLog(), sc.Tensors(r.rank, r.world, _device(r)), sc.Timer(r.device)
+    out = []
+    try:
+        for n in list(rows) + list(prefill_rows):
+            y = tp.all_reduce(t.randn(n, seed=n))
+            out.append({"rows": n, "mode": "eager", "backend": log.take(), **t.errors(y, t.ref_sum(n, seed=n))})
+            static, held = t.randn(n, seed=n), {}
+            graph = timer.capture(lambda: held.__setitem__("y", tp.all_reduce(static)))
+            routed = log.take()
+            static.copy_(t.randn(n, seed=n + 50000))
+            graph.replay()
+            timer.sync()
+            out.append({"rows": n, "mode": "graph", "backend": routed[-1:],
+                        **t.errors(held["y"], t.ref_sum(n, seed=n + 50000))})
+            del graph
+    finally:
+        log.close()
+    return out
+
+
+def _fused(r, rows) -> list[dict]:
+    """SGLang's fused op vs an fp32 reference and vs tp.all_reduce + FlashInfer's fused add-RMSNorm; eager and
+    graph-replayed with fresh inputs."""
+    from flashinfer.norm import fused_add_rmsnorm
+
+    torch, t, timer, tp = _torch(), sc.Tensors(r.rank, r.world, _device(r)), sc.Timer(r.device), sc.tp_group()
+    gamma = (t.randn(1, seed=7, rank=0, scale=0.5)[0] + 1.0).contiguous()
+    out = []
+    for n in rows:
+        x, res = t.randn(n, seed=n), t.randn(n, seed=n + 1, rank=0)
+        ref_res = t.ref_sum(n, seed=n) + res.float()
+        ref_norm = t.rmsnorm_ref(ref_res, gamma)
+        norm, res_out = sc.fused_allreduce_rmsnorm(x.clone(), res.clone(), gamma)
+        rec = {"rows": n, "declined": norm is None}
+        if norm is not None:
+            rec["fused"] = {"norm": t.errors(norm, ref_norm), "residual": t.errors(res_out, ref_res)}
+        y, res2 = tp.all_reduce(x.clone()), res.clone()
+        fused_add_rmsnorm(y, res2, gamma, sc.EPS)
+        rec["unfused"] = {"norm": t.errors(y, ref_norm), "residual": t.errors(res2, ref_res)}
+        if norm is not None:
+            sx, sres, held = x.clone(), res.clone(), {}
+            graph = timer.capture(lambda: held.__setitem__("o", sc.fused_allreduce_rmsnorm(sx, sres, gamma)))
+            sx.copy_(t.randn(n, seed=n + 60000))
+            sres.copy_(t.randn(n, seed=n + 60001, rank=0))
+            graph.replay()
+            timer.sync()
+            ref2 = t.ref_sum(n, seed=n + 60000) + sres.float()
+            rec["fused_graph"] = {"norm": t.errors(held["o"][0], t.rmsnorm_ref(ref2, gamma)),
+                                  "residual": t.errors(held["o"][1], ref2)}
+            del graph
+        out.append(rec)
+        torch.cuda.synchronize()
+    return out
+
+
+def _pdl_race(r, rows, chain: int, trials: int) -> list[dict]:
+    """Graph-replayed chains of the fused op, each call feeding its residual to the next (as between layers) and
+    followed by a PDL-launched consumer reading its norm output at once (FlashInfer rmsnorm, enable_pdl=True).
+    Fresh inputs every trial, every trial checked against an fp32 chained reference; the op's own default and
+    trigger_completion_at_end=False (the pre-fix setting, as a control)."""
+    from flashinfer.norm import rmsnorm
+
+    torch, t, timer = _torch(), sc.Tensors(r.rank, r.world, _device(r)), sc.Timer(r.device)
+    gamma = (t.randn(1, seed=8, rank=0, scale=0.5)[0] + 1.0).contiguous()
+    out = []
+    for n in rows:
+        for label, kw in (("default", {}), ("trigger_at_end_false", {"trigger_completion_at_end": False})):
+            xs = [t.randn(n, seed=900 + i, scale=0.05) for i in range(chain)]
+            res0 = t.randn(n, seed=899, rank=0)
+            outs, resid = [None] * chain, [None] * chain
+
+            def run(kw=kw):
+                h = res0
+                for i in range(chain):
+                    norm, h = sc.fused_allreduce_rmsnorm(xs[i], h, gamma, **kw)
+                    resid[i] = h
+                    outs[i] = rmsnorm(norm, gamma, sc.EPS, enable_pdl=True)
+
+            graph = timer.capture(run)
+            bad, worst = 0, 0.0
+            for trial in range(trials):
+                seed = 10000 * (trial + 1)
+                for i, x in enumerate(xs):
+                    x.copy_(t.randn(n, seed=seed + i, scale=0.05))
+                res0.copy_(t.randn(n, seed=seed - 1, rank=0))
+                ref_res, refs = res0.float(), []
+                for i in range(chain):
+                    ref_res = (ref_res + t.ref_sum(n, seed=seed + i, scale=0.05)).to(torch.bfloat16).float()
+                    refs.append(t.rmsnorm_ref(t.rmsnorm_ref(ref_res, gamma).to(torch.bfloat16).float(), gamma))
+                for o in outs:
+                    o.fill_(float("nan"))
+                timer.sync()
+                timer.dist.barrier()
+                graph.replay()
+                timer.sync()
+                errs = [t.errors(resid[-1], ref_res)] + [t.errors(o, ref) for o, ref in zip(outs, refs)]
+                worst = max([worst] + [e["max_abs_err"] for e in errs])
+                bad += int(any(e["nan"] or e["max_abs_err"] > 1.0 for e in errs))
+            del graph
+            out.append({"rows": n, "variant": label, "chain": chain, "trials": trials, "bad_trials": bad,
+                        "worst_abs_err": worst})
+    return out
+
+
+def battery(r, rows=(1, 2, 4, 8, 16, 32, 64), prefill_rows=(2048,),
+            fused_rows=(1, 2, 4, 8, 16, 32, 64, 128, 192, 256), race_rows=(4, 16, 64), race_chain=16,
+            race_trials=20, timing_rows=(1, 4, 8, 16, 32, 64), chain=122, reps=10):
+    """One bring-up, then: routing + correctness, fused op, PDL race stress, per-call timings."""
+    sa = _up(r)
+    result = {"pcie_ipc": sc.prepare_pcie_ipc(sa), "fusion": sc.prepare_fusion(_torch().bfloat16)}
+    result["routing"] = _routing(r, sa, rows, prefill_rows)
+    result["fused"] = _fused(r, fused_rows)
+    result["pdl_race"] = _pdl_race(r, race_rows, race_chain, race_trials)
+    result["timings"] = sc.path_timings(r, timing_rows, chain=chain, reps=reps)
+    result["versions"] = sc.versions()
+    return result
+
+
+# ------------------------------------------------------------------------------------------ decisions
+class _Captured(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(f"{record.name}: {record.getMessage()}")
+
+
+def decisions(r):
+    """What the patched code decides on this device and host: fusion auto-enable and token cap (no backend
+    given), the fusion workspace's preflight sizes vs FlashInfer's real allocations, the launcher's NVML answer
+    for this TP group, and the PCIe-IPC autotune outcome (configs saved, seconds)."""
+    import torch
+
+    from sglang.srt.entrypoints.pcie_defaults import decide_pcie_only_defaults
+    from sglang.srt.layers import flashinfer_comm_fusion as fcf
+    from sglang.srt.layers.layer_boundary import FUSE_ALLREDUCE_MAX_BATCH_SIZE
+
+    captured = _Captured()
+    for name in ("sglang.srt.distributed.device_communicators.pcie_ipc_ar", "sglang.srt.entrypoints.pcie_defaults",
+                 "sglang.srt.arg_groups.overrides"):
+        logging.getLogger(name).addHandler(captured)
+        logging.getLogger(name).setLevel(logging.INFO)
+    sa = _up(r, flashinfer_allreduce_fusion_backend=None, disable_flashinfer_autotune=False)
+    out = {"fusion_backend_resolved": sa.flashinfer_allreduce_fusion_backend,
+           "fusion_token_cap": FUSE_ALLREDUCE_MAX_BATCH_SIZE}
+    launcher = decide_pcie_only_defaults(sa)
+    out["launcher"] = {"topology": launcher.topology, "detail": launcher.detail,
+                       "tp_groups": [[vars(g) for g in grp] for grp in launcher.tp_groups],
+                       "nccl_set": launcher.nccl_set, "pcie_ipc": launcher.pcie_ipc, "warnings": launcher.warnings}
+    from sglang.srt.distributed.device_communicators.pcie_ipc_ar import _tune_cache_path
+
+    cache = _tune_cache_path(r.world)
+    before = os.path.getsize(cache) if cache and os.path.isfile(cache) else None
+    out["pcie_ipc"] = sc.prepare_pcie_ipc(sa)
+    out["pcie_ipc"]["tune_cache"] = {"path": cache, "bytes_before": before,
+                                     "bytes_after": os.path.getsize(cache) if cache and os.path.isfile(cache)
+                                     else None}
+    # fusion workspace: the preflight's mirror of FlashInfer's sizes vs what FlashInfer allocated
+    sa_fused = {"backend": "trtllm"}
+    from sglang.srt.runtime_context import get_context
+
+    with get_context().override_server_args(flashinfer_allreduce_fusion_backend="trtllm"):
+        out["fusion"] = sc.prepare_fusion(torch.bfloat16)
+        manager = fcf._get_workspace_manager(True)
+        handles = getattr(manager.workspace, "mem_handles", []) if manager.workspace is not None else []
+        out["fusion"]["allocated"] = [getattr(h, "allocation_size", None) for h in handles]
+        drv = fcf.get_cuda_driver_bindings()
+        prop = fcf._make_flashinfer_workspace_allocation_prop(drv)
+        out["fusion"]["preflight_sizes"] = fcf._flashinfer_trtllm_workspace_allocation_sizes(
+            drv, prop, r.world, FUSE_ALLREDUCE_MAX_BATCH_SIZE, sc.HIDDEN, torch.bfloat16)
+    out["fusion"].update(sa_fused)
+    out["log"] = captured.lines
+    return out
+
+
+# ------------------------------------------------------------------------------------------ faults
+def _after_fault(r) -> dict:
+    """An 8-row and a 64-row all-reduce after the fault: which backend every rank used, and whether it was right."""
+    tp, log, t = sc.tp_group(), sc.RouteLog(), sc.Tensors(r.rank, r.world, _device(r))
+    calls = []
+    for n in (8, 64):
+        y = tp.all_reduce(t.randn(n, seed=n))
+        calls.append({"rows": n, "backend": log.take(), **t.errors(y, t.ref_sum(n, seed=n))})
+    log.close()
+    comm = tp.pcie_ipc_comm
+    return {"calls": calls, "pcie_ipc_disabled": None if comm is None else comm.disabled}
+
+
+def _hog_memory(leave_bytes: int) -> list:
+    """Take the device's free memory down to `leave_bytes` (one rank short of memory: the realistic single-rank
+    failure of a workspace build)."""
+    torch = _torch()
+    free, _ = torch.cuda.mem_get_info()
+    return [torch.empty(max(free - leave_bytes, 0), dtype=torch.uint8, device="cuda")]
+
+
+def fault_pcie_ipc_oom(r, bad_rank: int):
+    """One rank cannot allocate the PCIe-IPC workspace (FlashInfer's cudaMalloc precedes its handle exchange)."""
+    sa = _up(r)
+    hog = _hog_memory(16 << 20) if r.rank == bad_rank else []
+    info = sc.prepare_pcie_ipc(sa)
+    del hog
+    return {"prepare": info, **_after_fault(r)}
+
+
+def fault_pcie_ipc_bind(r, bad_rank: int):
+    """One rank fails inside FlashInfer's workspace construction (binding its IPC buffers)."""
+    import flashinfer.comm.pcie_ipc_ar as fi_ar
+
+    if r.rank == bad_rank:
+        real = fi_ar.get_pcie_ipc_comm_module
+
+        class Failing:
+            def __init__(self, module):
+                self._m = module
+
+            def __getattr__(self, name):
+                return getattr(self._m, name)
+
+            def init(self, *a, **k):
+                raise RuntimeError(f"injected IPC bind failure on rank {bad_rank}")
+
+        fi_ar.get_pcie_ipc_comm_module = lambda: Failing(real())
+    sa = _up(r)
+    return {"prepare": sc.prepare_pcie_ipc(sa), **_after_fault(r)}
+
+
+def fault_pcie_ipc_tune(r, bad_rank: int):
+    """Every tactic FlashInfer's PCIe-IPC autotuner profiles fails on one rank."""
+    import flashinfer.comm.pcie_ipc_ar as fi_ar
+
+    if r.rank == bad_rank:
+        real_forward = fi_ar.PcieIpcAllReduceRunner.forward
+
+        def forward(self, *a, **k):
+            tactic = k.get("tactic", a[1] if len(a) > 1 else -1)
+            if tactic not in (-1, None):
+                raise RuntimeError(f"injected tactic failure on rank {bad_rank}")
+            return real_forward(self, *a, **k)
+
+        fi_ar.PcieIpcAllReduceRunner.forward = forward
+    sa = _up(r, disable_flashinfer_autotune=False, cuda_graph_max_bs_decode=1, max_running_requests=1)
+    return {"prepare": sc.prepare_pcie_ipc(sa), **_after_fault(r)}
+
+
+def fault_fusion_oom(r, bad_rank: int):
+    """One rank cannot allocate the fusion workspace: SGLang's collective preflight must turn it off everywhere."""
+    torch = _torch()
+    sa = _up(r, pcie_ipc=False)
+    hog = _hog_memory(64 << 20) if r.rank == bad_rank else []
+    info = sc.prepare_fusion(torch.bfloat16)
+    del hog
+    t = sc.Tensors(r.rank, r.world, _device(r))
+    gamma = torch.ones(sc.HIDDEN, dtype=torch.bfloat16, device=_device(r))
+    norm, _ = sc.fused_allreduce_rmsnorm(t.randn(8, seed=8), t.randn(8, seed=9, rank=0), gamma)
+    return {"fusion": info, "fused_declined": norm is None, "server_args_backend": sa.flashinfer_allreduce_fusion_backend,
+            **_after_fault(r)}
+
+
+def fault_nvml(r, bad_rank: int):
+    """One rank's NVML claims NVLink between every pair; the launcher's decision (one process, before the ranks
+    exist) and FlashInfer's joint topology probe must still leave every rank on the same backend."""
+    if r.rank == bad_rank:
+        import pynvml
+
+        pynvml.nvmlDeviceGetP2PStatus = lambda a, b, index: pynvml.NVML_P2P_STATUS_OK
+    sa = _up(r)
+    from sglang.srt.entrypoints.pcie_defaults import decide_pcie_only_defaults
+
+    decision = decide_pcie_only_defaults(sa)
+    return {"rank_topology": decision.topology, "prepare": sc.prepare_pcie_ipc(sa), **_after_fault(r)}
+
+
+# ------------------------------------------------------------------------------------------ CPU: group agreement
+def pcie_ipc_vote(r, short_rank: int | None):
+    """SGLang's PcieIpcCommunicator.prepare on CPU ranks whose TP group is real (gloo): one rank short of device
+    memory (torch.cuda.mem_get_info answered per rank; there is no GPU) must keep every rank from entering the
+    build. FlashInfer's workspace class and its JIT module's size function stand in for the CUDA parts."""
+    import types
+
+    import flashinfer.comm.pcie_ipc_ar as fi_ar
+    import torch
+
+    from sglang.srt.distributed.device_communicators.pcie_ipc_ar import PcieIpcCommunicator
+
+    sc.bring_up(r.rank, r.world, r.port, device="cpu")
+    free = (1 << 20) if r.rank == short_rank else (80 << 30)
+    torch.cuda.mem_get_info = lambda device=None: (free, 96 << 30)
+    fi_ar.get_pcie_ipc_comm_module = lambda: types.SimpleNamespace(
+        workspace_size=lambda world, numel, elem, blocks: 2 * numel * elem)
+    built = []
+
+    class Workspace:
+        def __init__(self, group, max_numel, **kw):
+            built.append(max_numel)
+
+    tp = sc.tp_group()
+    comm = PcieIpcCommunicator.__new__(PcieIpcCommunicator)
+    vars(comm).update(disabled=False, max_numel=0, _workspace=None, _bound_stream=None, _cpu_group=tp.cpu_group,
+                      _max_rows=None, _group=tp.device_group, _device=torch.device("cpu"), _world_size=r.world,
+                      _workspace_cls=Workspace, _build_failed=False, _tune=lambda hidden: None)
+    comm.prepare(hidden=sc.HIDDEN, max_rows=64)
+    return {"disabled": comm.disabled, "built": built, "free": free}

@@ -1,0 +1,81 @@
+"""The GPU tier's harness itself, on the CPU machine: CPU ranks over gloo (SGLang's CPU engine, no NCCL library).
+
+Spawning, bringing SGLang's distributed state up, the per-rank result files, a rank's error, a hang ended by the
+timeout, and the skip of GPU tests where there is no GPU: all run in CI, so the harness the GPU tests stand on is
+tested where CI runs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from _harness import gpu_count, run_ranks
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def cpu_routing():
+    return run_ranks("routing_only", world=2, device="cpu", timeout=240, params={"rows": [1, 8]})
+
+
+def test_harness_brings_sglang_up_on_cpu_ranks(cpu_routing):
+    """Two CPU ranks: SGLang's TP group of 2 over gloo, each rank's all-reduce equal to the fp32 sum of both ranks'
+    inputs, routed through SGLang's in-place path to torch.distributed (no NCCL anywhere)."""
+    assert cpu_routing.ok, cpu_routing.explain()
+    assert [r["tp_size"] for r in cpu_routing.results] == [2, 2]
+    assert sorted(r["rank_in_group"] for r in cpu_routing.results) == [0, 1]
+    assert len({r["pid"] for r in cpu_routing.results}) == 2
+    for r in cpu_routing.results:
+        assert r["device"] == "cpu"
+        for call in r["calls"]:
+            assert call["backend"] == ["torch_distributed"], call
+            assert not call["nan"] and call["max_rel_err"] < 2e-2, call
+
+
+def test_harness_reports_a_rank_error_with_its_traceback():
+    outcome = run_ranks("fail_on", world=2, device="cpu", timeout=120, params={"bad_rank": 1})
+    assert not outcome.ok and not outcome.hung
+    assert list(outcome.errors) == [1] and "injected failure on rank 1" in outcome.errors[1]
+    assert outcome.results[0] == {"rank": 0}
+    assert "rank 1 failed" in outcome.explain()
+
+
+def test_harness_ends_a_hang_at_the_timeout():
+    outcome = run_ranks("hang_on", world=2, device="cpu", timeout=15, params={"stuck_rank": 0})
+    assert outcome.hung == [0] and not outcome.ok
+    assert outcome.seconds < 60
+    assert "a hang" in outcome.explain()
+
+
+def test_gpu_tests_skip_with_their_reason_without_gpus(tmp_path):
+    """On a machine without GPUs the tier's GPU tests skip, each saying why, and the result document counts them."""
+    if gpu_count() >= 2:
+        pytest.skip("this machine has GPUs: the GPU tests run instead of skipping")
+    out = tmp_path / "result.json"
+    cp = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(HERE),
+                         "-k", "not harness"], cwd=HERE.parents[1], capture_output=True, text=True,
+                        env={**__import__("os").environ, "EAGLE_GPU_RESULTS": str(out)}, timeout=600)
+    assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["passed"] == doc["failed"] == 0 and doc["skipped"] >= 5, doc
+    assert all("needs >= 2 GPUs" in t["skip_reason"] for t in doc["tests"]), doc["tests"]
+
+
+@pytest.mark.parametrize("short_rank", [None, 1])
+def test_pcie_ipc_build_is_a_group_decision(short_rank):
+    """Two CPU ranks, SGLang's real TP group over gloo: the PCIe-IPC workspace is built on both or on neither.
+    With one rank short of memory, neither enters FlashInfer's build (whose handle exchange would block the other)."""
+    outcome = run_ranks("pcie_ipc_vote", world=2, device="cpu", timeout=240, params={"short_rank": short_rank})
+    assert outcome.ok, outcome.explain()
+    disabled = [r["disabled"] for r in outcome.results]
+    built = [r["built"] for r in outcome.results]
+    if short_rank is None:
+        assert disabled == [False, False] and built == [[64 * 7168]] * 2
+    else:
+        assert disabled == [True, True] and built == [[], []]
