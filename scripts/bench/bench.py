@@ -1,11 +1,12 @@
 """`make bench`: A/B/A serving benchmarks (stock vs patched SGLang, speculation off vs EAGLE-3) at C1, C4, C16.
 
-  python -m scripts.bench [--variants A,B,..] [--scenarios C1,C4] [--repeats 3] [--draft-model PATH] [-- SGLANG_ARGS]
-        launch each variant of bench/variants.toml in turn (docker image or local scripts.serve) and bench it
-  python -m scripts.bench --server-url [NAME=]URL [--server-url NAME=URL ..] [--patchset [NAME=]ID]
+  python -m scripts.bench.bench [--variants A,B,..] [--scenarios C1,C4] [--repeats 3] [--draft-model PATH]
+        [-- SGLANG_ARGS]   launch each variant of bench/variants.toml in turn (docker image or local
+        scripts.host.serve) and bench it
+  python -m scripts.bench.bench --server-url [NAME=]URL [--server-url NAME=URL ..] [--patchset [NAME=]ID]
         bench servers that are already running (patch set: as declared, else "unknown")
-  python -m scripts.bench --report RESULTS.jsonl        rebuild the .md/.png of a results file (and compare)
-  python -m scripts.bench --dry-run | --list            print the plan and commands / the scenarios and variants
+  python -m scripts.bench.bench --report RESULTS.jsonl   rebuild the .md/.png of a results file (and compare)
+  python -m scripts.bench.bench --dry-run | --list       print the plan and commands / the scenarios and variants
   any of them: [--baseline [FILE]] [--write-baseline [FILE]] (FILE defaults to bench/baselines/<box>.json)
 
 Each run is SGLang's own client, `python -m sglang.benchmark.serving --backend sglang` (random-ids dataset, fixed
@@ -27,41 +28,53 @@ length more than --max-accept-drop lower), or an eager verify forward with --fai
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import json
-import os
 import re
 import shlex
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from .lib import bench_config as cfg
-from .lib import bench_report as rep
-from .lib.bench_client import bench_serving_cmd, resolve_client, run_bench_serving
-from .lib.bench_server import (
-    Launched,
-    Sampler,
-    accept_length_from_metrics,
-    fmt_s,
-    http_get,
-    internal_state,
-    patchset_of_image,
-    patchset_of_python,
-    port_open,
-    take_snapshot,
-    verify_delta,
-)
-from .lib.cli import run
-from .lib.errors import UserError
-from .lib.pin import REPO_ROOT
-from .lib.progress import say
+from ..lib.cli import run
+from ..lib.errors import UserError
+from ..lib.progress import say
+from ..lib.repo import revision
+from . import config as cfg
+from . import report as rep
+from .client import bench_serving_cmd, resolve_client, run_bench_serving
+from .launch import Server
+from .numbers import duration, num
+from .observe import Sampler, accept_length_from_metrics, internal_state, metrics_parser, take_snapshot, verify_delta
 
 SCHEMA = "eagle-bench/1"
 EXIT_REGRESSION, EXIT_RUNS_FAILED = 1, 4
+
+
+@dataclasses.dataclass
+class RunOptions:
+    """How each bench_serving run goes (from the command line)."""
+
+    client_model: str | None
+    bench_args: list[str]
+    sample_interval: float
+    run_timeout: float
+    verbose: bool
+    order: str
+
+
+@dataclasses.dataclass
+class ReportOptions:
+    """What to compare the results with and what to write besides them."""
+
+    baseline: str | None  # "" for bench/baselines/<box>.json, None for no comparison
+    write_baseline: str | None
+    max_tok_s_drop: float | None
+    max_accept_drop: float | None
+    fail_on_eager: bool
 
 
 def utcnow() -> _dt.datetime:
@@ -77,89 +90,6 @@ def box_name(given: str | None) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "box"
 
 
-def git_info() -> tuple[str, bool]:
-    """(short revision, dirty) of this repository; read-only (no index refresh)."""
-    try:
-        rev = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short=7", "HEAD"], capture_output=True,
-                             text=True, timeout=30)
-        if rev.returncode != 0:
-            return "nogit", False
-        st = subprocess.run(["git", "--no-optional-locks", "-C", str(REPO_ROOT), "status", "--porcelain",
-                             "--untracked-files=no"], capture_output=True, text=True, timeout=60)
-        return rev.stdout.strip(), bool(st.stdout.strip())
-    except (OSError, subprocess.TimeoutExpired):
-        return "nogit", False
-
-
-# -------------------------------------------------------------------------------------------------------------
-# servers
-
-
-class Target:
-    """Where one session's runs go: a server this harness launches, or one already running."""
-
-    def __init__(self, variant: cfg.Variant, vals: dict[str, str], server_args: list[str], log_path: Path):
-        self.variant, self.vals, self.server_args, self.log_path = variant, vals, server_args, log_path
-        self.launches = 0
-        self.launched: Launched | None = None
-        self.url = variant.url if variant.launcher == "server" else f"http://127.0.0.1:{vals['port']}"
-        self.argv, self.env = self._argv()
-
-    def _argv(self) -> tuple[list[str], dict[str, str]]:
-        v, vals, where = self.variant, self.vals, f"variant {self.variant.name}"
-        if v.launcher == "server":
-            return [], {}
-        env = {k: cfg.expand(x, vals, where) for k, x in v.env}
-        command = [cfg.expand(x, vals, where) for x in v.command + v.extra_args] + self.server_args
-        if v.launcher == "local":
-            return command, env
-        self.container = f"eagle-bench-{v.name}-{os.getpid()}-{self.launches + 1}"
-        argv = ["docker", "run", "-d", "--rm", "--name", self.container, "--gpus", "all", "--ipc=host",
-                "--network", "host", "-v", f"{vals['hf_cache']}:/root/.cache/huggingface"]
-        for k, x in env.items():
-            argv += ["-e", f"{k}={x}"]
-        argv += [cfg.expand(x, vals, where) for x in v.docker_args]
-        return argv + [cfg.expand(v.image, vals, where)] + command, {}
-
-    def describe(self) -> str:
-        if self.variant.launcher == "server":
-            return f"{self.variant.name}: running server {self.url}"
-        env = " ".join(f"{k}={shlex.quote(x)}" for k, x in self.env.items())
-        return f"{self.variant.name}: {env + ' ' if env else ''}{shlex.join(self.argv)}"
-
-    def start(self, timeout: float) -> None:
-        if self.variant.launcher == "server":
-            if http_get(self.url + "/v1/models", 10)[0] != 200:
-                raise UserError(f"{self.variant.name}: no SGLang server answers at {self.url} (GET /v1/models)")
-            return
-        port = self.url.rsplit(":", 1)[1]
-        if port_open("127.0.0.1", int(port)):
-            raise UserError(f"port {port} is already in use: a server runs there. Stop it, pass --port N, "
-                            f"or benchmark it as it is with --server-url {self.url}")
-        self.argv, self.env = self._argv()
-        self.launches += 1
-        say(f"launching {self.describe()}")
-        self.launched = Launched(self.variant.name, self.argv, self.env, self.log_path, self.url,
-                                 self.variant.launcher, getattr(self, "container", ""), cwd=REPO_ROOT)
-        self.launched.start()
-        self.launched.wait_ready(timeout)
-
-    def stop(self) -> None:
-        if self.launched is not None:
-            say(f"stopping {self.variant.name}")
-            self.launched.stop()
-            self.launched = None
-
-    def patch_info(self) -> dict:
-        v = self.variant
-        if v.launcher == "server":
-            return {"patchset": v.patchset or "unknown", "detail": "declared with --patchset" if
-                    v.patchset not in ("", "unknown") else "a running server: pass --patchset NAME=ID to record it"}
-        if v.launcher == "docker":
-            return patchset_of_image(cfg.expand(v.image, self.vals, v.name))
-        return patchset_of_python(cfg.expand(v.python or "{python}", self.vals, v.name))
-
-
 # -------------------------------------------------------------------------------------------------------------
 # one run
 
@@ -170,36 +100,36 @@ def eta(durations: list[float], remaining_runs: int, launch_s: list[float], rema
     s = sum(durations) / len(durations) * remaining_runs
     if launch_s:
         s += sum(launch_s) / len(launch_s) * remaining_launches
-    return f"ETA {fmt_s(s)}"
+    return f"ETA {duration(s)}"
 
 
 def one_line(rec: dict) -> str:
     e = rec["eagle"]
     m = rep.run_metrics(rec)
     v = e.get("verify")
-    parts = [f"decode {rep._fmt(m['decode_tok_s'])} tok/s", f"output {rep._fmt(m['output_tok_s'])} tok/s",
-             f"TTFT {rep._fmt(m['ttft_ms'])} ms", f"ITL {rep._fmt(m['itl_ms'], 2)} ms",
-             f"AL {rep._fmt(m['accept_length'], 3)}"]
+    parts = [f"decode {num(m['decode_tok_s'], small=True)} tok/s", f"output {num(m['output_tok_s'], small=True)} tok/s",
+             f"TTFT {num(m['ttft_ms'], small=True)} ms", f"ITL {num(m['itl_ms'], 2)} ms",
+             f"AL {num(m['accept_length'], 3)}"]
     if isinstance(v, dict):
         parts.append(f"verify {v['graph']} graph / {v['eager']} eager" + (" ⚠" if v["eager"] else ""))
     return ", ".join(parts)
 
 
-def do_run(r: cfg.Run, total: int, target: Target, patch: dict, client: tuple[str, dict, str], a, meta: dict,
-           tmpdir: Path, log_path: Path) -> tuple[dict | None, str]:
+def do_run(r: cfg.Run, total: int, target: Server, patch: dict, client: tuple[str, dict, str], opts: RunOptions,
+           meta: dict, tmpdir: Path, log_path: Path) -> tuple[dict | None, str]:
     """Run bench_serving once with the server observed around it. (record with "eagle", '') or (None, why)."""
     py, env, _ = client
     out = tmpdir / f"run{r.index}.jsonl"
     tag = f"{r.scenario.name}/{r.variant.name}/r{r.repeat}"
-    cmd = bench_serving_cmd(py, target.url, r.scenario.bench_args(), out, tag, meta["tokenizer"], a.client_model,
-                            shlex.split(a.bench_args or ""))
+    cmd = bench_serving_cmd(py, target.url, r.scenario.bench_args(), out, tag, meta["tokenizer"], opts.client_model,
+                            opts.bench_args)
     started = utcnow()
     t0 = time.monotonic()
     before = take_snapshot(target.url)
-    sampler = Sampler(target.url, a.sample_interval).start()
+    sampler = Sampler(target.url, opts.sample_interval).start()
     try:
         rc, rec, tail = run_bench_serving(cmd, env, out, log_path, sampler.mark_start, sampler.mark_end,
-                                          a.run_timeout, echo=a.verbose)
+                                          opts.run_timeout, echo=opts.verbose)
     finally:
         decode = sampler.stop()
     after = take_snapshot(target.url)
@@ -214,8 +144,8 @@ def do_run(r: cfg.Run, total: int, target: Target, patch: dict, client: tuple[st
         "scenario": r.scenario.name, "scenario_spec": r.scenario.to_dict(),
         "variant": r.variant.name, "variant_spec": r.variant.to_dict(),
         "letter": r.letter, "repeat": r.repeat, "round": r.round, "position": r.index, "plan_size": total,
-        "order": a.order,
-        "server_url": target.url, "launched": target.launched is not None,
+        "order": opts.order,
+        "server_url": target.url, "launched": target.kind != "server",
         "speculative_algorithm": info.get("speculative_algorithm"),
         "patchset": patch.get("patchset", "unknown"), "patches": patch.get("patches"),
         "patchset_detail": patch.get("detail") or patch.get("image") or patch.get("sglang"),
@@ -235,12 +165,29 @@ def do_run(r: cfg.Run, total: int, target: Target, patch: dict, client: tuple[st
 # reports
 
 
-def write_reports(records: list[dict], stem_path: Path, meta: dict, a) -> int:
+def _compare(checks: list | None, baseline_path: Path | None) -> int:
+    """Say what the baseline comparison found; EXIT_REGRESSION when a metric regressed."""
+    if checks is None:
+        return 0
+    for c in checks:
+        if c.status in ("not run", "not measured"):
+            say(f"note: {c.scenario} / {c.variant} {rep.LABELS[c.metric]}: {c.status} (in the baseline)")
+    bad = [c for c in checks if c.status == "REGRESSION"]
+    if not bad:
+        say(f"no regression against {baseline_path} ({sum(c.status == 'ok' for c in checks)} checks)")
+        return 0
+    print(f"REGRESSION against {baseline_path} ({len(bad)}):", file=sys.stderr)
+    for c in bad:
+        print(f"  {c.line()}", file=sys.stderr)
+    return EXIT_REGRESSION
+
+
+def write_reports(records: list[dict], stem_path: Path, meta: dict, opts: ReportOptions) -> int:
     """The .md and .png next to the results; baseline comparison and writing. Returns the exit status."""
     rows = rep.summarize(records)
-    baseline_path = default_path(a.baseline, meta["box"]) if a.baseline is not None else None
+    baseline_path = default_path(opts.baseline, meta["box"]) if opts.baseline is not None else None
     baseline = rep.load_baseline(baseline_path) if baseline_path else None
-    th = rep.thresholds(baseline, a.max_tok_s_drop, a.max_accept_drop)
+    th = rep.thresholds(baseline, opts.max_tok_s_drop, opts.max_accept_drop)
     checks = rep.compare(rows, baseline, th) if baseline else None
     md = stem_path.with_suffix(".md")
     md.write_text(rep.markdown(rows, meta, checks, str(baseline_path) if baseline_path else None))
@@ -254,25 +201,13 @@ def write_reports(records: list[dict], stem_path: Path, meta: dict, a) -> int:
         if r.eager:
             say(f"⚠ {r.scenario} / {r.variant}: {r.eager} eager verify forward(s): "
                 + ", ".join(f"{k}: {n}" for k, n in sorted(r.eager_reasons.items())))
-    if a.write_baseline is not None:
-        bp = default_path(a.write_baseline, meta["box"])
+    if opts.write_baseline is not None:
+        bp = default_path(opts.write_baseline, meta["box"])
         bp.parent.mkdir(parents=True, exist_ok=True)
         bp.write_text(json.dumps(rep.make_baseline(rows, meta, th), indent=1) + "\n")
         say(f"baseline written: {bp} ({len(rows)} scenario x variant entries)")
-    status = 0
-    if checks is not None:
-        bad = [c for c in checks if c.status == "REGRESSION"]
-        for c in checks:
-            if c.status in ("not run", "not measured"):
-                say(f"note: {c.scenario} / {c.variant} {rep.LABELS[c.metric]}: {c.status} (in the baseline)")
-        if bad:
-            print(f"REGRESSION against {baseline_path} ({len(bad)}):", file=sys.stderr)
-            for c in bad:
-                print(f"  {c.line()}", file=sys.stderr)
-            status = EXIT_REGRESSION
-        else:
-            say(f"no regression against {baseline_path} ({sum(c.status == 'ok' for c in checks)} checks)")
-    if a.fail_on_eager and any(r.eager for r in rows):
+    status = _compare(checks, baseline_path)
+    if opts.fail_on_eager and any(r.eager for r in rows):
         print("eager verify forwards found (--fail-on-eager)", file=sys.stderr)
         status = EXIT_REGRESSION
     return status
@@ -282,18 +217,15 @@ def default_path(given: str, box: str) -> Path:
     return Path(given) if given else cfg.BASELINES_DIR / f"{box}.json"
 
 
-def report_only(a) -> int:
-    path = Path(a.report)
+def report_only(path: Path, box: str | None, opts: ReportOptions) -> int:
     records = rep.load_results(path)
     if not records:
         raise UserError(f"{path} holds no runs")
     e0 = records[0]["eagle"]
-    meta = {"stem": path.stem, "box": e0.get("box"), "git_rev": e0.get("git_rev"), "source": str(path),
+    meta = {"stem": path.stem, "box": box or e0.get("box"), "git_rev": e0.get("git_rev"), "source": str(path),
             "runs": len(records), "started_at": e0.get("started_at"),
             "finished_at": records[-1]["eagle"].get("finished_at")}
-    a.box = a.box or meta["box"]
-    meta["box"] = a.box
-    return write_reports(records, path.with_suffix(""), meta, a)
+    return write_reports(records, path.with_suffix(""), meta, opts)
 
 
 # -------------------------------------------------------------------------------------------------------------
@@ -306,7 +238,7 @@ def parse(argv: list[str] | None):
     if "--" in argv:
         i = argv.index("--")
         argv, server_args = argv[:i], argv[i + 1:]
-    ap = argparse.ArgumentParser(prog="scripts.bench", description=__doc__,
+    ap = argparse.ArgumentParser(prog="scripts.bench.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     g = ap.add_argument_group("what to run")
     g.add_argument("--scenarios", help="comma list of scenario names (default: those marked default)")
@@ -356,124 +288,161 @@ def parse(argv: list[str] | None):
     return a, server_args
 
 
-def main(argv: list[str] | None = None) -> int:
-    a, server_args = parse(argv)
-    if a.report:
-        return report_only(a)
-    scenarios = cfg.load_scenarios(a.scenarios_file, a.scenarios)
-    vset = cfg.load_variants(a.variants_file) if (a.variants_file.is_file() or not a.server_url) else None
-    if a.list:
-        print("scenarios (" + str(a.scenarios_file) + "):")
-        for s in cfg.load_scenarios(a.scenarios_file, everything=True):
-            print(f"  {s.name:10} C{s.max_concurrency:<4} {s.num_prompts:>4} prompts, in {s.input_len} / out "
-                  f"{s.output_len}  {'' if s.default else '(not default) '}{s.description}")
-        if vset:
-            print("variants (" + str(vset.path) + "):")
-            for v in vset.variants:
-                print(f"  {v.name:28} {v.launcher:7} {'spec' if v.speculative else 'nospec':6} "
-                      f"{'' if v.default else '(not default) '}{v.description}")
-        return 0
+def list_inputs(scenarios_file: Path, vset: cfg.VariantSet | None) -> None:
+    print("scenarios (" + str(scenarios_file) + "):")
+    for s in cfg.load_scenarios(scenarios_file, everything=True):
+        print(f"  {s.name:10} C{s.max_concurrency:<4} {s.num_prompts:>4} prompts, in {s.input_len} / out "
+              f"{s.output_len}  {'' if s.default else '(not default) '}{s.description}")
+    if vset:
+        print("variants (" + str(vset.path) + "):")
+        for v in vset.variants:
+            print(f"  {v.name:28} {v.launcher:7} {'spec' if v.speculative else 'nospec':6} "
+                  f"{'' if v.default else '(not default) '}{v.description}")
+
+
+def chosen_variants(a: argparse.Namespace, vset: cfg.VariantSet | None) -> list[cfg.Variant]:
     if a.server_url:
         if a.variants:
             raise UserError("--variants picks variants to launch; with --server-url, name the servers NAME=URL")
-        variants = cfg.server_variants(a.server_url, a.patchset, vset)
-    else:
-        if a.patchset:
-            raise UserError("--patchset is for --server-url servers; launched servers are inspected")
-        variants = cfg.pick_variants(vset, a.variants)
+        return cfg.server_variants(a.server_url, a.patchset, vset)
+    if a.patchset:
+        raise UserError("--patchset is for --server-url servers; launched servers are inspected")
+    return cfg.pick_variants(vset, a.variants)
+
+
+def print_dry_run(plan: list[cfg.Run], sess: list, servers: dict[str, Server], results: Path, tokenizer: str | None,
+                  opts: RunOptions) -> None:
+    print(f"plan: {len(plan)} runs in {len(sess)} server session(s); results would go to {results}")
+    for s in sess:
+        print(f"  session {s[0].variant.name} ({s[0].letter}): {servers[s[0].variant.name].describe()}")
+        for r in s:
+            cmd = bench_serving_cmd("PYTHON", servers[r.variant.name].url, r.scenario.bench_args(),
+                                    Path("OUT.jsonl"), f"{r.scenario.name}/{r.variant.name}/r{r.repeat}",
+                                    tokenizer, opts.client_model, opts.bench_args)
+            print(f"    {r.label(len(plan))}: {shlex.join(cmd[1:])}")
+
+
+@dataclasses.dataclass
+class Session:
+    """Progress of the whole plan: what ran, how long runs and launches took, what failed."""
+
+    plan: list[cfg.Run]
+    sessions: list[list[cfg.Run]]
+    results: Path
+    client_log: Path
+    records: list[dict] = dataclasses.field(default_factory=list)
+    failures: list[str] = dataclasses.field(default_factory=list)
+    durations: list[float] = dataclasses.field(default_factory=list)
+    launch_s: list[float] = dataclasses.field(default_factory=list)
+
+
+def run_server_session(si: int, runs: list[cfg.Run], server: Server, st: Session, client: tuple, opts: RunOptions,
+                       meta: dict, tmp: Path, launch_timeout: float) -> None:
+    """Start one server, run its consecutive runs (each record appended to the results as it ends), stop it."""
+    total = len(st.plan)
+    t0 = time.monotonic()
+    try:
+        try:
+            server.start(launch_timeout)
+        except UserError as e:
+            st.failures += [f"{r.label(total)}: server did not start: {e}" for r in runs]
+            say(f"{runs[0].variant.name}: {e}")
+            return
+        if server.kind != "server":
+            st.launch_s.append(time.monotonic() - t0)
+        patch = server.patch_info()
+        say(f"{server.variant.name}: patch set {patch.get('patchset')}"
+            + (f" ({len(patch['patches'])} patches)" if patch.get("patches") else "")
+            + (f"; {patch['detail']}" if patch.get("detail") else ""))
+        for r in runs:
+            launches_left = sum(1 for x in st.sessions[si + 1:] if x[0].variant.launcher != "server")
+            say(f"{r.label(total)}... {eta(st.durations, total - r.index + 1, st.launch_s, launches_left)}")
+            t1 = time.monotonic()
+            rec, why = do_run(r, total, server, patch, client, opts, meta, tmp, st.client_log)
+            st.durations.append(time.monotonic() - t1)
+            if rec is None:
+                st.failures.append(f"{r.label(total)}: {why}")
+                say(f"{r.label(total)} FAILED: {why}")
+                continue
+            with open(st.results, "a") as f:  # append-only, one line per run, written as each run ends
+                f.write(json.dumps(rec) + "\n")
+            st.records.append(rec)
+            say(f"{r.label(total)} done in {duration(st.durations[-1])}: {one_line(rec)}")
+            if rec["eagle"]["failed_requests"]:
+                say(f"  ⚠ {rec['eagle']['failed_requests']} request(s) failed in this run")
+    finally:
+        server.stop()
+
+
+def finish(st: Session, stem_path: Path, meta: dict, opts: ReportOptions) -> int:
+    meta.update(runs=len(st.records), failed=len(st.failures), finished_at=iso(utcnow()))
+    if not st.records:
+        for f in st.failures:
+            print(f"  {f}", file=sys.stderr)
+        print(f"no run produced a result ({len(st.failures)} failed)", file=sys.stderr)
+        return EXIT_RUNS_FAILED
+    say(f"results: {st.results} ({len(st.records)} runs)")
+    status = write_reports(st.records, stem_path, meta, opts)
+    if st.failures:
+        print(f"{len(st.failures)} run(s) produced no result:", file=sys.stderr)
+        for f in st.failures:
+            print(f"  {f}", file=sys.stderr)
+        return status or EXIT_RUNS_FAILED
+    return status
+
+
+def options(a: argparse.Namespace) -> tuple[RunOptions, ReportOptions]:
+    return (RunOptions(a.client_model, shlex.split(a.bench_args or ""), a.sample_interval, a.run_timeout, a.verbose,
+                       a.order),
+            ReportOptions(a.baseline, a.write_baseline, a.max_tok_s_drop, a.max_accept_drop, a.fail_on_eager))
+
+
+def main(argv: list[str] | None = None) -> int:
+    a, server_args = parse(argv)
+    run_opts, report_opts = options(a)
+    if a.report:
+        return report_only(Path(a.report), a.box, report_opts)
+    scenarios = cfg.load_scenarios(a.scenarios_file, a.scenarios)
+    vset = cfg.load_variants(a.variants_file) if (a.variants_file.is_file() or not a.server_url) else None
+    if a.list:
+        list_inputs(a.scenarios_file, vset)
+        return 0
+    variants = chosen_variants(a, vset)
     plan = cfg.make_plan(scenarios, variants, a.repeats, a.order)
     vals = cfg.placeholder_values(vset.defaults if vset else {}, {
         "model": a.model, "draft_model": a.draft_model, "hf_cache": a.hf_cache, "port": a.port,
         "tokenizer": a.tokenizer})
     box = box_name(a.box)
-    rev, dirty = git_info()
+    rev, dirty = revision(short=True)
     started = utcnow()
     stem = f"{started:%Y%m%dT%H%M%SZ}_{rev}{'-dirty' if dirty else ''}_{box}"
     stem_path = a.results_dir / stem
-    results = stem_path.with_suffix(".jsonl")
     launch_mode = not a.server_url
     tokenizer = a.tokenizer or vals.get("tokenizer") or (vals.get("model") if launch_mode else "") or None
     meta = {"stem": stem, "box": box, "git_rev": rev + ("-dirty" if dirty else ""), "git_dirty": dirty,
-            "source": str(results), "tokenizer": tokenizer, "started_at": iso(started)}
-    a.box = box
-    sess = cfg.sessions(plan)
-    targets = {v.name: Target(v, vals, server_args if launch_mode else [],
+            "source": str(stem_path.with_suffix(".jsonl")), "tokenizer": tokenizer, "started_at": iso(started)}
+    st = Session(plan, cfg.sessions(plan), stem_path.with_suffix(".jsonl"),
+                 stem_path.with_name(f"{stem}.bench_serving.log"))
+    servers = {v.name: Server(v, vals, server_args if launch_mode else [],
                               stem_path.with_name(f"{stem}.server-{v.name}.log")) for v in variants}
     if a.dry_run:
-        print(f"plan: {len(plan)} runs in {len(sess)} server session(s); results would go to {results}")
-        for s in sess:
-            print(f"  session {s[0].variant.name} ({s[0].letter}): {targets[s[0].variant.name].describe()}")
-            for r in s:
-                cmd = bench_serving_cmd("PYTHON", targets[r.variant.name].url, r.scenario.bench_args(),
-                                        Path("OUT.jsonl"), f"{r.scenario.name}/{r.variant.name}/r{r.repeat}",
-                                        tokenizer, a.client_model, shlex.split(a.bench_args or ""))
-                print(f"    {r.label(len(plan))}: {shlex.join(cmd[1:])}")
+        print_dry_run(plan, st.sessions, servers, st.results, tokenizer, run_opts)
         return 0
     if launch_mode and server_args:
         say(f"extra server arguments for every launched variant: {shlex.join(server_args)}")
+    metrics_parser()  # before any server starts: the runs read /metrics with it
     a.results_dir.mkdir(parents=True, exist_ok=True)
     client = resolve_client(a.client_python)
     if launch_mode and "HF_HOME" not in client[1] and a.hf_cache:
         client[1]["HF_HOME"] = vals["hf_cache"]  # the client's tokenizer from the cache the servers use
     say(f"bench_serving runs from {client[2]}")
     say(f"{len(plan)} runs ({len(scenarios)} scenarios x {len(variants)} variants x {a.repeats} repeats, "
-        f"order {a.order}) in {len(sess)} server session(s); results: {results}")
-    client_log = stem_path.with_name(f"{stem}.bench_serving.log")
-    records: list[dict] = []
-    failures: list[str] = []
-    durations: list[float] = []
-    launch_s: list[float] = []
+        f"order {a.order}) in {len(st.sessions)} server session(s); results: {st.results}")
     with tempfile.TemporaryDirectory(prefix="eagle-bench-") as tmp:
-        for si, s in enumerate(sess):
-            target = targets[s[0].variant.name]
-            t0 = time.monotonic()
-            try:
-                try:
-                    target.start(a.launch_timeout)
-                except UserError as e:
-                    for r in s:
-                        failures.append(f"{r.label(len(plan))}: server did not start: {e}")
-                    say(f"{s[0].variant.name}: {e}")
-                    continue
-                if target.variant.launcher != "server":
-                    launch_s.append(time.monotonic() - t0)
-                patch = target.patch_info()
-                say(f"{target.variant.name}: patch set {patch.get('patchset')}"
-                    + (f" ({len(patch['patches'])} patches)" if patch.get("patches") else "")
-                    + (f"; {patch['detail']}" if patch.get("detail") else ""))
-                for r in s:
-                    left = len(plan) - r.index + 1
-                    launches_left = sum(1 for x in sess[si + 1:] if x[0].variant.launcher != "server")
-                    say(f"{r.label(len(plan))}... {eta(durations, left, launch_s, launches_left)}")
-                    t1 = time.monotonic()
-                    rec, why = do_run(r, len(plan), target, patch, client, a, meta, Path(tmp), client_log)
-                    durations.append(time.monotonic() - t1)
-                    if rec is None:
-                        failures.append(f"{r.label(len(plan))}: {why}")
-                        say(f"{r.label(len(plan))} FAILED: {why}")
-                        continue
-                    with open(results, "a") as f:  # append-only, one line per run, written as each run ends
-                        f.write(json.dumps(rec) + "\n")
-                    records.append(rec)
-                    say(f"{r.label(len(plan))} done in {fmt_s(durations[-1])}: {one_line(rec)}")
-                    if rec["eagle"]["failed_requests"]:
-                        say(f"  ⚠ {rec['eagle']['failed_requests']} request(s) failed in this run")
-            finally:
-                target.stop()
-    meta.update(runs=len(records), failed=len(failures), finished_at=iso(utcnow()))
-    if not records:
-        for f in failures:
-            print(f"  {f}", file=sys.stderr)
-        print(f"no run produced a result ({len(failures)} failed)", file=sys.stderr)
-        return EXIT_RUNS_FAILED
-    say(f"results: {results} ({len(records)} runs)")
-    status = write_reports(records, stem_path, meta, a)
-    if failures:
-        print(f"{len(failures)} run(s) produced no result:", file=sys.stderr)
-        for f in failures:
-            print(f"  {f}", file=sys.stderr)
-        return status or EXIT_RUNS_FAILED
-    return status
+        for si, runs in enumerate(st.sessions):
+            run_server_session(si, runs, servers[runs[0].variant.name], st, client, run_opts, meta, Path(tmp),
+                               a.launch_timeout)
+    return finish(st, stem_path, {**meta, "box": box}, report_opts)
 
 
 if __name__ == "__main__":

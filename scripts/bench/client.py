@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Callable
 
-from .errors import UserError
-from .pin import REPO_ROOT
+from ..lib import proc
+from ..lib.errors import UserError
+from ..lib.repo import REPO_ROOT
 
 CLIENT_MODULE = "sglang.benchmark.serving"
 TREE_PYTHON = REPO_ROOT / "build" / "sglang" / "python"
@@ -35,13 +35,10 @@ def _probe(python: str, env: dict[str, str]) -> tuple[bool, list[str]] | None:
     code = ("import importlib.util as u,json,sys;"
             "print(json.dumps([u.find_spec('sglang') is not None,"
             "[m for m in sys.argv[1:] if u.find_spec(m) is None]]))")
-    try:
-        cp = subprocess.run([python, "-c", code, *CLIENT_DEPS], capture_output=True, text=True, env=env, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
+    res = proc.run([python, "-c", code, *CLIENT_DEPS], env=env, timeout=60)
+    if not res.ok:
         return None
-    if cp.returncode != 0:
-        return None
-    has, missing = json.loads(cp.stdout.strip().splitlines()[-1])
+    has, missing = json.loads(res.stdout.strip().splitlines()[-1])
     return bool(has), list(missing)
 
 
@@ -98,13 +95,13 @@ def run_bench_serving(cmd: list[str], env: dict[str, str], output_file: Path, lo
     with open(log_path, "a") as log:
         log.write(f"\n$ {' '.join(cmd)}\n")
         log.flush()
-        proc = subprocess.Popen(cmd, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, errors="replace", bufsize=1)
-        assert proc.stdout is not None
-        timer = threading.Timer(timeout, proc.kill)
+        child = proc.spawn(cmd, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=proc.PIPE, stderr=proc.STDOUT,
+                           text=True, errors="replace", bufsize=1)
+        assert child.stdout is not None
+        timer = threading.Timer(timeout, child.kill)  # the timeout of a streaming run
         timer.start()
         try:
-            for line in proc.stdout:
+            for line in child.stdout:
                 log.write(line)
                 if echo:
                     sys.stderr.write(line)
@@ -114,7 +111,7 @@ def run_bench_serving(cmd: list[str], env: dict[str, str], output_file: Path, lo
                 elif MARK_END in line:
                     on_end()
         finally:
-            rc = proc.wait()
+            rc = child.wait()
             timer.cancel()
     if time.monotonic() - t0 >= timeout:
         tail.append(f"(killed after {timeout:.0f}s: raise --run-timeout)")

@@ -1,8 +1,8 @@
-"""Per-rank measurement code for scripts/bench_comm.py (one process per GPU, spawned by the parent).
+"""Per-rank measurement code for scripts/bench/bench_comm.py (one process per GPU, spawned by the parent).
 
 Everything a rank measures is appended to a list of plain dicts; rank 0 writes them to a JSON file the parent
-reads. Shapes are Kimi-K2.5 / DeepSeek-V3 at TP8: hidden 7168 bf16, and per-rank matmul shapes of a TP8 layer,
-whatever the world size of the machine running it.
+reads. Shapes are Kimi-K2.5 / DeepSeek-V3 at TP8 (scripts/bench/kimi.py): hidden 7168 bf16, and per-rank matmul
+shapes of a TP8 layer, whatever the world size of the machine running it.
 """
 
 from __future__ import annotations
@@ -15,14 +15,9 @@ import time
 import traceback
 from pathlib import Path
 
-HIDDEN = 7168
+from .kimi import ATTN_GEMMS, HIDDEN, MOE_GEMMS
+
 EPS = 1e-6
-LAYERS = 61
-# Per-rank GEMM shapes of one Kimi-K2.5 layer at TP8 (K, N): attention in (q_a + kv_a, replicated),
-# q_b (8 heads x 192), o_proj (8 heads x 128 -> hidden): all-reduce #1; MoE gate_up (8 routed + 1 shared
-# expert, 2 x 2048/8 each), down (9 x 256 -> hidden): all-reduce #2.
-ATTN_GEMMS = ((HIDDEN, 2112), (1536, 1536), (1024, HIDDEN))
-MOE_GEMMS = ((HIDDEN, 4608), (2304, HIDDEN))
 
 
 def _log(rank: int, msg: str) -> None:
@@ -30,7 +25,25 @@ def _log(rank: int, msg: str) -> None:
         print(f"[bench-comm] {msg}", flush=True)
 
 
-class Bench:
+class ResidualChain:
+    """One residual buffer per reduction of a forward (the fused kernel writes the next residual out of place);
+    `advance()` hands out (residual in, its index) in order, `reset()` starts a forward again."""
+
+    def __init__(self, x0, reductions: int):
+        self.x0, self.bufs, self.i = x0, [x0.clone() for _ in range(reductions + 1)], 0
+
+    def reset(self) -> None:
+        self.i = 0
+        self.bufs[0].copy_(self.x0)
+
+    def advance(self) -> int:
+        self.i += 1
+        return self.i - 1
+
+
+class RankSession:
+    """One rank's measurements in one variant: timing helpers, FlashInfer kernels, the records it collects."""
+
     def __init__(self, rank: int, world: int, cfg: dict):
         import torch
         import torch.distributed as dist
@@ -121,6 +134,18 @@ class Bench:
         g = self.capture(fn)
         return None if g is None else self._median_wall_us(g.replay, reps)
 
+    def measure(self, one, many, chain: int, **base) -> tuple[float, float, float | None]:
+        """One call (eager, synchronised), a chain eagerly and a chain graph-replayed: three records with `base`;
+        returns the three timings (us)."""
+        single = self.time_eager(one, self.cfg["iters"])
+        eager = self.time_chain_eager(many, self.cfg["reps"])
+        graph = self.time_chain_graph(many, self.cfg["reps"])
+        self.rec(**base, chain=chain, mode="eager_single", us_per_call=single)
+        self.rec(**base, chain=chain, mode="eager", us_per_call=eager / chain, us_chain=eager)
+        if graph is not None:
+            self.rec(**base, chain=chain, mode="graph", us_per_call=graph / chain, us_chain=graph)
+        return single, eager, graph
+
     def ref_sum(self, x):
         """fp32 sum over ranks of x (all_gather, then sum): the reference every reduction is checked against."""
         torch, dist = self.torch, self.dist
@@ -185,19 +210,13 @@ class Bench:
                 for b in bufs:
                     dist.all_reduce(b)
 
-            eager_one = self.time_eager(one, self.cfg["iters"])
-            eager_chain = self.time_chain_eager(many, self.cfg["reps"])
-            graph_chain = self.time_chain_graph(many, self.cfg["reps"])
-            base = dict(kind="allreduce", impl="nccl", rows=rows, bytes=rows * HIDDEN * 2, chain=chain, **err)
-            self.rec(**base, mode="eager_single", us_per_call=eager_one)
-            self.rec(**base, mode="eager", us_per_call=eager_chain / chain, us_chain=eager_chain)
-            if graph_chain is not None:
-                self.rec(**base, mode="graph", us_per_call=graph_chain / chain, us_chain=graph_chain)
+            eager_one, eager_chain, graph_chain = self.measure(
+                one, many, chain, kind="allreduce", impl="nccl", rows=rows, bytes=rows * HIDDEN * 2, **err)
             _log(self.rank, f"{self.variant}: nccl all-reduce {rows} rows: {eager_one:.1f} us single, "
                             f"{eager_chain / chain:.1f} eager, {(graph_chain or float('nan')) / chain:.1f} graph per call")
 
     def fused_sizes(self) -> None:
-        """FlashInfer trtllm all-reduce + residual + RMSNorm vs NCCL all-reduce + fused add-RMSNorm (issue 3)."""
+        """FlashInfer trtllm all-reduce + residual + RMSNorm vs NCCL all-reduce + fused add-RMSNorm."""
         if self.fi is None:
             self.rec(kind="fused", impl="fi_trtllm", skipped=self.fi_reason)
             return
@@ -218,60 +237,58 @@ class Bench:
                                  residual_in=res_in, rms_gamma=gamma, rms_eps=EPS, fp32_acc=True)
 
         for rows in self.cfg["rows"]:
-            # correctness on fresh random inputs (residual the same on every rank, as in the model)
-            for trigger in (True, False):
-                x = self.randn(rows, HIDDEN)
-                res = self.randn(rows, HIDDEN, seed=1000 + rows)
-                res_out, norm_out = torch.empty_like(res), torch.empty_like(x)
-                fused(x, res, res_out, norm_out, trigger)
-                self.sync()
-                ref_res = self.ref_sum(x) + res.float()
-                e_res = self.errors(res_out, ref_res)
-                e_norm = self.errors(norm_out, self.rmsnorm_ref(ref_res, gamma))
-                self.rec(kind="fused_check", impl="fi_trtllm", rows=rows, trigger_at_end=trigger,
-                         residual=e_res, norm=e_norm, ok=not (e_res["nan"] or e_norm["nan"]) and e_norm["max_abs_err"] < 0.25)
-            # timing: fused (trigger at end on/off) and the unfused baseline, eager single + graph chain
-            xs = [self.randn(rows, HIDDEN) for _ in range(chain)]
-            res = self.randn(rows, HIDDEN, seed=2000 + rows)
-            res_outs = [torch.empty_like(res) for _ in range(chain)]
-            norm_outs = [torch.empty_like(res) for _ in range(chain)]
-            for trigger in (True, False):
-                def one(trigger=trigger):
-                    fused(xs[0], res, res_outs[0], norm_outs[0], trigger)
-
-                def many(trigger=trigger):
-                    for i in range(chain):
-                        fused(xs[i], res, res_outs[i], norm_outs[i], trigger)
-
-                single = self.time_eager(one, self.cfg["iters"])
-                eager = self.time_chain_eager(many, self.cfg["reps"])
-                graph = self.time_chain_graph(many, self.cfg["reps"])
-                impl = "fi_trtllm_fused" + ("" if trigger else "_early_trigger")
-                self.rec(kind="fused", impl=impl, rows=rows, mode="eager_single", us_per_call=single)
-                self.rec(kind="fused", impl=impl, rows=rows, mode="eager", us_per_call=eager / chain, chain=chain)
-                self.rec(kind="fused", impl=impl, rows=rows, mode="graph", us_per_call=graph / chain, chain=chain)
-            ys = [x.clone() for x in xs]
-            residuals = [res.clone() for _ in range(chain)]
-
-            def unfused_one():
-                dist.all_reduce(ys[0])
-                self.add_rmsnorm(ys[0], residuals[0], gamma)
-
-            def unfused_many():
-                for i in range(chain):
-                    dist.all_reduce(ys[i])
-                    self.add_rmsnorm(ys[i], residuals[i], gamma)
-
-            single = self.time_eager(unfused_one, self.cfg["iters"])
-            eager = self.time_chain_eager(unfused_many, self.cfg["reps"])
-            graph = self.time_chain_graph(unfused_many, self.cfg["reps"])
-            impl = "nccl+fi_add_rmsnorm" if self.fi_norm else "nccl+torch_add_rmsnorm"
-            self.rec(kind="fused", impl=impl, rows=rows, mode="eager_single", us_per_call=single)
-            self.rec(kind="fused", impl=impl, rows=rows, mode="eager", us_per_call=eager / chain, chain=chain)
-            self.rec(kind="fused", impl=impl, rows=rows, mode="graph", us_per_call=graph / chain, chain=chain)
+            self._fused_check(fused, rows, gamma)
+            self._fused_timing(fused, rows, gamma)
             _log(self.rank, f"fused {rows} rows done")
         self.pdl_race(ws, gamma)
         ws.destroy() if hasattr(ws, "destroy") else None
+
+    def _fused_check(self, fused, rows: int, gamma) -> None:
+        """Correctness on fresh random inputs (residual the same on every rank, as in the model), trigger on/off."""
+        torch = self.torch
+        for trigger in (True, False):
+            x = self.randn(rows, HIDDEN)
+            res = self.randn(rows, HIDDEN, seed=1000 + rows)
+            res_out, norm_out = torch.empty_like(res), torch.empty_like(x)
+            fused(x, res, res_out, norm_out, trigger)
+            self.sync()
+            ref_res = self.ref_sum(x) + res.float()
+            e_res = self.errors(res_out, ref_res)
+            e_norm = self.errors(norm_out, self.rmsnorm_ref(ref_res, gamma))
+            self.rec(kind="fused_check", impl="fi_trtllm", rows=rows, trigger_at_end=trigger, residual=e_res,
+                     norm=e_norm, ok=not (e_res["nan"] or e_norm["nan"]) and e_norm["max_abs_err"] < 0.25)
+
+    def _fused_timing(self, fused, rows: int, gamma) -> None:
+        """Fused (trigger at end on/off) and the unfused baseline: eager single, eager chain, graph chain."""
+        torch, dist, chain = self.torch, self.dist, self.cfg["chain"]
+        xs = [self.randn(rows, HIDDEN) for _ in range(chain)]
+        res = self.randn(rows, HIDDEN, seed=2000 + rows)
+        res_outs = [torch.empty_like(res) for _ in range(chain)]
+        norm_outs = [torch.empty_like(res) for _ in range(chain)]
+        for trigger in (True, False):
+            def one(trigger=trigger):
+                fused(xs[0], res, res_outs[0], norm_outs[0], trigger)
+
+            def many(trigger=trigger):
+                for i in range(chain):
+                    fused(xs[i], res, res_outs[i], norm_outs[i], trigger)
+
+            impl = "fi_trtllm_fused" + ("" if trigger else "_early_trigger")
+            self.measure(one, many, chain, kind="fused", impl=impl, rows=rows)
+        ys = [x.clone() for x in xs]
+        residuals = [res.clone() for _ in range(chain)]
+
+        def unfused_one():
+            dist.all_reduce(ys[0])
+            self.add_rmsnorm(ys[0], residuals[0], gamma)
+
+        def unfused_many():
+            for i in range(chain):
+                dist.all_reduce(ys[i])
+                self.add_rmsnorm(ys[i], residuals[i], gamma)
+
+        impl = "nccl+fi_add_rmsnorm" if self.fi_norm else "nccl+torch_add_rmsnorm"
+        self.measure(unfused_one, unfused_many, chain, kind="fused", impl=impl, rows=rows)
 
     def pdl_race(self, ws, gamma) -> None:
         """The small-token hazard: a chain of fused calls (each call's residual_out is the next call's
@@ -358,85 +375,92 @@ class Bench:
                 for i in range(chain):
                     ws.all_reduce(xs[i], out=outs[i])
 
-            base = dict(kind="allreduce", impl="fi_pcie_ipc", rows=rows, bytes=rows * HIDDEN * 2, chain=chain, **err)
-            self.rec(**base, mode="eager_single", us_per_call=self.time_eager(one, self.cfg["iters"]))
-            self.rec(**base, mode="eager", us_per_call=self.time_chain_eager(many, self.cfg["reps"]) / chain)
-            g = self.time_chain_graph(many, self.cfg["reps"])
-            if g is not None:
-                self.rec(**base, mode="graph", us_per_call=g / chain)
+            self.measure(one, many, chain, kind="allreduce", impl="fi_pcie_ipc", rows=rows, bytes=rows * HIDDEN * 2,
+                         **err)
         self._pcie_ws = ws
 
-    def verify_forward(self, impls: list[str]) -> None:
-        """61 layers x (attention GEMMs -> all-reduce -> add+RMSNorm -> MoE GEMMs -> all-reduce -> add+RMSNorm),
-        per-rank TP8 shapes, eager vs CUDA-graph-replayed, for each all-reduce implementation."""
-        torch, dist = self.torch, self.dist
-        layers = self.cfg["layers"]
+    def _weights(self) -> tuple[list, list, object]:
+        """Per-rank TP8 GEMM weights of one layer (attention, MoE) and an RMSNorm gamma, fixed seeds."""
+        torch = self.torch
         gen = torch.Generator(device="cpu").manual_seed(11)
 
         def w(k, n):
             return (torch.randn(k, n, generator=gen) / math.sqrt(k)).to(self.dev, torch.bfloat16)
 
-        attn_w = [w(k, n) for k, n in ATTN_GEMMS]
-        moe_w = [w(k, n) for k, n in MOE_GEMMS]
-        gamma = self.randn(HIDDEN, scale=0.1, seed=5) + 1.0
+        return [w(k, n) for k, n in ATTN_GEMMS], [w(k, n) for k, n in MOE_GEMMS], \
+            self.randn(HIDDEN, scale=0.1, seed=5) + 1.0
+
+    def _reduce_norm(self, impl: str, resid: ResidualChain, gamma, fused_ws, pcie_ws):
+        """reduce_norm(y, tag): all-reduce this rank's partial sum y with `impl`, add the residual, RMSNorm; returns
+        the normed hidden state and advances the residual chain."""
+        torch, dist = self.torch, self.dist
+        bufs: dict = {}
+
+        def reduce_norm(y, tag):
+            i = resid.advance()
+            if impl == "fi_trtllm_fused":
+                out = bufs.setdefault(tag + "n", torch.empty_like(y))
+                self.fi.allreduce_fusion(input=y, workspace=fused_ws,
+                                         pattern=self.fi.AllReduceFusionPattern.kARResidualRMSNorm,
+                                         launch_with_pdl=True, trigger_completion_at_end=True,
+                                         residual_out=resid.bufs[i + 1], norm_out=out, residual_in=resid.bufs[i],
+                                         rms_gamma=gamma, rms_eps=EPS, fp32_acc=True)
+                return out
+            if impl == "fi_pcie_ipc":
+                y = pcie_ws.all_reduce(y, out=bufs.setdefault(tag + "o", torch.empty_like(y)))
+            else:
+                dist.all_reduce(y)
+            self.add_rmsnorm(y, resid.bufs[i], gamma)  # in place: resid[i] += y; y = norm(resid[i])
+            resid.bufs[i + 1] = resid.bufs[i]
+            return y
+
+        return reduce_norm
+
+    def _forward(self, x0, impl: str, gamma, weights, fused_ws, pcie_ws):
+        """forward(): the layers of one verify-shaped forward with all-reduce `impl`, from x0."""
+        layers = self.cfg["layers"]
+        attn_w, moe_w = weights
+        h = x0.clone()
+        resid = ResidualChain(x0, 2 * layers)
+        reduce_norm = self._reduce_norm(impl, resid, gamma, fused_ws, pcie_ws)
+
+        def forward():
+            resid.reset()
+            hs = h
+            hs.copy_(x0)
+            for _ in range(layers):
+                a = hs @ attn_w[0]
+                a = a[:, :1536] @ attn_w[1]
+                a = a[:, :1024] @ attn_w[2]
+                hs = reduce_norm(a, "a")
+                m = hs @ moe_w[0]
+                m = m[:, :2304] @ moe_w[1]
+                hs = reduce_norm(m, "m")
+            return hs
+
+        return forward
+
+    def verify_forward(self, impls: list[str]) -> None:
+        """61 layers x (attention GEMMs -> all-reduce -> add+RMSNorm -> MoE GEMMs -> all-reduce -> add+RMSNorm),
+        per-rank TP8 shapes, eager vs CUDA-graph-replayed, for each all-reduce implementation."""
+        layers = self.cfg["layers"]
+        attn_w, moe_w, gamma = self._weights()
         fused_ws = None
         if "fi_trtllm_fused" in impls and self.fi is not None:
             fused_ws = self.fi.create_allreduce_fusion_workspace(
                 backend="trtllm", world_size=self.world, rank=self.rank, max_token_num=max(max(self.cfg["rows"]), 128),
-                hidden_dim=HIDDEN, dtype=torch.bfloat16)
+                hidden_dim=HIDDEN, dtype=self.torch.bfloat16)
         pcie_ws = getattr(self, "_pcie_ws", None)
-
+        missing = {"fi_trtllm_fused": (fused_ws, "no workspace"), "fi_pcie_ipc": (pcie_ws, "pcie_ipc refused")}
         for rows in self.cfg["rows"]:
             x0 = self.randn(rows, HIDDEN, seed=4000 + rows)
             outputs = {}
             for impl in impls:
-                if impl == "fi_trtllm_fused" and fused_ws is None:
-                    self.rec(kind="verify_forward", impl=impl, rows=rows, skipped=self.fi_reason or "no workspace")
+                ws, why = missing.get(impl, (True, ""))
+                if ws is None:
+                    self.rec(kind="verify_forward", impl=impl, rows=rows, skipped=self.fi_reason or why)
                     continue
-                if impl == "fi_pcie_ipc" and pcie_ws is None:
-                    self.rec(kind="verify_forward", impl=impl, rows=rows, skipped=self.fi_reason or "pcie_ipc refused")
-                    continue
-                h = x0.clone()
-                # one residual buffer per reduction: the fused kernel writes the next residual out of place
-                resid = [x0.clone() for _ in range(2 * layers + 1)]
-                bufs = {}
-                step = [0]
-
-                def reduce_norm(y, tag, impl=impl):
-                    # y: this rank's partial sum; returns the normed hidden state and advances the residual
-                    i = step[0]
-                    step[0] += 1
-                    if impl == "fi_trtllm_fused":
-                        out = bufs.setdefault(tag + "n", torch.empty_like(y))
-                        self.fi.allreduce_fusion(input=y, workspace=fused_ws,
-                                                 pattern=self.fi.AllReduceFusionPattern.kARResidualRMSNorm,
-                                                 launch_with_pdl=True, trigger_completion_at_end=True,
-                                                 residual_out=resid[i + 1], norm_out=out, residual_in=resid[i],
-                                                 rms_gamma=gamma, rms_eps=EPS, fp32_acc=True)
-                        return out
-                    if impl == "fi_pcie_ipc":
-                        y = pcie_ws.all_reduce(y, out=bufs.setdefault(tag + "o", torch.empty_like(y)))
-                    else:
-                        dist.all_reduce(y)
-                    self.add_rmsnorm(y, resid[i], gamma)  # in place: resid[i] += y; y = norm(resid[i])
-                    resid[i + 1] = resid[i]
-                    return y
-
-                def forward():
-                    step[0] = 0
-                    resid[0].copy_(x0)
-                    hs = h
-                    hs.copy_(x0)
-                    for _ in range(layers):
-                        a = hs @ attn_w[0]
-                        a = a[:, :1536] @ attn_w[1]
-                        a = a[:, :1024] @ attn_w[2]
-                        hs = reduce_norm(a, "a")
-                        m = hs @ moe_w[0]
-                        m = m[:, :2304] @ moe_w[1]
-                        hs = reduce_norm(m, "m")
-                    return hs
-
+                forward = self._forward(x0, impl, gamma, (attn_w, moe_w), fused_ws, pcie_ws)
                 out = forward()
                 self.sync()
                 outputs[impl] = out.float().clone()
@@ -450,8 +474,8 @@ class Bench:
             ref = outputs.get("nccl")
             for impl, out in outputs.items():
                 if ref is not None and impl != "nccl":
-                    e = self.errors(out, ref)
-                    self.rec(kind="verify_forward_check", impl=impl, rows=rows, against="nccl", **e)
+                    self.rec(kind="verify_forward_check", impl=impl, rows=rows, against="nccl",
+                             **self.errors(out, ref))
 
 
 def p2p_bandwidth(size_mb: int = 256) -> list[dict]:
@@ -497,7 +521,7 @@ def worker(rank: int, world: int, cfg: dict, out_path: str) -> None:
             torch.cuda.set_device(rank)
             dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=rank,
                                     world_size=world, device_id=torch.device("cuda", rank))
-        bench = Bench(rank, world, cfg)
+        bench = RankSession(rank, world, cfg)
         bench.load_flashinfer()
         steps = cfg["steps"]
         if "allreduce" in steps:

@@ -16,8 +16,9 @@ import sys
 import tomllib
 from pathlib import Path
 
-from .errors import UserError
-from .pin import REPO_ROOT
+from ..lib.errors import UserError
+from ..lib.repo import REPO_ROOT
+from ..series.pin import load_pin
 
 BENCH_DIR = REPO_ROOT / "bench"
 DEFAULT_SCENARIOS = BENCH_DIR / "scenarios.toml"
@@ -278,9 +279,12 @@ def expand(text: str, values: dict[str, str], where: str) -> str:
 
 
 def placeholder_values(vs_defaults: dict, overrides: dict) -> dict[str, str]:
+    """Values of the placeholders: built-in defaults ({patched_image} and {stock_image} from patches/pin.toml: the
+    image `make image` builds and the upstream image it builds FROM), then [defaults], then the command line."""
+    pin = load_pin()
     vals = {"port": "30000", "model": "", "draft_model": "", "hf_cache": "~/.cache/huggingface",
-            "python": sys.executable, "repo": str(REPO_ROOT), "patched_image": "", "stock_image": "",
-            "tokenizer": ""}
+            "python": sys.executable, "repo": str(REPO_ROOT), "patched_image": pin.serving_image,
+            "stock_image": pin.upstream_image, "tokenizer": ""}
     vals.update({k: str(v) for k, v in vs_defaults.items()})
     vals.update({k: str(v) for k, v in overrides.items() if v not in (None, "")})
     vals["hf_cache"] = str(Path(vals["hf_cache"]).expanduser())

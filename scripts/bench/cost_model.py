@@ -1,5 +1,7 @@
 """`make docs`: regenerate the cost-model tables of eagle-fast-verify.md from committed files.
 
+  python -m scripts.bench.cost_model [--write | --check] [--doc eagle-fast-verify.md]
+
 Inputs: bench/inputs/cost-model.toml (the seed box's numbers and published per-call latencies, each with its
 source) and bench/results/bench-comm_H200_x2_*.json (our H200 x2 proxy runs). The tables go between the
 `<!-- cost-model:NAME -->` / `<!-- /cost-model:NAME -->` markers of the document, so every number there comes from
@@ -9,6 +11,7 @@ Model of one speculative cycle on the box: draft + verify, verify = compute + 12
 with the draft time and the non-communication compute taken from the seed measurement (both assumed unchanged by
 these patches; CUDA graphs would shrink them too, so the estimate is conservative). tok/s = AL / cycle; the
 break-even accept length is the AL at which speculation matches the no-speculation baseline.
+Exit status: 0 printed, written or current; 1 --check found the document out of date; 2 an input is missing.
 """
 
 from __future__ import annotations
@@ -19,9 +22,13 @@ import statistics
 import tomllib
 from pathlib import Path
 
-from .lib.cli import run
-from .lib.errors import UserError
-from .lib.pin import REPO_ROOT
+from ..lib.cli import run
+from ..lib.errors import UserError
+from ..lib.progress import say
+from ..lib.repo import REPO_ROOT
+from .comm_report import record
+from .kimi import CHAIN, LAYERS
+from .numbers import spread
 
 INPUTS = REPO_ROOT / "bench" / "inputs" / "cost-model.toml"
 RESULTS = REPO_ROOT / "bench" / "results"
@@ -33,13 +40,6 @@ def load_runs(pattern: str = "bench-comm_H200_x2_*.json") -> list[dict]:
     if not runs:
         raise UserError(f"no {pattern} under {RESULTS}: run make bench-comm on a GPU box first")
     return runs
-
-
-def _rec(run: dict, **kw) -> dict | None:
-    for r in run["records"]:
-        if all(r.get(k) == v for k, v in kw.items()):
-            return r
-    return None
 
 
 def _vals(runs, fn) -> list[float]:
@@ -54,31 +54,23 @@ def _vals(runs, fn) -> list[float]:
     return out
 
 
-def _fmt(vals: list[float], digits: int = 2, unit: str = "") -> str:
-    if not vals:
-        return "not measured"
-    if len(vals) == 1 or max(vals) - min(vals) < 10 ** -digits:
-        return f"{vals[0]:.{digits}f}{unit}"
-    return f"{statistics.median(vals):.{digits}f}{unit} ({min(vals):.{digits}f}-{max(vals):.{digits}f})"
-
-
 def ar_us(run, variant="default", impl="nccl", rows=8, mode="graph"):
-    return _rec(run, kind="allreduce", variant=variant, impl=impl, rows=rows, mode=mode)["us_per_call"]
+    return record(run, kind="allreduce", variant=variant, impl=impl, rows=rows, mode=mode)["us_per_call"]
 
 
 def fused_us(run, impl, rows=8, mode="graph"):
-    return _rec(run, kind="fused", impl=impl, rows=rows, mode=mode)["us_per_call"]
+    return record(run, kind="fused", impl=impl, rows=rows, mode=mode)["us_per_call"]
 
 
 def vf_us(run, variant="default", impl="nccl", rows=8, mode="graph"):
-    return _rec(run, kind="verify_forward", variant=variant, impl=impl, rows=rows, mode=mode)["us"]
+    return record(run, kind="verify_forward", variant=variant, impl=impl, rows=rows, mode=mode)["us"]
 
 
 def h200_table(runs: list[dict]) -> str:
     """Ratios measured side by side in each run (median and range over the runs)."""
     n = len(runs)
     rows = [
-        ("Verify-shaped forward (61 layers, 8 rows), NCCL: eager / graph-replayed", "x",
+        (f"Verify-shaped forward ({LAYERS} layers, 8 rows), NCCL: eager / graph-replayed", "x",
          _vals(runs, lambda r: vf_us(r, mode="eager") / vf_us(r))),
         ("Same, 4 rows (batch 1)", "x", _vals(runs, lambda r: vf_us(r, rows=4, mode="eager") / vf_us(r, rows=4))),
         ("NCCL + eager forward / fused trtllm + graph (8 rows; issue bar >= 3x)", "x",
@@ -87,11 +79,11 @@ def h200_table(runs: list[dict]) -> str:
          _vals(runs, lambda r: vf_us(r, impl="fi_trtllm_fused") / vf_us(r))),
         ("Graph-replayed forward: PCIe IPC / NCCL (8 rows)", "x",
          _vals(runs, lambda r: vf_us(r, impl="fi_pcie_ipc") / vf_us(r))),
-        ("Per call, graph chain of 122, 8 rows: NCCL default", " us", _vals(runs, lambda r: ar_us(r))),
+        (f"Per call, graph chain of {CHAIN}, 8 rows: NCCL default", " us", _vals(runs, lambda r: ar_us(r))),
         ("  NCCL_PROTO=Simple / default", "x", _vals(runs, lambda r: ar_us(r, "SIMPLE") / ar_us(r))),
         ("  NCCL_PROTO=LL / default", "x", _vals(runs, lambda r: ar_us(r, "LL") / ar_us(r))),
         ("  NCCL_PROTO=LL128 / default", "x", _vals(runs, lambda r: ar_us(r, "LL128") / ar_us(r))),
-        ("  PCIe defaults patch (docker/pcie-nccl.env) / default", "x",
+        ("  PCIe defaults patch (its _PCIE_NCCL_DEFAULTS) / default", "x",
          _vals(runs, lambda r: ar_us(r, "pcie_defaults") / ar_us(r))),
         ("  NCCL_P2P_DISABLE=1 / default (host-staged, a rough PCIe stand-in)", "x",
          _vals(runs, lambda r: ar_us(r, "p2p_off") / ar_us(r))),
@@ -107,8 +99,8 @@ def h200_table(runs: list[dict]) -> str:
          _vals(runs, lambda r: statistics.median(
              fused_us(r, "fi_trtllm_fused", rows=n) - fused_us(r, "fi_trtllm_fused_early_trigger", rows=n)
              for n in (4, 8, 16, 32, 64)))),
-        ("  graph chain of 122 x (fused + consumer), 4-16 rows: guard on / off", "x",
-         [x["graph_us"] / _rec(r, kind="pdl_race", rows=x["rows"], trigger_at_end=False)["graph_us"]
+        (f"  graph chain of {CHAIN} x (fused + consumer), 4-16 rows: guard on / off", "x",
+         [x["graph_us"] / record(r, kind="pdl_race", rows=x["rows"], trigger_at_end=False)["graph_us"]
           for r in runs for x in r["records"] if x.get("kind") == "pdl_race" and x["trigger_at_end"]]),
         ("PDL race check: bad trials without the guard (of trials x row counts)", "",
          _vals(runs, lambda r: sum(x["bad_trials"] for x in r["records"]
@@ -117,7 +109,8 @@ def h200_table(runs: list[dict]) -> str:
     ]
     lines = [f"| H200 x2 proxy, {n} run(s): {', '.join(r['_file'] for r in runs)} | value |", "|---|---|"]
     for name, unit, vals in rows:
-        lines.append(f"| {name} | {_fmt(vals, 0 if unit.strip() == '' and vals and float(vals[0]).is_integer() else 2, unit)} |")
+        digits = 0 if unit.strip() == "" and vals and float(vals[0]).is_integer() else 2
+        lines.append(f"| {name} | {spread(vals, digits, unit)} |")
     return "\n".join(lines)
 
 
@@ -165,7 +158,7 @@ def splice(doc: str, blocks: dict[str, str]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="scripts.cost_model", description=__doc__,
+    ap = argparse.ArgumentParser(prog="scripts.bench.cost_model", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--write", action="store_true", help="rewrite the tables in eagle-fast-verify.md")
@@ -185,7 +178,11 @@ def main(argv=None) -> int:
             print(f"{a.doc.name} is out of date with bench/: run make docs")
             return 1
         return 0
-    a.doc.write_text(new)
+    if new == old:
+        say(f"{a.doc.name} is up to date")
+    else:
+        a.doc.write_text(new)
+        say(f"rewrote the cost-model tables of {a.doc.name}")
     return 0
 
 

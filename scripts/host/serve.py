@@ -1,19 +1,20 @@
 """`serve`: launch SGLang from a serving profile (docker/profiles/<name>.toml), the image's default command.
 
-  python -m scripts.serve [--profile NAME_OR_PATH] [--draft-model PATH] [--model PATH] [--port N]
-                          [--dry-run [--json]] [--check] [-- EXTRA_SGLANG_ARGS...]
+  python -m scripts.host.serve [--profile NAME_OR_PATH] [--draft-model PATH] [--model PATH] [--port N]
+                               [--dry-run [--json]] [--check] [-- EXTRA_SGLANG_ARGS...]
 
 The profile's [args] become `python3 -m sglang.launch_server --flag value ...`; "{model}", "{draft_model}" and
 "{port}" are filled from its [defaults] or from --model/--draft-model/--port. Arguments after `--` go to sglang
 verbatim; a flag given there replaces the profile's value for the same flag (aliases and abbreviations resolved
-with sglang's own parser when it can be imported), and serve says so.
+with sglang's own parser when it can be imported), and serve says so. The profile's [env] is set only where the
+environment has no value (a `docker run -e` value wins). The PCIe-only NCCL defaults and the PCIe-IPC all-reduce
+are the patched launcher's to decide (NVML, at start); serve does not set them.
 
-Environment for sglang, each key only where it is not already set (a `docker run -e` value wins): the profile's
-[env], then the PCIe NCCL env file ($SGLANG_PCIE_NCCL_ENV_FILE, in the image /etc/sglang/pcie-nccl.env; skipped
-with SGLANG_PCIE_NCCL_DEFAULTS=0). What was applied is printed.
-
---dry-run prints the environment it would set and the exact command (shell-quoted; the output is a valid shell
-script), then exits 0. --check runs the preflight (scripts.doctor) instead of serving.
+--dry-run prints the environment it would set, what the patched launcher will decide about the PCIe-only defaults
+(scripts/host/pcie.py asks it, where this SGLang can say in advance) and the exact command (shell-quoted; the
+output is a valid shell script), then exits 0. --check runs the preflight (python -m scripts.host.doctor) instead.
+Exit status: 0 dry run printed (serving replaces this process with sglang); 2 a profile or flag problem, named
+with its fix; with --check, the doctor's status.
 """
 
 from __future__ import annotations
@@ -28,39 +29,29 @@ import re
 import shlex
 import shutil
 import sys
+import tomllib
+import types
 from pathlib import Path
 
-from .lib.cli import run
-from .lib.errors import UserError
-
-# Not scripts.lib.pin.REPO_ROOT: pin.py needs tomllib (Python >= 3.11); serve and doctor run on 3.10 + tomli too.
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python < 3.11; the upstream image has 3.12
-    try:
-        import tomli as tomllib  # type: ignore[no-redef]
-    except ModuleNotFoundError:
-        tomllib = None  # type: ignore[assignment]
+from ..lib.cli import run
+from ..lib.envfile import KEY_RE as ENV_KEY_RE
+from ..lib.errors import UserError
+from ..lib.repo import REPO_ROOT
+from .pcie import AT_START, LauncherDecision, launcher_pcie_decision
 
 PROFILES_DIR = REPO_ROOT / "docker" / "profiles"
 DEFAULT_PROFILE = "kimi-k25-eagle3-tp8"
-ENV_FILE_VAR = "SGLANG_PCIE_NCCL_ENV_FILE"
-ENV_SKIP_VAR = "SGLANG_PCIE_NCCL_DEFAULTS"
-IMAGE_ENV_FILE = Path("/etc/sglang/pcie-nccl.env")
-REPO_ENV_FILE = REPO_ROOT / "docker" / "pcie-nccl.env"
 LAUNCH_MODULE = "sglang.launch_server"
+DOCTOR_MODULE = "scripts.host.doctor"
 PROFILE_KEYS = ("description", "defaults", "env", "args")
 PLACEHOLDER_RE = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 FLAG_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
-ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # serve option -> (placeholder, sglang flag it sets when the profile has no placeholder for it)
 CLI_VALUES = {"model": ("model", "model-path"), "draft_model": ("draft_model", "speculative-draft-model-path"),
               "port": ("port", "port")}
 
-# Kimi EAGLE-3 drafters with published accept lengths (AL; steps/topk/draft tokens 3/1/4 unless noted).
-# Source: /work/shared/notes/anchors.md section 2; docker/README.md carries the same table.
+# Kimi EAGLE-3 drafters with published accept lengths (AL; steps/topk/draft tokens 3/1/4 unless noted), from the
+# drafters' model cards and the SGLang/vLLM pull requests named; docker/README.md ("Drafters") carries the same table.
 KNOWN_DRAFTERS = {
     "AQ-MedAI/Kimi-K25-eagle3": (True, "used by SGLang's Kimi-K2.5 EAGLE-3 support (sgl-project/sglang#19689); "
                                        "vLLM measured 51.78% acceptance on GSM8K with 4 draft tokens"),
@@ -87,7 +78,7 @@ class Plan:
     env_set: dict[str, tuple[str, str]]  # key -> (value, source) that serve adds
     env_kept: dict[str, tuple[str, str, str]]  # key -> (environment value, default not applied, its source)
     notes: list[str]
-    env_file: Path | None
+    pcie: LauncherDecision  # what the patched launcher will decide about the PCIe-only defaults
 
     def child_env(self, environ: dict[str, str]) -> dict[str, str]:
         env = dict(environ)
@@ -129,8 +120,6 @@ def _scalar(v) -> bool:
 
 
 def load_profile(path: Path) -> Profile:
-    if tomllib is None:
-        raise UserError("reading a profile needs Python >= 3.11 (tomllib) or the tomli package: pip install tomli")
     try:
         d = tomllib.loads(Path(path).read_text())
     except tomllib.TOMLDecodeError as e:
@@ -233,10 +222,11 @@ class FlagIndex:
         close = difflib.get_close_matches(f"--{flag}", list(self.dests), n=3)
         return f" (did you mean {', '.join(close)}?)" if close else ""
 
-    def validate(self, args: list[str]) -> None:
-        """Parse the sglang arguments with sglang's parser; a UserError names what it rejects."""
+    def validate(self, args: list[str]) -> argparse.Namespace | None:
+        """Parse the sglang arguments with sglang's parser (None when it is not importable here); a UserError names
+        what it rejects."""
         if not self.known:
-            return
+            return None
 
         def error(message):
             raise UserError(f"sglang's parser rejects the command: {message}")
@@ -244,7 +234,7 @@ class FlagIndex:
         saved = self.parser.error
         self.parser.error = error
         try:
-            self.parser.parse_args(args)
+            return self.parser.parse_args(args)
         finally:
             self.parser.error = saved
 
@@ -252,11 +242,9 @@ class FlagIndex:
 def load_flag_index() -> tuple[FlagIndex, str]:
     """sglang's parser if sglang imports here; else an index that matches flags by exact name (and why)."""
     try:
-        import argparse as _ap
-
         with contextlib.redirect_stdout(sys.stderr):
             from sglang.srt.server_args import ServerArgs
-        parser = _ap.ArgumentParser(prog="sglang.launch_server", add_help=False)
+        parser = argparse.ArgumentParser(prog="sglang.launch_server", add_help=False)
         ServerArgs.add_cli_args(parser)
         return FlagIndex(parser), ""
     except Exception as e:  # noqa: BLE001 - any failure means: no parser, say so
@@ -264,60 +252,11 @@ def load_flag_index() -> tuple[FlagIndex, str]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# environment
+# the plan: sglang arguments, environment, notes
 
 
-def default_env_file(environ: dict[str, str]) -> Path | None:
-    if environ.get(ENV_FILE_VAR):
-        return Path(environ[ENV_FILE_VAR])
-    for cand in (IMAGE_ENV_FILE, REPO_ENV_FILE):
-        if cand.is_file():
-            return cand
-    return None
-
-
-def read_env_file(path: Path) -> dict[str, str]:
-    """KEY=VALUE lines (docker --env-file format: no quoting), # comments and blank lines."""
-    out: dict[str, str] = {}
-    for n, raw in enumerate(path.read_text().splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.startswith("export "):
-            line = line[len("export "):].strip()
-        key, sep, value = line.partition("=")
-        if not sep or not ENV_KEY_RE.match(key.strip()):
-            raise UserError(f"{path}:{n}: {raw!r} is not KEY=VALUE; regenerate it (python -m scripts.pcie_env)")
-        out[key.strip()] = value.strip()
-    return out
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# the plan
-
-
-def detect_topology(timeout: float = 20.0) -> str:
-    """'nvlink' if any two GPUs share NVLink, 'pcie' if none do, 'unknown' without nvidia-smi."""
-    from .doctor import Probe, parse_topo_m
-
-    out = Probe(timeout=timeout).get("topo-m")
-    if not out.ok:
-        return "unknown"
-    links = parse_topo_m(out.text)["links"]
-    if not links:
-        return "unknown"
-    return "nvlink" if any(v.startswith("NV") for v in links.values()) else "pcie"
-
-
-def build_plan(profile: Profile, *, model: str | None = None, draft_model: str | None = None, port: int | None = None,
-               extra: list[str] | None = None, python: str = sys.executable, environ: dict[str, str] | None = None,
-               env_file: Path | None = None, index: FlagIndex | None = None, topology: str = "unknown") -> Plan:
-    environ = dict(os.environ if environ is None else environ)
-    extra = list(extra or [])
-    index = index or FlagIndex(None)
-    notes: list[str] = []
-
-    cli = {"model": model, "draft_model": draft_model, "port": port}
+def _profile_args(profile: Profile, cli: dict, notes: list[str]) -> dict:
+    """The profile's [args] with placeholders filled ([defaults], then --model/--draft-model/--port)."""
     values = dict(profile.defaults)
     values.update({CLI_VALUES[k][0]: v for k, v in cli.items() if v is not None})
     used = {m.group(1) for v in profile.args.values() for x in (v if isinstance(v, list) else [v])
@@ -329,14 +268,11 @@ def build_plan(profile: Profile, *, model: str | None = None, draft_model: str |
             if flag in args:
                 notes.append(f"--{k.replace('_', '-')} {v} replaces the profile's --{flag} {args[flag]}")
             args[flag] = v
+    return args
 
-    if index.known:
-        for k in args:
-            if f"--{k}" not in index.dests:
-                raise UserError(f"profile {profile.path}: --{k} is not a flag of sglang's launch_server"
-                                f"{index.suggest(k)}; fix or remove it")
 
-    # Flags on the command line win: drop the profile's value for each, by what it sets (aliases included).
+def _extra_wins(args: dict, extra: list[str], index: FlagIndex, notes: list[str]) -> dict:
+    """Flags on the command line win: drop the profile's value for each, by what it sets (aliases included)."""
     extra_dests = {d for d in (index.dest(t) for t in extra) if d}
     for k in list(args):
         d = index.dest(f"--{k}")
@@ -345,59 +281,75 @@ def build_plan(profile: Profile, *, model: str | None = None, draft_model: str |
             shown = "" if args[k] is True else f" {args[k]}"
             notes.append(f"{given} from the command line replaces the profile's --{k}{shown}")
             del args[k]
+    return args
 
-    sgl_args = argv_for(args) + extra
-    index.validate(sgl_args)
-    argv = [python, "-m", LAUNCH_MODULE, *sgl_args]
 
+def _environment(profile: Profile, values: dict, environ: dict[str, str]) -> tuple[dict, dict]:
+    """(env serve sets, env it keeps): the profile's [env], each key only where the environment has none."""
     env_set: dict[str, tuple[str, str]] = {}
     env_kept: dict[str, tuple[str, str, str]] = {}
-
-    def offer(key: str, value: str, source: str) -> None:
-        if key in env_set or key in env_kept:
-            return  # an earlier (higher-priority) source already decided this key
-        if key in environ:
-            env_kept[key] = (environ[key], value, source)
-        else:
-            env_set[key] = (value, source)
-
+    source = f"profile {profile.path.name}"
     for k, v in profile.env.items():
-        offer(k, _fill(v, values, f"[env] {k}", profile.path), f"profile {profile.path.name}")
-    if environ.get(ENV_SKIP_VAR, "1").strip().lower() in ("0", "false", "no", "off"):
-        notes.append(f"{ENV_SKIP_VAR}={environ[ENV_SKIP_VAR]}: PCIe NCCL env file not applied")
-        env_file = None
-    elif topology == "nvlink":
-        notes.append("GPUs share NVLink: the PCIe NCCL env file is not applied (its values are for PCIe-only hosts)")
-        env_file = None
-    else:
-        if env_file is None:
-            env_file = default_env_file(environ)
-        if env_file is not None:
-            if not env_file.is_file():
-                raise UserError(f"PCIe NCCL env file {env_file} does not exist; point {ENV_FILE_VAR} at it, or set "
-                                f"{ENV_SKIP_VAR}=0 to run without it")
-            for k, v in read_env_file(env_file).items():
-                offer(k, v, str(env_file))
-            if topology == "unknown":
-                notes.append(f"GPU topology unknown (no nvidia-smi topo -m): applying {env_file} as for a PCIe-only "
-                             f"host; {ENV_SKIP_VAR}=0 skips it")
+        value = _fill(v, values, f"[env] {k}", profile.path)
+        if k in environ:
+            env_kept[k] = (environ[k], value, source)
         else:
-            notes.append(f"no PCIe NCCL env file ({IMAGE_ENV_FILE} or {REPO_ENV_FILE}); sglang's own defaults apply")
+            env_set[k] = (value, source)
+    return env_set, env_kept
 
+
+def _drafter_note(args: dict, extra: list[str], index: FlagIndex) -> list[str]:
     drafter = args.get("speculative-draft-model-path") or next(
         (extra[i + 1] for i, t in enumerate(extra[:-1])
          if index.dest(t) == index.dest("--speculative-draft-model-path")), None)
-    if drafter in KNOWN_DRAFTERS:
-        ok, what = KNOWN_DRAFTERS[drafter]
-        notes.append(f"drafter {drafter}: {what}" + ("" if ok else " -- expect sglang to refuse it"))
-    return Plan(profile=profile, argv=argv, env_set=env_set, env_kept=env_kept, notes=notes, env_file=env_file)
+    if drafter not in KNOWN_DRAFTERS:
+        return []
+    ok, what = KNOWN_DRAFTERS[drafter]
+    return [f"drafter {drafter}: {what}" + ("" if ok else " -- expect sglang to refuse it")]
+
+
+def _launcher_cfg(ns: argparse.Namespace | None, args: dict) -> object:
+    """What the launcher's decision needs from the server arguments: sglang's own parse when available."""
+    if ns is not None:
+        return ns
+    return types.SimpleNamespace(tp_size=int(args.get("tp-size", args.get("tensor-parallel-size", 1))),
+                                 nnodes=int(args.get("nnodes", 1)))
+
+
+def build_plan(profile: Profile, *, model: str | None = None, draft_model: str | None = None, port: int | None = None,
+               extra: list[str] | None = None, python: str = sys.executable, environ: dict[str, str] | None = None,
+               index: FlagIndex | None = None, ask_launcher: bool = False) -> Plan:
+    """The command and environment for sglang. ask_launcher: ask the patched launcher (in this interpreter) what it
+    will decide about the PCIe-only defaults; otherwise say that it decides at start."""
+    environ = dict(os.environ if environ is None else environ)
+    extra = list(extra or [])
+    index = index or FlagIndex(None)
+    notes: list[str] = []
+    cli = {"model": model, "draft_model": draft_model, "port": port}
+    args = _profile_args(profile, cli, notes)
+    if index.known:
+        for k in args:
+            if f"--{k}" not in index.dests:
+                raise UserError(f"profile {profile.path}: --{k} is not a flag of sglang's launch_server"
+                                f"{index.suggest(k)}; fix or remove it")
+    args = _extra_wins(args, extra, index, notes)
+    sgl_args = argv_for(args) + extra
+    ns = index.validate(sgl_args)
+    values = {**profile.defaults, **{CLI_VALUES[k][0]: v for k, v in cli.items() if v is not None}}
+    env_set, env_kept = _environment(profile, values, environ)
+    child_env = {**environ, **{k: v for k, (v, _) in env_set.items()}}
+    pcie = (launcher_pcie_decision(_launcher_cfg(ns, args), child_env) if ask_launcher
+            else LauncherDecision(False, [AT_START]))
+    notes += _drafter_note(args, extra, index)
+    return Plan(profile=profile, argv=[python, "-m", LAUNCH_MODULE, *sgl_args], env_set=env_set, env_kept=env_kept,
+                notes=notes, pcie=pcie)
 
 
 def render(plan: Plan) -> str:
     """The plan as a shell script: comments, exports, the command."""
     lines = [f"# profile {plan.profile.path}" + (f": {plan.profile.description}" if plan.profile.description else "")]
-    for n in plan.notes:
-        lines.append(f"# note: {n}")
+    lines += [f"# note: {n}" for n in plan.notes]
+    lines += [f"# pcie: {n}" for n in plan.pcie.lines]
     if plan.env_set:
         lines.append("# environment for sglang (only keys the environment does not already set):")
         for k, (v, src) in plan.env_set.items():
@@ -416,7 +368,7 @@ def as_json(plan: Plan) -> dict:
         "env": {k: v for k, (v, _) in plan.env_set.items()},
         "env_sources": {k: src for k, (_, src) in plan.env_set.items()},
         "env_kept": {k: v for k, (v, _, _) in plan.env_kept.items()},
-        "env_file": str(plan.env_file) if plan.env_file else None,
+        "pcie_defaults": {"known": plan.pcie.known, "lines": plan.pcie.lines, "decision": plan.pcie.data},
         "notes": plan.notes,
     }
 
@@ -428,8 +380,18 @@ def split_extra(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def run_doctor(profile: Profile, python: str) -> int:
+    """serve --check: this process becomes `python -m scripts.host.doctor --tp N --python PY`."""
+    tp = profile.args.get("tp-size", profile.args.get("tensor-parallel-size", 8))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + [p for p in [env.get("PYTHONPATH", "")] if p])
+    argv = [sys.executable, "-m", DOCTOR_MODULE, "--tp", str(tp), "--python", python]
+    sys.stdout.flush()
+    os.execve(argv[0], argv, env)
+    return 0  # not reached
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     own, extra = split_extra(argv)
     ap = argparse.ArgumentParser(prog="serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", default=DEFAULT_PROFILE, help=f"profile name in docker/profiles or a .toml path "
@@ -437,28 +399,26 @@ def main(argv=None) -> int:
     ap.add_argument("--draft-model", help="EAGLE-3 draft model (HF repo id or local path); fills {draft_model}")
     ap.add_argument("--model", help="target model (HF repo id or local path); fills {model}")
     ap.add_argument("--port", type=int, help="HTTP port; fills {port}")
-    ap.add_argument("--env-file", type=Path, help=f"PCIe NCCL env file (default ${ENV_FILE_VAR}, {IMAGE_ENV_FILE}, "
-                                                   f"or docker/pcie-nccl.env)")
     ap.add_argument("--python", default=sys.executable, help="interpreter that runs sglang (default: this one)")
     ap.add_argument("--dry-run", action="store_true", help="print the environment and the command, run nothing")
     ap.add_argument("--json", action="store_true", help="with --dry-run: one JSON object")
-    ap.add_argument("--check", action="store_true", help="run the preflight (scripts.doctor) instead of serving")
+    ap.add_argument("--check", action="store_true", help="run the preflight (scripts.host.doctor) instead of serving")
     a, unknown = ap.parse_known_args(own)
     if unknown:
         raise UserError(f"serve does not know {' '.join(unknown)}; sglang flags go after `--`, e.g. "
                         f"serve -- {' '.join(unknown)}")
+    return a, extra
 
+
+def main(argv=None) -> int:
+    a, extra = parse_args(list(sys.argv[1:] if argv is None else argv))
     profile = load_profile(resolve_profile(a.profile))
     if a.check:
-        from . import doctor
-
-        tp = profile.args.get("tp-size", profile.args.get("tensor-parallel-size", 8))
-        return doctor.main(["--tp", str(tp), "--python", a.python])
-
+        return run_doctor(profile, a.python)
     a.python = shutil.which(a.python) or a.python
     index, why = load_flag_index()
-    plan = build_plan(profile, model=a.model, draft_model=a.draft_model, port=a.port, extra=extra,
-                      python=a.python, env_file=a.env_file, index=index, topology=detect_topology())
+    plan = build_plan(profile, model=a.model, draft_model=a.draft_model, port=a.port, extra=extra, python=a.python,
+                      index=index, ask_launcher=a.dry_run and os.path.realpath(a.python) == os.path.realpath(sys.executable))
     if not index.known:
         plan.notes.append(f"sglang's parser is not importable here ({why}); flags were not checked and are "
                           f"matched by exact name only")

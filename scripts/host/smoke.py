@@ -1,13 +1,14 @@
 """Import smoke check of the patched SGLang: every Python module the series touches, plus the serving entry points.
 
-  python -m scripts.smoke                         check the sglang this interpreter imports
-  python -m scripts.smoke --site-packages DIR     ... the one in DIR (DIR holds sglang/), e.g. an unpacked wheel
+  python -m scripts.host.smoke                         check the sglang this interpreter imports
+  python -m scripts.host.smoke --site-packages DIR     ... the one in DIR (DIR holds sglang/), e.g. an unpacked wheel
 
-The module list comes from the series itself (scripts.lib.pin series_patches / touched_files): python/sglang/a/b.py
+The module list comes from the series itself (scripts.series.patchfile touched_files): python/sglang/a/b.py
 is sglang.a.b, python/sglang/a/__init__.py is sglang.a; other files (C++, JSON, tests outside python/) are listed
 and skipped. Before importing, the package's sglang/_patchset.json must name this series (so the check cannot pass
 on an unpatched tree), and each module's source must compile. One line per module: ok, FAIL or skip. Exits 1 on
-any FAIL. docker/Dockerfile runs this after `scripts.apply` (build fails on a FAIL).
+any FAIL. docker/Dockerfile runs this after `scripts.series.apply` (the build fails on a FAIL). Exit status: 0 every
+module imports; 1 a FAIL (or the package is not this series); 2 a usage problem.
 
 --tolerate-no-driver: `docker build` has no GPU and no libcuda; an import that fails only because the NVIDIA driver
 is absent (a narrow list of messages) counts as ok-without-driver, after the source compiled. Use it only there.
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.metadata
 import importlib.util
 import json
 import sys
@@ -25,10 +25,11 @@ import time
 import traceback
 from pathlib import Path
 
-from .doctor import KNOWN_BAD_NCCL
-from .lib.applycore import patchset_id, read_record
-from .lib.cli import run
-from .lib.pin import load_pin, series_patches, touched_files
+from ..lib.cli import run
+from ..series.patchfile import series_patches, touched_files
+from ..series.pin import load_pin
+from ..series.record import RECORD_NAME, patchset_id, read_record
+from .nccl import KNOWN_BAD_NCCL, nccl_dist_version
 
 # Imported whatever the series touches: what `serve` execs and what every profile is checked against.
 ALWAYS = ("sglang", "sglang.srt.server_args", "sglang.launch_server")
@@ -44,7 +45,6 @@ NO_DRIVER_MARKERS = (
     "cudaErrorNoDevice",
 )
 
-NCCL_DISTS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12")
 
 
 def module_for(repo_path: str) -> tuple[str | None, str]:
@@ -68,16 +68,6 @@ def plan(patches_dir: Path | None = None) -> tuple[str, list[tuple[str, str | No
     patches = series_patches(pin)
     rows = [(f, *module_for(f)) for f in touched_files(patches)]
     return patchset_id(patches), rows
-
-
-def nccl_dist_version() -> tuple[str, str] | None:
-    """(distribution, version) of the pip NCCL that torch loads, from package metadata (no GPU needed)."""
-    for dist in NCCL_DISTS:
-        try:
-            return dist, importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
 
 
 def _no_driver(exc: BaseException) -> bool:
@@ -126,7 +116,7 @@ def check(pkg_parent: Path, modules: list[str], tolerate_no_driver: bool, out=pr
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="scripts.smoke", description=__doc__,
+    ap = argparse.ArgumentParser(prog="scripts.host.smoke", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--site-packages", type=Path, metavar="DIR", help="import sglang from DIR (DIR holds sglang/)")
     ap.add_argument("--patches-dir", type=Path, default=None, help="patch series directory (default patches/)")
@@ -170,12 +160,12 @@ def main(argv=None) -> int:
 
     rec = read_record(pkg_dir)
     if rec is None:
-        out(f"FAIL  {pkg_dir} carries no {'_patchset.json'}: the series was not applied "
-            f"(run python3 -m scripts.apply --python {Path(sys.executable).name} first)")
+        out(f"FAIL  {pkg_dir} carries no {RECORD_NAME}: the series was not applied "
+            f"(run python3 -m scripts.series.apply --python {Path(sys.executable).name} first)")
         return finish(1)
     if rec.get("patchset") != pid:
         out(f"FAIL  {pkg_dir} holds patch set {rec.get('patchset')}, the series here is {pid}: "
-            f"re-apply (python3 -m scripts.apply) or rebuild the image")
+            f"re-apply (python3 -m scripts.series.apply) or rebuild the image")
         return finish(1)
 
     modules = list(ALWAYS)

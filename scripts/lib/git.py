@@ -1,13 +1,16 @@
-"""Thin wrappers over the git command line, with a fixed identity so base commits are reproducible."""
+"""git on the command line (through lib.proc), with a fixed identity so commits the tooling makes are reproducible.
+
+`head()` is the one way to ask a checkout for its HEAD; `git()` runs any other command and raises a UserError
+that names the command and git's message when it fails (check=True).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import os
-import shutil
-import subprocess
 from pathlib import Path
 
+from . import proc
 from .errors import UserError
 
 # Identity and date for commits the tooling makes itself (wheel base, tests). Fixed so the same input
@@ -19,6 +22,7 @@ TOOL_IDENT = {
     "GIT_COMMITTER_EMAIL": "eagle-fast-verify@localhost",
 }
 FIXED_DATE = "2000-01-01T00:00:00+0000"
+TIMEOUT = 600.0  # local operations on a tree of SGLang's size
 
 
 def git_env(fixed_date: bool = False) -> dict[str, str]:
@@ -33,21 +37,26 @@ def git_env(fixed_date: bool = False) -> dict[str, str]:
 
 
 def require_git() -> None:
-    if shutil.which("git") is None:
+    if proc.which("git") is None:
         raise UserError("git is not installed; install it (apt-get install git) and retry")
 
 
 def git(repo: Path, *args: str, check: bool = True, fixed_date: bool = False, input: str | None = None,
-        timeout: float | None = None) -> subprocess.CompletedProcess:
-    cp = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, env=git_env(fixed_date),
-                        input=input, timeout=timeout)
-    if check and cp.returncode != 0:
-        raise UserError(f"git {' '.join(args)} failed in {repo}:\n{cp.stderr.strip() or cp.stdout.strip()}")
-    return cp
+        timeout: float | None = TIMEOUT, env: dict[str, str] | None = None) -> proc.Result:
+    res = proc.run(["git", "-C", str(repo), *args], env=env or git_env(fixed_date), input=input, timeout=timeout)
+    if check and not res.ok:
+        raise UserError(f"git {' '.join(args)} failed in {repo}:\n{res.stderr.strip() or res.stdout.strip() or res.why}")
+    return res
 
 
 def out(repo: Path, *args: str) -> str:
     return git(repo, *args).stdout.strip()
+
+
+def head(repo: Path, short: bool = False) -> str | None:
+    """The commit id HEAD of a checkout names (7 characters if short), or None when it is no git checkout."""
+    res = git(repo, "rev-parse", *(["--short=7"] if short else []), "HEAD", check=False, timeout=30)
+    return (res.stdout.strip() or None) if res.ok else None
 
 
 def is_repo(path: Path) -> bool:
@@ -64,5 +73,11 @@ def file_blob(path: Path) -> str | None:
     return blob_id(path.read_bytes()) if path.is_file() else None
 
 
-def status_porcelain(repo: Path) -> str:
-    return git(repo, "status", "--porcelain").stdout.rstrip()
+def status_porcelain(repo: Path, *paths: str, untracked: bool = True) -> str:
+    args = ["--no-optional-locks", "-C", str(repo), "status", "--porcelain"]
+    if not untracked:
+        args.append("--untracked-files=no")
+    res = proc.run(["git", *args, *(["--", *paths] if paths else [])], env=git_env(), timeout=TIMEOUT)
+    if not res.ok:
+        raise UserError(f"git status failed in {repo}: {res.why}")
+    return res.stdout.rstrip()

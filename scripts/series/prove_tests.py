@@ -1,44 +1,48 @@
 """`make prove-tests`: show that the patch tests test the patches.
 
+  python -m scripts.series.prove_tests [TESTS...] [--patched build/sglang] [--base build/sglang-base]
+
 Runs the patch tests (tests/patches, plus the other tests that import SGLang) twice: against the patched tree
 (build/sglang) and against a pristine checkout of the pinned base (build/sglang-base, cloned from the base cache).
 Every test must pass on the patched tree; on the base tree every test must fail, except the ones marked
 `unchanged` (regression guards for behaviour the patches must leave as upstream has it), which must pass there
-too. Prints a per-file table and exits non-zero on any test that breaks the rule.
+too. Prints a per-file table. Exit status: 0 every test follows the rule; 1 some test breaks it (each named, with
+its outcome on each tree) or nothing was collected; 2 the base tree cannot be made (the message says why).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
 
-from .lib import gitutil
-from .lib.base import BUILD_DIR, clone_base, ensure_base
-from .lib.cli import run
-from .lib.errors import UserError
-from .lib.pin import REPO_ROOT, load_pin
-from .lib.progress import say
+from ..lib import git, proc
+from ..lib.cli import run
+from ..lib.errors import UserError
+from ..lib.progress import say
+from ..lib.repo import BUILD_DIR, REPO_ROOT
+from .pin import load_pin
+from .upstream import clone_base, ensure_base
 
-DEFAULT_TESTS = ["tests/patches", "tests/test_pcie_env.py"]
+DEFAULT_TESTS = ["tests/patches", "tests/host/test_pcie_env.py"]
+PYTEST_TIMEOUT = 3600.0
 
 
 def base_tree(pin, dest: Path) -> Path:
     """A pristine tree of the pinned base at dest (made once from the base cache; refreshed if touched)."""
-    if dest.exists() and gitutil.is_repo(dest):
-        head = gitutil.out(dest, "rev-parse", "HEAD")
-        tag = gitutil.out(dest, "rev-parse", f"{pin.tag}^{{commit}}")
-        if head == tag and not gitutil.status_porcelain(dest):
+    if dest.exists() and git.is_repo(dest):
+        head = git.out(dest, "rev-parse", "HEAD")
+        tag = git.out(dest, "rev-parse", f"{pin.tag}^{{commit}}")
+        if head == tag and not git.status_porcelain(dest):
             return dest
         raise UserError(f"{dest} is not the pristine {pin.tag} any more; remove it and retry")
     bare, _ = ensure_base(pin, os.environ.get("SGLANG_BASE") or "auto")
     clone_base(bare, dest, pin.tag)
-    gitutil.git(dest, "checkout", "-q", "--detach", pin.tag)
+    git.git(dest, "checkout", "-q", "--detach", pin.tag)
     return dest
 
 
@@ -51,9 +55,10 @@ def run_pytest(tree: Path, tests: list[str], unchanged_only: bool | None) -> dic
             cmd += ["-m", "unchanged" if unchanged_only else "not unchanged"]
         env = {**os.environ, "SGLANG_TREE": str(tree)}
         say(f"pytest against {tree}: {' '.join(cmd[3:])}")
-        cp = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+        res = proc.run(cmd, cwd=REPO_ROOT, env=env, timeout=PYTEST_TIMEOUT)
         if not xml.is_file():
-            raise UserError(f"pytest produced no report against {tree}:\n{cp.stdout[-2000:]}{cp.stderr[-2000:]}")
+            raise UserError(f"pytest produced no report against {tree} ({res.why}):\n{res.stdout[-2000:]}"
+                            f"{res.stderr[-2000:]}")
         out = {}
         for case in ET.parse(xml).iter("testcase"):
             nodeid = f"{case.get('classname')}::{case.get('name')}"
@@ -64,7 +69,7 @@ def run_pytest(tree: Path, tests: list[str], unchanged_only: bool | None) -> dic
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="scripts.prove_tests", description=__doc__,
+    ap = argparse.ArgumentParser(prog="scripts.series.prove_tests", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("tests", nargs="*", default=DEFAULT_TESTS)
     ap.add_argument("--patched", type=Path, default=BUILD_DIR / "sglang")

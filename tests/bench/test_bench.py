@@ -1,4 +1,4 @@
-"""`make bench` (scripts/bench.py): configs, A/B/A plan, server observations, report, plot, baseline comparison, and
+"""`make bench` (scripts/bench/bench.py): configs, A/B/A plan, server observations, report, plot, baseline comparison, and
 the harness end to end against local stand-in servers running SGLang's real bench_serving client.
 
 Fixtures (tests/fixtures/bench/):
@@ -24,14 +24,15 @@ from pathlib import Path
 
 import pytest
 
-from scripts import bench
-from scripts.lib import bench_client as bc
-from scripts.lib import bench_config as cfg
-from scripts.lib import bench_report as rep
-from scripts.lib import bench_server as bs
+from scripts.bench import bench
+from scripts.bench import client as bc
+from scripts.bench import config as cfg
+from scripts.bench import launch
+from scripts.bench import observe as bs
+from scripts.bench import report as rep
 from scripts.lib.errors import UserError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "bench"
 TOKENIZER = FIX / "tokenizer"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -180,19 +181,19 @@ def test_committed_variants_cover_stock_patched_spec_off_on_and_switches():
     assert dict(sw.env) == {"SGLANG_PCIE_NCCL_DEFAULTS": "0", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "0"}
     assert "--enforce-disable-flashinfer-allreduce-fusion" in sw.extra_args and not sw.default
     vals = cfg.placeholder_values(vs.defaults, {"draft_model": "/models/draft", "port": 31000})
-    t = bench.Target(sw, vals, ["--log-level", "info"], Path("/tmp/x.log"))
+    t = launch.Server(sw, vals, ["--log-level", "info"], Path("/tmp/x.log"))
     argv = t.argv
     assert argv[:4] == ["docker", "run", "-d", "--rm"] and "--gpus" in argv and "--network" in argv
     img = argv.index(vals["patched_image"])
     assert argv[img + 1] == "serve" and "/models/draft" in argv and "31000" in argv
     assert argv[-3:] == ["--enforce-disable-flashinfer-allreduce-fusion", "--log-level", "info"]
     assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0" in argv[:img]
-    stock = bench.Target(next(v for v in vs.variants if v.name == "stock-eagle3"), vals, [], Path("/tmp/y.log"))
+    stock = launch.Server(next(v for v in vs.variants if v.name == "stock-eagle3"), vals, [], Path("/tmp/y.log"))
     assert stock.argv[stock.argv.index("--entrypoint") + 1] == "python3"
     assert "SGLANG_PCIE_NCCL_DEFAULTS=0" in stock.argv
     # a placeholder left empty is a clear error, not an empty argument
     with pytest.raises(UserError, match="draft_model"):
-        bench.Target(sw, cfg.placeholder_values({**vs.defaults, "draft_model": ""}, {}), [], Path("/tmp/z"))
+        launch.Server(sw, cfg.placeholder_values({**vs.defaults, "draft_model": ""}, {}), [], Path("/tmp/z"))
 
 
 def test_variant_file_errors_are_user_errors(tmp_path):
@@ -396,17 +397,17 @@ def test_local_launcher_starts_waits_and_stops_its_server(tmp_path):
     port = standin_server.free_port()
     v = cfg.Variant(name="standin", launcher="local", speculative=False, python=sys.executable,
                     command=("{python}", str(FIX / "standin_server.py"), "--profile", "stock", "--port", "{port}"))
-    t = bench.Target(v, cfg.placeholder_values({}, {"port": port}), [], tmp_path / "server.log")
+    t = launch.Server(v, cfg.placeholder_values({}, {"port": port}), [], tmp_path / "server.log")
     try:
         t.start(timeout=60)
         assert bs.http_get(t.url + "/v1/models")[0] == 200
         assert t.patch_info()["patchset"] in ("unknown", "none")  # this python has no sglang with a record
-        proc = t.launched.proc
+        proc = t.proc
         with pytest.raises(UserError, match="already in use"):
-            bench.Target(v, cfg.placeholder_values({}, {"port": port}), [], tmp_path / "b.log").start(5)
+            launch.Server(v, cfg.placeholder_values({}, {"port": port}), [], tmp_path / "b.log").start(5)
     finally:
         t.stop()
-    assert proc.poll() is not None and not bs.port_open("127.0.0.1", port)
+    assert proc.poll() is not None and not launch.port_open("127.0.0.1", port)
 
 
 @pytest.fixture
@@ -425,7 +426,7 @@ def test_harness_end_to_end_against_standin_servers(standins, tmp_path):
                     '[[scenario]]\nname = "C2"\nmax_concurrency = 2\nnum_prompts = 8\n')
     res = tmp_path / "results"
     t0 = time.monotonic()
-    cp = subprocess.run([sys.executable, "-m", "scripts.bench", "--server-url", f"stock={stock.url}",
+    cp = subprocess.run([sys.executable, "-m", "scripts.bench.bench", "--server-url", f"stock={stock.url}",
                          "--server-url", f"patched={patched.url}", "--patchset", "patched=0123456789ab",
                          "--scenarios-file", str(scen), "--repeats", "1", "--results-dir", str(res),
                          "--box", "test-box", "--tokenizer", str(TOKENIZER), "--sample-interval", "0.05",

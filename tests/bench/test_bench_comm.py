@@ -1,4 +1,4 @@
-"""`make bench-comm` (scripts/bench_comm.py): the harness end to end on CPU ranks (gloo), and the summary,
+"""`make bench-comm` (scripts/bench/bench_comm.py): the harness end to end on CPU ranks (gloo), and the summary,
 bars and recommendation computed from a committed H200 run."""
 
 from __future__ import annotations
@@ -10,15 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from scripts import bench_comm
+from scripts.bench import bench_comm, comm_report
+from scripts.host.pcie import package_dir, read_defaults
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 H200 = sorted((ROOT / "bench" / "results").glob("bench-comm_H200_x2_run*.json"))
 
 
 def test_bench_comm_harness_end_to_end_on_cpu(tmp_path):
     out = tmp_path / "bc.json"
-    cp = subprocess.run([sys.executable, "-m", "scripts.bench_comm", "--device", "cpu", "--variants",
+    cp = subprocess.run([sys.executable, "-m", "scripts.bench.bench_comm", "--device", "cpu", "--variants",
                          "default,pcie_defaults,LL", "--rows", "4,8", "--prefill-rows", "64", "--layers", "2",
                          "--chain", "4", "--iters", "3", "--reps", "2", "--out", str(out)],
                         cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -27,7 +28,7 @@ def test_bench_comm_harness_end_to_end_on_cpu(tmp_path):
     recs = res["records"]
     # every variant ran in its own ranks with its own environment, and every reduction was checked
     assert {r["variant"] for r in recs} == {"default", "pcie_defaults", "LL"}
-    assert res["meta"]["variants"]["pcie_defaults"] == bench_comm.read_env_file(bench_comm.ENV_FILE)
+    assert res["meta"]["variants"]["pcie_defaults"] == read_defaults(package_dir())  # from the patched source
     ar = [r for r in recs if r.get("kind") == "allreduce" and r.get("impl") == "nccl"]
     assert {(r["rows"], r["mode"]) for r in ar} >= {(4, "eager"), (8, "eager_single"), (64, "eager")}
     assert all(r["max_rel_err"] < 0.02 and not r["nan"] for r in ar)
@@ -41,7 +42,7 @@ def test_bench_comm_harness_end_to_end_on_cpu(tmp_path):
 
 
 def test_bench_comm_refuses_a_machine_without_gpus():
-    cp = subprocess.run([sys.executable, "-m", "scripts.bench_comm"], cwd=ROOT, capture_output=True, text=True)
+    cp = subprocess.run([sys.executable, "-m", "scripts.bench.bench_comm"], cwd=ROOT, capture_output=True, text=True)
     assert cp.returncode == 2 and "needs at least 2 GPUs" in cp.stderr
 
 
@@ -53,7 +54,7 @@ def test_bench_comm_unknown_variant_is_named():
 @pytest.mark.skipif(not H200, reason="no committed H200 run")
 def test_bench_comm_summary_of_a_committed_h200_run():
     res = json.loads(H200[-1].read_text())
-    s = bench_comm.summarize(res)
+    s = comm_report.summarize(res)
     assert s["correctness"]["ok"]
     bars = s["bars"]
     assert bars["graph_vs_eager_nccl_8rows"]["pass"] and bars["fused_graph_vs_nccl_eager_8rows"]["pass"]
@@ -64,10 +65,10 @@ def test_bench_comm_summary_of_a_committed_h200_run():
     # per-call rows carry the ratio to NCCL and to the bandwidth floor measured in the same run
     row = next(r for r in s["allreduce"] if r["impl"] == "nccl" and r["variant"] == "default" and r["rows"] == 8)
     assert row["x_nccl_default"] == 1.0 and row["floor_us"] == pytest.approx(
-        bench_comm.floor_us(8, res["meta"]["world"], s["peer_gbps_min"]))
+        comm_report.floor_us(8, res["meta"]["world"], s["peer_gbps_min"]))
 
 
 def test_bench_comm_floor():
     # ring / two-shot: 2 (n-1)/n x bytes per rank; 8 ranks, 8 rows x 7168 bf16 at 50 GB/s = 4.0 us
-    assert bench_comm.floor_us(8, 8, 50.0) == pytest.approx(2 * 7 / 8 * 8 * 7168 * 2 / 50e9 * 1e6)
-    assert bench_comm.floor_us(8, 8, None) is None
+    assert comm_report.floor_us(8, 8, 50.0) == pytest.approx(2 * 7 / 8 * 8 * 7168 * 2 / 50e9 * 1e6)
+    assert comm_report.floor_us(8, 8, None) is None

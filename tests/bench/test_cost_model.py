@@ -1,6 +1,6 @@
-"""eagle-fast-verify.md's tables are generated from committed files (scripts/cost_model.py)."""
+"""eagle-fast-verify.md's tables are generated from committed files (scripts/bench/cost_model.py)."""
 
-from scripts import cost_model
+from scripts.bench import cost_model
 
 
 def test_cost_model_doc_is_current():

@@ -1,4 +1,4 @@
-"""scripts/doctor.py fed recorded outputs of the real tools.
+"""scripts/host/doctor.py (facts, registered checks, table) fed recorded outputs of the real tools.
 
 tests/fixtures/doctor/h200x2/: verbatim captures from a lent 2x H200 NVLink machine (nvidia-smi -q, topo -m,
 topo -p2p r|w|n|a|p, nvlink -s; host.txt bundles uvm_disable_hmm, lscpu, numactl -H and the --query-gpu CSV).
@@ -7,28 +7,32 @@ blanked, the VM's kernel command line left out).
 tests/fixtures/doctor/pcie8x/: 8x RTX PRO 6000 Blackwell Server Edition on two NUMA nodes (pairs behind PCIe
 switches), written in the exact layout of those captures. pcie8x-cns/ and pcie8x-hmm-iommu/ hold only the files
 that differ from pcie8x/ (cross-socket P2P "CNS"; HMM on and the IOMMU on).
+nvidia-smi-q.xml in each is synthesized by make_pcie8x.py (the H200 ones from the real text captures).
 """
 
 from __future__ import annotations
 
 import json
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
-from scripts import doctor
+from scripts.host import checks, doctor
+from scripts.host import parsers as P
+from scripts.host.tools import CAPTURE_FILES, Probe, load_capture
 
-FIX = Path(__file__).resolve().parent / "fixtures" / "doctor"
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "doctor"
 
 
 def capture(name: str) -> dict[str, str]:
-    rec = {} if name in ("pcie8x", "h200x2", "h200x2-live") else doctor.load_capture(FIX / "pcie8x")
-    rec.update(doctor.load_capture(FIX / name))
+    rec = {} if name in ("pcie8x", "h200x2", "h200x2-live") else load_capture(FIX / "pcie8x")
+    rec.update(load_capture(FIX / name))
     return rec
 
 
 def run(rec: dict[str, str], tp: int = 8, environ: dict | None = None, expected: str | None = None):
-    probe = doctor.Probe(rec, python="python3", model_dir=Path("/models"))
+    probe = Probe(rec, python="python3", model_dir=Path("/models"))
     findings, facts = doctor.diagnose(probe, tp=tp, environ=environ or {}, expected_patchset=expected)
     return {f.id: f for f in findings}, facts
 
@@ -43,39 +47,39 @@ def sev(findings) -> dict[str, str]:
 
 def test_parsers_on_the_real_h200_captures():
     rec = capture("h200x2")
-    smi = doctor.parse_smi_q(rec["smi-q"])
-    assert (smi["driver"], smi["cuda"], smi["attached"]) == ("580.159.04", "13.0", 2)
-    assert [g["bus_id"] for g in smi["gpus"]] == ["00000000:00:06.0", "00000000:00:07.0"]
-    g = smi["gpus"][0]
-    assert (g["name"], g["bar1_total_mib"], g["fb_total_mib"], g["gen_max"], g["width_max"]) == \
-        ("NVIDIA H200", 262144, 143771, 5, 16)
-    topo = doctor.parse_topo_m(rec["topo-m"])
+    smi = P.parse_smi_xml(rec["smi-xml"])
+    assert (smi.driver, smi.cuda, len(smi.gpus)) == ("580.159.04", "13.0", 2)
+    assert [g.bus_id for g in smi.gpus] == ["00000000:00:06.0", "00000000:00:07.0"]
+    g = smi.gpus[0]
+    assert (g.name, g.bar1_total_mib, g.fb_total_mib, g.gen_max, g.width_max) == ("NVIDIA H200", 262144, 143771, 5, 16)
+    topo = P.parse_topo_m(rec["topo-m"])
     assert topo["links"] == {(0, 1): "NV18", (1, 0): "NV18"}
     assert topo["cpu"] == {0: "0-31", 1: "0-31"} and topo["numa"] == {0: "0", 1: "0"}
-    assert doctor.parse_p2p(rec["topo-p2p-r"]) == {(0, 1): "OK", (1, 0): "OK"}
-    assert [r["compute_cap"] for r in doctor.parse_query_csv(rec["smi-query"])] == ["9.0", "9.0"]
-    assert doctor.parse_numactl(rec["numactl"])["nodes"] == 1
+    assert P.parse_p2p(rec["topo-p2p-r"]) == {(0, 1): "OK", (1, 0): "OK"}
+    assert P.parse_p2p(rec["topo-p2p-n"]) == {(0, 1): "OK", (1, 0): "OK"}  # NVLink between the pair
+    assert [r["compute_cap"] for r in P.parse_query_csv(rec["smi-query"])] == ["9.0", "9.0"]
+    assert P.parse_numactl(rec["numactl"])["nodes"] == 1
     assert rec["uvm-hmm"].strip() == "N"
-    assert doctor.parse_nvlink(rec["nvlink-s"]) == 36
+    assert P.parse_nvlink(rec["nvlink-s"]) == 36
 
 
 def test_parsers_on_the_pcie_box():
     rec = capture("pcie8x")
-    smi = doctor.parse_smi_q(rec["smi-q"])
-    assert len(smi["gpus"]) == 8 and smi["driver"].startswith("580.")
-    assert {g["name"] for g in smi["gpus"]} == {"NVIDIA RTX PRO 6000 Blackwell Server Edition"}
-    assert {(g["gen_max"], g["gen_current"], g["width_current"], g["bar1_total_mib"]) for g in smi["gpus"]} == \
-        {(5, 1, 16, 131072)}
-    topo = doctor.parse_topo_m(rec["topo-m"])
+    smi = P.parse_smi_xml(rec["smi-xml"])
+    assert len(smi.gpus) == 8 and smi.driver.startswith("580.")
+    assert {g.name for g in smi.gpus} == {"NVIDIA RTX PRO 6000 Blackwell Server Edition"}
+    assert {(g.gen_max, g.gen_current, g.width_current, g.bar1_total_mib) for g in smi.gpus} == {(5, 1, 16, 131072)}
+    topo = P.parse_topo_m(rec["topo-m"])
     assert topo["devices"][-1] == "NIC0"
     assert (topo["links"][(0, 1)], topo["links"][(0, 2)], topo["links"][(0, 4)]) == ("PIX", "NODE", "SYS")
     assert topo["numa"] == {i: str(i // 4) for i in range(8)}
-    p2p = doctor.parse_p2p(rec["topo-p2p-r"])
+    p2p = P.parse_p2p(rec["topo-p2p-r"])
     assert len(p2p) == 56 and set(p2p.values()) == {"OK"}
-    cns = doctor.parse_p2p(capture("pcie8x-cns")["topo-p2p-r"])
+    assert set(P.parse_p2p(rec["topo-p2p-n"]).values()) == {"NS"}  # no NVLink anywhere
+    cns = P.parse_p2p(capture("pcie8x-cns")["topo-p2p-r"])
     assert cns[(0, 4)] == "CNS" and cns[(0, 1)] == "OK"
-    assert doctor.parse_nvcc(rec["nvcc"]) == (13, 0)
-    assert doctor.parse_df(rec["df"])["mount"] == "/data"
+    assert P.parse_nvcc(rec["nvcc"]) == (13, 0)
+    assert P.parse_df(rec["df"])["mount"] == "/data"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -117,7 +121,7 @@ def test_exit_status_follows_errors(capsys, tmp_path):
     full = tmp_path / "hmm"
     full.mkdir()
     for k, text in capture("pcie8x-hmm-iommu").items():
-        (full / doctor.CAPTURE_FILES[k]).write_text(text)
+        (full / CAPTURE_FILES[k]).write_text(text)
     assert doctor.main(["--replay", str(FIX / "pcie8x")]) == 0
     assert doctor.main(["--replay", str(full), "--json"]) == 1
     out = capsys.readouterr().out
@@ -149,8 +153,8 @@ def test_live_recording_from_the_h200_machine():
     """Recorded by the live probe (`doctor --record`) on a real GPU machine: every tool answered, same facts as the
     separately captured outputs."""
     live, shared = capture("h200x2-live"), capture("h200x2")
-    assert doctor.parse_topo_m(live["topo-m"])["links"] == doctor.parse_topo_m(shared["topo-m"])["links"]
-    assert doctor.parse_p2p(live["topo-p2p-r"]) == doctor.parse_p2p(shared["topo-p2p-r"])
+    assert P.parse_topo_m(live["topo-m"])["links"] == P.parse_topo_m(shared["topo-m"])["links"]
+    assert P.parse_p2p(live["topo-p2p-r"]) == P.parse_p2p(shared["topo-p2p-r"])
     f, facts = run(live, tp=2, environ={"NCCL_VERSION": "2.28.3-1", "NCCL_NVLS_ENABLE": "0"})
     s = sev(f)
     assert s["cuda.nvcc"] == "ok" and "nvcc 13.0" in f["cuda.nvcc"].message
@@ -192,26 +196,21 @@ def test_no_driver_is_a_finding_not_a_traceback(capsys, tmp_path):
     assert "no NVIDIA driver/GPU found" in capsys.readouterr().out
 
 
-def test_live_tools_missing_or_hanging():
-    p = doctor.Probe(timeout=0.5)
-    missing = p._cmd(["no-such-tool-eagle-doctor"])
+def test_live_tools_missing_or_hanging_are_findings_material():
+    p = Probe(timeout=0.5)
+    missing = p.command(["no-such-tool-eagle-doctor"])
     assert not missing.ok and "not found" in missing.why
-    hung = p._cmd(["sleep", "5"])
+    hung = p.command(["sleep", "5"])
     assert not hung.ok and "did not answer within" in hung.why
-    failed = p._cmd(["sh", "-c", "echo 'NVIDIA-SMI has failed because it could not communicate' >&2; exit 9"])
+    failed = p.command(["sh", "-c", "echo 'NVIDIA-SMI has failed because it could not communicate' >&2; exit 9"])
     assert not failed.ok and "exit 9" in failed.why and "NVIDIA-SMI has failed" in failed.why
 
 
 def test_small_bar_narrow_link_and_old_toolchain():
     rec = capture("pcie8x")
-    q = rec["smi-q"]
-    q = q.replace("Total                                          : 131072 MiB",
-                  "Total                                          : 256 MiB")
-    first_width = q.index("Link Width")
-    q = q[:first_width] + q[first_width:].replace("Current                                : 16x",
-                                                  "Current                                : 8x", 1)
-    rec["smi-q"] = q.replace("CUDA Version                                           : 13.0",
-                             "CUDA Version                                           : 12.8")
+    q = rec["smi-xml"].replace("<total>131072 MiB</total>", "<total>256 MiB</total>")  # BAR1 (memory is 97887)
+    q = q.replace("<current_link_width>16x</current_link_width>", "<current_link_width>8x</current_link_width>", 1)
+    rec["smi-xml"] = q.replace("<cuda_version>13.0</cuda_version>", "<cuda_version>12.8</cuda_version>")
     rec["nvcc"] = rec["nvcc"].replace("release 13.0, V13.0.88", "release 12.4, V12.4.131")
     f, _ = run(rec)
     assert f["pcie.bar1"].severity == "error" and "256 MiB" in f["pcie.bar1"].message
@@ -269,29 +268,41 @@ def test_alloc_conf_warning():
 
 def test_record_and_replay_round_trip(tmp_path):
     rec = capture("pcie8x")
-    probe = doctor.Probe(rec)
+    probe = Probe(rec)
     written = probe.record(tmp_path / "rec")
     assert len(written) == len(rec)
-    assert doctor.load_capture(tmp_path / "rec") == rec
+    assert load_capture(tmp_path / "rec") == rec
 
 
 def test_table_lists_every_finding_with_fixes():
     f, _ = run(capture("pcie8x-hmm-iommu"))
-    text = doctor.table(list(f.values()))
+    text = checks.table(list(f.values()))
     assert text.splitlines()[2].startswith("error  host.hmm")
     assert "fix: echo 'options nvidia_uvm uvm_disable_hmm=1'" in text
     assert text.splitlines()[-1].startswith("1 error, 1 warn")
 
 
+def _shape(el: ET.Element) -> list:
+    return [(c.tag, _shape(c)) for c in el]
+
+
 @pytest.mark.parametrize("name", ["pcie8x", "pcie8x-cns", "pcie8x-hmm-iommu", "h200x2", "h200x2-live"])
 def test_fixture_layout_matches_the_real_captures(name):
-    """The written PCIe fixtures use the real captures' layout: same keys in each GPU block, same padding."""
-    real = (FIX / "h200x2" / "nvidia-smi-q.txt").read_text().splitlines()
+    """The written fixtures use the real tools' layout: every <gpu> of `nvidia-smi -q -x` has the same elements in
+    the same order (the v12 schema), its values are the text capture's, and topo -m / -p2p keep nvidia-smi's
+    underline escapes."""
     rec = capture(name)
-    ours = rec["smi-q"].splitlines()
-    key = lambda ln: ln.split(":")[0].rstrip() if ":" in ln else ln.rstrip()  # noqa: E731
-    first_real = real[real.index("GPU 00000000:00:06.0") + 1:real.index("GPU 00000000:00:07.0")]
-    gpu0 = next(i for i, ln in enumerate(ours) if ln.startswith("GPU 0000"))
-    gpu1 = next(i for i, ln in enumerate(ours) if ln.startswith("GPU 0000") and i > gpu0)
-    assert [key(x) for x in ours[gpu0 + 1:gpu1]] == [key(x) for x in first_real]
+    root = ET.fromstring(rec["smi-xml"])
+    assert root.tag == "nvidia_smi_log" and rec["smi-xml"].startswith('<?xml version="1.0" ?>\n<!DOCTYPE nvidia_smi_log')
+    reference = ET.fromstring(capture("h200x2")["smi-xml"]).find("gpu")
+    assert all(_shape(g) == _shape(reference) for g in root.findall("gpu"))
+    assert int(root.findtext("attached_gpus")) == len(root.findall("gpu"))
     assert "\x1b[4m" in rec["topo-m"] and "\x1b[4m" in rec["topo-p2p-r"]
+
+
+def test_h200_xml_carries_the_text_capture():
+    text = (FIX / "h200x2" / "nvidia-smi-q.txt").read_text()
+    xml = P.parse_smi_xml(capture("h200x2")["smi-xml"])
+    for g in xml.gpus:
+        assert f"GPU {g.bus_id}\n" in text and f": {g.fb_total_mib} MiB" in text and f": {g.bar1_total_mib} MiB" in text
+    assert f"Driver Version                                         : {xml.driver}" in text

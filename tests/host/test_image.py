@@ -1,4 +1,4 @@
-"""docker/Dockerfile and scripts/image.py, tested without a docker engine.
+"""docker/Dockerfile and scripts/host/image.py, tested without a docker engine.
 
 Every RUN step of the Dockerfile calls one of the project's verbs. The tests run those RUN commands *verbatim*
 (bash, the Dockerfile's ARG/ENV values in the environment) against a site-packages layout unpacked from the real
@@ -22,12 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from scripts import image
-from scripts.lib.applycore import patchset_id, read_record
-from scripts.lib.base import CACHE_DIR, unpack_wheel
-from scripts.lib.pin import load_pin, series_patches
+from scripts.host import image
+from scripts.series.patchfile import series_patches
+from scripts.series.pin import load_pin
+from scripts.series.record import patchset_id, read_record
+from scripts.series.upstream import CACHE_DIR, unpack_wheel
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "docker" / "Dockerfile"
 VENV_PY = Path(sys.executable)
 HADOLINT = ROOT / ".venv" / "bin" / "hadolint"
@@ -96,12 +97,12 @@ def test_every_run_step_is_a_project_verb():
     assert len(segs) >= 3
     verbs = []
     for seg in segs:
-        m = re.match(r"python3 -m scripts\.(\w+)\b", seg)
+        m = re.match(r"python3 -m scripts\.(\w+)\.(\w+)\b", seg)
         assert m, f"RUN step does not call a project verb: {seg}"
-        assert (ROOT / "scripts" / f"{m.group(1)}.py").is_file() or m.group(1) == "pcie_env", seg
-        verbs.append(m.group(1))
+        assert (ROOT / "scripts" / m.group(1) / f"{m.group(2)}.py").is_file(), seg
+        verbs.append(m.group(2))
     assert verbs[:3] == ["apply", "smoke", "pcie_env"]
-    assert "--python python3" in segs[0]
+    assert "--python python3" in segs[0] and "--python python3" in segs[2]
 
 
 def test_from_uses_the_pin():
@@ -118,10 +119,10 @@ def test_from_uses_the_pin():
         assert key in labels
 
 
-def test_entrypoint_and_env_file_are_baked_in():
+def test_entrypoint_is_baked_in_and_no_copy_of_the_nccl_defaults():
     copies = {a.split()[-1]: a.split()[0] for k, a in INSTR if k == "COPY"}
-    assert copies["/etc/sglang/pcie-nccl.env"] == "docker/pcie-nccl.env"
-    assert env_values()["SGLANG_PCIE_NCCL_ENV_FILE"] == "/etc/sglang/pcie-nccl.env"
+    assert not any("pcie-nccl" in src for src in copies.values())  # the patched launcher owns those values
+    assert "SGLANG_PCIE_NCCL_ENV_FILE" not in env_values()
     ep = [a for k, a in INSTR if k == "ENTRYPOINT"]
     assert ep and json.loads(ep[-1])[0] == copies_dest_of("docker/entrypoint")
     assert json.loads([a for k, a in INSTR if k == "CMD"][-1]) == ["serve"]
@@ -137,8 +138,6 @@ def test_copy_sources_exist_in_the_assembled_context(tmp_path):
     for kw, args in INSTR:
         if kw == "COPY":
             src = args.split()[0]
-            if src == "docker/pcie-nccl.env" and not (ROOT / src).is_file():
-                pytest.skip("docker/pcie-nccl.env not generated yet (python -m scripts.pcie_env)")
             assert (ctx / src).exists(), f"COPY {src}: not in the build context"
     assert not list(ctx.rglob("__pycache__"))
     assert not (ctx / "build").exists() and not (ctx / ".venv").exists()
@@ -183,14 +182,8 @@ def _sandbox(tmp: Path) -> tuple[Path, dict[str, str]]:
     shim.chmod(0o755)
     env = dict(os.environ)
     env.update(arg_defaults())
-    env["PATCHSET"] = patchset_id(series_patches(load_pin()))  # scripts.image passes it as a build arg
+    env["PATCHSET"] = patchset_id(series_patches(load_pin()))  # scripts.host.image passes it as a build arg
     env.update(env_values())
-    # COPY docker/pcie-nccl.env /etc/sglang/pcie-nccl.env, into a stand-in for /
-    etc = tmp / "root" / "etc" / "sglang" / "pcie-nccl.env"
-    etc.parent.mkdir(parents=True)
-    if (ROOT / "docker" / "pcie-nccl.env").is_file():
-        shutil.copy(ROOT / "docker" / "pcie-nccl.env", etc)
-    env["SGLANG_PCIE_NCCL_ENV_FILE"] = str(etc)
     env["PATH"] = f"{bindir}{os.pathsep}{env['PATH']}"
     env["PYTHONPATH"] = str(site)
     return site, env
@@ -202,7 +195,7 @@ def _bash(cmd: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def image_site(tmp_path_factory):
-    """The real wheel after RUN step 1 (scripts.apply), run verbatim."""
+    """The real wheel after RUN step 1 (scripts.series.apply), run verbatim."""
     tmp = tmp_path_factory.mktemp("image")
     site, env = _sandbox(tmp)
     cp = _bash(run_segments()[0], env)
@@ -223,7 +216,7 @@ def test_run_smoke_imports_every_patched_module(image_site):
     assert cp.returncode == 0, cp.stdout + cp.stderr
     for mod in ("sglang", "sglang.srt.server_args", "sglang.launch_server"):
         assert f"ok    {mod}" in cp.stdout
-    from scripts.smoke import plan
+    from scripts.host.smoke import plan
 
     for _, mod, _why in plan()[1]:
         if mod and (site.joinpath(*mod.split(".")).with_suffix(".py").is_file()
@@ -231,49 +224,36 @@ def test_run_smoke_imports_every_patched_module(image_site):
             assert f"ok    {mod}" in cp.stdout, cp.stdout
 
 
-def test_run_pcie_env_check(image_site):
+def test_run_pcie_env_reads_the_installed_defaults(image_site):
     site, env = image_site
-    if not (ROOT / "scripts" / "pcie_env.py").is_file():
-        pytest.skip("scripts/pcie_env.py does not exist yet; the Dockerfile's third step needs it")
-    if not (site / "sglang" / "srt" / "entrypoints" / "pcie_defaults.py").is_file():
-        pytest.skip("the series does not add sglang/srt/entrypoints/pcie_defaults.py yet, so "
-                    "`scripts.pcie_env --check` has nothing to check against")
     cp = _bash(run_segments()[2], env)
     assert cp.returncode == 0, cp.stdout + cp.stderr
+    from scripts.host.pcie import read_defaults
+    from scripts.lib.envfile import parse_env
+
+    assert parse_env(cp.stdout) == read_defaults(site / "sglang")
 
 
 def test_run_pcie_env_step_wiring(tmp_path):
-    """RUN step 3 verbatim on a small package that carries pcie_defaults.py as the series will add it: the step
-    finds the package, and passes or fails with the baked env file."""
-    if not (ROOT / "scripts" / "pcie_env.py").is_file():
-        pytest.skip("scripts/pcie_env.py does not exist yet; the Dockerfile's third step needs it")
-    if not (ROOT / "docker" / "pcie-nccl.env").is_file():
-        pytest.skip("docker/pcie-nccl.env not generated yet")
-    baked = {}
-    for line in (ROOT / "docker" / "pcie-nccl.env").read_text().splitlines():
-        if line and not line.startswith("#"):
-            k, _, v = line.partition("=")
-            baked[k] = v
+    """RUN step 3 verbatim on a small package that carries pcie_defaults.py: the step finds the package through
+    python3, prints its dict, and fails the build when the dict is not a literal."""
     site = tmp_path / "site"
     (site / "sglang" / "srt" / "entrypoints").mkdir(parents=True)
     (site / "sglang" / "__init__.py").write_text("")
     src = site / "sglang" / "srt" / "entrypoints" / "pcie_defaults.py"
     env = dict(os.environ)
     env.update(env_values())
-    etc = tmp_path / "root" / "etc" / "sglang" / "pcie-nccl.env"
-    etc.parent.mkdir(parents=True)
-    shutil.copy(ROOT / "docker" / "pcie-nccl.env", etc)
     bindir = tmp_path / "bin"
     bindir.mkdir()
     (bindir / "python3").write_text(f"#!/bin/sh\nexec {shlex.quote(str(VENV_PY))} \"$@\"\n")
     (bindir / "python3").chmod(0o755)
-    env.update(SGLANG_PCIE_NCCL_ENV_FILE=str(etc), PYTHONPATH=str(site), PATH=f"{bindir}{os.pathsep}{env['PATH']}")
-    src.write_text(f"_PCIE_NCCL_DEFAULTS = {baked!r}\n")
+    env.update(PYTHONPATH=str(site), PATH=f"{bindir}{os.pathsep}{env['PATH']}")
+    src.write_text("_PCIE_NCCL_DEFAULTS = {'NCCL_EAGLE_TEST': '1'}\n")
     ok = _bash(run_segments()[2], env)
-    assert ok.returncode == 0, ok.stdout + ok.stderr
-    src.write_text(f"_PCIE_NCCL_DEFAULTS = {dict(baked, NCCL_EAGLE_TEST='1')!r}\n")
-    stale = _bash(run_segments()[2], env)
-    assert stale.returncode != 0 and "stale" in stale.stdout
+    assert ok.returncode == 0 and "NCCL_EAGLE_TEST=1" in ok.stdout, ok.stdout + ok.stderr
+    src.write_text("_PCIE_NCCL_DEFAULTS = dict(NCCL_EAGLE_TEST='1')\n")
+    bad = _bash(run_segments()[2], env)
+    assert bad.returncode == 2 and "not a literal" in bad.stderr
 
 
 def test_synthetic_series_on_the_real_wheel(tmp_path):
@@ -287,11 +267,12 @@ def test_synthetic_series_on_the_real_wheel(tmp_path):
         ("mark environ", {"python/sglang/srt/environ.py": environ + "\n_EAGLE_SMOKE_PROBE = 2\n"}),
     ])
     site, env = _sandbox(tmp_path)
-    cp = _bash(f"python3 -m scripts.apply --python python3 --patches-dir {pdir}", env)
+    cp = _bash(f"python3 -m scripts.series.apply --python python3 --patches-dir {pdir}", env)
     assert cp.returncode == 0, cp.stderr
     assert (site / "sglang/srt/environ.py").read_text().endswith("_EAGLE_SMOKE_PROBE = 2\n")
     pid = patchset_id(series_patches(load_pin(pdir)))
-    cp = _bash(f"python3 -m scripts.smoke --patches-dir {pdir} --expect-patchset {pid} --tolerate-no-driver", env)
+    cp = _bash(f"python3 -m scripts.host.smoke --patches-dir {pdir} --expect-patchset {pid} --tolerate-no-driver",
+               env)
     assert cp.returncode == 0, cp.stdout + cp.stderr
     assert "ok    sglang.srt.environ" in cp.stdout and "ok    sglang.srt.server_args" in cp.stdout
 
@@ -301,7 +282,7 @@ def test_apply_fails_the_build_on_a_patch_that_does_not_fit(tmp_path):
     pdir = make_series(tmp_path, base, [("p", {"python/sglang/srt/server_args.py": "# changed\n"})])
     site, env = _sandbox(tmp_path)
     before = (site / "sglang/srt/server_args.py").read_bytes()
-    cp = _bash(f"python3 -m scripts.apply --python python3 --patches-dir {pdir}", env)
+    cp = _bash(f"python3 -m scripts.series.apply --python python3 --patches-dir {pdir}", env)
     assert cp.returncode != 0 and "is not the pinned base" in cp.stderr
     assert (site / "sglang/srt/server_args.py").read_bytes() == before
     assert read_record(site / "sglang") is None
@@ -309,7 +290,7 @@ def test_apply_fails_the_build_on_a_patch_that_does_not_fit(tmp_path):
 
 def test_site_packages_of_finds_the_package_without_importing(tmp_path):
     site, env = _sandbox(tmp_path)
-    cp = _bash("python3 -m scripts.image --site-packages-of python3", env)
+    cp = _bash("python3 -m scripts.host.image --site-packages-of python3", env)
     assert cp.returncode == 0 and Path(cp.stdout.strip()) == site
 
 
@@ -371,7 +352,5 @@ def test_malformed_digest_is_refused(tmp_path):
 
 def test_build_without_docker_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(image, "hadolint_path", lambda: None)
-    if not image.ENV_FILE.is_file():
-        pytest.skip("docker/pcie-nccl.env not generated yet")
     with pytest.raises(image.UserError, match="not found"):
         image.main(["--docker", "no-such-docker-client", "--context", str(tmp_path / "ctx")])

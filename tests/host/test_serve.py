@@ -1,4 +1,4 @@
-"""scripts/serve.py and the serving profiles.
+"""scripts/host/serve.py and the serving profiles.
 
 Every flag of every profile is checked against sglang 0.5.23's own argument parser, imported from the patched tree
 under test (the sglang_tree fixture), and the whole profile command line must parse with it.
@@ -12,14 +12,15 @@ import os
 import shlex
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
 
-from scripts import serve
+from scripts.host import pcie, serve
 from scripts.lib.errors import UserError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROFILES = sorted((ROOT / "docker" / "profiles").glob("*.toml"))
 DEFAULT = ROOT / "docker" / "profiles" / f"{serve.DEFAULT_PROFILE}.toml"
 
@@ -38,10 +39,8 @@ def index(parser):
     return serve.FlagIndex(parser)
 
 
-def _plan(index, environ=None, topology="pcie", env_file=None, **kw):
-    env_file = env_file or ROOT / "docker" / "pcie-nccl.env"
-    return serve.build_plan(serve.load_profile(DEFAULT), environ=environ or {}, index=index, python="python3",
-                            env_file=env_file if env_file.is_file() else None, topology=topology, **kw)
+def _plan(index, environ=None, **kw):
+    return serve.build_plan(serve.load_profile(DEFAULT), environ=environ or {}, index=index, python="python3", **kw)
 
 
 def _opt(argv, flag):
@@ -60,13 +59,13 @@ def test_every_profile_flag_is_a_real_sglang_flag(path, parser):
         assert f"--{flag}" in actions, f"{path.name}: --{flag} is not an sglang 0.5.23 flag"
         takes_value = actions[f"--{flag}"].nargs != 0
         assert takes_value == (not isinstance(value, bool)), f"{path.name}: --{flag} = {value!r}"
-    plan = serve.build_plan(prof, environ={}, python="python3", topology="pcie", env_file=None)
+    plan = serve.build_plan(prof, environ={}, python="python3")
     ns = parser.parse_args(plan.argv[3:])  # choices and types as sglang checks them
     assert ns.model_path == prof.defaults.get("model", ns.model_path)
 
 
 def test_default_profile_is_kimi_tp8_eagle3_chain(parser):
-    plan = serve.build_plan(serve.load_profile(DEFAULT), environ={}, python="python3", topology="pcie", env_file=None)
+    plan = serve.build_plan(serve.load_profile(DEFAULT), environ={}, python="python3")
     assert plan.argv[:3] == ["python3", "-m", "sglang.launch_server"]
     ns = parser.parse_args(plan.argv[3:])
     assert ns.model_path == "moonshotai/Kimi-K2.5" and ns.tp_size == 8 and ns.trust_remote_code
@@ -113,7 +112,7 @@ def test_bad_values_and_flags_are_refused_before_launch(index, tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text(DEFAULT.read_text().replace("cuda-graph-max-bs-decode = 16", "cuda-graph-max-bs = 16"))
     with pytest.raises(UserError, match="--cuda-graph-max-bs is not a flag.*did you mean"):
-        serve.build_plan(serve.load_profile(bad), environ={}, index=index, topology="pcie", env_file=None)
+        serve.build_plan(serve.load_profile(bad), environ={}, index=index)
 
 
 @pytest.mark.parametrize("edit, match", [
@@ -128,7 +127,7 @@ def test_profile_mistakes_name_the_fix(tmp_path, edit, match):
     assert edit[0] in text
     p.write_text(text.replace(edit[0], edit[1]))
     with pytest.raises(UserError, match=match):
-        serve.build_plan(serve.load_profile(p), environ={}, topology="pcie", env_file=None)
+        serve.build_plan(serve.load_profile(p), environ={})
 
 
 def test_profile_lookup(tmp_path):
@@ -140,76 +139,83 @@ def test_profile_lookup(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# environment: setdefault semantics
+# environment: setdefault semantics; the PCIe-only defaults are the launcher's
 
 
-def _env_file(tmp_path) -> Path:
-    f = tmp_path / "pcie-nccl.env"
-    f.write_text("# generated\nNCCL_MIN_NCHANNELS=8\nNCCL_P2P_LEVEL=SYS\n")
-    return f
-
-
-def test_env_file_and_profile_env_only_fill_gaps(tmp_path):
-    plan = _plan(None, environ={"NCCL_P2P_LEVEL": "PHB"}, env_file=_env_file(tmp_path))
-    assert plan.env_set["NCCL_MIN_NCHANNELS"] == ("8", str(tmp_path / "pcie-nccl.env"))
-    assert "NCCL_P2P_LEVEL" not in plan.env_set and plan.env_kept["NCCL_P2P_LEVEL"][:2] == ("PHB", "SYS")
+def test_profile_env_only_fills_gaps():
+    plan = _plan(None, environ={"CUDA_DEVICE_ORDER": "FASTEST_FIRST", "NCCL_P2P_LEVEL": "PHB"})
+    assert "CUDA_DEVICE_ORDER" not in plan.env_set
+    assert plan.env_kept["CUDA_DEVICE_ORDER"][:2] == ("FASTEST_FIRST", "PCI_BUS_ID")
+    assert "kept CUDA_DEVICE_ORDER=FASTEST_FIRST" in serve.render(plan)
+    plan = _plan(None, environ={"NCCL_P2P_LEVEL": "PHB"})
     assert plan.env_set["CUDA_DEVICE_ORDER"][0] == "PCI_BUS_ID"
-    text = serve.render(plan)
-    assert "export NCCL_MIN_NCHANNELS=8" in text and "kept NCCL_P2P_LEVEL=PHB" in text
+    assert not [k for k in plan.env_set if k.startswith("NCCL_")]  # serve sets no NCCL value: the launcher does
+    assert "export CUDA_DEVICE_ORDER=PCI_BUS_ID" in serve.render(plan)
     env = plan.child_env({"NCCL_P2P_LEVEL": "PHB", "PYTHONPATH": f"{ROOT}{os.pathsep}/other"})
-    assert env["NCCL_MIN_NCHANNELS"] == "8" and env["NCCL_P2P_LEVEL"] == "PHB"
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" and env["NCCL_P2P_LEVEL"] == "PHB"
     assert env["PYTHONPATH"] == "/other"  # the entrypoint's project path does not leak into sglang
 
 
-def test_env_file_skipped_by_switch_and_on_nvlink(tmp_path):
-    f = _env_file(tmp_path)
-    off = _plan(None, environ={"SGLANG_PCIE_NCCL_DEFAULTS": "0"}, env_file=f)
-    nvl = _plan(None, environ={}, env_file=f, topology="nvlink")
-    for plan in (off, nvl):
-        assert "NCCL_MIN_NCHANNELS" not in plan.env_set
-    assert any("SGLANG_PCIE_NCCL_DEFAULTS=0" in n for n in off.notes)
-    assert any("NVLink" in n for n in nvl.notes)
+def _fake_launcher(monkeypatch, decide=None):
+    mod = types.ModuleType(pcie.MODULE)
+    if decide is not None:
+        setattr(mod, pcie.DECIDE, decide)
+    monkeypatch.setitem(sys.modules, pcie.MODULE, mod)
 
 
-def test_env_file_errors(tmp_path):
-    bad = tmp_path / "bad.env"
-    bad.write_text("NOT A LINE\n")
-    with pytest.raises(UserError, match="not KEY=VALUE"):
-        _plan(None, env_file=bad)
-    with pytest.raises(UserError, match="does not exist"):
-        serve.build_plan(serve.load_profile(DEFAULT), environ={}, env_file=tmp_path / "missing.env",
-                         topology="pcie")
+def test_pcie_defaults_are_reported_from_the_patched_launcher(monkeypatch):
+    seen = {}
+
+    def decide(cfg, environ=None):
+        seen.update(tp=cfg.tp_size, nnodes=cfg.nnodes, order=environ.get("CUDA_DEVICE_ORDER"))
+        return {"topology": "pcie-only", "nccl_set": {"NCCL_MIN_NCHANNELS": "8"}, "pcie_ipc": True}
+
+    _fake_launcher(monkeypatch, decide)
+    plan = _plan(None, ask_launcher=True)
+    assert plan.pcie.known and seen == {"tp": 8, "nnodes": 1, "order": "PCI_BUS_ID"}  # the child's environment
+    assert "launcher PCIe defaults: topology: pcie-only" in plan.pcie.lines
+    assert "# pcie: launcher PCIe defaults: nccl_set: {'NCCL_MIN_NCHANNELS': '8'}" in serve.render(plan)
+    assert serve.as_json(plan)["pcie_defaults"]["decision"]["pcie_ipc"] is True
+    assert not [k for k in plan.env_set if k.startswith("NCCL_")]
+
+
+def test_pcie_defaults_without_an_answer_in_advance(monkeypatch):
+    _fake_launcher(monkeypatch)  # a patched tree whose launcher cannot say in advance
+    plan = _plan(None, ask_launcher=True)
+    assert not plan.pcie.known and "decides the PCIe-only defaults when it starts" in plan.pcie.lines[0]
+    assert "has no decide_pcie_only_defaults" in plan.pcie.lines[0]
+    monkeypatch.setitem(sys.modules, pcie.MODULE, None)  # stock SGLang: no such module
+    assert "is not importable here" in _plan(None, ask_launcher=True).pcie.lines[0]
+    off = _plan(None, environ={"SGLANG_PCIE_NCCL_DEFAULTS": "0"}, ask_launcher=True)
+    assert off.pcie.lines == ["SGLANG_PCIE_NCCL_DEFAULTS=0: the launcher applies no PCIe NCCL defaults"]
+    assert "when it starts" in _plan(None).pcie.lines[0]  # not asked: said plainly
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # the command line
 
 
-def test_dry_run_prints_a_runnable_script(capsys, monkeypatch, tmp_path, sglang_tree):
-    monkeypatch.setattr(serve, "detect_topology", lambda: "pcie")
-    monkeypatch.setenv(serve.ENV_FILE_VAR, str(_env_file(tmp_path)))
-    monkeypatch.delenv("NCCL_MIN_NCHANNELS", raising=False)
-    monkeypatch.delenv("NCCL_P2P_LEVEL", raising=False)
+def test_dry_run_prints_a_runnable_script(capsys, monkeypatch, sglang_tree):
     monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
-    assert serve.main(["--dry-run", "--draft-model", "lightseekorg/kimi-k2.5-eagle3", "--python", "python3",
+    _fake_launcher(monkeypatch, lambda cfg, environ=None: {"topology": "pcie-only"})
+    assert serve.main(["--dry-run", "--draft-model", "lightseekorg/kimi-k2.5-eagle3", "--python", sys.executable,
                        "--", "--context-length", "65536"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     cmd = shlex.split(out[-1])
     assert cmd[1:3] == ["-m", "sglang.launch_server"] and cmd[-2:] == ["--context-length", "65536"]
     assert _opt(cmd, "--speculative-draft-model-path") == "lightseekorg/kimi-k2.5-eagle3"
-    assert "export NCCL_MIN_NCHANNELS=8  # from " + str(tmp_path / "pcie-nccl.env") in out
+    assert f"export CUDA_DEVICE_ORDER=PCI_BUS_ID  # from profile {DEFAULT.name}" in out
+    assert "# pcie: launcher PCIe defaults: topology: pcie-only" in out
     assert all(ln.startswith(("#", "export ")) for ln in out[:-1])
     assert any("AL 2.69 MT-Bench" in ln for ln in out)  # known drafter noted
 
 
-def test_dry_run_json_and_exec(capsys, monkeypatch, tmp_path, sglang_tree):
-    monkeypatch.setattr(serve, "detect_topology", lambda: "unknown")
-    monkeypatch.setenv(serve.ENV_FILE_VAR, str(_env_file(tmp_path)))
-    monkeypatch.delenv("NCCL_MIN_NCHANNELS", raising=False)
+def test_dry_run_json_and_exec(capsys, monkeypatch, sglang_tree):
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
     assert serve.main(["--dry-run", "--json", "--port", "32000"]) == 0
     rep = json.loads(capsys.readouterr().out)
-    assert _opt(rep["argv"], "--port") == "32000" and rep["env"]["NCCL_MIN_NCHANNELS"] == "8"
-    assert any("topology unknown" in n for n in rep["notes"])
+    assert _opt(rep["argv"], "--port") == "32000" and rep["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert rep["pcie_defaults"]["lines"] and "env_file" not in rep
 
     seen = {}
 
@@ -221,8 +227,9 @@ def test_dry_run_json_and_exec(capsys, monkeypatch, tmp_path, sglang_tree):
     with pytest.raises(SystemExit):
         serve.main(["--port", "32000"])
     assert seen["path"] == seen["argv"][0] == sys.executable
-    assert seen["argv"] == rep["argv"] and seen["env"]["NCCL_MIN_NCHANNELS"] == "8"
-    assert "export NCCL_MIN_NCHANNELS=8" in capsys.readouterr().err  # says what it applied
+    assert seen["argv"] == rep["argv"] and seen["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    err = capsys.readouterr().err
+    assert "export CUDA_DEVICE_ORDER=PCI_BUS_ID" in err and "when it starts" in err  # says what it applied
 
 
 def test_unknown_serve_option_points_to_the_separator(sglang_tree):
@@ -231,12 +238,17 @@ def test_unknown_serve_option_points_to_the_separator(sglang_tree):
 
 
 def test_check_runs_the_doctor(monkeypatch):
-    from scripts import doctor
-
     got = {}
-    monkeypatch.setattr(doctor, "main", lambda argv: got.setdefault("argv", argv) and 7)
-    assert serve.main(["--check"]) == 7
-    assert got["argv"][:2] == ["--tp", "8"]
+
+    def fake_exec(path, argv, env):
+        got.update(argv=argv, env=env)
+        raise SystemExit(7)
+
+    monkeypatch.setattr(os, "execve", fake_exec)
+    with pytest.raises(SystemExit):
+        serve.main(["--check"])
+    assert got["argv"][1:3] == ["-m", "scripts.host.doctor"] and got["argv"][3:5] == ["--tp", "8"]
+    assert str(ROOT) in got["env"]["PYTHONPATH"].split(os.pathsep)
 
 
 def _entry(tmp_path, *args) -> subprocess.CompletedProcess:

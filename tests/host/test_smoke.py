@@ -1,4 +1,4 @@
-"""scripts/smoke.py: the import smoke check the image build runs after applying the series.
+"""scripts/host/smoke.py: the import smoke check the image build runs after applying the series.
 
 Synthetic series (real `git format-patch` files and a pin) applied with the real apply core to a small fake sglang
 package keep these fast; tests/test_image.py runs the same verb against the real wheel.
@@ -13,11 +13,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scripts import smoke
-from scripts.lib import gitutil
-from scripts.lib.pin import dump_pin, expected_blobs, load_pin, parse_patch
+from scripts.host import smoke
+from scripts.lib import git
+from scripts.series.patchfile import expected_blobs, parse_patch
+from scripts.series.pin import load_pin, write_pin
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
 
 FAKE_BASE = {
@@ -37,27 +38,27 @@ def make_series(tmp: Path, base: dict[str, str], changes: list[tuple[str, dict[s
     result of each (subject, {repo path: new text}) commit in order. Blob ids come from the patches themselves."""
     repo = tmp / "series-src"
     repo.mkdir(parents=True)
-    gitutil.git(repo, "init", "-q", "-b", "main")
+    git.git(repo, "init", "-q", "-b", "main")
     for path, text in base.items():
         (repo / path).parent.mkdir(parents=True, exist_ok=True)
         (repo / path).write_text(text)
-    gitutil.git(repo, "add", "-A")
-    gitutil.git(repo, "commit", "-q", "-m", "base", fixed_date=True)
+    git.git(repo, "add", "-A")
+    git.git(repo, "commit", "-q", "-m", "base", fixed_date=True)
     for subject, files in changes:
         for path, text in files.items():
             (repo / path).parent.mkdir(parents=True, exist_ok=True)
             (repo / path).write_text(text)
-        gitutil.git(repo, "add", "-A")
-        gitutil.git(repo, "commit", "-q", "-m", subject, fixed_date=True)
+        git.git(repo, "add", "-A")
+        git.git(repo, "commit", "-q", "-m", subject, fixed_date=True)
     pdir = tmp / "patches"
     pdir.mkdir()
-    gitutil.git(repo, "format-patch", "-q", "--full-index", "--no-signature", "-o", str(pdir),
+    git.git(repo, "format-patch", "-q", "--full-index", "--no-signature", "-o", str(pdir),
                 f"HEAD~{len(changes)}")
     names = sorted(p.name for p in pdir.glob("*.patch"))
     (pdir / "series").write_text("".join(n + "\n" for n in names))
     b, f = expected_blobs([parse_patch(pdir / n) for n in names])
     pin = dataclasses.replace(load_pin(), patches_dir=pdir, base_blobs=b, patched_blobs=f, image_digest=digest)
-    (pdir / "pin.toml").write_text(dump_pin(pin))
+    write_pin(pin, pdir / "pin.toml")
     return pdir
 
 
@@ -71,10 +72,10 @@ def fake_site(tmp: Path, base: dict[str, str] = FAKE_BASE) -> Path:
     return site
 
 
-def run_verb(verb: str, *args: str, site: Path | None = None) -> subprocess.CompletedProcess:
+def run_verb(module: str, *args: str, site: Path | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
-    return subprocess.run([PY, "-m", f"scripts.{verb}", *args], cwd=ROOT, capture_output=True, text=True, env=env,
+    return subprocess.run([PY, "-m", f"scripts.{module}", *args], cwd=ROOT, capture_output=True, text=True, env=env,
                           timeout=300)
 
 
@@ -82,7 +83,7 @@ def applied_fake(tmp: Path, comm_text: str) -> tuple[Path, Path]:
     pdir = make_series(tmp, FAKE_BASE, [("patch comm", {"python/sglang/srt/layers/comm.py": comm_text,
                                                          "python/sglang/srt/kernels.cu": "// changed\n"})])
     site = fake_site(tmp)
-    cp = run_verb("apply", "--site-packages", str(site), "--patches-dir", str(pdir))
+    cp = run_verb("series.apply", "--site-packages", str(site), "--patches-dir", str(pdir))
     assert cp.returncode == 0, cp.stderr
     return pdir, site
 
@@ -108,7 +109,7 @@ def test_plan_follows_the_series(tmp_path):
 
 def test_smoke_passes_on_a_patched_package(tmp_path):
     pdir, site = applied_fake(tmp_path, "def all_reduce(x):\n    return x * 1\n")
-    cp = run_verb("smoke", "--site-packages", str(site), "--patches-dir", str(pdir), "--json")
+    cp = run_verb("host.smoke", "--site-packages", str(site), "--patches-dir", str(pdir), "--json")
     rep = json.loads(cp.stdout)
     assert cp.returncode == 0 and rep["ok"], cp.stdout + cp.stderr
     mods = {r["module"]: r["status"] for r in rep["modules"]}
@@ -119,7 +120,7 @@ def test_smoke_passes_on_a_patched_package(tmp_path):
 
 def test_smoke_fails_on_a_module_that_does_not_import(tmp_path):
     pdir, site = applied_fake(tmp_path, "def all_reduce(x):\n    return x +\n")  # syntax error from the patch
-    cp = run_verb("smoke", "--site-packages", str(site), "--patches-dir", str(pdir))
+    cp = run_verb("host.smoke", "--site-packages", str(site), "--patches-dir", str(pdir))
     assert cp.returncode == 1
     assert "FAIL  sglang.srt.layers.comm" in cp.stdout and "SyntaxError" in cp.stdout
 
@@ -127,18 +128,19 @@ def test_smoke_fails_on_a_module_that_does_not_import(tmp_path):
 def test_smoke_refuses_an_unpatched_or_foreign_tree(tmp_path):
     pdir = make_series(tmp_path, FAKE_BASE, [("p", {"python/sglang/srt/layers/comm.py": "X = 1\n"})])
     site = fake_site(tmp_path)
-    cp = run_verb("smoke", "--site-packages", str(site), "--patches-dir", str(pdir))
+    cp = run_verb("host.smoke", "--site-packages", str(site), "--patches-dir", str(pdir))
     assert cp.returncode == 1 and "was not applied" in cp.stdout
     (site / "sglang" / "_patchset.json").write_text(json.dumps({"patchset": "0123456789ab"}))
-    cp = run_verb("smoke", "--site-packages", str(site), "--patches-dir", str(pdir))
+    cp = run_verb("host.smoke", "--site-packages", str(site), "--patches-dir", str(pdir))
     assert cp.returncode == 1 and "holds patch set 0123456789ab" in cp.stdout
 
 
 def test_expect_patchset_guards_stale_build_args(tmp_path):
     pdir, site = applied_fake(tmp_path, "X = 3\n")
     pid, _ = smoke.plan(pdir)
-    ok = run_verb("smoke", "--site-packages", str(site), "--patches-dir", str(pdir), "--expect-patchset", pid)
-    bad = run_verb("smoke", "--site-packages", str(site), "--patches-dir", str(pdir), "--expect-patchset", "ffffffffffff")
+    ok = run_verb("host.smoke", "--site-packages", str(site), "--patches-dir", str(pdir), "--expect-patchset", pid)
+    bad = run_verb("host.smoke", "--site-packages", str(site), "--patches-dir", str(pdir), "--expect-patchset",
+                   "ffffffffffff")
     assert ok.returncode == 0, ok.stdout
     assert bad.returncode == 1 and "stale build argument" in bad.stdout
 
@@ -146,15 +148,15 @@ def test_expect_patchset_guards_stale_build_args(tmp_path):
 def test_no_driver_tolerance_is_narrow(tmp_path):
     no_driver = "raise OSError('libcuda.so.1: cannot open shared object file: No such file or directory')\n"
     pdir, site = applied_fake(tmp_path, no_driver)
-    strict = run_verb("smoke", "--site-packages", str(site), "--patches-dir", str(pdir))
-    lenient = run_verb("smoke", "--site-packages", str(site), "--patches-dir", str(pdir), "--tolerate-no-driver")
+    strict = run_verb("host.smoke", "--site-packages", str(site), "--patches-dir", str(pdir))
+    lenient = run_verb("host.smoke", "--site-packages", str(site), "--patches-dir", str(pdir), "--tolerate-no-driver")
     assert strict.returncode == 1 and "FAIL  sglang.srt.layers.comm" in strict.stdout
     assert lenient.returncode == 0 and "needs the NVIDIA driver" in lenient.stdout
 
 
 def test_no_driver_tolerance_does_not_hide_other_errors(tmp_path):
     pdir, site = applied_fake(tmp_path, "import a_module_that_does_not_exist_anywhere\n")
-    cp = run_verb("smoke", "--site-packages", str(site), "--patches-dir", str(pdir), "--tolerate-no-driver")
+    cp = run_verb("host.smoke", "--site-packages", str(site), "--patches-dir", str(pdir), "--tolerate-no-driver")
     assert cp.returncode == 1 and "a_module_that_does_not_exist_anywhere" in cp.stdout
 
 

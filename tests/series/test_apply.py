@@ -1,4 +1,4 @@
-"""`make apply` (scripts/apply.py + scripts/lib): real git, real wheels, the real CLI in a subprocess.
+"""`make apply` (scripts/series/apply.py and its library): real git, real wheels, the real CLI in a subprocess.
 
 The wheel fallback, the clone path (against a local "upstream" repository made from the wheel's files), the
 idempotent re-apply, the refusals (dirty tree, wrong base from the 0.5.22 wheel, wrong wheel hash), a conflicting
@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from scripts.lib import gitutil
-from scripts.lib.applycore import patchset_id, read_record
-from scripts.lib.base import git_tree_from_wheel, sha256_file, unpack_wheel
-from scripts.lib.pin import NULL_BLOB, load_pin, series_patches, touched_files
+from scripts.lib import git
+from scripts.series.record import patchset_id, read_record
+from scripts.series.upstream import git_tree_from_wheel, sha256_file, unpack_wheel
+from scripts.series.patchfile import series_patches, touched_files
+from scripts.series.pin import NULL_BLOB, load_pin
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PIN = load_pin()
 PATCHES = series_patches(PIN)
 
@@ -32,25 +33,25 @@ def apply(*args, env=None, cache=None, wheel=None):
         e["SGLANG_PATCHES_CACHE"] = str(cache)
     if wheel:
         e["SGLANG_WHEEL"] = str(wheel)
-    return subprocess.run([sys.executable, "-m", "scripts.apply", *map(str, args)], cwd=ROOT, env=e,
+    return subprocess.run([sys.executable, "-m", "scripts.series.apply", *map(str, args)], cwd=ROOT, env=e,
                           capture_output=True, text=True)
 
 
 def blobs(root: Path, layout: str = "git") -> dict:
     pre = "" if layout == "git" else "python/"
-    return {f: gitutil.file_blob(root / f[len(pre):]) or NULL_BLOB for f in touched_files(PATCHES)}
+    return {f: git.file_blob(root / f[len(pre):]) or NULL_BLOB for f in touched_files(PATCHES)}
 
 
 def subjects(tree: Path) -> list[str]:
-    return gitutil.out(tree, "log", "--reverse", "--format=%s", f"{PIN.tag}..HEAD").splitlines()
+    return git.out(tree, "log", "--reverse", "--format=%s", f"{PIN.tag}..HEAD").splitlines()
 
 
 @pytest.fixture
 def base_clone(tmp_path, upstream) -> Path:
     """A clean checkout of the pinned tag from the local upstream."""
     dest = tmp_path / "checkout"
-    gitutil.git(tmp_path, "clone", "-q", "--branch", PIN.tag, str(upstream), str(dest))
-    gitutil.git(dest, "checkout", "-q", "-b", "work")
+    git.git(tmp_path, "clone", "-q", "--branch", PIN.tag, str(upstream), str(dest))
+    git.git(dest, "checkout", "-q", "-b", "work")
     return dest
 
 
@@ -59,9 +60,9 @@ def test_apply_from_wheel_builds_the_patched_tree(tmp_path, wheel_0523):
     cp = apply("--dest", dest, "--source", "wheel", cache=tmp_path / "cache", wheel=wheel_0523)
     assert cp.returncode == 0, cp.stderr
     assert subjects(dest) == [p.subject for p in PATCHES]
-    base = gitutil.out(dest, "rev-list", "--max-parents=0", "HEAD")
-    assert gitutil.out(dest, "rev-parse", f"{PIN.tag}^{{commit}}") == base  # one base commit, tagged
-    assert gitutil.status_porcelain(dest) == ""
+    base = git.out(dest, "rev-list", "--max-parents=0", "HEAD")
+    assert git.out(dest, "rev-parse", f"{PIN.tag}^{{commit}}") == base  # one base commit, tagged
+    assert git.status_porcelain(dest) == ""
     assert blobs(dest) == PIN.patched_blobs
     rec = read_record(dest / "python" / "sglang")
     assert rec["patchset"] == patchset_id(PATCHES) and rec["base"]["source"] == "wheel"
@@ -82,7 +83,7 @@ def test_apply_clone_path_records_the_commit_it_got(tmp_path, upstream):
     dest = tmp_path / "sglang"
     cp = apply("--dest", dest, "--source", "clone", cache=tmp_path / "cache", env={"SGLANG_REPO": f"file://{upstream}"})
     assert cp.returncode == 0, cp.stderr
-    tag_commit = gitutil.out(upstream, "rev-parse", f"{PIN.tag}^{{commit}}")
+    tag_commit = git.out(upstream, "rev-parse", f"{PIN.tag}^{{commit}}")
     rec = read_record(dest / "python" / "sglang")
     assert rec["base"] == {**rec["base"], "source": "clone", "commit": tag_commit, "tag": PIN.tag}
     assert tag_commit in cp.stderr
@@ -92,10 +93,10 @@ def test_apply_clone_path_records_the_commit_it_got(tmp_path, upstream):
 def test_apply_is_idempotent(base_clone):
     first = apply("--src", base_clone)
     assert first.returncode == 0, first.stderr
-    head = gitutil.out(base_clone, "rev-parse", "HEAD")
+    head = git.out(base_clone, "rev-parse", "HEAD")
     again = apply("--src", base_clone)
     assert again.returncode == 0 and "already has the" in again.stderr
-    assert gitutil.out(base_clone, "rev-parse", "HEAD") == head
+    assert git.out(base_clone, "rev-parse", "HEAD") == head
 
 
 def test_apply_refuses_a_dirty_tree(base_clone):
@@ -105,7 +106,7 @@ def test_apply_refuses_a_dirty_tree(base_clone):
     assert cp.returncode == 2
     assert "uncommitted changes" in cp.stderr and "git stash" in cp.stderr
     assert target.read_text().endswith("# local edit\n")
-    assert gitutil.out(base_clone, "rev-parse", "HEAD") == gitutil.out(base_clone, "rev-parse", f"{PIN.tag}^{{commit}}")
+    assert git.out(base_clone, "rev-parse", "HEAD") == git.out(base_clone, "rev-parse", f"{PIN.tag}^{{commit}}")
 
 
 def _broken_series(tmp_path: Path, index: int) -> Path:
@@ -124,13 +125,13 @@ def _broken_series(tmp_path: Path, index: int) -> Path:
 def test_apply_conflict_aborts_and_names_patch_and_file(tmp_path, base_clone):
     broken = PATCHES[4]
     d = _broken_series(tmp_path, 4)
-    head = gitutil.out(base_clone, "rev-parse", "HEAD")
+    head = git.out(base_clone, "rev-parse", "HEAD")
     cp = apply("--src", base_clone, "--patches-dir", d)
     assert cp.returncode == 3, cp.stderr
     assert broken.path.name in cp.stderr
     assert any(f in cp.stderr for f in broken.files)
-    assert gitutil.out(base_clone, "rev-parse", "HEAD") == head
-    assert gitutil.status_porcelain(base_clone) == ""
+    assert git.out(base_clone, "rev-parse", "HEAD") == head
+    assert git.status_porcelain(base_clone) == ""
     assert not (base_clone / ".git" / "rebase-apply").exists()
     assert blobs(base_clone) == PIN.base_blobs
 
@@ -145,7 +146,7 @@ def test_apply_refuses_the_wrong_release(tmp_path, wheel_0522):
     assert "not the pinned base" in cp.stderr and "SGLang 0.5.23" in cp.stderr
     assert "says it is SGLang 0.5.22" in cp.stderr
     assert any(f in cp.stderr for f in touched_files(PATCHES))
-    assert blobs(tree) == before and gitutil.status_porcelain(tree) == ""
+    assert blobs(tree) == before and git.status_porcelain(tree) == ""
 
 
 def test_apply_refuses_a_wheel_with_the_wrong_hash(tmp_path, wheel_0522):

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from scripts.check_patches import lint
-from scripts.lib import gitutil
-from scripts.lib.pin import load_pin, series_patches
+from scripts.series.lint import lint
+from scripts.lib import git
+from scripts.series.patchfile import series_patches
+from scripts.series.pin import load_pin
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PIN = load_pin()
 PATCHES = series_patches(PIN)
 
@@ -24,7 +25,7 @@ def run(verb, *args, cache, wheel=None):  # cache: base_cache unless a test need
     env = {**os.environ, "SGLANG_PATCHES_CACHE": str(cache), "SGLANG_BASE": "wheel"}
     if wheel:
         env["SGLANG_WHEEL"] = str(wheel)
-    return subprocess.run([sys.executable, "-m", f"scripts.{verb}", *map(str, args)], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", f"scripts.series.{verb}", *map(str, args)], cwd=ROOT, env=env,
                           capture_output=True, text=True)
 
 
@@ -87,7 +88,7 @@ def test_export_regenerates_the_series_from_commits(tmp_path, base_cache, patche
                wheel=wheel_0523).returncode == 0
     f = tree / "python/sglang/srt/environ.py"
     f.write_text(f.read_text() + "\n")
-    gitutil.git(tree, "commit", "-qam", "environ: trailing newline\n\nWhy: test\n\nMeasured: -\n\n"
+    git.git(tree, "commit", "-qam", "environ: trailing newline\n\nWhy: test\n\nMeasured: -\n\n"
                 "Upstream-Status: Inappropriate (test)\nRetire-When: never")
     cp = run("export", "--tree", tree, "--patches-dir", patches, cache=base_cache)
     assert cp.returncode == 0, cp.stderr
@@ -95,7 +96,7 @@ def test_export_regenerates_the_series_from_commits(tmp_path, base_cache, patche
     assert names[:-1] == [p.path.name for p in PATCHES]
     assert names[-1] == "environ-trailing-newline.patch"
     new_pin = load_pin(patches)
-    assert new_pin.patched_blobs["python/sglang/srt/environ.py"] == gitutil.file_blob(f)
+    assert new_pin.patched_blobs["python/sglang/srt/environ.py"] == git.file_blob(f)
     assert lint(patches) == []
 
 
@@ -110,9 +111,9 @@ def test_refresh_reports_each_patch(tmp_path, base_cache, wheel_0522):
     statuses = {s for _, s in rows}
     assert statuses <= {"clean", "3-way", "conflict"}
     assert cp.returncode == (1 if "conflict" in statuses else 0)
-    applied = gitutil.out(dest, "log", "--format=%s", "v0.5.22..HEAD").splitlines()
+    applied = git.out(dest, "log", "--format=%s", "v0.5.22..HEAD").splitlines()
     assert len(applied) == sum(s != "conflict" for _, s in rows)
-    assert gitutil.status_porcelain(dest) == ""
+    assert git.status_porcelain(dest) == ""
 
 
 def test_refresh_to_the_same_release_is_clean(tmp_path, base_cache, wheel_0523, patches):
