@@ -1,17 +1,21 @@
 """`make image`: the serving image, docker/Dockerfile built FROM the pinned upstream SGLang image.
 
-  python -m scripts.image --tag NAME:TAG     lint (hadolint, if found), then docker build
-  python -m scripts.image --dry-run          print the docker build command (build args, labels), build nothing
-  python -m scripts.image --lint-only        hadolint docker/Dockerfile (make lint-docker; CI)
-  python -m scripts.image --site-packages-of python3
-                                             print the directory holding that interpreter's sglang/ (used by a
-                                             RUN step of the Dockerfile; finds it without importing sglang)
+  python -m scripts.host.image [--tag NAME:TAG]   lint (hadolint, if found), then docker build
+  python -m scripts.host.image --dry-run          print the exact docker build command, build nothing
+                                                  (make image DRY_RUN=1)
+  python -m scripts.host.image --lint-only        hadolint docker/Dockerfile (make lint-docker; CI)
+  python -m scripts.host.image --site-packages-of python3
+                                                  print the directory holding that interpreter's sglang/ (found
+                                                  without importing sglang)
 
-The FROM reference is name:tag@digest from patches/pin.toml [image]. An empty digest builds from the tag, which
-can change under you; this says so every time and prints how to pin it. The build context is a small directory
-(build/image-context: scripts/, patches/, docker/), not the repository (which holds build/ and .venv/).
+Everything release-specific comes from patches/pin.toml: the FROM reference is name:tag@digest of [image], and the
+default tag of the image built is eagle-fast-verify/sglang:<the pinned tag>. An empty digest builds from the tag,
+which can change under you; this says so every time and prints how to pin it. The build context is a small
+directory (build/image-context: scripts/, patches/, docker/), not the repository (which holds build/ and .venv/).
 Labels: OCI (org.opencontainers.image.*) and the project's patch set id and patch file names, passed both as
 build arguments (the Dockerfile's LABEL) and as --label.
+Exit status: 0 built (or printed, or lint clean); 1 hadolint found problems (--lint-only); 2 a problem named with
+its fix (no docker client or daemon, a malformed digest, hadolint problems before a build, docker build failed).
 """
 
 from __future__ import annotations
@@ -148,7 +152,7 @@ def lint(hadolint: str | None, dockerfile: Path = DOCKERFILE) -> int:
     return res.returncode or 1
 
 
-def build(cmd: list[str], docker: str, context: Path, tag: str) -> None:
+def build(cmd: list[str], docker: str, context: Path) -> None:
     """Lint, check the docker client and daemon, assemble the context, run docker build; UserError on a failure."""
     hl = hadolint_path()
     if hl is None:
@@ -200,7 +204,7 @@ def main(argv=None) -> int:
         print(shlex.join(cmd))
         return 0
     say(f"building {tag} FROM {ref} with patch set {args['PATCHSET']}")
-    build(cmd, a.docker, a.context, tag)
+    build(cmd, a.docker, a.context)
     say(f"built {tag}; try: docker run --rm {tag} serve --dry-run")
     return 0
 

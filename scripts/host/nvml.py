@@ -24,7 +24,7 @@ def _ask(nvml, fn: str, *args):
     """One NVML query; None when this driver or GPU does not answer it."""
     try:
         return getattr(nvml, fn)(*args)
-    except (nvml.NVMLError, AttributeError):
+    except Exception:  # noqa: BLE001 - NVMLError, a pynvml without this call, an old driver: not reported
         return None
 
 

@@ -40,7 +40,8 @@ def stale_copies(pin: Pin, dockerfile: Path = DOCKERFILE) -> list[str]:
     if not _applies(pin) or not dockerfile.is_file():
         return []
     text = dockerfile.read_text()
-    return [f"{dockerfile.relative_to(REPO_ROOT)}: ARG {k} is not {v!r} as in patches/pin.toml"
+    shown = dockerfile.relative_to(REPO_ROOT) if dockerfile.is_relative_to(REPO_ROOT) else dockerfile
+    return [f"{shown}: ARG {k} is not {v!r} as in patches/pin.toml"
             for k, v in dockerfile_args(pin).items() if not re.search(rf"^ARG {k}={re.escape(v)}$", text, re.M)]
 
 

@@ -17,6 +17,9 @@ from scripts.series.patchfile import series_patches
 from scripts.series.pin import load_pin
 
 ROOT = Path(__file__).resolve().parents[2]
+AUTHOR = "Test Author <test.author@example.org>"
+HEADERS = ("Upstream-Status: Inappropriate [test only]\nForwarded: not-needed\nOrigin: vendor\n"
+           "Last-Update: 2026-01-01\nRetire-When: never")
 PIN = load_pin()
 PATCHES = series_patches(PIN)
 
@@ -88,8 +91,8 @@ def test_export_regenerates_the_series_from_commits(tmp_path, base_cache, patche
                wheel=wheel_0523).returncode == 0
     f = tree / "python/sglang/srt/environ.py"
     f.write_text(f.read_text() + "\n")
-    git.git(tree, "commit", "-qam", "environ: trailing newline\n\nWhy: test\n\nMeasured: -\n\n"
-                "Upstream-Status: Inappropriate (test)\nRetire-When: never")
+    git.git(tree, "commit", "-qam", "environ: trailing newline\n\nWhy: test\n\nMeasured: -\n\n" + HEADERS,
+            "--author", AUTHOR)
     cp = run("export", "--tree", tree, "--patches-dir", patches, cache=base_cache)
     assert cp.returncode == 0, cp.stderr
     names = [p.name for p in load_pin(patches).series()]
