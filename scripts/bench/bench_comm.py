@@ -198,7 +198,8 @@ def measure(a: argparse.Namespace, vmap: dict, world: int, meta: dict) -> list[d
             say(f"variant {name} failed: {res['error'].strip().splitlines()[-1] if res['error'].strip() else '?'}")
         if "meta" in res:
             meta.setdefault("per_variant", {})[name] = {**res["meta"], "seconds": res.get("seconds")}
-        say(f"[{i}/{len(vmap)}] variant {name} done ({res.get('seconds', 0):.0f}s; {time.monotonic() - t_all:.0f}s total)")
+        say(f"[{i}/{len(vmap)}] variant {name} done ({res.get('seconds', 0):.0f}s; "
+            f"{time.monotonic() - t_all:.0f}s total)")
     return records
 
 
@@ -211,8 +212,10 @@ def main(argv=None) -> int:
         plot(result, a.plot.with_suffix(".png"))
         say(f"plot: {a.plot.with_suffix('.png')}")
         return 0
-    meta: dict = {"command": "python -m scripts.bench.bench_comm " + shlex.join(sys.argv[1:] if argv is None else argv),
-                  "git_rev": revision(short=True)[0], "utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ"),
+    given = sys.argv[1:] if argv is None else argv
+    meta: dict = {"command": "python -m scripts.bench.bench_comm " + shlex.join(given),
+                  "git_rev": revision(short=True)[0],
+                  "utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ"),
                   "host": platform.node(), "python": platform.python_version(), "layers": a.layers,
                   "inherited_nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}}
     meta["world"] = world = machine(a, meta)

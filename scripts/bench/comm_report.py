@@ -122,7 +122,8 @@ def _fused_table(fused: list[dict]) -> list[str]:
     for r in fused:
         by.setdefault((r["impl"], r["rows"]), {})[r["mode"]] = r["us_per_call"]
     for (impl, rows), m in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        lines.append(f"  {impl:<32}{rows:>6}{_f(m.get('eager_single')):>9}{_f(m.get('eager')):>9}{_f(m.get('graph')):>9}")
+        cells = "".join(f"{_f(m.get(mode)):>9}" for mode in ("eager_single", "eager", "graph"))
+        lines.append(f"  {impl:<32}{rows:>6}{cells}")
     return lines
 
 

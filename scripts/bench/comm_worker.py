@@ -212,15 +212,16 @@ class RankSession:
 
             eager_one, eager_chain, graph_chain = self.measure(
                 one, many, chain, kind="allreduce", impl="nccl", rows=rows, bytes=rows * HIDDEN * 2, **err)
+            graph_call = (graph_chain or float("nan")) / chain
             _log(self.rank, f"{self.variant}: nccl all-reduce {rows} rows: {eager_one:.1f} us single, "
-                            f"{eager_chain / chain:.1f} eager, {(graph_chain or float('nan')) / chain:.1f} graph per call")
+                            f"{eager_chain / chain:.1f} eager, {graph_call:.1f} graph per call")
 
     def fused_sizes(self) -> None:
         """FlashInfer trtllm all-reduce + residual + RMSNorm vs NCCL all-reduce + fused add-RMSNorm."""
         if self.fi is None:
             self.rec(kind="fused", impl="fi_trtllm", skipped=self.fi_reason)
             return
-        torch, dist, fic = self.torch, self.dist, self.fi
+        torch, fic = self.torch, self.fi
         max_rows = max(self.cfg["rows"])
         t0 = time.perf_counter()
         ws = fic.create_allreduce_fusion_workspace(backend="trtllm", world_size=self.world, rank=self.rank,
@@ -229,7 +230,6 @@ class RankSession:
         self.rec(kind="workspace", impl="fi_trtllm", seconds=time.perf_counter() - t0)
         gamma = self.randn(HIDDEN, scale=0.5, seed=7) + 1.0
         pattern = fic.AllReduceFusionPattern.kARResidualRMSNorm
-        chain = self.cfg["chain"]
 
         def fused(x, res_in, res_out, norm_out, trigger):
             fic.allreduce_fusion(input=x, workspace=ws, pattern=pattern, launch_with_pdl=True,

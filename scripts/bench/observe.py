@@ -291,7 +291,8 @@ def patchset_of_python(python: str) -> dict:
 def patchset_of_image(image: str) -> dict:
     res = proc.run(["docker", "image", "inspect", "--format", "{{json .Config.Labels}}", image], timeout=60)
     if not res.ok:
-        return {"patchset": "unknown", "detail": f"docker image inspect {image}: {(res.stderr.strip() or res.why)[-200:]}"}
+        why = (res.stderr.strip() or res.why)[-200:]
+        return {"patchset": "unknown", "detail": f"docker image inspect {image}: {why}"}
     try:
         labels = json.loads(res.stdout) or {}
     except ValueError:

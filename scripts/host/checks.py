@@ -297,7 +297,8 @@ def nccl_version(f: Facts) -> list[Finding]:
     src = f"torch {info['torch']}" if info.get("nccl") else f"{info.get('dist')} (package metadata)"
     bad = KNOWN_BAD_NCCL.get(version)
     if not bad:
-        return [Finding("nccl.version", "ok", f"NCCL {version} ({src}); known-bad releases: {', '.join(KNOWN_BAD_NCCL)}")]
+        return [Finding("nccl.version", "ok",
+                        f"NCCL {version} ({src}); known-bad releases: {', '.join(KNOWN_BAD_NCCL)}")]
     if f.env.get("NCCL_P2P_DISABLE", "") in ("1", "true", "True"):
         return [Finding("nccl.version", "warn", f"NCCL {version} ({src}) {bad}; NCCL_P2P_DISABLE=1 is set, which "
                         "avoids the hang at the cost of single-stream speed", "use an image with another NCCL release")]

@@ -164,7 +164,8 @@ def summary(f: Facts) -> dict:
     if f.get("uvm-hmm").ok:
         out["uvm_disable_hmm"] = f.get("uvm-hmm").text.strip()
     if f.get("cmdline").ok:
-        out["cmdline_iommu"] = [t for t in f.get("cmdline").text.split() if "iommu" in t or t.startswith("pcie_port_pm")]
+        out["cmdline_iommu"] = [t for t in f.get("cmdline").text.split()
+                                if "iommu" in t or t.startswith("pcie_port_pm")]
     info = f.nccl_info()
     out["nccl"] = info.get("nccl") or info.get("dist_version") or "unknown"
     d = f.disk()

@@ -393,7 +393,8 @@ def run_doctor(profile: Profile, python: str) -> int:
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     own, extra = split_extra(argv)
-    ap = argparse.ArgumentParser(prog="serve", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="serve", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", default=DEFAULT_PROFILE, help=f"profile name in docker/profiles or a .toml path "
                                                               f"(default {DEFAULT_PROFILE})")
     ap.add_argument("--draft-model", help="EAGLE-3 draft model (HF repo id or local path); fills {draft_model}")
@@ -417,8 +418,9 @@ def main(argv=None) -> int:
         return run_doctor(profile, a.python)
     a.python = shutil.which(a.python) or a.python
     index, why = load_flag_index()
+    here = os.path.realpath(a.python) == os.path.realpath(sys.executable)  # the launcher can be asked in-process
     plan = build_plan(profile, model=a.model, draft_model=a.draft_model, port=a.port, extra=extra, python=a.python,
-                      index=index, ask_launcher=a.dry_run and os.path.realpath(a.python) == os.path.realpath(sys.executable))
+                      index=index, ask_launcher=a.dry_run and here)
     if not index.known:
         plan.notes.append(f"sglang's parser is not importable here ({why}); flags were not checked and are "
                           f"matched by exact name only")

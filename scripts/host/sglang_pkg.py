@@ -32,7 +32,8 @@ def site_packages_of(python: str = sys.executable) -> Path:
 
 
 def patch_record(python: str = sys.executable) -> dict:
-    """What `python`'s sglang says about its patches: {patchset, patches, sglang} or {patchset: none|unknown, detail}."""
+    """What `python`'s sglang says about its patches: {patchset, patches, sglang}, or {patchset: none|unknown,
+    detail}."""
     pkg, why = find_sglang(python)
     if pkg is None:
         return {"patchset": "unknown", "detail": why}

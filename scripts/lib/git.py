@@ -45,7 +45,8 @@ def git(repo: Path, *args: str, check: bool = True, fixed_date: bool = False, in
         timeout: float | None = TIMEOUT, env: dict[str, str] | None = None) -> proc.Result:
     res = proc.run(["git", "-C", str(repo), *args], env=env or git_env(fixed_date), input=input, timeout=timeout)
     if check and not res.ok:
-        raise UserError(f"git {' '.join(args)} failed in {repo}:\n{res.stderr.strip() or res.stdout.strip() or res.why}")
+        said = res.stderr.strip() or res.stdout.strip() or res.why
+        raise UserError(f"git {' '.join(args)} failed in {repo}:\n{said}")
     return res
 
 

@@ -94,7 +94,7 @@ def pin_blobs(s: Series) -> list[str]:
 
 @lint_check("pin-copies")
 def pin_copies(s: Series) -> list[str]:
-    return [f"{c}: run make refresh WRITE=1 (or python -m scripts.series.refresh --sync) to rewrite it from the pin"
+    return [f"{c}: run make refresh SYNC=1 to rewrite it from the pin"
             for c in stale_copies(s.pin)]
 
 

@@ -155,7 +155,8 @@ def apply_git(repo: Path, pin: Pin, base: dict | None = None) -> str:
         raise ConflictError(
             f"patch {name} does not apply to {repo}: conflict in {', '.join(files) or '(see git output)'}.\n"
             f"The tree is back at {orig[:12]}, unchanged. Refresh the patch against {pin.tag} "
-            f"(make refresh) or fix it in build/sglang and `make export`.\n--- git am said:\n{res.output.strip()[-2000:]}")
+            f"(make refresh) or fix it in build/sglang and `make export`.\n"
+            f"--- git am said:\n{res.output.strip()[-2000:]}")
     _check_result(layout, pin, patches)
     rec = make_record(pin, patches, "git", base or {"source": "checkout", "commit": orig}, head=git.head(repo))
     write_record(layout.pkg_dir, rec)
