@@ -121,7 +121,8 @@ def test_hidden_size_defined_once():
 def test_nothing_names_a_path_outside_the_repository():
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
     docs_and_code = [f for f in tracked if re.search(r"(\.(py|md|toml|sh|in|txt|cfg|ini)|Makefile|Dockerfile|"
-                                                      r"entrypoint|\.ci/run)$", f) and not f.startswith("tests/fixtures/")]
+                                                      r"entrypoint|\.ci/run)$", f)
+                     and not f.startswith("tests/fixtures/") and f != "tests/test_layout.py"]
     bad = []
     for f in docs_and_code:
         for n, line in enumerate((ROOT / f).read_text(errors="replace").splitlines(), 1):

@@ -35,7 +35,7 @@ PYTEST_TIMEOUT = 3600.0
 def base_tree(pin, dest: Path) -> Path:
     """A pristine tree of the pinned base at dest (made once from the base cache; refreshed if touched)."""
     if dest.exists() and git.is_repo(dest):
-        head = git.out(dest, "rev-parse", "HEAD")
+        head = git.head(dest)
         tag = git.out(dest, "rev-parse", f"{pin.tag}^{{commit}}")
         if head == tag and not git.status_porcelain(dest):
             return dest

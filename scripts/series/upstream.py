@@ -155,7 +155,7 @@ def git_tree_from_wheel(wheel: Path, dest: Path, tag: str, sha256: str) -> str:
            f"The wheel's sglang/ is the repository's python/sglang/ (upstream layout).\n")
     git.git(dest, "commit", "-q", "-m", msg, fixed_date=True)
     git.git(dest, "tag", tag)
-    return git.out(dest, "rev-parse", "HEAD")
+    return git.head(dest)
 
 
 def base_cache_path(tag: str, cache_dir: Path = CACHE_DIR) -> Path:
@@ -185,7 +185,7 @@ def _clone_tag(repository: str, tag: str, work: Path) -> dict:
         raise UserError(f"git clone of {repository} at {tag} failed ({res.why}). Without GitHub, "
                         f"use SGLANG_BASE=wheel (the pinned PyPI wheel).")
     add_excludes(work)
-    commit = git.out(work, "rev-parse", "HEAD")
+    commit = git.head(work)
     git.git(work, "tag", "-f", tag)
     say(f"the clone of {tag} is commit {commit}")
     return {"source": "clone", "repository": repository, "tag": tag, "commit": commit}
