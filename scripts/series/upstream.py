@@ -182,8 +182,9 @@ def _clone_tag(repository: str, tag: str, work: Path) -> dict:
     res = proc.run(["git", "clone", "--progress", "--depth", "1", "--branch", tag, repository, str(work)],
                    env=git.git_env(), timeout=NETWORK_TIMEOUT, capture=False)
     if not res.ok:
-        raise UserError(f"git clone of {repository} at {tag} failed ({res.why}). Without GitHub, "
-                        f"use SGLANG_BASE=wheel (the pinned PyPI wheel).")
+        raise UserError(f"git clone of {repository} at {tag} failed ({res.why}). Without GitHub, build the base "
+                        f"from the PyPI wheel: SGLANG_BASE=wheel for make apply, WHEEL=sglang==<version> for make "
+                        f"refresh.")
     add_excludes(work)
     commit = git.head(work)
     git.git(work, "tag", "-f", tag)
