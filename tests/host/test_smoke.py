@@ -1,7 +1,7 @@
 """scripts/host/smoke.py: the import smoke check the image build runs after applying the series.
 
 Synthetic series (real `git format-patch` files and a pin) applied with the real apply core to a small fake sglang
-package keep these fast; tests/test_image.py runs the same verb against the real wheel.
+package keep these fast; tests/host/test_image.py runs the same verb against the real wheel.
 """
 
 from __future__ import annotations
