@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,3 +130,15 @@ def test_nothing_names_a_path_outside_the_repository():
             if re.search(r"(?<![\w.])(/work/|/home/\w|\.\./shared/|/Users/)", line):
                 bad.append(f"{f}:{n}: {line.strip()[:100]}")
     assert not bad, "\n".join(bad)
+
+
+def test_the_image_verbs_need_nothing_the_upstream_image_lacks():
+    """serve, doctor, smoke, pcie_env, image and apply run on the upstream image's python3, which has no tomlkit:
+    they import (and apply --help runs) with it blocked."""
+    verbs = ["scripts.host.serve", "scripts.host.doctor", "scripts.host.smoke", "scripts.host.pcie_env",
+             "scripts.host.image", "scripts.series.apply"]
+    code = ("import sys, importlib; sys.modules['tomlkit'] = None; "
+            f"[importlib.import_module(m) for m in {verbs!r}]; "
+            "from scripts.series.apply import main; main(['--help'])")
+    cp = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0, cp.stderr[-2000:]
