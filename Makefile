@@ -1,11 +1,12 @@
-# Thin targets; the work lives in scripts/ (one module per verb). `make help` lists them.
+# Thin targets; the work lives in scripts/ (series/, host/, bench/: one module per verb). `make help` lists them.
+# Nothing here names the release: patches/pin.toml does, and the verbs read it (make image tags the image with it).
 PY        ?= python3
 VENV      ?= .venv
 VPY       := $(VENV)/bin/python
 SGLANG_SRC ?=
 SGLANG_BASE ?= auto
 PYTEST_ARGS ?=
-IMAGE     ?= eagle-fast-verify/sglang:v0.5.23
+IMAGE     ?=
 export SGLANG_BASE
 
 .PHONY: help setup apply export check-patches refresh test prove-tests image lint-docker doctor bench bench-comm docs clean
@@ -21,43 +22,43 @@ $(VENV)/.done: requirements/test.in requirements/test.lock requirements/nodeps.t
 	touch $@
 
 apply:           ## patched SGLang tree at build/sglang (or SGLANG_SRC=<checkout>); base from git or the pinned wheel
-	$(PY) -m scripts.apply $(if $(SGLANG_SRC),--src $(SGLANG_SRC)) $(if $(REBUILD),--rebuild)
+	$(PY) -m scripts.series.apply $(if $(SGLANG_SRC),--src $(SGLANG_SRC)) $(if $(REBUILD),--rebuild)
 
-export:          ## regenerate patches/ from the commits of build/sglang
-	$(PY) -m scripts.export
+export: setup    ## regenerate patches/ from the commits of build/sglang
+	$(VPY) -m scripts.series.export
 
-check-patches:   ## lint the series, apply to a pristine base, re-export, fail on any difference
-	$(PY) -m scripts.check_patches
+check-patches: setup  ## lint the series, apply to a pristine base, re-export, fail on any difference
+	$(VPY) -m scripts.series.check_patches
 
-refresh:         ## move the series to a new upstream: make refresh TO=v0.5.24 (or WHEEL=sglang==0.5.24)
-	$(PY) -m scripts.refresh $(if $(TO),--tag $(TO)) $(if $(WHEEL),--wheel $(WHEEL)) $(if $(WRITE),--write)
+refresh: setup   ## move to a new upstream: TO=v0.5.24 (or WHEEL=sglang==0.5.24 [WHEEL_FILE=f]) [WRITE=1]; SYNC=1: pin copies
+	$(VPY) -m scripts.series.refresh $(if $(TO),--tag $(TO)) $(if $(WHEEL),--wheel $(WHEEL)) $(if $(WHEEL_FILE),--wheel-file $(WHEEL_FILE)) $(if $(WRITE),--write) $(if $(SYNC),--sync)
 
 test: setup apply  ## the whole check: pytest against build/sglang, series round trip, Dockerfile lint, prove-tests
 	$(VPY) -m pytest $(PYTEST_ARGS)
-	$(PY) -m scripts.check_patches
-	$(VPY) -m scripts.image --lint-only
-	$(VPY) -m scripts.prove_tests
+	$(VPY) -m scripts.series.check_patches
+	$(VPY) -m scripts.host.image --lint-only
+	$(VPY) -m scripts.series.prove_tests
 
-prove-tests: setup apply  ## show that every patch test fails on the unpatched v0.5.23 tree
-	$(VPY) -m scripts.prove_tests
+prove-tests: setup apply  ## show that every patch test fails on the unpatched base tree
+	$(VPY) -m scripts.series.prove_tests
 
-image:           ## build the serving image (docker build) FROM the pinned upstream image
-	$(PY) -m scripts.image --tag $(IMAGE)
+image:           ## build the serving image FROM the pinned upstream image (DRY_RUN=1: print the docker build command)
+	$(PY) -m scripts.host.image $(if $(IMAGE),--tag $(IMAGE)) $(if $(DRY_RUN),--dry-run)
 
 lint-docker:     ## hadolint docker/Dockerfile
-	$(VPY) -m scripts.image --lint-only
+	$(VPY) -m scripts.host.image --lint-only
 
 doctor:          ## preflight of this box (GPUs, NVLink/P2P, NUMA, driver, NCCL, host settings)
-	$(PY) -m scripts.doctor
+	$(PY) -m scripts.host.doctor
 
 bench:           ## A/B regression benchmarks on the 8-GPU box (BENCH_ARGS="--variants ... --scenarios C1")
-	$(PY) -m scripts.bench $(BENCH_ARGS)
+	$(PY) -m scripts.bench.bench $(BENCH_ARGS)
 
 bench-comm:      ## all-reduce / verify-shaped communication benchmark on any box with >= 2 GPUs
-	$(PY) -m scripts.bench_comm $(BENCH_ARGS)
+	$(PY) -m scripts.bench.bench_comm $(BENCH_ARGS)
 
 docs:            ## regenerate the cost-model tables in eagle-fast-verify.md from bench/results
-	$(PY) -m scripts.cost_model --write
+	$(PY) -m scripts.bench.cost_model --write
 
 clean:           ## remove the trees under build/ (keeps the wheel and base cache) and .venv
 	rm -rf build/sglang build/sglang-* build/wt-* build/image-context $(VENV)

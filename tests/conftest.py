@@ -5,7 +5,7 @@ sys.path before any test module is imported. It refuses to run against a tree th
 series (stale build/sglang: run `make apply`).
 
 SGLANG_TREE=<dir> points the tests at another tree (a helper's work tree, or the pristine base when proving that
-patch tests fail without the patches: scripts/prove_tests.py); the freshness check is then skipped.
+patch tests fail without the patches: scripts/series/prove_tests.py); the freshness check is then skipped.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scripts.lib.applycore import patchset_id, read_record  # noqa: E402
-from scripts.lib.pin import load_pin, series_patches  # noqa: E402
+from scripts.series.patchfile import series_patches  # noqa: E402
+from scripts.series.pin import load_pin  # noqa: E402
+from scripts.series.record import patchset_id, read_record  # noqa: E402
 
 DEFAULT_TREE = ROOT / "build" / "sglang"
 TREE = Path(os.environ.get("SGLANG_TREE") or DEFAULT_TREE).resolve()
@@ -69,17 +70,13 @@ CACHE = ROOT / "build" / "cache"
 
 def _wheel(requirement: str) -> Path:
     """A real sglang wheel from PyPI, downloaded once into build/cache (the same cache make apply uses)."""
-    import subprocess
+    from scripts.series.upstream import download_wheel
 
     version = requirement.split("==")[1]
-    found = sorted(CACHE.glob(f"sglang-{version}-cp311-cp311-manylinux_2_34_x86_64.whl"))
-    if not found:
-        CACHE.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                        "--python-version", "3.11", "--implementation", "cp", "--platform",
-                        "manylinux_2_34_x86_64", "-d", str(CACHE), requirement], check=True)
-        found = sorted(CACHE.glob(f"sglang-{version}-*.whl"))
-    return found[0]
+    name = f"sglang-{version}-cp311-cp311-manylinux_2_34_x86_64.whl"
+    if not (CACHE / name).is_file():
+        assert download_wheel(requirement, CACHE, name, quiet=True), f"could not download {requirement}"
+    return CACHE / name
 
 
 @pytest.fixture(scope="session")
@@ -94,14 +91,14 @@ def wheel_0522() -> Path:
 
 @pytest.fixture(scope="session")
 def upstream(tmp_path_factory, wheel_0523) -> Path:
-    """A local stand-in for github.com/sgl-project/sglang: a bare repository whose tag v0.5.23 holds the
-    wheel's files under python/ (built by the same code as the wheel fallback of make apply)."""
-    from scripts.lib import gitutil
-    from scripts.lib.base import git_tree_from_wheel, sha256_file
+    """A local stand-in for the upstream repository: a bare repository whose pinned tag holds the wheel's files
+    under python/ (built by the same code as the wheel fallback of make apply)."""
+    from scripts.lib import git
+    from scripts.series.upstream import git_tree_from_wheel, sha256_file
 
     root = tmp_path_factory.mktemp("upstream")
-    git_tree_from_wheel(wheel_0523, root / "work", "v0.5.23", sha256_file(wheel_0523))
-    gitutil.git(root, "clone", "-q", "--bare", str(root / "work"), str(root / "sglang.git"))
+    git_tree_from_wheel(wheel_0523, root / "work", load_pin().tag, sha256_file(wheel_0523))
+    git.git(root, "clone", "-q", "--bare", str(root / "work"), str(root / "sglang.git"))
     return root / "sglang.git"
 
 

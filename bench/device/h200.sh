@@ -32,7 +32,7 @@ if [ "$stage" = build ]; then
     cat /proc/cmdline > /tmp/host/proc-cmdline.txt; nvcc --version > /tmp/host/nvcc-version.txt 2>&1 || true
     python3 -c "import torch;print(torch.__version__, torch.version.cuda, torch.cuda.nccl.version())" > /tmp/host/torch-nccl.txt 2>&1
     tar czf "$OUT/host-tools.tar.gz" -C /tmp host ) || true
-  python3 -m scripts.bench_comm --no-flashinfer --variants default --rows 4,8 --prefill-rows 512 --layers 4 \
+  python3 -m scripts.bench.bench_comm --no-flashinfer --variants default --rows 4,8 --prefill-rows 512 --layers 4 \
       --iters 5 --reps 3 --race-rows "" --out "$OUT/smoke.json" > "$OUT/smoke.log" 2>&1 || echo "smoke failed" >> "$OUT/smoke.log"
   wait $p1 $p2 $p3 || true
   echo "jit build wall: $(( $(date +%s) - t0 ))s"
@@ -45,5 +45,7 @@ else
   ls /tmp/fi/flashinfer/data/aot
   shift
   # EAGLE_GIT_REV: set it in the device command (`EAGLE_GIT_REV=$(git rev-parse --short HEAD)` here); no .git there
-  python3 -m scripts.bench_comm --box H200 --out "$OUT/bench-comm.json" "$@" 2>&1 | tee "$OUT/bench-comm.log"
+  # the pcie_defaults variant reads the patched launcher's NCCL defaults from a patched SGLang: carry build/sglang
+  # (make apply) and pass --sglang build/sglang/python, or drop pcie_defaults from --variants
+  python3 -m scripts.bench.bench_comm --box H200 --out "$OUT/bench-comm.json" "$@" 2>&1 | tee "$OUT/bench-comm.log"
 fi

@@ -1,4 +1,5 @@
-"""Common main() wrapper: a UserError prints its message (no traceback) and exits with its code."""
+"""Common main() wrapper: a UserError prints its message (no traceback) and exits with its code (2; 3 for a
+ConflictError, a patch that does not apply); Ctrl-C exits 130; otherwise the exit status is what main returns."""
 
 from __future__ import annotations
 

@@ -55,8 +55,11 @@ def kimi_two_nodes():
 
 
 def env_file_values() -> dict[str, str]:
-    lines = [ln for ln in ENV_FILE.read_text().splitlines() if ln and not ln.startswith("#")]
-    return dict(ln.split("=", 1) for ln in lines)
+    """The NCCL defaults as `python -m scripts.host.pcie_env` prints them: read with ast from the tree under test."""
+    import sglang
+    from scripts.host.pcie import read_defaults
+
+    return read_defaults(Path(sglang.__file__).parent)
 
 
 # PCI bus ids of an 8-GPU two-socket box: GPUs 0-3 under socket 0, 4-7 under socket 1 (sysfs spelling).

@@ -1,0 +1,449 @@
+"""`make bench`: A/B/A serving benchmarks (stock vs patched SGLang, speculation off vs EAGLE-3) at C1, C4, C16.
+
+  python -m scripts.bench.bench [--variants A,B,..] [--scenarios C1,C4] [--repeats 3] [--draft-model PATH]
+        [-- SGLANG_ARGS]   launch each variant of bench/variants.toml in turn (docker image or local
+        scripts.host.serve) and bench it
+  python -m scripts.bench.bench --server-url [NAME=]URL [--server-url NAME=URL ..] [--patchset [NAME=]ID]
+        bench servers that are already running (patch set: as declared, else "unknown")
+  python -m scripts.bench.bench --report RESULTS.jsonl   rebuild the .md/.png of a results file (and compare)
+  python -m scripts.bench.bench --dry-run | --list       print the plan and commands / the scenarios and variants
+  any of them: [--baseline [FILE]] [--write-baseline [FILE]] (FILE defaults to bench/baselines/<box>.json)
+
+Each run is SGLang's own client, `python -m sglang.benchmark.serving --backend sglang` (random-ids dataset, fixed
+seed, --tokenize-prompt: works offline), whose JSONL record is kept unchanged. The harness adds an "eagle" object:
+scenario, variant, repeat, A/B/A letter and position, the server's decode tok/s (sglang:gen_throughput from
+/metrics, or last_gen_throughput from /server_info, sampled during the measured phase), the verify-graph counter
+deltas (graph/eager forwards and eager reasons), the accept length from /metrics deltas, the server's patch set,
+git revision, box and timestamps. Results go to bench/results/<UTC time>_<git rev>_<box>.jsonl (append-only), with a
+markdown table (.md) and a plot (.png) of the same stem, and bench_serving's and the servers' output in .log files.
+
+Order: the repeats go round the variants forward then backward (A B, B A, A B, ...: --order aba), so drift over the
+session (up to ~7% on this box class) weighs on each variant alike; adjacent runs of a variant share one server.
+
+Exit status: 0 fine; 1 a regression against --baseline (tok/s median more than --max-tok-s-drop % lower, accept
+length more than --max-accept-drop lower), or an eager verify forward with --fail-on-eager; 2 a usage error;
+4 some runs produced no result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as _dt
+import json
+import re
+import shlex
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ..lib.cli import run
+from ..lib.errors import UserError
+from ..lib.progress import say
+from ..lib.repo import revision
+from . import config as cfg
+from . import report as rep
+from .client import bench_serving_cmd, resolve_client, run_bench_serving
+from .launch import Server
+from .numbers import duration, num
+from .observe import Sampler, accept_length_from_metrics, internal_state, metrics_parser, take_snapshot, verify_delta
+
+SCHEMA = "eagle-bench/1"
+EXIT_REGRESSION, EXIT_RUNS_FAILED = 1, 4
+
+
+@dataclasses.dataclass
+class RunOptions:
+    """How each bench_serving run goes (from the command line)."""
+
+    client_model: str | None
+    bench_args: list[str]
+    sample_interval: float
+    run_timeout: float
+    verbose: bool
+    order: str
+
+
+@dataclasses.dataclass
+class ReportOptions:
+    """What to compare the results with and what to write besides them."""
+
+    baseline: str | None  # "" for bench/baselines/<box>.json, None for no comparison
+    write_baseline: str | None
+    max_tok_s_drop: float | None
+    max_accept_drop: float | None
+    fail_on_eager: bool
+
+
+def utcnow() -> _dt.datetime:
+    return _dt.datetime.now(_dt.timezone.utc)
+
+
+def iso(t: _dt.datetime) -> str:
+    return t.isoformat(timespec="seconds")
+
+
+def box_name(given: str | None) -> str:
+    name = given or socket.gethostname().split(".")[0] or "box"
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "box"
+
+
+# -------------------------------------------------------------------------------------------------------------
+# one run
+
+
+def eta(durations: list[float], remaining_runs: int, launch_s: list[float], remaining_launches: int) -> str:
+    if not durations:
+        return "ETA ?"
+    s = sum(durations) / len(durations) * remaining_runs
+    if launch_s:
+        s += sum(launch_s) / len(launch_s) * remaining_launches
+    return f"ETA {duration(s)}"
+
+
+def one_line(rec: dict) -> str:
+    e = rec["eagle"]
+    m = rep.run_metrics(rec)
+    v = e.get("verify")
+    parts = [f"decode {num(m['decode_tok_s'], small=True)} tok/s", f"output {num(m['output_tok_s'], small=True)} tok/s",
+             f"TTFT {num(m['ttft_ms'], small=True)} ms", f"ITL {num(m['itl_ms'], 2)} ms",
+             f"AL {num(m['accept_length'], 3)}"]
+    if isinstance(v, dict):
+        parts.append(f"verify {v['graph']} graph / {v['eager']} eager" + (" ⚠" if v["eager"] else ""))
+    return ", ".join(parts)
+
+
+def do_run(r: cfg.Run, total: int, target: Server, patch: dict, client: tuple[str, dict, str], opts: RunOptions,
+           meta: dict, tmpdir: Path, log_path: Path) -> tuple[dict | None, str]:
+    """Run bench_serving once with the server observed around it. (record with "eagle", '') or (None, why)."""
+    py, env, _ = client
+    out = tmpdir / f"run{r.index}.jsonl"
+    tag = f"{r.scenario.name}/{r.variant.name}/r{r.repeat}"
+    cmd = bench_serving_cmd(py, target.url, r.scenario.bench_args(), out, tag, meta["tokenizer"], opts.client_model,
+                            opts.bench_args)
+    started = utcnow()
+    t0 = time.monotonic()
+    before = take_snapshot(target.url)
+    sampler = Sampler(target.url, opts.sample_interval).start()
+    try:
+        rc, rec, tail = run_bench_serving(cmd, env, out, log_path, sampler.mark_start, sampler.mark_end,
+                                          opts.run_timeout, echo=opts.verbose)
+    finally:
+        decode = sampler.stop()
+    after = take_snapshot(target.url)
+    if rc != 0 or rec is None:
+        return None, f"bench_serving exit {rc}{'' if rec else ', no record'}; its last lines:\n" + "\n".join(
+            "  | " + ln for ln in tail.splitlines()[-15:])
+    if not rec.get("completed"):
+        return None, "bench_serving completed no request (see " + str(log_path) + ")"
+    info = after.server_info or before.server_info or {}
+    rec["eagle"] = {
+        "schema": SCHEMA,
+        "scenario": r.scenario.name, "scenario_spec": r.scenario.to_dict(),
+        "variant": r.variant.name, "variant_spec": r.variant.to_dict(),
+        "letter": r.letter, "repeat": r.repeat, "round": r.round, "position": r.index, "plan_size": total,
+        "order": opts.order,
+        "server_url": target.url, "launched": target.kind != "server",
+        "speculative_algorithm": info.get("speculative_algorithm"),
+        "patchset": patch.get("patchset", "unknown"), "patches": patch.get("patches"),
+        "patchset_detail": patch.get("detail") or patch.get("image") or patch.get("sglang"),
+        "git_rev": meta["git_rev"], "git_dirty": meta["git_dirty"], "box": meta["box"],
+        "started_at": iso(started), "finished_at": iso(utcnow()), "wall_s": round(time.monotonic() - t0, 3),
+        **decode,
+        "verify": verify_delta(before, after),
+        "accept_length_metrics": accept_length_from_metrics(before, after),
+        "avg_spec_accept_length_after": internal_state(after.server_info).get("avg_spec_accept_length"),
+        "failed_requests": max(0, r.scenario.num_prompts - int(rec.get("completed") or 0)),
+        "bench_serving_cmd": cmd,
+    }
+    return rec, ""
+
+
+# -------------------------------------------------------------------------------------------------------------
+# reports
+
+
+def _compare(checks: list | None, baseline_path: Path | None) -> int:
+    """Say what the baseline comparison found; EXIT_REGRESSION when a metric regressed."""
+    if checks is None:
+        return 0
+    for c in checks:
+        if c.status in ("not run", "not measured"):
+            say(f"note: {c.scenario} / {c.variant} {rep.LABELS[c.metric]}: {c.status} (in the baseline)")
+    bad = [c for c in checks if c.status == "REGRESSION"]
+    if not bad:
+        say(f"no regression against {baseline_path} ({sum(c.status == 'ok' for c in checks)} checks)")
+        return 0
+    print(f"REGRESSION against {baseline_path} ({len(bad)}):", file=sys.stderr)
+    for c in bad:
+        print(f"  {c.line()}", file=sys.stderr)
+    return EXIT_REGRESSION
+
+
+def write_reports(records: list[dict], stem_path: Path, meta: dict, opts: ReportOptions) -> int:
+    """The .md and .png next to the results; baseline comparison and writing. Returns the exit status."""
+    rows = rep.summarize(records)
+    baseline_path = default_path(opts.baseline, meta["box"]) if opts.baseline is not None else None
+    baseline = rep.load_baseline(baseline_path) if baseline_path else None
+    th = rep.thresholds(baseline, opts.max_tok_s_drop, opts.max_accept_drop)
+    checks = rep.compare(rows, baseline, th) if baseline else None
+    md = stem_path.with_suffix(".md")
+    md.write_text(rep.markdown(rows, meta, checks, str(baseline_path) if baseline_path else None))
+    png = stem_path.with_suffix(".png")
+    if rep.plot(rows, png, title=f"{stem_path.name} · patch sets: " + ", ".join(
+            sorted({p for r in rows for p in r.patchsets}))):
+        say(f"report: {md} and {png}")
+    else:
+        say(f"report: {md} (no plot: matplotlib is not installed for {sys.executable})")
+    for r in rows:
+        if r.eager:
+            say(f"⚠ {r.scenario} / {r.variant}: {r.eager} eager verify forward(s): "
+                + ", ".join(f"{k}: {n}" for k, n in sorted(r.eager_reasons.items())))
+    if opts.write_baseline is not None:
+        bp = default_path(opts.write_baseline, meta["box"])
+        bp.parent.mkdir(parents=True, exist_ok=True)
+        bp.write_text(json.dumps(rep.make_baseline(rows, meta, th), indent=1) + "\n")
+        say(f"baseline written: {bp} ({len(rows)} scenario x variant entries)")
+    status = _compare(checks, baseline_path)
+    if opts.fail_on_eager and any(r.eager for r in rows):
+        print("eager verify forwards found (--fail-on-eager)", file=sys.stderr)
+        status = EXIT_REGRESSION
+    return status
+
+
+def default_path(given: str, box: str) -> Path:
+    return Path(given) if given else cfg.BASELINES_DIR / f"{box}.json"
+
+
+def report_only(path: Path, box: str | None, opts: ReportOptions) -> int:
+    records = rep.load_results(path)
+    if not records:
+        raise UserError(f"{path} holds no runs")
+    e0 = records[0]["eagle"]
+    meta = {"stem": path.stem, "box": box or e0.get("box"), "git_rev": e0.get("git_rev"), "source": str(path),
+            "runs": len(records), "started_at": e0.get("started_at"),
+            "finished_at": records[-1]["eagle"].get("finished_at")}
+    return write_reports(records, path.with_suffix(""), meta, opts)
+
+
+# -------------------------------------------------------------------------------------------------------------
+# main
+
+
+def parse(argv: list[str] | None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    server_args: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, server_args = argv[:i], argv[i + 1:]
+    ap = argparse.ArgumentParser(prog="scripts.bench.bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = ap.add_argument_group("what to run")
+    g.add_argument("--scenarios", help="comma list of scenario names (default: those marked default)")
+    g.add_argument("--variants", help="comma list of variant names, in A, B, C order (default: those marked default)")
+    g.add_argument("--repeats", type=int, default=3, help="runs per scenario x variant (default 3)")
+    g.add_argument("--order", choices=cfg.ORDERS, default="aba",
+                   help="aba: rounds go forward then backward over the variants (default); blocked: A's repeats "
+                        "then B's")
+    g.add_argument("--scenarios-file", type=Path, default=cfg.DEFAULT_SCENARIOS, help="default bench/scenarios.toml")
+    g.add_argument("--variants-file", type=Path, default=cfg.DEFAULT_VARIANTS, help="default bench/variants.toml")
+    g.add_argument("--server-url", action="append", default=[], metavar="[NAME=]URL",
+                   help="bench a running server instead of launching variants (repeat for several)")
+    g.add_argument("--patchset", action="append", default=[], metavar="[NAME=]ID",
+                   help="patch set of a --server-url server (else recorded as unknown)")
+    g = ap.add_argument_group("servers the harness launches")
+    g.add_argument("--model", help="model path or id for {model} (default: [defaults] model)")
+    g.add_argument("--draft-model", help="EAGLE-3 draft model for {draft_model}")
+    g.add_argument("--hf-cache", help="host HF cache mounted into containers (default ~/.cache/huggingface)")
+    g.add_argument("--port", type=int, help="port of launched servers (default: [defaults] port, 30000)")
+    g.add_argument("--launch-timeout", type=float, default=3600, help="seconds to wait for a server (default 3600)")
+    g = ap.add_argument_group("client")
+    g.add_argument("--tokenizer", help="tokenizer for bench_serving (default: the model for launched servers; the "
+                                       "server's /model_info otherwise)")
+    g.add_argument("--client-model", help="--model for bench_serving (default: asked from /v1/models)")
+    g.add_argument("--client-python", help="python that runs sglang.benchmark.serving (default: this one, then "
+                                           ".venv, with build/sglang/python when it has no sglang)")
+    g.add_argument("--bench-args", help="extra bench_serving arguments, one shell-quoted string")
+    g.add_argument("--sample-interval", type=float, default=1.0, help="seconds between server stats samples")
+    g.add_argument("--run-timeout", type=float, default=3600, help="seconds one bench_serving may take")
+    g = ap.add_argument_group("results")
+    g.add_argument("--box", help="box name in file names and records (default: the host name)")
+    g.add_argument("--results-dir", type=Path, default=cfg.RESULTS_DIR, help="default bench/results")
+    g.add_argument("--baseline", nargs="?", const="", metavar="FILE",
+                   help="compare with this baseline (FILE omitted: bench/baselines/<box>.json)")
+    g.add_argument("--write-baseline", nargs="?", const="", metavar="FILE",
+                   help="write the medians of this run as a baseline (FILE omitted: bench/baselines/<box>.json)")
+    g.add_argument("--max-tok-s-drop", type=float, help="allowed tok/s drop in %% (default: baseline's, else 5)")
+    g.add_argument("--max-accept-drop", type=float, help="allowed accept length drop (default: baseline's, else 0.05)")
+    g.add_argument("--fail-on-eager", action="store_true", help="exit 1 when any verify forward ran eagerly")
+    g.add_argument("--report", metavar="RESULTS.jsonl", help="only rebuild report (and compare) for a results file")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan and the commands; run nothing")
+    ap.add_argument("--list", action="store_true", help="list scenarios and variants")
+    ap.add_argument("--verbose", "-v", action="store_true", help="echo bench_serving's output")
+    a = ap.parse_args(argv)
+    if a.sample_interval <= 0:
+        ap.error("--sample-interval must be positive")
+    return a, server_args
+
+
+def list_inputs(scenarios_file: Path, vset: cfg.VariantSet | None) -> None:
+    print("scenarios (" + str(scenarios_file) + "):")
+    for s in cfg.load_scenarios(scenarios_file, everything=True):
+        print(f"  {s.name:10} C{s.max_concurrency:<4} {s.num_prompts:>4} prompts, in {s.input_len} / out "
+              f"{s.output_len}  {'' if s.default else '(not default) '}{s.description}")
+    if vset:
+        print("variants (" + str(vset.path) + "):")
+        for v in vset.variants:
+            print(f"  {v.name:28} {v.launcher:7} {'spec' if v.speculative else 'nospec':6} "
+                  f"{'' if v.default else '(not default) '}{v.description}")
+
+
+def chosen_variants(a: argparse.Namespace, vset: cfg.VariantSet | None) -> list[cfg.Variant]:
+    if a.server_url:
+        if a.variants:
+            raise UserError("--variants picks variants to launch; with --server-url, name the servers NAME=URL")
+        return cfg.server_variants(a.server_url, a.patchset, vset)
+    if a.patchset:
+        raise UserError("--patchset is for --server-url servers; launched servers are inspected")
+    return cfg.pick_variants(vset, a.variants)
+
+
+def print_dry_run(plan: list[cfg.Run], sess: list, servers: dict[str, Server], results: Path, tokenizer: str | None,
+                  opts: RunOptions) -> None:
+    print(f"plan: {len(plan)} runs in {len(sess)} server session(s); results would go to {results}")
+    for s in sess:
+        print(f"  session {s[0].variant.name} ({s[0].letter}): {servers[s[0].variant.name].describe()}")
+        for r in s:
+            cmd = bench_serving_cmd("PYTHON", servers[r.variant.name].url, r.scenario.bench_args(),
+                                    Path("OUT.jsonl"), f"{r.scenario.name}/{r.variant.name}/r{r.repeat}",
+                                    tokenizer, opts.client_model, opts.bench_args)
+            print(f"    {r.label(len(plan))}: {shlex.join(cmd[1:])}")
+
+
+@dataclasses.dataclass
+class Session:
+    """Progress of the whole plan: what ran, how long runs and launches took, what failed."""
+
+    plan: list[cfg.Run]
+    sessions: list[list[cfg.Run]]
+    results: Path
+    client_log: Path
+    records: list[dict] = dataclasses.field(default_factory=list)
+    failures: list[str] = dataclasses.field(default_factory=list)
+    durations: list[float] = dataclasses.field(default_factory=list)
+    launch_s: list[float] = dataclasses.field(default_factory=list)
+
+
+def run_server_session(si: int, runs: list[cfg.Run], server: Server, st: Session, client: tuple, opts: RunOptions,
+                       meta: dict, tmp: Path, launch_timeout: float) -> None:
+    """Start one server, run its consecutive runs (each record appended to the results as it ends), stop it."""
+    total = len(st.plan)
+    t0 = time.monotonic()
+    try:
+        try:
+            server.start(launch_timeout)
+        except UserError as e:
+            st.failures += [f"{r.label(total)}: server did not start: {e}" for r in runs]
+            say(f"{runs[0].variant.name}: {e}")
+            return
+        if server.kind != "server":
+            st.launch_s.append(time.monotonic() - t0)
+        patch = server.patch_info()
+        say(f"{server.variant.name}: patch set {patch.get('patchset')}"
+            + (f" ({len(patch['patches'])} patches)" if patch.get("patches") else "")
+            + (f"; {patch['detail']}" if patch.get("detail") else ""))
+        for r in runs:
+            launches_left = sum(1 for x in st.sessions[si + 1:] if x[0].variant.launcher != "server")
+            say(f"{r.label(total)}... {eta(st.durations, total - r.index + 1, st.launch_s, launches_left)}")
+            t1 = time.monotonic()
+            rec, why = do_run(r, total, server, patch, client, opts, meta, tmp, st.client_log)
+            st.durations.append(time.monotonic() - t1)
+            if rec is None:
+                st.failures.append(f"{r.label(total)}: {why}")
+                say(f"{r.label(total)} FAILED: {why}")
+                continue
+            with open(st.results, "a") as f:  # append-only, one line per run, written as each run ends
+                f.write(json.dumps(rec) + "\n")
+            st.records.append(rec)
+            say(f"{r.label(total)} done in {duration(st.durations[-1])}: {one_line(rec)}")
+            if rec["eagle"]["failed_requests"]:
+                say(f"  ⚠ {rec['eagle']['failed_requests']} request(s) failed in this run")
+    finally:
+        server.stop()
+
+
+def finish(st: Session, stem_path: Path, meta: dict, opts: ReportOptions) -> int:
+    meta.update(runs=len(st.records), failed=len(st.failures), finished_at=iso(utcnow()))
+    if not st.records:
+        for f in st.failures:
+            print(f"  {f}", file=sys.stderr)
+        print(f"no run produced a result ({len(st.failures)} failed)", file=sys.stderr)
+        return EXIT_RUNS_FAILED
+    say(f"results: {st.results} ({len(st.records)} runs)")
+    status = write_reports(st.records, stem_path, meta, opts)
+    if st.failures:
+        print(f"{len(st.failures)} run(s) produced no result:", file=sys.stderr)
+        for f in st.failures:
+            print(f"  {f}", file=sys.stderr)
+        return status or EXIT_RUNS_FAILED
+    return status
+
+
+def options(a: argparse.Namespace) -> tuple[RunOptions, ReportOptions]:
+    return (RunOptions(a.client_model, shlex.split(a.bench_args or ""), a.sample_interval, a.run_timeout, a.verbose,
+                       a.order),
+            ReportOptions(a.baseline, a.write_baseline, a.max_tok_s_drop, a.max_accept_drop, a.fail_on_eager))
+
+
+def main(argv: list[str] | None = None) -> int:
+    a, server_args = parse(argv)
+    run_opts, report_opts = options(a)
+    if a.report:
+        return report_only(Path(a.report), a.box, report_opts)
+    scenarios = cfg.load_scenarios(a.scenarios_file, a.scenarios)
+    vset = cfg.load_variants(a.variants_file) if (a.variants_file.is_file() or not a.server_url) else None
+    if a.list:
+        list_inputs(a.scenarios_file, vset)
+        return 0
+    variants = chosen_variants(a, vset)
+    plan = cfg.make_plan(scenarios, variants, a.repeats, a.order)
+    vals = cfg.placeholder_values(vset.defaults if vset else {}, {
+        "model": a.model, "draft_model": a.draft_model, "hf_cache": a.hf_cache, "port": a.port,
+        "tokenizer": a.tokenizer})
+    box = box_name(a.box)
+    rev, dirty = revision(short=True)
+    started = utcnow()
+    stem = f"{started:%Y%m%dT%H%M%SZ}_{rev}{'-dirty' if dirty else ''}_{box}"
+    stem_path = a.results_dir / stem
+    launch_mode = not a.server_url
+    tokenizer = a.tokenizer or vals.get("tokenizer") or (vals.get("model") if launch_mode else "") or None
+    meta = {"stem": stem, "box": box, "git_rev": rev + ("-dirty" if dirty else ""), "git_dirty": dirty,
+            "source": str(stem_path.with_suffix(".jsonl")), "tokenizer": tokenizer, "started_at": iso(started)}
+    st = Session(plan, cfg.sessions(plan), stem_path.with_suffix(".jsonl"),
+                 stem_path.with_name(f"{stem}.bench_serving.log"))
+    servers = {v.name: Server(v, vals, server_args if launch_mode else [],
+                              stem_path.with_name(f"{stem}.server-{v.name}.log")) for v in variants}
+    if a.dry_run:
+        print_dry_run(plan, st.sessions, servers, st.results, tokenizer, run_opts)
+        return 0
+    if launch_mode and server_args:
+        say(f"extra server arguments for every launched variant: {shlex.join(server_args)}")
+    metrics_parser()  # before any server starts: the runs read /metrics with it
+    a.results_dir.mkdir(parents=True, exist_ok=True)
+    client = resolve_client(a.client_python)
+    if launch_mode and "HF_HOME" not in client[1] and a.hf_cache:
+        client[1]["HF_HOME"] = vals["hf_cache"]  # the client's tokenizer from the cache the servers use
+    say(f"bench_serving runs from {client[2]}")
+    say(f"{len(plan)} runs ({len(scenarios)} scenarios x {len(variants)} variants x {a.repeats} repeats, "
+        f"order {a.order}) in {len(st.sessions)} server session(s); results: {st.results}")
+    with tempfile.TemporaryDirectory(prefix="eagle-bench-") as tmp:
+        for si, runs in enumerate(st.sessions):
+            run_server_session(si, runs, servers[runs[0].variant.name], st, client, run_opts, meta, Path(tmp),
+                               a.launch_timeout)
+    return finish(st, stem_path, {**meta, "box": box}, report_opts)
+
+
+if __name__ == "__main__":
+    run(main)

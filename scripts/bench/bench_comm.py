@@ -1,0 +1,240 @@
+"""`make bench-comm`: what the communication of one EAGLE verify forward costs on this box, per setting.
+
+  python -m scripts.bench.bench_comm [--variants default,pcie_defaults,LL,...] [--world N] [--sglang DIR] ...
+  python -m scripts.bench.bench_comm --plot RESULT.json     only the table and the PNG of a result file
+
+Needs a machine with >= 2 GPUs (or --device cpu: gloo ranks, to test the harness); no model weights. For each NCCL
+environment variant (your environment as is; the patched launcher's PCIe defaults, read from the patched SGLang's
+source: the sglang this interpreter imports, else build/sglang, or --sglang DIR; NCCL_PROTO=LL / LL128 / Simple;
+NCCL_P2P_DISABLE=1) it
+spawns one process per GPU and measures, at Kimi-K2.5 shapes ([rows x 7168] bf16, rows = batch x 4 draft
+tokens, plus prefill sizes):
+  - NCCL all-reduce per call: one synchronised call, and a chain of 122 calls eager vs CUDA-graph-replayed;
+  - a 61-layer verify-shaped forward (per-rank TP8 GEMMs, 2 all-reduces + add-RMSNorm per layer), eager vs
+    graph-replayed, per all-reduce implementation;
+and, in the first variant, where FlashInfer is importable: its trtllm fused all-reduce + residual + RMSNorm
+(vs NCCL + FlashInfer's fused add-RMSNorm), the PCIe IPC all-reduce, and a PDL-race check of the fused kernel
+with trigger_completion_at_end off and on. Every reduction is checked against an fp32 reference on fresh random
+inputs. Also: peer-to-peer copy bandwidth of every GPU pair (the bandwidth floor).
+
+Writes bench/results/bench-comm_<box>_<gpu>x<n>_<UTC time>.json (raw records + meta + the exact command),
+prints a table and recommends the fastest correct setting (scripts/bench/comm_report.py).
+Exit status: 0 every variant ran and every reduction was correct; 1 a variant failed or a reduction was wrong;
+2 a usage problem (fewer than 2 GPUs, no torch, an unknown variant, no patched SGLang for pcie_defaults).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import shlex
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ..host.pcie import package_dir, read_defaults
+from ..lib import proc
+from ..lib.cli import run
+from ..lib.errors import UserError
+from ..lib.progress import say
+from ..lib.repo import REPO_ROOT, revision
+from .comm_report import plot, summarize, table
+from .kimi import CHAIN, LAYERS
+
+RESULTS = REPO_ROOT / "bench" / "results"
+VERIFY_ROWS = [1, 4, 8, 16, 32, 64]  # plain decode at batch 1; batch 1, 2, 4, 8, 16 x 4 draft tokens
+PREFILL_ROWS = [512, 2048, 8192]
+FIXED_VARIANTS = {
+    "default": {},
+    "LL": {"NCCL_PROTO": "LL"},
+    "LL128": {"NCCL_PROTO": "LL128"},
+    "SIMPLE": {"NCCL_PROTO": "Simple"},
+    "p2p_off": {"NCCL_P2P_DISABLE": "1"},
+}
+
+
+def variants(names: list[str], sglang: Path | None = None) -> dict[str, dict]:
+    """name -> the NCCL environment of each variant; pcie_defaults from the patched SGLang's source."""
+    out = {}
+    for n in names:
+        if n == "pcie_defaults":
+            pkg = Path(sglang) / "sglang" if sglang else package_dir()
+            try:
+                out[n] = read_defaults(pkg)
+            except UserError as e:
+                raise UserError(f"variant pcie_defaults reads the patched launcher's NCCL defaults: {e} "
+                                f"(or drop pcie_defaults from --variants)") from e
+        elif n in FIXED_VARIANTS:
+            out[n] = FIXED_VARIANTS[n]
+        else:
+            raise UserError(f"unknown variant {n!r}: choose from pcie_defaults, {', '.join(FIXED_VARIANTS)}")
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gpu_inventory() -> dict:
+    res = proc.run(["nvidia-smi", "--query-gpu=index,name,pci.bus_id,driver_version,compute_cap",
+                    "--format=csv,noheader"], timeout=30)
+    rows = [dict(zip(("index", "name", "bus_id", "driver", "compute_cap"), [c.strip() for c in line.split(",")]))
+            for line in res.stdout.strip().splitlines()] if res.ok else []
+    return {"gpus": rows, "topo_m": proc.run(["nvidia-smi", "topo", "-m"], timeout=30).stdout}
+
+
+def run_variant(name: str, env: dict, world: int, cfg: dict, timeout: float) -> dict:
+    """Spawn `world` ranks with env applied on top of ours; return rank 0's JSON (or an error record)."""
+    import torch.multiprocessing as mp
+
+    from .comm_worker import worker
+
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "rank0.json"
+        cfg = {**cfg, "variant": name, "port": free_port()}
+        t0 = time.monotonic()
+        ctx = mp.start_processes(worker, args=(world, cfg, str(out)), nprocs=world, join=False, start_method="spawn")
+        try:
+            while not ctx.join(timeout=5):
+                if time.monotonic() - t0 > timeout:
+                    for p in ctx.processes:
+                        if p.is_alive():
+                            p.kill()
+                    return {"error": f"timed out after {timeout:.0f}s (hang?)", "records": []}
+        except Exception as e:  # a rank died
+            res = json.loads(out.read_text()) if out.is_file() else {"records": []}
+            res.setdefault("error", str(e))
+            return res
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        res = json.loads(out.read_text()) if out.is_file() else {"error": "rank 0 wrote no result", "records": []}
+        res["seconds"] = time.monotonic() - t0
+        return res
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="scripts.bench.bench_comm", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--world", type=int, default=None, help="ranks (default: every visible GPU)")
+    ap.add_argument("--variants", default="default,pcie_defaults,LL,LL128,SIMPLE,p2p_off")
+    ap.add_argument("--sglang", type=Path, metavar="DIR", help="directory holding the patched sglang/ whose "
+                    "PCIe defaults the pcie_defaults variant uses (default: this interpreter's, else build/sglang)")
+    ap.add_argument("--rows", default=",".join(map(str, VERIFY_ROWS)), help="verify row counts (batch x 4)")
+    ap.add_argument("--prefill-rows", default=",".join(map(str, PREFILL_ROWS)))
+    ap.add_argument("--layers", type=int, default=LAYERS)
+    ap.add_argument("--chain", type=int, default=CHAIN)
+    ap.add_argument("--iters", type=int, default=50, help="single-call timings per size")
+    ap.add_argument("--reps", type=int, default=10, help="chain / forward repetitions (median)")
+    ap.add_argument("--race-rows", default="4,8,16", help="row counts of the PDL race check")
+    ap.add_argument("--race-trials", type=int, default=20)
+    ap.add_argument("--no-flashinfer", action="store_true", help="skip FlashInfer's fused and PCIe IPC kernels")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                    help="cpu: gloo ranks, no graphs, no FlashInfer (tests the harness itself)")
+    ap.add_argument("--box", default=None, help="name of this box in the result file (default: GPU model)")
+    ap.add_argument("--out", type=Path, default=None, help="result JSON path (default under bench/results/)")
+    ap.add_argument("--timeout", type=float, default=300, help="seconds per variant before it counts as hung")
+    ap.add_argument("--plot", type=Path, metavar="RESULT_JSON", help="only draw the PNG (and table) of a result file")
+    return ap.parse_args(argv)
+
+
+def machine(a: argparse.Namespace, meta: dict) -> int:
+    """The number of ranks (and the GPUs into meta); UserError when this machine cannot run the benchmark."""
+    if a.device == "cpu":
+        meta["gpu_name"] = "cpu"
+        return a.world or 2
+    try:
+        import torch
+    except ImportError as e:
+        raise UserError(f"torch is not importable ({e}); run this where PyTorch with CUDA is installed") from e
+    n = torch.cuda.device_count()
+    if n < 2:
+        raise UserError(f"bench-comm needs at least 2 GPUs; this machine shows {n} "
+                        f"(check nvidia-smi and CUDA_VISIBLE_DEVICES)")
+    world = a.world or n
+    if world > n or world < 2:
+        raise UserError(f"--world {world} is not possible with {n} visible GPUs")
+    meta.update(gpu_inventory())
+    meta["gpu_name"] = torch.cuda.get_device_name(0)
+    meta["compute_capability"] = ".".join(map(str, torch.cuda.get_device_capability(0)))
+    return world
+
+
+def measure(a: argparse.Namespace, vmap: dict, world: int, meta: dict) -> list[dict]:
+    """Every variant in its own ranks (the first one also runs FlashInfer's kernels); their records."""
+    cfg = {"device": a.device, "rows": [int(x) for x in a.rows.split(",")],
+           "prefill_rows": [int(x) for x in a.prefill_rows.split(",") if x], "layers": a.layers, "chain": a.chain,
+           "iters": a.iters, "reps": a.reps, "race_rows": [int(x) for x in a.race_rows.split(",") if x],
+           "race_trials": a.race_trials, "flashinfer": not a.no_flashinfer}
+    records: list[dict] = []
+    if a.device == "cuda":
+        from .comm_worker import p2p_bandwidth
+
+        say("measuring peer-to-peer copy bandwidth")
+        records += p2p_bandwidth()
+    t_all = time.monotonic()
+    for i, (name, env) in enumerate(vmap.items(), 1):
+        steps = ["allreduce", "verify"] + (["pcie_ipc", "fused"] if i == 1 else [])
+        impls = ["nccl"] + (["fi_trtllm_fused", "fi_pcie_ipc"] if i == 1 else [])
+        say(f"[{i}/{len(vmap)}] variant {name} {env or '(environment as is)'}: {', '.join(steps)}")
+        res = run_variant(name, env, world, {**cfg, "steps": steps, "verify_impls": impls}, a.timeout)
+        for r in res.get("records", []):
+            r["variant"] = name
+        records += res.get("records", [])
+        if res.get("error"):
+            records.append({"kind": "variant_error", "variant": name, "error": res["error"][-2000:]})
+            say(f"variant {name} failed: {res['error'].strip().splitlines()[-1] if res['error'].strip() else '?'}")
+        if "meta" in res:
+            meta.setdefault("per_variant", {})[name] = {**res["meta"], "seconds": res.get("seconds")}
+        say(f"[{i}/{len(vmap)}] variant {name} done ({res.get('seconds', 0):.0f}s; "
+            f"{time.monotonic() - t_all:.0f}s total)")
+    return records
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    if a.plot:
+        result = json.loads(a.plot.read_text())
+        result["summary"] = summarize(result)
+        print(table(result["summary"], result["meta"].get("layers", LAYERS)))
+        plot(result, a.plot.with_suffix(".png"))
+        say(f"plot: {a.plot.with_suffix('.png')}")
+        return 0
+    given = sys.argv[1:] if argv is None else argv
+    meta: dict = {"command": "python -m scripts.bench.bench_comm " + shlex.join(given),
+                  "git_rev": revision(short=True)[0],
+                  "utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ"),
+                  "host": platform.node(), "python": platform.python_version(), "layers": a.layers,
+                  "inherited_nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}}
+    meta["world"] = world = machine(a, meta)
+    if meta["inherited_nccl_env"]:
+        say(f"note: your environment sets {meta['inherited_nccl_env']}; variant 'default' runs with it as is, "
+            f"the other variants add their own settings on top")
+    meta["variants"] = vmap = variants([v.strip() for v in a.variants.split(",") if v.strip()], a.sglang)
+    result = {"meta": meta, "records": measure(a, vmap, world, meta)}
+    result["summary"] = summarize(result)
+    box = a.box or meta["gpu_name"].replace("NVIDIA ", "").replace(" ", "-")
+    out = a.out or RESULTS / f"bench-comm_{box}_x{world}_{meta['utc']}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(table(result["summary"], a.layers))
+    plot(result, out.with_suffix(".png"))
+    say(f"results: {out} (+ .png)")
+    errors = [r for r in result["records"] if r.get("kind") == "variant_error"]
+    return 1 if errors or not result["summary"]["correctness"]["ok"] else 0
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,0 +1,204 @@
+"""Reading bench-comm results (bench/results/bench-comm_*.json): the summary, the table and the plot that
+`make bench-comm` prints and draws, and the record lookups `make docs` (the cost model) builds its tables from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..lib.progress import say
+from .kimi import HIDDEN, LAYERS
+from .numbers import num
+
+BARS = {"graph_vs_eager_nccl": 1.8, "fused_graph_vs_nccl_eager_8rows": 3.0}
+
+
+def records(result: dict, **match) -> list[dict]:
+    """The records of a run whose fields equal `match`."""
+    return [r for r in result["records"] if all(r.get(k) == v for k, v in match.items())]
+
+
+def record(result: dict, **match) -> dict | None:
+    """The first such record, or None."""
+    found = records(result, **match)
+    return found[0] if found else None
+
+
+def floor_us(rows: int, world: int, gbps: float | None) -> float | None:
+    """Bandwidth floor of one ring/two-shot all-reduce: 2(n-1)/n x bytes per rank over the peer bandwidth."""
+    if not gbps:
+        return None
+    return 2 * (world - 1) / world * rows * HIDDEN * 2 / (gbps * 1e9) * 1e6
+
+
+def _is_bad(r: dict) -> bool:
+    # one reduction must match the fp32 reference to bf16 rounding; after a 61-layer forward two correct
+    # implementations (bf16 NCCL sums vs fp32-accumulating kernels) drift apart by a few percent
+    return bool(r.get("nan") or (r.get("kind") == "fused_check" and not r.get("ok"))
+                or (r.get("kind") == "allreduce" and r.get("max_rel_err", 0) > 0.02)
+                or (r.get("kind") == "verify_forward_check" and r.get("max_rel_err", 0) > 0.15)
+                or (r.get("kind") == "pdl_race" and r.get("bad_trials") and r.get("trigger_at_end")))
+
+
+def correctness(recs: list[dict]) -> dict:
+    problems = [{k: r.get(k) for k in ("variant", "kind", "impl", "rows", "mode")} for r in recs if _is_bad(r)]
+    return {"ok": not problems, "problems": problems}
+
+
+def allreduce_rows(recs: list[dict], world: int, gbps: float | None) -> list[dict]:
+    """Per-call all-reduce, graph-replayed, with the ratio to the bandwidth floor and to default NCCL."""
+    rows, nccl_graph = [], {}
+    for r in recs:
+        if r.get("kind") == "allreduce" and r.get("mode") == "graph":
+            f = floor_us(r["rows"], world, gbps)
+            rows.append({"variant": r["variant"], "impl": r["impl"], "rows": r["rows"], "us_per_call": r["us_per_call"],
+                         "floor_us": f, "x_floor": r["us_per_call"] / f if f else None})
+            if r["impl"] == "nccl" and r["variant"] == "default":
+                nccl_graph[r["rows"]] = r["us_per_call"]
+    for row in rows:
+        base = nccl_graph.get(row["rows"])
+        row["x_nccl_default"] = row["us_per_call"] / base if base else None
+    return rows
+
+
+def forward_rows(vf: dict) -> list[dict]:
+    out = []
+    for variant, impl, rows in sorted({k[:3] for k in vf}):
+        graph, eager = vf.get((variant, impl, rows, "graph")), vf.get((variant, impl, rows, "eager"))
+        out.append({"variant": variant, "impl": impl, "rows": rows, "graph_ms": graph / 1e3 if graph else None,
+                    "eager_ms": eager / 1e3 if eager else None,
+                    "graph_speedup": eager / graph if eager and graph else None})
+    return out
+
+
+def bars(vf: dict) -> dict:
+    """The acceptance bars: verify forward graph vs eager with default NCCL; fused + graph vs NCCL + eager."""
+    out = {}
+    g, e = vf.get(("default", "nccl", 8, "graph")), vf.get(("default", "nccl", 8, "eager"))
+    if g and e:
+        out["graph_vs_eager_nccl_8rows"] = {"ratio": e / g, "bar": BARS["graph_vs_eager_nccl"],
+                                            "pass": e / g >= BARS["graph_vs_eager_nccl"]}
+    fg = vf.get(("default", "fi_trtllm_fused", 8, "graph"))
+    if fg and e:
+        out["fused_graph_vs_nccl_eager_8rows"] = {"ratio": e / fg, "bar": BARS["fused_graph_vs_nccl_eager_8rows"],
+                                                  "pass": e / fg >= BARS["fused_graph_vs_nccl_eager_8rows"]}
+    return out
+
+
+def recommendation(forward: list[dict], problems: list[dict]) -> dict:
+    """The fastest correct graph-replayed verify forward per row count."""
+    bad_impls = {(p["variant"], p["impl"]) for p in problems}
+    best: dict[int, dict] = {}
+    for row in forward:
+        if (row["variant"], row["impl"]) in bad_impls or row["graph_ms"] is None:
+            continue
+        if row["rows"] not in best or row["graph_ms"] < best[row["rows"]]["graph_ms"]:
+            best[row["rows"]] = row
+    return {str(k): {"variant": v["variant"], "impl": v["impl"], "graph_ms": v["graph_ms"]}
+            for k, v in sorted(best.items())}
+
+
+def summarize(result: dict) -> dict:
+    recs = result["records"]
+    bw = [r["gbps"] for r in recs if r.get("kind") == "p2p_bw"]
+    gbps = min(bw) if bw else None
+    vf = {(r["variant"], r["impl"], r["rows"], r["mode"]): r["us"] for r in recs
+          if r.get("kind") == "verify_forward" and "us" in r}
+    fused = [{k: r.get(k) for k in ("variant", "impl", "rows", "mode", "us_per_call")} for r in recs
+             if r.get("kind") == "fused" and r.get("mode") in ("graph", "eager", "eager_single")]
+    summary = {"peer_gbps_min": gbps, "allreduce": allreduce_rows(recs, result["meta"]["world"], gbps),
+               "fused": fused, "verify_forward": forward_rows(vf), "bars": bars(vf), "correctness": correctness(recs)}
+    summary["recommendation"] = recommendation(summary["verify_forward"], summary["correctness"]["problems"])
+    return summary
+
+
+def _f(x, d=1) -> str:
+    return num(x, d, none="-")
+
+
+def _fused_table(fused: list[dict]) -> list[str]:
+    lines = ["", "Fused all-reduce + residual + RMSNorm vs NCCL + add-RMSNorm (us per call):",
+             f"  {'impl':<32}{'rows':>6}{'eager1':>9}{'eager':>9}{'graph':>9}"]
+    by: dict = {}
+    for r in fused:
+        by.setdefault((r["impl"], r["rows"]), {})[r["mode"]] = r["us_per_call"]
+    for (impl, rows), m in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        cells = "".join(f"{_f(m.get(mode)):>9}" for mode in ("eager_single", "eager", "graph"))
+        lines.append(f"  {impl:<32}{rows:>6}{cells}")
+    return lines
+
+
+def table(summary: dict, layers: int = LAYERS) -> str:
+    lines = ["", "All-reduce per call, graph-replayed chain (us):",
+             f"  {'variant':<14}{'impl':<14}{'rows':>6}{'us/call':>10}{'floor':>8}{'x floor':>9}{'x nccl':>8}"]
+    for r in sorted(summary["allreduce"], key=lambda r: (r["rows"], r["impl"], r["variant"])):
+        lines.append(f"  {r['variant']:<14}{r['impl']:<14}{r['rows']:>6}{_f(r['us_per_call']):>10}"
+                     f"{_f(r['floor_us']):>8}{_f(r['x_floor'], 2):>9}{_f(r['x_nccl_default'], 2):>8}")
+    lines += _fused_table(summary["fused"]) if summary["fused"] else []
+    lines += ["", f"Verify-shaped forward, {layers} layers (ms):",
+              f"  {'variant':<14}{'impl':<18}{'rows':>6}{'eager':>9}{'graph':>9}{'speedup':>9}"]
+    for r in summary["verify_forward"]:
+        lines.append(f"  {r['variant']:<14}{r['impl']:<18}{r['rows']:>6}{_f(r['eager_ms'], 2):>9}"
+                     f"{_f(r['graph_ms'], 2):>9}{_f(r['graph_speedup'], 2):>9}")
+    lines += ["", f"Peer bandwidth (min over pairs): {_f(summary['peer_gbps_min'])} GB/s"]
+    for name, b in summary["bars"].items():
+        lines.append(f"Bar {name}: {b['ratio']:.2f}x (need >= {b['bar']}x): {'PASS' if b['pass'] else 'FAIL'}")
+    c = summary["correctness"]
+    lines.append("Correctness: " + ("all reductions match the fp32 reference" if c["ok"] else
+                                    f"PROBLEMS in {len(c['problems'])} record(s): {c['problems'][:5]}"))
+    lines.append("Recommendation (fastest correct graph-replayed verify forward):")
+    for rows, v in summary["recommendation"].items():
+        lines.append(f"  {rows:>4} rows: {v['impl']} with NCCL variant '{v['variant']}' ({v['graph_ms']:.2f} ms)")
+    return "\n".join(lines)
+
+
+def _plot_allreduce(ax, s: dict, world: int) -> None:
+    series: dict[str, list] = {}
+    for r in s["allreduce"]:
+        series.setdefault(f"{r['impl']} / {r['variant']}", []).append((r["rows"], r["us_per_call"]))
+    for name, pts in sorted(series.items()):
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+    if s["peer_gbps_min"]:
+        rows = sorted({r["rows"] for r in s["allreduce"]})
+        ax.plot(rows, [floor_us(n, world, s["peer_gbps_min"]) for n in rows], "k--", label="bandwidth floor")
+    ax.set(xscale="log", yscale="log", xlabel=f"rows x {HIDDEN} bf16", ylabel="us per all-reduce (graph chain)",
+           title="All-reduce per call")
+    if series:
+        ax.legend(fontsize=7)
+
+
+def _plot_forward(ax, s: dict, layers: int) -> None:
+    vf = [r for r in s["verify_forward"] if r["variant"] == "default"]
+    impls = sorted({r["impl"] for r in vf})
+    rows = sorted({r["rows"] for r in vf})
+    w = 0.8 / (2 * max(len(impls), 1))
+    for i, impl in enumerate(impls):
+        by = {r["rows"]: r for r in vf if r["impl"] == impl}
+        for j, mode in enumerate(("eager_ms", "graph_ms")):
+            xs = [k + (2 * i + j) * w for k in range(len(rows))]
+            ax.bar(xs, [by.get(n, {}).get(mode) or 0 for n in rows], w, label=f"{impl} {mode[:-3]}")
+    ax.set_xticks([k + 0.4 - w / 2 for k in range(len(rows))], [str(n) for n in rows])
+    ax.set(xlabel="rows (batch x draft tokens)", ylabel="ms", title=f"{layers}-layer verify-shaped forward")
+    ax.legend(fontsize=7)
+
+
+def plot(result: dict, png: Path) -> bool:
+    """Per-call all-reduce latency vs rows (graph-replayed) and the verify forward eager vs graph; False if
+    matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        say("matplotlib is not installed: no plot (pip install matplotlib)")
+        return False
+    m = result["meta"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
+    _plot_allreduce(left, result["summary"], m["world"])
+    _plot_forward(right, result["summary"], m.get("layers", LAYERS))
+    fig.suptitle(f"bench-comm: {m.get('gpu_name')} x{m.get('world')}, git {m.get('git_rev')}, {m.get('utc')}")
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+    return True

@@ -1,0 +1,548 @@
+"""Per-rank measurement code for scripts/bench/bench_comm.py (one process per GPU, spawned by the parent).
+
+Everything a rank measures is appended to a list of plain dicts; rank 0 writes them to a JSON file the parent
+reads. Shapes are Kimi-K2.5 / DeepSeek-V3 at TP8 (scripts/bench/kimi.py): hidden 7168 bf16, and per-rank matmul
+shapes of a TP8 layer, whatever the world size of the machine running it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import time
+import traceback
+from pathlib import Path
+
+from .kimi import ATTN_GEMMS, HIDDEN, MOE_GEMMS
+
+EPS = 1e-6
+
+
+def _log(rank: int, msg: str) -> None:
+    if rank == 0:
+        print(f"[bench-comm] {msg}", flush=True)
+
+
+class ResidualChain:
+    """One residual buffer per reduction of a forward (the fused kernel writes the next residual out of place);
+    `advance()` hands out (residual in, its index) in order, `reset()` starts a forward again."""
+
+    def __init__(self, x0, reductions: int):
+        self.x0, self.bufs, self.i = x0, [x0.clone() for _ in range(reductions + 1)], 0
+
+    def reset(self) -> None:
+        self.i = 0
+        self.bufs[0].copy_(self.x0)
+
+    def advance(self) -> int:
+        self.i += 1
+        return self.i - 1
+
+
+class RankSession:
+    """One rank's measurements in one variant: timing helpers, FlashInfer kernels, the records it collects."""
+
+    def __init__(self, rank: int, world: int, cfg: dict):
+        import torch
+        import torch.distributed as dist
+
+        self.torch, self.dist = torch, dist
+        self.rank, self.world, self.cfg = rank, world, cfg
+        self.cpu = cfg["device"] == "cpu"
+        self.dev = torch.device("cpu") if self.cpu else torch.device("cuda", rank)
+        self.records: list[dict] = []
+        self.variant = cfg["variant"]
+        self.fi = None
+        self.fi_norm = None
+        self.fi_reason = "not requested"
+
+    # ------------------------------------------------------------------ helpers
+    def rec(self, **kw) -> None:
+        kw.setdefault("variant", self.variant)
+        kw.setdefault("world", self.world)
+        self.records.append(kw)
+
+    def sync(self) -> None:
+        if not self.cpu:
+            self.torch.cuda.synchronize()
+
+    def randn(self, *shape, scale: float = 1.0, seed: int | None = None):
+        g = self.torch.Generator(device="cpu")
+        g.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
+        t = self.torch.randn(*shape, generator=g, dtype=self.torch.float32) * scale
+        return t.to(self.dev, self.torch.bfloat16)
+
+    def time_eager(self, fn, iters: int) -> float:
+        """Median microseconds of one call, synchronised around each call (launch included)."""
+        torch = self.torch
+        for _ in range(3):
+            fn()
+        self.sync()
+        self.dist.barrier()
+        times = []
+        for _ in range(iters):
+            if self.cpu:
+                t0 = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - t0) * 1e6)
+            else:
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                fn()
+                e.record()
+                e.synchronize()
+                times.append(s.elapsed_time(e) * 1e3)
+        return statistics.median(times)
+
+    def _median_wall_us(self, launch, reps: int) -> float:
+        """Median wall microseconds of launch() after one warm-up, all ranks lined up and synchronised around it."""
+        launch()
+        self.sync()
+        times = []
+        for _ in range(reps):
+            self.dist.barrier()
+            self.sync()
+            t0 = time.perf_counter()
+            launch()
+            self.sync()
+            times.append((time.perf_counter() - t0) * 1e6)
+        return statistics.median(times)
+
+    def time_chain_eager(self, fn, reps: int) -> float:
+        """Median wall microseconds of fn() launched eagerly (a whole chain)."""
+        return self._median_wall_us(fn, reps)
+
+    def capture(self, fn):
+        """fn() captured once in a CUDA graph (after one eager warm-up on the current stream); None on CPU."""
+        if self.cpu:
+            return None
+        torch = self.torch
+        fn()
+        self.sync()
+        self.dist.barrier()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        self.sync()
+        self.dist.barrier()
+        return g
+
+    def time_chain_graph(self, fn, reps: int):
+        """Median microseconds of one replay of fn() captured in a CUDA graph; None on CPU."""
+        g = self.capture(fn)
+        return None if g is None else self._median_wall_us(g.replay, reps)
+
+    def measure(self, one, many, chain: int, **base) -> tuple[float, float, float | None]:
+        """One call (eager, synchronised), a chain eagerly and a chain graph-replayed: three records with `base`;
+        returns the three timings (us)."""
+        single = self.time_eager(one, self.cfg["iters"])
+        eager = self.time_chain_eager(many, self.cfg["reps"])
+        graph = self.time_chain_graph(many, self.cfg["reps"])
+        self.rec(**base, chain=chain, mode="eager_single", us_per_call=single)
+        self.rec(**base, chain=chain, mode="eager", us_per_call=eager / chain, us_chain=eager)
+        if graph is not None:
+            self.rec(**base, chain=chain, mode="graph", us_per_call=graph / chain, us_chain=graph)
+        return single, eager, graph
+
+    def ref_sum(self, x):
+        """fp32 sum over ranks of x (all_gather, then sum): the reference every reduction is checked against."""
+        torch, dist = self.torch, self.dist
+        parts = [torch.empty_like(x) for _ in range(self.world)]
+        dist.all_gather(parts, x)
+        return torch.stack([p.float() for p in parts]).sum(0)
+
+    @staticmethod
+    def errors(out, ref) -> dict:
+        o = out.float()
+        nan = bool(o.isnan().any().item() or o.isinf().any().item())
+        diff = (o - ref).abs()
+        denom = ref.abs().max().item() or 1.0
+        return {"max_abs_err": float(diff.max().item()), "max_rel_err": float(diff.max().item() / denom), "nan": nan}
+
+    def rmsnorm_ref(self, h32, gamma):
+        torch = self.torch
+        return h32 * torch.rsqrt(h32.pow(2).mean(-1, keepdim=True) + EPS) * gamma.float()
+
+    def add_rmsnorm(self, x, residual, gamma):
+        """In place: residual += x; x = rmsnorm(residual) * gamma. FlashInfer's fused kernel where available."""
+        if self.fi_norm is not None:
+            self.fi_norm(x, residual, gamma, EPS)
+            return
+        torch = self.torch
+        residual.add_(x)
+        r = residual.float()
+        x.copy_((r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + EPS) * gamma.float()).to(x.dtype))
+
+    # ------------------------------------------------------------------ FlashInfer
+    def load_flashinfer(self) -> None:
+        if self.cpu or not self.cfg.get("flashinfer"):
+            self.fi_reason = "cpu run" if self.cpu else "disabled (--no-flashinfer)"
+            return
+        try:
+            import flashinfer.comm as fic
+            from flashinfer.norm import fused_add_rmsnorm
+
+            self.fi = fic
+            self.fi_norm = fused_add_rmsnorm
+            self.fi_reason = ""
+        except Exception as e:  # not installed, or JIT failed
+            self.fi_reason = f"flashinfer unavailable: {type(e).__name__}: {e}"
+            _log(self.rank, self.fi_reason)
+
+    # ------------------------------------------------------------------ measurements
+    def allreduce_sizes(self) -> None:
+        """NCCL all-reduce per call at verify and prefill row counts: eager (one call) and graph (a chain)."""
+        dist = self.dist
+        for rows in self.cfg["rows"] + self.cfg["prefill_rows"]:
+            chain = self.cfg["chain"] if rows <= 256 else 4
+            x = self.randn(rows, HIDDEN)
+            out = x.clone()
+            dist.all_reduce(out)
+            err = self.errors(out, self.ref_sum(x))
+            bufs = [x.clone() for _ in range(chain)]
+
+            def one():
+                dist.all_reduce(bufs[0])
+
+            def many():
+                for b in bufs:
+                    dist.all_reduce(b)
+
+            eager_one, eager_chain, graph_chain = self.measure(
+                one, many, chain, kind="allreduce", impl="nccl", rows=rows, bytes=rows * HIDDEN * 2, **err)
+            graph_call = (graph_chain or float("nan")) / chain
+            _log(self.rank, f"{self.variant}: nccl all-reduce {rows} rows: {eager_one:.1f} us single, "
+                            f"{eager_chain / chain:.1f} eager, {graph_call:.1f} graph per call")
+
+    def fused_sizes(self) -> None:
+        """FlashInfer trtllm all-reduce + residual + RMSNorm vs NCCL all-reduce + fused add-RMSNorm."""
+        if self.fi is None:
+            self.rec(kind="fused", impl="fi_trtllm", skipped=self.fi_reason)
+            return
+        torch, fic = self.torch, self.fi
+        max_rows = max(self.cfg["rows"])
+        t0 = time.perf_counter()
+        ws = fic.create_allreduce_fusion_workspace(backend="trtllm", world_size=self.world, rank=self.rank,
+                                                   max_token_num=max(max_rows, 128), hidden_dim=HIDDEN,
+                                                   dtype=torch.bfloat16)
+        self.rec(kind="workspace", impl="fi_trtllm", seconds=time.perf_counter() - t0)
+        gamma = self.randn(HIDDEN, scale=0.5, seed=7) + 1.0
+        pattern = fic.AllReduceFusionPattern.kARResidualRMSNorm
+
+        def fused(x, res_in, res_out, norm_out, trigger):
+            fic.allreduce_fusion(input=x, workspace=ws, pattern=pattern, launch_with_pdl=True,
+                                 trigger_completion_at_end=trigger, residual_out=res_out, norm_out=norm_out,
+                                 residual_in=res_in, rms_gamma=gamma, rms_eps=EPS, fp32_acc=True)
+
+        for rows in self.cfg["rows"]:
+            self._fused_check(fused, rows, gamma)
+            self._fused_timing(fused, rows, gamma)
+            _log(self.rank, f"fused {rows} rows done")
+        self.pdl_race(ws, gamma)
+        ws.destroy() if hasattr(ws, "destroy") else None
+
+    def _fused_check(self, fused, rows: int, gamma) -> None:
+        """Correctness on fresh random inputs (residual the same on every rank, as in the model), trigger on/off."""
+        torch = self.torch
+        for trigger in (True, False):
+            x = self.randn(rows, HIDDEN)
+            res = self.randn(rows, HIDDEN, seed=1000 + rows)
+            res_out, norm_out = torch.empty_like(res), torch.empty_like(x)
+            fused(x, res, res_out, norm_out, trigger)
+            self.sync()
+            ref_res = self.ref_sum(x) + res.float()
+            e_res = self.errors(res_out, ref_res)
+            e_norm = self.errors(norm_out, self.rmsnorm_ref(ref_res, gamma))
+            self.rec(kind="fused_check", impl="fi_trtllm", rows=rows, trigger_at_end=trigger, residual=e_res,
+                     norm=e_norm, ok=not (e_res["nan"] or e_norm["nan"]) and e_norm["max_abs_err"] < 0.25)
+
+    def _fused_timing(self, fused, rows: int, gamma) -> None:
+        """Fused (trigger at end on/off) and the unfused baseline: eager single, eager chain, graph chain."""
+        torch, dist, chain = self.torch, self.dist, self.cfg["chain"]
+        xs = [self.randn(rows, HIDDEN) for _ in range(chain)]
+        res = self.randn(rows, HIDDEN, seed=2000 + rows)
+        res_outs = [torch.empty_like(res) for _ in range(chain)]
+        norm_outs = [torch.empty_like(res) for _ in range(chain)]
+        for trigger in (True, False):
+            def one(trigger=trigger):
+                fused(xs[0], res, res_outs[0], norm_outs[0], trigger)
+
+            def many(trigger=trigger):
+                for i in range(chain):
+                    fused(xs[i], res, res_outs[i], norm_outs[i], trigger)
+
+            impl = "fi_trtllm_fused" + ("" if trigger else "_early_trigger")
+            self.measure(one, many, chain, kind="fused", impl=impl, rows=rows)
+        ys = [x.clone() for x in xs]
+        residuals = [res.clone() for _ in range(chain)]
+
+        def unfused_one():
+            dist.all_reduce(ys[0])
+            self.add_rmsnorm(ys[0], residuals[0], gamma)
+
+        def unfused_many():
+            for i in range(chain):
+                dist.all_reduce(ys[i])
+                self.add_rmsnorm(ys[i], residuals[i], gamma)
+
+        impl = "nccl+fi_add_rmsnorm" if self.fi_norm else "nccl+torch_add_rmsnorm"
+        self.measure(unfused_one, unfused_many, chain, kind="fused", impl=impl, rows=rows)
+
+    def pdl_race(self, ws, gamma) -> None:
+        """The small-token hazard: a chain of fused calls (each call's residual_out is the next call's
+        residual_in, as between layers), each followed by a PDL-launched consumer that reads its norm_out at once
+        (FlashInfer rmsnorm with enable_pdl=True, standing in for the next layer's first kernel). Graph-replayed
+        with trigger_completion_at_end off and on, checked against an fp32 chained reference on every trial."""
+        torch, fic = self.torch, self.fi
+        from flashinfer.norm import rmsnorm
+
+        pattern = fic.AllReduceFusionPattern.kARResidualRMSNorm
+        chain = self.cfg["chain"]
+        for rows in self.cfg["race_rows"]:
+            xs = [self.randn(rows, HIDDEN, scale=0.05) for _ in range(chain)]
+            res0 = self.randn(rows, HIDDEN, seed=3000 + rows)
+            ref_res, ref_out = res0.float(), []
+            for x in xs:
+                ref_res = (ref_res + self.ref_sum(x)).to(torch.bfloat16).float()
+                n = self.rmsnorm_ref(ref_res, gamma).to(torch.bfloat16).float()
+                ref_out.append(self.rmsnorm_ref(n, gamma))
+            for trigger in (False, True):
+                resid = [res0.clone()] + [torch.empty_like(res0) for _ in range(chain)]
+                norms = [torch.empty_like(res0) for _ in range(chain)]
+                outs = [torch.empty_like(res0) for _ in range(chain)]
+
+                def run(trigger=trigger):
+                    for i in range(chain):
+                        fic.allreduce_fusion(input=xs[i], workspace=ws, pattern=pattern, launch_with_pdl=True,
+                                             trigger_completion_at_end=trigger, residual_out=resid[i + 1],
+                                             norm_out=norms[i], residual_in=resid[i], rms_gamma=gamma,
+                                             rms_eps=EPS, fp32_acc=True)
+                        rmsnorm(norms[i], gamma, EPS, out=outs[i], enable_pdl=True)
+
+                graph_us = self.time_chain_graph(run, 3)
+                g = self.capture(run)
+                bad = 0
+                worst = 0.0
+                for _ in range(self.cfg["race_trials"]):
+                    for t in resid[1:] + norms + outs:
+                        t.fill_(float("nan"))
+                    self.sync()
+                    self.dist.barrier()
+                    g.replay() if g is not None else run()
+                    self.sync()
+                    errs = [self.errors(resid[-1], ref_res)] + [self.errors(o, r) for o, r in zip(outs, ref_out)]
+                    worst = max([worst] + [e["max_abs_err"] for e in errs])
+                    bad += int(any(e["nan"] or e["max_abs_err"] > 1.0 for e in errs))
+                del g
+                self.rec(kind="pdl_race", impl="fi_trtllm_fused+pdl_rmsnorm", rows=rows, chain=chain,
+                         trigger_at_end=trigger, trials=self.cfg["race_trials"], bad_trials=bad,
+                         worst_abs_err=worst, graph_us=graph_us)
+                _log(self.rank, f"pdl race {rows} rows trigger_at_end={trigger}: {bad}/{self.cfg['race_trials']} bad, "
+                                f"worst abs err {worst:.3f}, {graph_us:.0f} us per chain")
+
+    def pcie_ipc_sizes(self) -> None:
+        """FlashInfer's PCIe IPC all-reduce (seed policy, untuned) at verify row counts."""
+        if self.fi is None:
+            self.rec(kind="allreduce", impl="fi_pcie_ipc", skipped=self.fi_reason)
+            return
+        torch, dist = self.torch, self.dist
+        max_rows = max(self.cfg["rows"])
+        try:
+            ws = self.fi.PcieIpcAllReduceWorkspace(group=dist.group.WORLD, max_numel=max_rows * HIDDEN,
+                                                   dtype=torch.bfloat16)
+            ws.prepare([(r, HIDDEN) for r in self.cfg["rows"]])
+        except Exception as e:
+            self.rec(kind="allreduce", impl="fi_pcie_ipc", skipped=f"refused: {type(e).__name__}: {e}")
+            _log(self.rank, f"pcie_ipc refused: {e}")
+            return
+        self.rec(kind="workspace", impl="fi_pcie_ipc", profile=getattr(ws, "profile", ""),
+                 profile_reason=getattr(ws, "profile_reason", ""))
+        chain = self.cfg["chain"]
+        for rows in self.cfg["rows"]:
+            x = self.randn(rows, HIDDEN)
+            out = ws.all_reduce(x)
+            self.sync()
+            err = self.errors(out, self.ref_sum(x))
+            xs = [self.randn(rows, HIDDEN) for _ in range(chain)]
+            outs = [torch.empty_like(x) for _ in range(chain)]
+
+            def one():
+                ws.all_reduce(xs[0], out=outs[0])
+
+            def many():
+                for i in range(chain):
+                    ws.all_reduce(xs[i], out=outs[i])
+
+            self.measure(one, many, chain, kind="allreduce", impl="fi_pcie_ipc", rows=rows, bytes=rows * HIDDEN * 2,
+                         **err)
+        self._pcie_ws = ws
+
+    def _weights(self) -> tuple[list, list, object]:
+        """Per-rank TP8 GEMM weights of one layer (attention, MoE) and an RMSNorm gamma, fixed seeds."""
+        torch = self.torch
+        gen = torch.Generator(device="cpu").manual_seed(11)
+
+        def w(k, n):
+            return (torch.randn(k, n, generator=gen) / math.sqrt(k)).to(self.dev, torch.bfloat16)
+
+        return [w(k, n) for k, n in ATTN_GEMMS], [w(k, n) for k, n in MOE_GEMMS], \
+            self.randn(HIDDEN, scale=0.1, seed=5) + 1.0
+
+    def _reduce_norm(self, impl: str, resid: ResidualChain, gamma, fused_ws, pcie_ws):
+        """reduce_norm(y, tag): all-reduce this rank's partial sum y with `impl`, add the residual, RMSNorm; returns
+        the normed hidden state and advances the residual chain."""
+        torch, dist = self.torch, self.dist
+        bufs: dict = {}
+
+        def reduce_norm(y, tag):
+            i = resid.advance()
+            if impl == "fi_trtllm_fused":
+                out = bufs.setdefault(tag + "n", torch.empty_like(y))
+                self.fi.allreduce_fusion(input=y, workspace=fused_ws,
+                                         pattern=self.fi.AllReduceFusionPattern.kARResidualRMSNorm,
+                                         launch_with_pdl=True, trigger_completion_at_end=True,
+                                         residual_out=resid.bufs[i + 1], norm_out=out, residual_in=resid.bufs[i],
+                                         rms_gamma=gamma, rms_eps=EPS, fp32_acc=True)
+                return out
+            if impl == "fi_pcie_ipc":
+                y = pcie_ws.all_reduce(y, out=bufs.setdefault(tag + "o", torch.empty_like(y)))
+            else:
+                dist.all_reduce(y)
+            self.add_rmsnorm(y, resid.bufs[i], gamma)  # in place: resid[i] += y; y = norm(resid[i])
+            resid.bufs[i + 1] = resid.bufs[i]
+            return y
+
+        return reduce_norm
+
+    def _forward(self, x0, impl: str, gamma, weights, fused_ws, pcie_ws):
+        """forward(): the layers of one verify-shaped forward with all-reduce `impl`, from x0."""
+        layers = self.cfg["layers"]
+        attn_w, moe_w = weights
+        h = x0.clone()
+        resid = ResidualChain(x0, 2 * layers)
+        reduce_norm = self._reduce_norm(impl, resid, gamma, fused_ws, pcie_ws)
+
+        def forward():
+            resid.reset()
+            hs = h
+            hs.copy_(x0)
+            for _ in range(layers):
+                a = hs @ attn_w[0]
+                a = a[:, :1536] @ attn_w[1]
+                a = a[:, :1024] @ attn_w[2]
+                hs = reduce_norm(a, "a")
+                m = hs @ moe_w[0]
+                m = m[:, :2304] @ moe_w[1]
+                hs = reduce_norm(m, "m")
+            return hs
+
+        return forward
+
+    def verify_forward(self, impls: list[str]) -> None:
+        """61 layers x (attention GEMMs -> all-reduce -> add+RMSNorm -> MoE GEMMs -> all-reduce -> add+RMSNorm),
+        per-rank TP8 shapes, eager vs CUDA-graph-replayed, for each all-reduce implementation."""
+        layers = self.cfg["layers"]
+        attn_w, moe_w, gamma = self._weights()
+        fused_ws = None
+        if "fi_trtllm_fused" in impls and self.fi is not None:
+            fused_ws = self.fi.create_allreduce_fusion_workspace(
+                backend="trtllm", world_size=self.world, rank=self.rank, max_token_num=max(max(self.cfg["rows"]), 128),
+                hidden_dim=HIDDEN, dtype=self.torch.bfloat16)
+        pcie_ws = getattr(self, "_pcie_ws", None)
+        missing = {"fi_trtllm_fused": (fused_ws, "no workspace"), "fi_pcie_ipc": (pcie_ws, "pcie_ipc refused")}
+        for rows in self.cfg["rows"]:
+            x0 = self.randn(rows, HIDDEN, seed=4000 + rows)
+            outputs = {}
+            for impl in impls:
+                ws, why = missing.get(impl, (True, ""))
+                if ws is None:
+                    self.rec(kind="verify_forward", impl=impl, rows=rows, skipped=self.fi_reason or why)
+                    continue
+                forward = self._forward(x0, impl, gamma, (attn_w, moe_w), fused_ws, pcie_ws)
+                out = forward()
+                self.sync()
+                outputs[impl] = out.float().clone()
+                eager = self.time_chain_eager(forward, self.cfg["reps"])
+                graph = self.time_chain_graph(forward, self.cfg["reps"])
+                self.rec(kind="verify_forward", impl=impl, rows=rows, layers=layers, mode="eager", us=eager)
+                if graph is not None:
+                    self.rec(kind="verify_forward", impl=impl, rows=rows, layers=layers, mode="graph", us=graph)
+                _log(self.rank, f"{self.variant}: verify forward {impl} {rows} rows: eager {eager / 1e3:.2f} ms, "
+                                f"graph {(graph or float('nan')) / 1e3:.2f} ms")
+            ref = outputs.get("nccl")
+            for impl, out in outputs.items():
+                if ref is not None and impl != "nccl":
+                    self.rec(kind="verify_forward_check", impl=impl, rows=rows, against="nccl",
+                             **self.errors(out, ref))
+
+
+def p2p_bandwidth(size_mb: int = 256) -> list[dict]:
+    """Peer copy bandwidth between every ordered pair of visible GPUs (GB/s), one process, events."""
+    import torch
+
+    n = torch.cuda.device_count()
+    out = []
+    for a in range(n):
+        for b in range(n):
+            if a == b:
+                continue
+            src = torch.empty(size_mb << 20, dtype=torch.uint8, device=f"cuda:{a}")
+            dst = torch.empty_like(src, device=f"cuda:{b}")
+            for _ in range(3):
+                dst.copy_(src)
+            torch.cuda.synchronize(a), torch.cuda.synchronize(b)
+            times = []
+            for _ in range(10):
+                with torch.cuda.device(a):
+                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    s.record()
+                    dst.copy_(src)
+                    e.record()
+                    e.synchronize()
+                    times.append(s.elapsed_time(e) / 1e3)
+            t = statistics.median(times)
+            out.append({"kind": "p2p_bw", "src": a, "dst": b, "bytes": src.numel(), "gbps": src.numel() / t / 1e9,
+                        "peer_access": bool(torch.cuda.can_device_access_peer(a, b))})
+            del src, dst
+    return out
+
+
+def worker(rank: int, world: int, cfg: dict, out_path: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    bench = None
+    try:
+        if cfg["device"] == "cpu":
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=rank, world_size=world)
+        else:
+            torch.cuda.set_device(rank)
+            dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=rank,
+                                    world_size=world, device_id=torch.device("cuda", rank))
+        bench = RankSession(rank, world, cfg)
+        bench.load_flashinfer()
+        steps = cfg["steps"]
+        if "allreduce" in steps:
+            bench.allreduce_sizes()
+        if "pcie_ipc" in steps:
+            bench.pcie_ipc_sizes()
+        if "fused" in steps:
+            bench.fused_sizes()
+        if "verify" in steps:
+            bench.verify_forward(cfg["verify_impls"])
+        dist.barrier()
+        meta = {"nccl_version": ".".join(map(str, torch.cuda.nccl.version())) if not bench.cpu else None,
+                "torch": torch.__version__, "flashinfer_reason": bench.fi_reason}
+        if rank == 0:
+            Path(out_path).write_text(json.dumps({"meta": meta, "records": bench.records}))
+    except Exception:
+        tb = traceback.format_exc()
+        print(f"[bench-comm] rank {rank} failed:\n{tb}", flush=True)
+        if rank == 0:
+            Path(out_path).write_text(json.dumps({"error": tb, "records": bench.records if bench else []}))
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,190 @@
+"""`make docs`: regenerate the cost-model tables of eagle-fast-verify.md from committed files.
+
+  python -m scripts.bench.cost_model [--write | --check] [--doc eagle-fast-verify.md]
+
+Inputs: bench/inputs/cost-model.toml (the seed box's numbers and published per-call latencies, each with its
+source) and bench/results/bench-comm_H200_x2_*.json (our H200 x2 proxy runs). The tables go between the
+`<!-- cost-model:NAME -->` / `<!-- /cost-model:NAME -->` markers of the document, so every number there comes from
+a file. `--check` fails if the document is out of date.
+
+Model of one speculative cycle on the box: draft + verify, verify = compute + 122 x per-call all-reduce latency,
+with the draft time and the non-communication compute taken from the seed measurement (both assumed unchanged by
+these patches; CUDA graphs would shrink them too, so the estimate is conservative). tok/s = AL / cycle; the
+break-even accept length is the AL at which speculation matches the no-speculation baseline.
+Exit status: 0 printed, written or current; 1 --check found the document out of date; 2 an input is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tomllib
+from pathlib import Path
+
+from ..lib.cli import run
+from ..lib.errors import UserError
+from ..lib.progress import say
+from ..lib.repo import REPO_ROOT
+from .comm_report import record
+from .kimi import CHAIN, LAYERS
+from .numbers import spread
+
+INPUTS = REPO_ROOT / "bench" / "inputs" / "cost-model.toml"
+RESULTS = REPO_ROOT / "bench" / "results"
+DOC = REPO_ROOT / "eagle-fast-verify.md"
+
+
+def load_runs(pattern: str = "bench-comm_H200_x2_*.json") -> list[dict]:
+    runs = [json.loads(p.read_text()) | {"_file": p.name} for p in sorted(RESULTS.glob(pattern))]
+    if not runs:
+        raise UserError(f"no {pattern} under {RESULTS}: run make bench-comm on a GPU box first")
+    return runs
+
+
+def _vals(runs, fn) -> list[float]:
+    out = []
+    for r in runs:
+        try:
+            v = fn(r)
+        except (TypeError, KeyError, ZeroDivisionError):
+            v = None
+        if v is not None:
+            out.append(v)
+    return out
+
+
+def ar_us(run, variant="default", impl="nccl", rows=8, mode="graph"):
+    return record(run, kind="allreduce", variant=variant, impl=impl, rows=rows, mode=mode)["us_per_call"]
+
+
+def fused_us(run, impl, rows=8, mode="graph"):
+    return record(run, kind="fused", impl=impl, rows=rows, mode=mode)["us_per_call"]
+
+
+def vf_us(run, variant="default", impl="nccl", rows=8, mode="graph"):
+    return record(run, kind="verify_forward", variant=variant, impl=impl, rows=rows, mode=mode)["us"]
+
+
+def h200_table(runs: list[dict]) -> str:
+    """Ratios measured side by side in each run (median and range over the runs)."""
+    n = len(runs)
+    rows = [
+        (f"Verify-shaped forward ({LAYERS} layers, 8 rows), NCCL: eager / graph-replayed", "x",
+         _vals(runs, lambda r: vf_us(r, mode="eager") / vf_us(r))),
+        ("Same, 4 rows (batch 1)", "x", _vals(runs, lambda r: vf_us(r, rows=4, mode="eager") / vf_us(r, rows=4))),
+        ("NCCL + eager forward / fused trtllm + graph (8 rows; issue bar >= 3x)", "x",
+         _vals(runs, lambda r: vf_us(r, mode="eager") / vf_us(r, impl="fi_trtllm_fused"))),
+        ("Graph-replayed forward: fused trtllm / NCCL (8 rows)", "x",
+         _vals(runs, lambda r: vf_us(r, impl="fi_trtllm_fused") / vf_us(r))),
+        ("Graph-replayed forward: PCIe IPC / NCCL (8 rows)", "x",
+         _vals(runs, lambda r: vf_us(r, impl="fi_pcie_ipc") / vf_us(r))),
+        (f"Per call, graph chain of {CHAIN}, 8 rows: NCCL default", " us", _vals(runs, lambda r: ar_us(r))),
+        ("  NCCL_PROTO=Simple / default", "x", _vals(runs, lambda r: ar_us(r, "SIMPLE") / ar_us(r))),
+        ("  NCCL_PROTO=LL / default", "x", _vals(runs, lambda r: ar_us(r, "LL") / ar_us(r))),
+        ("  NCCL_PROTO=LL128 / default", "x", _vals(runs, lambda r: ar_us(r, "LL128") / ar_us(r))),
+        ("  PCIe defaults patch (its _PCIE_NCCL_DEFAULTS) / default", "x",
+         _vals(runs, lambda r: ar_us(r, "pcie_defaults") / ar_us(r))),
+        ("  NCCL_P2P_DISABLE=1 / default (host-staged, a rough PCIe stand-in)", "x",
+         _vals(runs, lambda r: ar_us(r, "p2p_off") / ar_us(r))),
+        ("  FlashInfer PCIe IPC / NCCL default", "x",
+         _vals(runs, lambda r: ar_us(r, impl="fi_pcie_ipc") / ar_us(r))),
+        ("Fused AR+residual+RMSNorm per call, graph, 8 rows", " us",
+         _vals(runs, lambda r: fused_us(r, "fi_trtllm_fused"))),
+        ("  NCCL AR + FlashInfer fused add-RMSNorm, same", " us",
+         _vals(runs, lambda r: fused_us(r, "nccl+fi_add_rmsnorm"))),
+        ("  cost of trigger_completion_at_end (small-token guard), per call", " us",
+         _vals(runs, lambda r: fused_us(r, "fi_trtllm_fused") - fused_us(r, "fi_trtllm_fused_early_trigger"))),
+        ("  same, median over 4-64 rows", " us",
+         _vals(runs, lambda r: statistics.median(
+             fused_us(r, "fi_trtllm_fused", rows=n) - fused_us(r, "fi_trtllm_fused_early_trigger", rows=n)
+             for n in (4, 8, 16, 32, 64)))),
+        (f"  graph chain of {CHAIN} x (fused + consumer), 4-16 rows: guard on / off", "x",
+         [x["graph_us"] / record(r, kind="pdl_race", rows=x["rows"], trigger_at_end=False)["graph_us"]
+          for r in runs for x in r["records"] if x.get("kind") == "pdl_race" and x["trigger_at_end"]]),
+        ("PDL race check: bad trials without the guard (of trials x row counts)", "",
+         _vals(runs, lambda r: sum(x["bad_trials"] for x in r["records"]
+                                   if x.get("kind") == "pdl_race" and not x["trigger_at_end"]))),
+        ("Peer copy bandwidth, min over GPU pairs", " GB/s", _vals(runs, lambda r: r["summary"]["peer_gbps_min"])),
+    ]
+    lines = [f"| H200 x2 proxy, {n} run(s): {', '.join(r['_file'] for r in runs)} | value |", "|---|---|"]
+    for name, unit, vals in rows:
+        digits = 0 if unit.strip() == "" and vals and float(vals[0]).is_integer() else 2
+        lines.append(f"| {name} | {spread(vals, digits, unit)} |")
+    return "\n".join(lines)
+
+
+def box_table(inp: dict) -> str:
+    box = inp["box"]
+    n = box["allreduces"]
+    compute_ms = box["verify_ms"] - box["verify_allreduce_ms"]
+    draft_ms = 1000 * box["accept_length"] / box["eagle_tok_s"] - box["verify_ms"]
+    base_ms = 1000 / box["baseline_tok_s"]
+    al = box["accept_length"]
+    lines = [f"Model inputs (seed box): verify compute {compute_ms:.1f} ms, draft {draft_ms:.2f} ms per cycle, "
+             f"no-speculation {box['baseline_tok_s']:.0f} tok/s ({base_ms:.1f} ms/token), AL {al:.1f}, "
+             f"{n} all-reduces per verify; peers reach {box['peer_eagle_tok_s'][0]:.0f}-"
+             f"{box['peer_eagle_tok_s'][1]:.0f} tok/s at the same AL.", "",
+             "| setting | per all-reduce (us) | 122 x all-reduce (ms) | verify (ms) | tok/s at AL 2.0 | break-even AL | source |",
+             "|---|---|---|---|---|---|---|"]
+    for s in inp["setting"]:
+        def cyc(us):
+            return draft_ms + compute_ms + n * us / 1000
+
+        lo, hi = s["low"], s["high"]
+        ar = f"{lo:.0f}" if lo == hi else f"{lo:.1f}-{hi:.1f}"
+        tot = f"{n * lo / 1000:.2f}" if lo == hi else f"{n * lo / 1000:.2f}-{n * hi / 1000:.2f}"
+        ver = f"{compute_ms + n * lo / 1000:.1f}" if lo == hi else \
+            f"{compute_ms + n * lo / 1000:.1f}-{compute_ms + n * hi / 1000:.1f}"
+        tps = f"{1000 * al / cyc(lo):.0f}" if lo == hi else f"{1000 * al / cyc(hi):.0f}-{1000 * al / cyc(lo):.0f}"
+        be = f"{cyc(lo) / base_ms:.2f}" if lo == hi else f"{cyc(lo) / base_ms:.2f}-{cyc(hi) / base_ms:.2f}"
+        lines.append(f"| {s['name']} | {ar} | {tot} | {ver} | {tps} | {be} | {s['source']} |")
+    return "\n".join(lines)
+
+
+def render(inp: dict, runs: list[dict]) -> dict[str, str]:
+    return {"box": box_table(inp), "h200": h200_table(runs)}
+
+
+def splice(doc: str, blocks: dict[str, str]) -> str:
+    for name, body in blocks.items():
+        start, end = f"<!-- cost-model:{name} -->", f"<!-- /cost-model:{name} -->"
+        if start not in doc or end not in doc:
+            raise UserError(f"{DOC.name} lacks the markers {start} ... {end}")
+        head, rest = doc.split(start, 1)
+        _, tail = rest.split(end, 1)
+        doc = f"{head}{start}\n{body}\n{end}{tail}"
+    return doc
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="scripts.bench.cost_model", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--write", action="store_true", help="rewrite the tables in eagle-fast-verify.md")
+    g.add_argument("--check", action="store_true", help="fail if eagle-fast-verify.md is out of date")
+    ap.add_argument("--doc", type=Path, default=DOC)
+    a = ap.parse_args(argv)
+    inp = tomllib.loads(INPUTS.read_text())
+    blocks = render(inp, load_runs())
+    if not (a.write or a.check):
+        for body in blocks.values():
+            print(body + "\n")
+        return 0
+    old = a.doc.read_text()
+    new = splice(old, blocks)
+    if a.check:
+        if new != old:
+            print(f"{a.doc.name} is out of date with bench/: run make docs")
+            return 1
+        return 0
+    if new == old:
+        say(f"{a.doc.name} is up to date")
+    else:
+        a.doc.write_text(new)
+        say(f"rewrote the cost-model tables of {a.doc.name}")
+    return 0
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,0 +1,390 @@
+"""The doctor's checks: one small function per check over one Facts object, registered in order with @doctor_check
+(as SGLang registers @register_post_process passes). Each returns its findings and changes nothing.
+
+A finding has an id (gpu.model, host.hmm, ...), a severity (ok, info, warn, error), a message and a fix. The checks
+and the ids they report are listed in scripts/host/doctor.py's docstring.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+from typing import Callable
+
+from .facts import Facts
+from .nccl import KNOWN_BAD_NCCL
+from .parsers import version_tuple
+from .tools import TARGET_REPO
+from .topology import P2P_LEGEND
+
+SEVERITIES = ("ok", "info", "warn", "error")
+MIN_NVCC = (12, 8)
+HMM_FIX = ("echo 'options nvidia_uvm uvm_disable_hmm=1' > /etc/modprobe.d/nvidia-uvm-hmm.conf, then reload "
+           "nvidia_uvm (or reboot)")
+
+
+@dataclasses.dataclass
+class Finding:
+    id: str
+    severity: str
+    message: str
+    fix: str = ""
+
+    def __post_init__(self):
+        assert self.severity in SEVERITIES, self.severity
+
+
+Check = Callable[[Facts], list[Finding]]
+CHECKS: list[Check] = []
+
+
+def doctor_check(fn: Check) -> Check:
+    CHECKS.append(fn)
+    return fn
+
+
+def run_checks(facts: Facts, checks: list[Check] | None = None) -> list[Finding]:
+    return [finding for check in (CHECKS if checks is None else checks) for finding in check(facts)]
+
+
+def _ranges(idx: list[int]) -> str:
+    idx = sorted(idx)
+    parts, start = [], None
+    for k, v in enumerate(idx):
+        if start is None:
+            start = v
+        if k + 1 == len(idx) or idx[k + 1] != v + 1:
+            parts.append(f"{start}" if start == v else f"{start}-{v}")
+            start = None
+    return ",".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GPUs and driver
+
+
+@doctor_check
+def gpus(f: Facts) -> list[Finding]:
+    if f.gpu_why:
+        return [Finding("gpu.driver", "error", f"no NVIDIA driver/GPU found: {f.gpu_why}",
+                        "on the host: install the NVIDIA driver (>= 580 for the image's CUDA 13.0) and check "
+                        "`nvidia-smi`; in docker: run with --gpus all (NVIDIA Container Toolkit installed)")]
+    if not f.n:
+        return [Finding("gpu.driver", "error", "no NVIDIA driver/GPU found: nvidia-smi lists no GPU",
+                        "check `nvidia-smi -L`; in docker run with --gpus all")]
+    names = sorted({g.name for g in f.gpus})
+    ccs = sorted({g.compute_cap for g in f.gpus})
+    desc = f"{f.n}x {' + '.join(names)}, compute capability {'/'.join(c or '?' for c in ccs)}"
+    if len(ccs) > 1 or len(names) > 1:
+        out = [Finding("gpu.model", "warn", f"mixed GPUs: {desc}",
+                       "TP ranks should be identical GPUs; set CUDA_VISIBLE_DEVICES to one kind")]
+    elif ccs == ["12.0"]:
+        out = [Finding("gpu.model", "ok", f"{desc} (SM120): the series' PCIe-only SM120 paths apply")]
+    else:
+        out = [Finding("gpu.model", "info", f"{desc}: not SM120, so the series' SM120 paths stay off "
+                       "(the profile targets 8x RTX PRO 6000 Blackwell)")]
+    if f.n < f.tp:
+        cvd = f.env.get("CUDA_VISIBLE_DEVICES")
+        out.append(Finding("gpu.count", "error", f"TP{f.tp} needs {f.tp} GPUs; this machine shows {f.n}"
+                           + (f" (CUDA_VISIBLE_DEVICES={cvd})" if cvd is not None else ""),
+                           "docker run --gpus all; or lower the profile's tp-size (serve -- --tp-size N)"))
+    else:
+        out.append(Finding("gpu.count", "ok", f"{f.n} GPUs for TP{f.tp}"))
+    return out
+
+
+@doctor_check
+def driver_cuda(f: Facts) -> list[Finding]:
+    if not f.driver or f.image_cuda is None:
+        return []
+    need = f"{f.image_cuda[0]}.{f.image_cuda[1]}"
+    cuda = version_tuple(f.cuda)
+    if cuda and cuda[:2] < f.image_cuda:
+        return [Finding("driver.cuda", "error", f"driver {f.driver} supports CUDA {f.cuda}; the image is built on "
+                        f"CUDA {need}", "upgrade the NVIDIA driver to the 580 branch or newer")]
+    return [Finding("driver.cuda", "ok", f"driver {f.driver}, CUDA {f.cuda} (the image needs >= {need})")]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# topology: NVLink, P2P, NUMA
+
+
+@doctor_check
+def nvlink(f: Facts) -> list[Finding]:
+    kinds: dict[str, int] = {}
+    for (i, j), v in f.topo["links"].items():
+        if i < j:
+            kinds[v] = kinds.get(v, 0) + 1
+    pairs = f"GPU pairs: {', '.join(f'{c}x {k}' for k, c in sorted(kinds.items())) or 'see nvidia-smi topo -m'}"
+    if f.n < 2:
+        return []
+    if f.pcie_only is None:
+        return [Finding("topo.nvlink", "warn", f"NVLink between the GPUs unknown: {f.pcie_why}",
+                        "run `nvidia-smi topo -p2p n` by hand (every pair OK: NVLink; NS: PCIe only); the patched "
+                        "launcher then applies no PCIe-only defaults")]
+    if f.nvlink:
+        links = f", {f.active_nvlinks} active links" if f.active_nvlinks else ""
+        return [Finding("topo.nvlink", "info", f"NVLink present ({pairs}{links}): the PCIe-only defaults (NCCL "
+                        "settings, PCIe IPC all-reduce) do not apply here")]
+    return [Finding("topo.nvlink", "ok" if f.sm120 else "info", f"no NVLink, PCIe only ({pairs})")]
+
+
+@doctor_check
+def p2p(f: Facts) -> list[Finding]:
+    if f.n < 2:
+        return []
+    if f.p2p_read is None:
+        return [Finding("topo.p2p", "warn", f"P2P status unknown: {f.p2p_why}", "run `nvidia-smi topo -p2p r` by hand")]
+    pairs = sorted((i, j) for (i, j) in f.p2p_read if i < j)
+    bad = [(i, j, f.p2p_read[(i, j)]) for i, j in pairs if f.p2p_read[(i, j)] != "OK"]
+    if not pairs:
+        return [Finding("topo.p2p", "warn", "could not read the P2P matrix of `nvidia-smi topo -p2p r`",
+                        "run it by hand and check every pair says OK")]
+    if not bad:
+        return [Finding("topo.p2p", "ok", f"P2P read OK between all {len(pairs)} GPU pairs")]
+    codes = sorted({s for *_, s in bad})
+    shown = ", ".join(f"GPU{i}-GPU{j} {s}" for i, j, s in bad[:12]) + (" ..." if len(bad) > 12 else "")
+    return [Finding("topo.p2p", "warn" if f.pcie_only is not False else "info",
+                    f"P2P read not available for {len(bad)} of {len(pairs)} GPU pairs "
+                    f"({'; '.join(f'{c}: {P2P_LEGEND.get(c, c)}' for c in codes)}): {shown}. NCCL stages those "
+                    "transfers through host memory (slower all-reduce)",
+                    "BIOS: enable Above 4G decoding, Resizable BAR and PCIe peer-to-peer / ACS off for the GPU "
+                    "slots; kernel: iommu=pt or off. If the patched PCIe IPC all-reduce fails to start, set "
+                    "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0")]
+
+
+@doctor_check
+def numa(f: Facts) -> list[Finding]:
+    if not f.n or not f.topo["numa"]:
+        return []
+    groups: dict[str, list[int]] = {}
+    for i, node in sorted(f.topo["numa"].items()):
+        groups.setdefault(node, []).append(i)
+    desc = "; ".join(f"GPUs {_ranges(v)} on NUMA node {k}" for k, v in sorted(groups.items()))
+    if "N/A" in groups and (f.numa_nodes or 1) > 1:
+        return [Finding("topo.numa", "warn", f"NUMA affinity of some GPUs is unknown ({desc})",
+                        "check BIOS NUMA settings (NPS) and `nvidia-smi topo -m`; sglang then cannot bind ranks to "
+                        "nodes (--numa-node sets it by hand)")]
+    if len(groups) == 1:
+        return [Finding("topo.numa", "ok", f"all GPUs on one NUMA node ({desc})")]
+    sizes = sorted(len(v) for v in groups.values())
+    if len(set(sizes)) > 1:
+        return [Finding("topo.numa", "warn", f"uneven GPU split across NUMA nodes: {desc}",
+                        "the PCIe all-reduce's island schedule assumes equal islands (4+4 at TP8); move GPUs or "
+                        "accept cross-node traffic")]
+    if not all(v == list(range(v[0], v[0] + len(v))) for v in groups.values()):
+        order = ",".join(str(i) for k in sorted(groups) for i in groups[k])
+        return [Finding("topo.numa", "warn", f"GPU numbers interleave NUMA nodes: {desc}",
+                        f"ranks 0-{f.n // 2 - 1} should share a node: CUDA_VISIBLE_DEVICES={order} "
+                        "(with CUDA_DEVICE_ORDER=PCI_BUS_ID)")]
+    return [Finding("topo.numa", "ok", f"{desc}: {len(groups)} islands of {sizes[0]} (the 4+4 layout the "
+                    "PCIe all-reduce schedule expects at TP8)" if len(groups) == 2 else desc)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# PCIe links and BAR1
+
+
+@doctor_check
+def pcie_link(f: Facts) -> list[Finding]:
+    if not any(g.width_max for g in f.gpus):
+        return []
+    narrow = [g for g in f.gpus if g.width_max and g.width_current and g.width_current < g.width_max]
+    slow_slot = [g for g in f.gpus if g.gen_host_max and g.gen_max and g.gen_host_max < g.gen_max]
+    gens = sorted({g.gen_max for g in f.gpus if g.gen_max})
+    widths = sorted({g.width_max for g in f.gpus if g.width_max})
+    msg = f"PCIe Gen{'/'.join(map(str, gens))} x{'/'.join(map(str, widths))}"
+    if not (narrow or slow_slot):
+        return [Finding("pcie.link", "ok", f"{msg} on every GPU (a lower current generation at idle is power saving)")]
+    parts = [f"{g.bus_id} x{g.width_current} (max x{g.width_max})" for g in narrow]
+    parts += [f"{g.bus_id} slot Gen{g.gen_host_max} (GPU Gen{g.gen_max})" for g in slow_slot]
+    return [Finding("pcie.link", "warn", f"{msg}; degraded: {', '.join(parts)}",
+                    "reseat the card or riser, check the slot's lane assignment and PCIe generation in the BIOS")]
+
+
+@doctor_check
+def bar1(f: Facts) -> list[Finding]:
+    bars = [g for g in f.gpus if g.bar1_total_mib is not None]
+    if not bars:
+        return []
+    small = [g for g in bars if g.fb_total_mib and g.bar1_total_mib < g.fb_total_mib]
+    if not small:
+        return [Finding("pcie.bar1", "ok", f"BAR1 {bars[0].bar1_total_mib} MiB >= GPU memory on every GPU")]
+    tiny = [g for g in small if g.bar1_total_mib <= 256]
+    return [Finding("pcie.bar1", "error" if tiny and f.pcie_only else "warn",
+                    f"BAR1 smaller than GPU memory on {len(small)} GPU(s) ({small[0].bar1_total_mib} MiB vs "
+                    f"{small[0].fb_total_mib} MiB): peer-to-peer over PCIe and CUDA IPC need the large BAR",
+                    "BIOS: enable Above 4G Decoding and Resizable BAR, then reboot; check BAR1 in `nvidia-smi -q`")]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# host settings
+
+
+@doctor_check
+def hmm(f: Facts) -> list[Finding]:
+    out = f.get("uvm-hmm")
+    why_bad = ", which locks up NCCL P2P on PCIe-only boxes"
+    if out.ok:
+        v = out.text.strip()
+        if v not in ("N", "0"):
+            return [Finding("host.hmm", "ok", f"nvidia_uvm uvm_disable_hmm={v} (HMM off)")]
+        return [Finding("host.hmm", "error" if f.pcie_only else "info", f"nvidia_uvm uvm_disable_hmm={v}: HMM is on"
+                        + (why_bad if f.pcie_only else " (matters on PCIe-only boxes)"), HMM_FIX)]
+    if any(g.addressing_mode == "HMM" for g in f.gpus):
+        return [Finding("host.hmm", "error" if f.pcie_only else "info",
+                        "nvidia-smi reports Addressing Mode HMM: HMM is on" + (why_bad if f.pcie_only else ""),
+                        HMM_FIX)]
+    if f.n:
+        return [Finding("host.hmm", "warn", f"nvidia_uvm HMM setting unknown: {out.why}",
+                        "load nvidia_uvm (modprobe nvidia_uvm) and set options nvidia_uvm uvm_disable_hmm=1")]
+    return []
+
+
+@doctor_check
+def iommu(f: Facts) -> list[Finding]:
+    cmd = f.get("cmdline")
+    if not cmd.ok:
+        return [Finding("host.iommu", "info", f"kernel command line unknown: {cmd.why}")] if f.n else []
+    toks = cmd.text.split()
+    off = [t for t in toks if t in ("iommu=off", "amd_iommu=off", "intel_iommu=off")]
+    grp = f.get("iommu-groups")
+    groups_n = int(grp.text.strip()) if grp.ok and grp.text.strip().isdigit() else None
+    if off:
+        out = [Finding("host.iommu", "ok", f"IOMMU off ({' '.join(off)})")]
+    elif "iommu=pt" in toks:
+        out = [Finding("host.iommu", "ok", "IOMMU in passthrough mode (iommu=pt): device DMA is not translated")]
+    elif groups_n == 0:
+        out = [Finding("host.iommu", "ok", "no IOMMU groups: IOMMU off")]
+    else:
+        why = f"{groups_n} IOMMU groups, " if groups_n else ""
+        out = [Finding("host.iommu", "warn" if f.pcie_only is not False else "info",
+                       f"IOMMU translation likely on ({why}no iommu=off/pt on the kernel command line): GPU "
+                       "peer-to-peer DMA then goes through the IOMMU, and NCCL P2P can hang or crawl",
+                       "add iommu=pt (or amd_iommu=off / intel_iommu=off) to GRUB_CMDLINE_LINUX, update-grub, reboot")]
+    if f.pcie_only and "pcie_port_pm=off" not in toks:
+        out.append(Finding("host.pcie_pm", "info", "PCIe port power management is on (no pcie_port_pm=off)",
+                           "peers running these boxes add pcie_port_pm=off to the kernel command line"))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# toolchain, NCCL, environment
+
+
+@doctor_check
+def nvcc(f: Facts) -> list[Finding]:
+    ver = f.nvcc()
+    if ver is None:
+        why = f.get("nvcc").why or "no version in its output"
+        return [Finding("cuda.nvcc", "warn", f"nvcc not found ({why}): FlashInfer JIT-compiles kernels on first use "
+                        "and needs nvcc >= 12.8 for SM120", "use the image (it has the CUDA toolkit), or install "
+                        "CUDA >= 12.8 and put nvcc on PATH / set CUDA_HOME")]
+    if ver < MIN_NVCC:
+        return [Finding("cuda.nvcc", "error", f"nvcc {ver[0]}.{ver[1]} is older than 12.8: FlashInfer cannot JIT for "
+                        "SM120", "install CUDA >= 12.8 (the image has 13.0) and point CUDA_HOME at it")]
+    return [Finding("cuda.nvcc", "ok", f"nvcc {ver[0]}.{ver[1]} (FlashInfer JIT needs >= 12.8)")]
+
+
+@doctor_check
+def nccl_version(f: Facts) -> list[Finding]:
+    info = f.nccl_info()
+    version = info.get("nccl") or info.get("dist_version")
+    if not version:
+        why = info.get("error") or f.get("nccl").why or "no answer"
+        return [Finding("nccl.version", "info", f"NCCL version unknown (torch not importable by {f.probe.python}: "
+                        f"{why})", "run `serve --check` inside the image to see the NCCL it ships")]
+    src = f"torch {info['torch']}" if info.get("nccl") else f"{info.get('dist')} (package metadata)"
+    bad = KNOWN_BAD_NCCL.get(version)
+    if not bad:
+        return [Finding("nccl.version", "ok",
+                        f"NCCL {version} ({src}); known-bad releases: {', '.join(KNOWN_BAD_NCCL)}")]
+    if f.env.get("NCCL_P2P_DISABLE", "") in ("1", "true", "True"):
+        return [Finding("nccl.version", "warn", f"NCCL {version} ({src}) {bad}; NCCL_P2P_DISABLE=1 is set, which "
+                        "avoids the hang at the cost of single-stream speed", "use an image with another NCCL release")]
+    return [Finding("nccl.version", "error" if (f.rtx_pro or f.pcie_only or not f.n) else "warn",
+                    f"NCCL {version} ({src}) {bad}",
+                    "NCCL_P2P_DISABLE=1, or upgrade/downgrade NCCL (pip install nvidia-nccl-cu13==<other release>; "
+                    "the image's known-good NCCL is the one its pinned base image ships)")]
+
+
+@doctor_check
+def environment(f: Facts) -> list[Finding]:
+    out = []
+    alloc = f.env.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    if "expandable_segments:True" in alloc.replace(" ", ""):
+        out.append(Finding("env.alloc", "warn", f"PYTORCH_CUDA_ALLOC_CONF={alloc}: expandable segments are reported "
+                           "to crash the PCIe one-shot all-reduce", "unset PYTORCH_CUDA_ALLOC_CONF (or drop "
+                           "expandable_segments)"))
+    # NCCL_VERSION is metadata that NVIDIA's CUDA images set, not an NCCL setting.
+    nccl_env = {k: v for k, v in f.env.items() if k.startswith("NCCL_") and k != "NCCL_VERSION"}
+    if nccl_env:
+        out.append(Finding("env.nccl", "info", "NCCL settings in the environment (they win over the patched "
+                           "launcher's PCIe defaults): " + ", ".join(f"{k}={v}" for k, v in sorted(nccl_env.items()))))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# disk and the patch set
+
+
+@doctor_check
+def disk(f: Facts) -> list[Finding]:
+    d = f.disk()
+    need = f.need_gb
+    if d is None:
+        why = f.get("df").why or "unreadable df output"
+        return [Finding("disk.free", "warn", f"free disk for the model unknown ({why})",
+                        f"check by hand: {TARGET_REPO} needs about {need:.0f} GB")]
+    free_gb = d["avail_kib"] * 1024 / 1e9
+    where = f"{f.probe.model_dir} (filesystem {d['mount']})"
+    present = f.get("model-present")
+    if present.ok and present.text.strip() == "yes":
+        return [Finding("disk.free", "ok" if free_gb >= 50 else "warn",
+                        f"{TARGET_REPO} is in the cache at {where}; {free_gb:.0f} GB free",
+                        "" if free_gb >= 50 else "free some space for the drafter and JIT caches (>= 50 GB)")]
+    if free_gb >= need:
+        return [Finding("disk.free", "ok", f"{free_gb:.0f} GB free at {where} (the model needs about {need:.0f} GB)")]
+    return [Finding("disk.free", "error", f"only {free_gb:.0f} GB free at {where}; {TARGET_REPO} needs about "
+                    f"{need:.0f} GB", "mount a larger disk at the HF cache (docker run -v <big disk>:"
+                    "/root/.cache/huggingface) or set HF_HOME")]
+
+
+@doctor_check
+def patchset(f: Facts) -> list[Finding]:
+    sg = f.get("sglang")
+    if not sg.ok:
+        return [Finding("image.patchset", "info", f"sglang not found for this python ({sg.why}): a host-only "
+                        "preflight", "run `serve --check` in the image to check its patch set")]
+    pkg, rec = sg.text.strip(), f.record()
+    if rec is None:
+        return [Finding("image.patchset", "error", f"sglang at {pkg} is not patched (no _patchset.json)",
+                        "python3 -m scripts.series.apply --python python3, or use the image built by `make image`")]
+    if f.expected_patchset and rec.get("patchset") != f.expected_patchset:
+        return [Finding("image.patchset", "warn", f"sglang at {pkg} carries patch set {rec.get('patchset')}, but "
+                        f"the series here is {f.expected_patchset}", "rebuild the image (make image) or re-apply")]
+    ids = [p.get("file", "?") for p in rec.get("patches", [])]
+    return [Finding("image.patchset", "ok", f"patch set {rec.get('patchset')} ({len(ids)} patches"
+                    + (f": {', '.join(ids)}" if ids else "") + f") on SGLang {rec.get('base', {}).get('tag', '?')}")]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the table
+
+
+def table(findings: list[Finding], width: int = 110) -> str:
+    order = {s: i for i, s in enumerate(reversed(SEVERITIES))}
+    rows = sorted(findings, key=lambda f: order[f.severity])
+    idw = max([len(f.id) for f in rows] + [5])
+    lines = [f"{'SEV':<5}  {'CHECK':<{idw}}  FINDING", f"{'-' * 5}  {'-' * idw}  {'-' * 7}"]
+    body = max(40, width - idw - 9)
+    pad = " " * (idw + 9)
+    for f in rows:
+        wrapped = textwrap.wrap(f.message, body) or [""]
+        lines.append(f"{f.severity:<5}  {f.id:<{idw}}  {wrapped[0]}")
+        lines += [pad + w for w in wrapped[1:]]
+        if f.fix and f.severity in ("warn", "error", "info"):
+            lines += [pad + w for w in textwrap.wrap("fix: " + f.fix, body)]
+    counts = {s: sum(1 for f in findings if f.severity == s) for s in SEVERITIES}
+    lines.append(", ".join(f"{counts[s]} {s}" for s in reversed(SEVERITIES)))
+    return "\n".join(lines)

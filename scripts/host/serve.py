@@ -1,0 +1,438 @@
+"""`serve`: launch SGLang from a serving profile (docker/profiles/<name>.toml), the image's default command.
+
+  python -m scripts.host.serve [--profile NAME_OR_PATH] [--draft-model PATH] [--model PATH] [--port N]
+                               [--dry-run [--json]] [--check] [-- EXTRA_SGLANG_ARGS...]
+
+The profile's [args] become `python3 -m sglang.launch_server --flag value ...`; "{model}", "{draft_model}" and
+"{port}" are filled from its [defaults] or from --model/--draft-model/--port. Arguments after `--` go to sglang
+verbatim; a flag given there replaces the profile's value for the same flag (aliases and abbreviations resolved
+with sglang's own parser when it can be imported), and serve says so. The profile's [env] is set only where the
+environment has no value (a `docker run -e` value wins). The PCIe-only NCCL defaults and the PCIe-IPC all-reduce
+are the patched launcher's to decide (NVML, at start); serve does not set them.
+
+--dry-run prints the environment it would set, what the patched launcher will decide about the PCIe-only defaults
+(scripts/host/pcie.py asks it, where this SGLang can say in advance) and the exact command (shell-quoted; the
+output is a valid shell script), then exits 0. --check runs the preflight (python -m scripts.host.doctor) instead.
+Exit status: 0 dry run printed (serving replaces this process with sglang); 2 a profile or flag problem, named
+with its fix; with --check, the doctor's status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import difflib
+import json
+import os
+import re
+import shlex
+import shutil
+import sys
+import tomllib
+import types
+from pathlib import Path
+
+from ..lib.cli import run
+from ..lib.envfile import KEY_RE as ENV_KEY_RE
+from ..lib.errors import UserError
+from ..lib.repo import REPO_ROOT
+from .pcie import AT_START, LauncherDecision, launcher_pcie_decision
+
+PROFILES_DIR = REPO_ROOT / "docker" / "profiles"
+DEFAULT_PROFILE = "kimi-k25-eagle3-tp8"
+LAUNCH_MODULE = "sglang.launch_server"
+DOCTOR_MODULE = "scripts.host.doctor"
+PROFILE_KEYS = ("description", "defaults", "env", "args")
+PLACEHOLDER_RE = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
+FLAG_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+# serve option -> (placeholder, sglang flag it sets when the profile has no placeholder for it)
+CLI_VALUES = {"model": ("model", "model-path"), "draft_model": ("draft_model", "speculative-draft-model-path"),
+              "port": ("port", "port")}
+
+# Kimi EAGLE-3 drafters with published accept lengths (AL; steps/topk/draft tokens 3/1/4 unless noted), from the
+# drafters' model cards and the SGLang/vLLM pull requests named; docker/README.md ("Drafters") carries the same table.
+KNOWN_DRAFTERS = {
+    "AQ-MedAI/Kimi-K25-eagle3": (True, "used by SGLang's Kimi-K2.5 EAGLE-3 support (sgl-project/sglang#19689); "
+                                       "vLLM measured 51.78% acceptance on GSM8K with 4 draft tokens"),
+    "lightseekorg/kimi-k2.5-eagle3": (True, "AL 2.69 MT-Bench, 3.20 GSM8K, 3.29 HumanEval, 2.30 C-Eval"),
+    "AQ-MedAI/Kimi-K2-Instruct-eagle3": (True, "trained for Kimi-K2 (not K2.5): AL 3.37 HumanEval, 3.17 GSM8K"),
+    "lightseekorg/kimi-k2.5-eagle3-mla": (False, "MLA draft (AL 2.62 MT-Bench on vLLM); its card says SGLang does "
+                                                 "not support MLA EAGLE-3 drafts"),
+}
+
+
+@dataclasses.dataclass
+class Profile:
+    path: Path
+    description: str
+    defaults: dict
+    env: dict[str, str]
+    args: dict
+
+
+@dataclasses.dataclass
+class Plan:
+    profile: Profile
+    argv: list[str]
+    env_set: dict[str, tuple[str, str]]  # key -> (value, source) that serve adds
+    env_kept: dict[str, tuple[str, str, str]]  # key -> (environment value, default not applied, its source)
+    notes: list[str]
+    pcie: LauncherDecision  # what the patched launcher will decide about the PCIe-only defaults
+
+    def child_env(self, environ: dict[str, str]) -> dict[str, str]:
+        env = dict(environ)
+        env.update({k: v for k, (v, _) in self.env_set.items()})
+        # The entrypoint puts the project on PYTHONPATH to run this verb; sglang does not need it.
+        pp = [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+              if p and Path(p).resolve() != REPO_ROOT.resolve()]
+        if pp:
+            env["PYTHONPATH"] = os.pathsep.join(pp)
+        else:
+            env.pop("PYTHONPATH", None)
+        return env
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# profiles
+
+
+def available_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.toml"))
+
+
+def resolve_profile(name_or_path: str) -> Path:
+    p = Path(name_or_path)
+    if p.suffix == ".toml" or os.sep in name_or_path:
+        if not p.is_file():
+            raise UserError(f"profile file {p} does not exist; copy one of {PROFILES_DIR} "
+                            f"({', '.join(available_profiles())}) and pass its path")
+        return p
+    cand = PROFILES_DIR / f"{name_or_path}.toml"
+    if not cand.is_file():
+        raise UserError(f"no profile named {name_or_path!r}; known: {', '.join(available_profiles()) or '(none)'} "
+                        f"(in {PROFILES_DIR}), or pass a path to a .toml file")
+    return cand
+
+
+def _scalar(v) -> bool:
+    return isinstance(v, (str, int, float, bool))
+
+
+def load_profile(path: Path) -> Profile:
+    try:
+        d = tomllib.loads(Path(path).read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise UserError(f"profile {path} is not valid TOML: {e}") from e
+    unknown = sorted(set(d) - set(PROFILE_KEYS))
+    if unknown:
+        raise UserError(f"profile {path}: unknown top-level key(s) {', '.join(unknown)}; a profile has "
+                        f"{', '.join(PROFILE_KEYS)} (flags go under [args], environment under [env])")
+    args = d.get("args", {})
+    if not isinstance(args, dict) or not args:
+        raise UserError(f"profile {path} has no [args] table of sglang flags")
+    for k, v in args.items():
+        if k.startswith("-"):
+            raise UserError(f"profile {path}: write flag {k!r} without the leading dashes ({k.lstrip('-')} = ...)")
+        if not FLAG_RE.match(k):
+            raise UserError(f"profile {path}: {k!r} is not a flag name (lower case, digits and dashes)")
+        if not (_scalar(v) or (isinstance(v, list) and v and all(_scalar(x) and not isinstance(x, bool) for x in v))):
+            raise UserError(f"profile {path}: value of {k} must be a string, number, true/false or a list of them")
+    env = d.get("env", {})
+    for k, v in env.items():
+        if not ENV_KEY_RE.match(k) or not _scalar(v):
+            raise UserError(f"profile {path}: [env] {k} = {v!r} is not NAME = \"value\"")
+    defaults = d.get("defaults", {})
+    if not isinstance(defaults, dict) or not all(_scalar(v) for v in defaults.values()):
+        raise UserError(f"profile {path}: [defaults] must map names to plain values")
+    return Profile(path=Path(path), description=str(d.get("description", "")), defaults=dict(defaults),
+                   env={k: _env_str(v) for k, v in env.items()}, args=dict(args))
+
+
+def _env_str(v) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    return str(v)
+
+
+def _fill(value, values: dict, where: str, path: Path):
+    if isinstance(value, list):
+        return [_fill(x, values, where, path) for x in value]
+    if not isinstance(value, str):
+        return value
+
+    def sub(m: re.Match) -> str:
+        name = m.group(1)
+        if name not in values:
+            opt = {v[0]: k for k, v in CLI_VALUES.items()}.get(name)
+            how = f"pass --{opt.replace('_', '-')} or set {name} under [defaults]" if opt else \
+                f"set {name} under [defaults]"
+            raise UserError(f"profile {path}: {where} uses {{{name}}} but nothing gives it a value: {how}")
+        return str(values[name])
+
+    return PLACEHOLDER_RE.sub(sub, value)
+
+
+def argv_for(args: dict) -> list[str]:
+    out: list[str] = []
+    for flag, v in args.items():
+        if v is True:
+            out.append(f"--{flag}")
+        elif v is False:
+            continue
+        elif isinstance(v, list):
+            out += [f"--{flag}", *map(str, v)]
+        else:
+            out += [f"--{flag}", str(v)]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# sglang's parser: flag names, aliases, validation
+
+
+class FlagIndex:
+    """Option strings of sglang's launch_server parser and the dest each one sets."""
+
+    def __init__(self, parser=None):
+        self.parser = parser
+        self.dests: dict[str, str] = {}
+        if parser is not None:
+            for opt, action in parser._option_string_actions.items():
+                if opt.startswith("--"):
+                    self.dests[opt] = action.dest
+
+    @property
+    def known(self) -> bool:
+        return self.parser is not None
+
+    def dest(self, token: str) -> str | None:
+        """dest of an option token (--flag or --flag=value); None if it is not an option."""
+        if not token.startswith("--") or token == "--":
+            return None
+        opt = token.split("=", 1)[0]
+        if not self.known:
+            return opt[2:].replace("-", "_")
+        if opt in self.dests:
+            return self.dests[opt]
+        hits = {d for o, d in self.dests.items() if o.startswith(opt)}  # argparse accepts unique prefixes
+        return hits.pop() if len(hits) == 1 else opt[2:].replace("-", "_")
+
+    def suggest(self, flag: str) -> str:
+        close = difflib.get_close_matches(f"--{flag}", list(self.dests), n=3)
+        return f" (did you mean {', '.join(close)}?)" if close else ""
+
+    def validate(self, args: list[str]) -> argparse.Namespace | None:
+        """Parse the sglang arguments with sglang's parser (None when it is not importable here); a UserError names
+        what it rejects."""
+        if not self.known:
+            return None
+
+        def error(message):
+            raise UserError(f"sglang's parser rejects the command: {message}")
+
+        saved = self.parser.error
+        self.parser.error = error
+        try:
+            return self.parser.parse_args(args)
+        finally:
+            self.parser.error = saved
+
+
+def load_flag_index() -> tuple[FlagIndex, str]:
+    """sglang's parser if sglang imports here; else an index that matches flags by exact name (and why)."""
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            from sglang.srt.server_args import ServerArgs
+        parser = argparse.ArgumentParser(prog="sglang.launch_server", add_help=False)
+        ServerArgs.add_cli_args(parser)
+        return FlagIndex(parser), ""
+    except Exception as e:  # noqa: BLE001 - any failure means: no parser, say so
+        return FlagIndex(None), f"{type(e).__name__}: {e}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the plan: sglang arguments, environment, notes
+
+
+def _profile_args(profile: Profile, cli: dict, notes: list[str]) -> dict:
+    """The profile's [args] with placeholders filled ([defaults], then --model/--draft-model/--port)."""
+    values = dict(profile.defaults)
+    values.update({CLI_VALUES[k][0]: v for k, v in cli.items() if v is not None})
+    used = {m.group(1) for v in profile.args.values() for x in (v if isinstance(v, list) else [v])
+            if isinstance(x, str) for m in PLACEHOLDER_RE.finditer(x)}
+    args = {k: _fill(v, values, f"--{k}", profile.path) for k, v in profile.args.items()}
+    for k, v in cli.items():
+        placeholder, flag = CLI_VALUES[k]
+        if v is not None and placeholder not in used:
+            if flag in args:
+                notes.append(f"--{k.replace('_', '-')} {v} replaces the profile's --{flag} {args[flag]}")
+            args[flag] = v
+    return args
+
+
+def _extra_wins(args: dict, extra: list[str], index: FlagIndex, notes: list[str]) -> dict:
+    """Flags on the command line win: drop the profile's value for each, by what it sets (aliases included)."""
+    extra_dests = {d for d in (index.dest(t) for t in extra) if d}
+    for k in list(args):
+        d = index.dest(f"--{k}")
+        if d in extra_dests and args[k] is not False:
+            given = next(t.split("=", 1)[0] for t in extra if index.dest(t) == d)
+            shown = "" if args[k] is True else f" {args[k]}"
+            notes.append(f"{given} from the command line replaces the profile's --{k}{shown}")
+            del args[k]
+    return args
+
+
+def _environment(profile: Profile, values: dict, environ: dict[str, str]) -> tuple[dict, dict]:
+    """(env serve sets, env it keeps): the profile's [env], each key only where the environment has none."""
+    env_set: dict[str, tuple[str, str]] = {}
+    env_kept: dict[str, tuple[str, str, str]] = {}
+    source = f"profile {profile.path.name}"
+    for k, v in profile.env.items():
+        value = _fill(v, values, f"[env] {k}", profile.path)
+        if k in environ:
+            env_kept[k] = (environ[k], value, source)
+        else:
+            env_set[k] = (value, source)
+    return env_set, env_kept
+
+
+def _drafter_note(args: dict, extra: list[str], index: FlagIndex) -> list[str]:
+    drafter = args.get("speculative-draft-model-path") or next(
+        (extra[i + 1] for i, t in enumerate(extra[:-1])
+         if index.dest(t) == index.dest("--speculative-draft-model-path")), None)
+    if drafter not in KNOWN_DRAFTERS:
+        return []
+    ok, what = KNOWN_DRAFTERS[drafter]
+    return [f"drafter {drafter}: {what}" + ("" if ok else " -- expect sglang to refuse it")]
+
+
+def _launcher_cfg(ns: argparse.Namespace | None, args: dict) -> object:
+    """What the launcher's decision needs from the server arguments: sglang's own parse when available."""
+    if ns is not None:
+        return ns
+    return types.SimpleNamespace(tp_size=int(args.get("tp-size", args.get("tensor-parallel-size", 1))),
+                                 nnodes=int(args.get("nnodes", 1)))
+
+
+def build_plan(profile: Profile, *, model: str | None = None, draft_model: str | None = None, port: int | None = None,
+               extra: list[str] | None = None, python: str = sys.executable, environ: dict[str, str] | None = None,
+               index: FlagIndex | None = None, ask_launcher: bool = False) -> Plan:
+    """The command and environment for sglang. ask_launcher: ask the patched launcher (in this interpreter) what it
+    will decide about the PCIe-only defaults; otherwise say that it decides at start."""
+    environ = dict(os.environ if environ is None else environ)
+    extra = list(extra or [])
+    index = index or FlagIndex(None)
+    notes: list[str] = []
+    cli = {"model": model, "draft_model": draft_model, "port": port}
+    args = _profile_args(profile, cli, notes)
+    if index.known:
+        for k in args:
+            if f"--{k}" not in index.dests:
+                raise UserError(f"profile {profile.path}: --{k} is not a flag of sglang's launch_server"
+                                f"{index.suggest(k)}; fix or remove it")
+    args = _extra_wins(args, extra, index, notes)
+    sgl_args = argv_for(args) + extra
+    ns = index.validate(sgl_args)
+    values = {**profile.defaults, **{CLI_VALUES[k][0]: v for k, v in cli.items() if v is not None}}
+    env_set, env_kept = _environment(profile, values, environ)
+    child_env = {**environ, **{k: v for k, (v, _) in env_set.items()}}
+    pcie = (launcher_pcie_decision(_launcher_cfg(ns, args), child_env) if ask_launcher
+            else LauncherDecision(False, [AT_START]))
+    notes += _drafter_note(args, extra, index)
+    return Plan(profile=profile, argv=[python, "-m", LAUNCH_MODULE, *sgl_args], env_set=env_set, env_kept=env_kept,
+                notes=notes, pcie=pcie)
+
+
+def render(plan: Plan) -> str:
+    """The plan as a shell script: comments, exports, the command."""
+    lines = [f"# profile {plan.profile.path}" + (f": {plan.profile.description}" if plan.profile.description else "")]
+    lines += [f"# note: {n}" for n in plan.notes]
+    lines += [f"# pcie: {n}" for n in plan.pcie.lines]
+    if plan.env_set:
+        lines.append("# environment for sglang (only keys the environment does not already set):")
+        for k, (v, src) in plan.env_set.items():
+            lines.append(f"export {k}={shlex.quote(v)}  # from {src}")
+    for k, (v, default, src) in plan.env_kept.items():
+        lines.append(f"# kept {k}={v} from the environment (default {default} from {src} not applied)")
+    lines.append(shlex.join(plan.argv))
+    return "\n".join(lines)
+
+
+def as_json(plan: Plan) -> dict:
+    return {
+        "profile": str(plan.profile.path),
+        "argv": plan.argv,
+        "command": shlex.join(plan.argv),
+        "env": {k: v for k, (v, _) in plan.env_set.items()},
+        "env_sources": {k: src for k, (_, src) in plan.env_set.items()},
+        "env_kept": {k: v for k, (v, _, _) in plan.env_kept.items()},
+        "pcie_defaults": {"known": plan.pcie.known, "lines": plan.pcie.lines, "decision": plan.pcie.data},
+        "notes": plan.notes,
+    }
+
+
+def split_extra(argv: list[str]) -> tuple[list[str], list[str]]:
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, []
+
+
+def run_doctor(profile: Profile, python: str) -> int:
+    """serve --check: this process becomes `python -m scripts.host.doctor --tp N --python PY`."""
+    tp = profile.args.get("tp-size", profile.args.get("tensor-parallel-size", 8))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + [p for p in [env.get("PYTHONPATH", "")] if p])
+    argv = [sys.executable, "-m", DOCTOR_MODULE, "--tp", str(tp), "--python", python]
+    sys.stdout.flush()
+    os.execve(argv[0], argv, env)
+    return 0  # not reached
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    own, extra = split_extra(argv)
+    ap = argparse.ArgumentParser(prog="serve", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--profile", default=DEFAULT_PROFILE, help=f"profile name in docker/profiles or a .toml path "
+                                                              f"(default {DEFAULT_PROFILE})")
+    ap.add_argument("--draft-model", help="EAGLE-3 draft model (HF repo id or local path); fills {draft_model}")
+    ap.add_argument("--model", help="target model (HF repo id or local path); fills {model}")
+    ap.add_argument("--port", type=int, help="HTTP port; fills {port}")
+    ap.add_argument("--python", default=sys.executable, help="interpreter that runs sglang (default: this one)")
+    ap.add_argument("--dry-run", action="store_true", help="print the environment and the command, run nothing")
+    ap.add_argument("--json", action="store_true", help="with --dry-run: one JSON object")
+    ap.add_argument("--check", action="store_true", help="run the preflight (scripts.host.doctor) instead of serving")
+    a, unknown = ap.parse_known_args(own)
+    if unknown:
+        raise UserError(f"serve does not know {' '.join(unknown)}; sglang flags go after `--`, e.g. "
+                        f"serve -- {' '.join(unknown)}")
+    return a, extra
+
+
+def main(argv=None) -> int:
+    a, extra = parse_args(list(sys.argv[1:] if argv is None else argv))
+    profile = load_profile(resolve_profile(a.profile))
+    if a.check:
+        return run_doctor(profile, a.python)
+    a.python = shutil.which(a.python) or a.python
+    index, why = load_flag_index()
+    here = os.path.realpath(a.python) == os.path.realpath(sys.executable)  # the launcher can be asked in-process
+    plan = build_plan(profile, model=a.model, draft_model=a.draft_model, port=a.port, extra=extra, python=a.python,
+                      index=index, ask_launcher=a.dry_run and here)
+    if not index.known:
+        plan.notes.append(f"sglang's parser is not importable here ({why}); flags were not checked and are "
+                          f"matched by exact name only")
+    if a.dry_run:
+        print(json.dumps(as_json(plan), indent=1) if a.json else render(plan))
+        return 0
+    print(render(plan), file=sys.stderr, flush=True)
+    env = plan.child_env(dict(os.environ))
+    sys.stdout.flush()
+    os.execve(plan.argv[0], plan.argv, env)
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,0 +1,238 @@
+"""The pinned, unpatched upstream tree: a clone of the tag, or the pinned PyPI wheel turned into a git tree.
+
+Both end in a bare cache repository build/cache/sglang-<tag>.git whose tag <tag> is the pristine base; apply,
+check-patches, refresh, prove-tests and the tests clone from it (a local clone takes a second). `download_wheel`
+is the one way a wheel is fetched (pip download, for the platform the wheel's file name says).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from ..lib import git, proc
+from ..lib.errors import UserError
+from ..lib.progress import Progress, say
+from ..lib.repo import BUILD_DIR
+from .pin import Pin
+
+CACHE_DIR = Path(os.environ.get("SGLANG_PATCHES_CACHE") or BUILD_DIR / "cache")  # base + wheel cache
+SOURCES = ("auto", "clone", "wheel")
+# Files git must never see as changes in a base or patched tree (bytecode from imports, our record).
+EXCLUDES = ("__pycache__/", "*.pyc", "/python/sglang/_patchset.json")
+NETWORK_TIMEOUT = 1800.0  # a clone of the tag or a wheel download on a slow link
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def github_reachable(url: str, tag: str, timeout: float = 20.0) -> tuple[bool, str]:
+    res = proc.run(["git", "ls-remote", "--exit-code", url, f"refs/tags/{tag}"], timeout=timeout, env=git.git_env())
+    if res.ok:
+        return True, res.stdout.split()[0] if res.stdout.split() else ""
+    return False, (res.stderr.strip().splitlines() or [res.why])[-1]
+
+
+def download_wheel(requirement: str, dest: Path, filename: str | None = None, quiet: bool = False) -> Path | None:
+    """pip download the wheel of `requirement` into dest (for the interpreter and platform `filename` names, when
+    given); the downloaded file, or None when pip failed or left no single matching wheel."""
+    dest.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(dest)]
+    cmd += ["-q"] if quiet else []
+    if filename:
+        try:
+            from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+        except ImportError as e:
+            raise UserError("downloading a wheel for its platform needs the packaging library: pip install "
+                            "packaging (make setup has it in .venv), or set SGLANG_WHEEL=<file>") from e
+        try:
+            tag = next(iter(parse_wheel_filename(filename)[3]))
+        except (InvalidWheelFilename, StopIteration) as e:
+            raise UserError(f"{filename} is not a wheel file name ({e}); fix [wheel] filename in patches/pin.toml") from e
+        if tag.interpreter.startswith("cp"):
+            cmd += ["--python-version", tag.interpreter[2:], "--implementation", "cp", "--platform", tag.platform]
+    if not proc.run(cmd + [requirement], timeout=NETWORK_TIMEOUT, capture=quiet).ok:
+        return None
+    if filename:
+        return dest / filename if (dest / filename).is_file() else None
+    name = re.split(r"[=<>!~ ]", requirement, 1)[0]
+    version = requirement.split("==", 1)[-1]
+    found = sorted(dest.glob(f"{name}-{version}-*.whl"))
+    return found[0] if len(found) == 1 else None
+
+
+def fetch_wheel(pin: Pin, cache_dir: Path = CACHE_DIR, requirement: str | None = None, filename: str | None = None,
+                sha256: str | None = None) -> Path:
+    """Return a verified local copy of the wheel. SGLANG_WHEEL=<file> uses a file you already have."""
+    requirement = requirement or pin.wheel_requirement
+    filename = filename or pin.wheel_filename
+    sha256 = pin.wheel_sha256 if sha256 is None else sha256
+    local = os.environ.get("SGLANG_WHEEL")
+    if local:
+        path = Path(local)
+        if not path.is_file():
+            raise UserError(f"SGLANG_WHEEL={local} does not exist; point it at {filename} or unset it")
+    else:
+        path = cache_dir / filename
+        if not path.is_file():
+            say(f"downloading {requirement} ({filename}) from PyPI into {cache_dir}")
+            if download_wheel(requirement, cache_dir, filename) is None:
+                raise UserError(f"could not download {requirement} ({filename}) from PyPI. "
+                                f"Download it elsewhere and set SGLANG_WHEEL=/path/to/{filename}")
+    if sha256:
+        say(f"verifying sha256 of {path.name}")
+        got = sha256_file(path)
+        if got != sha256:
+            fix = (f"point SGLANG_WHEEL at the pinned wheel {filename}, or unset it" if local else
+                   f"delete {path} (a broken download) and retry, or check where it came from")
+            raise UserError(f"{path} has sha256 {got}, but the pin (patches/pin.toml) expects {sha256} for "
+                            f"{filename}: {fix}")
+    return path
+
+
+def unpack_wheel(wheel: Path, target: Path, prefix: str = "", only: str | None = "sglang/") -> int:
+    """Extract the wheel's files (only those under `only`, if given) to target/prefix, keeping exec bits."""
+    with zipfile.ZipFile(wheel) as z:
+        names = [n for n in z.namelist() if not n.endswith("/") and (only is None or n.startswith(only))]
+        prog = Progress(f"unpacking {wheel.name}", len(names))
+        for n in names:
+            dest = target / prefix / n
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with z.open(n) as src, open(dest, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            mode = (z.getinfo(n).external_attr >> 16) & 0o777
+            if mode & 0o111:
+                dest.chmod(0o755)
+            prog.step()
+        prog.close()
+    return len(names)
+
+
+def read_version(pkg_dir: Path) -> str | None:
+    """The release a tree's sglang package says it is (wheel trees carry _version.py)."""
+    for name in ("_version.py", "version.py"):
+        f = pkg_dir / name
+        if f.is_file():
+            m = re.search(r"__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)['\"]", f.read_text())
+            if m:
+                return m.group(1)
+    return None
+
+
+def add_excludes(repo: Path) -> None:
+    exclude = Path(git.out(repo, "rev-parse", "--git-path", "info/exclude"))
+    if not exclude.is_absolute():
+        exclude = repo / exclude
+    exclude.parent.mkdir(parents=True, exist_ok=True)
+    have = exclude.read_text().splitlines() if exclude.exists() else []
+    with open(exclude, "a") as f:
+        for pat in EXCLUDES:
+            if pat not in have:
+                f.write(pat + "\n")
+
+
+def git_tree_from_wheel(wheel: Path, dest: Path, tag: str, sha256: str) -> str:
+    """A fresh git repository with the wheel's sglang/ under python/, one commit tagged `tag`. Returns its id."""
+    dest.mkdir(parents=True)
+    git.git(dest, "init", "-q", "-b", "main")
+    add_excludes(dest)
+    unpack_wheel(wheel, dest, prefix="python")
+    say("committing the base tree")
+    git.git(dest, "add", "-A")
+    msg = (f"SGLang {tag} from the PyPI wheel {wheel.name}\n\nsha256 {sha256}\n"
+           f"The wheel's sglang/ is the repository's python/sglang/ (upstream layout).\n")
+    git.git(dest, "commit", "-q", "-m", msg, fixed_date=True)
+    git.git(dest, "tag", tag)
+    return git.head(dest)
+
+
+def base_cache_path(tag: str, cache_dir: Path = CACHE_DIR) -> Path:
+    return cache_dir / f"sglang-{tag}.git"
+
+
+def base_info_path(bare: Path) -> Path:
+    return bare / "eagle-base.json"
+
+
+def _pick_source(source: str, repository: str, tag: str, requirement: str) -> str:
+    if source != "auto":
+        return source
+    ok, detail = github_reachable(repository, tag)
+    if ok:
+        return "clone"
+    say(f"{repository} is not reachable ({detail}); falling back to the pinned PyPI wheel {requirement}, verified "
+        f"by sha256 (same Python sources as the tag; set SGLANG_BASE=clone to insist on GitHub)")
+    return "wheel"
+
+
+def _clone_tag(repository: str, tag: str, work: Path) -> dict:
+    say(f"cloning {repository} at {tag}")
+    res = proc.run(["git", "clone", "--progress", "--depth", "1", "--branch", tag, repository, str(work)],
+                   env=git.git_env(), timeout=NETWORK_TIMEOUT, capture=False)
+    if not res.ok:
+        raise UserError(f"git clone of {repository} at {tag} failed ({res.why}). Without GitHub, build the base "
+                        f"from the PyPI wheel: SGLANG_BASE=wheel for make apply, WHEEL=sglang==<version> for make "
+                        f"refresh.")
+    add_excludes(work)
+    commit = git.head(work)
+    git.git(work, "tag", "-f", tag)
+    say(f"the clone of {tag} is commit {commit}")
+    return {"source": "clone", "repository": repository, "tag": tag, "commit": commit}
+
+
+def ensure_base(pin: Pin, source: str = "auto", cache_dir: Path = CACHE_DIR, repository: str | None = None,
+                tag: str | None = None, wheel: dict | None = None) -> tuple[Path, dict]:
+    """Make (once) and return the bare base repository for `tag`, and what it came from.
+
+    source: auto (clone if the upstream answers, else the wheel, and say so), clone, or wheel.
+    wheel: optional {requirement, filename, sha256} for another release than the pin's (refresh).
+    """
+    if source not in SOURCES:
+        raise UserError(f"unknown base source {source!r}: use one of {', '.join(SOURCES)}")
+    git.require_git()
+    repository = repository or os.environ.get("SGLANG_REPO") or pin.repository
+    tag = tag or pin.tag
+    bare = base_cache_path(tag, cache_dir)
+    if bare.is_dir() and base_info_path(bare).is_file():
+        info = json.loads(base_info_path(bare).read_text())
+        if source in ("auto", info["source"]):
+            return bare, info
+        shutil.rmtree(bare)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    w = wheel or {}
+    source = _pick_source(source, repository, tag, w.get("requirement", pin.wheel_requirement))
+    with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
+        work = Path(tmp) / "work"
+        if source == "clone":
+            info = _clone_tag(repository, tag, work)
+        else:
+            path = fetch_wheel(pin, cache_dir, w.get("requirement"), w.get("filename"), w.get("sha256"))
+            digest = w.get("sha256") or sha256_file(path)
+            commit = git_tree_from_wheel(path, work, tag, digest)
+            info = {"source": "wheel", "tag": tag, "wheel": path.name, "sha256": digest, "commit": commit}
+        git.git(cache_dir, "clone", "-q", "--bare", str(work), str(bare))
+        base_info_path(bare).write_text(json.dumps(info, indent=1) + "\n")
+    return bare, info
+
+
+def clone_base(bare: Path, dest: Path, tag: str) -> None:
+    """A working tree at the pristine base tag, cloned from the cache."""
+    dest = Path(dest).resolve()
+    if dest.exists() and any(dest.iterdir()):
+        raise UserError(f"{dest} exists and is not empty; remove it or pick another directory")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    git.git(dest.parent, "clone", "-q", "--branch", tag, str(bare), str(dest))
+    git.git(dest, "checkout", "-q", "-B", "patched", tag)
+    add_excludes(dest)

@@ -1,0 +1,470 @@
+"""`make bench` (scripts/bench/bench.py): configs, A/B/A plan, server observations, report, plot, baseline comparison, and
+the harness end to end against local stand-in servers running SGLang's real bench_serving client.
+
+Fixtures (tests/fixtures/bench/):
+  bench_serving_{patched,stock}.jsonl  one record each, written by the real `sglang.benchmark.serving
+                                       --output-file` against the stand-in servers
+  server_info_*.json, metrics_*.txt    the stand-ins' /server_info and /metrics after those runs
+  results_abba.jsonl                   a results file of the harness itself (2 variants x 2 repeats, A B B A)
+  standin_server.py                    the stand-in server; tokenizer/ a tiny WordLevel tokenizer (make_tokenizer.py)
+  client_stubs/datasets                put on the client's PYTHONPATH only when `datasets` is not installed
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from scripts.bench import bench
+from scripts.bench import client as bc
+from scripts.bench import config as cfg
+from scripts.bench import launch
+from scripts.bench import observe as bs
+from scripts.bench import report as rep
+from scripts.lib.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[2]
+FIX = ROOT / "tests" / "fixtures" / "bench"
+TOKENIZER = FIX / "tokenizer"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+sys.path.insert(0, str(FIX))
+import standin_server  # noqa: E402
+
+
+def record(name: str) -> dict:
+    return json.loads((FIX / f"bench_serving_{name}.jsonl").read_text().splitlines()[0])
+
+
+def snap(server_info=None, metrics_text=None) -> bs.Snapshot:
+    return bs.Snapshot(0.0, server_info, bs.parse_prometheus(metrics_text) if metrics_text is not None else None)
+
+
+# -------------------------------------------------------------------------------------------------------------
+# recorded bench_serving output and server state
+
+
+def test_recorded_bench_serving_record_has_the_fields_the_harness_reads():
+    rec = record("patched")
+    for k in ("output_throughput", "median_ttft_ms", "median_itl_ms", "median_tpot_ms", "accept_length",
+              "completed", "max_concurrency", "server_info", "tag"):
+        assert k in rec, k
+    assert rec["tag"] == "C2/patched/r1" and rec["completed"] == 8
+    # bench_serving reads the accept length from /server_info internal_states[0] after the run
+    assert rec["accept_length"] == rec["server_info"]["internal_states"][0]["avg_spec_accept_length"]
+    m = rep.run_metrics({**rec, "eagle": {"decode_tok_s": 123.0}})
+    assert m == {"decode_tok_s": 123.0, "output_tok_s": rec["output_throughput"], "ttft_ms": rec["median_ttft_ms"],
+                 "itl_ms": rec["median_itl_ms"], "tpot_ms": rec["median_tpot_ms"],
+                 "accept_length": rec["accept_length"]}
+    stock = record("stock")
+    assert stock["accept_length"] is None
+    assert rep.run_metrics({**stock, "eagle": {"accept_length_metrics": None}})["accept_length"] is None
+
+
+def test_verify_counts_from_recorded_server_info_and_metrics():
+    info = json.loads((FIX / "server_info_patched.json").read_text())
+    from_info = bs.verify_counts(snap(info))
+    assert from_info == {"graph": 7, "eager": 107, "eager_reasons": {"batch_size>cuda_graph_max_bs": 107},
+                         "source": "server_info"}
+    from_metrics = bs.verify_counts(snap(info, (FIX / "metrics_patched.txt").read_text()))
+    assert from_metrics["source"] == "metrics"
+    assert (from_metrics["graph"], from_metrics["eager"]) == (7, 107)
+    stock = json.loads((FIX / "server_info_stock.json").read_text())
+    assert bs.verify_counts(snap(stock, (FIX / "metrics_stock.txt").read_text())) is None
+
+
+def test_prometheus_parsing_sums_rank0_series_and_unescapes_labels():
+    text = "\n".join([
+        "# HELP sglang:gen_throughput x",
+        'sglang:gen_throughput{tp_rank="0",dp_rank="0"} 40.5',
+        'sglang:gen_throughput{tp_rank="0",dp_rank="1"} 9.5',
+        'sglang:gen_throughput{tp_rank="1",dp_rank="0"} 1000',  # other TP ranks repeat rank 0's numbers
+        'sglang:spec_verify_forwards_total{tp_rank="0",outcome="eager",reason="has \\"quotes\\""} 3',
+        'sglang:spec_verify_forwards_total{tp_rank="0",outcome="graph",reason=""} 5 1700000000000',
+        "garbage line",
+    ])
+    samples = bs.parse_prometheus(text)
+    assert bs.metric_sum(samples, "sglang:gen_throughput") == 50.0
+    assert bs.metric_sum(samples, "sglang:gen_throughput", dp_rank="1") == 9.5
+    assert bs.metric_sum(samples, "sglang:nothing") is None
+    c = bs.verify_counts(snap(None, text))
+    assert c["graph"] == 5 and c["eager"] == 3 and c["eager_reasons"] == {'has "quotes"': 3}
+
+
+def _metrics(graph: int, eager: dict[str, int], gen: float = 0, calls: float = 0) -> str:
+    lines = [f'sglang:spec_verify_forwards_total{{tp_rank="0",outcome="graph",reason=""}} {graph}']
+    lines += [f'sglang:spec_verify_forwards_total{{tp_rank="0",outcome="eager",reason="{r}"}} {n}'
+              for r, n in eager.items()]
+    lines += [f'sglang:generation_tokens_total{{tp_rank="0",is_streaming="true"}} {gen}',
+              f'sglang:spec_verify_calls_total{{tp_rank="0"}} {calls}']
+    return "\n".join(lines)
+
+
+def test_verify_delta_is_per_run_and_survives_counter_resets():
+    before = snap(None, _metrics(100, {"bs>max": 4}))
+    after = snap(None, _metrics(160, {"bs>max": 4, "mixed": 2}))
+    assert bs.verify_delta(before, after) == {"graph": 60, "eager": 2, "eager_reasons": {"mixed": 2},
+                                              "source": "metrics"}
+    # a counter that went down was reset (e.g. by /flush_cache): the value after counts from zero
+    info_b = {"internal_states": [{"spec_verify_cuda_graph": {"graph": 50, "eager": 9, "eager_reasons": {"x": 9}}}]}
+    info_a = {"internal_states": [{"spec_verify_cuda_graph": {"graph": 12, "eager": 1, "eager_reasons": {"x": 1}}}]}
+    assert bs.verify_delta(snap(info_b), snap(info_a)) == {"graph": 12, "eager": 1, "eager_reasons": {"x": 1},
+                                                           "source": "server_info"}
+    # /metrics missing after the run: both snapshots' /server_info are used, not a mix of sources
+    both_b = snap(info_b, _metrics(100, {}))
+    assert bs.verify_delta(both_b, snap(info_a))["source"] == "server_info"
+    assert bs.verify_delta(snap({}), snap({"internal_states": [{}]})) is None
+
+
+def test_accept_length_from_metric_deltas():
+    b = snap(None, _metrics(0, {}, gen=1000, calls=500))
+    a = snap(None, _metrics(0, {}, gen=1300, calls=620))
+    assert bs.accept_length_from_metrics(b, a) == pytest.approx(300 / 120)
+    assert bs.accept_length_from_metrics(snap(None, ""), a) is None
+
+
+def test_decode_rate_counts_each_window_once_and_skips_the_stale_value():
+    samples = [(0.0, 70.0, 0), (1.0, 70.0, 0),  # before the measured phase: 70 is the last run's window
+               (2.0, 70.0, 1), (2.5, 70.0, 1),  # stale: skipped until the server posts a new window
+               (3.0, 10.0, 1), (3.5, 60.0, 1), (4.0, 60.0, 1), (4.5, 62.0, 1), (5.0, None, None),
+               (5.5, 0.0, 0), (6.0, 64.0, 1),
+               (9.0, 500.0, 0)]  # after the phase
+    d = bs.decode_rate(samples, 2.0, 8.0, "metrics")
+    assert d["decode_tok_s_samples"] == [10.0, 60.0, 62.0, 64.0]
+    assert d["decode_tok_s"] == 61.0 and d["decode_windows"] == 4
+    assert d["decode_tok_s_source"] == "metrics"
+    assert bs.decode_rate([(0.0, 5.0, None)], 1.0, 2.0, None)["decode_tok_s"] is None
+
+
+# -------------------------------------------------------------------------------------------------------------
+# scenarios, variants, plan
+
+
+def test_committed_scenarios_are_c1_c4_c16_on_the_offline_random_dataset():
+    sc = cfg.load_scenarios()
+    assert [(s.name, s.max_concurrency) for s in sc] == [("C1", 1), ("C4", 4), ("C16", 16)]
+    for s in sc:
+        assert s.dataset_name == "random-ids" and s.tokenize_prompt and s.range_ratio == 1.0 and s.flush_cache
+        args = s.bench_args()
+        assert args[args.index("--seed") + 1] == "1"
+        assert args[args.index("--warmup-requests") + 1] == str(s.max_concurrency)
+    assert "C1-long" in [s.name for s in cfg.load_scenarios(everything=True)]
+    assert [s.name for s in cfg.load_scenarios(names="C16,C1")] == ["C16", "C1"]
+    with pytest.raises(UserError, match="unknown scenario 'C8'"):
+        cfg.load_scenarios(names="C8")
+
+
+def test_every_flag_passed_to_bench_serving_exists_in_its_cli():
+    src = (bc.TREE_PYTHON / "sglang" / "benchmark" / "serving.py").read_text()
+    cmd = bc.bench_serving_cmd("py", "http://h:1", cfg.load_scenarios(everything=True)[0].bench_args(),
+                               Path("o.jsonl"), "t", tokenizer="tok", model="m")
+    flags = [t for t in cmd if t.startswith("--")]
+    assert len(flags) > 10
+    for f in flags:
+        assert f'"{f}"' in src, f"bench_serving has no {f}"
+
+
+def test_committed_variants_cover_stock_patched_spec_off_on_and_switches():
+    vs = cfg.load_variants()
+    default = cfg.pick_variants(vs, None)
+    assert [v.name for v in default] == ["stock-nospec", "stock-eagle3", "patched-nospec", "patched-eagle3"]
+    assert [v.speculative for v in default] == [False, True, False, True]
+    sw = next(v for v in vs.variants if v.name == "patched-eagle3-switches-off")
+    assert dict(sw.env) == {"SGLANG_PCIE_NCCL_DEFAULTS": "0", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "0"}
+    assert "--enforce-disable-flashinfer-allreduce-fusion" in sw.extra_args and not sw.default
+    vals = cfg.placeholder_values(vs.defaults, {"draft_model": "/models/draft", "port": 31000})
+    t = launch.Server(sw, vals, ["--log-level", "info"], Path("/tmp/x.log"))
+    argv = t.argv
+    assert argv[:4] == ["docker", "run", "-d", "--rm"] and "--gpus" in argv and "--network" in argv
+    img = argv.index(vals["patched_image"])
+    assert argv[img + 1] == "serve" and "/models/draft" in argv and "31000" in argv
+    assert argv[-3:] == ["--enforce-disable-flashinfer-allreduce-fusion", "--log-level", "info"]
+    assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0" in argv[:img]
+    stock = launch.Server(next(v for v in vs.variants if v.name == "stock-eagle3"), vals, [], Path("/tmp/y.log"))
+    assert stock.argv[stock.argv.index("--entrypoint") + 1] == "python3"
+    assert "SGLANG_PCIE_NCCL_DEFAULTS=0" in stock.argv
+    # a placeholder left empty is a clear error, not an empty argument
+    with pytest.raises(UserError, match="draft_model"):
+        launch.Server(sw, cfg.placeholder_values({**vs.defaults, "draft_model": ""}, {}), [], Path("/tmp/z"))
+
+
+def test_variant_file_errors_are_user_errors(tmp_path):
+    f = tmp_path / "v.toml"
+    f.write_text('[[variant]]\nname = "a"\nlauncher = "docker"\ncommand = ["x"]\n')
+    with pytest.raises(UserError, match="needs image"):
+        cfg.load_variants(f)
+    f.write_text('[[variant]]\nname = "a"\nlauncher = "server"\nurl = "http://h:1"\ncolour = 1\n')
+    with pytest.raises(UserError, match="unknown key.*colour"):
+        cfg.load_variants(f)
+    f.write_text('[[variant]]\nname = "a"\nlauncher = "local"\nargs = ["nope"]\n')
+    with pytest.raises(UserError, match="argset 'nope'"):
+        cfg.load_variants(f)
+
+
+def test_server_urls_and_patchsets():
+    vs = cfg.server_variants(["http://127.0.0.1:30000/"], ["abcdef012345"], None)
+    assert [(v.name, v.url, v.patchset) for v in vs] == [("server", "http://127.0.0.1:30000", "abcdef012345")]
+    vs = cfg.server_variants(["a=http://h:1", "b=http://h:2"], ["b=0123456789ab"], None)
+    assert [(v.name, v.patchset) for v in vs] == [("a", "unknown"), ("b", "0123456789ab")]
+    with pytest.raises(UserError, match="NAME=ID"):
+        cfg.server_variants(["a=http://h:1", "b=http://h:2"], ["0123456789ab"], None)
+    with pytest.raises(UserError, match="no --server-url is named c"):
+        cfg.server_variants(["a=http://h:1"], ["c=1"], None)
+
+
+def _v(name: str) -> cfg.Variant:
+    return cfg.Variant(name=name, launcher="server", url="http://h:1")
+
+
+def _s(name: str, c: int = 1) -> cfg.Scenario:
+    return cfg.Scenario(name=name, max_concurrency=c, num_prompts=4, input_len=8, output_len=8)
+
+
+def test_aba_plan_alternates_direction_and_shares_servers():
+    plan = cfg.make_plan([_s("C1"), _s("C4", 4)], [_v("stock"), _v("patched")], repeats=3)
+    assert len(plan) == 12 and [r.index for r in plan] == list(range(1, 13))
+    assert "".join(r.letter for r in plan[::2]) == "ABBAAB"
+    assert [(r.scenario.name, r.variant.name, r.repeat) for r in plan[:4]] == [
+        ("C1", "stock", 1), ("C4", "stock", 1), ("C1", "patched", 1), ("C4", "patched", 1)]
+    assert plan[2].label(12) == "[3/12] C1 patched repeat 1 (B)"
+    for v in ("stock", "patched"):
+        assert sorted(r.repeat for r in plan if r.variant.name == v and r.scenario.name == "C4") == [1, 2, 3]
+    assert [[r.variant.name for r in s][0] for s in cfg.sessions(plan)] == ["stock", "patched", "stock", "patched"]
+    three = cfg.make_plan([_s("C1")], [_v("a"), _v("b"), _v("c")], repeats=2)
+    assert "".join(r.letter for r in three) == "ABCCBA"
+    blocked = cfg.make_plan([_s("C1")], [_v("a"), _v("b")], repeats=2, order="blocked")
+    assert [(r.letter, r.repeat) for r in blocked] == [("A", 1), ("A", 2), ("B", 1), ("B", 2)]
+    assert len(cfg.sessions(blocked)) == 2
+    with pytest.raises(UserError):
+        cfg.make_plan([_s("C1")], [_v("a")], repeats=0)
+
+
+# -------------------------------------------------------------------------------------------------------------
+# summary, report, plot, baseline
+
+
+def synthetic(values: dict[tuple[str, str], list[tuple[float, float, float | None, int | None]]]) -> list[dict]:
+    """Results records made from the recorded bench_serving output: (decode, output tok/s, accept length, eager)."""
+    out, pos = [], 0
+    letters = {}
+    for (sc, var), runs in values.items():
+        letters.setdefault(var, cfg.letter(len(letters)))
+        for i, (dec, outp, al, eager) in enumerate(runs, 1):
+            pos += 1
+            r = copy.deepcopy(record("patched" if al is not None else "stock"))
+            r["output_throughput"], r["accept_length"] = outp, al
+            r["eagle"] = {"scenario": sc, "variant": var, "letter": letters[var], "repeat": i, "position": pos,
+                          "patchset": "0123456789ab" if var.startswith("patched") else "none", "decode_tok_s": dec,
+                          "verify": None if eager is None else {"graph": 10, "eager": eager,
+                                                                "eager_reasons": {"bs>16": eager} if eager else {}},
+                          "scenario_spec": {"max_concurrency": 1, "num_prompts": 8, "input_len": 1024,
+                                            "output_len": 512}}
+            out.append(r)
+    return out
+
+
+RECS = {("C1", "stock-nospec"): [(82.0, 80.0, None, None), (80.0, 78.0, None, None), (84.0, 81.0, None, None)],
+        ("C1", "patched-eagle3"): [(110.0, 100.0, 2.0, 0), (100.0, 95.0, 2.1, 0), (120.0, 110.0, 1.9, 0)],
+        ("C4", "stock-nospec"): [(200.0, 190.0, None, None)],
+        ("C4", "patched-eagle3"): [(220.0, 210.0, 1.8, 3)]}
+
+
+def test_summary_medians_spread_and_eager_flags():
+    rows = rep.summarize(synthetic(RECS))
+    assert [(r.scenario, r.variant, r.letter, r.n) for r in rows] == [
+        ("C1", "stock-nospec", "A", 3), ("C1", "patched-eagle3", "B", 3),
+        ("C4", "stock-nospec", "A", 1), ("C4", "patched-eagle3", "B", 1)]
+    p = rows[1]
+    d = p.stats["decode_tok_s"]
+    assert (d.median, d.min, d.max) == (110.0, 100.0, 120.0)
+    assert p.stats["accept_length"].median == 2.0 and p.stats["output_tok_s"].median == 100.0
+    assert p.spread_pct == pytest.approx(100 * 20 / 110)
+    assert rows[0].eager is None and p.eager == 0 and rows[3].eager == 3
+    assert rows[3].eager_reasons == {"bs>16": 3} and rows[0].patchsets == ["none"]
+
+
+def test_markdown_table_flags_eager_and_noisy_rows():
+    rows = rep.summarize(synthetic(RECS))
+    md = rep.markdown(rows, {"stem": "S", "box": "box1", "git_rev": "abc1234", "runs": 8})
+    assert "# Bench results S" in md and "`box1`" in md and "`abc1234`" in md
+    assert "## C1 (concurrency 1, 8 prompts, in 1024 / out 512 tokens)" in md
+    line = next(ln for ln in md.splitlines() if "| patched-eagle3 |" in ln and "C1" not in ln)
+    assert "110.0 (100.0–120.0)" in line  # decode tok/s
+    assert "1.34×" in line  # vs A: 110 / 82
+    assert "2.000 (1.900–2.100)" in line  # accept length
+    assert "18.2% ⚠" in line  # spread above 7 %
+    assert "- C4 / patched-eagle3: 3 verify forwards ran eagerly (bs>16: 3)" in md
+    assert "| **3** ⚠ |" in md
+    assert "Baseline comparison" not in md
+
+
+def test_plot_writes_a_png(tmp_path):
+    out = tmp_path / "p.png"
+    assert rep.plot(rep.summarize(synthetic(RECS)), out, title="t")
+    data = out.read_bytes()
+    assert data[:8] == PNG_MAGIC and len(data) > 5000
+
+
+def test_baseline_comparison_passes_and_regresses():
+    rows = rep.summarize(synthetic(RECS))
+    base = rep.make_baseline(rows, {"box": "b"}, rep.thresholds(None, None, None))
+    assert base["thresholds"] == {"tok_s_drop_pct": 5.0, "accept_length_drop": 0.05}
+    entry = next(e for e in base["entries"] if e["scenario"] == "C1" and e["variant"] == "patched-eagle3")
+    assert entry["decode_tok_s"] == 110.0 and entry["accept_length"] == 2.0
+    th = rep.thresholds(base, None, None)
+    assert all(c.status == "ok" for c in rep.compare(rows, base, th))
+
+    slower = copy.deepcopy(RECS)
+    slower[("C1", "patched-eagle3")] = [(103.0, 96.0, 1.96, 0)] * 3  # decode -6.4 %, output -4 %, AL -0.04
+    checks = rep.compare(rep.summarize(synthetic(slower)), base, th)
+    bad = [(c.scenario, c.variant, c.metric) for c in checks if c.status == "REGRESSION"]
+    assert bad == [("C1", "patched-eagle3", "decode_tok_s")]
+    assert "decode tok/s 103.0 vs baseline 110.0 (-6.4%, limit -5%)" in next(
+        c for c in checks if c.status == "REGRESSION").line()
+    # looser limits from the command line win over the baseline's
+    assert not [c for c in rep.compare(rep.summarize(synthetic(slower)), base, rep.thresholds(base, 7, None))
+                if c.status == "REGRESSION"]
+
+    worse_al = copy.deepcopy(RECS)
+    worse_al[("C1", "patched-eagle3")] = [(110.0, 100.0, 1.94, 0)] * 3
+    bad = [c.metric for c in rep.compare(rep.summarize(synthetic(worse_al)), base, th) if c.status == "REGRESSION"]
+    assert bad == ["accept_length"]
+
+    partial = {k: v for k, v in RECS.items() if k[0] == "C1"}
+    checks = rep.compare(rep.summarize(synthetic(partial)), base, th)
+    assert {c.status for c in checks if c.scenario == "C4"} == {"not run"}
+    assert not [c for c in checks if c.status == "REGRESSION"]
+    md = rep.markdown(rep.summarize(synthetic(slower)), {}, rep.compare(rep.summarize(synthetic(slower)), base, th),
+                      "b.json")
+    assert "**1 regression(s)**" in md and "| **REGRESSION** |" in md
+
+
+def test_report_cli_exit_codes_on_recorded_harness_results(tmp_path, capsys):
+    results = tmp_path / "r.jsonl"
+    results.write_text((FIX / "results_abba.jsonl").read_text())
+    recs = rep.load_results(results)
+    # the harness's own recorded output: bench_serving keys untouched, "eagle" added, A B B A order
+    assert [(r["eagle"]["letter"], r["eagle"]["repeat"], r["eagle"]["position"]) for r in recs] == [
+        ("A", 1, 1), ("B", 1, 2), ("B", 2, 3), ("A", 2, 4)]
+    assert set(record("patched")) <= set(recs[1])
+    base = tmp_path / "base.json"
+    assert bench.main(["--report", str(results), "--write-baseline", str(base)]) == 0
+    assert results.with_suffix(".md").is_file() and results.with_suffix(".png").read_bytes()[:8] == PNG_MAGIC
+    assert bench.main(["--report", str(results), "--baseline", str(base)]) == 0
+    b = json.loads(base.read_text())
+    for e in b["entries"]:
+        if e["variant"] == "patched":
+            e["output_tok_s"] *= 1.10
+    base.write_text(json.dumps(b))
+    capsys.readouterr()
+    assert bench.main(["--report", str(results), "--baseline", str(base)]) == 1
+    err = capsys.readouterr().err
+    assert "REGRESSION against" in err and "C2 / patched: output tok/s" in err
+    assert "REGRESSION" in results.with_suffix(".md").read_text()
+    assert bench.main(["--report", str(results), "--fail-on-eager"]) == 1  # the patched stand-in runs eagerly
+    with pytest.raises(UserError, match="schema|not a"):
+        base.write_text("{}")
+        bench.main(["--report", str(results), "--baseline", str(base)])
+
+
+def test_client_resolution_names_what_is_missing(tmp_path, monkeypatch):
+    monkeypatch.setattr(bc, "TREE_PYTHON", tmp_path / "no-tree")
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    with pytest.raises(UserError, match="no sglang|imports no sglang"):
+        bc.resolve_client(sys.executable)
+
+
+# -------------------------------------------------------------------------------------------------------------
+# launcher and end to end
+
+
+def client_env() -> dict[str, str]:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    if importlib.util.find_spec("datasets") is None:
+        env["PYTHONPATH"] = os.pathsep.join([str(FIX / "client_stubs")] + [p for p in [env.get("PYTHONPATH")] if p])
+    return env
+
+
+def test_local_launcher_starts_waits_and_stops_its_server(tmp_path):
+    port = standin_server.free_port()
+    v = cfg.Variant(name="standin", launcher="local", speculative=False, python=sys.executable,
+                    command=("{python}", str(FIX / "standin_server.py"), "--profile", "stock", "--port", "{port}"))
+    t = launch.Server(v, cfg.placeholder_values({}, {"port": port}), [], tmp_path / "server.log")
+    try:
+        t.start(timeout=60)
+        assert bs.http_get(t.url + "/v1/models")[0] == 200
+        assert t.patch_info()["patchset"] in ("unknown", "none")  # this python has no sglang with a record
+        proc = t.proc
+        with pytest.raises(UserError, match="already in use"):
+            launch.Server(v, cfg.placeholder_values({}, {"port": port}), [], tmp_path / "b.log").start(5)
+    finally:
+        t.stop()
+    assert proc.poll() is not None and not launch.port_open("127.0.0.1", port)
+
+
+@pytest.fixture
+def standins():
+    servers = [standin_server.ServerThread("stock").start(), standin_server.ServerThread("patched").start()]
+    yield servers
+    for s in servers:
+        s.stop()
+
+
+def test_harness_end_to_end_against_standin_servers(standins, tmp_path):
+    assert (bc.TREE_PYTHON / "sglang" / "benchmark" / "serving.py").is_file(), "no SGLang tree: run make apply"
+    stock, patched = standins
+    scen = tmp_path / "scenarios.toml"
+    scen.write_text('[defaults]\ninput_len = 32\noutput_len = 48\n'
+                    '[[scenario]]\nname = "C2"\nmax_concurrency = 2\nnum_prompts = 8\n')
+    res = tmp_path / "results"
+    t0 = time.monotonic()
+    cp = subprocess.run([sys.executable, "-m", "scripts.bench.bench", "--server-url", f"stock={stock.url}",
+                         "--server-url", f"patched={patched.url}", "--patchset", "patched=0123456789ab",
+                         "--scenarios-file", str(scen), "--repeats", "1", "--results-dir", str(res),
+                         "--box", "test-box", "--tokenizer", str(TOKENIZER), "--sample-interval", "0.05",
+                         "--write-baseline", str(tmp_path / "base.json")],
+                        cwd=ROOT, env=client_env(), capture_output=True, text=True, timeout=300)
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    assert time.monotonic() - t0 < 120
+    err = cp.stderr
+    assert "[1/2] C2 stock repeat 1 (A)... ETA ?" in err and "[2/2] C2 patched repeat 1 (B)... ETA " in err
+    assert "eager verify forward" in err
+    files = sorted(p.name for p in res.iterdir())
+    stem = files[0].split(".")[0]
+    assert stem.endswith("_test-box") and "_" in stem[:-len("_test-box")]
+    for ext in (".jsonl", ".md", ".png", ".bench_serving.log"):
+        assert stem + ext in files, files
+    recs = [json.loads(ln) for ln in (res / f"{stem}.jsonl").read_text().splitlines()]
+    assert len(recs) == 2
+    raw_keys = set(record("patched"))
+    for r in recs:
+        assert raw_keys <= set(r), raw_keys - set(r)  # bench_serving's own record, keys unchanged
+        assert r["completed"] == 8 and r["max_concurrency"] == 2
+    s, p = (r["eagle"] for r in recs)
+    assert (s["variant"], s["letter"], s["position"], p["variant"], p["letter"], p["position"]) == (
+        "stock", "A", 1, "patched", "B", 2)
+    assert s["box"] == p["box"] == "test-box" and s["scenario"] == "C2" and s["git_rev"]
+    assert s["patchset"] == "unknown" and p["patchset"] == "0123456789ab"
+    assert s["speculative_algorithm"] is None and p["speculative_algorithm"] == "EAGLE3"
+    for e in (s, p):
+        assert e["decode_tok_s_source"] == "metrics" and e["decode_windows"] >= 2 and e["decode_tok_s"] > 0
+        assert e["started_at"] <= e["finished_at"]
+    assert s["verify"] is None and recs[0]["accept_length"] is None
+    assert p["verify"]["source"] == "metrics" and p["verify"]["eager"] > 0
+    assert sum(p["verify"]["eager_reasons"].values()) == p["verify"]["eager"]
+    assert recs[1]["accept_length"] == pytest.approx(2.0, abs=0.1)  # accept pattern 2,3,1,2
+    assert p["accept_length_metrics"] == pytest.approx(2.0, abs=0.15)
+    md = (res / f"{stem}.md").read_text()
+    assert "| A | stock |" in md and "| B | patched | `0123456789ab` |" in md and "Eager verify forwards" in md
+    assert (res / f"{stem}.png").read_bytes()[:8] == PNG_MAGIC
+    base = json.loads((tmp_path / "base.json").read_text())
+    assert {(e["scenario"], e["variant"]) for e in base["entries"]} == {("C2", "stock"), ("C2", "patched")}
+    assert all(math.isfinite(e["output_tok_s"]) for e in base["entries"])

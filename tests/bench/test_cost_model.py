@@ -1,0 +1,30 @@
+"""eagle-fast-verify.md's tables are generated from committed files (scripts/bench/cost_model.py)."""
+
+from scripts.bench import cost_model
+
+
+def test_cost_model_doc_is_current():
+    assert cost_model.main(["--check"]) == 0
+
+
+def test_cost_model_tracks_its_inputs():
+    """Change one measured number in a copy of a result file: the rendered proxy table changes with it."""
+    runs = cost_model.load_runs()
+    before = cost_model.h200_table(runs)
+    rec = next(r for r in runs[0]["records"] if r.get("kind") == "allreduce" and r.get("variant") == "SIMPLE"
+               and r.get("rows") == 8 and r.get("mode") == "graph")
+    rec["us_per_call"] *= 10
+    after = cost_model.h200_table(runs)
+    assert before != after
+    line = next(l for l in after.splitlines() if "Simple / default" in l)
+    assert "x" in line
+
+
+def test_cost_model_box_rows_follow_the_model():
+    import tomllib
+
+    inp = tomllib.loads(cost_model.INPUTS.read_text())
+    table = cost_model.box_table(inp)
+    seed = next(l for l in table.splitlines() if l.startswith("| Seed"))
+    # 205 us x 122 = 25.0 ms -> verify 30 ms -> AL 2.0 / (30 + 3.33 ms) = 60 tok/s; break-even 33.3 / 12.2 = 2.73
+    assert "| 205 | 25.01 | 30.0 | 60 | 2.73 |" in seed

@@ -1,0 +1,308 @@
+"""scripts/host/doctor.py (facts, registered checks, table) fed recorded outputs of the real tools.
+
+tests/fixtures/doctor/h200x2/: verbatim captures from a lent 2x H200 NVLink machine (nvidia-smi -q, topo -m,
+topo -p2p r|w|n|a|p, nvlink -s; host.txt bundles uvm_disable_hmm, lscpu, numactl -H and the --query-gpu CSV).
+tests/fixtures/doctor/h200x2-live/: what `doctor --record` wrote on that machine kind (2026-11-29; serials and UUIDs
+blanked, the VM's kernel command line left out).
+tests/fixtures/doctor/pcie8x/: 8x RTX PRO 6000 Blackwell Server Edition on two NUMA nodes (pairs behind PCIe
+switches), written in the exact layout of those captures. pcie8x-cns/ and pcie8x-hmm-iommu/ hold only the files
+that differ from pcie8x/ (cross-socket P2P "CNS"; HMM on and the IOMMU on).
+nvidia-smi-q.xml in each is synthesized by make_pcie8x.py (the H200 ones from the real text captures).
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from scripts.host import checks, doctor
+from scripts.host import parsers as P
+from scripts.host.tools import CAPTURE_FILES, Probe, load_capture
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "doctor"
+
+
+def capture(name: str) -> dict[str, str]:
+    rec = {} if name in ("pcie8x", "h200x2", "h200x2-live") else load_capture(FIX / "pcie8x")
+    rec.update(load_capture(FIX / name))
+    return rec
+
+
+def run(rec: dict[str, str], tp: int = 8, environ: dict | None = None, expected: str | None = None):
+    probe = Probe(rec, python="python3", model_dir=Path("/models"))
+    findings, facts = doctor.diagnose(probe, tp=tp, environ=environ or {}, expected_patchset=expected)
+    return {f.id: f for f in findings}, facts
+
+
+def sev(findings) -> dict[str, str]:
+    return {k: f.severity for k, f in findings.items()}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# parsers on the real formats
+
+
+def test_parsers_on_the_real_h200_captures():
+    rec = capture("h200x2")
+    smi = P.parse_smi_xml(rec["smi-xml"])
+    assert (smi.driver, smi.cuda, len(smi.gpus)) == ("580.159.04", "13.0", 2)
+    assert [g.bus_id for g in smi.gpus] == ["00000000:00:06.0", "00000000:00:07.0"]
+    g = smi.gpus[0]
+    assert (g.name, g.bar1_total_mib, g.fb_total_mib, g.gen_max, g.width_max) == ("NVIDIA H200", 262144, 143771, 5, 16)
+    topo = P.parse_topo_m(rec["topo-m"])
+    assert topo["links"] == {(0, 1): "NV18", (1, 0): "NV18"}
+    assert topo["cpu"] == {0: "0-31", 1: "0-31"} and topo["numa"] == {0: "0", 1: "0"}
+    assert P.parse_p2p(rec["topo-p2p-r"]) == {(0, 1): "OK", (1, 0): "OK"}
+    assert P.parse_p2p(rec["topo-p2p-n"]) == {(0, 1): "OK", (1, 0): "OK"}  # NVLink between the pair
+    assert [r["compute_cap"] for r in P.parse_query_csv(rec["smi-query"])] == ["9.0", "9.0"]
+    assert P.parse_numactl(rec["numactl"])["nodes"] == 1
+    assert rec["uvm-hmm"].strip() == "N"
+    assert P.parse_nvlink(rec["nvlink-s"]) == 36
+
+
+def test_parsers_on_the_pcie_box():
+    rec = capture("pcie8x")
+    smi = P.parse_smi_xml(rec["smi-xml"])
+    assert len(smi.gpus) == 8 and smi.driver.startswith("580.")
+    assert {g.name for g in smi.gpus} == {"NVIDIA RTX PRO 6000 Blackwell Server Edition"}
+    assert {(g.gen_max, g.gen_current, g.width_current, g.bar1_total_mib) for g in smi.gpus} == {(5, 1, 16, 131072)}
+    topo = P.parse_topo_m(rec["topo-m"])
+    assert topo["devices"][-1] == "NIC0"
+    assert (topo["links"][(0, 1)], topo["links"][(0, 2)], topo["links"][(0, 4)]) == ("PIX", "NODE", "SYS")
+    assert topo["numa"] == {i: str(i // 4) for i in range(8)}
+    p2p = P.parse_p2p(rec["topo-p2p-r"])
+    assert len(p2p) == 56 and set(p2p.values()) == {"OK"}
+    assert set(P.parse_p2p(rec["topo-p2p-n"]).values()) == {"NS"}  # no NVLink anywhere
+    cns = P.parse_p2p(capture("pcie8x-cns")["topo-p2p-r"])
+    assert cns[(0, 4)] == "CNS" and cns[(0, 1)] == "OK"
+    assert P.parse_nvcc(rec["nvcc"]) == (13, 0)
+    assert P.parse_df(rec["df"])["mount"] == "/data"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# diagnosis
+
+
+def test_clean_pcie_box_has_no_warnings():
+    f, facts = run(capture("pcie8x"))
+    bad = {k: v for k, v in sev(f).items() if v in ("warn", "error")}
+    assert not bad, bad
+    for key in ("gpu.model", "gpu.count", "driver.cuda", "topo.nvlink", "topo.p2p", "topo.numa", "pcie.link",
+                "pcie.bar1", "host.hmm", "host.iommu", "cuda.nvcc", "nccl.version", "disk.free"):
+        assert f[key].severity == "ok", (key, f[key])
+    assert "SM120" in f["gpu.model"].message and "compute capability 12.0" in f["gpu.model"].message
+    assert "GPUs 0-3 on NUMA node 0; GPUs 4-7 on NUMA node 1" in f["topo.numa"].message
+    assert "no NVLink" in f["topo.nvlink"].message and facts["pcie_only"] is True
+    assert "28 GPU pairs" in f["topo.p2p"].message
+    assert facts["nccl"] == "2.28.3"
+
+
+def test_cns_pairs_are_a_warning_with_the_pairs_named():
+    f, facts = run(capture("pcie8x-cns"))
+    p = f["topo.p2p"]
+    assert p.severity == "warn" and "16 of 28 GPU pairs" in p.message and "CNS: chipset not supported" in p.message
+    assert "GPU0-GPU4 CNS" in p.message and "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0" in p.fix
+    assert len(facts["p2p_bad_pairs"]) == 16
+
+
+def test_hmm_and_iommu_on_a_pcie_box():
+    f, _ = run(capture("pcie8x-hmm-iommu"))
+    assert f["host.hmm"].severity == "error" and "uvm_disable_hmm=N" in f["host.hmm"].message
+    assert "uvm_disable_hmm=1" in f["host.hmm"].fix
+    assert f["host.iommu"].severity == "warn" and "142 IOMMU groups" in f["host.iommu"].message
+    assert "iommu=pt" in f["host.iommu"].fix
+    assert f["host.pcie_pm"].severity == "info"
+
+
+def test_exit_status_follows_errors(capsys, tmp_path):
+    full = tmp_path / "hmm"
+    full.mkdir()
+    for k, text in capture("pcie8x-hmm-iommu").items():
+        (full / CAPTURE_FILES[k]).write_text(text)
+    assert doctor.main(["--replay", str(FIX / "pcie8x")]) == 0
+    assert doctor.main(["--replay", str(full), "--json"]) == 1
+    out = capsys.readouterr().out
+    rep = json.loads(out[out.index("{"):])
+    assert rep["errors"] == 1 and {x["id"] for x in rep["findings"] if x["severity"] == "error"} == {"host.hmm"}
+
+
+def test_hmm_seen_through_addressing_mode_when_sysfs_is_hidden():
+    rec = capture("pcie8x-hmm-iommu")
+    del rec["uvm-hmm"]
+    f, _ = run(rec)
+    assert f["host.hmm"].severity == "error" and "Addressing Mode HMM" in f["host.hmm"].message
+
+
+def test_h200_nvlink_box():
+    f, facts = run(capture("h200x2"), tp=2)
+    s = sev(f)
+    assert facts["nvlink"] is True and facts["pcie_only"] is False
+    assert s["topo.nvlink"] == "info" and "NV18" in f["topo.nvlink"].message
+    assert s["gpu.model"] == "info" and "compute capability 9.0" in f["gpu.model"].message
+    assert s["host.hmm"] == "info"  # HMM on matters on PCIe-only boxes, not here
+    assert s["topo.p2p"] == "ok" and s["pcie.bar1"] == "ok" and s["gpu.count"] == "ok"
+    assert "error" not in s.values()
+    f8, _ = run(capture("h200x2"), tp=8)
+    assert f8["gpu.count"].severity == "error" and "TP8 needs 8 GPUs" in f8["gpu.count"].message
+
+
+def test_live_recording_from_the_h200_machine():
+    """Recorded by the live probe (`doctor --record`) on a real GPU machine: every tool answered, same facts as the
+    separately captured outputs."""
+    live, shared = capture("h200x2-live"), capture("h200x2")
+    assert P.parse_topo_m(live["topo-m"])["links"] == P.parse_topo_m(shared["topo-m"])["links"]
+    assert P.parse_p2p(live["topo-p2p-r"]) == P.parse_p2p(shared["topo-p2p-r"])
+    f, facts = run(live, tp=2, environ={"NCCL_VERSION": "2.28.3-1", "NCCL_NVLS_ENABLE": "0"})
+    s = sev(f)
+    assert s["cuda.nvcc"] == "ok" and "nvcc 13.0" in f["cuda.nvcc"].message
+    assert s["nccl.version"] == "ok" and "NCCL 2.28.9 (torch 2.11.0+cu130)" in f["nccl.version"].message
+    assert s["host.iommu"] == "info"  # no command line recorded, and nothing claims the IOMMU is on
+    assert f["env.nccl"].message.endswith("NCCL_NVLS_ENABLE=0")  # NCCL_VERSION is image metadata, not a setting
+    assert [g["compute_cap"] for g in facts["gpus"]] == ["9.0", "9.0"]
+    assert facts["disk_free_gb"] > 100 and s["disk.free"] == "error"  # 137 GB < what Kimi-K2.5 needs
+
+
+def test_nccl_2_30_4_is_an_error_with_the_fix():
+    rec = capture("pcie8x")
+    rec["nccl"] = '{"torch": "2.10.0+cu130", "nccl": "2.30.4"}\n'
+    f, _ = run(rec)
+    n = f["nccl.version"]
+    assert n.severity == "error" and "2.30.4" in n.message and "NCCL_P2P_DISABLE=1" in n.fix
+    f, _ = run(rec, environ={"NCCL_P2P_DISABLE": "1"})
+    assert f["nccl.version"].severity == "warn" and f["env.nccl"].severity == "info"
+
+
+def test_nccl_version_from_package_metadata_or_unknown():
+    rec = capture("pcie8x")
+    rec["nccl"] = '{"error": "ModuleNotFoundError: No module named \'torch\'", "dist": "nvidia-nccl-cu13", ' \
+                  '"dist_version": "2.28.3"}\n'
+    f, _ = run(rec)
+    assert f["nccl.version"].severity == "ok" and "package metadata" in f["nccl.version"].message
+    del rec["nccl"]
+    f, facts = run(rec)
+    assert f["nccl.version"].severity == "info" and "unknown" in f["nccl.version"].message
+    assert facts["nccl"] == "unknown"
+
+
+def test_no_driver_is_a_finding_not_a_traceback(capsys, tmp_path):
+    f, _ = run({})
+    assert f["gpu.driver"].severity == "error"
+    assert f["gpu.driver"].message.startswith("no NVIDIA driver/GPU found")
+    assert "--gpus all" in f["gpu.driver"].fix
+    assert doctor.main(["--replay", str(tmp_path)]) == 1
+    assert "no NVIDIA driver/GPU found" in capsys.readouterr().out
+
+
+def test_live_tools_missing_or_hanging_are_findings_material():
+    p = Probe(timeout=0.5)
+    missing = p.command(["no-such-tool-eagle-doctor"])
+    assert not missing.ok and "not found" in missing.why
+    hung = p.command(["sleep", "5"])
+    assert not hung.ok and "did not answer within" in hung.why
+    failed = p.command(["sh", "-c", "echo 'NVIDIA-SMI has failed because it could not communicate' >&2; exit 9"])
+    assert not failed.ok and "exit 9" in failed.why and "NVIDIA-SMI has failed" in failed.why
+
+
+def test_small_bar_narrow_link_and_old_toolchain():
+    rec = capture("pcie8x")
+    q = rec["smi-xml"].replace("<total>131072 MiB</total>", "<total>256 MiB</total>")  # BAR1 (memory is 97887)
+    q = q.replace("<current_link_width>16x</current_link_width>", "<current_link_width>8x</current_link_width>", 1)
+    rec["smi-xml"] = q.replace("<cuda_version>13.0</cuda_version>", "<cuda_version>12.8</cuda_version>")
+    rec["nvcc"] = rec["nvcc"].replace("release 13.0, V13.0.88", "release 12.4, V12.4.131")
+    f, _ = run(rec)
+    assert f["pcie.bar1"].severity == "error" and "256 MiB" in f["pcie.bar1"].message
+    assert "Resizable BAR" in f["pcie.bar1"].fix
+    assert f["pcie.link"].severity == "warn" and "00000000:03:00.0 x8 (max x16)" in f["pcie.link"].message
+    assert f["driver.cuda"].severity == "error" and f["cuda.nvcc"].severity == "error"
+
+
+def test_numa_layouts():
+    rec = capture("pcie8x")
+    lines = rec["topo-m"].splitlines()
+    swapped = []
+    for ln in lines:  # GPUs alternate between nodes: 0,2,4,6 on node 0
+        if ln.startswith("GPU"):
+            i = int(ln.split("\t")[0][3:])
+            cells = ln.split("\t")
+            cells[-3] = str(i % 2)
+            ln = "\t".join(cells)
+        swapped.append(ln)
+    rec["topo-m"] = "\n".join(swapped) + "\n"
+    f, _ = run(rec)
+    assert f["topo.numa"].severity == "warn" and "interleave" in f["topo.numa"].message
+    assert "CUDA_VISIBLE_DEVICES=0,2,4,6,1,3,5,7" in f["topo.numa"].fix
+
+
+def test_disk_and_model_cache():
+    rec = capture("pcie8x")
+    rec["df"] = "Filesystem 1024-blocks Used Available Capacity Mounted on\n/dev/sda1 500000000 400000000 " \
+                "100000000 80% /\n"
+    f, _ = run(rec)
+    assert f["disk.free"].severity == "error" and "102 GB free" in f["disk.free"].message
+    rec["model-present"] = "yes\n"
+    f, _ = run(rec)
+    assert f["disk.free"].severity == "ok" and "in the cache" in f["disk.free"].message
+
+
+def test_patch_set_of_the_image():
+    rec = capture("pcie8x")
+    rec["sglang"] = "/sgl-workspace/sglang/python/sglang\n"
+    f, _ = run(rec, expected="abcdef012345")
+    assert f["image.patchset"].severity == "error" and "not patched" in f["image.patchset"].message
+    rec["patchset"] = json.dumps({"patchset": "abcdef012345", "base": {"tag": "v0.5.23"},
+                                  "patches": [{"file": "0001-x.patch"}]})
+    f, facts = run(rec, expected="abcdef012345")
+    assert f["image.patchset"].severity == "ok" and "0001-x.patch" in f["image.patchset"].message
+    assert facts["patchset"] == "abcdef012345"
+    f, _ = run(rec, expected="ffffffffffff")
+    assert f["image.patchset"].severity == "warn"
+
+
+def test_alloc_conf_warning():
+    f, _ = run(capture("pcie8x"), environ={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+    assert f["env.alloc"].severity == "warn"
+
+
+def test_record_and_replay_round_trip(tmp_path):
+    rec = capture("pcie8x")
+    probe = Probe(rec)
+    written = probe.record(tmp_path / "rec")
+    assert len(written) == len(rec)
+    assert load_capture(tmp_path / "rec") == rec
+
+
+def test_table_lists_every_finding_with_fixes():
+    f, _ = run(capture("pcie8x-hmm-iommu"))
+    text = checks.table(list(f.values()))
+    assert text.splitlines()[2].startswith("error  host.hmm")
+    assert "fix: echo 'options nvidia_uvm uvm_disable_hmm=1'" in text
+    assert text.splitlines()[-1].startswith("1 error, 1 warn")
+
+
+def _shape(el: ET.Element) -> list:
+    return [(c.tag, _shape(c)) for c in el]
+
+
+@pytest.mark.parametrize("name", ["pcie8x", "pcie8x-cns", "pcie8x-hmm-iommu", "h200x2", "h200x2-live"])
+def test_fixture_layout_matches_the_real_captures(name):
+    """The written fixtures use the real tools' layout: every <gpu> of `nvidia-smi -q -x` has the same elements in
+    the same order (the v12 schema), its values are the text capture's, and topo -m / -p2p keep nvidia-smi's
+    underline escapes."""
+    rec = capture(name)
+    root = ET.fromstring(rec["smi-xml"])
+    assert root.tag == "nvidia_smi_log" and rec["smi-xml"].startswith('<?xml version="1.0" ?>\n<!DOCTYPE nvidia_smi_log')
+    reference = ET.fromstring(capture("h200x2")["smi-xml"]).find("gpu")
+    assert all(_shape(g) == _shape(reference) for g in root.findall("gpu"))
+    assert int(root.findtext("attached_gpus")) == len(root.findall("gpu"))
+    assert "\x1b[4m" in rec["topo-m"] and "\x1b[4m" in rec["topo-p2p-r"]
+
+
+def test_h200_xml_carries_the_text_capture():
+    text = (FIX / "h200x2" / "nvidia-smi-q.txt").read_text()
+    xml = P.parse_smi_xml(capture("h200x2")["smi-xml"])
+    for g in xml.gpus:
+        assert f"GPU {g.bus_id}\n" in text and f": {g.fb_total_mib} MiB" in text and f": {g.bar1_total_mib} MiB" in text
+    assert f"Driver Version                                         : {xml.driver}" in text

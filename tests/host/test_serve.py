@@ -1,0 +1,275 @@
+"""scripts/host/serve.py and the serving profiles.
+
+Every flag of every profile is checked against sglang 0.5.23's own argument parser, imported from the patched tree
+under test (the sglang_tree fixture), and the whole profile command line must parse with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from scripts.host import pcie, serve
+from scripts.lib.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[2]
+PROFILES = sorted((ROOT / "docker" / "profiles").glob("*.toml"))
+DEFAULT = ROOT / "docker" / "profiles" / f"{serve.DEFAULT_PROFILE}.toml"
+
+
+@pytest.fixture(scope="module")
+def parser(sglang_tree):
+    from sglang.srt.server_args import ServerArgs
+
+    p = argparse.ArgumentParser(add_help=False)
+    ServerArgs.add_cli_args(p)
+    return p
+
+
+@pytest.fixture(scope="module")
+def index(parser):
+    return serve.FlagIndex(parser)
+
+
+def _plan(index, environ=None, **kw):
+    return serve.build_plan(serve.load_profile(DEFAULT), environ=environ or {}, index=index, python="python3", **kw)
+
+
+def _opt(argv, flag):
+    return argv[argv.index(flag) + 1]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# profiles against sglang's parser
+
+
+@pytest.mark.parametrize("path", PROFILES, ids=[p.stem for p in PROFILES])
+def test_every_profile_flag_is_a_real_sglang_flag(path, parser):
+    prof = serve.load_profile(path)
+    actions = parser._option_string_actions
+    for flag, value in prof.args.items():
+        assert f"--{flag}" in actions, f"{path.name}: --{flag} is not an sglang 0.5.23 flag"
+        takes_value = actions[f"--{flag}"].nargs != 0
+        assert takes_value == (not isinstance(value, bool)), f"{path.name}: --{flag} = {value!r}"
+    plan = serve.build_plan(prof, environ={}, python="python3")
+    ns = parser.parse_args(plan.argv[3:])  # choices and types as sglang checks them
+    assert ns.model_path == prof.defaults.get("model", ns.model_path)
+
+
+def test_default_profile_is_kimi_tp8_eagle3_chain(parser):
+    plan = serve.build_plan(serve.load_profile(DEFAULT), environ={}, python="python3")
+    assert plan.argv[:3] == ["python3", "-m", "sglang.launch_server"]
+    ns = parser.parse_args(plan.argv[3:])
+    assert ns.model_path == "moonshotai/Kimi-K2.5" and ns.tp_size == 8 and ns.trust_remote_code
+    assert ns.speculative_algorithm == "EAGLE3"
+    assert (ns.speculative_num_steps, ns.speculative_eagle_topk, ns.speculative_num_draft_tokens) == (3, 1, 4)
+    assert ns.speculative_draft_model_path == "AQ-MedAI/Kimi-K25-eagle3"
+    assert ns.host == "0.0.0.0" and ns.port == 30000 and ns.enable_metrics
+    assert ns.cuda_graph_max_bs_decode >= ns.max_running_requests
+    assert ns.flashinfer_allreduce_fusion_backend is None  # gated to TP2 by the series; A/B by hand
+    assert "flashinfer-allreduce-fusion-backend" not in serve.load_profile(DEFAULT).args
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the plan
+
+
+def test_cli_values_fill_placeholders(index):
+    plan = _plan(index, draft_model="/models/draft", model="/models/k25", port=31000)
+    assert _opt(plan.argv, "--speculative-draft-model-path") == "/models/draft"
+    assert _opt(plan.argv, "--model-path") == "/models/k25"
+    assert _opt(plan.argv, "--port") == "31000"
+
+
+def test_extra_args_win_over_the_profile(index):
+    plan = _plan(index, extra=["--tp", "4", "--mem-fraction-static=0.8", "--context-length", "65536"])
+    sgl = plan.argv[3:]
+    assert "--tp-size" not in sgl and sgl.count("--tp") == 1 and _opt(sgl, "--tp") == "4"
+    assert "--mem-fraction-static" not in sgl and "--mem-fraction-static=0.8" in sgl
+    assert sgl[-5:] == ["--tp", "4", "--mem-fraction-static=0.8", "--context-length", "65536"]
+    assert any("--tp from the command line replaces the profile's --tp-size 8" in n for n in plan.notes)
+    assert any("--mem-fraction-static" in n and "0.9" in n for n in plan.notes)
+
+
+def test_alias_spelling_replaces_the_profile_flag(index):
+    plan = _plan(index, extra=["--tensor-parallel-size", "2", "--speculative-draft-model", "x/y"])
+    sgl = plan.argv[3:]
+    assert "--tp-size" not in sgl and "--speculative-draft-model-path" not in sgl
+    assert _opt(sgl, "--speculative-draft-model") == "x/y"
+
+
+def test_bad_values_and_flags_are_refused_before_launch(index, tmp_path):
+    with pytest.raises(UserError, match="invalid int value"):
+        _plan(index, extra=["--tp-size", "eight"])
+    bad = tmp_path / "bad.toml"
+    bad.write_text(DEFAULT.read_text().replace("cuda-graph-max-bs-decode = 16", "cuda-graph-max-bs = 16"))
+    with pytest.raises(UserError, match="--cuda-graph-max-bs is not a flag.*did you mean"):
+        serve.build_plan(serve.load_profile(bad), environ={}, index=index)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (("[args]", "[arg]"), "unknown top-level key"),
+    (('tp-size = 8', '"--tp-size" = 8'), "without the leading dashes"),
+    (('draft_model = "AQ-MedAI/Kimi-K25-eagle3"', ""), "pass --draft-model"),
+    (("enable-metrics = true", "enable-metrics = {a = 1}"), "must be a string"),
+])
+def test_profile_mistakes_name_the_fix(tmp_path, edit, match):
+    p = tmp_path / "p.toml"
+    text = DEFAULT.read_text()
+    assert edit[0] in text
+    p.write_text(text.replace(edit[0], edit[1]))
+    with pytest.raises(UserError, match=match):
+        serve.build_plan(serve.load_profile(p), environ={})
+
+
+def test_profile_lookup(tmp_path):
+    assert serve.resolve_profile(serve.DEFAULT_PROFILE) == DEFAULT
+    with pytest.raises(UserError, match="known: kimi-k25-eagle3-tp8"):
+        serve.resolve_profile("nope")
+    with pytest.raises(UserError, match="does not exist"):
+        serve.resolve_profile(str(tmp_path / "missing.toml"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# environment: setdefault semantics; the PCIe-only defaults are the launcher's
+
+
+def test_profile_env_only_fills_gaps():
+    plan = _plan(None, environ={"CUDA_DEVICE_ORDER": "FASTEST_FIRST", "NCCL_P2P_LEVEL": "PHB"})
+    assert "CUDA_DEVICE_ORDER" not in plan.env_set
+    assert plan.env_kept["CUDA_DEVICE_ORDER"][:2] == ("FASTEST_FIRST", "PCI_BUS_ID")
+    assert "kept CUDA_DEVICE_ORDER=FASTEST_FIRST" in serve.render(plan)
+    plan = _plan(None, environ={"NCCL_P2P_LEVEL": "PHB"})
+    assert plan.env_set["CUDA_DEVICE_ORDER"][0] == "PCI_BUS_ID"
+    assert not [k for k in plan.env_set if k.startswith("NCCL_")]  # serve sets no NCCL value: the launcher does
+    assert "export CUDA_DEVICE_ORDER=PCI_BUS_ID" in serve.render(plan)
+    env = plan.child_env({"NCCL_P2P_LEVEL": "PHB", "PYTHONPATH": f"{ROOT}{os.pathsep}/other"})
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" and env["NCCL_P2P_LEVEL"] == "PHB"
+    assert env["PYTHONPATH"] == "/other"  # the entrypoint's project path does not leak into sglang
+
+
+def _fake_launcher(monkeypatch, decide=None):
+    mod = types.ModuleType(pcie.MODULE)
+    if decide is not None:
+        setattr(mod, pcie.DECIDE, decide)
+    monkeypatch.setitem(sys.modules, pcie.MODULE, mod)
+
+
+def test_pcie_defaults_are_reported_from_the_patched_launcher(monkeypatch):
+    seen = {}
+
+    def decide(cfg, environ=None):
+        seen.update(tp=cfg.tp_size, nnodes=cfg.nnodes, order=environ.get("CUDA_DEVICE_ORDER"))
+        return {"topology": "pcie-only", "nccl_set": {"NCCL_MIN_NCHANNELS": "8"}, "pcie_ipc": True}
+
+    _fake_launcher(monkeypatch, decide)
+    plan = _plan(None, ask_launcher=True)
+    assert plan.pcie.known and seen == {"tp": 8, "nnodes": 1, "order": "PCI_BUS_ID"}  # the child's environment
+    assert "launcher PCIe defaults: topology: pcie-only" in plan.pcie.lines
+    assert "# pcie: launcher PCIe defaults: nccl_set: {'NCCL_MIN_NCHANNELS': '8'}" in serve.render(plan)
+    assert serve.as_json(plan)["pcie_defaults"]["decision"]["pcie_ipc"] is True
+    assert not [k for k in plan.env_set if k.startswith("NCCL_")]
+
+
+def test_pcie_defaults_without_an_answer_in_advance(monkeypatch):
+    _fake_launcher(monkeypatch)  # a patched tree whose launcher cannot say in advance
+    plan = _plan(None, ask_launcher=True)
+    assert not plan.pcie.known and "decides the PCIe-only defaults when it starts" in plan.pcie.lines[0]
+    assert "has no decide_pcie_only_defaults" in plan.pcie.lines[0]
+    monkeypatch.setitem(sys.modules, pcie.MODULE, None)  # stock SGLang: no such module
+    assert "is not importable here" in _plan(None, ask_launcher=True).pcie.lines[0]
+    off = _plan(None, environ={"SGLANG_PCIE_NCCL_DEFAULTS": "0"}, ask_launcher=True)
+    assert off.pcie.lines == ["SGLANG_PCIE_NCCL_DEFAULTS=0: the launcher applies no PCIe NCCL defaults"]
+    assert "when it starts" in _plan(None).pcie.lines[0]  # not asked: said plainly
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the command line
+
+
+def test_dry_run_prints_a_runnable_script(capsys, monkeypatch, sglang_tree):
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    _fake_launcher(monkeypatch, lambda cfg, environ=None: {"topology": "pcie-only"})
+    assert serve.main(["--dry-run", "--draft-model", "lightseekorg/kimi-k2.5-eagle3", "--python", sys.executable,
+                       "--", "--context-length", "65536"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    cmd = shlex.split(out[-1])
+    assert cmd[1:3] == ["-m", "sglang.launch_server"] and cmd[-2:] == ["--context-length", "65536"]
+    assert _opt(cmd, "--speculative-draft-model-path") == "lightseekorg/kimi-k2.5-eagle3"
+    assert f"export CUDA_DEVICE_ORDER=PCI_BUS_ID  # from profile {DEFAULT.name}" in out
+    assert "# pcie: launcher PCIe defaults: topology: pcie-only" in out
+    assert all(ln.startswith(("#", "export ")) for ln in out[:-1])
+    assert any("AL 2.69 MT-Bench" in ln for ln in out)  # known drafter noted
+
+
+def test_dry_run_json_and_exec(capsys, monkeypatch, sglang_tree):
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
+    assert serve.main(["--dry-run", "--json", "--port", "32000"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert _opt(rep["argv"], "--port") == "32000" and rep["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert rep["pcie_defaults"]["lines"] and "env_file" not in rep
+
+    seen = {}
+
+    def fake_exec(path, argv, env):
+        seen.update(path=path, argv=argv, env=env)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(os, "execve", fake_exec)
+    with pytest.raises(SystemExit):
+        serve.main(["--port", "32000"])
+    assert seen["path"] == seen["argv"][0] == sys.executable
+    assert seen["argv"] == rep["argv"] and seen["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    err = capsys.readouterr().err
+    assert "export CUDA_DEVICE_ORDER=PCI_BUS_ID" in err and "when it starts" in err  # says what it applied
+
+
+def test_unknown_serve_option_points_to_the_separator(sglang_tree):
+    with pytest.raises(UserError, match="go after `--`"):
+        serve.main(["--dry-run", "--context-length", "1000"])
+
+
+def test_check_runs_the_doctor(monkeypatch):
+    got = {}
+
+    def fake_exec(path, argv, env):
+        got.update(argv=argv, env=env)
+        raise SystemExit(7)
+
+    monkeypatch.setattr(os, "execve", fake_exec)
+    with pytest.raises(SystemExit):
+        serve.main(["--check"])
+    assert got["argv"][1:3] == ["-m", "scripts.host.doctor"] and got["argv"][3:5] == ["--tp", "8"]
+    assert str(ROOT) in got["env"]["PYTHONPATH"].split(os.pathsep)
+
+
+def _entry(tmp_path, *args) -> subprocess.CompletedProcess:
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    shim = bindir / "python3"
+    shim.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} \"$@\"\n")
+    shim.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(PATH=f"{bindir}{os.pathsep}{env['PATH']}", EAGLE_HOME=str(ROOT),
+               SGLANG_PCIE_NCCL_DEFAULTS="0")
+    return subprocess.run(["sh", str(ROOT / "docker" / "entrypoint"), *args], env=env, capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path)
+
+
+def test_entrypoint_dispatch(tmp_path):
+    cp = _entry(tmp_path, "serve", "--dry-run", "--json")  # no sglang importable here: flags unchecked, said so
+    assert cp.returncode == 0, cp.stderr
+    rep = json.loads(cp.stdout)
+    assert rep["argv"][1:3] == ["-m", "sglang.launch_server"]
+    assert any("not importable" in n for n in rep["notes"])
+    assert json.loads(_entry(tmp_path, "--dry-run", "--json").stdout)["argv"] == rep["argv"]
+    other = _entry(tmp_path, "echo", "hello")
+    assert other.returncode == 0 and other.stdout == "hello\n"

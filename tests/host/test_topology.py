@@ -1,0 +1,117 @@
+"""The one PCIe-only rule (scripts/host/topology.py) agrees with the patched launcher's, pair by pair.
+
+The launcher's own NVML probe (sglang/srt/entrypoints/pcie_defaults.py, from the tree under test) and the doctor's
+live NVML reader run against the same faked pynvml: no NVLink, NVLink on one pair, NotSupported answers, failed
+queries, CUDA_VISIBLE_DEVICES mapping, UUIDs, one GPU, no driver. Replayed `nvidia-smi topo -p2p n` matrices follow
+the same rule.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from scripts.host import nvml as live
+from scripts.host.topology import pcie_only, visible_gpus
+
+
+class FakeNvml:
+    """The pynvml calls both readers make for `count` GPUs; `nvlink` holds the NVLink-joined index pairs."""
+
+    def __init__(self, monkeypatch, count=8, nvlink=(), pair_error=None, init_error=None):
+        import pynvml
+
+        self.pynvml, self.count, self.pair_error, self.init_error = pynvml, count, pair_error, init_error
+        self.nvlink = {frozenset(p) for p in nvlink}
+        for name in ("nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
+                     "nvmlDeviceGetP2PStatus", "nvmlSystemGetDriverVersion"):
+            monkeypatch.setattr(pynvml, name, getattr(self, name))
+
+    def nvmlInit(self):
+        if self.init_error is not None:
+            raise self.pynvml.NVMLError(self.init_error)
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlSystemGetDriverVersion(self):
+        return "580.95.05"
+
+    def nvmlDeviceGetCount(self):
+        return self.count
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        if not 0 <= i < self.count:
+            raise self.pynvml.NVMLError(self.pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return ("gpu", i)
+
+    def nvmlDeviceGetP2PStatus(self, a, b, index):
+        if index != self.pynvml.NVML_P2P_CAPS_INDEX_NVLINK:
+            return self.pynvml.NVML_P2P_STATUS_OK  # P2P read: fine everywhere
+        if self.pair_error is not None:
+            raise self.pynvml.NVMLError(self.pair_error)
+        if frozenset((a[1], b[1])) in self.nvlink:
+            return self.pynvml.NVML_P2P_STATUS_OK
+        return self.pynvml.NVML_P2P_STATUS_NOT_SUPPORTED
+
+
+def launcher_says(environ: dict) -> bool | None:
+    """The patched launcher's answer: True PCIe-only, False NVLink, None unknown (it raises)."""
+    from sglang.srt.entrypoints import pcie_defaults
+
+    try:
+        return not pcie_defaults._nvlink_between_visible_gpus()
+    except Exception:  # noqa: BLE001 - the launcher's "topology unknown"
+        return None
+
+
+def doctor_says(environ: dict) -> bool | None:
+    try:
+        inv, nvlink, _ = live.read_inventory()
+    except Exception:  # noqa: BLE001 - no driver: unknown
+        return None
+    ids, _ = visible_gpus(len(inv.gpus), environ)
+    return pcie_only(nvlink, ids)[0]
+
+
+CASES = {
+    "no-nvlink": (dict(), {}, True),
+    "nvlink-pair": (dict(nvlink=[(2, 5)]), {}, False),
+    "not-supported-answers": (dict(pair_error="NOT_SUPPORTED"), {}, True),
+    "failed-queries": (dict(pair_error="UNKNOWN"), {}, None),
+    "visible-subset-without-the-nvlink-pair": (dict(nvlink=[(0, 1)]), {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, True),
+    "visible-subset-with-it": (dict(nvlink=[(0, 1)]), {"CUDA_VISIBLE_DEVICES": "1,0"}, False),
+    "uuids": (dict(), {"CUDA_VISIBLE_DEVICES": "GPU-0e1f,GPU-2a3b"}, None),
+    "one-gpu": (dict(count=1), {}, None),
+    "no-driver": (dict(init_error="DRIVER_NOT_LOADED"), {}, None),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_pcie_only_agrees_with_the_patched_launcher(case, monkeypatch, sglang_tree):
+    import pynvml
+
+    fake, environ, expected = CASES[case]
+    fake = dict(fake)
+    for key in ("pair_error", "init_error"):
+        if key in fake:
+            fake[key] = getattr(pynvml, f"NVML_ERROR_{fake[key]}")
+    FakeNvml(monkeypatch, **fake)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    for k, v in environ.items():
+        monkeypatch.setenv(k, v)
+    assert launcher_says(environ) is expected
+    assert doctor_says(environ) is expected
+
+
+def test_recorded_matrices_follow_the_rule():
+    ok, ns = {(0, 1): "OK", (1, 0): "OK"}, {(0, 1): "NS", (1, 0): "NS"}
+    assert pcie_only(ns, [0, 1]) == (True, "")
+    assert pcie_only(ok, [0, 1]) == (False, "")
+    assert pcie_only({(0, 1): "CNS"}, [0, 1])[0] is True  # any answer but OK is "no NVLink"
+    assert pcie_only({(0, 1): "U"}, [0, 1])[0] is None  # nvidia-smi's U: the query may have failed
+    assert pcie_only({}, [0, 1])[0] is None and pcie_only(ns, None)[0] is None
+    # pairs in the launcher's order: a failure before the first NVLink pair means unknown, after it NVLink
+    assert pcie_only({(0, 1): "ERR", (0, 2): "OK"}, [0, 1, 2])[0] is None
+    assert pcie_only({(0, 1): "OK", (0, 2): "ERR"}, [0, 1, 2])[0] is False
+    assert visible_gpus(8, {"CUDA_VISIBLE_DEVICES": "3"}) == (None, "1 GPU(s) visible")
+    assert visible_gpus(2, {}) == ([0, 1], "")

@@ -1,0 +1,195 @@
+"""`make apply` (scripts/series/apply.py and its library): real git, real wheels, the real CLI in a subprocess.
+
+The wheel fallback, the clone path (against a local "upstream" repository made from the wheel's files), the
+idempotent re-apply, the refusals (dirty tree, wrong base from the 0.5.22 wheel, wrong wheel hash), a conflicting
+patch that must leave the tree exactly at the base, and the installed-package layout (all patches or none).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scripts.lib import git
+from scripts.series.record import patchset_id, read_record
+from scripts.series.upstream import git_tree_from_wheel, sha256_file, unpack_wheel
+from scripts.series.patchfile import series_patches, touched_files
+from scripts.series.pin import NULL_BLOB, load_pin
+
+ROOT = Path(__file__).resolve().parents[2]
+PIN = load_pin()
+PATCHES = series_patches(PIN)
+
+
+def apply(*args, env=None, cache=None, wheel=None):
+    e = {**os.environ, **(env or {})}
+    e.pop("SGLANG_BASE", None)
+    if cache:
+        e["SGLANG_PATCHES_CACHE"] = str(cache)
+    if wheel:
+        e["SGLANG_WHEEL"] = str(wheel)
+    return subprocess.run([sys.executable, "-m", "scripts.series.apply", *map(str, args)], cwd=ROOT, env=e,
+                          capture_output=True, text=True)
+
+
+def blobs(root: Path, layout: str = "git") -> dict:
+    pre = "" if layout == "git" else "python/"
+    return {f: git.file_blob(root / f[len(pre):]) or NULL_BLOB for f in touched_files(PATCHES)}
+
+
+def subjects(tree: Path) -> list[str]:
+    return git.out(tree, "log", "--reverse", "--format=%s", f"{PIN.tag}..HEAD").splitlines()
+
+
+@pytest.fixture
+def base_clone(tmp_path, upstream) -> Path:
+    """A clean checkout of the pinned tag from the local upstream."""
+    dest = tmp_path / "checkout"
+    git.git(tmp_path, "clone", "-q", "--branch", PIN.tag, str(upstream), str(dest))
+    git.git(dest, "checkout", "-q", "-b", "work")
+    return dest
+
+
+def test_apply_from_wheel_builds_the_patched_tree(tmp_path, wheel_0523):
+    dest = tmp_path / "sglang"
+    cp = apply("--dest", dest, "--source", "wheel", cache=tmp_path / "cache", wheel=wheel_0523)
+    assert cp.returncode == 0, cp.stderr
+    assert subjects(dest) == [p.subject for p in PATCHES]
+    base = git.out(dest, "rev-list", "--max-parents=0", "HEAD")
+    assert git.out(dest, "rev-parse", f"{PIN.tag}^{{commit}}") == base  # one base commit, tagged
+    assert git.status_porcelain(dest) == ""
+    assert blobs(dest) == PIN.patched_blobs
+    rec = read_record(dest / "python" / "sglang")
+    assert rec["patchset"] == patchset_id(PATCHES) and rec["base"]["source"] == "wheel"
+    assert rec["base"]["sha256"] == PIN.wheel_sha256
+    assert "unpacking" in cp.stderr and f"applied {len(PATCHES)} patches" in cp.stderr  # progress shown
+
+
+def test_apply_auto_falls_back_to_the_wheel_and_says_so(tmp_path, wheel_0523):
+    dest = tmp_path / "sglang"
+    cp = apply("--dest", dest, cache=tmp_path / "cache", wheel=wheel_0523,
+               env={"SGLANG_REPO": f"file://{tmp_path}/no-such-upstream.git"})
+    assert cp.returncode == 0, cp.stderr
+    assert "is not reachable" in cp.stderr and "falling back to the pinned PyPI wheel" in cp.stderr
+    assert read_record(dest / "python" / "sglang")["base"]["source"] == "wheel"
+
+
+def test_apply_clone_path_records_the_commit_it_got(tmp_path, upstream):
+    dest = tmp_path / "sglang"
+    cp = apply("--dest", dest, "--source", "clone", cache=tmp_path / "cache", env={"SGLANG_REPO": f"file://{upstream}"})
+    assert cp.returncode == 0, cp.stderr
+    tag_commit = git.out(upstream, "rev-parse", f"{PIN.tag}^{{commit}}")
+    rec = read_record(dest / "python" / "sglang")
+    assert rec["base"] == {**rec["base"], "source": "clone", "commit": tag_commit, "tag": PIN.tag}
+    assert tag_commit in cp.stderr
+    assert subjects(dest) == [p.subject for p in PATCHES]
+
+
+def test_apply_is_idempotent(base_clone):
+    first = apply("--src", base_clone)
+    assert first.returncode == 0, first.stderr
+    head = git.out(base_clone, "rev-parse", "HEAD")
+    again = apply("--src", base_clone)
+    assert again.returncode == 0 and "already has the" in again.stderr
+    assert git.out(base_clone, "rev-parse", "HEAD") == head
+
+
+def test_apply_refuses_a_dirty_tree(base_clone):
+    target = base_clone / touched_files(PATCHES)[0]
+    target.write_text(target.read_text() + "\n# local edit\n")
+    cp = apply("--src", base_clone)
+    assert cp.returncode == 2
+    assert "uncommitted changes" in cp.stderr and "git stash" in cp.stderr
+    assert target.read_text().endswith("# local edit\n")
+    assert git.out(base_clone, "rev-parse", "HEAD") == git.out(base_clone, "rev-parse", f"{PIN.tag}^{{commit}}")
+
+
+def _broken_series(tmp_path: Path, index: int) -> Path:
+    """A copy of patches/ whose patch `index` no longer matches its file (one context line changed)."""
+    d = tmp_path / "patches"
+    shutil.copytree(PIN.patches_dir, d)
+    p = d / PATCHES[index].path.name
+    lines = p.read_text().splitlines(keepends=True)
+    i = next(i for i, l in enumerate(lines) if l.startswith("@@"))
+    j = next(k for k in range(i + 1, len(lines)) if lines[k].startswith(" ") and lines[k].strip())
+    lines[j] = " " + lines[j][1:].rstrip("\n") + "  # not upstream\n"
+    p.write_text("".join(lines))
+    return d
+
+
+def test_apply_conflict_aborts_and_names_patch_and_file(tmp_path, base_clone):
+    broken = PATCHES[4]
+    d = _broken_series(tmp_path, 4)
+    head = git.out(base_clone, "rev-parse", "HEAD")
+    cp = apply("--src", base_clone, "--patches-dir", d)
+    assert cp.returncode == 3, cp.stderr
+    assert broken.path.name in cp.stderr
+    assert any(f in cp.stderr for f in broken.files)
+    assert git.out(base_clone, "rev-parse", "HEAD") == head
+    assert git.status_porcelain(base_clone) == ""
+    assert not (base_clone / ".git" / "rebase-apply").exists()
+    assert blobs(base_clone) == PIN.base_blobs
+
+
+def test_apply_refuses_the_wrong_release(tmp_path, wheel_0522):
+    """A tree of SGLang 0.5.22 (even one tagged v0.5.23) is refused before any file changes."""
+    tree = tmp_path / "old"
+    git_tree_from_wheel(wheel_0522, tree, PIN.tag, sha256_file(wheel_0522))
+    before = blobs(tree)
+    cp = apply("--src", tree)
+    assert cp.returncode == 2
+    assert "not the pinned base" in cp.stderr and "SGLang 0.5.23" in cp.stderr
+    assert "says it is SGLang 0.5.22" in cp.stderr
+    assert any(f in cp.stderr for f in touched_files(PATCHES))
+    assert blobs(tree) == before and git.status_porcelain(tree) == ""
+
+
+def test_apply_refuses_a_wheel_with_the_wrong_hash(tmp_path, wheel_0522):
+    fake = tmp_path / PIN.wheel_filename
+    shutil.copy2(wheel_0522, fake)  # right name, wrong contents
+    cp = apply("--dest", tmp_path / "sglang", "--source", "wheel", cache=tmp_path / "cache", wheel=fake)
+    assert cp.returncode == 2
+    assert PIN.wheel_sha256 in cp.stderr and sha256_file(fake) in cp.stderr
+    assert not (tmp_path / "sglang").exists()
+
+
+@pytest.fixture
+def site(tmp_path, wheel_0523) -> Path:
+    """The installed-package layout (what the image patches): the wheel unpacked like pip does."""
+    d = tmp_path / "site-packages"
+    unpack_wheel(wheel_0523, d, only=None)
+    return d
+
+
+def test_apply_site_packages_layout(site):
+    cp = apply("--site-packages", site)
+    assert cp.returncode == 0, cp.stderr
+    assert blobs(site, "site") == PIN.patched_blobs
+    rec = read_record(site / "sglang")
+    assert rec["layout"] == "site" and rec["patchset"] == patchset_id(PATCHES)
+    assert [p["file"] for p in rec["patches"]] == [p.path.name for p in PATCHES]
+    again = apply("--site-packages", site)
+    assert again.returncode == 0 and "already has the" in again.stderr
+
+
+def test_apply_site_packages_is_all_or_nothing(tmp_path, site):
+    d = _broken_series(tmp_path, len(PATCHES) - 1)  # the last patch fails after the others staged fine
+    before = blobs(site, "site")
+    cp = apply("--site-packages", site, "--patches-dir", d)
+    assert cp.returncode == 3 and PATCHES[-1].path.name in cp.stderr and "Nothing was changed" in cp.stderr
+    assert blobs(site, "site") == before == PIN.base_blobs
+    assert read_record(site / "sglang") is None
+    assert not list(site.rglob("*.eagle-new"))
+
+
+def test_apply_site_packages_refuses_the_wrong_release(tmp_path, wheel_0522):
+    d = tmp_path / "old-site"
+    unpack_wheel(wheel_0522, d, only=None)
+    cp = apply("--site-packages", d)
+    assert cp.returncode == 2 and "SGLang 0.5.22" in cp.stderr
+    assert read_record(d / "sglang") is None

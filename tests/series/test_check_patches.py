@@ -1,0 +1,128 @@
+"""`make check-patches` (lint + round trip), `make export` and `make refresh`, on copies of the real series."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scripts.series.lint import lint
+from scripts.lib import git
+from scripts.series.patchfile import series_patches
+from scripts.series.pin import load_pin
+
+ROOT = Path(__file__).resolve().parents[2]
+AUTHOR = "Test Author <test.author@example.org>"
+HEADERS = ("Upstream-Status: Inappropriate [test only]\nForwarded: not-needed\nOrigin: vendor\n"
+           "Last-Update: 2026-01-01\nRetire-When: never")
+PIN = load_pin()
+PATCHES = series_patches(PIN)
+
+
+def run(verb, *args, cache, wheel=None):  # cache: base_cache unless a test needs its own
+    env = {**os.environ, "SGLANG_PATCHES_CACHE": str(cache), "SGLANG_BASE": "wheel"}
+    if wheel:
+        env["SGLANG_WHEEL"] = str(wheel)
+    return subprocess.run([sys.executable, "-m", f"scripts.series.{verb}", *map(str, args)], cwd=ROOT, env=env,
+                          capture_output=True, text=True)
+
+
+@pytest.fixture
+def patches(tmp_path) -> Path:
+    d = tmp_path / "patches"
+    shutil.copytree(PIN.patches_dir, d)
+    return d
+
+
+def test_lint_accepts_the_series():
+    assert lint() == []
+
+
+def test_lint_finds_every_kind_of_problem(patches):
+    first, second = PATCHES[0].path.name, PATCHES[1].path.name
+    (patches / "stray.patch").write_text((patches / first).read_text())          # not in the series
+    series = patches / PIN.series_file
+    series.write_text(series.read_text() + f"{first}\nmissing.patch\n")          # listed twice; missing file
+    p = patches / second
+    p.write_text(re.sub(r"^Retire-When:.*\n", "", p.read_text(), flags=re.M)     # header line removed
+                 .replace("From: ", "Date: Mon, 1 Jan 2026 00:00:00 +0000\nFrom: ", 1))  # unstable export
+    problems = "\n".join(lint(patches))
+    assert "stray.patch is not in the series" in problems
+    assert f"series lists {first} more than once" in problems
+    assert "series lists missing.patch, which does not exist" in problems
+    assert f"{second}: message lacks the header line 'Retire-When:" in problems
+    assert f"{second}: has a Date header" in problems
+
+
+def test_lint_finds_pin_blobs_out_of_sync(patches):
+    pin = patches / "pin.toml"
+    some = next(iter(PIN.base_blobs.values()))
+    pin.write_text(pin.read_text().replace(some, "f" * 40, 1))
+    assert any("[base_blobs] disagrees" in p for p in lint(patches))
+
+
+def test_check_patches_round_trip_is_byte_exact(tmp_path, base_cache, wheel_0523):
+    cp = run("check_patches", cache=base_cache, wheel=wheel_0523)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert "byte for byte" in cp.stderr
+
+
+def test_check_patches_fails_on_a_stale_patch(tmp_path, base_cache, patches, wheel_0523):
+    """A hunk header that is off by a few lines still applies, but the re-export differs: check-patches fails."""
+    p = patches / PATCHES[0].path.name
+    text = p.read_text()
+    m = re.search(r"^@@ -(\d+),", text, re.M)
+    p.write_text(text[:m.start(1)] + str(int(m.group(1)) + 3) + text[m.end(1):])
+    assert lint(patches) == []
+    cp = run("check_patches", "--patches-dir", patches, cache=base_cache, wheel=wheel_0523)
+    assert cp.returncode == 1
+    assert f"patches/{p.name}" in cp.stdout and "run make export" in cp.stdout
+
+
+def test_export_regenerates_the_series_from_commits(tmp_path, base_cache, patches, wheel_0523):
+    """Apply, add a commit, export: one more patch, at the end of the series, blobs in the pin updated."""
+    tree = tmp_path / "sglang"
+    assert run("apply", "--dest", tree, "--patches-dir", patches, cache=base_cache,
+               wheel=wheel_0523).returncode == 0
+    f = tree / "python/sglang/srt/environ.py"
+    f.write_text(f.read_text() + "\n")
+    git.git(tree, "commit", "-qam", "environ: trailing newline\n\nWhy: test\n\nMeasured: -\n\n" + HEADERS,
+            "--author", AUTHOR)
+    cp = run("export", "--tree", tree, "--patches-dir", patches, cache=base_cache)
+    assert cp.returncode == 0, cp.stderr
+    names = [p.name for p in load_pin(patches).series()]
+    assert names[:-1] == [p.path.name for p in PATCHES]
+    assert names[-1] == "environ-trailing-newline.patch"
+    new_pin = load_pin(patches)
+    assert new_pin.patched_blobs["python/sglang/srt/environ.py"] == git.file_blob(f)
+    assert lint(patches) == []
+
+
+def test_refresh_reports_each_patch(tmp_path, base_cache, wheel_0522):
+    """Moving the series to another release reports clean / 3-way / conflict per patch (0.5.22 as the target:
+    the only other release reachable here)."""
+    dest = tmp_path / "refresh"
+    cp = run("refresh", "--wheel", "sglang==0.5.22", "--wheel-file", wheel_0522, "--dest", dest,
+             cache=base_cache)
+    rows = re.findall(r"^  (\S+\.patch)\s+(clean|3-way|conflict)", cp.stdout, re.M)
+    assert [r[0] for r in rows] == [p.path.name for p in PATCHES]
+    statuses = {s for _, s in rows}
+    assert statuses <= {"clean", "3-way", "conflict"}
+    assert cp.returncode == (1 if "conflict" in statuses else 0)
+    applied = git.out(dest, "log", "--format=%s", "v0.5.22..HEAD").splitlines()
+    assert len(applied) == sum(s != "conflict" for _, s in rows)
+    assert git.status_porcelain(dest) == ""
+
+
+def test_refresh_to_the_same_release_is_clean(tmp_path, base_cache, wheel_0523, patches):
+    cp = run("refresh", "--wheel", "sglang==0.5.23", "--wheel-file", wheel_0523, "--dest", tmp_path / "r",
+             "--patches-dir", patches, "--write", cache=base_cache)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert all(s == "clean" for s in re.findall(r"\.patch\s+(\S+)", cp.stdout))
+    for f in PIN.patches_dir.iterdir():  # --write re-exports the identical series
+        assert (patches / f.name).read_bytes() == f.read_bytes(), f.name

@@ -1,0 +1,144 @@
+"""The shape of scripts/: three families over a shared lib, and the rules that keep it that way.
+
+- a verb (a module run as `python -m scripts.<family>.<verb>`) imports no other verb: what two verbs share lives
+  in a library module of the family (or in scripts/lib);
+- no module imports another module's private (_-prefixed) names, nor reaches for them through a module alias;
+- no function is longer than 80 lines;
+- only scripts/lib/proc.py imports subprocess (one helper, with timeouts, runs every program);
+- every verb's docstring says how to run it and lists its exit status;
+- the hidden size is defined once; no code or doc names a path outside the repository.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "scripts"
+FAMILIES = ("series", "host", "bench")
+MAX_FUNCTION_LINES = 80
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(SCRIPTS.rglob("*.py"))}
+TREES = {name: ast.parse(p.read_text(), filename=str(p)) for name, p in MODULES.items()}
+
+
+def is_verb(name: str) -> bool:
+    tree = TREES[name]
+    return any(isinstance(n, ast.If) and "__main__" in ast.unparse(n.test) for n in tree.body)
+
+
+VERBS = {name for name in MODULES if is_verb(name)}
+
+
+def imports(name: str) -> list[tuple[str, list[str], int]]:
+    """(module imported, names taken from it, line) for every import of a module, relative ones resolved."""
+    package = name if MODULES[name].name == "__init__.py" else name.rsplit(".", 1)[0]
+    out = []
+    for node in ast.walk(TREES[name]):
+        if isinstance(node, ast.Import):
+            out += [(a.name, [], node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            out.append((base, [a.name for a in node.names], node.lineno))
+    return out
+
+
+def test_the_three_families_and_their_verbs():
+    verbs = {v.split(".", 1)[1] for v in VERBS}
+    assert verbs == {"series.apply", "series.export", "series.check_patches", "series.refresh", "series.prove_tests",
+                     "host.doctor", "host.serve", "host.smoke", "host.image", "host.pcie_env",
+                     "bench.bench", "bench.bench_comm", "bench.cost_model"}
+    assert not [n for n in VERBS if n.startswith("scripts.lib")]
+
+
+def test_no_verb_imports_another_verb():
+    bad = []
+    for name in MODULES:
+        for target, names, line in imports(name):
+            hits = {target} | {f"{target}.{n}" for n in names}
+            bad += [f"{name}:{line} imports the verb {v}" for v in hits & VERBS if v != name]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_private_names_across_modules():
+    bad = []
+    for name, tree in TREES.items():
+        aliases = set()
+        for target, names, line in imports(name):
+            for n in names:
+                if n.startswith("_") and not n.startswith("__"):
+                    bad.append(f"{name}:{line} imports {target}.{n}")
+                if f"{target}.{n}" in MODULES:
+                    aliases.add(n)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.alias) and node.asname and node.name.split(".")[-1] in aliases:
+                aliases.add(node.asname)
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                    and node.attr.startswith("_") and not node.attr.startswith("__")):
+                bad.append(f"{name}:{node.lineno} uses {node.value.id}.{node.attr}")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_function_over_80_lines():
+    long = [f"{name}.{n.name} ({n.end_lineno - n.lineno + 1} lines)" for name, tree in TREES.items()
+            for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, long
+
+
+def test_one_subprocess_helper():
+    users = {name for name in MODULES for target, _, _ in imports(name) if target == "subprocess"}
+    assert users == {"scripts.lib.proc"}, users
+
+
+def test_verbs_document_usage_and_exit_status():
+    for name in VERBS:
+        doc = ast.get_docstring(TREES[name]) or ""
+        assert f"python -m {name}" in doc or name.endswith(".cost_model") and "scripts.bench.cost_model" in doc, name
+        assert "Exit status" in doc, f"{name}: the docstring does not list the exit status"
+
+
+def test_hidden_size_defined_once():
+    defs = [name for name, tree in TREES.items() for n in ast.walk(tree) if isinstance(n, ast.Assign)
+            for t in n.targets if isinstance(t, ast.Name) and t.id == "HIDDEN"]
+    assert defs == ["scripts.bench.kimi"]
+
+
+def test_nothing_names_a_path_outside_the_repository():
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    docs_and_code = [f for f in tracked if re.search(r"(\.(py|md|toml|sh|in|txt|cfg|ini)|Makefile|Dockerfile|"
+                                                      r"entrypoint|\.ci/run)$", f)
+                     and not f.startswith("tests/fixtures/") and f != "tests/test_layout.py"]
+    bad = []
+    for f in docs_and_code:
+        for n, line in enumerate((ROOT / f).read_text(errors="replace").splitlines(), 1):
+            if re.search(r"(?<![\w.])(/work/|/home/\w|\.\./shared/|/Users/)", line):
+                bad.append(f"{f}:{n}: {line.strip()[:100]}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_image_verbs_need_nothing_the_upstream_image_lacks():
+    """serve, doctor, smoke, pcie_env, image and apply run on the upstream image's python3, which has no tomlkit:
+    they import (and apply --help runs) with it blocked."""
+    verbs = ["scripts.host.serve", "scripts.host.doctor", "scripts.host.smoke", "scripts.host.pcie_env",
+             "scripts.host.image", "scripts.series.apply"]
+    code = ("import sys, importlib; sys.modules['tomlkit'] = None; "
+            f"[importlib.import_module(m) for m in {verbs!r}]; "
+            "from scripts.series.apply import main; main(['--help'])")
+    cp = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0, cp.stderr[-2000:]

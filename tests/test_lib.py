@@ -1,0 +1,51 @@
+"""scripts/lib: the one subprocess helper, the one env-file parser, the one git HEAD helper; and the bench family's
+one number formatter."""
+
+from __future__ import annotations
+
+import pytest
+
+from scripts.bench.numbers import duration, num, spread
+from scripts.lib import git, proc, repo
+from scripts.lib.envfile import parse_env, read_env_file, render_env
+from scripts.lib.errors import UserError
+
+
+def test_run_says_why_a_program_did_not_answer():
+    assert proc.run(["sh", "-c", "echo hi"]).stdout == "hi\n"
+    missing = proc.run(["no-such-tool-eagle"], timeout=5)
+    assert not missing.ok and "not found" in missing.why and missing.returncode is None
+    hung = proc.run(["sleep", "5"], timeout=0.5)
+    assert not hung.ok and "did not answer within" in hung.why
+    failed = proc.run(["sh", "-c", "echo 'it broke' >&2; exit 9"])
+    assert not failed.ok and failed.returncode == 9 and "exit 9: it broke" in failed.why
+
+
+def test_env_file_parser(tmp_path):
+    text = "# comment\n\nNCCL_MIN_NCHANNELS=8\nexport NCCL_PROTO = LL \n"
+    assert parse_env(text) == {"NCCL_MIN_NCHANNELS": "8", "NCCL_PROTO": "LL"}
+    with pytest.raises(UserError, match=r"x.env:1: 'NOT A LINE' is not KEY=VALUE"):
+        parse_env("NOT A LINE\n", "x.env")
+    f = tmp_path / "a.env"
+    f.write_text(render_env({"A": "1"}, ["made here"]))
+    assert f.read_text() == "# made here\nA=1\n" and read_env_file(f) == {"A": "1"}
+    with pytest.raises(UserError, match="does not exist"):
+        read_env_file(tmp_path / "missing.env")
+
+
+def test_head_and_revision(tmp_path, monkeypatch):
+    assert git.head(tmp_path) is None
+    monkeypatch.setenv(repo.GIT_REV_VAR, "abc1234")
+    assert repo.revision(short=True) == ("abc1234", False)
+    monkeypatch.delenv(repo.GIT_REV_VAR)
+    head, _ = repo.revision()
+    assert head == git.head(repo.REPO_ROOT) and len(head) == 40
+    assert git.head(repo.REPO_ROOT, short=True) == head[:7]
+
+
+def test_number_formatter():
+    assert num(None) == "–" and num(None, none="-") == "-"
+    assert num(3.14159) == "3.1" and num(3.14159, small=True) == "3.14" and num(31.4159, small=True) == "31.4"
+    assert spread([]) == "not measured" and spread([1.234]) == "1.23"
+    assert spread([1.0, 2.0, 3.0], 1, "x") == "2.0x (1.0-3.0)" and spread([1.0, 1.001], 2) == "1.00"
+    assert (duration(42), duration(125), duration(7260)) == ("42s", "2m05s", "2h01m")
