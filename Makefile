@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 IMAGE     ?=
 export SGLANG_BASE
 
-.PHONY: help setup apply export check-patches refresh test prove-tests image lint-docker doctor bench bench-comm docs clean
+.PHONY: help setup apply export check-patches refresh test test-gpu prove-tests image lint-docker doctor bench bench-comm docs clean
 
 help:            ## list targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t16
@@ -38,6 +38,9 @@ test: setup apply  ## the whole check: pytest against build/sglang, series round
 	$(VPY) -m scripts.series.check_patches
 	$(VPY) -m scripts.host.image --lint-only
 	$(VPY) -m scripts.series.prove_tests
+
+test-gpu:        ## the patched collectives, fused op and decisions on this box's GPUs (here, or in the image) -> bench/results
+	$(PY) -m scripts.host.test_gpu $(TEST_GPU_ARGS)
 
 prove-tests: setup apply  ## show that every patch test fails on the unpatched base tree
 	$(VPY) -m scripts.series.prove_tests

@@ -126,7 +126,7 @@ def _topology(f: Facts, nvlink: dict | None, read: dict | None) -> None:
     f.topo_why = "" if topo_out.ok else topo_out.why
     f.nvlink_matrix, f.p2p_read = nvlink, read
     f.p2p_why = "" if read is not None else (f.get("topo-p2p-r").why or "no P2P read status")
-    ids, why = visible_gpus(f.n, f.env)
+    ids, why = visible_gpus(f.gpus, f.env)
     f.pcie_only, f.pcie_why = pcie_only(nvlink, ids) if ids is not None else (None, why)
     if nvlink is None and ids is not None:
         f.pcie_why = f.get("topo-p2p-n").why or "no NVLink status"

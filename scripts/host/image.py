@@ -11,7 +11,7 @@
 Everything release-specific comes from patches/pin.toml: the FROM reference is name:tag@digest of [image], and the
 default tag of the image built is eagle-fast-verify/sglang:<the pinned tag>. An empty digest builds from the tag,
 which can change under you; this says so every time and prints how to pin it. The build context is a small
-directory (build/image-context: scripts/, patches/, docker/), not the repository (which holds build/ and .venv/).
+directory (build/image-context: scripts/, patches/, docker/, tests/, pytest.ini), not the repository (which holds build/ and .venv/).
 Labels: OCI (org.opencontainers.image.*) and the project's patch set id and patch file names, passed both as
 build arguments (the Dockerfile's LABEL) and as --label.
 Exit status: 0 built (or printed, or lint clean); 1 hadolint found problems (--lint-only); 2 a problem named with
@@ -42,7 +42,7 @@ CONTEXT_DIR = BUILD_DIR / "image-context"
 BUILD_TIMEOUT = 4 * 3600.0  # pulling the upstream image (tens of GB) and the RUN steps
 LABEL_NS = "io.eagle-fast-verify"
 # What the image needs from the repository; docker/Dockerfile COPYs from these.
-CONTEXT_PARTS = ("scripts", "patches", "docker")
+CONTEXT_PARTS = ("scripts", "patches", "docker", "tests", "pytest.ini")
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 TITLE = "SGLang for Kimi-K2.5 + EAGLE-3 on PCIe-only SM120"
 DESCRIPTION = ("Upstream SGLang image with the eagle-fast-verify patch series applied; `serve` launches Kimi-K2.5 "
@@ -129,8 +129,13 @@ def assemble_context(dest: Path) -> Path:
     """A fresh build context with only what the Dockerfile COPYs (no bytecode)."""
     if dest.exists():
         shutil.rmtree(dest)
+    dest.mkdir(parents=True)
     for part in CONTEXT_PARTS:
-        shutil.copytree(REPO_ROOT / part, dest / part, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        src = REPO_ROOT / part
+        if src.is_dir():
+            shutil.copytree(src, dest / part, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(src, dest / part)
     return dest
 
 

@@ -42,6 +42,7 @@ def _gpu(nvml, index: int, h) -> Gpu:
     return Gpu(
         bus_id=_s(pci.busId) if pci is not None else f"index {index}",
         name=_s(_ask(nvml, "nvmlDeviceGetName", h) or "?"),
+        uuid=_s(_ask(nvml, "nvmlDeviceGetUUID", h) or ""),
         arch=_arch_name(nvml, _ask(nvml, "nvmlDeviceGetArchitecture", h)),
         index=index,
         minor=_ask(nvml, "nvmlDeviceGetMinorNumber", h),

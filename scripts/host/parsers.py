@@ -24,6 +24,7 @@ class Gpu:
     name: str = "?"
     arch: str = ""
     index: int | None = None
+    uuid: str = ""
     minor: int | None = None
     compute_cap: str = ""
     addressing_mode: str = ""  # None, HMM or ATS
@@ -58,6 +59,7 @@ def _gpu_from_xml(g: ET.Element) -> Gpu:
     return Gpu(
         bus_id=g.get("id") or _text(g, "pci/pci_bus_id"),
         name=_text(g, "product_name") or "?",
+        uuid=_text(g, "uuid"),
         arch=_text(g, "product_architecture"),
         minor=to_int(_text(g, "minor_number")),
         addressing_mode=_text(g, "addressing_mode"),

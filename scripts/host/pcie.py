@@ -5,18 +5,21 @@
   and bench-comm's `pcie_defaults` variant uses it.
 - `launcher_pcie_decision(cfg, environ)`: what the launcher will decide (topology, NCCL values set and kept, the
   PCIe-IPC all-reduce, ranks to GPUs and NUMA nodes, warnings) when the patched module offers
-  decide_pcie_only_defaults(cfg, environ); otherwise a plain statement that the launcher decides at start and logs
+  decide_pcie_only_defaults(cfg), asked under the child's environment; otherwise a plain statement that the launcher decides at start and logs
   it. `serve --dry-run` reports it.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import importlib
+import os
 import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from ..lib.envfile import render_env
 from ..lib.errors import UserError
@@ -125,11 +128,29 @@ def _plain(value):
     return value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)
 
 
+# What decide_pcie_only_defaults reads from the server arguments, with the values it has when a flag is not given
+# (a parser Namespace lacks the resolution-only fields).
+_DECIDE_FIELDS = {"nnodes": 1, "tp_size": 1, "pp_size": 1, "dp_size": 1, "enable_dp_attention": False,
+                  "base_gpu_id": 0, "gpu_id_step": 1, "enable_deterministic_inference": False,
+                  "disable_custom_all_reduce": False}
+
+
+@contextlib.contextmanager
+def _environment(environ: dict[str, str]):
+    """os.environ replaced by `environ` for the duration (the launcher reads the process environment)."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(environ)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def launcher_pcie_decision(cfg, environ: dict[str, str]) -> LauncherDecision:
     """Ask the patched launcher (in this interpreter) what it will decide for server arguments `cfg` (an object with
-    tp_size, nnodes, ... as sglang's parser makes them) and the child's environment."""
-    if environ.get(SKIP_VAR, "1").strip().lower() in ("0", "false", "no", "off"):
-        return LauncherDecision(True, [f"{SKIP_VAR}={environ[SKIP_VAR]}: the launcher applies no PCIe NCCL defaults"])
+    tp_size, nnodes, ... as sglang's parser makes them) under the child's environment `environ`."""
     try:
         module = importlib.import_module(MODULE)
     except Exception as e:  # noqa: BLE001 - not patched, not importable here: say so
@@ -137,12 +158,14 @@ def launcher_pcie_decision(cfg, environ: dict[str, str]) -> LauncherDecision:
     decide = getattr(module, DECIDE, None)
     if decide is None:
         return LauncherDecision(False, [f"{AT_START} ({MODULE} has no {DECIDE} to ask in advance)"])
+    args = SimpleNamespace(**{k: getattr(cfg, k, v) for k, v in _DECIDE_FIELDS.items()})
     try:
-        data = _plain(decide(cfg, environ=dict(environ)))
+        with _environment(environ):
+            data = _plain(decide(args))
     except Exception as e:  # noqa: BLE001 - the launcher will log its own view at start
         return LauncherDecision(False, [f"{AT_START} ({DECIDE} failed here: {type(e).__name__}: {e})"])
     if isinstance(data, dict):
-        lines = [f"launcher PCIe defaults: {k}: {v}" for k, v in data.items()]
+        lines = [f"launcher PCIe defaults: {k}: {v}" for k, v in data.items() if v not in ([], {}, "")]
     else:
         lines = [f"launcher PCIe defaults: {data}"]
     return LauncherDecision(True, lines, data if isinstance(data, dict) else {"decision": data})

@@ -1,11 +1,14 @@
 """The one "PCIe-only" rule, the same as the patched launcher's (sglang/srt/entrypoints/pcie_defaults.py):
 
-  PCIe-only  = no pair among the visible GPUs reports NVML_P2P_STATUS_OK for NVML_P2P_CAPS_INDEX_NVLINK; a pair
-               whose query raises NVMLError_NotSupported counts as no NVLink;
-  unknown    = any other NVML failure, fewer than two visible GPUs, or CUDA_VISIBLE_DEVICES that are not
-               integers (UUIDs).
-Pairs are visited in the launcher's order (itertools.combinations of the visible GPUs) and the first decisive
-answer wins, so the two agree pair by pair.
+  PCIe-only  = no pair among the GPUs in question reports NVML_P2P_STATUS_OK for NVML_P2P_CAPS_INDEX_NVLINK; a
+               pair whose query raises NVMLError_NotSupported counts as no NVLink;
+  unknown    = any other NVML failure, fewer than two visible GPUs, GPUs that cannot be matched to CUDA's numbers
+               (MIG instances; mixed GPU models without CUDA_DEVICE_ORDER=PCI_BUS_ID).
+The GPUs in question are the ones a server started here sees, matched as the launcher matches them: CUDA numbers
+GPUs in PCI bus order (CUDA_DEVICE_ORDER=PCI_BUS_ID, or identical GPUs), and CUDA_VISIBLE_DEVICES holds CUDA
+numbers or GPU UUID prefixes, ending at the first entry that names no GPU. (The launcher probes exactly its TP
+group; the doctor asks about every visible GPU.) Pairs are visited in the launcher's order (itertools.combinations)
+and the first decisive answer wins, so the two agree pair by pair.
 
 The input is an NVLink status matrix {(i, j): code} with nvidia-smi's codes (OK, NS, CNS, GNS, TNS, U): read live
 through NVML (scripts/host/nvml.py, where a failed query is ERR) or replayed from `nvidia-smi topo -p2p n`, which
@@ -23,17 +26,34 @@ P2P_LEGEND = {"OK": "ok", "CNS": "chipset not supported", "GNS": "GPU not suppor
               "NS": "not supported", "U": "unknown", "ERR": "NVML query failed"}
 
 
-def visible_gpus(count: int, environ: dict[str, str]) -> tuple[list[int] | None, str]:
-    """NVML indices of the GPUs a server started here sees, mapped from CUDA_VISIBLE_DEVICES as the launcher maps
-    them; (None, why) when they cannot be mapped."""
-    cvd = environ.get("CUDA_VISIBLE_DEVICES")
-    if cvd:
-        try:
-            ids = [int(x) for x in cvd.split(",")]
-        except ValueError:
-            return None, f"CUDA_VISIBLE_DEVICES={cvd} is not a list of GPU numbers (UUIDs cannot be mapped)"
-    else:
-        ids = list(range(count))
+def _bus_key(bus_id: str) -> str:
+    """00000000:C1:00.0 (NVML, nvidia-smi) and 0000:c1:00.0 (sysfs) as one key."""
+    domain, _, rest = bus_id.partition(":")
+    try:
+        return f"{int(domain, 16):04x}:{rest}".lower()
+    except ValueError:
+        return bus_id.lower()
+
+
+def visible_gpus(gpus: list, environ: dict[str, str]) -> tuple[list[int] | None, str]:
+    """NVML indices of the GPUs a server started here sees, in CUDA's order, matched as the launcher matches them
+    (sglang/srt/entrypoints/pcie_defaults.py _visible_devices); (None, why) when they cannot be matched."""
+    names = {g.name for g in gpus}
+    if environ.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST") != "PCI_BUS_ID" and len(names) > 1:
+        return None, f"mixed GPUs ({', '.join(sorted(names))}) in CUDA's FASTEST_FIRST order: set " \
+                     "CUDA_DEVICE_ORDER=PCI_BUS_ID"
+    cuda = sorted(range(len(gpus)), key=lambda k: _bus_key(gpus[k].bus_id))
+    spec = environ.get("CUDA_VISIBLE_DEVICES")
+    picked = cuda if spec is None else []
+    for entry in ([] if spec is None else [e.strip() for e in spec.split(",")]):
+        if entry.startswith("MIG-"):
+            return None, f"MIG instance {entry} in CUDA_VISIBLE_DEVICES"
+        match = [cuda[int(entry)]] if entry.isdigit() and int(entry) < len(cuda) else \
+            [k for k in cuda if entry and not entry.isdigit() and gpus[k].uuid.startswith(entry)]
+        if len(match) != 1:
+            break
+        picked.append(match[0])
+    ids = [gpus[k].index if gpus[k].index is not None else k for k in picked]
     if len(ids) < 2:
         return None, f"{len(ids)} GPU(s) visible"
     return ids, ""

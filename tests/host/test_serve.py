@@ -163,20 +163,52 @@ def _fake_launcher(monkeypatch, decide=None):
     monkeypatch.setitem(sys.modules, pcie.MODULE, mod)
 
 
-def test_pcie_defaults_are_reported_from_the_patched_launcher(monkeypatch):
-    seen = {}
+@pytest.fixture
+def pcie_only_sm120(monkeypatch, sglang_tree):
+    """The patched launcher's real decide_pcie_only_defaults on a faked host: 8 RTX PRO 6000 (SM120) on two PCIe
+    root complexes, no NVLink (NVML faked through the pynvml calls SGLang makes; the platform through SGLang's own
+    override_platform)."""
+    import pynvml
 
-    def decide(cfg, environ=None):
-        seen.update(tp=cfg.tp_size, nnodes=cfg.nnodes, order=environ.get("CUDA_DEVICE_ORDER"))
-        return {"topology": "pcie-only", "nccl_set": {"NCCL_MIN_NCHANNELS": "8"}, "pcie_ipc": True}
+    from sglang.srt.runtime_context import override_platform
 
-    _fake_launcher(monkeypatch, decide)
-    plan = _plan(None, ask_launcher=True)
-    assert plan.pcie.known and seen == {"tp": 8, "nnodes": 1, "order": "PCI_BUS_ID"}  # the child's environment
+    buses = [f"00000000:{0x01 + 0x20 * i:02X}:00.0" for i in range(8)]
+    fake = {"nvmlInit": lambda: None, "nvmlShutdown": lambda: None, "nvmlDeviceGetCount": lambda: 8,
+            "nvmlDeviceGetHandleByIndex": lambda i: i,
+            "nvmlDeviceGetPciInfo": lambda h: types.SimpleNamespace(busId=buses[h].encode()),
+            "nvmlDeviceGetUUID": lambda h: f"GPU-{h}", "nvmlDeviceGetName": lambda h: "NVIDIA RTX PRO 6000",
+            "nvmlDeviceGetP2PStatus": lambda a, b, index: pynvml.NVML_P2P_STATUS_NOT_SUPPORTED}
+    for name, fn in fake.items():
+        monkeypatch.setattr(pynvml, name, fn)
+    facts = dict(is_cuda=True, is_hip=False, is_npu=False, is_xpu=False, is_musa=False, is_mps=False, is_sm90=False,
+                 is_sm100=False, is_sm100_or_sm110=False, is_sm110=False, is_sm120=True, is_blackwell=True,
+                 is_hopper_with_cuda_12_3=False, has_amx=False, has_flashinfer=True, device_sm=120,
+                 device_capability=(12, 0))
+    with override_platform(**facts):
+        yield
+
+
+def test_pcie_defaults_are_reported_from_the_patched_launcher(pcie_only_sm120):
+    """serve asks the patched launcher's own decide_pcie_only_defaults, under the child's environment: a user's
+    NCCL_MAX_NCHANNELS=4 there keeps the launcher's channel floor out, and the report says why."""
+    plan = _plan(None, environ={"NCCL_MAX_NCHANNELS": "4"}, ask_launcher=True)
+    assert plan.pcie.known, plan.pcie.lines
+    decision = serve.as_json(plan)["pcie_defaults"]["decision"]
+    assert decision["topology"] == "pcie-only" and decision["pcie_ipc"] is True
+    assert decision["nccl_set"] == {} and "NCCL_MAX_NCHANNELS=4" in decision["nccl_skipped"]["NCCL_MIN_NCHANNELS"]
+    assert [g["pci_bus_id"] for g in decision["tp_groups"][0]][:2] == ["0000:01:00.0", "0000:21:00.0"]
     assert "launcher PCIe defaults: topology: pcie-only" in plan.pcie.lines
-    assert "# pcie: launcher PCIe defaults: nccl_set: {'NCCL_MIN_NCHANNELS': '8'}" in serve.render(plan)
-    assert serve.as_json(plan)["pcie_defaults"]["decision"]["pcie_ipc"] is True
-    assert not [k for k in plan.env_set if k.startswith("NCCL_")]
+    assert not [k for k in plan.env_set if k.startswith("NCCL_")]  # serve sets no NCCL value: the launcher does
+    plain = _plan(None, ask_launcher=True)
+    assert serve.as_json(plain)["pcie_defaults"]["decision"]["nccl_set"] == {"NCCL_MIN_NCHANNELS": "8"}
+
+
+def test_pcie_defaults_opt_outs_reach_the_launcher(pcie_only_sm120):
+    off = serve.as_json(_plan(None, environ={"SGLANG_PCIE_NCCL_DEFAULTS": "0"}, ask_launcher=True))
+    assert off["pcie_defaults"]["decision"]["nccl_set"] == {} and off["pcie_defaults"]["decision"]["pcie_ipc"] is True
+    assert any("SGLANG_PCIE_NCCL_DEFAULTS=0" in n for n in off["pcie_defaults"]["decision"]["notes"])
+    no_ipc = serve.as_json(_plan(None, environ={"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "0"}, ask_launcher=True))
+    assert no_ipc["pcie_defaults"]["decision"]["pcie_ipc"] is False
 
 
 def test_pcie_defaults_without_an_answer_in_advance(monkeypatch):
@@ -186,8 +218,6 @@ def test_pcie_defaults_without_an_answer_in_advance(monkeypatch):
     assert "has no decide_pcie_only_defaults" in plan.pcie.lines[0]
     monkeypatch.setitem(sys.modules, pcie.MODULE, None)  # stock SGLang: no such module
     assert "is not importable here" in _plan(None, ask_launcher=True).pcie.lines[0]
-    off = _plan(None, environ={"SGLANG_PCIE_NCCL_DEFAULTS": "0"}, ask_launcher=True)
-    assert off.pcie.lines == ["SGLANG_PCIE_NCCL_DEFAULTS=0: the launcher applies no PCIe NCCL defaults"]
     assert "when it starts" in _plan(None).pcie.lines[0]  # not asked: said plainly
 
 
@@ -197,7 +227,7 @@ def test_pcie_defaults_without_an_answer_in_advance(monkeypatch):
 
 def test_dry_run_prints_a_runnable_script(capsys, monkeypatch, sglang_tree):
     monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
-    _fake_launcher(monkeypatch, lambda cfg, environ=None: {"topology": "pcie-only"})
+    _fake_launcher(monkeypatch, lambda cfg: {"topology": "pcie-only"})
     assert serve.main(["--dry-run", "--draft-model", "lightseekorg/kimi-k2.5-eagle3", "--python", sys.executable,
                        "--", "--context-length", "65536"]) == 0
     out = capsys.readouterr().out.strip().splitlines()

@@ -15,15 +15,24 @@ from scripts.host.topology import pcie_only, visible_gpus
 
 
 class FakeNvml:
-    """The pynvml calls both readers make for `count` GPUs; `nvlink` holds the NVLink-joined index pairs."""
+    """The pynvml calls both readers make for `count` GPUs; `nvlink` holds the NVLink-joined index pairs. NVML index
+    i is the GPU on bus `buses[i]` (default: bus order), named `names[i]`, UUID GPU-<i>..."""
 
-    def __init__(self, monkeypatch, count=8, nvlink=(), pair_error=None, init_error=None):
+    def __init__(self, monkeypatch, count=8, nvlink=(), pair_error=None, init_error=None, buses=None, names=None):
+        from types import SimpleNamespace
+
         import pynvml
 
         self.pynvml, self.count, self.pair_error, self.init_error = pynvml, count, pair_error, init_error
         self.nvlink = {frozenset(p) for p in nvlink}
+        self.buses = buses or [f"00000000:{0x01 + 0x20 * i:02X}:00.0" for i in range(count)]
+        self.names = names or ["NVIDIA RTX PRO 6000 Blackwell Server Edition"] * count
+        self.nvmlDeviceGetPciInfo = lambda h: SimpleNamespace(busId=self.buses[h[1]].encode())
+        self.nvmlDeviceGetUUID = lambda h: f"GPU-{h[1]}{h[1]}{h[1]}-aaaa"
+        self.nvmlDeviceGetName = lambda h: self.names[h[1]]
         for name in ("nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
-                     "nvmlDeviceGetP2PStatus", "nvmlSystemGetDriverVersion"):
+                     "nvmlDeviceGetP2PStatus", "nvmlSystemGetDriverVersion", "nvmlDeviceGetPciInfo",
+                     "nvmlDeviceGetUUID", "nvmlDeviceGetName"):
             monkeypatch.setattr(pynvml, name, getattr(self, name))
 
     def nvmlInit(self):
@@ -55,11 +64,24 @@ class FakeNvml:
 
 
 def launcher_says(environ: dict) -> bool | None:
-    """The patched launcher's answer: True PCIe-only, False NVLink, None unknown (it raises)."""
+    """The patched launcher's answer for a TP group of every visible GPU (read_topology, the probe of
+    decide_pcie_only_defaults): True PCIe-only, False NVLink, None unknown (it raises)."""
+    from types import SimpleNamespace
+
     from sglang.srt.entrypoints import pcie_defaults
 
     try:
-        return not pcie_defaults._nvlink_between_visible_gpus()
+        import pynvml
+
+        pynvml.nvmlInit()
+        n = pynvml.nvmlDeviceGetCount()
+        spec = environ.get("CUDA_VISIBLE_DEVICES")
+        tp = n if spec is None else len(spec.split(","))
+        cfg = SimpleNamespace(tp_size=tp, pp_size=1, dp_size=1, enable_dp_attention=False, base_gpu_id=0,
+                              gpu_id_step=1)
+        if tp < 2:
+            raise ValueError(f"{tp} GPU(s)")
+        return pcie_defaults.read_topology(cfg)[0] == "pcie-only"
     except Exception:  # noqa: BLE001 - the launcher's "topology unknown"
         return None
 
@@ -69,7 +91,7 @@ def doctor_says(environ: dict) -> bool | None:
         inv, nvlink, _ = live.read_inventory()
     except Exception:  # noqa: BLE001 - no driver: unknown
         return None
-    ids, _ = visible_gpus(len(inv.gpus), environ)
+    ids, _ = visible_gpus(inv.gpus, environ)
     return pcie_only(nvlink, ids)[0]
 
 
@@ -80,7 +102,15 @@ CASES = {
     "failed-queries": (dict(pair_error="UNKNOWN"), {}, None),
     "visible-subset-without-the-nvlink-pair": (dict(nvlink=[(0, 1)]), {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, True),
     "visible-subset-with-it": (dict(nvlink=[(0, 1)]), {"CUDA_VISIBLE_DEVICES": "1,0"}, False),
-    "uuids": (dict(), {"CUDA_VISIBLE_DEVICES": "GPU-0e1f,GPU-2a3b"}, None),
+    "uuids": (dict(nvlink=[(2, 5)]), {"CUDA_VISIBLE_DEVICES": "GPU-222,GPU-555"}, False),
+    "uuids-without-the-pair": (dict(nvlink=[(2, 5)]), {"CUDA_VISIBLE_DEVICES": "GPU-222,GPU-444"}, True),
+    "mig": (dict(), {"CUDA_VISIBLE_DEVICES": "MIG-0e1f2a3b"}, None),
+    "mixed-models-without-pci-order": (dict(names=["NVIDIA H200"] * 4 + ["NVIDIA H100"] * 4), {}, None),
+    "mixed-models-in-pci-order": (dict(names=["NVIDIA H200"] * 4 + ["NVIDIA H100"] * 4),
+                                  {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, True),
+    "nvml-order-is-not-pci-order": (dict(nvlink=[(6, 7)], buses=[f"00000000:{0xE1 - 0x20 * i:02X}:00.0"
+                                                                for i in range(8)]),
+                                    {"CUDA_VISIBLE_DEVICES": "0,1"}, False),
     "one-gpu": (dict(count=1), {}, None),
     "no-driver": (dict(init_error="DRIVER_NOT_LOADED"), {}, None),
 }
@@ -97,6 +127,7 @@ def test_pcie_only_agrees_with_the_patched_launcher(case, monkeypatch, sglang_tr
             fake[key] = getattr(pynvml, f"NVML_ERROR_{fake[key]}")
     FakeNvml(monkeypatch, **fake)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
     for k, v in environ.items():
         monkeypatch.setenv(k, v)
     assert launcher_says(environ) is expected
@@ -113,5 +144,8 @@ def test_recorded_matrices_follow_the_rule():
     # pairs in the launcher's order: a failure before the first NVLink pair means unknown, after it NVLink
     assert pcie_only({(0, 1): "ERR", (0, 2): "OK"}, [0, 1, 2])[0] is None
     assert pcie_only({(0, 1): "OK", (0, 2): "ERR"}, [0, 1, 2])[0] is False
-    assert visible_gpus(8, {"CUDA_VISIBLE_DEVICES": "3"}) == (None, "1 GPU(s) visible")
-    assert visible_gpus(2, {}) == ([0, 1], "")
+    from scripts.host.parsers import Gpu
+
+    gpus = [Gpu(bus_id=f"00000000:{b:02X}:00.0", name="H200", uuid=f"GPU-{b}") for b in (0x41, 0x01)]
+    assert visible_gpus(gpus, {"CUDA_VISIBLE_DEVICES": "1"}) == (None, "1 GPU(s) visible")
+    assert visible_gpus(gpus, {}) == ([1, 0], "")  # CUDA's order is PCI bus order, whatever NVML's order

@@ -1,0 +1,198 @@
+"""`make test-gpu`: the patched SGLang's own collectives, fused op and decisions on this machine's GPUs.
+
+  python -m scripts.host.test_gpu [--out FILE] [--world N] [--timeout S] [--python PY]
+                                  [--image IMAGE | --here] [-- PYTEST_ARGS...]
+
+Runs tests/gpu: one process per GPU, SGLang's distributed state brought up the way the model runner brings it up;
+tp.all_reduce routing and results (eager and replayed from graphs captured in graph_capture()), the fused
+all-reduce + residual + RMSNorm op against an fp32 reference and the unfused path, a PDL race stress, per-call
+timings of those paths, what the patched code decides on this device and host, and one-rank faults bounded by a
+timeout (a hang fails the test). The result document (world size, passed / failed / skipped, every test, what the
+tests recorded, the command, versions) goes to --out, by default
+bench/results/test-gpu_<gpu>_x<N>_<UTC date>.json; it is one part of the box receipt (make report).
+
+Where it runs: here, with PY (default: this python), when PY's torch sees at least 2 CUDA GPUs and the patched
+sglang is importable (build/sglang from `make apply`, or an installed patched sglang); otherwise inside the serving
+image (`docker run --gpus all --ipc=host IMAGE test-gpu`; the image has SGLang, sgl-kernel, FlashInfer and the NCCL
+the server runs), when docker and the image are here. --image forces the image, --here forbids it.
+
+Exit status: 0 every test passed (GPU tests skip only where this machine has fewer GPUs than they need); 1 a test
+failed; 2 no usable GPU, no way to run (neither PY nor docker with the image), or a bad option.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+from ..lib import proc
+from ..lib.cli import run
+from ..lib.errors import UserError
+from ..lib.progress import say
+from ..lib.repo import REPO_ROOT, revision
+from ..series.pin import load_pin
+
+RESULTS = REPO_ROOT / "bench" / "results"
+IN_IMAGE_RESULTS = "/results"
+PROBE = r"""
+import importlib.util, json
+r = {}
+try:
+    import torch
+    r["cuda"] = bool(torch.cuda.is_available()); r["gpus"] = torch.cuda.device_count() if r["cuda"] else 0
+    r["torch"] = torch.__version__
+except Exception as e:
+    r["error"] = "%s: %s" % (type(e).__name__, e)
+s = importlib.util.find_spec("sglang")
+r["sglang"] = str(s.origin) if s and s.origin else None
+print(json.dumps(r))
+"""
+
+
+def visible_gpus() -> list[str]:
+    """Names of the NVIDIA GPUs this process may use (nvidia-smi -L, narrowed by CUDA_VISIBLE_DEVICES)."""
+    res = proc.run(["nvidia-smi", "-L"], timeout=30)
+    if not res.ok:
+        return []
+    names = [re.sub(r"^GPU \d+: (.*?)( \(UUID:.*)?$", r"\1", ln.strip()) for ln in res.stdout.splitlines()
+             if ln.startswith("GPU ")]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return names if visible is None else names[:len([v for v in visible.split(",") if v.strip()])]
+
+
+def gpu_slug(names: list[str]) -> str:
+    """H200 from 'NVIDIA H200', RTX-PRO-6000-Blackwell-Server-Edition from the box's cards (for file names)."""
+    name = re.sub(r"^NVIDIA\s+", "", names[0]) if names else "nogpu"
+    return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-")
+
+
+def probe_python(python: str) -> tuple[bool, str]:
+    """Whether `python` can run the tier here, and why not."""
+    res = proc.run([python, "-c", PROBE], timeout=180)
+    if not res.ok:
+        return False, res.why
+    try:
+        info = json.loads(res.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return False, f"{python} printed no answer"
+    if info.get("error"):
+        return False, f"{python} cannot import torch ({info['error']})"
+    if info.get("gpus", 0) < 2:
+        return False, f"{python}'s torch {info.get('torch')} sees {info.get('gpus', 0)} CUDA GPU(s)"
+    tree = REPO_ROOT / "build" / "sglang" / "python" / "sglang"
+    if not (tree.is_dir() or info.get("sglang") or os.environ.get("SGLANG_TREE")):
+        return False, f"{python} has no sglang and build/sglang is missing (make apply)"
+    return True, f"{python} (torch {info['torch']}, {info['gpus']} GPUs)"
+
+
+def image_ready(image: str) -> tuple[bool, str]:
+    if proc.which("docker") is None:
+        return False, "docker is not installed"
+    res = proc.run(["docker", "image", "inspect", "--format", "{{.Id}}", image], timeout=60)
+    if res.ok:
+        return True, f"image {image} ({res.stdout.strip()[:19]})"
+    if "Cannot connect" in res.output or "daemon" in res.output:
+        return False, "the docker engine does not answer (is the daemon running, may this user use it?)"
+    return False, f"image {image} is not here (make image builds it)"
+
+
+def default_image() -> str:
+    pin = load_pin()
+    return f"eagle-fast-verify/sglang:{pin.tag}"
+
+
+def pytest_command(python: str, pytest_args: list[str]) -> list[str]:
+    return [python, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-o", "addopts=", str(REPO_ROOT / "tests" / "gpu"),
+            *pytest_args]
+
+
+def run_here(python: str, out: Path, world: int | None, timeout: int, pytest_args: list[str]) -> int:
+    env = {**os.environ, "EAGLE_GPU_RESULTS": str(out), "EAGLE_GPU_TIMEOUT": str(timeout)}
+    if world:
+        env["EAGLE_GPU_WORLD"] = str(world)
+    cmd = pytest_command(python, pytest_args)
+    say(f"running: {' '.join(cmd)}")
+    res = proc.run(cmd, timeout=None, cwd=REPO_ROOT, env=env, capture=False)
+    return res.returncode if res.returncode is not None else 1
+
+
+def run_in_image(image: str, out: Path, world: int | None, timeout: int, pytest_args: list[str]) -> int:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    env = [f"{k}={os.environ[k]}" for k in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER") if k in os.environ]
+    cmd = ["docker", "run", "--rm", "--gpus", "all", "--ipc=host", "-v", f"{out.parent.resolve()}:{IN_IMAGE_RESULTS}",
+           *[x for kv in env for x in ("-e", kv)],
+           image, "test-gpu", "--here", "--out", f"{IN_IMAGE_RESULTS}/{out.name}", "--timeout", str(timeout)]
+    if world:
+        cmd += ["--world", str(world)]
+    if pytest_args:
+        cmd += ["--", *pytest_args]
+    say(f"running in the image: {' '.join(cmd)}")
+    res = proc.run(cmd, timeout=None, capture=False)
+    return res.returncode if res.returncode is not None else 1
+
+
+def finish(out: Path, meta: dict) -> dict:
+    """Add what ran (command, where, revision, times) to the document the tests wrote; report the counts."""
+    if not out.is_file():
+        raise UserError(f"the GPU tests wrote no result document at {out}: see their output above")
+    doc = json.loads(out.read_text())
+    doc.setdefault("meta", {}).update(meta)
+    out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
+    say(f"{doc['passed']} passed, {doc['failed']} failed, {doc['skipped']} skipped on {doc['world']} GPU(s): {out}")
+    return doc
+
+
+def parse(argv):
+    ap = argparse.ArgumentParser(prog="scripts.host.test_gpu", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, help="result document (default bench/results/test-gpu_<gpu>_x<N>_<date>.json)")
+    ap.add_argument("--world", type=int, help="ranks per test (default: every visible GPU)")
+    ap.add_argument("--timeout", type=int, default=600, help="seconds one multi-rank run may take (default 600)")
+    ap.add_argument("--python", default=sys.executable, help="interpreter to run the tests with (default: this one)")
+    where = ap.add_mutually_exclusive_group()
+    where.add_argument("--image", nargs="?", const="", default=None, help="run inside the serving image (default "
+                                                                         "eagle-fast-verify/sglang:<pinned tag>)")
+    where.add_argument("--here", action="store_true", help="never fall back to the image")
+    ap.add_argument("pytest_args", nargs="*", help="after --: passed to pytest (e.g. -k faults)")
+    a = ap.parse_args(argv)
+    if a.world is not None and a.world < 2:
+        ap.error("--world needs at least 2 ranks")
+    return a
+
+
+def main(argv=None) -> int:
+    a = parse(argv)
+    names = visible_gpus()
+    if len(names) < 2:
+        raise UserError(f"{len(names)} NVIDIA GPU(s) visible here (nvidia-smi -L): make test-gpu needs at least 2. "
+                        "Run it on the GPU box (or from the image there: docker run --gpus all --ipc=host IMAGE "
+                        "test-gpu); `make test` is the CPU suite")
+    world = a.world or len(names)
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H%MZ")
+    out = a.out or RESULTS / f"test-gpu_{gpu_slug(names)}_x{world}_{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    here_ok, here_why = (False, "--image given") if a.image is not None else probe_python(a.python)
+    meta = {"gpus": names, "revision": revision(short=True)[0], "started_at": stamp,
+            "command": " ".join(["python3", "-m", "scripts.host.test_gpu", *(argv if argv is not None else sys.argv[1:])])}
+    if here_ok:
+        rc = run_here(a.python, out, a.world, a.timeout, a.pytest_args)
+        meta["ran"] = here_why
+    else:
+        image = a.image or default_image()
+        img_ok, img_why = (False, "--here given") if a.here else image_ready(image)
+        if not img_ok:
+            raise UserError(f"cannot run the GPU tests here ({here_why}) nor in the image ({img_why}). Fix: a python "
+                            f"with CUDA torch and `make apply` (--python PY), or `make image` on a host with docker")
+        rc = run_in_image(image, out, a.world, a.timeout, a.pytest_args)
+        meta["ran"] = img_why
+    doc = finish(out, meta)
+    return 0 if rc == 0 and doc["failed"] == 0 else 1
+
+
+if __name__ == "__main__":
+    run(main)
