@@ -12,10 +12,15 @@ tokens, plus prefill sizes):
   - NCCL all-reduce per call: one synchronised call, and a chain of 122 calls eager vs CUDA-graph-replayed;
   - a 61-layer verify-shaped forward (per-rank TP8 GEMMs, 2 all-reduces + add-RMSNorm per layer), eager vs
     graph-replayed, per all-reduce implementation;
-and, in the first variant, where FlashInfer is importable: its trtllm fused all-reduce + residual + RMSNorm
-(vs NCCL + FlashInfer's fused add-RMSNorm), the PCIe IPC all-reduce, and a PDL-race check of the fused kernel
-with trigger_completion_at_end off and on. Every reduction is checked against an fp32 reference on fresh random
-inputs. Also: peer-to-peer copy bandwidth of every GPU pair (the bandwidth floor).
+and, in the first variant, where the patched SGLang and FlashInfer are importable, the paths the server runs,
+through SGLang's own code (scripts/bench/sglang_comm.py, shared with `make test-gpu`): ranks brought up as the
+model runner brings them up, PCIe IPC on (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 unless you set it), SGLang's own
+custom all-reduce off; tp.all_reduce per route (PCIe IPC, FlashInfer allreduce-only, NCCL), SGLang's fused
+all-reduce + residual + RMSNorm op vs tp.all_reduce + FlashInfer's fused add-RMSNorm, the verify-shaped forward
+over the fused op and over tp.all_reduce, and a PDL-race stress of the fused op (its default and, as a control,
+trigger_completion_at_end=False). The PCIe-IPC workspace autotunes as the server's does (minutes the first time on
+a host, then cached; --no-autotune keeps FlashInfer's seed policy). Every reduction is checked against an fp32
+reference on fresh random inputs. Also: peer-to-peer copy bandwidth of every GPU pair (the bandwidth floor).
 
 Writes bench/results/bench-comm_<box>_<gpu>x<n>_<UTC time>.json (raw records + meta + the exact command),
 prints a table and recommends the fastest correct setting (scripts/bench/comm_report.py).
@@ -140,7 +145,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--reps", type=int, default=10, help="chain / forward repetitions (median)")
     ap.add_argument("--race-rows", default="4,8,16", help="row counts of the PDL race check")
     ap.add_argument("--race-trials", type=int, default=20)
-    ap.add_argument("--no-flashinfer", action="store_true", help="skip FlashInfer's fused and PCIe IPC kernels")
+    ap.add_argument("--no-flashinfer", action="store_true",
+                    help="no FlashInfer at all: torch add-RMSNorm in the NCCL rows, no SGLang rows")
+    ap.add_argument("--no-sglang", action="store_true", help="skip the SGLang rows (PCIe IPC, fused op)")
+    ap.add_argument("--no-autotune", action="store_true",
+                    help="SGLang rows: keep FlashInfer's PCIe-IPC seed policy (the server autotunes at startup)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                     help="cpu: gloo ranks, no graphs, no FlashInfer (tests the harness itself)")
     ap.add_argument("--box", default=None, help="name of this box in the result file (default: GPU model)")
@@ -172,8 +181,24 @@ def machine(a: argparse.Namespace, meta: dict) -> int:
     return world
 
 
+def sglang_rows(a: argparse.Namespace) -> tuple[dict | None, str]:
+    """ServerArgs overrides of the SGLang rows (on top of the shipped profile's, sglang_comm.PROFILE_SERVER_ARGS),
+    or None and why they cannot run here."""
+    import importlib.util
+
+    if a.device == "cpu" or a.no_flashinfer or a.no_sglang:
+        return None, "--device cpu" if a.device == "cpu" else "--no-flashinfer" if a.no_flashinfer else "--no-sglang"
+    missing = [m for m in ("sglang", "flashinfer") if importlib.util.find_spec(m) is None]
+    if missing:
+        return None, (f"{' and '.join(missing)} not importable by {sys.executable}; run from the serving image "
+                      f"(docker run --gpus all --ipc=host IMAGE bench-comm) or after make apply with "
+                      f"PYTHONPATH=build/sglang/python")
+    return {"flashinfer_allreduce_fusion_backend": "trtllm", "disable_custom_all_reduce": True,
+            "disable_flashinfer_autotune": a.no_autotune}, ""
+
+
 def measure(a: argparse.Namespace, vmap: dict, world: int, meta: dict) -> list[dict]:
-    """Every variant in its own ranks (the first one also runs FlashInfer's kernels); their records."""
+    """Every variant in its own ranks (the first one also runs the SGLang rows); their records."""
     cfg = {"device": a.device, "rows": [int(x) for x in a.rows.split(",")],
            "prefill_rows": [int(x) for x in a.prefill_rows.split(",") if x], "layers": a.layers, "chain": a.chain,
            "iters": a.iters, "reps": a.reps, "race_rows": [int(x) for x in a.race_rows.split(",") if x],
@@ -185,11 +210,18 @@ def measure(a: argparse.Namespace, vmap: dict, world: int, meta: dict) -> list[d
         say("measuring peer-to-peer copy bandwidth")
         records += p2p_bandwidth()
     t_all = time.monotonic()
+    sglang_args, why_not = sglang_rows(a)
+    meta["sglang_rows"] = {"server_args": sglang_args, "skipped": why_not}
+    if why_not:
+        say(f"SGLang rows skipped: {why_not}")
     for i, (name, env) in enumerate(vmap.items(), 1):
-        steps = ["allreduce", "verify"] + (["pcie_ipc", "fused"] if i == 1 else [])
-        impls = ["nccl"] + (["fi_trtllm_fused", "fi_pcie_ipc"] if i == 1 else [])
+        first = i == 1 and sglang_args is not None
+        steps = ["allreduce", "verify"] + (["sglang"] if first else [])
+        impls = ["nccl"] + (["sglang_fused_op", "sglang_tp"] if first else [])
         say(f"[{i}/{len(vmap)}] variant {name} {env or '(environment as is)'}: {', '.join(steps)}")
-        res = run_variant(name, env, world, {**cfg, "steps": steps, "verify_impls": impls}, a.timeout)
+        res = run_variant(name, env, world, {**cfg, "steps": steps, "verify_impls": impls,
+                                             "sglang": sglang_args if first else None},
+                          a.timeout + (600 if first and not a.no_autotune else 0))  # + the PCIe-IPC autotune
         for r in res.get("records", []):
             r["variant"] = name
         records += res.get("records", [])

@@ -14,6 +14,7 @@ import statistics
 import time
 import traceback
 from pathlib import Path
+from types import SimpleNamespace
 
 from .kimi import ATTN_GEMMS, HIDDEN, MOE_GEMMS
 
@@ -57,6 +58,8 @@ class RankSession:
         self.fi = None
         self.fi_norm = None
         self.fi_reason = "not requested"
+        self.sc, self.sa = None, None  # scripts/bench/sglang_comm and the ServerArgs, where SGLang was brought up
+        self.sc_reason = "not requested"
 
     # ------------------------------------------------------------------ helpers
     def rec(self, **kw) -> None:
@@ -118,6 +121,8 @@ class RankSession:
         """fn() captured once in a CUDA graph (after one eager warm-up on the current stream); None on CPU."""
         if self.cpu:
             return None
+        if self.sc is not None:  # inside SGLang's graph_capture(), as the server captures
+            return self.sc.Timer("cuda").capture(fn)
         torch = self.torch
         fn()
         self.sync()
@@ -216,168 +221,47 @@ class RankSession:
             _log(self.rank, f"{self.variant}: nccl all-reduce {rows} rows: {eager_one:.1f} us single, "
                             f"{eager_chain / chain:.1f} eager, {graph_call:.1f} graph per call")
 
-    def fused_sizes(self) -> None:
-        """FlashInfer trtllm all-reduce + residual + RMSNorm vs NCCL all-reduce + fused add-RMSNorm."""
-        if self.fi is None:
-            self.rec(kind="fused", impl="fi_trtllm", skipped=self.fi_reason)
+    def sglang_paths(self) -> None:
+        """The patched SGLang's own paths, as the server runs them (scripts/bench/sglang_comm.py): the PCIe-IPC
+        communicator and both fusion workspaces prepared by BaseRunner's methods; per row count, tp.all_reduce's
+        route and result, the fused all-reduce + residual + RMSNorm op's result; per-call timings of those paths in
+        graph-replayed chains (sglang_comm.path_timings); the PDL race stress of the fused op."""
+        if self.sc is None:
+            for kind, impl in (("allreduce", "sglang_pcie_ipc"), ("fused", "sglang_fused_op")):
+                self.rec(kind=kind, impl=impl, skipped=self.sc_reason)
             return
-        torch, fic = self.torch, self.fi
-        max_rows = max(self.cfg["rows"])
-        t0 = time.perf_counter()
-        ws = fic.create_allreduce_fusion_workspace(backend="trtllm", world_size=self.world, rank=self.rank,
-                                                   max_token_num=max(max_rows, 128), hidden_dim=HIDDEN,
-                                                   dtype=torch.bfloat16)
-        self.rec(kind="workspace", impl="fi_trtllm", seconds=time.perf_counter() - t0)
-        gamma = self.randn(HIDDEN, scale=0.5, seed=7) + 1.0
-        pattern = fic.AllReduceFusionPattern.kARResidualRMSNorm
-
-        def fused(x, res_in, res_out, norm_out, trigger):
-            fic.allreduce_fusion(input=x, workspace=ws, pattern=pattern, launch_with_pdl=True,
-                                 trigger_completion_at_end=trigger, residual_out=res_out, norm_out=norm_out,
-                                 residual_in=res_in, rms_gamma=gamma, rms_eps=EPS, fp32_acc=True)
-
-        for rows in self.cfg["rows"]:
-            self._fused_check(fused, rows, gamma)
-            self._fused_timing(fused, rows, gamma)
-            _log(self.rank, f"fused {rows} rows done")
-        self.pdl_race(ws, gamma)
-        ws.destroy() if hasattr(ws, "destroy") else None
-
-    def _fused_check(self, fused, rows: int, gamma) -> None:
-        """Correctness on fresh random inputs (residual the same on every rank, as in the model), trigger on/off."""
-        torch = self.torch
-        for trigger in (True, False):
-            x = self.randn(rows, HIDDEN)
-            res = self.randn(rows, HIDDEN, seed=1000 + rows)
-            res_out, norm_out = torch.empty_like(res), torch.empty_like(x)
-            fused(x, res, res_out, norm_out, trigger)
-            self.sync()
-            ref_res = self.ref_sum(x) + res.float()
-            e_res = self.errors(res_out, ref_res)
-            e_norm = self.errors(norm_out, self.rmsnorm_ref(ref_res, gamma))
-            self.rec(kind="fused_check", impl="fi_trtllm", rows=rows, trigger_at_end=trigger, residual=e_res,
-                     norm=e_norm, ok=not (e_res["nan"] or e_norm["nan"]) and e_norm["max_abs_err"] < 0.25)
-
-    def _fused_timing(self, fused, rows: int, gamma) -> None:
-        """Fused (trigger at end on/off) and the unfused baseline: eager single, eager chain, graph chain."""
-        torch, dist, chain = self.torch, self.dist, self.cfg["chain"]
-        xs = [self.randn(rows, HIDDEN) for _ in range(chain)]
-        res = self.randn(rows, HIDDEN, seed=2000 + rows)
-        res_outs = [torch.empty_like(res) for _ in range(chain)]
-        norm_outs = [torch.empty_like(res) for _ in range(chain)]
-        for trigger in (True, False):
-            def one(trigger=trigger):
-                fused(xs[0], res, res_outs[0], norm_outs[0], trigger)
-
-            def many(trigger=trigger):
-                for i in range(chain):
-                    fused(xs[i], res, res_outs[i], norm_outs[i], trigger)
-
-            impl = "fi_trtllm_fused" + ("" if trigger else "_early_trigger")
-            self.measure(one, many, chain, kind="fused", impl=impl, rows=rows)
-        ys = [x.clone() for x in xs]
-        residuals = [res.clone() for _ in range(chain)]
-
-        def unfused_one():
-            dist.all_reduce(ys[0])
-            self.add_rmsnorm(ys[0], residuals[0], gamma)
-
-        def unfused_many():
-            for i in range(chain):
-                dist.all_reduce(ys[i])
-                self.add_rmsnorm(ys[i], residuals[i], gamma)
-
-        impl = "nccl+fi_add_rmsnorm" if self.fi_norm else "nccl+torch_add_rmsnorm"
-        self.measure(unfused_one, unfused_many, chain, kind="fused", impl=impl, rows=rows)
-
-    def pdl_race(self, ws, gamma) -> None:
-        """The small-token hazard: a chain of fused calls (each call's residual_out is the next call's
-        residual_in, as between layers), each followed by a PDL-launched consumer that reads its norm_out at once
-        (FlashInfer rmsnorm with enable_pdl=True, standing in for the next layer's first kernel). Graph-replayed
-        with trigger_completion_at_end off and on, checked against an fp32 chained reference on every trial."""
-        torch, fic = self.torch, self.fi
-        from flashinfer.norm import rmsnorm
-
-        pattern = fic.AllReduceFusionPattern.kARResidualRMSNorm
-        chain = self.cfg["chain"]
-        for rows in self.cfg["race_rows"]:
-            xs = [self.randn(rows, HIDDEN, scale=0.05) for _ in range(chain)]
-            res0 = self.randn(rows, HIDDEN, seed=3000 + rows)
-            ref_res, ref_out = res0.float(), []
-            for x in xs:
-                ref_res = (ref_res + self.ref_sum(x)).to(torch.bfloat16).float()
-                n = self.rmsnorm_ref(ref_res, gamma).to(torch.bfloat16).float()
-                ref_out.append(self.rmsnorm_ref(n, gamma))
-            for trigger in (False, True):
-                resid = [res0.clone()] + [torch.empty_like(res0) for _ in range(chain)]
-                norms = [torch.empty_like(res0) for _ in range(chain)]
-                outs = [torch.empty_like(res0) for _ in range(chain)]
-
-                def run(trigger=trigger):
-                    for i in range(chain):
-                        fic.allreduce_fusion(input=xs[i], workspace=ws, pattern=pattern, launch_with_pdl=True,
-                                             trigger_completion_at_end=trigger, residual_out=resid[i + 1],
-                                             norm_out=norms[i], residual_in=resid[i], rms_gamma=gamma,
-                                             rms_eps=EPS, fp32_acc=True)
-                        rmsnorm(norms[i], gamma, EPS, out=outs[i], enable_pdl=True)
-
-                graph_us = self.time_chain_graph(run, 3)
-                g = self.capture(run)
-                bad = 0
-                worst = 0.0
-                for _ in range(self.cfg["race_trials"]):
-                    for t in resid[1:] + norms + outs:
-                        t.fill_(float("nan"))
-                    self.sync()
-                    self.dist.barrier()
-                    g.replay() if g is not None else run()
-                    self.sync()
-                    errs = [self.errors(resid[-1], ref_res)] + [self.errors(o, r) for o, r in zip(outs, ref_out)]
-                    worst = max([worst] + [e["max_abs_err"] for e in errs])
-                    bad += int(any(e["nan"] or e["max_abs_err"] > 1.0 for e in errs))
-                del g
-                self.rec(kind="pdl_race", impl="fi_trtllm_fused+pdl_rmsnorm", rows=rows, chain=chain,
-                         trigger_at_end=trigger, trials=self.cfg["race_trials"], bad_trials=bad,
-                         worst_abs_err=worst, graph_us=graph_us)
-                _log(self.rank, f"pdl race {rows} rows trigger_at_end={trigger}: {bad}/{self.cfg['race_trials']} bad, "
-                                f"worst abs err {worst:.3f}, {graph_us:.0f} us per chain")
-
-    def pcie_ipc_sizes(self) -> None:
-        """FlashInfer's PCIe IPC all-reduce (seed policy, untuned) at verify row counts."""
-        if self.fi is None:
-            self.rec(kind="allreduce", impl="fi_pcie_ipc", skipped=self.fi_reason)
-            return
-        torch, dist = self.torch, self.dist
-        max_rows = max(self.cfg["rows"])
+        torch, sc, rows = self.torch, self.sc, self.cfg["rows"]
+        self.rec(kind="workspace", impl="sglang_pcie_ipc", **sc.prepare_pcie_ipc(self.sa))
+        self.rec(kind="workspace", impl="sglang_fused_op", **sc.prepare_fusion(torch.bfloat16))
+        tp, log, t = sc.tp_group(), sc.RouteLog(), sc.Tensors(self.rank, self.world, self.dev)
+        gamma = (t.randn(1, seed=7, rank=0, scale=0.5)[0] + 1.0).contiguous()
         try:
-            ws = self.fi.PcieIpcAllReduceWorkspace(group=dist.group.WORLD, max_numel=max_rows * HIDDEN,
-                                                   dtype=torch.bfloat16)
-            ws.prepare([(r, HIDDEN) for r in self.cfg["rows"]])
-        except Exception as e:
-            self.rec(kind="allreduce", impl="fi_pcie_ipc", skipped=f"refused: {type(e).__name__}: {e}")
-            _log(self.rank, f"pcie_ipc refused: {e}")
-            return
-        self.rec(kind="workspace", impl="fi_pcie_ipc", profile=getattr(ws, "profile", ""),
-                 profile_reason=getattr(ws, "profile_reason", ""))
-        chain = self.cfg["chain"]
-        for rows in self.cfg["rows"]:
-            x = self.randn(rows, HIDDEN)
-            out = ws.all_reduce(x)
-            self.sync()
-            err = self.errors(out, self.ref_sum(x))
-            xs = [self.randn(rows, HIDDEN) for _ in range(chain)]
-            outs = [torch.empty_like(x) for _ in range(chain)]
-
-            def one():
-                ws.all_reduce(xs[0], out=outs[0])
-
-            def many():
-                for i in range(chain):
-                    ws.all_reduce(xs[i], out=outs[i])
-
-            self.measure(one, many, chain, kind="allreduce", impl="fi_pcie_ipc", rows=rows, bytes=rows * HIDDEN * 2,
-                         **err)
-        self._pcie_ws = ws
+            for n in rows:
+                y = tp.all_reduce(t.randn(n, seed=n))
+                self.rec(kind="allreduce_check", impl="sglang_tp", rows=n, backend=log.take(),
+                         **t.errors(y, t.ref_sum(n, seed=n)))
+                x, res = t.randn(n, seed=n + 1), t.randn(n, seed=n + 2, rank=0)
+                norm, res_out = sc.fused_allreduce_rmsnorm(x, res, gamma)
+                if norm is None:
+                    self.rec(kind="fused_check", impl="sglang_fused_op", rows=n, ok=False, declined=True)
+                    continue
+                ref_res = t.ref_sum(n, seed=n + 1) + res.float()
+                e_res, e_norm = t.errors(res_out, ref_res), t.errors(norm, t.rmsnorm_ref(ref_res, gamma))
+                self.rec(kind="fused_check", impl="sglang_fused_op", rows=n, trigger_at_end=True, residual=e_res,
+                         norm=e_norm, ok=not (e_res["nan"] or e_norm["nan"]) and e_norm["max_abs_err"] < 0.25)
+        finally:
+            log.close()
+        me = SimpleNamespace(rank=self.rank, world=self.world, device="cuda")
+        for r in sc.path_timings(me, rows, chain=self.cfg["chain"], reps=self.cfg["reps"]):
+            path = r.pop("path").replace("/", "_")
+            impl = f"sglang_{path}" if r["kind"] == "fused" else f"sglang_tp_{path}"
+            self.rec(**r, impl=impl, mode="graph")
+        _log(self.rank, f"SGLang paths timed at {rows} rows")
+        for r in sc.pdl_race(me, self.cfg["race_rows"], chain=16, trials=self.cfg["race_trials"]):
+            self.rec(kind="pdl_race", impl="sglang_fused_op+pdl_rmsnorm", rows=r["rows"], chain=r["chain"],
+                     trigger_at_end=r["variant"] == "default", trials=r["trials"], bad_trials=r["bad_trials"],
+                     worst_abs_err=r["worst_abs_err"])
+            _log(self.rank, f"pdl race {r['rows']} rows {r['variant']}: {r['bad_trials']}/{r['trials']} bad")
 
     def _weights(self) -> tuple[list, list, object]:
         """Per-rank TP8 GEMM weights of one layer (attention, MoE) and an RMSNorm gamma, fixed seeds."""
@@ -390,7 +274,7 @@ class RankSession:
         return [w(k, n) for k, n in ATTN_GEMMS], [w(k, n) for k, n in MOE_GEMMS], \
             self.randn(HIDDEN, scale=0.1, seed=5) + 1.0
 
-    def _reduce_norm(self, impl: str, resid: ResidualChain, gamma, fused_ws, pcie_ws):
+    def _reduce_norm(self, impl: str, resid: ResidualChain, gamma):
         """reduce_norm(y, tag): all-reduce this rank's partial sum y with `impl`, add the residual, RMSNorm; returns
         the normed hidden state and advances the residual chain."""
         torch, dist = self.torch, self.dist
@@ -398,16 +282,11 @@ class RankSession:
 
         def reduce_norm(y, tag):
             i = resid.advance()
-            if impl == "fi_trtllm_fused":
-                out = bufs.setdefault(tag + "n", torch.empty_like(y))
-                self.fi.allreduce_fusion(input=y, workspace=fused_ws,
-                                         pattern=self.fi.AllReduceFusionPattern.kARResidualRMSNorm,
-                                         launch_with_pdl=True, trigger_completion_at_end=True,
-                                         residual_out=resid.bufs[i + 1], norm_out=out, residual_in=resid.bufs[i],
-                                         rms_gamma=gamma, rms_eps=EPS, fp32_acc=True)
-                return out
-            if impl == "fi_pcie_ipc":
-                y = pcie_ws.all_reduce(y, out=bufs.setdefault(tag + "o", torch.empty_like(y)))
+            if impl == "sglang_fused_op":
+                norm, resid.bufs[i + 1] = self.sc.fused_allreduce_rmsnorm(y, resid.bufs[i], gamma)
+                return norm
+            if impl == "sglang_tp":
+                y = self.sc.tp_group().all_reduce(y)
             else:
                 dist.all_reduce(y)
             self.add_rmsnorm(y, resid.bufs[i], gamma)  # in place: resid[i] += y; y = norm(resid[i])
@@ -416,13 +295,13 @@ class RankSession:
 
         return reduce_norm
 
-    def _forward(self, x0, impl: str, gamma, weights, fused_ws, pcie_ws):
+    def _forward(self, x0, impl: str, gamma, weights):
         """forward(): the layers of one verify-shaped forward with all-reduce `impl`, from x0."""
         layers = self.cfg["layers"]
         attn_w, moe_w = weights
         h = x0.clone()
         resid = ResidualChain(x0, 2 * layers)
-        reduce_norm = self._reduce_norm(impl, resid, gamma, fused_ws, pcie_ws)
+        reduce_norm = self._reduce_norm(impl, resid, gamma)
 
         def forward():
             resid.reset()
@@ -445,22 +324,14 @@ class RankSession:
         per-rank TP8 shapes, eager vs CUDA-graph-replayed, for each all-reduce implementation."""
         layers = self.cfg["layers"]
         attn_w, moe_w, gamma = self._weights()
-        fused_ws = None
-        if "fi_trtllm_fused" in impls and self.fi is not None:
-            fused_ws = self.fi.create_allreduce_fusion_workspace(
-                backend="trtllm", world_size=self.world, rank=self.rank, max_token_num=max(max(self.cfg["rows"]), 128),
-                hidden_dim=HIDDEN, dtype=self.torch.bfloat16)
-        pcie_ws = getattr(self, "_pcie_ws", None)
-        missing = {"fi_trtllm_fused": (fused_ws, "no workspace"), "fi_pcie_ipc": (pcie_ws, "pcie_ipc refused")}
         for rows in self.cfg["rows"]:
             x0 = self.randn(rows, HIDDEN, seed=4000 + rows)
             outputs = {}
             for impl in impls:
-                ws, why = missing.get(impl, (True, ""))
-                if ws is None:
-                    self.rec(kind="verify_forward", impl=impl, rows=rows, skipped=self.fi_reason or why)
+                if impl.startswith("sglang") and self.sc is None:
+                    self.rec(kind="verify_forward", impl=impl, rows=rows, skipped=self.sc_reason)
                     continue
-                forward = self._forward(x0, impl, gamma, (attn_w, moe_w), fused_ws, pcie_ws)
+                forward = self._forward(x0, impl, gamma, (attn_w, moe_w))
                 out = forward()
                 self.sync()
                 outputs[impl] = out.float().clone()
@@ -515,26 +386,39 @@ def worker(rank: int, world: int, cfg: dict, out_path: str) -> None:
 
     bench = None
     try:
+        sc = sa = None
         if cfg["device"] == "cpu":
             dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=rank, world_size=world)
+        elif cfg.get("sglang"):
+            # SGLang's distributed state, brought up as the model runner brings it up (it creates the default
+            # NCCL group the raw rows use too); PCIe IPC on unless the caller's environment says otherwise
+            from . import sglang_comm as sc
+
+            torch.cuda.set_device(rank)
+            os.environ.setdefault("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE", "1")
+            sa = sc.bring_up(rank, world, cfg["port"], **cfg["sglang"])
         else:
             torch.cuda.set_device(rank)
             dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=rank,
                                     world_size=world, device_id=torch.device("cuda", rank))
         bench = RankSession(rank, world, cfg)
         bench.load_flashinfer()
+        if sc is not None:
+            bench.sc, bench.sa, bench.sc_reason = sc, sa, ""
+        elif "sglang" in cfg["steps"]:
+            bench.sc_reason = cfg.get("sglang_reason") or "SGLang not brought up"
         steps = cfg["steps"]
         if "allreduce" in steps:
             bench.allreduce_sizes()
-        if "pcie_ipc" in steps:
-            bench.pcie_ipc_sizes()
-        if "fused" in steps:
-            bench.fused_sizes()
+        if "sglang" in steps:
+            bench.sglang_paths()
         if "verify" in steps:
             bench.verify_forward(cfg["verify_impls"])
         dist.barrier()
         meta = {"nccl_version": ".".join(map(str, torch.cuda.nccl.version())) if not bench.cpu else None,
-                "torch": torch.__version__, "flashinfer_reason": bench.fi_reason}
+                "torch": torch.__version__, "flashinfer_reason": bench.fi_reason, "sglang_reason": bench.sc_reason}
+        if sc is not None:
+            meta["sglang"] = {**sc.versions(), "server_args": cfg["sglang"]}
         if rank == 0:
             Path(out_path).write_text(json.dumps({"meta": meta, "records": bench.records}))
     except Exception:

@@ -34,8 +34,9 @@ def test_bench_comm_harness_end_to_end_on_cpu(tmp_path):
     assert all(r["max_rel_err"] < 0.02 and not r["nan"] for r in ar)
     vf = [r for r in recs if r.get("kind") == "verify_forward" and "us" in r]
     assert {r["rows"] for r in vf} == {4, 8} and all(r["layers"] == 2 and r["us"] > 0 for r in vf)
-    # FlashInfer kernels are skipped on CPU, and say so
-    assert any(r.get("skipped") == "cpu run" for r in recs if r.get("kind") == "fused")
+    # the SGLang rows (PCIe IPC, fused op) need CUDA ranks: skipped on CPU, and the result says so
+    assert res["meta"]["sglang_rows"] == {"server_args": None, "skipped": "--device cpu"}
+    assert not [r for r in recs if str(r.get("impl", "")).startswith("sglang")]
     assert res["summary"]["correctness"]["ok"]
     assert "[3/3] variant LL done" in cp.stderr  # progress
     assert "Verify-shaped forward" in cp.stdout and out.with_suffix(".png").stat().st_size > 1000

@@ -33,7 +33,7 @@ def _same_backends_and_right(results):
 
 @pytest.mark.parametrize("scenario", ["fault_pcie_ipc_oom", "fault_pcie_ipc_bind", "fault_pcie_ipc_tune"])
 def test_pcie_ipc_fault_on_one_rank_ends_in_agreement(gpu_world, gpu_timeout, record, scenario):
-    results = _ok(run_ranks(scenario, world=gpu_world, timeout=min(gpu_timeout, 420),
+    results = _ok(run_ranks(scenario, world=gpu_world, timeout=min(gpu_timeout, 180),
                             params={"bad_rank": gpu_world - 1}))
     calls, disabled = _same_backends_and_right(results)
     record(scenario, {"calls": calls, "pcie_ipc_disabled": disabled, "prepare": [r["prepare"] for r in results]})
@@ -42,7 +42,7 @@ def test_pcie_ipc_fault_on_one_rank_ends_in_agreement(gpu_world, gpu_timeout, re
 
 
 def test_fusion_workspace_fault_on_one_rank_ends_in_agreement(gpu_world, gpu_timeout, record):
-    results = _ok(run_ranks("fault_fusion_oom", world=gpu_world, timeout=min(gpu_timeout, 420),
+    results = _ok(run_ranks("fault_fusion_oom", world=gpu_world, timeout=min(gpu_timeout, 180),
                             params={"bad_rank": gpu_world - 1}))
     declined = [r["fused_declined"] for r in results]
     record("fault_fusion_oom", {"declined": declined, "fusion": [r["fusion"] for r in results]})
@@ -51,7 +51,7 @@ def test_fusion_workspace_fault_on_one_rank_ends_in_agreement(gpu_world, gpu_tim
 
 
 def test_nvml_answer_differing_on_one_rank_changes_nothing(gpu_world, gpu_timeout, record):
-    results = _ok(run_ranks("fault_nvml", world=gpu_world, timeout=min(gpu_timeout, 420),
+    results = _ok(run_ranks("fault_nvml", world=gpu_world, timeout=min(gpu_timeout, 180),
                             params={"bad_rank": gpu_world - 1}))
     record("fault_nvml", {"rank_topology": [r["rank_topology"] for r in results]})
     _same_backends_and_right(results)
