@@ -17,7 +17,9 @@ t0=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device/whl/*.whl
 tar xzf .device/flashinfer.tgz -C /tmp/site
 tar xzf .device/sglang.tgz -C /tmp/sgl-tree/python
-export PYTHONPATH=/tmp/sgl-tree/python:/tmp/site PYTHONUNBUFFERED=1 SGLANG_TREE=/tmp/sgl-tree
+# tests/gpu/standin: the import-only sgl_kernel stand-in (the GPU tier adds it itself; bench-comm's SGLang rows need
+# it too, since argument resolution imports quantization modules that import sgl_kernel)
+export PYTHONPATH=/tmp/sgl-tree/python:/tmp/site:$PWD/tests/gpu/standin PYTHONUNBUFFERED=1 SGLANG_TREE=/tmp/sgl-tree
 export FLASHINFER_WORKSPACE_BASE=/tmp/fiws
 export EAGLE_GIT_REV=${EAGLE_GIT_REV:-unknown}
 echo "[device] unpacked in $(( $(date +%s) - t0 )) s"
