@@ -66,8 +66,14 @@ def vf_us(run, variant="default", impl="nccl", rows=8, mode="graph"):
     return record(run, kind="verify_forward", variant=variant, impl=impl, rows=rows, mode=mode)["us"]
 
 
+def _has_impl(run: dict, prefix: str) -> bool:
+    return any(str(r.get("impl", "")).startswith(prefix) for r in run["records"])
+
+
 def h200_table(runs: list[dict]) -> str:
-    """Ratios measured side by side in each run (median and range over the runs)."""
+    """Ratios measured side by side in each run (median and range over the runs) of the runs that called
+    FlashInfer's kernels directly (bench-comm before its rows went through SGLang)."""
+    runs = [r for r in runs if _has_impl(r, "fi_")]
     n = len(runs)
     rows = [
         (f"Verify-shaped forward ({LAYERS} layers, 8 rows), NCCL: eager / graph-replayed", "x",
@@ -93,16 +99,16 @@ def h200_table(runs: list[dict]) -> str:
          _vals(runs, lambda r: fused_us(r, "fi_trtllm_fused"))),
         ("  NCCL AR + FlashInfer fused add-RMSNorm, same", " us",
          _vals(runs, lambda r: fused_us(r, "nccl+fi_add_rmsnorm"))),
-        ("  cost of trigger_completion_at_end (small-token guard), per call", " us",
+        ("  cost of trigger_completion_at_end=True (completion at kernel end), per call", " us",
          _vals(runs, lambda r: fused_us(r, "fi_trtllm_fused") - fused_us(r, "fi_trtllm_fused_early_trigger"))),
         ("  same, median over 4-64 rows", " us",
          _vals(runs, lambda r: statistics.median(
              fused_us(r, "fi_trtllm_fused", rows=n) - fused_us(r, "fi_trtllm_fused_early_trigger", rows=n)
              for n in (4, 8, 16, 32, 64)))),
-        (f"  graph chain of {CHAIN} x (fused + consumer), 4-16 rows: guard on / off", "x",
+        (f"  graph chain of {CHAIN} x (fused + consumer), 4-16 rows: completion at end on / off", "x",
          [x["graph_us"] / record(r, kind="pdl_race", rows=x["rows"], trigger_at_end=False)["graph_us"]
           for r in runs for x in r["records"] if x.get("kind") == "pdl_race" and x["trigger_at_end"]]),
-        ("PDL race check: bad trials without the guard (of trials x row counts)", "",
+        ("PDL race check: bad trials with trigger_completion_at_end=False (of trials x row counts)", "",
          _vals(runs, lambda r: sum(x["bad_trials"] for x in r["records"]
                                    if x.get("kind") == "pdl_race" and not x["trigger_at_end"]))),
         ("Peer copy bandwidth, min over GPU pairs", " GB/s", _vals(runs, lambda r: r["summary"]["peer_gbps_min"])),
@@ -111,6 +117,65 @@ def h200_table(runs: list[dict]) -> str:
     for name, unit, vals in rows:
         digits = 0 if unit.strip() == "" and vals and float(vals[0]).is_integer() else 2
         lines.append(f"| {name} | {spread(vals, digits, unit)} |")
+    return "\n".join(lines)
+
+
+def _route_us(run, path, rows=8):
+    return record(run, kind="allreduce", impl=f"sglang_tp_{path}", rows=rows, mode="graph")["us_per_call"]
+
+
+def sglang_table(runs: list[dict]) -> str:
+    """The same quantities through the patched SGLang's own code (bench-comm's SGLang rows: tp.all_reduce per
+    route, the registered fused op, the verify-shaped forward over them), each ratio taken inside one run, and
+    next to them the medians of the earlier runs that called FlashInfer directly."""
+    new = [r for r in runs if _has_impl(r, "sglang_")]
+    old = [r for r in runs if _has_impl(r, "fi_")]
+    if not new:
+        return "No bench-comm run with SGLang rows under bench/results yet."
+
+    def med(vals):
+        return statistics.median(vals) if vals else None
+
+    def old_med(fn):
+        v = med(_vals(old, fn))
+        return "-" if v is None else f"{v:.2f}"
+
+    rows = [
+        ("Per call, graph chain of 122, 1 row: tp.all_reduce -> PCIe IPC (seed policy)", " us",
+         _vals(new, lambda r: _route_us(r, "default", 1)), old_med(lambda r: ar_us(r, impl="fi_pcie_ipc", rows=1))),
+        ("  8 rows: tp.all_reduce -> PCIe IPC", " us", _vals(new, lambda r: _route_us(r, "default")),
+         old_med(lambda r: ar_us(r, impl="fi_pcie_ipc"))),
+        ("  64 rows: tp.all_reduce -> PCIe IPC", " us", _vals(new, lambda r: _route_us(r, "default", 64)),
+         old_med(lambda r: ar_us(r, impl="fi_pcie_ipc", rows=64))),
+        ("  8 rows: tp.all_reduce -> FlashInfer allreduce-only", " us", _vals(new, lambda r: _route_us(r, "flashinfer")),
+         "-"),
+        ("  8 rows: tp.all_reduce -> pynccl", " us", _vals(new, lambda r: _route_us(r, "nccl")), "-"),
+        ("  8 rows: raw NCCL (torch.distributed), same processes", " us", _vals(new, lambda r: ar_us(r)),
+         old_med(lambda r: ar_us(r))),
+        ("  8 rows: PCIe IPC / raw NCCL", "x", _vals(new, lambda r: _route_us(r, "default") / ar_us(r)),
+         old_med(lambda r: ar_us(r, impl="fi_pcie_ipc") / ar_us(r))),
+        ("Fused op (SGLang's flashinfer_allreduce_residual_rmsnorm), per call, graph, 8 rows", " us",
+         _vals(new, lambda r: fused_us(r, "sglang_fused_op")), old_med(lambda r: fused_us(r, "fi_trtllm_fused"))),
+        ("  tp.all_reduce (pynccl) + FlashInfer fused add-RMSNorm, same", " us",
+         _vals(new, lambda r: fused_us(r, "sglang_unfused_nccl")), old_med(lambda r: fused_us(r, "nccl+fi_add_rmsnorm"))),
+        ("  fused / unfused over NCCL", "x",
+         _vals(new, lambda r: fused_us(r, "sglang_fused_op") / fused_us(r, "sglang_unfused_nccl")),
+         old_med(lambda r: fused_us(r, "fi_trtllm_fused") / fused_us(r, "nccl+fi_add_rmsnorm"))),
+        (f"Verify-shaped forward ({LAYERS} layers, 8 rows, graph): raw NCCL", " ms",
+         _vals(new, lambda r: vf_us(r) / 1e3), old_med(lambda r: vf_us(r) / 1e3)),
+        ("  over the fused op / raw NCCL", "x", _vals(new, lambda r: vf_us(r, impl="sglang_fused_op") / vf_us(r)),
+         old_med(lambda r: vf_us(r, impl="fi_trtllm_fused") / vf_us(r))),
+        ("  over tp.all_reduce (PCIe IPC) / raw NCCL", "x", _vals(new, lambda r: vf_us(r, impl="sglang_tp") / vf_us(r)),
+         old_med(lambda r: vf_us(r, impl="fi_pcie_ipc") / vf_us(r))),
+        ("PDL race, fused op + PDL consumer: bad trials with the op's default (all rows x trials)", "",
+         _vals(new, lambda r: sum(x["bad_trials"] for x in r["records"]
+                                  if x.get("kind") == "pdl_race" and x["trigger_at_end"])), "-"),
+    ]
+    lines = [f"| H200 x2 proxy through SGLang, {len(new)} run(s): {', '.join(r['_file'] for r in new)} | value | "
+             f"FlashInfer called directly, median of {len(old)} earlier run(s) |", "|---|---|---|"]
+    for name, unit, vals, before in rows:
+        digits = 0 if unit.strip() == "" and vals and float(vals[0]).is_integer() else 2
+        lines.append(f"| {name} | {spread(vals, digits, unit)} | {before} |")
     return "\n".join(lines)
 
 
@@ -143,7 +208,7 @@ def box_table(inp: dict) -> str:
 
 
 def render(inp: dict, runs: list[dict]) -> dict[str, str]:
-    return {"box": box_table(inp), "h200": h200_table(runs)}
+    return {"box": box_table(inp), "h200": h200_table(runs), "h200-sglang": sglang_table(runs)}
 
 
 def splice(doc: str, blocks: dict[str, str]) -> str:

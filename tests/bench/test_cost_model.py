@@ -28,3 +28,15 @@ def test_cost_model_box_rows_follow_the_model():
     seed = next(l for l in table.splitlines() if l.startswith("| Seed"))
     # 205 us x 122 = 25.0 ms -> verify 30 ms -> AL 2.0 / (30 + 3.33 ms) = 60 tok/s; break-even 33.3 / 12.2 = 2.73
     assert "| 205 | 25.01 | 30.0 | 60 | 2.73 |" in seed
+
+
+def test_sglang_rows_get_their_own_table_next_to_the_direct_flashinfer_runs():
+    from scripts.bench import cost_model
+
+    runs = cost_model.load_runs()
+    direct, through = cost_model.h200_table(runs), cost_model.sglang_table(runs)
+    assert "sglang1" not in direct.splitlines()[0] and "run1" in direct.splitlines()[0]
+    assert "bench-comm_H200_x2_sglang1.json" in through.splitlines()[0]
+    # every row of the SGLang table has a measured value (no empty spread) from the committed run
+    for line in through.splitlines()[2:]:
+        assert line.split("|")[2].strip() not in ("", "-"), line
