@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 IMAGE     ?=
 export SGLANG_BASE
 
-.PHONY: help setup apply export check-patches refresh test test-gpu prove-tests image lint-docker doctor bench bench-comm docs clean
+.PHONY: help setup apply export check-patches refresh test test-gpu prove-tests image lint-docker doctor bench bench-comm report docs clean
 
 help:            ## list targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t16
@@ -60,8 +60,11 @@ bench:           ## A/B regression benchmarks on the 8-GPU box (BENCH_ARGS="--va
 bench-comm:      ## all-reduce / verify-shaped communication benchmark on any box with >= 2 GPUs
 	$(PY) -m scripts.bench.bench_comm $(BENCH_ARGS)
 
-docs:            ## regenerate the cost-model tables in eagle-fast-verify.md from bench/results
-	$(PY) -m scripts.bench.cost_model --write
+report:          ## the box receipt: doctor, test-gpu, bench-comm, bench -> bench/receipts/<box>_<date>/ + .tar.gz (resumable; REPORT_ARGS)
+	$(PY) -m scripts.bench.receipt $(REPORT_ARGS)
+
+docs:            ## regenerate eagle-fast-verify.md's tables from bench/results and receipts (RECEIPT=<.tar.gz>: that one)
+	$(PY) -m scripts.bench.cost_model --write $(if $(RECEIPT),--receipt $(RECEIPT))
 
 clean:           ## remove the trees under build/ (keeps the wheel and base cache) and .venv
 	rm -rf build/sglang build/sglang-* build/wt-* build/image-context $(VENV)

@@ -61,7 +61,7 @@ def test_the_three_families_and_their_verbs():
     verbs = {v.split(".", 1)[1] for v in VERBS}
     assert verbs == {"series.apply", "series.export", "series.check_patches", "series.refresh", "series.prove_tests",
                      "host.doctor", "host.serve", "host.smoke", "host.image", "host.pcie_env", "host.test_gpu",
-                     "bench.bench", "bench.bench_comm", "bench.cost_model"}
+                     "bench.bench", "bench.bench_comm", "bench.cost_model", "bench.receipt"}
     assert not [n for n in VERBS if n.startswith("scripts.lib")]
 
 

@@ -1,11 +1,16 @@
 """`make docs`: regenerate the cost-model tables of eagle-fast-verify.md from committed files.
 
-  python -m scripts.bench.cost_model [--write | --check] [--doc eagle-fast-verify.md]
+  python -m scripts.bench.cost_model [--write | --check] [--doc eagle-fast-verify.md] [--receipt R ..]
 
 Inputs: bench/inputs/cost-model.toml (the seed box's numbers and published per-call latencies, each with its
 source) and bench/results/bench-comm_H200_x2_*.json (our H200 x2 proxy runs). The tables go between the
 `<!-- cost-model:NAME -->` / `<!-- /cost-model:NAME -->` markers of the document, so every number there comes from
 a file. `--check` fails if the document is out of date.
+
+Box receipts (`make report` on the box: a directory or its .tar.gz, given with --receipt, by default every
+bench/receipts/*.tar.gz) fill the box section: the box's measured per-call latencies at the C1 verify width put
+into the same model (its compute and draft terms from the seed, the accept length measured by the receipt's
+`make bench` where it has one), next to the tok/s the box served, and the receipt's recommendations.
 
 Model of one speculative cycle on the box: draft + verify, verify = compute + 122 x per-call all-reduce latency,
 with the draft time and the non-communication compute taken from the seed measurement (both assumed unchanged by
@@ -26,6 +31,7 @@ from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.progress import say
 from ..lib.repo import REPO_ROOT
+from . import receipt_data as rd
 from .comm_report import record
 from .kimi import CHAIN, LAYERS
 from .numbers import spread
@@ -207,8 +213,58 @@ def box_table(inp: dict) -> str:
     return "\n".join(lines)
 
 
-def render(inp: dict, runs: list[dict]) -> dict[str, str]:
-    return {"box": box_table(inp), "h200": h200_table(runs), "h200-sglang": sglang_table(runs)}
+def _model(inp: dict) -> tuple[float, float, float]:
+    """(verify compute ms, draft ms per cycle, no-speculation ms per token) from the seed box's numbers."""
+    box = inp["box"]
+    compute_ms = box["verify_ms"] - box["verify_allreduce_ms"]
+    return compute_ms, 1000 * box["accept_length"] / box["eagle_tok_s"] - box["verify_ms"], 1000 / box["baseline_tok_s"]
+
+
+def receipt_table(inp: dict, data: dict, name: str) -> str:
+    """One receipt: measured per-call latencies refitted into the cycle model, measured serving, recommendations."""
+    compute_ms, draft_ms, _ = _model(inp)
+    n = inp["box"]["allreduces"]
+    spec = [r for r in rd.recommendations(data) if r["default"].startswith("EAGLE-3")][0]
+    best = spec["measured"].get("speculative") if spec["verdict"] != "inconclusive" else None
+    al = best["accept_length"] if best and best.get("accept_length") else inp["box"]["accept_length"]
+    env = data["receipt"].get("environment", {})
+    lines = [f"Receipt `{name}` (box {env.get('box')}, {data['receipt'].get('created')}, patch set "
+             f"{env.get('patchset')}): AL {al:.2f} ({'measured' if best else 'seed'}).", "",
+             f"| path, {rd.VERIFY_ROWS_C1} rows (C1 verify), graph chain | per call (us) | {n} x (ms) | "
+             f"modelled verify (ms) | modelled tok/s |", "|---|---|---|---|---|"]
+    bc = data.get("bench_comm")
+    for label, us in (rd.per_call_latencies(bc) if bc else {}).items():
+        verify = compute_ms + n * us / 1000
+        lines.append(f"| {label} | {us:.1f} | {n * us / 1000:.2f} | {verify:.1f} | "
+                     f"{1000 * al / (draft_ms + verify):.0f} |")
+    if not bc:
+        lines.append("| (no bench-comm in this receipt) | - | - | - | - |")
+    if best:
+        lines += ["", f"Served (make bench, {spec['measured']['scenario']}): {spec['why']}."]
+    lines += ["", "| default of the series | verdict | measured | setting |", "|---|---|---|---|"]
+    for r in rd.recommendations(data):
+        lines.append(f"| {r['default']} | {r['verdict']} | {r['why']} | {r['setting'] or '-'} |")
+    return "\n".join(lines)
+
+
+def box_measured(inp: dict, receipts: list[Path]) -> str:
+    if not receipts:
+        return ("No box receipt ingested yet: run `make report` on the box, then `make docs RECEIPT=<the .tar.gz>` "
+                "(or commit it under bench/receipts/).")
+    blocks = []
+    for path in receipts:
+        d, tmp = rd.open_receipt(path)
+        try:
+            blocks.append(receipt_table(inp, rd.load(d), Path(path).name))
+        finally:
+            if tmp is not None:
+                tmp.cleanup()
+    return "\n\n".join(blocks)
+
+
+def render(inp: dict, runs: list[dict], receipts: list[Path] | None = None) -> dict[str, str]:
+    return {"box": box_table(inp), "h200": h200_table(runs), "h200-sglang": sglang_table(runs),
+            "box-measured": box_measured(inp, receipts or [])}
 
 
 def splice(doc: str, blocks: dict[str, str]) -> str:
@@ -229,9 +285,14 @@ def main(argv=None) -> int:
     g.add_argument("--write", action="store_true", help="rewrite the tables in eagle-fast-verify.md")
     g.add_argument("--check", action="store_true", help="fail if eagle-fast-verify.md is out of date")
     ap.add_argument("--doc", type=Path, default=DOC)
+    ap.add_argument("--receipt", type=Path, action="append", metavar="R",
+                    help="a box receipt (make report's directory or .tar.gz; default: bench/receipts/*.tar.gz)")
     a = ap.parse_args(argv)
     inp = tomllib.loads(INPUTS.read_text())
-    blocks = render(inp, load_runs())
+    receipts = a.receipt if a.receipt is not None else sorted((REPO_ROOT / "bench" / "receipts").glob("*.tar.gz"))
+    if receipts:
+        say("box receipts: " + ", ".join(str(r) for r in receipts))
+    blocks = render(inp, load_runs(), receipts)
     if not (a.write or a.check):
         for body in blocks.values():
             print(body + "\n")

@@ -1,0 +1,353 @@
+"""The box receipt as data: where each part's files live, reading a receipt (a directory or its tarball), and what
+it says about every default of the series - used by `make report` (scripts/bench/receipt.py, which writes it) and
+`make docs` (scripts/bench/cost_model.py, which puts the box's numbers next to the H200 proxy).
+
+A receipt directory:
+  receipt.json     schema, box, when, git revision, patch set, the parts (command, status, seconds, files), the
+                   environment summary, the recommendations and the thresholds they used
+  raw/             doctor.json, test-gpu.json, bench-comm.json (+ .png), bench/*.jsonl (+ .md, .png, logs)
+  env/             the tools' raw outputs (doctor --record: nvidia-smi -q, topo -m / -p2p, numactl -H, lscpu, ...)
+  summary.md       what a person reads first: environment, parts, recommendations, tables, plots
+  plots/           PNGs the summary shows
+and <dir>.tar.gz, the same tree, which a user attaches to an issue.
+
+Recommendations: one per default of the series, each with the measured numbers it read, the threshold it applied
+(THRESHOLDS) and a verdict: keep, change (with the setting that does it) or inconclusive (with what is missing).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tarfile
+import tempfile
+from pathlib import Path
+
+from ..lib.errors import UserError
+from .comm_report import record
+from .report import load_results, summarize
+
+SCHEMA = "eagle-receipt/1"
+PARTS = ("doctor", "test-gpu", "bench-comm", "bench")
+RAW = {"doctor": "raw/doctor.json", "test-gpu": "raw/test-gpu.json", "bench-comm": "raw/bench-comm.json",
+       "bench": "raw/bench"}
+VERIFY_ROWS_C1 = 4  # batch 1 x 4 draft tokens (the shipped profile's chain drafting 3/1/4)
+THRESHOLDS = {
+    # PCIe IPC stays the default for plain reductions when it is at least this much faster than SGLang's NCCL
+    # route at the C1 verify width, per call in a graph-replayed chain of 122
+    "pcie_ipc_max_ratio": 0.90,
+    # the fusion is worth enabling at this TP when the verify-shaped forward over the fused op is at least this
+    # much faster than over tp.all_reduce (and keeping it off when it is not)
+    "fusion_max_ratio": 0.97,
+    # the launcher's PCIe NCCL defaults stay when they cost at most this much at verify and prefill widths
+    "nccl_defaults_max_ratio": 1.03,
+    # EAGLE-3 pays when its median decode tok/s at C1 beats speculation off by at least this factor
+    "speculation_min_ratio": 1.02,
+    # the goal on the box
+    "goal_tok_s": 140.0,
+    "goal_verify_ms": 8.0,
+}
+
+
+def open_receipt(path: Path) -> tuple[Path, tempfile.TemporaryDirectory | None]:
+    """The receipt directory of `path` (a directory, or a .tar.gz unpacked to a temporary one the caller keeps)."""
+    path = Path(path)
+    if path.is_dir():
+        if not (path / "receipt.json").is_file():
+            raise UserError(f"{path} has no receipt.json: not a receipt directory (make report writes one)")
+        return path, None
+    if not path.is_file():
+        raise UserError(f"receipt {path} does not exist")
+    tmp = tempfile.TemporaryDirectory(prefix="receipt-")
+    try:
+        with tarfile.open(path, "r:gz") as tar:
+            tar.extractall(tmp.name, filter="data")
+    except (tarfile.TarError, OSError, EOFError) as e:
+        tmp.cleanup()
+        raise UserError(f"{path} is not a readable receipt tarball ({e}); ask for it again or re-run make report")
+    found = sorted(Path(tmp.name).glob("*/receipt.json")) + sorted(Path(tmp.name).glob("receipt.json"))
+    if not found:
+        tmp.cleanup()
+        raise UserError(f"{path} holds no receipt.json: not a receipt made by make report")
+    return found[0].parent, tmp
+
+
+def load(d: Path) -> dict:
+    """receipt.json plus the parsed raw parts that exist: {"receipt", "doctor", "test_gpu", "bench_comm", "bench"}."""
+    meta = json.loads((d / "receipt.json").read_text())
+    if meta.get("schema") != SCHEMA:
+        raise UserError(f"{d / 'receipt.json'} has schema {meta.get('schema')!r}, this tooling reads {SCHEMA}")
+    out = {"receipt": meta, "dir": d}
+    for part, key in (("doctor", "doctor"), ("test-gpu", "test_gpu"), ("bench-comm", "bench_comm")):
+        f = d / RAW[part]
+        out[key] = json.loads(f.read_text()) if f.is_file() and f.stat().st_size else None
+    files = sorted((d / RAW["bench"]).glob("*.jsonl")) if (d / RAW["bench"]).is_dir() else []
+    out["bench"] = [r for f in files for r in load_results(f)]
+    return out
+
+
+def _median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def _ar(bc: dict, impl: str, rows: int, variant: str = "default") -> float | None:
+    r = record(bc, kind="allreduce", impl=impl, rows=rows, mode="graph", variant=variant)
+    return r["us_per_call"] if r else None
+
+
+def _vf(bc: dict, impl: str, rows: int) -> float | None:
+    r = record(bc, kind="verify_forward", impl=impl, rows=rows, mode="graph", variant="default")
+    return r["us"] / 1e3 if r else None
+
+
+def _verdict(name: str, verdict: str, why: str, measured: dict, threshold: str, setting: str = "") -> dict:
+    return {"default": name, "verdict": verdict, "why": why, "measured": measured, "threshold": threshold,
+            "setting": setting}
+
+
+def rec_pcie_ipc(bc: dict | None) -> dict:
+    name, th = "PCIe IPC all-reduce for plain TP reductions (patch distributed-*)", THRESHOLDS["pcie_ipc_max_ratio"]
+    thr = f"PCIe IPC / NCCL per call at {VERIFY_ROWS_C1} rows <= {th}"
+    if not bc:
+        return _verdict(name, "inconclusive", "no bench-comm result in the receipt", {}, thr)
+    routed = record(bc, kind="allreduce", impl="sglang_tp_default", rows=VERIFY_ROWS_C1, mode="graph")
+    ipc, nccl = _ar(bc, "sglang_tp_default", VERIFY_ROWS_C1), _ar(bc, "sglang_tp_nccl", VERIFY_ROWS_C1)
+    if routed is None or ipc is None or nccl is None:
+        return _verdict(name, "inconclusive", "bench-comm ran without its SGLang rows", {}, thr)
+    if routed.get("backend") != ["pcie_ipc"]:
+        return _verdict(name, "inconclusive", f"PCIe IPC did not take the reductions (route {routed.get('backend')})",
+                        {}, thr)
+    per_rows = {n: round(a / b, 3) for n in (1, 4, 8, 16, 32, 64)
+                if (a := _ar(bc, "sglang_tp_default", n)) and (b := _ar(bc, "sglang_tp_nccl", n))}
+    measured = {"pcie_ipc_us": round(ipc, 2), "nccl_us": round(nccl, 2), "ratio_by_rows": per_rows}
+    losing = [n for n, r in per_rows.items() if r >= 1.0]
+    tail = f"; NCCL is as fast or faster from {min(losing)} rows" if losing else ""
+    if ipc / nccl <= th:
+        return _verdict(name, "keep", f"{ipc:.1f} vs {nccl:.1f} us per call ({ipc / nccl:.2f}x){tail}", measured, thr)
+    return _verdict(name, "change", f"{ipc:.1f} vs {nccl:.1f} us per call ({ipc / nccl:.2f}x): not worth it here",
+                    measured, thr, "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0")
+
+
+def rec_fusion(bc: dict | None) -> dict:
+    th = THRESHOLDS["fusion_max_ratio"]
+    world = (bc or {}).get("meta", {}).get("world")
+    name = f"FlashInfer all-reduce + RMSNorm fusion at TP{world or '?'} (patch flashinfer-allow-*; off at TP4/TP8)"
+    thr = f"verify forward over the fused op / over tp.all_reduce <= {th} (8 rows, graph)"
+    fused, plain = (_vf(bc, "sglang_fused_op", 8), _vf(bc, "sglang_tp", 8)) if bc else (None, None)
+    if fused is None or plain is None:
+        return _verdict(name, "inconclusive", "no verify-forward rows through SGLang in bench-comm", {}, thr)
+    measured = {"fused_ms": round(fused, 3), "unfused_ms": round(plain, 3), "ratio": round(fused / plain, 3)}
+    on_by_default = world == 2
+    if fused / plain <= th:
+        verdict = "keep" if on_by_default else "change"
+        return _verdict(name, verdict, f"fused forward {fused:.2f} vs {plain:.2f} ms", measured, thr,
+                        "" if on_by_default else "SGLANG_SM120_ALLREDUCE_FUSION=1")
+    verdict = "change" if on_by_default else "keep"
+    return _verdict(name, verdict, f"fused forward {fused:.2f} vs {plain:.2f} ms: no gain at this TP", measured, thr,
+                    "SGLANG_SM120_ALLREDUCE_FUSION=0" if on_by_default else "")
+
+
+def rec_nccl_defaults(bc: dict | None) -> dict:
+    name, th = "NCCL defaults on PCIe-only boxes (patch launcher-*)", THRESHOLDS["nccl_defaults_max_ratio"]
+    thr = f"pcie_defaults / default per call <= {th} at 8 and 2048 rows"
+    if not bc:
+        return _verdict(name, "inconclusive", "no bench-comm result in the receipt", {}, thr)
+    ratios = {}
+    for n in (8, 2048):
+        a, b = _ar(bc, "nccl", n, "pcie_defaults"), _ar(bc, "nccl", n, "default")
+        if a and b:
+            ratios[n] = round(a / b, 3)
+    variants = {v for r in bc["records"] if r.get("kind") == "allreduce" and (v := r.get("variant"))}
+    best = {n: min(((v, x) for v in variants if (x := _ar(bc, "nccl", n, v))), key=lambda t: t[1], default=None)
+            for n in (8, 2048)}
+    measured = {"pcie_defaults_over_default": ratios,
+                "fastest_variant": {n: (b[0], round(b[1], 1)) if b else None for n, b in best.items()}}
+    if len(ratios) < 2:
+        return _verdict(name, "inconclusive", "bench-comm lacks the default or pcie_defaults variant", measured, thr)
+    if max(ratios.values()) <= th:
+        return _verdict(name, "keep", f"pcie_defaults / default: {ratios[8]}x at 8 rows, {ratios[2048]}x at 2048",
+                        measured, thr)
+    return _verdict(name, "change", f"pcie_defaults / default: {ratios[8]}x at 8 rows, {ratios[2048]}x at 2048",
+                    measured, thr, "SGLANG_PCIE_NCCL_DEFAULTS=0")
+
+
+def bench_rows(records: list[dict]) -> list[dict]:
+    """Per (scenario, variant): median decode tok/s, accept length, eager verify forwards, n."""
+    out = []
+    for row in summarize(records):
+        tok = row.stats.get(row.main)
+        al = row.stats.get("accept_length")
+        out.append({"scenario": row.scenario, "variant": row.variant, "n": row.n,
+                    "tok_s": tok.median if tok else None, "tok_s_min": tok.min if tok else None,
+                    "tok_s_max": tok.max if tok else None, "accept_length": al.median if al else None,
+                    "eager_verifies": row.eager, "patched": any(p not in ("unknown", "None") for p in row.patchsets)})
+    return out
+
+
+def _speculative(records: list[dict]) -> dict[str, bool]:
+    out = {}
+    for r in records:
+        e = r["eagle"]
+        spec = e.get("speculative_algorithm") or (r.get("server_info") or {}).get("speculative_algorithm")
+        out[e.get("variant", "?")] = bool(spec)
+    return out
+
+
+def _c1(records: list[dict]) -> str | None:
+    """The single-stream scenario (C1), else the one with the lowest concurrency."""
+    specs = {r["eagle"].get("scenario"): (r["eagle"].get("scenario_spec") or {}).get("max_concurrency", 1e9)
+             for r in records}
+    return "C1" if "C1" in specs else min(specs, key=specs.get) if specs else None
+
+
+def rec_speculation(records: list[dict]) -> list[dict]:
+    """EAGLE-3 on or off, and which speculative variant (drafter, steps/topk/draft tokens) to ship."""
+    th, goal, scenario = THRESHOLDS["speculation_min_ratio"], THRESHOLDS["goal_tok_s"], _c1(records)
+    name = "EAGLE-3 in the shipped profile (kimi-k25-eagle3-tp8)"
+    thr = (f"best patched speculative / best non-speculative median decode tok/s at {scenario} >= {th} "
+           f"(patched non-speculative when measured, else stock); goal {goal:.0f} tok/s")
+    rows = [r for r in bench_rows(records) if r["scenario"] == scenario and r["tok_s"]]
+    spec = _speculative(records)
+    on = [r for r in rows if r["patched"] and spec.get(r["variant"]) and not r["eager_verifies"]]
+    off = [r for r in rows if not spec.get(r["variant"])]
+    off = [r for r in off if r["patched"]] or off
+    if not on or not off:
+        return [_verdict(name, "inconclusive", f"make bench has no patched speculative run without eager verifies "
+                                               f"and no non-speculative run at {scenario}", {"rows": rows}, thr)]
+    best_on, best_off = max(on, key=lambda r: r["tok_s"]), max(off, key=lambda r: r["tok_s"])
+    ratio = best_on["tok_s"] / best_off["tok_s"]
+    measured = {"scenario": scenario, "speculative": best_on, "non_speculative": best_off, "ratio": round(ratio, 3),
+                "goal_met": best_on["tok_s"] >= goal}
+    al = best_on["accept_length"]
+    why = (f"{best_on['variant']} {best_on['tok_s']:.1f} tok/s (AL {al:.2f}) vs " if al else
+           f"{best_on['variant']} {best_on['tok_s']:.1f} tok/s vs ") + \
+        (f"{best_off['variant']} {best_off['tok_s']:.1f} tok/s ({ratio:.2f}x); goal {goal:.0f} tok/s "
+         f"{'met' if best_on['tok_s'] >= goal else 'not met'}")
+    out = [_verdict(name, "keep" if ratio >= th else "change", why, measured, thr,
+                    "" if ratio >= th else "serve --profile kimi-k25-tp8 (no speculation)")]
+    ranked = sorted(on, key=lambda r: -r["tok_s"])
+    shipped = ranked[0]["variant"] == "patched-eagle3"
+    out.append(_verdict("speculative settings and drafter (profile kimi-k25-eagle3-tp8)", "keep" if shipped else
+                        "change", f"fastest speculative variant at {scenario}: {ranked[0]['variant']}",
+                        {"ranked": [(r["variant"], round(r["tok_s"], 1), r["accept_length"]) for r in ranked]},
+                        "highest median decode tok/s among patched speculative variants with no eager verify",
+                        "" if shipped else f"the settings of bench variant {ranked[0]['variant']}"))
+    return out
+
+
+def recommendations(data: dict) -> list[dict]:
+    bc = data.get("bench_comm")
+    return [rec_pcie_ipc(bc), rec_fusion(bc), rec_nccl_defaults(bc), *rec_speculation(data.get("bench") or [])]
+
+
+def per_call_latencies(bc: dict, rows: int = VERIFY_ROWS_C1) -> dict[str, float]:
+    """Measured per-call latency (us) of each reduction path at `rows`, for the cost model's box section."""
+    out = {}
+    for label, impl, variant in (("NCCL, environment as is", "nccl", "default"),
+                                 ("NCCL, the launcher's PCIe defaults", "nccl", "pcie_defaults"),
+                                 ("NCCL, NCCL_PROTO=LL", "nccl", "LL"),
+                                 ("tp.all_reduce -> PCIe IPC (SGLang)", "sglang_tp_default", "default"),
+                                 ("tp.all_reduce -> pynccl (SGLang)", "sglang_tp_nccl", "default")):
+        if (us := _ar(bc, impl, rows, variant)) is not None:
+            out[label] = us
+    r = record(bc, kind="fused", impl="sglang_fused_op", rows=rows, mode="graph")
+    if r:
+        out["fused all-reduce + RMSNorm op (SGLang)"] = r["us_per_call"]
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------- summary
+def _route_series(bc: dict) -> dict[str, list[tuple[int, float]]]:
+    """Per-call latency (graph chain) against rows, per reduction path, for the plot and the table."""
+    series: dict[str, list[tuple[int, float]]] = {}
+    for r in bc.get("records", []):
+        if r.get("kind") in ("allreduce", "fused") and r.get("mode") == "graph" and r.get("rows", 1e9) <= 256:
+            label = r["impl"] if r["kind"] == "fused" or r["impl"] != "nccl" else f"nccl ({r['variant']})"
+            series.setdefault(label, []).append((r["rows"], r["us_per_call"]))
+    return {k: sorted(v) for k, v in series.items()}
+
+
+def plots(data: dict, out: Path) -> list[str]:
+    """PNGs under out/: per-call latency against rows, decode tok/s per variant; names relative to the receipt."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    out.mkdir(parents=True, exist_ok=True)
+    made = []
+    if data.get("bench_comm"):
+        fig, ax = plt.subplots(figsize=(8, 5))
+        for label, pts in _route_series(data["bench_comm"]).items():
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+        ax.set(xscale="log", yscale="log", xlabel="rows (batch x draft tokens)", ylabel="us per call (graph chain)",
+               title="Per-call reduction latency on this box")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "per_call.png", dpi=110)
+        plt.close(fig)
+        made.append("plots/per_call.png")
+    rows = bench_rows(data.get("bench") or [])
+    if rows:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
+        labels = [f"{r['scenario']} {r['variant']}" for r in rows]
+        ax.barh(labels, [r["tok_s"] or 0 for r in rows],
+                xerr=[[max((r["tok_s"] or 0) - (r["tok_s_min"] or 0), 0) for r in rows],
+                      [max((r["tok_s_max"] or 0) - (r["tok_s"] or 0), 0) for r in rows]])
+        ax.axvline(THRESHOLDS["goal_tok_s"], color="red", linestyle="--", label="goal")
+        ax.set(xlabel="decode tok/s (median, min-max)", title="Serving A/B (make bench)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "bench.png", dpi=110)
+        plt.close(fig)
+        made.append("plots/bench.png")
+    return made
+
+
+def _md_table(header: list[str], rows: list[list]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + \
+        ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+
+
+def summary_markdown(data: dict, plot_files: list[str]) -> str:
+    meta = data["receipt"]
+    env = meta.get("environment", {})
+    lines = [f"# Box receipt: {env.get('box', '?')}", "", f"Made {meta.get('created')} at git {env.get('git_rev')}, "
+             f"patch set {env.get('patchset')}, pin {json.dumps(env.get('pin'))}.", "", "## Environment", ""]
+    for k, v in (env.get("doctor") or {}).items():
+        lines.append(f"- {k}: {v}")
+    if env.get("nccl"):
+        lines.append(f"- NCCL per bench-comm variant: {env['nccl']}")
+    if env.get("image"):
+        lines.append(f"- image: {env['image']}")
+    lines += ["", "## Parts", ""] + _md_table(["part", "status", "seconds", "command"], [
+        [p, r.get("status"), r.get("seconds", "-"), "`" + " ".join(r["command"]) + "`" if r.get("command") else "-"]
+        for p, r in meta.get("parts", {}).items()])
+    lines += ["", "## Recommendations", "", "Thresholds: " + ", ".join(f"{k} = {v}" for k, v in THRESHOLDS.items()),
+              ""] + _md_table(["default", "verdict", "why", "threshold", "setting"], [
+        [r["default"], r["verdict"], r["why"], r["threshold"], r["setting"] or "-"]
+        for r in meta.get("recommendations", [])])
+    tg = data.get("test_gpu")
+    if tg:
+        lines += ["", "## make test-gpu", "", f"world {tg.get('world')}: {tg.get('passed')} passed, "
+                  f"{tg.get('failed')} failed, {tg.get('skipped')} skipped"]
+    bc = data.get("bench_comm")
+    if bc:
+        series = _route_series(bc)
+        all_rows = sorted({n for pts in series.values() for n, _ in pts})
+        lines += ["", "## Per-call latency, graph-replayed chains (us)", ""] + _md_table(
+            ["path"] + [str(n) for n in all_rows],
+            [[label] + [f"{dict(pts)[n]:.1f}" if n in dict(pts) else "-" for n in all_rows]
+             for label, pts in series.items()])
+    rows = bench_rows(data.get("bench") or [])
+    if rows:
+        lines += ["", "## Serving (make bench)", ""] + _md_table(
+            ["scenario", "variant", "n", "decode tok/s (median)", "min-max", "accept length", "eager verifies"],
+            [[r["scenario"], r["variant"], r["n"], f"{r['tok_s']:.1f}" if r["tok_s"] else "-",
+              f"{r['tok_s_min']:.1f}-{r['tok_s_max']:.1f}" if r["tok_s"] else "-",
+              f"{r['accept_length']:.2f}" if r["accept_length"] else "-", r["eager_verifies"]] for r in rows])
+    lines += [""] + [f"![{Path(p).stem}]({p})" for p in plot_files]
+    return "\n".join(lines) + "\n"
