@@ -159,6 +159,21 @@ def prepare_fusion(dtype) -> dict:
             "seconds": round(time.perf_counter() - t0, 2)}
 
 
+def fusion_sizes(world: int, dtype) -> dict:
+    """The attention fusion workspace as built: FlashInfer's cuMem allocation sizes, and the sizes SGLang's
+    preflight probes before building it (_flashinfer_trtllm_workspace_allocation_sizes, its mirror of them)."""
+    from sglang.srt.layers import flashinfer_comm_fusion as fcf
+    from sglang.srt.layers.layer_boundary import FUSE_ALLREDUCE_MAX_BATCH_SIZE
+
+    manager = fcf._get_workspace_manager(True)
+    handles = getattr(manager.workspace, "mem_handles", None) or [] if manager.workspace is not None else []
+    drv = fcf.get_cuda_driver_bindings()
+    prop = fcf._make_flashinfer_workspace_allocation_prop(drv)
+    return {"allocated": [getattr(h, "allocation_size", None) for h in handles],
+            "preflight_sizes": fcf._flashinfer_trtllm_workspace_allocation_sizes(
+                drv, prop, world, FUSE_ALLREDUCE_MAX_BATCH_SIZE, HIDDEN, dtype)}
+
+
 def fused_allreduce_rmsnorm(x, residual, weight, **kw):
     """SGLang's op (layers/flashinfer_comm_fusion.py), with the token cap the server passes."""
     from sglang.srt.layers.flashinfer_comm_fusion import flashinfer_allreduce_residual_rmsnorm

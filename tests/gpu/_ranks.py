@@ -50,8 +50,10 @@ def routing_only(r, rows=(1, 8), **server_args):
     for n in rows:
         y = tp.all_reduce(t.randn(n, seed=n))
         calls.append({"rows": n, "backend": log.take(), **t.errors(y, t.ref_sum(n, seed=n))})
+    from sglang.srt.runtime_context import get_exec
+
     return {"tp_size": tp.world_size, "rank_in_group": tp.rank_in_group, "device": sa.device, "calls": calls,
-            "pid": os.getpid()}
+            "pid": os.getpid(), "fusion_backend_published": get_exec().comm.flashinfer_allreduce_fusion_backend}
 
 
 def fail_on(r, bad_rank: int):
@@ -130,6 +132,7 @@ def battery(r, rows=(1, 2, 4, 8, 16, 32, 64), prefill_rows=(2048,),
     """One bring-up, then: routing + correctness, fused op, PDL race stress, per-call timings."""
     sa = _up(r)
     result = {"pcie_ipc": sc.prepare_pcie_ipc(sa), "fusion": sc.prepare_fusion(_torch().bfloat16)}
+    result["fusion"].update(sc.fusion_sizes(r.world, _torch().bfloat16))
     result["routing"] = _routing(r, sa, rows, prefill_rows)
     result["fused"] = _fused(r, fused_rows)
     result["pdl_race"] = sc.pdl_race(r, race_rows, chain=race_chain, trials=race_trials)
@@ -150,12 +153,10 @@ class _Captured(logging.Handler):
 
 def decisions(r):
     """What the patched code decides on this device and host: fusion auto-enable and token cap (no backend
-    given), the fusion workspace's preflight sizes vs FlashInfer's real allocations, the launcher's NVML answer
-    for this TP group, and the PCIe-IPC autotune outcome (configs saved, seconds)."""
-    import torch
+    given), the launcher's NVML answer for this TP group, and the PCIe-IPC autotune outcome (configs saved,
+    seconds). The fusion workspace's sizes are checked on the battery's bring-up, where the fusion is on."""
 
     from sglang.srt.entrypoints.pcie_defaults import decide_pcie_only_defaults
-    from sglang.srt.layers import flashinfer_comm_fusion as fcf
     from sglang.srt.layers.layer_boundary import FUSE_ALLREDUCE_MAX_BATCH_SIZE
 
     captured = _Captured()
@@ -164,7 +165,11 @@ def decisions(r):
         logging.getLogger(name).addHandler(captured)
         logging.getLogger(name).setLevel(logging.INFO)
     sa = _up(r, flashinfer_allreduce_fusion_backend=None, disable_flashinfer_autotune=False)
-    out = {"fusion_backend_resolved": sa.flashinfer_allreduce_fusion_backend,
+    from sglang.srt.runtime_context import get_exec
+
+    # the auto-enable pass returns its answer to the published state (what the runners read), not to ServerArgs
+    out = {"fusion_backend_resolved": get_exec().comm.flashinfer_allreduce_fusion_backend,
+           "fusion_backend_server_args": sa.flashinfer_allreduce_fusion_backend,
            "fusion_token_cap": FUSE_ALLREDUCE_MAX_BATCH_SIZE}
     launcher = decide_pcie_only_defaults(sa)
     out["launcher"] = {"topology": launcher.topology, "detail": launcher.detail,
@@ -178,20 +183,6 @@ def decisions(r):
     out["pcie_ipc"]["tune_cache"] = {"path": cache, "bytes_before": before,
                                      "bytes_after": os.path.getsize(cache) if cache and os.path.isfile(cache)
                                      else None}
-    # fusion workspace: the preflight's mirror of FlashInfer's sizes vs what FlashInfer allocated
-    sa_fused = {"backend": "trtllm"}
-    from sglang.srt.runtime_context import get_context
-
-    with get_context().override_server_args(flashinfer_allreduce_fusion_backend="trtllm"):
-        out["fusion"] = sc.prepare_fusion(torch.bfloat16)
-        manager = fcf._get_workspace_manager(True)
-        handles = getattr(manager.workspace, "mem_handles", []) if manager.workspace is not None else []
-        out["fusion"]["allocated"] = [getattr(h, "allocation_size", None) for h in handles]
-        drv = fcf.get_cuda_driver_bindings()
-        prop = fcf._make_flashinfer_workspace_allocation_prop(drv)
-        out["fusion"]["preflight_sizes"] = fcf._flashinfer_trtllm_workspace_allocation_sizes(
-            drv, prop, r.world, FUSE_ALLREDUCE_MAX_BATCH_SIZE, sc.HIDDEN, torch.bfloat16)
-    out["fusion"].update(sa_fused)
     out["log"] = captured.lines
     return out
 

@@ -75,6 +75,21 @@ def test_fused_op_matches_reference_and_unfused_path(battery):
                     _close(rec[path][part], f"rank {rank} {rec['rows']} rows {path} {part}")
 
 
+def test_fusion_preflight_probes_what_flashinfer_allocates(battery, record):
+    """SGLang's preflight probes the fusion workspace's cuMem allocations before FlashInfer makes them (a rank that
+    cannot must not enter the handle exchange): each probe at least FlashInfer's real allocation, at most one
+    2 MiB granule above it."""
+    fusion = _same_on_every_rank(battery, "fusion")
+    record("fusion_sizes", {k: fusion[k] for k in ("allocated", "preflight_sizes", "max_token_num")})
+    assert fusion["preflight_sizes"], fusion
+    if not fusion["allocated"]:
+        pytest.skip("FlashInfer built the fusion workspace without cuMem handles (its legacy IPC path): "
+                    "nothing to compare the preflight with")
+    assert len(fusion["allocated"]) == len(fusion["preflight_sizes"]), fusion
+    for probe, real in zip(fusion["preflight_sizes"], fusion["allocated"]):
+        assert real <= probe <= real + (2 << 20), (fusion["preflight_sizes"], fusion["allocated"])
+
+
 def test_fused_op_pdl_chain_has_no_bad_trial(battery, record):
     """Graph-replayed chains of the fused op, each followed by a PDL-launched consumer, fresh inputs per trial:
     with the op's default (completion at kernel end) every trial matches. trigger_completion_at_end=False is run

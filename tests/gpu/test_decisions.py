@@ -1,8 +1,8 @@
 """What the patched code decides on the real device and host.
 
-Fusion auto-enable and token cap resolved on this GPU (no backend given), the fusion workspace's preflight sizes
-against FlashInfer's real allocations, the launcher's NVML answer for this TP group, and the PCIe-IPC autotune
-outcome (what it covered, whether it saved configurations, how long it took). Skips without >= 2 GPUs.
+Fusion auto-enable and token cap resolved on this GPU (no backend given), the launcher's NVML answer for this TP
+group, and the PCIe-IPC autotune outcome (what it covered, whether it saved configurations, how long it took).
+Skips without >= 2 GPUs. (The fusion workspace's sizes: test_collectives, where the battery builds it.)
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ def test_decisions_on_this_device(gpu_world, gpu_timeout, record):
     assert all(r["fusion_backend_resolved"] == d["fusion_backend_resolved"] for r in results)
     assert all(r["launcher"]["topology"] == d["launcher"]["topology"] for r in results)
     assert d["launcher"]["topology"] in ("pcie-only", "nvlink"), d["launcher"]
-    fusion = d["fusion"]
-    if fusion["initialized"] and fusion["allocated"]:
-        # the preflight must probe at least what FlashInfer allocates, and not more than one 2 MiB granule above
-        for probe, real in zip(fusion["preflight_sizes"], fusion["allocated"]):
-            assert real <= probe <= real + (2 << 20), (fusion["preflight_sizes"], fusion["allocated"])
+    # the PCIe-IPC workspace was built and autotuned (or said why it kept FlashInfer's seed policy)
+    pcie = d["pcie_ipc"]
+    assert pcie["present"] and not pcie["disabled"], pcie
+    assert pcie["tune_cache"]["bytes_after"] or any("seed policy" in line for line in d["log"]), (pcie, d["log"])

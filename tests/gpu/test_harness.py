@@ -28,6 +28,8 @@ def test_harness_brings_sglang_up_on_cpu_ranks(cpu_routing):
     """Two CPU ranks: SGLang's TP group of 2 over gloo, each rank's all-reduce equal to the fp32 sum of both ranks'
     inputs, routed through SGLang's in-place path to torch.distributed (no NCCL anywhere)."""
     assert cpu_routing.ok, cpu_routing.explain()
+    # the published state the runners read (the decisions test reads the fusion backend there): no fusion on CPU
+    assert all(r["fusion_backend_published"] is None for r in cpu_routing.results)
     assert [r["tp_size"] for r in cpu_routing.results] == [2, 2]
     assert sorted(r["rank_in_group"] for r in cpu_routing.results) == [0, 1]
     assert len({r["pid"] for r in cpu_routing.results}) == 2
