@@ -83,9 +83,10 @@ def image_revision() -> str:
     return head + ("-dirty" if dirty else "")
 
 
-def build_args(pin: Pin) -> dict[str, str]:
+def build_args(pin: Pin, tag: str) -> dict[str, str]:
     patches = series_patches(pin)
     return {
+        "IMAGE_TAG": tag,
         "BASE": base_reference(pin)[0],
         "BASE_IMAGE": pin.image_name,
         "BASE_TAG": pin.image_tag,
@@ -199,7 +200,7 @@ def main(argv=None) -> int:
     pin = load_pin(a.patches_dir)
     tag = a.tag or pin.serving_image
     ref, notes = base_reference(pin)
-    args = build_args(pin)
+    args = build_args(pin, tag)
     cmd = docker_command(a.docker, tag, a.context, args, labels(pin, args))
     for n in notes:
         say(f"warning: {n}")

@@ -81,13 +81,15 @@ def arg_defaults() -> dict[str, str]:
     return out
 
 
-def env_values() -> dict[str, str]:
+def env_values(build_args: dict[str, str] | None = None) -> dict[str, str]:
+    """The ENV values, ${ARG} references expanded as docker does (ARG defaults, then the build arguments given)."""
+    args = {**arg_defaults(), **(build_args or {})}
     out = {}
-    for kw, args in INSTR:
+    for kw, line in INSTR:
         if kw == "ENV":
-            for tok in shlex.split(args):
+            for tok in shlex.split(line):
                 k, _, v = tok.partition("=")
-                out[k] = v
+                out[k] = re.sub(r"\$\{(\w+)\}", lambda m: args.get(m.group(1), ""), v)
     return out
 
 
@@ -317,6 +319,8 @@ def test_dry_run_build_command_carries_labels_and_args(capsys):
     assert args["BASE_IMAGE"] == pin.image_name and args["BASE_TAG"] == pin.image_tag
     assert args["BASE"] == f"{pin.image_name}:{pin.image_tag}" + (f"@{pin.image_digest}" if pin.image_digest else "")
     assert args["PATCHSET"] == patchset_id(patches)
+    assert args["IMAGE_TAG"] == "test/sglang:x"  # the image knows its name: bench-comm and test-gpu record it
+    assert env_values(args)["EAGLE_IMAGE"] == "test/sglang:x" and env_values(args)["EAGLE_RESULTS"] == "/results"
     assert args["PATCHES"] == ",".join(p.path.name for p in patches)
     for key in ("source", "version", "revision", "title", "description", "base.name", "base.digest"):
         assert labels.get(f"org.opencontainers.image.{key}"), key
@@ -353,3 +357,52 @@ def test_build_without_docker_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(image, "hadolint_path", lambda: None)
     with pytest.raises(image.UserError, match="not found"):
         image.main(["--docker", "no-such-docker-client", "--context", str(tmp_path / "ctx")])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the image as a drop-in: its verbs run from the image's layout (the assembled build context at EAGLE_HOME, the
+# patched sglang installed in site-packages, no build/ tree, no .git)
+
+
+def _entrypoint(ctx: Path, env: dict[str, str], *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["sh", str(ctx / "docker" / "entrypoint"), *args], env={**env, "EAGLE_HOME": str(ctx)},
+                          capture_output=True, text=True, timeout=600, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def image_home(image_site, tmp_path_factory):
+    ctx = image.assemble_context(tmp_path_factory.mktemp("home") / "opt-eagle")
+    assert not (ctx / "build").exists() and not (ctx / ".git").exists()
+    return ctx
+
+
+def test_image_bench_comm_reads_the_installed_sglang_and_writes_to_the_mount(image_site, image_home, tmp_path):
+    site, env = image_site
+    results = tmp_path / "results"
+    results.mkdir()
+    cp = _entrypoint(image_home, {**env, "EAGLE_RESULTS": str(results)}, "bench-comm", "--device", "cpu",
+                     "--variants", "default,pcie_defaults", "--rows", "4", "--prefill-rows", "", "--layers", "2",
+                     "--chain", "4", "--iters", "2", "--reps", "2", "--race-rows", "", cwd=tmp_path)
+    assert cp.returncode == 0, cp.stdout[-2000:] + cp.stderr[-3000:]
+    written = list(results.glob("bench-comm_*.json"))
+    assert len(written) == 1, cp.stderr[-2000:]
+    meta = json.loads(written[0].read_text())["meta"]
+    from scripts.host.pcie import read_defaults
+
+    assert meta["variants"]["pcie_defaults"] == read_defaults(site / "sglang")  # the installed, patched sglang
+
+
+def test_image_bench_comm_without_the_results_mount_says_how(image_site, image_home, tmp_path):
+    _, env = image_site
+    cp = _entrypoint(image_home, {**env, "EAGLE_RESULTS": str(tmp_path / "not-mounted")}, "bench-comm", "--device",
+                     "cpu", "--variants", "default", cwd=tmp_path)
+    assert cp.returncode == 2, cp.stderr
+    assert "does not exist" in cp.stderr and f"-v \"$PWD/bench/results:{tmp_path / 'not-mounted'}\"" in cp.stderr
+
+
+def test_image_doctor_and_test_gpu_run_from_the_image_layout(image_site, image_home, tmp_path):
+    _, env = image_site
+    doc = _entrypoint(image_home, env, "doctor", "--replay", str(ROOT / "tests/fixtures/doctor/pcie8x"), cwd=tmp_path)
+    assert doc.returncode in (0, 1) and "nccl.version" in doc.stdout, doc.stderr[-2000:]
+    gpu = _entrypoint(image_home, env, "test-gpu", cwd=tmp_path)  # no GPU here: the verb's own refusal, no traceback
+    assert gpu.returncode == 2 and "NVIDIA GPU(s) visible here" in gpu.stderr and "Traceback" not in gpu.stderr
