@@ -11,6 +11,8 @@ import dataclasses
 import textwrap
 from typing import Callable
 
+from ..lib.errors import UserError
+from . import exposure
 from .facts import Facts
 from .nccl import KNOWN_BAD_NCCL
 from .parsers import version_tuple
@@ -366,6 +368,18 @@ def patchset(f: Facts) -> list[Finding]:
     ids = [p.get("file", "?") for p in rec.get("patches", [])]
     return [Finding("image.patchset", "ok", f"patch set {rec.get('patchset')} ({len(ids)} patches"
                     + (f": {', '.join(ids)}" if ids else "") + f") on SGLang {rec.get('base', {}).get('tag', '?')}")]
+
+
+@doctor_check
+def listen(f: Facts) -> list[Finding]:
+    """Who can reach the server, by the rule serve applies (scripts/host/exposure.py)."""
+    try:
+        where = exposure.decide(f.listen_host, f.env, f.api_key_file)
+    except UserError as e:
+        return [Finding("serve.listen", "error", f"serve would refuse to start: {e}")]
+    if where.refusal:
+        return [Finding("serve.listen", "error", f"serve is {where.refusal}", exposure.FIX)]
+    return [Finding("serve.listen", "ok", where.line)]
 
 
 # ---------------------------------------------------------------------------------------------------------------
