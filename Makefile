@@ -45,8 +45,8 @@ test-gpu:        ## the patched collectives, fused op and decisions on >= 2 GPUs
 prove-tests: setup apply  ## show that every patch test fails on the unpatched base tree
 	$(VPY) -m scripts.series.prove_tests
 
-image:           ## build the serving image FROM the pinned upstream image (DRY_RUN=1: print the docker build command)
-	$(PY) -m scripts.host.image $(if $(IMAGE),--tag $(IMAGE)) $(if $(DRY_RUN),--dry-run)
+image:           ## the serving image FROM the pinned upstream image (DRY_RUN=1: print the command; NCCL=<version>)
+	$(PY) -m scripts.host.image $(if $(IMAGE),--tag $(IMAGE)) $(if $(NCCL),--nccl $(NCCL)) $(if $(DRY_RUN),--dry-run)
 
 lint-docker:     ## hadolint docker/Dockerfile
 	$(VPY) -m scripts.host.image --lint-only

@@ -32,7 +32,9 @@ always run here.
 
 Writes bench-comm_<box>_<gpu>x<n>_<UTC time>.json (raw records + meta + the exact command) to bench/results (in the
 image: $EAGLE_RESULTS, the mounted /results), prints a table and recommends the fastest correct setting
-(scripts/bench/comm_report.py).
+(scripts/bench/comm_report.py). meta.nccl is the NCCL axis for comparing releases (the library torch loaded, the
+NCCL torch was built against, the one the image build or patches/pin.toml [nccl] means to run), meta.image the
+image it ran in (make image NCCL=<version> builds variants to compare).
 Exit status: 0 every variant ran and every reduction was correct; 1 a variant failed or a reduction was wrong;
 2 a usage problem (fewer than 2 GPUs and no image to run in, no torch, an unknown variant, no patched SGLang for
 pcie_defaults); in the image route, the container's status.
@@ -53,6 +55,7 @@ import time
 from pathlib import Path
 
 from ..host import route
+from ..host.nccl import expected_nccl, nccl_report
 from ..host.pcie import package_dir, read_defaults
 from ..lib import proc
 from ..lib.cli import run
@@ -255,6 +258,20 @@ def measure(a: argparse.Namespace, vmap: dict, world: int, meta: dict) -> list[d
     return records
 
 
+def nccl_axis() -> dict:
+    """The NCCL this run used, one axis for comparing releases: the library torch loaded (ncclGetVersion, path), the
+    NCCL torch was built against, the pip package, and the one meant to run (the image build's, else the pin's)."""
+    rep = nccl_report()
+    expected, source = expected_nccl()
+    axis = {"loaded": rep.get("nccl"), "library": rep.get("nccl_lib"), "torch_build": rep.get("nccl_build"),
+            "package": rep.get("dist"), "package_version": rep.get("dist_version"), "expected": expected or None,
+            "expected_from": source, "error": rep.get("error")}
+    if axis["loaded"]:
+        say(f"NCCL {axis['loaded']} loaded by torch from {axis['library']}; expected {expected or '?'} ({source})"
+            + ("" if axis["loaded"] == expected else " -- a different NCCL: the results say so in meta.nccl"))
+    return axis
+
+
 def pick_route(a: argparse.Namespace) -> route.Route:
     """Here or in the image (scripts/host/route.py), for a CUDA run."""
     if a.here:
@@ -324,6 +341,7 @@ def main(argv=None) -> int:
                   "inherited_nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
                   "ran": ran or "here", "image": os.environ.get("EAGLE_IMAGE") or None}
     meta["world"] = world = machine(a, meta)
+    meta["nccl"] = nccl_axis()
     if meta["inherited_nccl_env"]:
         say(f"note: your environment sets {meta['inherited_nccl_env']}; variant 'default' runs with it as is, "
             f"the other variants add their own settings on top")

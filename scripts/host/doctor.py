@@ -18,7 +18,9 @@ severity (ok, info, warn, error), a message and a fix:
   hmm             host.hmm         nvidia_uvm HMM off (NCCL P2P hangs with it on PCIe-only boxes)
   iommu           host.iommu, host.pcie_pm   IOMMU off or passthrough; PCIe port power management
   nvcc            cuda.nvcc        nvcc >= 12.8 for FlashInfer's SM120 JIT
-  nccl_version    nccl.version     not a known-bad NCCL (2.30.4 hangs on RTX PRO 6000 pairs)
+  nccl_version    nccl.version     the NCCL torch loaded (not only the one it was built with) is not a known-bad
+                                   release (2.30.4 hangs on RTX PRO 6000 pairs); in the image, the one it was built
+                                   to run (EAGLE_NCCL_VERSION), elsewhere compared with patches/pin.toml [nccl]
   environment     env.alloc, env.nccl   allocator settings that crash the PCIe all-reduce; NCCL_* overrides
   disk            disk.free        room for the model in the HF cache
   patchset        image.patchset   the installed sglang carries this series (sglang/_patchset.json)
@@ -46,6 +48,7 @@ from ..series.pin import load_pin
 from ..series.record import patchset_id
 from .checks import Finding, run_checks, table
 from .exposure import SGLANG_DEFAULT_HOST
+from .nccl import expected_nccl
 from .facts import build_facts, summary
 from .tools import Probe, load_capture
 
@@ -70,7 +73,8 @@ def diagnose(probe: Probe, *, tp: int = 8, need_gb: float = DEFAULT_NEED_GB, env
     """Every registered check over the facts of `probe`: (findings, the facts as plain data)."""
     _, image_cuda = _pin_facts()
     facts = build_facts(probe, tp=tp, need_gb=need_gb, environ=environ, expected_patchset=expected_patchset,
-                        image_cuda=image_cuda, listen_host=listen_host, api_key_file=api_key_file)
+                        image_cuda=image_cuda, listen_host=listen_host, api_key_file=api_key_file,
+                        expected_nccl=expected_nccl(environ))
     return run_checks(facts), summary(facts)
 
 

@@ -31,6 +31,13 @@ def test_bench_comm_harness_end_to_end_on_cpu(tmp_path):
     # every variant ran in its own ranks with its own environment, and every reduction was checked
     assert {r["variant"] for r in recs} == {"default", "pcie_defaults", "LL"}
     assert res["meta"]["variants"]["pcie_defaults"] == read_defaults(package_dir())  # from the patched source
+    # the NCCL axis: what torch loaded, what it was built with, and what the image pins (here: not in an image)
+    import torch
+
+    nccl = res["meta"]["nccl"]
+    assert nccl["expected"] == load_pin().nccl_version and nccl["expected_from"] == "patches/pin.toml [nccl]"
+    assert nccl["torch_build"] == ".".join(map(str, torch.cuda.nccl.version()[:3])) and nccl["loaded"]
+    assert nccl["package"] == load_pin().nccl_package and res["meta"]["image"] is None
     ar = [r for r in recs if r.get("kind") == "allreduce" and r.get("impl") == "nccl"]
     assert {(r["rows"], r["mode"]) for r in ar} >= {(4, "eager"), (8, "eager_single"), (64, "eager")}
     assert all(r["max_rel_err"] < 0.02 and not r["nan"] for r in ar)
