@@ -22,6 +22,7 @@ from ..lib import proc
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
 from ..series.pin import load_pin
+from .exposure import KEY_VAR
 
 RESULTS_VAR = "EAGLE_RESULTS"
 IN_IMAGE_RESULTS = "/results"
@@ -155,9 +156,10 @@ def choose(verb: str, here: str, why_not_here: str, image: str | None, here_only
 
 
 def passed_env(environ: dict[str, str] | None = None) -> list[str]:
-    """Names of the caller's variables the container gets (CUDA device selection, NCCL_*, SGLANG_*, FLASHINFER_*)."""
+    """Names of the caller's variables the container gets (CUDA device selection, NCCL_*, SGLANG_*, FLASHINFER_*;
+    not the server's API key)."""
     env = os.environ if environ is None else environ
-    return sorted(k for k in env if k in PASS_ENV or k.startswith(PASS_PREFIXES))
+    return sorted(k for k in env if (k in PASS_ENV or k.startswith(PASS_PREFIXES)) and k != KEY_VAR)
 
 
 def docker_run(image: str, verb: str, args: list[str], results: Path, environ: dict[str, str] | None = None,

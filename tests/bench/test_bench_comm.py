@@ -120,7 +120,7 @@ def test_bench_comm_runs_in_the_image_when_this_python_cannot(tmp_path):
     bindir, log = fake_docker(tmp_path)
     out = tmp_path / "res" / "bc.json"
     cp = run_bench_comm("--variants", "default,LL", "--rows", "4", "--out", str(out),
-                        path=f"{bindir}{os.pathsep}/usr/bin:/bin", NCCL_DEBUG="WARN")
+                        path=f"{bindir}{os.pathsep}/usr/bin:/bin", NCCL_DEBUG="WARN", SGLANG_API_KEY="k")
     assert cp.returncode == 0, cp.stderr
     image = load_pin().serving_image
     assert f"bench-comm: running in the image {image} (sha256:" in cp.stderr
@@ -132,6 +132,7 @@ def test_bench_comm_runs_in_the_image_when_this_python_cannot(tmp_path):
     assert f"{out.parent.resolve()}:/results" in argv and ["-e", "NCCL_DEBUG"] == argv[argv.index("NCCL_DEBUG") - 1:
                                                                                          argv.index("NCCL_DEBUG") + 1]
     assert "WARN" not in argv  # variables go by name: docker copies the value
+    assert "SGLANG_API_KEY" not in argv  # the server's key has no business in a benchmark container
 
 
 @pytest.mark.parametrize("state, why", [(None, "docker is not installed"),
