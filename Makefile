@@ -39,14 +39,14 @@ test: setup apply  ## the whole check: pytest against build/sglang, series round
 	$(VPY) -m scripts.host.image --lint-only
 	$(VPY) -m scripts.series.prove_tests
 
-test-gpu:        ## the patched collectives, fused op and decisions on this box's GPUs (here, or in the image) -> bench/results
-	$(PY) -m scripts.host.test_gpu $(TEST_GPU_ARGS)
+test-gpu:        ## the patched collectives, fused op and decisions on >= 2 GPUs (here or in IMAGE) -> bench/results
+	$(PY) -m scripts.host.test_gpu $(if $(IMAGE),--image $(IMAGE)) $(TEST_GPU_ARGS)
 
 prove-tests: setup apply  ## show that every patch test fails on the unpatched base tree
 	$(VPY) -m scripts.series.prove_tests
 
-image:           ## build the serving image FROM the pinned upstream image (DRY_RUN=1: print the docker build command)
-	$(PY) -m scripts.host.image $(if $(IMAGE),--tag $(IMAGE)) $(if $(DRY_RUN),--dry-run)
+image:           ## the serving image FROM the pinned upstream image (DRY_RUN=1: print the command; NCCL=<version>)
+	$(PY) -m scripts.host.image $(if $(IMAGE),--tag $(IMAGE)) $(if $(NCCL),--nccl $(NCCL)) $(if $(DRY_RUN),--dry-run)
 
 lint-docker:     ## hadolint docker/Dockerfile
 	$(VPY) -m scripts.host.image --lint-only
@@ -57,8 +57,8 @@ doctor:          ## preflight of this box (GPUs, NVLink/P2P, NUMA, driver, NCCL,
 bench:           ## A/B regression benchmarks on the 8-GPU box (BENCH_ARGS="--variants ... --scenarios C1")
 	$(PY) -m scripts.bench.bench $(BENCH_ARGS)
 
-bench-comm:      ## all-reduce / verify-shaped communication benchmark on any box with >= 2 GPUs
-	$(PY) -m scripts.bench.bench_comm $(BENCH_ARGS)
+bench-comm:      ## all-reduce / verify-shaped communication benchmark on >= 2 GPUs (here, or in the image IMAGE)
+	$(PY) -m scripts.bench.bench_comm $(if $(IMAGE),--image $(IMAGE)) $(BENCH_ARGS)
 
 report:          ## the box receipt: doctor, test-gpu, bench-comm, bench -> bench/receipts/<box>_<date>/ + .tar.gz (resumable; REPORT_ARGS)
 	$(PY) -m scripts.bench.receipt $(REPORT_ARGS)

@@ -106,3 +106,21 @@ def upstream(tmp_path_factory, wheel_0523) -> Path:
 def base_cache(tmp_path_factory) -> Path:
     """One SGLANG_PATCHES_CACHE for the tests that do not test base creation itself (the base is built once)."""
     return tmp_path_factory.mktemp("base-cache")
+
+
+@pytest.fixture(scope="session")
+def nccl_wheels() -> Path:
+    """A directory holding the pinned NCCL wheel (patches/pin.toml [nccl]), downloaded once from PyPI into
+    build/cache/nccl (pip download --no-deps); the image's NCCL step installs from it with PIP_NO_INDEX."""
+    pin = load_pin()
+    dest = CACHE / "nccl"
+    name = pin.nccl_package.replace("-", "_")
+    if not list(dest.glob(f"{name}-{pin.nccl_version}-*.whl")):
+        dest.mkdir(parents=True, exist_ok=True)
+        import subprocess
+
+        cp = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(dest),
+                             f"{pin.nccl_package}=={pin.nccl_version}"], capture_output=True, text=True, timeout=900)
+        if cp.returncode != 0:
+            pytest.skip(f"cannot download {pin.nccl_package}=={pin.nccl_version}: {cp.stderr.strip()[-300:]}")
+    return dest

@@ -22,10 +22,22 @@ trigger_completion_at_end=False). The PCIe-IPC workspace autotunes as the server
 a host, then cached; --no-autotune keeps FlashInfer's seed policy). Every reduction is checked against an fp32
 reference on fresh random inputs. Also: peer-to-peer copy bandwidth of every GPU pair (the bandwidth floor).
 
-Writes bench/results/bench-comm_<box>_<gpu>x<n>_<UTC time>.json (raw records + meta + the exact command),
-prints a table and recommends the fastest correct setting (scripts/bench/comm_report.py).
+Where it runs (scripts/host/route.py, the rule make test-gpu follows too; the first line says which and why): here
+when this python's torch sees >= 2 CUDA GPUs and it imports the patched sglang and FlashInfer; otherwise in the
+serving image (`docker run --rm --gpus all --ipc=host -v bench/results:/results IMAGE bench-comm --here ...`: the
+torch, FlashInfer and NCCL the server runs), when the docker engine answers and has the image; otherwise here
+without the SGLang rows when only those are missing; otherwise an error naming what each route lacks. --image
+[IMAGE] forces the image (default eagle-fast-verify/sglang:<pinned tag>), --here forbids it. --device cpu and --plot
+always run here.
+
+Writes bench-comm_<box>_<gpu>x<n>_<UTC time>.json (raw records + meta + the exact command) to bench/results (in the
+image: $EAGLE_RESULTS, the mounted /results), prints a table and recommends the fastest correct setting
+(scripts/bench/comm_report.py). meta.nccl is the NCCL axis for comparing releases (the library torch loaded, the
+NCCL torch was built against, the one the image build or patches/pin.toml [nccl] means to run), meta.image the
+image it ran in (make image NCCL=<version> builds variants to compare).
 Exit status: 0 every variant ran and every reduction was correct; 1 a variant failed or a reduction was wrong;
-2 a usage problem (fewer than 2 GPUs, no torch, an unknown variant, no patched SGLang for pcie_defaults).
+2 a usage problem (fewer than 2 GPUs and no image to run in, no torch, an unknown variant, no patched SGLang for
+pcie_defaults); in the image route, the container's status.
 """
 
 from __future__ import annotations
@@ -42,16 +54,17 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..host import route
+from ..host.nccl import expected_nccl, nccl_report
 from ..host.pcie import package_dir, read_defaults
 from ..lib import proc
 from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.progress import say
-from ..lib.repo import REPO_ROOT, revision
+from ..lib.repo import revision
 from .comm_report import plot, summarize, table
 from .kimi import CHAIN, LAYERS
 
-RESULTS = REPO_ROOT / "bench" / "results"
 VERIFY_ROWS = [1, 4, 8, 16, 32, 64]  # plain decode at batch 1; batch 1, 2, 4, 8, 16 x 4 draft tokens
 PREFILL_ROWS = [512, 2048, 8192]
 FIXED_VARIANTS = {
@@ -131,8 +144,12 @@ def run_variant(name: str, env: dict, world: int, cfg: dict, timeout: float) -> 
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="scripts.bench.bench_comm", description=__doc__,
+    ap = argparse.ArgumentParser(prog="scripts.bench.bench_comm", description=__doc__, allow_abbrev=False,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = ap.add_mutually_exclusive_group()
+    where.add_argument("--image", nargs="?", const="", default=None, metavar="IMAGE",
+                       help="run inside the serving image (default eagle-fast-verify/sglang:<pinned tag>)")
+    where.add_argument("--here", action="store_true", help="never use the image (the image's own entrypoint passes it)")
     ap.add_argument("--world", type=int, default=None, help="ranks (default: every visible GPU)")
     ap.add_argument("--variants", default="default,pcie_defaults,LL,LL128,SIMPLE,p2p_off")
     ap.add_argument("--sglang", type=Path, metavar="DIR", help="directory holding the patched sglang/ whose "
@@ -153,10 +170,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                     help="cpu: gloo ranks, no graphs, no FlashInfer (tests the harness itself)")
     ap.add_argument("--box", default=None, help="name of this box in the result file (default: GPU model)")
-    ap.add_argument("--out", type=Path, default=None, help="result JSON path (default under bench/results/)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="result JSON path (default under bench/results/; in the image under $EAGLE_RESULTS)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per variant before it counts as hung")
     ap.add_argument("--plot", type=Path, metavar="RESULT_JSON", help="only draw the PNG (and table) of a result file")
-    return ap.parse_args(argv)
+    a = ap.parse_args(argv)
+    if a.image is not None and (a.device == "cpu" or a.plot):
+        ap.error("--image runs the CUDA benchmark in the serving image; --device cpu and --plot run here")
+    return a
 
 
 def machine(a: argparse.Namespace, meta: dict) -> int:
@@ -188,6 +209,8 @@ def sglang_rows(a: argparse.Namespace) -> tuple[dict | None, str]:
 
     if a.device == "cpu" or a.no_flashinfer or a.no_sglang:
         return None, "--device cpu" if a.device == "cpu" else "--no-flashinfer" if a.no_flashinfer else "--no-sglang"
+    if getattr(a, "without_sglang", ""):
+        return None, a.without_sglang
     missing = [m for m in ("sglang", "flashinfer") if importlib.util.find_spec(m) is None]
     if missing:
         return None, (f"{' and '.join(missing)} not importable by {sys.executable}; run from the serving image "
@@ -235,6 +258,64 @@ def measure(a: argparse.Namespace, vmap: dict, world: int, meta: dict) -> list[d
     return records
 
 
+def nccl_axis() -> dict:
+    """The NCCL this run used, one axis for comparing releases: the library torch loaded (ncclGetVersion, path), the
+    NCCL torch was built against, the pip package, and the one meant to run (the image build's, else the pin's)."""
+    rep = nccl_report()
+    expected, source = expected_nccl()
+    axis = {"loaded": rep.get("nccl"), "library": rep.get("nccl_lib"), "torch_build": rep.get("nccl_build"),
+            "package": rep.get("dist"), "package_version": rep.get("dist_version"), "expected": expected or None,
+            "expected_from": source, "error": rep.get("error")}
+    if axis["loaded"]:
+        say(f"NCCL {axis['loaded']} loaded by torch from {axis['library']}; expected {expected or '?'} ({source})"
+            + ("" if axis["loaded"] == expected else " -- a different NCCL: the results say so in meta.nccl"))
+    return axis
+
+
+def pick_route(a: argparse.Namespace) -> route.Route:
+    """Here or in the image (scripts/host/route.py), for a CUDA run."""
+    if a.here:
+        return route.Route("here", "bench-comm: running here (--here)")
+    py = sys.executable
+    info = {} if a.image is not None else route.probe_python(py)
+    gpus = route.gpus_why(py, info) if a.image is None else "--image given"
+    rows = "" if a.no_sglang or a.no_flashinfer else route.sglang_why(py, info)
+    where = route.choose("bench-comm", route.describe(py, info), gpus or rows, a.image, partial="the SGLang rows",
+                         partial_ok=not gpus)
+    if where.where == "image" and a.sglang:
+        raise UserError(f"--sglang {a.sglang} names a directory on this host, which the image cannot read: drop "
+                        f"--sglang (the image reads its own patched sglang), or run here with --here")
+    return where
+
+
+def image_args(given: list[str], out: Path | None) -> list[str]:
+    """bench-comm's arguments for the image: the route options left out, --out moved under the mounted /results."""
+    args, i = [], 0
+    while i < len(given):
+        t = given[i]
+        name = t.split("=", 1)[0]
+        if name == "--image" and "=" not in t and i + 1 < len(given) and not given[i + 1].startswith("-"):
+            i += 2
+        elif name in ("--image", "--here") or (name == "--out" and "=" in t):
+            i += 1
+        elif name == "--out":
+            i += 2
+        else:
+            args.append(t)
+            i += 1
+    return args + (["--out", f"{route.IN_IMAGE_RESULTS}/{out.name}"] if out else [])
+
+
+def run_in_image(image: str, given: list[str], out: Path | None) -> int:
+    results = out.parent if out else route.results_dir()
+    results.mkdir(parents=True, exist_ok=True)
+    cmd = route.docker_run(image, "bench-comm", image_args(given, out), results)
+    say(f"running: {shlex.join(cmd)}")
+    res = proc.run(cmd, timeout=None, capture=False)
+    say(f"results: under {results} (written by the image's bench-comm)")
+    return res.returncode if res.returncode is not None else 1
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
     if a.plot:
@@ -245,12 +326,22 @@ def main(argv=None) -> int:
         say(f"plot: {a.plot.with_suffix('.png')}")
         return 0
     given = sys.argv[1:] if argv is None else argv
+    ran = ""
+    out_dir = a.out.parent if a.out else route.results_dir()  # before measuring: a missing mount fails now
+    if a.device == "cuda":
+        where = pick_route(a)
+        say(where.message)
+        if where.where == "image":
+            return run_in_image(where.image, given, a.out)
+        a.without_sglang, ran = where.partial, where.message
     meta: dict = {"command": "python -m scripts.bench.bench_comm " + shlex.join(given),
                   "git_rev": revision(short=True)[0],
                   "utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ"),
                   "host": platform.node(), "python": platform.python_version(), "layers": a.layers,
-                  "inherited_nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")}}
+                  "inherited_nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
+                  "ran": ran or "here", "image": os.environ.get("EAGLE_IMAGE") or None}
     meta["world"] = world = machine(a, meta)
+    meta["nccl"] = nccl_axis()
     if meta["inherited_nccl_env"]:
         say(f"note: your environment sets {meta['inherited_nccl_env']}; variant 'default' runs with it as is, "
             f"the other variants add their own settings on top")
@@ -258,7 +349,7 @@ def main(argv=None) -> int:
     result = {"meta": meta, "records": measure(a, vmap, world, meta)}
     result["summary"] = summarize(result)
     box = a.box or meta["gpu_name"].replace("NVIDIA ", "").replace(" ", "-")
-    out = a.out or RESULTS / f"bench-comm_{box}_x{world}_{meta['utc']}.json"
+    out = a.out or out_dir / f"bench-comm_{box}_x{world}_{meta['utc']}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(table(result["summary"], a.layers))

@@ -11,8 +11,10 @@ import dataclasses
 import textwrap
 from typing import Callable
 
+from ..lib.errors import UserError
+from . import exposure
 from .facts import Facts
-from .nccl import KNOWN_BAD_NCCL
+from .nccl import EXPECTED_VAR, KNOWN_BAD_NCCL
 from .parsers import version_tuple
 from .tools import TARGET_REPO
 from .topology import P2P_LEGEND
@@ -286,6 +288,17 @@ def nvcc(f: Facts) -> list[Finding]:
     return [Finding("cuda.nvcc", "ok", f"nvcc {ver[0]}.{ver[1]} (FlashInfer JIT needs >= 12.8)")]
 
 
+def _nccl_source(info: dict, version: str) -> str:
+    if info.get("nccl_lib"):
+        src = f"loaded by torch {info.get('torch')} from {info['nccl_lib']}"
+    elif info.get("nccl"):
+        src = f"torch {info.get('torch')}"  # a recording from before the probe read the loaded library
+    else:
+        src = f"{info.get('dist')} (package metadata)"
+    build = info.get("nccl_build")
+    return src + (f"; torch was built against {build}" if build and build != version else "")
+
+
 @doctor_check
 def nccl_version(f: Facts) -> list[Finding]:
     info = f.nccl_info()
@@ -294,18 +307,25 @@ def nccl_version(f: Facts) -> list[Finding]:
         why = info.get("error") or f.get("nccl").why or "no answer"
         return [Finding("nccl.version", "info", f"NCCL version unknown (torch not importable by {f.probe.python}: "
                         f"{why})", "run `serve --check` inside the image to see the NCCL it ships")]
-    src = f"torch {info['torch']}" if info.get("nccl") else f"{info.get('dist')} (package metadata)"
+    src = _nccl_source(info, version)
     bad = KNOWN_BAD_NCCL.get(version)
+    expected, from_ = f.expected_nccl
+    in_image = bool(f.env.get(EXPECTED_VAR))
+    if not bad and expected and expected != version and in_image:
+        return [Finding("nccl.version", "warn", f"NCCL {version} ({src}), but the image was built to run NCCL "
+                        f"{expected} ({from_})", "something in this container changed it: check LD_PRELOAD, "
+                        "LD_LIBRARY_PATH and `pip list | grep nccl`, or use a fresh container of the image")]
     if not bad:
+        pinned = f"; the image pins {expected}" if expected and not in_image else ""
         return [Finding("nccl.version", "ok",
-                        f"NCCL {version} ({src}); known-bad releases: {', '.join(KNOWN_BAD_NCCL)}")]
+                        f"NCCL {version} ({src}){pinned}; known-bad releases: {', '.join(KNOWN_BAD_NCCL)}")]
     if f.env.get("NCCL_P2P_DISABLE", "") in ("1", "true", "True"):
         return [Finding("nccl.version", "warn", f"NCCL {version} ({src}) {bad}; NCCL_P2P_DISABLE=1 is set, which "
                         "avoids the hang at the cost of single-stream speed", "use an image with another NCCL release")]
     return [Finding("nccl.version", "error" if (f.rtx_pro or f.pcie_only or not f.n) else "warn",
                     f"NCCL {version} ({src}) {bad}",
-                    "NCCL_P2P_DISABLE=1, or upgrade/downgrade NCCL (pip install nvidia-nccl-cu13==<other release>; "
-                    "the image's known-good NCCL is the one its pinned base image ships)")]
+                    "NCCL_P2P_DISABLE=1, or another NCCL release: the image installs the one of patches/pin.toml "
+                    f"[nccl]{f' ({expected})' if expected else ''} (make image; make image NCCL=<version> for another)")]
 
 
 @doctor_check
@@ -366,6 +386,18 @@ def patchset(f: Facts) -> list[Finding]:
     ids = [p.get("file", "?") for p in rec.get("patches", [])]
     return [Finding("image.patchset", "ok", f"patch set {rec.get('patchset')} ({len(ids)} patches"
                     + (f": {', '.join(ids)}" if ids else "") + f") on SGLang {rec.get('base', {}).get('tag', '?')}")]
+
+
+@doctor_check
+def listen(f: Facts) -> list[Finding]:
+    """Who can reach the server, by the rule serve applies (scripts/host/exposure.py)."""
+    try:
+        where = exposure.decide(f.listen_host, f.env, f.api_key_file)
+    except UserError as e:
+        return [Finding("serve.listen", "error", f"serve would refuse to start: {e}")]
+    if where.refusal:
+        return [Finding("serve.listen", "error", f"serve is {where.refusal}", exposure.FIX)]
+    return [Finding("serve.listen", "ok", where.line)]
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -18,10 +18,16 @@ severity (ok, info, warn, error), a message and a fix:
   hmm             host.hmm         nvidia_uvm HMM off (NCCL P2P hangs with it on PCIe-only boxes)
   iommu           host.iommu, host.pcie_pm   IOMMU off or passthrough; PCIe port power management
   nvcc            cuda.nvcc        nvcc >= 12.8 for FlashInfer's SM120 JIT
-  nccl_version    nccl.version     not a known-bad NCCL (2.30.4 hangs on RTX PRO 6000 pairs)
+  nccl_version    nccl.version     the NCCL torch loaded (not only the one it was built with) is not a known-bad
+                                   release (2.30.4 hangs on RTX PRO 6000 pairs); in the image, the one it was built
+                                   to run (EAGLE_NCCL_VERSION), elsewhere compared with patches/pin.toml [nccl]
   environment     env.alloc, env.nccl   allocator settings that crash the PCIe all-reduce; NCCL_* overrides
   disk            disk.free        room for the model in the HF cache
   patchset        image.patchset   the installed sglang carries this series (sglang/_patchset.json)
+  listen          serve.listen     who can reach the server: "listening on 127.0.0.1 only", "listening on 0.0.0.0
+                                   with an API key from $SGLANG_API_KEY", or serve's refusal (a host beyond
+                                   loopback without a key: an error); --listen-host / --api-key-file say where
+                                   serve would listen (serve --check passes its profile's), by default 127.0.0.1
 
 Every tool runs with a timeout; a missing tool is a finding, never a traceback. Exit status: 0 no error finding;
 1 at least one error finding; 2 a usage problem (e.g. --replay of a directory that does not exist).
@@ -41,6 +47,8 @@ from ..series.patchfile import series_patches
 from ..series.pin import load_pin
 from ..series.record import patchset_id
 from .checks import Finding, run_checks, table
+from .exposure import SGLANG_DEFAULT_HOST
+from .nccl import expected_nccl
 from .facts import build_facts, summary
 from .tools import Probe, load_capture
 
@@ -60,11 +68,13 @@ def _pin_facts() -> tuple[str | None, tuple[int, int] | None]:
 
 
 def diagnose(probe: Probe, *, tp: int = 8, need_gb: float = DEFAULT_NEED_GB, environ: dict | None = None,
-             expected_patchset: str | None = None) -> tuple[list[Finding], dict]:
+             expected_patchset: str | None = None, listen_host: str = SGLANG_DEFAULT_HOST,
+             api_key_file: str | None = None) -> tuple[list[Finding], dict]:
     """Every registered check over the facts of `probe`: (findings, the facts as plain data)."""
     _, image_cuda = _pin_facts()
     facts = build_facts(probe, tp=tp, need_gb=need_gb, environ=environ, expected_patchset=expected_patchset,
-                        image_cuda=image_cuda)
+                        image_cuda=image_cuda, listen_host=listen_host, api_key_file=api_key_file,
+                        expected_nccl=expected_nccl(environ))
     return run_checks(facts), summary(facts)
 
 
@@ -79,13 +89,18 @@ def main(argv=None) -> int:
     ap.add_argument("--python", default=sys.executable, help="interpreter whose torch/NCCL and sglang to check")
     ap.add_argument("--timeout", type=float, default=30.0, help="seconds each tool may take (default 30)")
     ap.add_argument("--json", action="store_true", help="machine-readable output")
+    ap.add_argument("--listen-host", default=SGLANG_DEFAULT_HOST,
+                    help=f"where serve would listen (default {SGLANG_DEFAULT_HOST}, the profiles'; serve --check passes "
+                         f"its own)")
+    ap.add_argument("--api-key-file", metavar="FILE", help="the key file serve would be given (serve --api-key-file)")
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--record", type=Path, metavar="DIR", help="also write the raw tool outputs to DIR")
     src.add_argument("--replay", type=Path, metavar="DIR", help="diagnose outputs recorded in DIR")
     a = ap.parse_args(argv)
     probe = Probe(load_capture(a.replay) if a.replay else None, python=a.python, model_dir=a.model_dir,
                   timeout=a.timeout)
-    findings, facts = diagnose(probe, tp=a.tp, need_gb=a.need_gb, expected_patchset=_pin_facts()[0])
+    findings, facts = diagnose(probe, tp=a.tp, need_gb=a.need_gb, expected_patchset=_pin_facts()[0],
+                               listen_host=a.listen_host, api_key_file=a.api_key_file)
     if a.record:
         written = probe.record(a.record)
         print(f"recorded {len(written)} outputs in {a.record}", file=sys.stderr)

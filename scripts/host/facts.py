@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 
+from .exposure import SGLANG_DEFAULT_HOST
 from .parsers import (Gpu, GpuInventory, parse_df, parse_numactl, parse_nvcc, parse_nvlink, parse_p2p,
                       parse_query_csv, parse_smi_xml, parse_topo_m, to_int)
 from .tools import Out, Probe
@@ -28,6 +29,9 @@ class Facts:
     expected_patchset: str | None
     image_cuda: tuple[int, int] | None
     probe: Probe
+    listen_host: str  # where serve would listen (serve --check passes its profile's; else sglang's default)
+    api_key_file: str | None  # serve --api-key-file, if given
+    expected_nccl: tuple[str, str]  # (version, source) of the NCCL the image is meant to run (nccl.expected_nccl)
     # GPUs
     gpus: list[Gpu]
     driver: str = ""
@@ -137,11 +141,14 @@ def _topology(f: Facts, nvlink: dict | None, read: dict | None) -> None:
 
 
 def build_facts(probe: Probe, *, tp: int, need_gb: float, environ: dict | None = None,
-                expected_patchset: str | None = None, image_cuda: tuple[int, int] | None = None) -> Facts:
+                expected_patchset: str | None = None, image_cuda: tuple[int, int] | None = None,
+                listen_host: str = SGLANG_DEFAULT_HOST, api_key_file: str | None = None,
+                expected_nccl: tuple[str, str] = ("", "not asked")) -> Facts:
     env = dict(os.environ if environ is None else environ)
     inv, nvlink, read, why = gpu_facts(probe)
     f = Facts(tp=tp, need_gb=need_gb, env=env, expected_patchset=expected_patchset, image_cuda=image_cuda,
-              probe=probe, gpus=inv.gpus if inv else [], driver=inv.driver if inv else "",
+              probe=probe, listen_host=listen_host, api_key_file=api_key_file, expected_nccl=expected_nccl,
+              gpus=inv.gpus if inv else [], driver=inv.driver if inv else "",
               cuda=inv.cuda if inv else "", gpu_why=why)
     _topology(f, nvlink, read)
     return f

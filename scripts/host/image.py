@@ -1,6 +1,7 @@
 """`make image`: the serving image, docker/Dockerfile built FROM the pinned upstream SGLang image.
 
-  python -m scripts.host.image [--tag NAME:TAG]   lint (hadolint, if found), then docker build
+  python -m scripts.host.image [--tag NAME:TAG] [--nccl VERSION]
+                                                  lint (hadolint, if found), then docker build
   python -m scripts.host.image --dry-run          print the exact docker build command, build nothing
                                                   (make image DRY_RUN=1)
   python -m scripts.host.image --lint-only        hadolint docker/Dockerfile (make lint-docker; CI)
@@ -8,10 +9,13 @@
                                                   print the directory holding that interpreter's sglang/ (found
                                                   without importing sglang)
 
-Everything release-specific comes from patches/pin.toml: the FROM reference is name:tag@digest of [image], and the
-default tag of the image built is eagle-fast-verify/sglang:<the pinned tag>. An empty digest builds from the tag,
+Everything release-specific comes from patches/pin.toml: the FROM reference is name:tag@digest of [image], the NCCL
+the image runs is [nccl] (build arg NCCL_VERSION; --nccl VERSION, make image NCCL=<version>, builds a variant tagged
+eagle-fast-verify/sglang:<the pinned tag>-nccl<version>), and the default tag of the image built is
+eagle-fast-verify/sglang:<the pinned tag>. An empty digest builds from the tag,
 which can change under you; this says so every time and prints how to pin it. The build context is a small
-directory (build/image-context: scripts/, patches/, docker/, tests/, pytest.ini), not the repository (which holds build/ and .venv/).
+directory (build/image-context: scripts/, patches/, docker/, tests/, pytest.ini, requirements/), not the repository
+(which holds build/ and .venv/).
 Labels: OCI (org.opencontainers.image.*) and the project's patch set id and patch file names, passed both as
 build arguments (the Dockerfile's LABEL) and as --label.
 Exit status: 0 built (or printed, or lint clean); 1 hadolint found problems (--lint-only); 2 a problem named with
@@ -35,6 +39,7 @@ from ..lib.repo import BUILD_DIR, REPO_ROOT, revision, source_url
 from ..series.patchfile import series_patches
 from ..series.pin import Pin, load_pin
 from ..series.record import patchset_id
+from .nccl import nccl_release
 from .sglang_pkg import site_packages_of
 
 DOCKERFILE = REPO_ROOT / "docker" / "Dockerfile"
@@ -42,7 +47,7 @@ CONTEXT_DIR = BUILD_DIR / "image-context"
 BUILD_TIMEOUT = 4 * 3600.0  # pulling the upstream image (tens of GB) and the RUN steps
 LABEL_NS = "io.eagle-fast-verify"
 # What the image needs from the repository; docker/Dockerfile COPYs from these.
-CONTEXT_PARTS = ("scripts", "patches", "docker", "tests", "pytest.ini")
+CONTEXT_PARTS = ("scripts", "patches", "docker", "tests", "pytest.ini", "requirements")
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 TITLE = "SGLang for Kimi-K2.5 + EAGLE-3 on PCIe-only SM120"
 DESCRIPTION = ("Upstream SGLang image with the eagle-fast-verify patch series applied; `serve` launches Kimi-K2.5 "
@@ -83,9 +88,16 @@ def image_revision() -> str:
     return head + ("-dirty" if dirty else "")
 
 
-def build_args(pin: Pin) -> dict[str, str]:
+def default_tag(pin: Pin, nccl: str) -> str:
+    """eagle-fast-verify/sglang:<pinned tag>, with -nccl<version> for an NCCL other than the pin's."""
+    return pin.serving_image + (f"-nccl{nccl}" if nccl != pin.nccl_version else "")
+
+
+def build_args(pin: Pin, tag: str, nccl: str) -> dict[str, str]:
     patches = series_patches(pin)
     return {
+        "IMAGE_TAG": tag,
+        "NCCL_VERSION": nccl,
         "BASE": base_reference(pin)[0],
         "BASE_IMAGE": pin.image_name,
         "BASE_TAG": pin.image_tag,
@@ -112,7 +124,7 @@ def labels(pin: Pin, args: dict[str, str]) -> dict[str, str]:
         f"{LABEL_NS}.base-ref": ref,
         f"{LABEL_NS}.patchset": args["PATCHSET"],
         f"{LABEL_NS}.patches": args["PATCHES"],
-        f"{LABEL_NS}.nccl": "the version shipped in the base image; `serve --check` reports it at run time",
+        f"{LABEL_NS}.nccl": f"{pin.nccl_package}=={args['NCCL_VERSION']}",
     }
 
 
@@ -186,7 +198,9 @@ def main(argv=None) -> int:
     mode.add_argument("--dry-run", action="store_true", help="print the docker build command and exit")
     mode.add_argument("--lint-only", action="store_true", help="run hadolint on docker/Dockerfile and exit")
     mode.add_argument("--site-packages-of", metavar="PYTHON", help="print where PYTHON's sglang/ lives and exit")
-    ap.add_argument("--tag", help="image name:tag to build (default eagle-fast-verify/sglang:<the pinned tag>)")
+    ap.add_argument("--tag", help="image name:tag to build (default eagle-fast-verify/sglang:<the pinned tag>, "
+                                  "+ -nccl<version> with --nccl)")
+    ap.add_argument("--nccl", metavar="VERSION", help="NCCL release the image runs (default patches/pin.toml [nccl])")
     ap.add_argument("--patches-dir", type=Path, default=None, help="patch series directory (default patches/)")
     ap.add_argument("--docker", default="docker", help="docker client to run (default docker)")
     ap.add_argument("--context", type=Path, default=CONTEXT_DIR, help="where to assemble the build context")
@@ -197,18 +211,19 @@ def main(argv=None) -> int:
     if a.lint_only:
         return lint(hadolint_path())
     pin = load_pin(a.patches_dir)
-    tag = a.tag or pin.serving_image
+    nccl = nccl_release(pin, a.nccl)[1]
+    tag = a.tag or default_tag(pin, nccl)
     ref, notes = base_reference(pin)
-    args = build_args(pin)
+    args = build_args(pin, tag, nccl)
     cmd = docker_command(a.docker, tag, a.context, args, labels(pin, args))
     for n in notes:
         say(f"warning: {n}")
     if a.dry_run:
         say(f"FROM {ref}; patch set {args['PATCHSET']} ({len(args['PATCHES'].split(',')) if args['PATCHES'] else 0} "
-            f"patches); context {a.context} (assembled at build time)")
+            f"patches); NCCL {pin.nccl_package}=={nccl}; context {a.context} (assembled at build time)")
         print(shlex.join(cmd))
         return 0
-    say(f"building {tag} FROM {ref} with patch set {args['PATCHSET']}")
+    say(f"building {tag} FROM {ref} with patch set {args['PATCHSET']} and NCCL {nccl}")
     build(cmd, a.docker, a.context)
     say(f"built {tag}; try: docker run --rm {tag} serve --dry-run")
     return 0

@@ -1,14 +1,21 @@
 """`serve`: launch SGLang from a serving profile (docker/profiles/<name>.toml), the image's default command.
 
   python -m scripts.host.serve [--profile NAME_OR_PATH] [--draft-model PATH] [--model PATH] [--port N]
-                               [--dry-run [--json]] [--check] [-- EXTRA_SGLANG_ARGS...]
+                               [--host ADDR] [--api-key-file FILE] [--dry-run [--json]] [--check]
+                               [-- EXTRA_SGLANG_ARGS...]
 
-The profile's [args] become `python3 -m sglang.launch_server --flag value ...`; "{model}", "{draft_model}" and
-"{port}" are filled from its [defaults] or from --model/--draft-model/--port. Arguments after `--` go to sglang
-verbatim; a flag given there replaces the profile's value for the same flag (aliases and abbreviations resolved
-with sglang's own parser when it can be imported), and serve says so. The profile's [env] is set only where the
+The profile's [args] become `python3 -m sglang.launch_server --flag value ...`; "{model}", "{draft_model}", "{port}"
+and "{host}" are filled from its [defaults] or from --model/--draft-model/--port/--host. Arguments after `--` go to
+sglang verbatim; a flag given there replaces the profile's value for the same flag (aliases and abbreviations
+resolved with sglang's own parser when it can be imported), and serve says so. The profile's [env] is set only where the
 environment has no value (a `docker run -e` value wins). The PCIe-only NCCL defaults and the PCIe-IPC all-reduce
 are the patched launcher's to decide (NVML, at start); serve does not set them.
+
+Who can reach it (scripts/host/exposure.py, the rule the doctor reports too): the profiles listen on 127.0.0.1;
+another host (--host 0.0.0.0, a profile's [defaults] host, or -- --host) needs an API key from $SGLANG_API_KEY or
+--api-key-file FILE, which reaches sglang's --api-key inside the process, never on a command line (a key given by
+hand after -- is used as given, and redacted in what serve prints); without one serve refuses. serve says which
+("listening on 127.0.0.1 only", "listening on 0.0.0.0 with an API key from $SGLANG_API_KEY") when it starts.
 
 --dry-run prints the environment it would set, what the patched launcher will decide about the PCIe-only defaults
 (scripts/host/pcie.py asks it, where this SGLang can say in advance) and the exact command (shell-quoted; the
@@ -37,6 +44,7 @@ from ..lib.cli import run
 from ..lib.envfile import KEY_RE as ENV_KEY_RE
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
+from . import exposure
 from .pcie import AT_START, LauncherDecision, launcher_pcie_decision
 
 PROFILES_DIR = REPO_ROOT / "docker" / "profiles"
@@ -48,7 +56,7 @@ PLACEHOLDER_RE = re.compile(r"\{([a-z_][a-z0-9_]*)\}")
 FLAG_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 # serve option -> (placeholder, sglang flag it sets when the profile has no placeholder for it)
 CLI_VALUES = {"model": ("model", "model-path"), "draft_model": ("draft_model", "speculative-draft-model-path"),
-              "port": ("port", "port")}
+              "port": ("port", "port"), "host": ("host", "host")}
 
 # Kimi EAGLE-3 drafters with published accept lengths (AL; steps/topk/draft tokens 3/1/4 unless noted), from the
 # drafters' model cards and the SGLang/vLLM pull requests named; docker/README.md ("Drafters") carries the same table.
@@ -79,6 +87,7 @@ class Plan:
     env_kept: dict[str, tuple[str, str, str]]  # key -> (environment value, default not applied, its source)
     notes: list[str]
     pcie: LauncherDecision  # what the patched launcher will decide about the PCIe-only defaults
+    listen: exposure.Listen  # where sglang listens and with which API key
 
     def child_env(self, environ: dict[str, str]) -> dict[str, str]:
         env = dict(environ)
@@ -316,16 +325,32 @@ def _launcher_cfg(ns: argparse.Namespace | None, args: dict) -> object:
                                  nnodes=int(args.get("nnodes", 1)))
 
 
+def _listen(ns: argparse.Namespace | None, sgl_args: list[str], index: FlagIndex, environ: dict[str, str],
+            key_file: str | None) -> exposure.Listen:
+    """Where sglang will listen (its own parse when available, else the last --host given, else its default) and
+    with which API key (scripts/host/exposure.py)."""
+    host = getattr(ns, "host", None) if ns is not None else None
+    if host is None:
+        host = exposure.SGLANG_DEFAULT_HOST
+        for i, t in enumerate(sgl_args):
+            if index.dest(t) == "host":
+                host = t.split("=", 1)[1] if "=" in t else sgl_args[i + 1] if i + 1 < len(sgl_args) else host
+    cli_key = any(index.dest(t) == "api_key" for t in sgl_args)
+    return exposure.decide(host, environ, key_file, cli_key)
+
+
 def build_plan(profile: Profile, *, model: str | None = None, draft_model: str | None = None, port: int | None = None,
-               extra: list[str] | None = None, python: str = sys.executable, environ: dict[str, str] | None = None,
-               index: FlagIndex | None = None, ask_launcher: bool = False) -> Plan:
+               host: str | None = None, api_key_file: str | None = None, extra: list[str] | None = None,
+               python: str = sys.executable, environ: dict[str, str] | None = None, index: FlagIndex | None = None,
+               ask_launcher: bool = False, refuse: bool = True) -> Plan:
     """The command and environment for sglang. ask_launcher: ask the patched launcher (in this interpreter) what it
-    will decide about the PCIe-only defaults; otherwise say that it decides at start."""
+    will decide about the PCIe-only defaults; otherwise say that it decides at start. refuse: a UserError when it
+    would listen beyond loopback without an API key (serve --check leaves that to the doctor)."""
     environ = dict(os.environ if environ is None else environ)
     extra = list(extra or [])
     index = index or FlagIndex(None)
     notes: list[str] = []
-    cli = {"model": model, "draft_model": draft_model, "port": port}
+    cli = {"model": model, "draft_model": draft_model, "port": port, "host": host}
     args = _profile_args(profile, cli, notes)
     if index.known:
         for k in args:
@@ -341,8 +366,14 @@ def build_plan(profile: Profile, *, model: str | None = None, draft_model: str |
     pcie = (launcher_pcie_decision(_launcher_cfg(ns, args), child_env) if ask_launcher
             else LauncherDecision(False, [AT_START]))
     notes += _drafter_note(args, extra, index)
-    return Plan(profile=profile, argv=[python, "-m", LAUNCH_MODULE, *sgl_args], env_set=env_set, env_kept=env_kept,
-                notes=notes, pcie=pcie)
+    listen = _listen(ns, sgl_args, index, child_env, api_key_file)
+    if listen.refusal and refuse:
+        raise UserError(f"{listen.refusal}. Fix: {exposure.FIX}")
+    if listen.key_from:
+        notes.append(exposure.NOTE_SGLANG_LOGS)
+    argv = (exposure.key_argv(python, listen.key_spec, sgl_args) if listen.key_spec
+            else [python, "-m", LAUNCH_MODULE, *sgl_args])
+    return Plan(profile=profile, argv=argv, env_set=env_set, env_kept=env_kept, notes=notes, pcie=pcie, listen=listen)
 
 
 def render(plan: Plan) -> str:
@@ -350,25 +381,31 @@ def render(plan: Plan) -> str:
     lines = [f"# profile {plan.profile.path}" + (f": {plan.profile.description}" if plan.profile.description else "")]
     lines += [f"# note: {n}" for n in plan.notes]
     lines += [f"# pcie: {n}" for n in plan.pcie.lines]
+    lines.append(f"# listen: {plan.listen.line}")
+    if plan.listen.key_spec:
+        lines.append(f"# the API key reaches sglang's --api-key inside the process (python -c below reads "
+                     f"{plan.listen.key_from} and runs {LAUNCH_MODULE}): it is on no command line")
     if plan.env_set:
         lines.append("# environment for sglang (only keys the environment does not already set):")
         for k, (v, src) in plan.env_set.items():
             lines.append(f"export {k}={shlex.quote(v)}  # from {src}")
     for k, (v, default, src) in plan.env_kept.items():
         lines.append(f"# kept {k}={v} from the environment (default {default} from {src} not applied)")
-    lines.append(shlex.join(plan.argv))
+    lines.append(shlex.join(exposure.redacted(plan.argv)))
     return "\n".join(lines)
 
 
 def as_json(plan: Plan) -> dict:
     return {
         "profile": str(plan.profile.path),
-        "argv": plan.argv,
-        "command": shlex.join(plan.argv),
+        "argv": exposure.redacted(plan.argv),
+        "command": shlex.join(exposure.redacted(plan.argv)),
         "env": {k: v for k, (v, _) in plan.env_set.items()},
         "env_sources": {k: src for k, (_, src) in plan.env_set.items()},
         "env_kept": {k: v for k, (v, _, _) in plan.env_kept.items()},
         "pcie_defaults": {"known": plan.pcie.known, "lines": plan.pcie.lines, "decision": plan.pcie.data},
+        "listen": {"host": plan.listen.host, "loopback": plan.listen.loopback, "api_key_from": plan.listen.key_from,
+                   "line": plan.listen.line},
         "notes": plan.notes,
     }
 
@@ -380,12 +417,13 @@ def split_extra(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
-def run_doctor(profile: Profile, python: str) -> int:
-    """serve --check: this process becomes `python -m scripts.host.doctor --tp N --python PY`."""
+def run_doctor(profile: Profile, python: str, listen: exposure.Listen, key_file: str | None) -> int:
+    """serve --check: this process becomes `python -m scripts.host.doctor --tp N --python PY --listen-host H`."""
     tp = profile.args.get("tp-size", profile.args.get("tensor-parallel-size", 8))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + [p for p in [env.get("PYTHONPATH", "")] if p])
-    argv = [sys.executable, "-m", DOCTOR_MODULE, "--tp", str(tp), "--python", python]
+    argv = [sys.executable, "-m", DOCTOR_MODULE, "--tp", str(tp), "--python", python, "--listen-host", listen.host]
+    argv += ["--api-key-file", key_file] if key_file else []
     sys.stdout.flush()
     os.execve(argv[0], argv, env)
     return 0  # not reached
@@ -400,6 +438,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--draft-model", help="EAGLE-3 draft model (HF repo id or local path); fills {draft_model}")
     ap.add_argument("--model", help="target model (HF repo id or local path); fills {model}")
     ap.add_argument("--port", type=int, help="HTTP port; fills {port}")
+    ap.add_argument("--host", help="address to listen on; fills {host} (the profiles: 127.0.0.1). Beyond loopback "
+                                   "(e.g. 0.0.0.0) it needs an API key: $SGLANG_API_KEY or --api-key-file")
+    ap.add_argument("--api-key-file", metavar="FILE", help="file holding the API key (e.g. a mounted docker secret); "
+                                                          "the alternative to $SGLANG_API_KEY")
     ap.add_argument("--python", default=sys.executable, help="interpreter that runs sglang (default: this one)")
     ap.add_argument("--dry-run", action="store_true", help="print the environment and the command, run nothing")
     ap.add_argument("--json", action="store_true", help="with --dry-run: one JSON object")
@@ -415,12 +457,15 @@ def main(argv=None) -> int:
     a, extra = parse_args(list(sys.argv[1:] if argv is None else argv))
     profile = load_profile(resolve_profile(a.profile))
     if a.check:
-        return run_doctor(profile, a.python)
+        plan = build_plan(profile, model=a.model, draft_model=a.draft_model, port=a.port, host=a.host,
+                          api_key_file=a.api_key_file, extra=extra, python=a.python, refuse=False)
+        return run_doctor(profile, a.python, plan.listen, a.api_key_file)
     a.python = shutil.which(a.python) or a.python
     index, why = load_flag_index()
     here = os.path.realpath(a.python) == os.path.realpath(sys.executable)  # the launcher can be asked in-process
-    plan = build_plan(profile, model=a.model, draft_model=a.draft_model, port=a.port, extra=extra, python=a.python,
-                      index=index, ask_launcher=a.dry_run and here)
+    plan = build_plan(profile, model=a.model, draft_model=a.draft_model, port=a.port, host=a.host,
+                      api_key_file=a.api_key_file, extra=extra, python=a.python, index=index,
+                      ask_launcher=a.dry_run and here)
     if not index.known:
         plan.notes.append(f"sglang's parser is not importable here ({why}); flags were not checked and are "
                           f"matched by exact name only")

@@ -10,6 +10,11 @@ on an unpatched tree), and each module's source must compile. One line per modul
 any FAIL. docker/Dockerfile runs this after `scripts.series.apply` (the build fails on a FAIL). Exit status: 0 every
 module imports; 1 a FAIL (or the package is not this series); 2 a usage problem.
 
+--expect-nccl [VERSION]: fail unless the NCCL library torch loaded (ncclGetVersion of the mapped libnccl.so.2, not
+torch.cuda.nccl.version(), which is torch's build-time NCCL) is VERSION; empty or no VERSION: the image build's
+EAGLE_NCCL_VERSION, else patches/pin.toml [nccl]. docker/Dockerfile passes its NCCL_VERSION build argument.
+Without it, the NCCL line is information.
+
 --tolerate-no-driver: `docker build` has no GPU and no libcuda; an import that fails only because the NVIDIA driver
 is absent (a narrow list of messages) counts as ok-without-driver, after the source compiled. Use it only there.
 """
@@ -29,7 +34,7 @@ from ..lib.cli import run
 from ..series.patchfile import series_patches, touched_files
 from ..series.pin import load_pin
 from ..series.record import RECORD_NAME, patchset_id, read_record
-from .nccl import KNOWN_BAD_NCCL, nccl_dist_version
+from .nccl import KNOWN_BAD_NCCL, expected_nccl, nccl_report
 
 # Imported whatever the series touches: what `serve` execs and what every profile is checked against.
 ALWAYS = ("sglang", "sglang.srt.server_args", "sglang.launch_server")
@@ -115,6 +120,28 @@ def check(pkg_parent: Path, modules: list[str], tolerate_no_driver: bool, out=pr
     return results
 
 
+def check_nccl(expect: str | None, out) -> tuple[dict, bool]:
+    """The NCCL torch loaded, against the expected one when asked: (report, failed)."""
+    rep = nccl_report()
+    version = rep.get("nccl")
+    if version is None:
+        why = rep.get("error") or "no libnccl.so.2 mapped after importing torch"
+        out(f"{'FAIL' if expect is not None else 'info'}  NCCL: cannot tell which library torch loads ({why})")
+        return rep, expect is not None
+    where = f"NCCL {version} loaded by torch {rep.get('torch')} from {rep.get('nccl_lib')} (torch built against " \
+            f"{rep.get('nccl_build')})"
+    bad = KNOWN_BAD_NCCL.get(version)
+    if expect is None:
+        out(f"{'warn' if bad else 'info'}  {where}" + (f": {bad}; `serve --check` reports it" if bad else ""))
+        return rep, False
+    expected, source = (expect, "--expect-nccl") if expect else expected_nccl()
+    rep["expected"], rep["expected_from"] = expected, source
+    failed = version != expected
+    out(f"{'FAIL' if failed else 'ok  '}  {where}; expected {expected or '(none)'} ({source})"
+        + (f": {bad}" if bad else ""))
+    return rep, failed
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="scripts.host.smoke", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -122,6 +149,8 @@ def main(argv=None) -> int:
     ap.add_argument("--patches-dir", type=Path, default=None, help="patch series directory (default patches/)")
     ap.add_argument("--expect-patchset", default="", metavar="ID",
                     help="fail unless the series has this patch set id (the image build passes its PATCHSET arg)")
+    ap.add_argument("--expect-nccl", nargs="?", const="", default=None, metavar="VERSION",
+                    help="fail unless torch loads this NCCL (empty: the image build's, else the pin's)")
     ap.add_argument("--tolerate-no-driver", action="store_true",
                     help="count an import that fails only for want of the NVIDIA driver as ok (docker build)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
@@ -179,18 +208,11 @@ def main(argv=None) -> int:
     results = check(pkg_parent, modules, a.tolerate_no_driver, out)
     report["modules"] = results
 
-    nccl = nccl_dist_version()
-    if nccl:
-        dist, ver = nccl
-        bad = KNOWN_BAD_NCCL.get(ver)
-        out(f"{'warn' if bad else 'info'}  NCCL from {dist} {ver}" + (f": {bad}; `serve --check` reports it" if bad else ""))
-        report["nccl"] = {"dist": dist, "version": ver, "known_bad": bool(bad)}
-    else:
-        out("info  NCCL: no nvidia-nccl-cu13/cu12 distribution found (torch may bundle its own)")
+    report["nccl"], nccl_failed = check_nccl(a.expect_nccl, out)
 
     failed = [r["module"] for r in results if r["status"] == "fail"]
     out(f"{len(results) - len(failed)}/{len(results)} modules import" + (f"; FAILED: {', '.join(failed)}" if failed else ""))
-    return finish(1 if failed else 0)
+    return finish(1 if failed or nccl_failed else 0)
 
 
 if __name__ == "__main__":

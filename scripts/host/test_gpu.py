@@ -11,10 +11,12 @@ timeout (a hang fails the test). The result document (world size, passed / faile
 tests recorded, the command, versions) goes to --out, by default
 bench/results/test-gpu_<gpu>_x<N>_<UTC date>.json; it is one part of the box receipt (make report).
 
-Where it runs: here, with PY (default: this python), when PY's torch sees at least 2 CUDA GPUs and the patched
-sglang is importable (build/sglang from `make apply`, or an installed patched sglang); otherwise inside the serving
-image (`docker run --gpus all --ipc=host IMAGE test-gpu`; the image has SGLang, sgl-kernel, FlashInfer and the NCCL
-the server runs), when docker and the image are here. --image forces the image, --here forbids it.
+Where it runs (scripts/host/route.py, the rule make bench-comm follows too; the first line says which and why): here,
+with PY (default: this python), when PY's torch sees at least 2 CUDA GPUs and the patched sglang is importable
+(build/sglang from `make apply`, or an installed patched sglang); otherwise inside the serving image (`docker run
+--gpus all --ipc=host -v DIR:/results IMAGE test-gpu`; the image has SGLang, sgl-kernel, FlashInfer and the NCCL the
+server runs), when the docker engine answers and has the image. --image forces the image, --here forbids it. In the
+image the default result directory is the mounted /results ($EAGLE_RESULTS).
 
 Exit status: 0 every test passed (GPU tests skip only where this machine has fewer GPUs than they need); 1 a test
 failed; 2 no usable GPU, no way to run (neither PY nor docker with the image), or a bad option.
@@ -35,23 +37,8 @@ from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.progress import say
 from ..lib.repo import REPO_ROOT, revision
-from ..series.pin import load_pin
+from . import route
 
-RESULTS = REPO_ROOT / "bench" / "results"
-IN_IMAGE_RESULTS = "/results"
-PROBE = r"""
-import importlib.util, json
-r = {}
-try:
-    import torch
-    r["cuda"] = bool(torch.cuda.is_available()); r["gpus"] = torch.cuda.device_count() if r["cuda"] else 0
-    r["torch"] = torch.__version__
-except Exception as e:
-    r["error"] = "%s: %s" % (type(e).__name__, e)
-s = importlib.util.find_spec("sglang")
-r["sglang"] = str(s.origin) if s and s.origin else None
-print(json.dumps(r))
-"""
 
 
 def visible_gpus() -> list[str]:
@@ -71,39 +58,14 @@ def gpu_slug(names: list[str]) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-")
 
 
-def probe_python(python: str) -> tuple[bool, str]:
-    """Whether `python` can run the tier here, and why not."""
-    res = proc.run([python, "-c", PROBE], timeout=180)
-    if not res.ok:
-        return False, res.why
-    try:
-        info = json.loads(res.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return False, f"{python} printed no answer"
-    if info.get("error"):
-        return False, f"{python} cannot import torch ({info['error']})"
-    if info.get("gpus", 0) < 2:
-        return False, f"{python}'s torch {info.get('torch')} sees {info.get('gpus', 0)} CUDA GPU(s)"
+def why_not_here(python: str, info: dict) -> str:
+    """'' when `python` can run the tier here: torch with >= 2 CUDA GPUs, and a sglang to test (an importable one,
+    build/sglang from make apply, or SGLANG_TREE)."""
+    why = route.gpus_why(python, info)
     tree = REPO_ROOT / "build" / "sglang" / "python" / "sglang"
-    if not (tree.is_dir() or info.get("sglang") or os.environ.get("SGLANG_TREE")):
-        return False, f"{python} has no sglang and build/sglang is missing (make apply)"
-    return True, f"{python} (torch {info['torch']}, {info['gpus']} GPUs)"
-
-
-def image_ready(image: str) -> tuple[bool, str]:
-    if proc.which("docker") is None:
-        return False, "docker is not installed"
-    res = proc.run(["docker", "image", "inspect", "--format", "{{.Id}}", image], timeout=60)
-    if res.ok:
-        return True, f"image {image} ({res.stdout.strip()[:19]})"
-    if "Cannot connect" in res.output or "daemon" in res.output:
-        return False, "the docker engine does not answer (is the daemon running, may this user use it?)"
-    return False, f"image {image} is not here (make image builds it)"
-
-
-def default_image() -> str:
-    pin = load_pin()
-    return f"eagle-fast-verify/sglang:{pin.tag}"
+    if not why and not (tree.is_dir() or info.get("sglang") or os.environ.get("SGLANG_TREE")):
+        why = f"{python} has no sglang and build/sglang is missing (make apply)"
+    return why
 
 
 def pytest_command(python: str, pytest_args: list[str]) -> list[str]:
@@ -123,15 +85,13 @@ def run_here(python: str, out: Path, world: int | None, timeout: int, pytest_arg
 
 def run_in_image(image: str, out: Path, world: int | None, timeout: int, pytest_args: list[str]) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
-    env = [f"{k}={os.environ[k]}" for k in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER") if k in os.environ]
-    cmd = ["docker", "run", "--rm", "--gpus", "all", "--ipc=host", "-v", f"{out.parent.resolve()}:{IN_IMAGE_RESULTS}",
-           *[x for kv in env for x in ("-e", kv)],
-           image, "test-gpu", "--here", "--out", f"{IN_IMAGE_RESULTS}/{out.name}", "--timeout", str(timeout)]
+    args = ["--out", f"{route.IN_IMAGE_RESULTS}/{out.name}", "--timeout", str(timeout)]
     if world:
-        cmd += ["--world", str(world)]
+        args += ["--world", str(world)]
     if pytest_args:
-        cmd += ["--", *pytest_args]
-    say(f"running in the image: {' '.join(cmd)}")
+        args += ["--", *pytest_args]
+    cmd = route.docker_run(image, "test-gpu", args, out.parent)
+    say(f"running: {' '.join(cmd)}")
     res = proc.run(cmd, timeout=None, capture=False)
     return res.returncode if res.returncode is not None else 1
 
@@ -174,22 +134,18 @@ def main(argv=None) -> int:
                         "test-gpu); `make test` is the CPU suite")
     world = a.world or len(names)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H%MZ")
-    out = a.out or RESULTS / f"test-gpu_{gpu_slug(names)}_x{world}_{stamp}.json"
+    out = a.out or route.results_dir() / f"test-gpu_{gpu_slug(names)}_x{world}_{stamp}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    here_ok, here_why = (False, "--image given") if a.image is not None else probe_python(a.python)
+    info = {} if a.image is not None else route.probe_python(a.python)
+    where = route.choose("test-gpu", route.describe(a.python, info), why_not_here(a.python, info), a.image, a.here)
+    say(where.message)
     meta = {"gpus": names, "revision": revision(short=True)[0], "started_at": stamp,
             "command": " ".join(["python3", "-m", "scripts.host.test_gpu", *(argv if argv is not None else sys.argv[1:])])}
-    if here_ok:
+    if where.where == "here":
         rc = run_here(a.python, out, a.world, a.timeout, a.pytest_args)
-        meta["ran"] = here_why
     else:
-        image = a.image or default_image()
-        img_ok, img_why = (False, "--here given") if a.here else image_ready(image)
-        if not img_ok:
-            raise UserError(f"cannot run the GPU tests here ({here_why}) nor in the image ({img_why}). Fix: a python "
-                            f"with CUDA torch and `make apply` (--python PY), or `make image` on a host with docker")
-        rc = run_in_image(image, out, a.world, a.timeout, a.pytest_args)
-        meta["ran"] = img_why
+        rc = run_in_image(where.image, out, a.world, a.timeout, a.pytest_args)
+    meta["ran"] = where.message
     doc = finish(out, meta)
     return 0 if rc == 0 and doc["failed"] == 0 else 1
 

@@ -1,7 +1,7 @@
 """The pin (patches/pin.toml): the one source of the release, the wheel and the upstream image.
 
 It records what can be verified from a machine without GitHub: the upstream tag, the PyPI wheel of the same release
-with its sha256, the upstream serving image, and the git blob ids of every file the series touches, before (base)
+with its sha256, the upstream serving image, the NCCL the image runs, and the git blob ids of every file the series touches, before (base)
 and after (patched). Everything else that names the release derives from here (scripts/series/pin_copies.py).
 
 Reading uses the standard library (tomllib), so the image's python3 can run apply, smoke and doctor; writing edits
@@ -40,6 +40,8 @@ class Pin:
     series_file: str
     base_blobs: dict[str, str]
     patched_blobs: dict[str, str]
+    nccl_package: str = ""  # [nccl]: the pip NCCL the image installs where torch loads it
+    nccl_version: str = ""
 
     @property
     def path(self) -> Path:
@@ -64,6 +66,19 @@ class Pin:
     def serving_image(self) -> str:
         """name:tag of the image `make image` builds from this pin."""
         return f"{SERVING_IMAGE}:{self.tag}"
+
+    @property
+    def nccl_requirement(self) -> str:
+        """package==version of [nccl]; a UserError when the package does not fit the base image's CUDA major."""
+        cuda = self.image_cuda
+        want = f"nvidia-nccl-cu{cuda[0]}" if cuda else None
+        if not self.nccl_package or not self.nccl_version:
+            raise UserError(f"{self.path} has no [nccl] package and version: add them (package = \"{want}\", "
+                            f"version = \"<a release from pip index versions {want}>\")")
+        if want and self.nccl_package != want:
+            raise UserError(f"{self.path} [nccl] package {self.nccl_package} does not fit the base image "
+                            f"{self.upstream_image} (CUDA {cuda[0]}.{cuda[1]}): set package = \"{want}\"")
+        return f"{self.nccl_package}=={self.nccl_version}"
 
     @property
     def image_cuda(self) -> tuple[int, int] | None:
@@ -93,12 +108,13 @@ def load_pin(patches_dir: Path | None = None) -> Pin:
     except tomllib.TOMLDecodeError as e:
         raise UserError(f"{path} is not valid TOML: {e}") from e
     try:
-        up, wh, im = d["upstream"], d["wheel"], d.get("image", {})
+        up, wh, im, nc = d["upstream"], d["wheel"], d.get("image", {}), d.get("nccl", {})
         return Pin(patches_dir=patches_dir, repository=up["repository"], tag=up["tag"], version=up["version"],
                    commit=up.get("commit", ""), wheel_requirement=wh["requirement"], wheel_filename=wh["filename"],
                    wheel_sha256=wh["sha256"], image_name=im.get("name", ""), image_tag=im.get("tag", ""),
                    image_digest=im.get("digest", ""), series_file=d["series"]["file"],
-                   base_blobs=dict(d.get("base_blobs", {})), patched_blobs=dict(d.get("patched_blobs", {})))
+                   base_blobs=dict(d.get("base_blobs", {})), patched_blobs=dict(d.get("patched_blobs", {})),
+                   nccl_package=nc.get("package", ""), nccl_version=nc.get("version", ""))
     except KeyError as e:
         raise UserError(f"{path} lacks the key {e}; compare with the repository's patches/pin.toml (README "
                         f"'Layout' says what each table holds)") from e
@@ -128,6 +144,8 @@ def write_pin(pin: Pin, dest: Path | None = None, template: Path | None = None) 
                           ("series", {"file": pin.series_file})):
         for key, value in values.items():
             doc[table][key] = value
+    if "nccl" in doc and pin.nccl_version:
+        doc["nccl"]["package"], doc["nccl"]["version"] = pin.nccl_package, pin.nccl_version
     _set_table(doc["base_blobs"], pin.base_blobs)
     _set_table(doc["patched_blobs"], pin.patched_blobs)
     dest.write_text(tomlkit.dumps(doc))

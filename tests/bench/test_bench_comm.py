@@ -4,6 +4,7 @@ bars and recommendation computed from a committed H200 run."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 from scripts.bench import bench_comm, comm_report
 from scripts.host.pcie import package_dir, read_defaults
+from scripts.series.pin import load_pin
 
 ROOT = Path(__file__).resolve().parents[2]
 # committed H200 runs with the default NCCL variant (run4's failed at bring-up: bench/results/README.md); the last
@@ -31,6 +33,13 @@ def test_bench_comm_harness_end_to_end_on_cpu(tmp_path):
     # every variant ran in its own ranks with its own environment, and every reduction was checked
     assert {r["variant"] for r in recs} == {"default", "pcie_defaults", "LL"}
     assert res["meta"]["variants"]["pcie_defaults"] == read_defaults(package_dir())  # from the patched source
+    # the NCCL axis: what torch loaded, what it was built with, and what the image pins (here: not in an image)
+    import torch
+
+    nccl = res["meta"]["nccl"]
+    assert nccl["expected"] == load_pin().nccl_version and nccl["expected_from"] == "patches/pin.toml [nccl]"
+    assert nccl["torch_build"] == ".".join(map(str, torch.cuda.nccl.version()[:3])) and nccl["loaded"]
+    assert nccl["package"] == load_pin().nccl_package and res["meta"]["image"] is None
     ar = [r for r in recs if r.get("kind") == "allreduce" and r.get("impl") == "nccl"]
     assert {(r["rows"], r["mode"]) for r in ar} >= {(4, "eager"), (8, "eager_single"), (64, "eager")}
     assert all(r["max_rel_err"] < 0.02 and not r["nan"] for r in ar)
@@ -44,9 +53,9 @@ def test_bench_comm_harness_end_to_end_on_cpu(tmp_path):
     assert "Verify-shaped forward" in cp.stdout and out.with_suffix(".png").stat().st_size > 1000
 
 
-def test_bench_comm_refuses_a_machine_without_gpus():
-    cp = subprocess.run([sys.executable, "-m", "scripts.bench.bench_comm"], cwd=ROOT, capture_output=True, text=True)
-    assert cp.returncode == 2 and "needs at least 2 GPUs" in cp.stderr
+def test_bench_comm_refuses_a_machine_without_gpus(tmp_path):
+    cp = run_bench_comm(path=f"{tmp_path}{os.pathsep}/usr/bin:/bin")  # no docker client here
+    assert cp.returncode == 2 and "sees 0 CUDA GPU(s), and 2 are needed" in cp.stderr
 
 
 def test_bench_comm_unknown_variant_is_named():
@@ -75,3 +84,77 @@ def test_bench_comm_floor():
     # ring / two-shot: 2 (n-1)/n x bytes per rank; 8 ranks, 8 rows x 7168 bf16 at 50 GB/s = 4.0 us
     assert comm_report.floor_us(8, 8, 50.0) == pytest.approx(2 * 7 / 8 * 8 * 7168 * 2 / 50e9 * 1e6)
     assert comm_report.floor_us(8, 8, None) is None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# where it runs: here, or in the serving image (a docker client on PATH that records what it is asked to run)
+
+FAKE_DOCKER = """#!/bin/sh
+# Stands in for the docker client: answers `image inspect` as told, and records the argv of `run` (runs nothing).
+case "$1" in
+  image)
+    case "{state}" in
+      present) echo sha256:0123456789abcdef0123456789abcdef; exit 0 ;;
+      missing) echo "Error response from daemon: No such image: $5" >&2; exit 1 ;;
+      down) echo "Cannot connect to the Docker daemon at unix:///var/run/docker.sock." >&2; exit 1 ;;
+    esac ;;
+  run) printf '%s\\n' "$@" > "{log}"; exit 0 ;;
+esac
+exit 3
+"""
+
+
+def fake_docker(tmp_path, state="present"):
+    bindir, log = tmp_path / "bin", tmp_path / "docker-run.argv"
+    bindir.mkdir()
+    (bindir / "docker").write_text(FAKE_DOCKER.format(state=state, log=log))
+    (bindir / "docker").chmod(0o755)
+    return bindir, log
+
+
+def run_bench_comm(*args, path, **env):
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "SGLANG_", "CUDA_", "EAGLE_"))}
+    return subprocess.run([sys.executable, "-m", "scripts.bench.bench_comm", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**clean, "PATH": path, **env})
+
+
+def test_bench_comm_runs_in_the_image_when_this_python_cannot(tmp_path):
+    bindir, log = fake_docker(tmp_path)
+    out = tmp_path / "res" / "bc.json"
+    cp = run_bench_comm("--variants", "default,LL", "--rows", "4", "--out", str(out),
+                        path=f"{bindir}{os.pathsep}/usr/bin:/bin", NCCL_DEBUG="WARN", SGLANG_API_KEY="k")
+    assert cp.returncode == 0, cp.stderr
+    image = load_pin().serving_image
+    assert f"bench-comm: running in the image {image} (sha256:" in cp.stderr
+    assert "because" in cp.stderr and "sees 0 CUDA GPU(s)" in cp.stderr  # the route and why
+    argv = log.read_text().splitlines()
+    assert argv[:5] == ["run", "--rm", "--gpus", "all", "--ipc=host"]
+    assert argv[argv.index(image) + 1:] == ["bench-comm", "--here", "--variants", "default,LL", "--rows", "4",
+                                            "--out", "/results/bc.json"]
+    assert f"{out.parent.resolve()}:/results" in argv and ["-e", "NCCL_DEBUG"] == argv[argv.index("NCCL_DEBUG") - 1:
+                                                                                         argv.index("NCCL_DEBUG") + 1]
+    assert "WARN" not in argv  # variables go by name: docker copies the value
+    assert "SGLANG_API_KEY" not in argv  # the server's key has no business in a benchmark container
+
+
+@pytest.mark.parametrize("state, why", [(None, "docker is not installed"),
+                                        ("missing", "is not here (build it: make image)"),
+                                        ("down", "the docker engine does not answer")])
+def test_bench_comm_without_gpus_here_or_the_image_says_what_is_missing(tmp_path, state, why):
+    bindir = fake_docker(tmp_path, state)[0] if state else tmp_path
+    cp = run_bench_comm("--variants", "default", path=f"{bindir}{os.pathsep}/usr/bin:/bin")
+    assert cp.returncode == 2, cp.stderr
+    assert "bench-comm cannot run here (" in cp.stderr and "sees 0 CUDA GPU(s)" in cp.stderr
+    assert why in cp.stderr and "make image" in cp.stderr and "Traceback" not in cp.stderr
+
+
+def test_bench_comm_here_never_uses_the_image(tmp_path):
+    bindir, log = fake_docker(tmp_path)
+    cp = run_bench_comm("--here", "--variants", "default", path=f"{bindir}{os.pathsep}/usr/bin:/bin")
+    assert cp.returncode == 2 and "needs at least 2 GPUs" in cp.stderr and not log.exists()
+
+
+def test_bench_comm_host_paths_do_not_go_into_the_image(tmp_path):
+    bindir, log = fake_docker(tmp_path)
+    cp = run_bench_comm("--sglang", str(tmp_path), path=f"{bindir}{os.pathsep}/usr/bin:/bin")
+    assert cp.returncode == 2 and "--sglang" in cp.stderr and "this host" in cp.stderr and not log.exists()

@@ -21,6 +21,7 @@ import pytest
 from scripts.host import checks, doctor
 from scripts.host import parsers as P
 from scripts.host.tools import CAPTURE_FILES, Probe, load_capture
+from scripts.series.pin import load_pin
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "doctor"
 
@@ -31,9 +32,9 @@ def capture(name: str) -> dict[str, str]:
     return rec
 
 
-def run(rec: dict[str, str], tp: int = 8, environ: dict | None = None, expected: str | None = None):
+def run(rec: dict[str, str], tp: int = 8, environ: dict | None = None, expected: str | None = None, **kw):
     probe = Probe(rec, python="python3", model_dir=Path("/models"))
-    findings, facts = doctor.diagnose(probe, tp=tp, environ=environ or {}, expected_patchset=expected)
+    findings, facts = doctor.diagnose(probe, tp=tp, environ=environ or {}, expected_patchset=expected, **kw)
     return {f.id: f for f in findings}, facts
 
 
@@ -306,3 +307,41 @@ def test_h200_xml_carries_the_text_capture():
     for g in xml.gpus:
         assert f"GPU {g.bus_id}\n" in text and f": {g.fb_total_mib} MiB" in text and f": {g.bar1_total_mib} MiB" in text
     assert f"Driver Version                                         : {xml.driver}" in text
+
+
+def test_doctor_says_who_can_reach_the_server(capsys, tmp_path):
+    rec = capture("pcie8x")
+    f, _ = run(rec)  # serve's default: loopback
+    assert f["serve.listen"].severity == "ok" and f["serve.listen"].message.startswith("listening on 127.0.0.1 only")
+    f, _ = run(rec, listen_host="0.0.0.0")
+    n = f["serve.listen"]
+    assert n.severity == "error" and "refusing to listen on 0.0.0.0 without an API key" in n.message
+    assert "export SGLANG_API_KEY=" in n.fix
+    f, _ = run(rec, listen_host="0.0.0.0", environ={"SGLANG_API_KEY": "s3cret"})
+    assert f["serve.listen"].severity == "ok" and "s3cret" not in f["serve.listen"].message
+    assert f["serve.listen"].message.startswith("listening on 0.0.0.0 with an API key from $SGLANG_API_KEY")
+    key = tmp_path / "key"
+    key.write_text("s3cret\n")
+    f, _ = run(rec, listen_host="::", api_key_file=str(key))
+    assert f["serve.listen"].severity == "ok" and f"from the file {key}" in f["serve.listen"].message
+    assert doctor.main(["--replay", str(FIX / "pcie8x"), "--listen-host", "0.0.0.0"]) == 1
+    assert "refusing to listen on 0.0.0.0" in capsys.readouterr().out
+
+
+def test_the_nccl_torch_loaded_is_what_counts():
+    """torch.cuda.nccl.version() is torch's build-time NCCL; the probe also reads the library torch loaded, and the
+    doctor judges that one (a 2.30.4 library under a torch built against 2.30.7 is the known hang)."""
+    rec = capture("pcie8x")
+    rec["nccl"] = json.dumps({"torch": "2.14.1+cu130", "nccl_build": "2.30.7", "nccl": "2.30.4",
+                              "nccl_lib": "/usr/lib/x86_64-linux-gnu/libnccl.so.2"}) + "\n"
+    f, facts = run(rec)
+    n = f["nccl.version"]
+    assert n.severity == "error" and n.message.startswith("NCCL 2.30.4 (loaded by torch 2.14.1+cu130 from /usr/lib")
+    assert "built against 2.30.7" in n.message and facts["nccl"] == "2.30.4"
+    pin = load_pin()
+    rec["nccl"] = json.dumps({"torch": "2.14.1+cu130", "nccl_build": "2.30.7", "nccl": "2.30.7",
+                              "nccl_lib": "/x/nvidia/nccl/lib/libnccl.so.2"})
+    f, _ = run(rec)  # on a host: the image's pin is information
+    assert f["nccl.version"].severity == "ok" and f"the image pins {pin.nccl_version}" in f["nccl.version"].message
+    f, _ = run(rec, environ={"EAGLE_NCCL_VERSION": pin.nccl_version})  # in the image built for the pin
+    assert f["nccl.version"].severity == "warn" and f"built to run NCCL {pin.nccl_version}" in f["nccl.version"].message

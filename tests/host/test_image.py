@@ -72,6 +72,11 @@ def run_segments() -> list[str]:
     return segs
 
 
+def segment(verb: str) -> str:
+    """The RUN step that runs scripts.<family>.<verb>."""
+    return next(seg for seg in run_segments() if re.match(rf"python3 -m scripts\.\w+\.{verb}\b", seg))
+
+
 def arg_defaults() -> dict[str, str]:
     out = {}
     for kw, args in INSTR:
@@ -81,13 +86,15 @@ def arg_defaults() -> dict[str, str]:
     return out
 
 
-def env_values() -> dict[str, str]:
+def env_values(build_args: dict[str, str] | None = None) -> dict[str, str]:
+    """The ENV values, ${ARG} references expanded as docker does (ARG defaults, then the build arguments given)."""
+    args = {**arg_defaults(), **(build_args or {})}
     out = {}
-    for kw, args in INSTR:
+    for kw, line in INSTR:
         if kw == "ENV":
-            for tok in shlex.split(args):
+            for tok in shlex.split(line):
                 k, _, v = tok.partition("=")
-                out[k] = v
+                out[k] = re.sub(r"\$\{(\w+)\}", lambda m: args.get(m.group(1), ""), v)
     return out
 
 
@@ -100,8 +107,10 @@ def test_every_run_step_is_a_project_verb():
         assert m, f"RUN step does not call a project verb: {seg}"
         assert (ROOT / "scripts" / m.group(1) / f"{m.group(2)}.py").is_file(), seg
         verbs.append(m.group(2))
-    assert verbs[:3] == ["apply", "smoke", "pcie_env"]
-    assert "--python python3" in segs[0] and "--python python3" in segs[2]
+    assert verbs == ["apply", "image_deps", "smoke", "pcie_env"]  # the NCCL is in place before smoke checks it
+    assert all("--python python3" in segment(v) for v in ("apply", "image_deps", "pcie_env"))
+    assert '--nccl "${NCCL_VERSION}"' in segment("image_deps")
+    assert '--expect-nccl "${NCCL_VERSION}"' in segment("smoke")
 
 
 def test_from_uses_the_pin():
@@ -170,14 +179,14 @@ def _wheel() -> Path:
     return w
 
 
-def _sandbox(tmp: Path) -> tuple[Path, dict[str, str]]:
-    """Unpacked wheel at tmp/site, a python3 shim, and the environment a RUN step sees in the image."""
+def _sandbox(tmp: Path, python: Path = VENV_PY) -> tuple[Path, dict[str, str]]:
+    """Unpacked wheel at tmp/site, a python3 shim (to `python`), and the environment a RUN step sees in the image."""
     site = tmp / "site"
     unpack_wheel(_wheel(), site, only=None)
     bindir = tmp / "bin"
     bindir.mkdir()
     shim = bindir / "python3"
-    shim.write_text(f"#!/bin/sh\nexec {shlex.quote(str(VENV_PY))} \"$@\"\n")
+    shim.write_text(f"#!/bin/sh\nexec {shlex.quote(str(python))} \"$@\"\n")
     shim.chmod(0o755)
     env = dict(os.environ)
     env.update(arg_defaults())
@@ -193,12 +202,30 @@ def _bash(cmd: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def image_site(tmp_path_factory):
-    """The real wheel after RUN step 1 (scripts.series.apply), run verbatim."""
+def image_python(tmp_path_factory) -> Path:
+    """The image's python3 stand-in: a throwaway venv that sees .venv's packages (torch, sglang's dependencies) through
+    a .pth file, so that RUN steps installing into "python3's environment" install there and leave .venv alone."""
+    import sysconfig
+
+    venv = tmp_path_factory.mktemp("image-venv") / "venv"
+    subprocess.run([str(VENV_PY), "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
+    py = venv / "bin" / "python"
+    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    Path(purelib, "dotvenv.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    return py
+
+
+@pytest.fixture(scope="module")
+def image_site(tmp_path_factory, image_python, nccl_wheels):
+    """The real wheel after the RUN steps apply and image_deps (the pinned NCCL, from a local copy of its PyPI
+    wheel), run verbatim with python3 = image_python."""
     tmp = tmp_path_factory.mktemp("image")
-    site, env = _sandbox(tmp)
-    cp = _bash(run_segments()[0], env)
-    assert cp.returncode == 0, cp.stdout + cp.stderr
+    site, env = _sandbox(tmp, image_python)
+    env.update(PIP_NO_INDEX="1", PIP_FIND_LINKS=str(nccl_wheels), PIP_DISABLE_PIP_VERSION_CHECK="1")
+    for verb in ("apply", "image_deps"):
+        cp = _bash(segment(verb), env)
+        assert cp.returncode == 0, cp.stdout + cp.stderr
     return site, env
 
 
@@ -211,8 +238,9 @@ def test_run_apply_patches_the_wheel_layout(image_site):
 
 def test_run_smoke_imports_every_patched_module(image_site):
     site, env = image_site
-    cp = _bash(run_segments()[1], env)
+    cp = _bash(segment("smoke"), env)
     assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert f"ok    NCCL {load_pin().nccl_version} loaded by torch" in cp.stdout  # the pinned one, not torch's own
     for mod in ("sglang", "sglang.srt.server_args", "sglang.launch_server"):
         assert f"ok    {mod}" in cp.stdout
     from scripts.host.smoke import plan
@@ -223,9 +251,29 @@ def test_run_smoke_imports_every_patched_module(image_site):
             assert f"ok    {mod}" in cp.stdout, cp.stdout
 
 
+def test_run_image_deps_puts_the_pinned_nccl_where_torch_loads_it(image_site, image_python):
+    _, env = image_site
+    pin = load_pin()
+    from scripts.host.nccl import NCCL_PROBE
+
+    cp = subprocess.run(["python3", "-c", NCCL_PROBE], env=env, capture_output=True, text=True, timeout=120)
+    info = json.loads(cp.stdout.strip().splitlines()[-1])
+    assert info["nccl"] == pin.nccl_version and info["dist_version"] == pin.nccl_version
+    assert info["nccl_lib"].startswith(str(image_python.parent.parent))  # the image python's own site-packages
+    again = _bash(segment("image_deps"), env)  # idempotent: already there, still checked
+    assert again.returncode == 0 and f"torch loads NCCL {pin.nccl_version}" in again.stderr
+
+
+def test_run_smoke_fails_on_another_nccl(image_site):
+    _, env = image_site
+    cp = _bash(segment("smoke").replace('"${NCCL_VERSION}"', "2.30.7"), env)
+    assert cp.returncode == 1 and f"FAIL  NCCL {load_pin().nccl_version} loaded by torch" in cp.stdout
+    assert "expected 2.30.7" in cp.stdout
+
+
 def test_run_pcie_env_reads_the_installed_defaults(image_site):
     site, env = image_site
-    cp = _bash(run_segments()[2], env)
+    cp = _bash(segment("pcie_env"), env)
     assert cp.returncode == 0, cp.stdout + cp.stderr
     from scripts.host.pcie import read_defaults
     from scripts.lib.envfile import parse_env
@@ -248,10 +296,10 @@ def test_run_pcie_env_step_wiring(tmp_path):
     (bindir / "python3").chmod(0o755)
     env.update(PYTHONPATH=str(site), PATH=f"{bindir}{os.pathsep}{env['PATH']}")
     src.write_text("_PCIE_NCCL_DEFAULTS = {'NCCL_EAGLE_TEST': '1'}\n")
-    ok = _bash(run_segments()[2], env)
+    ok = _bash(segment("pcie_env"), env)
     assert ok.returncode == 0 and "NCCL_EAGLE_TEST=1" in ok.stdout, ok.stdout + ok.stderr
     src.write_text("_PCIE_NCCL_DEFAULTS = dict(NCCL_EAGLE_TEST='1')\n")
-    bad = _bash(run_segments()[2], env)
+    bad = _bash(segment("pcie_env"), env)
     assert bad.returncode == 2 and "not a literal" in bad.stderr
 
 
@@ -317,6 +365,8 @@ def test_dry_run_build_command_carries_labels_and_args(capsys):
     assert args["BASE_IMAGE"] == pin.image_name and args["BASE_TAG"] == pin.image_tag
     assert args["BASE"] == f"{pin.image_name}:{pin.image_tag}" + (f"@{pin.image_digest}" if pin.image_digest else "")
     assert args["PATCHSET"] == patchset_id(patches)
+    assert args["IMAGE_TAG"] == "test/sglang:x"  # the image knows its name: bench-comm and test-gpu record it
+    assert env_values(args)["EAGLE_IMAGE"] == "test/sglang:x" and env_values(args)["EAGLE_RESULTS"] == "/results"
     assert args["PATCHES"] == ",".join(p.path.name for p in patches)
     for key in ("source", "version", "revision", "title", "description", "base.name", "base.digest"):
         assert labels.get(f"org.opencontainers.image.{key}"), key
@@ -353,3 +403,52 @@ def test_build_without_docker_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(image, "hadolint_path", lambda: None)
     with pytest.raises(image.UserError, match="not found"):
         image.main(["--docker", "no-such-docker-client", "--context", str(tmp_path / "ctx")])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the image as a drop-in: its verbs run from the image's layout (the assembled build context at EAGLE_HOME, the
+# patched sglang installed in site-packages, no build/ tree, no .git)
+
+
+def _entrypoint(ctx: Path, env: dict[str, str], *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["sh", str(ctx / "docker" / "entrypoint"), *args], env={**env, "EAGLE_HOME": str(ctx)},
+                          capture_output=True, text=True, timeout=600, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def image_home(image_site, tmp_path_factory):
+    ctx = image.assemble_context(tmp_path_factory.mktemp("home") / "opt-eagle")
+    assert not (ctx / "build").exists() and not (ctx / ".git").exists()
+    return ctx
+
+
+def test_image_bench_comm_reads_the_installed_sglang_and_writes_to_the_mount(image_site, image_home, tmp_path):
+    site, env = image_site
+    results = tmp_path / "results"
+    results.mkdir()
+    cp = _entrypoint(image_home, {**env, "EAGLE_RESULTS": str(results)}, "bench-comm", "--device", "cpu",
+                     "--variants", "default,pcie_defaults", "--rows", "4", "--prefill-rows", "", "--layers", "2",
+                     "--chain", "4", "--iters", "2", "--reps", "2", "--race-rows", "", cwd=tmp_path)
+    assert cp.returncode == 0, cp.stdout[-2000:] + cp.stderr[-3000:]
+    written = list(results.glob("bench-comm_*.json"))
+    assert len(written) == 1, cp.stderr[-2000:]
+    meta = json.loads(written[0].read_text())["meta"]
+    from scripts.host.pcie import read_defaults
+
+    assert meta["variants"]["pcie_defaults"] == read_defaults(site / "sglang")  # the installed, patched sglang
+
+
+def test_image_bench_comm_without_the_results_mount_says_how(image_site, image_home, tmp_path):
+    _, env = image_site
+    cp = _entrypoint(image_home, {**env, "EAGLE_RESULTS": str(tmp_path / "not-mounted")}, "bench-comm", "--device",
+                     "cpu", "--variants", "default", cwd=tmp_path)
+    assert cp.returncode == 2, cp.stderr
+    assert "does not exist" in cp.stderr and f"-v \"$PWD/bench/results:{tmp_path / 'not-mounted'}\"" in cp.stderr
+
+
+def test_image_doctor_and_test_gpu_run_from_the_image_layout(image_site, image_home, tmp_path):
+    _, env = image_site
+    doc = _entrypoint(image_home, env, "doctor", "--replay", str(ROOT / "tests/fixtures/doctor/pcie8x"), cwd=tmp_path)
+    assert doc.returncode in (0, 1) and "nccl.version" in doc.stdout, doc.stderr[-2000:]
+    gpu = _entrypoint(image_home, env, "test-gpu", cwd=tmp_path)  # no GPU here: the verb's own refusal, no traceback
+    assert gpu.returncode == 2 and "NVIDIA GPU(s) visible here" in gpu.stderr and "Traceback" not in gpu.stderr

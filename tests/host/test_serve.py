@@ -72,7 +72,7 @@ def test_default_profile_is_kimi_tp8_eagle3_chain(parser):
     assert ns.speculative_algorithm == "EAGLE3"
     assert (ns.speculative_num_steps, ns.speculative_eagle_topk, ns.speculative_num_draft_tokens) == (3, 1, 4)
     assert ns.speculative_draft_model_path == "AQ-MedAI/Kimi-K25-eagle3"
-    assert ns.host == "0.0.0.0" and ns.port == 30000 and ns.enable_metrics
+    assert ns.host == "127.0.0.1" and ns.port == 30000 and ns.enable_metrics  # loopback unless opted in
     assert ns.cuda_graph_max_bs_decode >= ns.max_running_requests
     assert ns.flashinfer_allreduce_fusion_backend is None  # gated to TP2 by the series; A/B by hand
     assert "flashinfer-allreduce-fusion-backend" not in serve.load_profile(DEFAULT).args
@@ -303,3 +303,108 @@ def test_entrypoint_dispatch(tmp_path):
     assert json.loads(_entry(tmp_path, "--dry-run", "--json").stdout)["argv"] == rep["argv"]
     other = _entry(tmp_path, "echo", "hello")
     assert other.returncode == 0 and other.stdout == "hello\n"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# who can reach the server: loopback unless the operator opts in, and then only with an API key
+
+KEY = "k3y-0f-the-0perator"
+
+
+@pytest.mark.parametrize("path", PROFILES, ids=[p.stem for p in PROFILES])
+def test_profiles_listen_on_loopback_and_say_so(path, parser):
+    plan = serve.build_plan(serve.load_profile(path), environ={}, python="python3")
+    assert parser.parse_args(plan.argv[3:]).host == "127.0.0.1"
+    assert plan.listen.loopback and "# listen: listening on 127.0.0.1 only" in serve.render(plan)
+
+
+@pytest.mark.parametrize("how", [{"host": "0.0.0.0"}, {"extra": ["--host", "0.0.0.0"]}, {"extra": ["--host=::"]}])
+def test_beyond_loopback_without_a_key_is_refused(index, how):
+    with pytest.raises(UserError, match=r"refusing to listen on (0\.0\.0\.0|::) without an API key") as e:
+        serve.main(["--dry-run", *(["--host", how["host"]] if "host" in how else []), "--", *how.get("extra", [])])
+    assert "export SGLANG_API_KEY=" in str(e.value) and "docker run -e SGLANG_API_KEY" in str(e.value)
+
+
+def test_a_profile_can_opt_in_and_still_needs_the_key(tmp_path, index):
+    p = tmp_path / "open.toml"
+    assert '\nhost = "127.0.0.1"\n' in DEFAULT.read_text()
+    p.write_text(DEFAULT.read_text().replace('\nhost = "127.0.0.1"\n', '\nhost = "0.0.0.0"\n', 1))
+    with pytest.raises(UserError, match="refusing to listen on 0.0.0.0"):
+        serve.build_plan(serve.load_profile(p), environ={}, index=index, python="python3")
+    plan = serve.build_plan(serve.load_profile(p), environ={"SGLANG_API_KEY": KEY}, index=index, python="python3")
+    assert plan.listen.line.startswith("listening on 0.0.0.0 with an API key from $SGLANG_API_KEY")
+
+
+def _fake_sglang(tmp_path) -> Path:
+    """A stand-in `sglang.launch_server` that reports what reached it: its sys.argv, its own command line as the
+    kernel shows it (/proc/self/cmdline, what `ps` prints) and whether the key is still in its environment."""
+    pkg = tmp_path / "fake" / "sglang"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "launch_server.py").write_text(
+        "import json, os, sys\n"
+        "print(json.dumps({'argv': sys.argv[1:], 'cmdline': open('/proc/self/cmdline').read().split('\\0'),\n"
+        "                  'env_key': os.environ.get('SGLANG_API_KEY')}))\n")
+    return pkg.parent
+
+
+def _exec_plan(plan, tmp_path) -> dict:
+    env = {**plan.child_env({"SGLANG_API_KEY": KEY, "PATH": os.environ["PATH"]}), "PYTHONPATH": str(_fake_sglang(tmp_path))}
+    cp = subprocess.run(plan.argv, env=env, capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    return json.loads(cp.stdout)
+
+
+def test_the_key_from_the_environment_reaches_sglang_off_every_command_line(index, tmp_path, parser, capsys):
+    plan = _plan(index, host="0.0.0.0", environ={"SGLANG_API_KEY": KEY})
+    assert plan.listen.line.startswith("listening on 0.0.0.0 with an API key from $SGLANG_API_KEY")
+    shown = serve.render(plan) + json.dumps(serve.as_json(plan))
+    assert KEY not in shown and KEY not in " ".join(plan.argv)
+    got = _exec_plan(plan, tmp_path)
+    assert got["argv"][-2:] == ["--api-key", KEY] and got["env_key"] is None
+    assert not [t for t in got["cmdline"] if KEY in t]  # not in what ps shows
+    ns = parser.parse_args(got["argv"])
+    assert ns.api_key == KEY and ns.host == "0.0.0.0" and ns.model_path == "moonshotai/Kimi-K2.5"
+
+
+def test_the_key_from_a_file_the_operator_names(index, tmp_path):
+    secret = tmp_path / "api_key"
+    secret.write_text(KEY + "\n")
+    plan = _plan(index, host="0.0.0.0", api_key_file=str(secret))
+    assert plan.listen.line.startswith(f"listening on 0.0.0.0 with an API key from the file {secret}")
+    got = _exec_plan(plan, tmp_path)
+    assert got["argv"][-2:] == ["--api-key", KEY] and KEY not in " ".join(plan.argv)
+    with pytest.raises(UserError, match="both"):
+        _plan(index, host="0.0.0.0", api_key_file=str(secret), environ={"SGLANG_API_KEY": KEY})
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(UserError, match="is empty"):
+        _plan(index, host="0.0.0.0", api_key_file=str(tmp_path / "empty"))
+    with pytest.raises(UserError, match="is empty"):
+        _plan(index, host="0.0.0.0", environ={"SGLANG_API_KEY": ""})
+
+
+def test_a_key_given_to_sglang_by_hand_wins_and_is_never_printed(index):
+    plan = _plan(index, extra=["--host", "0.0.0.0", "--api-key", KEY], environ={"SGLANG_API_KEY": "other"})
+    assert plan.argv[1:3] == ["-m", "sglang.launch_server"] and plan.argv[-2:] == ["--api-key", KEY]
+    assert "the command line" in plan.listen.line
+    shown = serve.render(plan) + json.dumps(serve.as_json(plan))
+    assert KEY not in shown and "--api-key '<redacted>'" in shown
+
+
+def test_loopback_with_a_key_uses_it(index):
+    plan = _plan(index, environ={"SGLANG_API_KEY": KEY})
+    assert plan.listen.line.startswith("listening on 127.0.0.1 only, with an API key from $SGLANG_API_KEY")
+    assert plan.argv[1] == "-c"
+
+
+def test_check_tells_the_doctor_where_serve_would_listen(monkeypatch):
+    got = {}
+
+    def fake_exec(path, argv, env):
+        got.update(argv=argv)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(os, "execve", fake_exec)
+    with pytest.raises(SystemExit):
+        serve.main(["--check", "--host", "0.0.0.0"])
+    assert got["argv"][got["argv"].index("--listen-host") + 1] == "0.0.0.0"

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from scripts.host import test_gpu
+from scripts.host import route, test_gpu
 from scripts.lib.errors import UserError
 from scripts.lib.repo import REPO_ROOT
 
@@ -39,8 +39,8 @@ def test_result_file_is_named_after_the_gpus():
 
 def test_no_usable_python_and_no_image_is_one_clear_error(monkeypatch, tmp_path):
     monkeypatch.setattr(test_gpu, "visible_gpus", lambda: ["NVIDIA H200"] * 2)
-    monkeypatch.setattr(test_gpu, "probe_python", lambda py: (False, "python3's torch sees 0 CUDA GPU(s)"))
-    monkeypatch.setattr(test_gpu, "image_ready", lambda image: (False, "docker is not installed"))
+    monkeypatch.setattr(route, "probe_python", lambda py: {"torch": "2.14.1", "gpus": 0})
+    monkeypatch.setattr(route, "image_ready", lambda image: (False, "docker is not installed"))
     with pytest.raises(UserError) as e:
         test_gpu.main(["--out", str(tmp_path / "r.json")])
     assert "sees 0 CUDA GPU(s)" in str(e.value) and "docker is not installed" in str(e.value)
@@ -54,3 +54,26 @@ def test_finish_adds_what_ran_to_the_tests_document(tmp_path):
     assert json.loads(out.read_text())["meta"]["gpus"] == ["NVIDIA H200"] * 2 and doc["passed"] == 9
     with pytest.raises(UserError, match="wrote no result document"):
         test_gpu.finish(tmp_path / "missing.json", {})
+
+
+def test_the_image_route_says_why_and_mounts_the_results(monkeypatch, tmp_path, capsys):
+    """This python's torch sees no GPU (true here): the run goes to the image, through the docker client on PATH
+    (one that records what it is asked to run and runs nothing, so no result document comes back)."""
+    bindir, log = tmp_path / "bin", tmp_path / "argv"
+    bindir.mkdir()
+    (bindir / "docker").write_text(f"#!/bin/sh\ncase \"$1\" in image) echo sha256:00ff; exit 0;; "
+                                   f"run) printf '%s\\n' \"$@\" > {log}; exit 0;; esac\nexit 3\n")
+    (bindir / "docker").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
+    monkeypatch.setattr(test_gpu, "visible_gpus", lambda: ["NVIDIA H200"] * 2)
+    with pytest.raises(UserError, match="wrote no result document"):
+        test_gpu.main(["--out", str(tmp_path / "r" / "t.json"), "--", "-k", "faults"])
+    err = capsys.readouterr().err
+    assert "test-gpu: running in the image eagle-fast-verify/sglang:" in err and "because" in err
+    assert "sees 0 CUDA GPU(s)" in err
+    argv = log.read_text().splitlines()
+    assert argv[:5] == ["run", "--rm", "--gpus", "all", "--ipc=host"]
+    assert f"{(tmp_path / 'r').resolve()}:/results" in argv
+    image = route.default_image()
+    assert argv[argv.index(image) + 1:] == ["test-gpu", "--here", "--out", "/results/t.json", "--timeout", "600", "--",
+                                            "-k", "faults"]

@@ -1,0 +1,120 @@
+"""Who can reach the server: the one rule `serve` applies and the doctor reports (check `listen`).
+
+- A loopback host (127.0.0.0/8, ::1, localhost; SGLang's own default --host is 127.0.0.1): only this machine can
+  connect (with `docker run --network host`, the box itself). "listening on 127.0.0.1 only".
+- Any other host (0.0.0.0, ::, an address or a name) is the operator's opt-in (`serve --host 0.0.0.0`, `host` under
+  a profile's [defaults], or `serve -- --host ...`) and needs an API key: from $SGLANG_API_KEY, from a file the
+  operator names (`serve --api-key-file FILE`, e.g. a mounted docker secret), or given to sglang by hand
+  (`serve -- --api-key ...`, which then is on the command line). Without one, serve refuses to start.
+
+The key reaches SGLang's --api-key inside the launched process (key_argv: `python3 -c KEY_SHIM SOURCE ARGS...`
+appends it to sys.argv and runs sglang.launch_server as `-m` would), so it is on no command line: not in `ps`, not
+in what serve prints. SGLang 0.5.23 itself logs its server_args at startup, api_key included (NOTE_SGLANG_LOGS).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+from pathlib import Path
+
+from ..lib.errors import UserError
+
+KEY_VAR = "SGLANG_API_KEY"
+SGLANG_DEFAULT_HOST = "127.0.0.1"
+KEY_FLAGS = ("--api-key", "--admin-api-key")
+# argv: python3 -c KEY_SHIM env:NAME|file:PATH SGLANG_ARGS... (the key leaves the environment of sglang's children)
+KEY_SHIM = ("import os, runpy, sys; kind, _, ref = sys.argv.pop(1).partition(':'); "
+            "key = os.environ.pop(ref) if kind == 'env' else open(ref).read().strip(); "
+            "sys.argv += ['--api-key', key]; "
+            "runpy.run_module('sglang.launch_server', run_name='__main__', alter_sys=True)")
+NOTE_SGLANG_LOGS = ("SGLang 0.5.23 prints its server_args at startup, api_key included: keep the server's log "
+                    "(docker logs) as private as the key")
+FIX = (f"export {KEY_VAR}=$(openssl rand -hex 32) and pass it into the container by name (docker run -e {KEY_VAR} "
+       f"...), or name a file holding the key (serve --api-key-file /run/secrets/sglang_api_key), or serve on "
+       f"loopback only (leave out --host 0.0.0.0)")
+
+
+@dataclasses.dataclass
+class Listen:
+    host: str
+    loopback: bool
+    key_from: str = ""  # "$SGLANG_API_KEY", "the file PATH", "the command line (--api-key)", or "" (no key)
+    key_spec: str = ""  # what KEY_SHIM reads: "env:SGLANG_API_KEY" or "file:PATH" ("": nothing to add)
+    refusal: str = ""  # why serve must not start ("" when it may)
+
+    @property
+    def line(self) -> str:
+        if self.refusal:
+            return self.refusal
+        key = f"with an API key from {self.key_from}" if self.key_from else ""
+        if self.loopback:
+            return f"listening on {self.host} only" + (f", {key}" if key else
+                                                       f": other machines cannot connect (to open it: serve --host "
+                                                       f"0.0.0.0 with {KEY_VAR} set)")
+        return f"listening on {self.host} {key}"
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name other than localhost: it may resolve to any interface
+
+
+def _key_file(path: str) -> None:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise UserError(f"--api-key-file {path}: cannot read it ({e.strerror}); mount the file into the container "
+                        f"(docker run -v /path/on/host:{path}:ro) or fix the path") from e
+    if not text.strip():
+        raise UserError(f"--api-key-file {path} is empty: write the key into it (openssl rand -hex 32 > {path})")
+
+
+def decide(host: str, environ: dict[str, str], key_file: str | None = None, cli_key: bool = False) -> Listen:
+    """Where serve listens and with which key; refusal set when a host beyond loopback has no key. A UserError for
+    a key source that is set but unusable (empty, unreadable, two sources)."""
+    out = Listen(host=host, loopback=is_loopback(host))
+    if cli_key:
+        out.key_from = "the command line (--api-key; visible in ps, redacted in what serve prints)"
+        return out
+    if key_file is not None and KEY_VAR in environ:
+        raise UserError(f"both {KEY_VAR} and --api-key-file {key_file} are set: keep one (unset {KEY_VAR}, or leave "
+                        f"out --api-key-file)")
+    if KEY_VAR in environ:
+        if not environ[KEY_VAR].strip():
+            raise UserError(f"{KEY_VAR} is empty: set it to the key (export {KEY_VAR}=$(openssl rand -hex 32)), or "
+                            f"unset it")
+        out.key_from, out.key_spec = f"${KEY_VAR}", f"env:{KEY_VAR}"
+    elif key_file is not None:
+        _key_file(key_file)
+        out.key_from, out.key_spec = f"the file {key_file}", f"file:{key_file}"
+    elif not out.loopback:
+        out.refusal = (f"refusing to listen on {host} without an API key: anyone who reaches this port could use "
+                       f"the model")
+    return out
+
+
+def key_argv(python: str, key_spec: str, sglang_args: list[str]) -> list[str]:
+    """The command that starts sglang with the key added inside the process (see KEY_SHIM)."""
+    return [python, "-c", KEY_SHIM, key_spec, *sglang_args]
+
+
+def redacted(argv: list[str]) -> list[str]:
+    """argv with the value of every --api-key / --admin-api-key replaced (for printing)."""
+    out, hide = [], False
+    for t in argv:
+        name = t.split("=", 1)[0]
+        if hide:
+            out.append("<redacted>")
+            hide = False
+        elif name in KEY_FLAGS and "=" in t:
+            out.append(f"{name}=<redacted>")
+        else:
+            out.append(t)
+            hide = t in KEY_FLAGS
+    return out
