@@ -133,8 +133,9 @@ def _require_clean_checkout(repo: Path, pin: Pin) -> None:
                         f"Commit or stash them (git stash -u), or start from a clean checkout of {pin.tag}.")
 
 
-def apply_git(repo: Path, pin: Pin, base: dict | None = None) -> str:
-    """Apply the series to a clean git checkout at the pinned base. Returns 'applied' or 'already'."""
+def apply_git(repo: Path, pin: Pin, base: dict | None = None, scratch: bool = False) -> str:
+    """Apply the series to a clean git checkout at the pinned base. Returns 'applied' or 'already'.
+    scratch: the tree is the caller's to throw away on failure (a conflict's message then says nothing about it)."""
     git.require_git()
     repo = Path(repo).resolve()
     _require_clean_checkout(repo, pin)
@@ -152,9 +153,10 @@ def apply_git(repo: Path, pin: Pin, base: dict | None = None) -> str:
         git.git(repo, "am", "--abort", check=False)
         git.git(repo, "reset", "-q", "--hard", orig, check=False)
         name = failed.path.name if failed else "(unknown patch)"
+        rolled_back = "" if scratch else f"The tree is back at {orig[:12]}, unchanged. "
         raise ConflictError(
             f"patch {name} does not apply to {repo}: conflict in {', '.join(files) or '(see git output)'}.\n"
-            f"The tree is back at {orig[:12]}, unchanged. Refresh the patch against {pin.tag} "
+            f"{rolled_back}Refresh the patch against {pin.tag} "
             f"(make refresh) or fix it in build/sglang and `make export`.\n"
             f"--- git am said:\n{res.output.strip()[-2000:]}")
     _check_result(layout, pin, patches)

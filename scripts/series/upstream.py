@@ -209,7 +209,8 @@ def ensure_base(pin: Pin, source: str = "auto", cache_dir: Path = CACHE_DIR, rep
         info = json.loads(base_info_path(bare).read_text())
         if source in ("auto", info["source"]):
             return bare, info
-        shutil.rmtree(bare)
+        say(f"the base cache {bare} was made by {info['source']}; making it by {source} beside it (the cache is "
+            f"replaced only when that succeeds)")
     cache_dir.mkdir(parents=True, exist_ok=True)
     w = wheel or {}
     source = _pick_source(source, repository, tag, w.get("requirement", pin.wheel_requirement))
@@ -222,9 +223,31 @@ def ensure_base(pin: Pin, source: str = "auto", cache_dir: Path = CACHE_DIR, rep
             digest = w.get("sha256") or sha256_file(path)
             commit = git_tree_from_wheel(path, work, tag, digest)
             info = {"source": "wheel", "tag": tag, "wheel": path.name, "sha256": digest, "commit": commit}
-        git.git(cache_dir, "clone", "-q", "--bare", str(work), str(bare))
-        base_info_path(bare).write_text(json.dumps(info, indent=1) + "\n")
+        new = Path(tmp) / bare.name
+        git.git(cache_dir, "clone", "-q", "--bare", str(work), str(new))
+        base_info_path(new).write_text(json.dumps(info, indent=1) + "\n")
+        replace_dir(new, bare)
     return bare, info
+
+
+def replace_dir(new: Path, dest: Path) -> None:
+    """Put the directory `new` where `dest` is: the old one is renamed aside (into a fresh hidden directory beside it),
+    the new one renamed in, and only then is the old one removed; if the rename in fails, the old one is put back.
+    dest need not exist; new must be on the same file system (beside dest)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    holder = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
+    aside = holder / dest.name
+    try:
+        if dest.exists():
+            dest.rename(aside)
+        new.rename(dest)
+    except BaseException:
+        if aside.exists() and not dest.exists():
+            aside.rename(dest)
+        if not aside.exists():
+            holder.rmdir()
+        raise
+    shutil.rmtree(holder)  # the old one, now that the new one is in place
 
 
 def clone_base(bare: Path, dest: Path, tag: str) -> None:

@@ -193,3 +193,42 @@ def test_apply_site_packages_refuses_the_wrong_release(tmp_path, wheel_0522):
     cp = apply("--site-packages", d)
     assert cp.returncode == 2 and "SGLang 0.5.22" in cp.stderr
     assert read_record(d / "sglang") is None
+
+
+def _snapshot(tree: Path) -> tuple:
+    """What a failed rebuild must not change: HEAD, the record, the tracked files' blobs, a clean status."""
+    return git.head(tree), read_record(tree / "python" / "sglang"), blobs(tree), git.status_porcelain(tree)
+
+
+def test_a_failed_rebuild_leaves_the_old_tree_and_the_base_cache(tmp_path, wheel_0523):
+    """make apply REBUILD=1 builds beside the old tree and swaps only on success: a clone that cannot reach
+    GitHub or a patch that does not apply leaves build/sglang and the base cache exactly as they were."""
+    dest, cache = tmp_path / "sglang", tmp_path / "cache"
+    assert apply("--dest", dest, "--source", "wheel", cache=cache, wheel=wheel_0523).returncode == 0
+    before = _snapshot(dest)
+    bare = cache / f"sglang-{PIN.tag}.git"
+    cached = sorted(p.name for p in bare.iterdir())
+    no_github = {"SGLANG_REPO": f"file://{tmp_path}/no-such-upstream.git"}
+    cp = apply("--dest", dest, "--rebuild", "--source", "clone", cache=cache, env=no_github)
+    assert cp.returncode == 2, cp.stderr
+    assert _snapshot(dest) == before and f"{dest} was left as it was" in cp.stderr
+    assert sorted(p.name for p in bare.iterdir()) == cached  # the wheel-built base cache survives
+    cp = apply("--dest", dest, "--rebuild", "--patches-dir", _broken_series(tmp_path, 4), cache=cache)
+    assert cp.returncode == 3, cp.stderr
+    assert _snapshot(dest) == before and f"{dest} was left as it was" in cp.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "patches", "sglang"]  # no .new / .old left
+    cp = apply("--dest", dest, "--rebuild", cache=cache)
+    assert cp.returncode == 0, cp.stderr
+    assert subjects(dest) == [p.subject for p in PATCHES] and git.status_porcelain(dest) == ""
+    assert read_record(dest / "python" / "sglang")["applied_at"] >= before[1]["applied_at"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "patches", "sglang"]
+
+
+def test_a_failed_first_build_leaves_no_tree(tmp_path, wheel_0523):
+    """Without a tree yet, a patch that does not apply leaves nothing behind (not a bare base tree that the next
+    make apply would take for the user's)."""
+    dest = tmp_path / "sglang"
+    cp = apply("--dest", dest, "--source", "wheel", "--patches-dir", _broken_series(tmp_path, 4),
+               cache=tmp_path / "cache", wheel=wheel_0523)
+    assert cp.returncode == 3, cp.stderr
+    assert not dest.exists() and not (tmp_path / "sglang.new").exists()
