@@ -8,10 +8,13 @@
 The base for build/sglang comes from `git clone --branch <tag>` when the upstream repository answers, otherwise
 from the pinned PyPI wheel (verified by sha256) unpacked under python/ in a fresh git repository whose single
 commit carries the tag. SGLANG_BASE=clone|wheel forces one; SGLANG_WHEEL=<file> uses a wheel you already have.
-Re-running is a no-op. A new build/sglang (the first, --rebuild, or one that holds an older patch set) is built
+Every patch is parsed first: a corrupt one is named (file, line, how to restore it) before any tree is touched.
+Re-running is a no-op when the tree's record (sglang/_patchset.json) names the patch set of patches/; otherwise
+the tree is built again. A new build/sglang (the first, --rebuild, or one that holds an older patch set) is built
 beside the old one (build/sglang.new) and swapped in only when every patch applied: a failure leaves the old tree
-(or none) as it was, and never removes the base cache. Exit status: 0 applied or already applied; 2 a problem you can fix (dirty tree, wrong
-release, pin out of sync: the message says how); 3 a patch does not apply (the tree is left as it was).
+(or none) as it was, and never removes the base cache.
+Exit status: 0 applied or already applied; 2 a problem you can fix (dirty tree, wrong release, corrupt patch, pin
+out of sync: the message says how); 3 a patch does not apply (the tree is left as it was).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from ..lib.repo import BUILD_DIR
 from .patchfile import series_patches
 from .patching import Layout, apply_git, apply_site, classify
 from .pin import load_pin
-from .record import read_record
+from .record import patchset_changes, patchset_id, read_record
 from .upstream import SOURCES, clone_base, ensure_base, replace_dir
 
 DEFAULT_TREE = BUILD_DIR / "sglang"
@@ -50,14 +53,15 @@ def build_tree(pin, dest: Path, source: str, rebuild: bool = False) -> str:
         if why is None:
             return apply_git(dest, pin, base=(read_record(Layout(dest, "git").pkg_dir) or {}).get("base"))
         say(why)
-    elif dest.exists():
+    elif rebuild and dest.exists():
         say(f"--rebuild: building a new tree beside {dest}; it replaces {dest} only when every patch applied")
     return _build_beside(pin, dest, source)
 
 
 def _why_rebuild(dest: Path, pin) -> str | None:
-    """Why the existing tree must be built again (it holds another patch set), or None: apply_git handles it
-    (applies to a tree at the base, says a tree holding the series has nothing to do, refuses a dirty tree)."""
+    """Why the existing tree must be built again (its record names another patch set than patches/), or None:
+    apply_git handles it (applies to a tree at the base, says a tree holding the series has nothing to do, refuses
+    a dirty tree). A tree with commits after the last apply or export is refused: they are not in patches/."""
     layout = Layout(dest, "git")
     rec = read_record(layout.pkg_dir)
     if not rec or git.status_porcelain(dest):
@@ -65,13 +69,15 @@ def _why_rebuild(dest: Path, pin) -> str | None:
     head = git.head(dest)
     if head == git.git(dest, "rev-parse", "-q", "--verify", f"{pin.tag}^{{commit}}", check=False).stdout.strip():
         return None
-    if classify(layout, pin, series_patches(pin)).kind == "patched":
-        return None
     if rec.get("head") != head:
-        raise UserError(f"{dest} has commits that are not in patches/ (HEAD {head[:12]}, last apply "
+        raise UserError(f"{dest} has commits that are not in patches/ (HEAD {head[:12]}, last apply or export "
                         f"{str(rec.get('head'))[:12]}). Export them first (make export), or discard them "
                         f"with make apply REBUILD=1.")
-    return f"{dest} holds an older patch set ({rec.get('patchset')}); building {pin.tag} + the series beside it"
+    patches = series_patches(pin)
+    if rec.get("patchset") == patchset_id(patches) and classify(layout, pin, patches).kind == "patched":
+        return None
+    return (f"{dest} was built from patch set {rec.get('patchset')}, but patches/ is {patchset_id(patches)} "
+            f"({patchset_changes(rec, patches)}): building {pin.tag} + the series beside it")
 
 
 def _build_beside(pin, dest: Path, source: str) -> str:
@@ -115,6 +121,7 @@ def main(argv=None) -> int:
         raise UserError("--rebuild (make apply REBUILD=1) rebuilds the default tree (--dest), not a tree you named "
                         "with --src, --site-packages or --python: drop one of them")
     pin = load_pin(a.patches_dir)
+    series_patches(pin)  # every patch parses (a corrupt one is named) before any tree is touched
     if a.src:
         apply_git(a.src, pin)
     elif a.site_packages or a.python:

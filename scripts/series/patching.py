@@ -18,9 +18,9 @@ from pathlib import Path
 from ..lib import git
 from ..lib.errors import ConflictError, UserError
 from ..lib.progress import say
-from .patchfile import PatchInfo, series_patches, touched_files
+from .patchfile import PatchInfo, restore_hint, series_patches, touched_files
 from .pin import NULL_BLOB, Pin
-from .record import RECORD_NAME, make_record, read_record, write_record
+from .record import RECORD_NAME, make_record, patchset_changes, patchset_id, read_record, write_record
 from .upstream import add_excludes, read_version
 
 
@@ -83,13 +83,22 @@ def _preflight(layout: Layout, pin: Pin, patches: list[PatchInfo], base: dict) -
     state = classify(layout, pin, patches)
     if state.kind == "mixed":
         raise UserError(wrong_base_message(layout, pin, state))
-    if state.kind == "patched":
-        if read_record(layout.pkg_dir) is None:
-            write_record(layout.pkg_dir, make_record(pin, patches, layout.kind, base))
-        say(f"{layout.pkg_dir if layout.kind == 'site' else layout.root} already has the {len(patches)} patches "
-            f"of this series; nothing to do")
-        return True
-    return False
+    if state.kind != "patched":
+        return False
+    where = layout.pkg_dir if layout.kind == "site" else layout.root
+    rec = read_record(layout.pkg_dir)
+    if rec is not None and rec.get("patchset") != patchset_id(patches):
+        what = f"patch set {rec.get('patchset')}; patches/ is {patchset_id(patches)} ({patchset_changes(rec, patches)})"
+        if layout.kind == "git":
+            raise UserError(f"{where} holds the files of this series, but its commits come from another {what}; "
+                            f"nothing was changed. Apply the series again from the base: git -C {where} reset --hard "
+                            f"{pin.tag} (drops its commits after the tag), then make apply SGLANG_SRC={where}")
+        say(f"{where} holds the files of this series, applied from {what}: only its record changes")
+        rec = None
+    if rec is None:
+        write_record(layout.pkg_dir, make_record(pin, patches, layout.kind, base))
+    say(f"{where} already has the {len(patches)} patches of this series; nothing to do")
+    return True
 
 
 def _check_result(layout: Layout, pin: Pin, patches: list[PatchInfo]) -> None:
@@ -121,6 +130,25 @@ def am_failure(repo: Path, patches: list[PatchInfo], output: str) -> tuple[Patch
     return failed, files
 
 
+def without_am_advice(output: str) -> str:
+    """git am's output less its advice to continue, skip, abort or show the patch: the tool has already rolled
+    back, so none of those commands applies any more."""
+    return "\n".join(line for line in output.strip().splitlines()
+                     if not re.search(r"git am --|^hint: |^Disable this message", line))
+
+
+def _misfit(failed: PatchInfo | None, tree: Path, files: list[str], pin: Pin) -> str:
+    name = failed.path.name if failed else "(unknown patch)"
+    return (f"patch {name} does not apply to {tree}: conflict in {', '.join(files) or '(see git output)'}. The "
+            f"files it changes were checked to be the pinned base {pin.tag} before applying, so the patch no longer "
+            f"fits the code it was exported from: it was edited or damaged since.")
+
+
+def _fix_misfit(failed: PatchInfo | None) -> str:
+    restore = restore_hint(failed.path) if failed else "git checkout -- patches/ (the committed series)"
+    return f"Restore the patch: {restore}; make check-patches then checks the series."
+
+
 def _require_clean_checkout(repo: Path, pin: Pin) -> None:
     if not git.is_repo(repo):
         raise UserError(f"{repo} is not the top of a git checkout. Clone SGLang {pin.tag} "
@@ -138,8 +166,8 @@ def apply_git(repo: Path, pin: Pin, base: dict | None = None, scratch: bool = Fa
     scratch: the tree is the caller's to throw away on failure (a conflict's message then says nothing about it)."""
     git.require_git()
     repo = Path(repo).resolve()
+    patches = series_patches(pin)  # a corrupt patch is refused before the tree is touched
     _require_clean_checkout(repo, pin)
-    patches = series_patches(pin)
     layout = Layout(repo, "git")
     if _preflight(layout, pin, patches, base or {"source": "checkout"}):
         return "already"
@@ -152,13 +180,11 @@ def apply_git(repo: Path, pin: Pin, base: dict | None = None, scratch: bool = Fa
         failed, files = am_failure(repo, patches, res.output)
         git.git(repo, "am", "--abort", check=False)
         git.git(repo, "reset", "-q", "--hard", orig, check=False)
-        name = failed.path.name if failed else "(unknown patch)"
         rolled_back = "" if scratch else f"The tree is back at {orig[:12]}, unchanged. "
         raise ConflictError(
-            f"patch {name} does not apply to {repo}: conflict in {', '.join(files) or '(see git output)'}.\n"
-            f"{rolled_back}Refresh the patch against {pin.tag} "
-            f"(make refresh) or fix it in build/sglang and `make export`.\n"
-            f"--- git am said:\n{res.output.strip()[-2000:]}")
+            f"{_misfit(failed, repo, files, pin)}\n{rolled_back}{_fix_misfit(failed)}\n"
+            f"--- git am said (its advice on how to go on is left out: the tool has already rolled back):\n"
+            f"{without_am_advice(res.output)[-2000:]}")
     _check_result(layout, pin, patches)
     rec = make_record(pin, patches, "git", base or {"source": "checkout", "commit": orig}, head=git.head(repo))
     write_record(layout.pkg_dir, rec)
@@ -185,8 +211,8 @@ def _stage(layout: Layout, pin: Pin, patches: list[PatchInfo], stage: Path) -> L
         res = git.git(stage, "apply", "--whitespace=nowarn", str(p.path), check=False)
         if not res.ok:
             bad = sorted(set(re.findall(r"patch failed: (\S+?):\d+", res.stderr))) or list(p.files)
-            raise ConflictError(f"patch {p.path.name} does not apply to {layout.root}: conflict in {', '.join(bad)}.\n"
-                                f"Nothing was changed there.\n--- git apply said:\n{res.stderr.strip()[-2000:]}")
+            raise ConflictError(f"{_misfit(p, layout.root, bad, pin)}\nNothing was changed there. {_fix_misfit(p)}\n"
+                                f"--- git apply said:\n{res.stderr.strip()[-2000:]}")
     staged = Layout(stage, "git")
     for f in files:
         if (git.file_blob(staged.path_of(f)) or NULL_BLOB) != pin.patched_blobs[f]:

@@ -134,6 +134,9 @@ def test_apply_conflict_aborts_and_names_patch_and_file(tmp_path, base_clone):
     assert git.status_porcelain(base_clone) == ""
     assert not (base_clone / ".git" / "rebase-apply").exists()
     assert blobs(base_clone) == PIN.base_blobs
+    for hint in ("--continue", "--skip", "--abort"):  # git am's hints: the tool already rolled back
+        assert hint not in cp.stderr, cp.stderr
+    assert f"git checkout -- patches/{broken.path.name}" in cp.stderr and "make refresh" not in cp.stderr
 
 
 def test_apply_refuses_the_wrong_release(tmp_path, wheel_0522):
@@ -232,3 +235,47 @@ def test_a_failed_first_build_leaves_no_tree(tmp_path, wheel_0523):
                cache=tmp_path / "cache", wheel=wheel_0523)
     assert cp.returncode == 3, cp.stderr
     assert not dest.exists() and not (tmp_path / "sglang.new").exists()
+
+
+def _truncated_series(tmp_path: Path, index: int) -> Path:
+    """A copy of patches/ whose patch `index` lost its last lines (as a copy cut short would)."""
+    d = tmp_path / "truncated"
+    shutil.copytree(PIN.patches_dir, d)
+    p = d / PATCHES[index].path.name
+    p.write_text("".join(p.read_text().splitlines(keepends=True)[:-3]))
+    return d
+
+
+def test_apply_refuses_a_corrupt_patch_before_touching_the_tree(tmp_path, base_clone):
+    """A truncated patch is named as corrupt (file, line, how to restore it), before any tree is touched: not a
+    conflict, no pointer to refresh."""
+    name = PATCHES[3].path.name
+    exclude = (base_clone / ".git" / "info" / "exclude").read_text()
+    head = git.head(base_clone)
+    cp = apply("--src", base_clone, "--patches-dir", _truncated_series(tmp_path, 3))
+    assert cp.returncode == 2, cp.stderr
+    assert f"corrupt patch {name}, line " in cp.stderr and f"git checkout -- patches/{name}" in cp.stderr
+    assert "conflict" not in cp.stderr and "refresh" not in cp.stderr
+    assert git.head(base_clone) == head and git.status_porcelain(base_clone) == ""
+    assert (base_clone / ".git" / "info" / "exclude").read_text() == exclude
+
+
+def test_apply_on_a_patched_tree_compares_the_recorded_patch_set(tmp_path, wheel_0523):
+    """make apply on build/sglang compares the tree's record with patches/: a corrupt patch is reported (not
+    "nothing to do"), and a series whose patches changed (here one message) is built again."""
+    dest, cache = tmp_path / "sglang", tmp_path / "cache"
+    assert apply("--dest", dest, "--source", "wheel", cache=cache, wheel=wheel_0523).returncode == 0
+    head = git.head(dest)
+    cp = apply("--dest", dest, "--patches-dir", _truncated_series(tmp_path, 6), cache=cache)
+    assert cp.returncode == 2 and f"corrupt patch {PATCHES[6].path.name}, line " in cp.stderr, cp.stderr
+    assert "nothing to do" not in cp.stderr and git.head(dest) == head
+    changed = tmp_path / "reworded"
+    shutil.copytree(PIN.patches_dir, changed)
+    p = changed / PATCHES[2].path.name
+    p.write_text(p.read_text().replace("\nWhy: ", "\nWhy: (reworded) ", 1))
+    cp = apply("--dest", dest, "--patches-dir", changed, cache=cache)
+    assert cp.returncode == 0, cp.stderr
+    assert "nothing to do" not in cp.stderr and PATCHES[2].path.name in cp.stderr  # says what changed
+    rec = read_record(dest / "python" / "sglang")
+    assert rec["patchset"] == patchset_id(series_patches(load_pin(changed)))
+    assert "(reworded)" in git.out(dest, "log", "--format=%B", f"{PIN.tag}..HEAD")
