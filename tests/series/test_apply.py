@@ -72,7 +72,9 @@ def test_apply_from_wheel_builds_the_patched_tree(tmp_path, wheel_0523):
 
 def test_apply_auto_falls_back_to_the_wheel_and_says_so(tmp_path, wheel_0523):
     dest = tmp_path / "sglang"
-    cp = apply("--dest", dest, cache=tmp_path / "cache", wheel=wheel_0523,
+    (tmp_path / "cache").mkdir()
+    shutil.copy2(wheel_0523, tmp_path / "cache" / wheel_0523.name)  # in the wheel cache: no download, no SGLANG_WHEEL
+    cp = apply("--dest", dest, cache=tmp_path / "cache",
                env={"SGLANG_REPO": f"file://{tmp_path}/no-such-upstream.git"})
     assert cp.returncode == 0, cp.stderr
     assert "is not reachable" in cp.stderr and "falling back to the pinned PyPI wheel" in cp.stderr
@@ -152,13 +154,40 @@ def test_apply_refuses_the_wrong_release(tmp_path, wheel_0522):
     assert blobs(tree) == before and git.status_porcelain(tree) == ""
 
 
+def _says_what_the_wheel_is(stderr: str, fake: Path) -> None:
+    """The refusal of an SGLANG_WHEEL names the file as found (name, version from its metadata, sha256) and what
+    the pin wants; it never tells the operator to delete their own file."""
+    assert f"SGLANG_WHEEL={fake}" in stderr and "sglang 0.5.22" in stderr and sha256_file(fake) in stderr, stderr
+    assert "patches/pin.toml" in stderr and PIN.wheel_filename in stderr and PIN.wheel_sha256 in stderr, stderr
+    assert "delete" not in stderr.lower(), stderr
+
+
 def test_apply_refuses_a_wheel_with_the_wrong_hash(tmp_path, wheel_0522):
     fake = tmp_path / PIN.wheel_filename
     shutil.copy2(wheel_0522, fake)  # right name, wrong contents
     cp = apply("--dest", tmp_path / "sglang", "--source", "wheel", cache=tmp_path / "cache", wheel=fake)
     assert cp.returncode == 2
-    assert PIN.wheel_sha256 in cp.stderr and sha256_file(fake) in cp.stderr
+    _says_what_the_wheel_is(cp.stderr, fake)
     assert not (tmp_path / "sglang").exists()
+
+
+def test_a_wrong_sglang_wheel_is_refused_even_with_a_base_cache(tmp_path, wheel_0523, wheel_0522):
+    """SGLANG_WHEEL is an explicit input: checked against the pin even when the base cache exists (it used to be
+    ignored then), and never silently traded for a clone."""
+    cache = tmp_path / "cache"
+    assert apply("--dest", tmp_path / "first", "--source", "wheel", cache=cache, wheel=wheel_0523).returncode == 0
+    fake = tmp_path / "mine" / PIN.wheel_filename
+    fake.parent.mkdir()
+    shutil.copy2(wheel_0522, fake)
+    for source in (["--source", "wheel"], []):
+        cp = apply("--dest", tmp_path / "second", *source, cache=cache, wheel=fake)
+        assert cp.returncode == 2, cp.stderr
+        _says_what_the_wheel_is(cp.stderr, fake)
+        assert not (tmp_path / "second").exists() and fake.is_file()
+    cp = apply("--dest", tmp_path / "second", "--source", "clone", cache=cache, wheel=wheel_0523)
+    assert cp.returncode == 2 and "SGLANG_WHEEL" in cp.stderr and "SGLANG_BASE=clone" in cp.stderr, cp.stderr
+    cp = apply("--dest", tmp_path / "second", cache=cache, wheel=wheel_0523)  # the right wheel and a cache: fine
+    assert cp.returncode == 0, cp.stderr
 
 
 @pytest.fixture
