@@ -278,6 +278,9 @@ def ensure_base(pin: Pin, source: str = "auto", cache_dir: Path = CACHE_DIR, rep
             info = {"source": "wheel", "tag": tag, "wheel": path.name, "sha256": digest, "commit": commit}
         new = Path(tmp) / bare.name
         git.git(cache_dir, "clone", "-q", "--bare", str(work), str(new))
+        # One pack instead of ~6000 loose objects: trees cloned from the cache then never start git's background
+        # `gc --auto` (after git am), which raced the removal of temporary trees.
+        git.git(new, "repack", "-a", "-d", "-q")
         base_info_path(new).write_text(json.dumps(info, indent=1) + "\n")
         replace_dir(new, bare)
     return bare, info
