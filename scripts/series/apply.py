@@ -7,7 +7,8 @@
 
 The base for build/sglang comes from `git clone --branch <tag>` when the upstream repository answers, otherwise
 from the pinned PyPI wheel (verified by sha256) unpacked under python/ in a fresh git repository whose single
-commit carries the tag. SGLANG_BASE=clone|wheel forces one; SGLANG_WHEEL=<file> uses a wheel you already have.
+commit carries the tag. SGLANG_BASE=clone|wheel forces one; SGLANG_WHEEL=<file> uses a wheel you already have
+(checked against the pin every time, also when the base cache exists).
 Every patch is parsed first: a corrupt one is named (file, line, how to restore it) before any tree is touched.
 Re-running is a no-op when the tree's record (sglang/_patchset.json) names the patch set of patches/; otherwise
 the tree is built again. A new build/sglang (the first, --rebuild, or one that holds an older patch set) is built
@@ -88,7 +89,7 @@ def _build_beside(pin, dest: Path, source: str) -> str:
         shutil.rmtree(new)
     kept = f"{dest} was left as it was." if dest.exists() else f"Nothing was written to {dest}."
     try:
-        bare, info = ensure_base(pin, source)
+        bare, info = ensure_base(pin, source, wheel_way="make apply SGLANG_BASE=wheel")
         say(f"base: {pin.tag} from {info['source']} (commit {info['commit'][:12]})")
         clone_base(bare, new, pin.tag)
         apply_git(new, pin, base=info, scratch=True)

@@ -34,7 +34,7 @@ from .upstream import SOURCES, clone_base, ensure_base
 def round_trip(patches_dir: Path | None, source: str) -> list[str]:
     """Unified diffs between patches/ and a re-export of the series applied to a pristine base (empty: identical)."""
     pin = load_pin(patches_dir)
-    bare, info = ensure_base(pin, source)
+    bare, info = ensure_base(pin, source, wheel_way="make check-patches SGLANG_BASE=wheel")
     with tempfile.TemporaryDirectory(prefix="check-patches-") as tmp:
         tree = Path(tmp) / "sglang"
         clone_base(bare, tree, pin.tag)

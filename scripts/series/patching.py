@@ -53,7 +53,8 @@ def classify(layout: Layout, pin: Pin, patches: list[PatchInfo]) -> State:
     files = touched_files(patches)
     missing = [f for f in files if f not in pin.base_blobs or f not in pin.patched_blobs]
     if missing:
-        raise UserError(f"the pin lacks blob ids for {', '.join(missing)}: run `make export` to regenerate patches/pin.toml")
+        raise UserError(f"the pin lacks blob ids for {', '.join(missing)}: run `make export` to regenerate "
+                        f"patches/pin.toml")
     actual = {f: git.file_blob(layout.path_of(f)) or NULL_BLOB for f in files}
     if all(actual[f] == pin.patched_blobs[f] for f in files):
         return State("patched", [])
@@ -68,13 +69,19 @@ def wrong_base_message(layout: Layout, pin: Pin, state: State) -> str:
     for f, blob in state.mismatches[:8]:
         want = pin.base_blobs[f]
         shown = "(missing)" if blob == NULL_BLOB else blob[:12]
-        lines.append(f"  {f}: blob {shown}, expected {'(absent)' if want == NULL_BLOB else want[:12]} (SGLang {pin.version})")
+        lines.append(f"  {f}: blob {shown}, expected {'(absent)' if want == NULL_BLOB else want[:12]} "
+                     f"(SGLang {pin.version})")
     if len(state.mismatches) > 8:
         lines.append(f"  ... and {len(state.mismatches) - 8} more")
     if version and version != pin.version:
         lines.append(f"The tree says it is SGLang {version}; this series is for SGLang {pin.version}.")
-    lines.append(f"Fix: use a checkout of {pin.tag} (git checkout {pin.tag}) or the wheel {pin.wheel_requirement}; "
-                 f"if the tree holds an older or partial patch set, reset it to {pin.tag} first.")
+    if layout.kind == "site":
+        lines.append(f"Fix: install the pinned release there (pip install --no-deps --force-reinstall "
+                     f"{pin.wheel_requirement}, with the python that owns {layout.root}) and apply again.")
+    else:
+        lines.append(f"Fix: check out the tag there (git -C {layout.root} checkout {pin.tag}); a tree holding an older "
+                     f"or partial patch set: git -C {layout.root} reset --hard {pin.tag} (drops its commits after the "
+                     f"tag); or build a fresh tree from the pinned base: make apply REBUILD=1 (build/sglang).")
     return "\n".join(lines)
 
 
@@ -158,7 +165,7 @@ def _require_clean_checkout(repo: Path, pin: Pin) -> None:
     if dirty:
         shown = "\n  ".join(dirty.splitlines()[:10])
         raise UserError(f"{repo} has uncommitted changes, so nothing was applied:\n  {shown}\n"
-                        f"Commit or stash them (git stash -u), or start from a clean checkout of {pin.tag}.")
+                        f"Commit or stash them (git -C {repo} stash -u), or start from a clean checkout of {pin.tag}.")
 
 
 def apply_git(repo: Path, pin: Pin, base: dict | None = None, scratch: bool = False) -> str:

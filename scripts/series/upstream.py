@@ -104,9 +104,9 @@ def check_local_wheel(local: str, requirement: str, filename: str, sha256: str) 
     got = sha256_file(path)
     if sha256 and got != sha256:
         raise UserError(f"SGLANG_WHEEL={local} is not the pinned wheel: the file {path.name} is "
-                        f"{wheel_metadata(path)} (its metadata), sha256 {got};\n{_pinned(requirement, filename, sha256)}"
-                        f".\nPoint SGLANG_WHEEL at that wheel, or unset SGLANG_WHEEL (the base then comes from the base "
-                        f"cache or the pinned wheel from PyPI).")
+                        f"{wheel_metadata(path)} (its metadata), sha256 {got};\n"
+                        f"{_pinned(requirement, filename, sha256)}.\nPoint SGLANG_WHEEL at that wheel, or unset "
+                        f"SGLANG_WHEEL (the base then comes from the base cache or the pinned wheel from PyPI).")
     return path
 
 
@@ -210,14 +210,13 @@ def _pick_source(source: str, repository: str, tag: str, requirement: str) -> st
     return "wheel"
 
 
-def _clone_tag(repository: str, tag: str, work: Path) -> dict:
+def _clone_tag(repository: str, tag: str, work: Path, wheel_way: str) -> dict:
     say(f"cloning {repository} at {tag}")
     res = proc.run(["git", "clone", "--progress", "--depth", "1", "--branch", tag, repository, str(work)],
                    env=git.git_env(), timeout=NETWORK_TIMEOUT, capture=False)
     if not res.ok:
         raise UserError(f"git clone of {repository} at {tag} failed ({res.why}). Without GitHub, build the base "
-                        f"from the PyPI wheel: SGLANG_BASE=wheel for make apply, WHEEL=sglang==<version> for make "
-                        f"refresh.")
+                        f"from the PyPI wheel instead: {wheel_way}")
     add_excludes(work)
     commit = git.head(work)
     git.git(work, "tag", "-f", tag)
@@ -240,11 +239,13 @@ def _cached(bare: Path, source: str, sha256: str | None) -> dict | None:
 
 
 def ensure_base(pin: Pin, source: str = "auto", cache_dir: Path = CACHE_DIR, repository: str | None = None,
-                tag: str | None = None, wheel: dict | None = None) -> tuple[Path, dict]:
+                tag: str | None = None, wheel: dict | None = None,
+                wheel_way: str = "run it again with SGLANG_BASE=wheel") -> tuple[Path, dict]:
     """Make (once) and return the bare base repository for `tag`, and what it came from.
 
     source: auto (clone if the upstream answers, else the wheel, and say so), clone, or wheel.
     wheel: optional {requirement, filename, sha256} for another release than the pin's (refresh).
+    wheel_way: the caller's command that builds this base from the wheel, printed when a clone fails.
     SGLANG_WHEEL (for the pinned base) is always checked against the pin, also when the cache already exists, and
     makes `auto` build from it rather than try a clone.
     """
@@ -257,8 +258,8 @@ def ensure_base(pin: Pin, source: str = "auto", cache_dir: Path = CACHE_DIR, rep
     local = os.environ.get("SGLANG_WHEEL") if wheel is None and tag == pin.tag else None
     if local:
         if source == "clone":
-            raise UserError(f"SGLANG_WHEEL={local} asks for the base from that wheel, but the base source is clone "
-                            f"(SGLANG_BASE=clone or --source clone): unset one of them")
+            raise UserError(f"SGLANG_WHEEL={local} asks for the base from that wheel, but SGLANG_BASE=clone asks "
+                            f"for a clone of {tag}: unset one of them")
         check_local_wheel(local, pin.wheel_requirement, pin.wheel_filename, pin.wheel_sha256)
     sha256 = w.get("sha256") or (pin.wheel_sha256 if tag == pin.tag else None)
     bare = base_cache_path(tag, cache_dir)
@@ -270,7 +271,7 @@ def ensure_base(pin: Pin, source: str = "auto", cache_dir: Path = CACHE_DIR, rep
     with tempfile.TemporaryDirectory(dir=cache_dir) as tmp:
         work = Path(tmp) / "work"
         if source == "clone":
-            info = _clone_tag(repository, tag, work)
+            info = _clone_tag(repository, tag, work, wheel_way)
         else:
             path = fetch_wheel(pin, cache_dir, w.get("requirement"), w.get("filename"), w.get("sha256"), local)
             digest = w.get("sha256") or sha256_file(path)

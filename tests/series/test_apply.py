@@ -106,7 +106,7 @@ def test_apply_refuses_a_dirty_tree(base_clone):
     target.write_text(target.read_text() + "\n# local edit\n")
     cp = apply("--src", base_clone)
     assert cp.returncode == 2
-    assert "uncommitted changes" in cp.stderr and "git stash" in cp.stderr
+    assert "uncommitted changes" in cp.stderr and f"git -C {base_clone} stash -u" in cp.stderr
     assert target.read_text().endswith("# local edit\n")
     assert git.out(base_clone, "rev-parse", "HEAD") == git.out(base_clone, "rev-parse", f"{PIN.tag}^{{commit}}")
 
