@@ -71,7 +71,7 @@ def _why_rebuild(dest: Path, pin) -> str | None:
     if head == git.git(dest, "rev-parse", "-q", "--verify", f"{pin.tag}^{{commit}}", check=False).stdout.strip():
         return None
     if rec.get("head") != head:
-        raise UserError(f"{dest} has commits that are not in patches/ (HEAD {head[:12]}, last apply or export "
+        raise UserError(f"{dest} has commits that are not in patches/ (HEAD {str(head)[:12]}, last apply or export "
                         f"{str(rec.get('head'))[:12]}). Export them first (make export), or discard them "
                         f"with make apply REBUILD=1.")
     patches = series_patches(pin)
