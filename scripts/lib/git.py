@@ -33,6 +33,12 @@ def git_env(fixed_date: bool = False) -> dict[str, str]:
     env.pop("GIT_WORK_TREE", None)
     if fixed_date:
         env["GIT_AUTHOR_DATE"] = env["GIT_COMMITTER_DATE"] = FIXED_DATE
+    # No background `gc --auto` after commit/am: it kept writing into trees the tooling was removing (temporary
+    # trees of ~6000 loose objects), and a tool's tree is either short-lived or packed once (the base cache).
+    n = int(env.get("GIT_CONFIG_COUNT") or 0)
+    for i, (key, value) in enumerate((("gc.auto", "0"), ("maintenance.auto", "false")), n):
+        env[f"GIT_CONFIG_KEY_{i}"], env[f"GIT_CONFIG_VALUE_{i}"] = key, value
+    env["GIT_CONFIG_COUNT"] = str(n + 2)
     return env
 
 

@@ -7,9 +7,15 @@
 
 The base for build/sglang comes from `git clone --branch <tag>` when the upstream repository answers, otherwise
 from the pinned PyPI wheel (verified by sha256) unpacked under python/ in a fresh git repository whose single
-commit carries the tag. SGLANG_BASE=clone|wheel forces one; SGLANG_WHEEL=<file> uses a wheel you already have.
-Re-running is a no-op. Exit status: 0 applied or already applied; 2 a problem you can fix (dirty tree, wrong
-release, pin out of sync: the message says how); 3 a patch does not apply (the tree is left as it was).
+commit carries the tag. SGLANG_BASE=clone|wheel forces one; SGLANG_WHEEL=<file> uses a wheel you already have
+(checked against the pin every time, also when the base cache exists).
+Every patch is parsed first: a corrupt one is named (file, line, how to restore it) before any tree is touched.
+Re-running is a no-op when the tree's record (sglang/_patchset.json) names the patch set of patches/; otherwise
+the tree is built again. A new build/sglang (the first, --rebuild, or one that holds an older patch set) is built
+beside the old one (build/sglang.new) and swapped in only when every patch applied: a failure leaves the old tree
+(or none) as it was, and never removes the base cache.
+Exit status: 0 applied or already applied; 2 a problem you can fix (dirty tree, wrong release, corrupt patch, pin
+out of sync: the message says how); 3 a patch does not apply (the tree is left as it was).
 """
 
 from __future__ import annotations
@@ -28,37 +34,74 @@ from ..lib.repo import BUILD_DIR
 from .patchfile import series_patches
 from .patching import Layout, apply_git, apply_site, classify
 from .pin import load_pin
-from .record import read_record
-from .upstream import SOURCES, clone_base, ensure_base
+from .record import patchset_changes, patchset_id, read_record
+from .upstream import SOURCES, clone_base, ensure_base, replace_dir
 
 DEFAULT_TREE = BUILD_DIR / "sglang"
 
 
 def build_tree(pin, dest: Path, source: str, rebuild: bool = False) -> str:
-    """Create or update the default patched tree (build/sglang). Returns 'applied' or 'already'."""
+    """Create or update the default patched tree (build/sglang). Returns 'applied' or 'already'.
+
+    A new tree is always built beside the old one (<dest>.new) and swapped in only when every patch applied, so a
+    failure (no base, a patch that does not apply) leaves the old tree, or no tree, exactly as it was."""
     dest = Path(dest).resolve()
-    if dest.exists() and rebuild:
-        say(f"--rebuild: removing {dest}")
-        shutil.rmtree(dest)
-    if not dest.exists() or not any(dest.iterdir()):
-        bare, info = ensure_base(pin, source)
-        say(f"base: {pin.tag} from {info['source']} (commit {info['commit'][:12]})")
-        clone_base(bare, dest, pin.tag)
-        return apply_git(dest, pin, base=info)
-    if not git.is_repo(dest):
-        raise UserError(f"{dest} exists but is not a git checkout; remove it (or make apply REBUILD=1)")
+    if dest.exists() and any(dest.iterdir()) and not rebuild:
+        if not git.is_repo(dest):
+            raise UserError(f"{dest} exists but is not a git checkout; move it away, or replace it with a fresh tree: "
+                            f"make apply REBUILD=1")
+        why = _why_rebuild(dest, pin)
+        if why is None:
+            return apply_git(dest, pin, base=(read_record(Layout(dest, "git").pkg_dir) or {}).get("base"))
+        say(why)
+    elif rebuild and dest.exists():
+        say(f"--rebuild: building a new tree beside {dest}; it replaces {dest} only when every patch applied")
+    return _build_beside(pin, dest, source)
+
+
+def _why_rebuild(dest: Path, pin) -> str | None:
+    """Why the existing tree must be built again (its record names another patch set than patches/), or None:
+    apply_git handles it (applies to a tree at the base, says a tree holding the series has nothing to do, refuses
+    a dirty tree). A tree with commits after the last apply or export is refused: they are not in patches/."""
     layout = Layout(dest, "git")
     rec = read_record(layout.pkg_dir)
-    if rec and classify(layout, pin, series_patches(pin)).kind != "patched" and not git.status_porcelain(dest):
-        head = git.head(dest)
-        if rec.get("head") != head:
-            raise UserError(f"{dest} has commits that are not in patches/ (HEAD {head[:12]}, last apply "
-                            f"{str(rec.get('head'))[:12]}). Export them first (make export), or discard them "
-                            f"with make apply REBUILD=1.")
-        say(f"{dest} holds an older patch set ({rec.get('patchset')}); resetting it to {pin.tag} and re-applying")
-        git.git(dest, "reset", "-q", "--hard", pin.tag)
-        return apply_git(dest, pin, base=rec.get("base"))
-    return apply_git(dest, pin, base=(rec or {}).get("base"))
+    if not rec or git.status_porcelain(dest):
+        return None
+    head = git.head(dest)
+    if head == git.git(dest, "rev-parse", "-q", "--verify", f"{pin.tag}^{{commit}}", check=False).stdout.strip():
+        return None
+    if rec.get("head") != head:
+        raise UserError(f"{dest} has commits that are not in patches/ (HEAD {str(head)[:12]}, last apply or export "
+                        f"{str(rec.get('head'))[:12]}). Export them first (make export), or discard them "
+                        f"with make apply REBUILD=1.")
+    patches = series_patches(pin)
+    if rec.get("patchset") == patchset_id(patches) and classify(layout, pin, patches).kind == "patched":
+        return None
+    return (f"{dest} was built from patch set {rec.get('patchset')}, but patches/ is {patchset_id(patches)} "
+            f"({patchset_changes(rec, patches)}): building {pin.tag} + the series beside it")
+
+
+def _build_beside(pin, dest: Path, source: str) -> str:
+    """Build the tree in <dest>.new and swap it in on success; on any failure remove it and leave dest alone."""
+    new = dest.with_name(dest.name + ".new")
+    if new.exists():
+        say(f"removing {new}, left by a make apply that did not finish")
+        shutil.rmtree(new)
+    kept = f"{dest} was left as it was." if dest.exists() else f"Nothing was written to {dest}."
+    try:
+        bare, info = ensure_base(pin, source, wheel_way="make apply SGLANG_BASE=wheel")
+        say(f"base: {pin.tag} from {info['source']} (commit {info['commit'][:12]})")
+        clone_base(bare, new, pin.tag)
+        apply_git(new, pin, base=info, scratch=True)
+    except UserError as e:
+        shutil.rmtree(new, ignore_errors=True)
+        raise type(e)(f"{e}\n{kept}") from None
+    except BaseException:
+        shutil.rmtree(new, ignore_errors=True)
+        raise
+    replace_dir(new, dest)
+    say(f"{dest} now holds {pin.tag} + the series")
+    return "applied"
 
 
 def main(argv=None) -> int:
@@ -72,9 +115,14 @@ def main(argv=None) -> int:
     ap.add_argument("--source", choices=SOURCES, default=os.environ.get("SGLANG_BASE") or "auto",
                     help="where the base comes from (default: auto; env SGLANG_BASE)")
     ap.add_argument("--patches-dir", type=Path, default=None, help="patch series directory (default patches/)")
-    ap.add_argument("--rebuild", action="store_true", help="remove --dest and build it again")
+    ap.add_argument("--rebuild", action="store_true",
+                    help="build --dest again from the base (beside it; swapped in only when every patch applied)")
     a = ap.parse_args(argv)
+    if a.rebuild and (a.src or a.site_packages or a.python):
+        raise UserError("--rebuild (make apply REBUILD=1) rebuilds the default tree (--dest), not a tree you named "
+                        "with --src, --site-packages or --python: drop one of them")
     pin = load_pin(a.patches_dir)
+    series_patches(pin)  # every patch parses (a corrupt one is named) before any tree is touched
     if a.src:
         apply_git(a.src, pin)
     elif a.site_packages or a.python:

@@ -3,7 +3,8 @@
   python -m scripts.series.check_patches [--patches-dir DIR] [--source auto|clone|wheel] [--lint-only]
 
 1. Lint (scripts/series/lint.py, like ungoogled-chromium's check_patch_files): the series file and the *.patch
-   files agree; every patch is stable `git format-patch --full-index` output whose message carries the header
+   files agree; every patch is whole (hunk line counts, a proper end), stable `git format-patch --full-index`
+   output whose message carries the header
    lines of README "Patch headers" (DEP-3 provenance, one Upstream-Status vocabulary, Patch-Filename, a real
    author); the pin's blob ids agree with the patches; the Dockerfile's copy of the pin agrees with it.
 2. Round trip (like Electron's check-patch-diff): apply the series to a pristine base with `git am -3`, export it
@@ -33,7 +34,7 @@ from .upstream import SOURCES, clone_base, ensure_base
 def round_trip(patches_dir: Path | None, source: str) -> list[str]:
     """Unified diffs between patches/ and a re-export of the series applied to a pristine base (empty: identical)."""
     pin = load_pin(patches_dir)
-    bare, info = ensure_base(pin, source)
+    bare, info = ensure_base(pin, source, wheel_way="make check-patches SGLANG_BASE=wheel")
     with tempfile.TemporaryDirectory(prefix="check-patches-") as tmp:
         tree = Path(tmp) / "sglang"
         clone_base(bare, tree, pin.tag)

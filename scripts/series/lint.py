@@ -4,8 +4,10 @@ Each check is a function registered with @lint_check that takes the Series and r
 name the file and the fix); `lint()` runs them in order. Checks:
 
   series-file     every listed file exists, none is listed twice, no *.patch is left out of the series
-  format          every patch parses as stable `git format-patch --full-index` output (no Date header, no version
-                  signature), has a subject and changes at least one file
+  format          every patch parses fully as stable `git format-patch --full-index` output: mail headers, each
+                  file's header lines, each hunk's line counts against its @@ header, a proper end (else "corrupt
+                  patch <file>, line N: <what>" and how to restore it); no Date header, no version signature; a
+                  subject; at least one changed file
   headers         the message's header lines follow README "Patch headers" (scripts/series/headers.py): Why,
                   Measured, Retire-When, Upstream-Status (one vocabulary), Forwarded, Bug/Origin, Last-Update,
                   Patch-Filename naming the file, and a real author

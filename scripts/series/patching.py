@@ -18,9 +18,9 @@ from pathlib import Path
 from ..lib import git
 from ..lib.errors import ConflictError, UserError
 from ..lib.progress import say
-from .patchfile import PatchInfo, series_patches, touched_files
+from .patchfile import PatchInfo, restore_hint, series_patches, touched_files
 from .pin import NULL_BLOB, Pin
-from .record import RECORD_NAME, make_record, read_record, write_record
+from .record import RECORD_NAME, make_record, patchset_changes, patchset_id, read_record, write_record
 from .upstream import add_excludes, read_version
 
 
@@ -53,7 +53,8 @@ def classify(layout: Layout, pin: Pin, patches: list[PatchInfo]) -> State:
     files = touched_files(patches)
     missing = [f for f in files if f not in pin.base_blobs or f not in pin.patched_blobs]
     if missing:
-        raise UserError(f"the pin lacks blob ids for {', '.join(missing)}: run `make export` to regenerate patches/pin.toml")
+        raise UserError(f"the pin lacks blob ids for {', '.join(missing)}: run `make export` to regenerate "
+                        f"patches/pin.toml")
     actual = {f: git.file_blob(layout.path_of(f)) or NULL_BLOB for f in files}
     if all(actual[f] == pin.patched_blobs[f] for f in files):
         return State("patched", [])
@@ -68,13 +69,19 @@ def wrong_base_message(layout: Layout, pin: Pin, state: State) -> str:
     for f, blob in state.mismatches[:8]:
         want = pin.base_blobs[f]
         shown = "(missing)" if blob == NULL_BLOB else blob[:12]
-        lines.append(f"  {f}: blob {shown}, expected {'(absent)' if want == NULL_BLOB else want[:12]} (SGLang {pin.version})")
+        lines.append(f"  {f}: blob {shown}, expected {'(absent)' if want == NULL_BLOB else want[:12]} "
+                     f"(SGLang {pin.version})")
     if len(state.mismatches) > 8:
         lines.append(f"  ... and {len(state.mismatches) - 8} more")
     if version and version != pin.version:
         lines.append(f"The tree says it is SGLang {version}; this series is for SGLang {pin.version}.")
-    lines.append(f"Fix: use a checkout of {pin.tag} (git checkout {pin.tag}) or the wheel {pin.wheel_requirement}; "
-                 f"if the tree holds an older or partial patch set, reset it to {pin.tag} first.")
+    if layout.kind == "site":
+        lines.append(f"Fix: install the pinned release there (pip install --no-deps --force-reinstall "
+                     f"{pin.wheel_requirement}, with the python that owns {layout.root}) and apply again.")
+    else:
+        lines.append(f"Fix: check out the tag there (git -C {layout.root} checkout {pin.tag}); a tree holding an older "
+                     f"or partial patch set: git -C {layout.root} reset --hard {pin.tag} (drops its commits after the "
+                     f"tag); or build a fresh tree from the pinned base: make apply REBUILD=1 (build/sglang).")
     return "\n".join(lines)
 
 
@@ -83,13 +90,22 @@ def _preflight(layout: Layout, pin: Pin, patches: list[PatchInfo], base: dict) -
     state = classify(layout, pin, patches)
     if state.kind == "mixed":
         raise UserError(wrong_base_message(layout, pin, state))
-    if state.kind == "patched":
-        if read_record(layout.pkg_dir) is None:
-            write_record(layout.pkg_dir, make_record(pin, patches, layout.kind, base))
-        say(f"{layout.pkg_dir if layout.kind == 'site' else layout.root} already has the {len(patches)} patches "
-            f"of this series; nothing to do")
-        return True
-    return False
+    if state.kind != "patched":
+        return False
+    where = layout.pkg_dir if layout.kind == "site" else layout.root
+    rec = read_record(layout.pkg_dir)
+    if rec is not None and rec.get("patchset") != patchset_id(patches):
+        what = f"patch set {rec.get('patchset')}; patches/ is {patchset_id(patches)} ({patchset_changes(rec, patches)})"
+        if layout.kind == "git":
+            raise UserError(f"{where} holds the files of this series, but its commits come from another {what}; "
+                            f"nothing was changed. Apply the series again from the base: git -C {where} reset --hard "
+                            f"{pin.tag} (drops its commits after the tag), then make apply SGLANG_SRC={where}")
+        say(f"{where} holds the files of this series, applied from {what}: only its record changes")
+        rec = None
+    if rec is None:
+        write_record(layout.pkg_dir, make_record(pin, patches, layout.kind, base))
+    say(f"{where} already has the {len(patches)} patches of this series; nothing to do")
+    return True
 
 
 def _check_result(layout: Layout, pin: Pin, patches: list[PatchInfo]) -> None:
@@ -121,6 +137,25 @@ def am_failure(repo: Path, patches: list[PatchInfo], output: str) -> tuple[Patch
     return failed, files
 
 
+def without_am_advice(output: str) -> str:
+    """git am's output less its advice to continue, skip, abort or show the patch: the tool has already rolled
+    back, so none of those commands applies any more."""
+    return "\n".join(line for line in output.strip().splitlines()
+                     if not re.search(r"git am --|^hint: |^Disable this message", line))
+
+
+def _misfit(failed: PatchInfo | None, tree: Path, files: list[str], pin: Pin) -> str:
+    name = failed.path.name if failed else "(unknown patch)"
+    return (f"patch {name} does not apply to {tree}: conflict in {', '.join(files) or '(see git output)'}. The "
+            f"files it changes were checked to be the pinned base {pin.tag} before applying, so the patch no longer "
+            f"fits the code it was exported from: it was edited or damaged since.")
+
+
+def _fix_misfit(failed: PatchInfo | None) -> str:
+    restore = restore_hint(failed.path) if failed else "git checkout -- patches/ (the committed series)"
+    return f"Restore the patch: {restore}; make check-patches then checks the series."
+
+
 def _require_clean_checkout(repo: Path, pin: Pin) -> None:
     if not git.is_repo(repo):
         raise UserError(f"{repo} is not the top of a git checkout. Clone SGLang {pin.tag} "
@@ -130,15 +165,16 @@ def _require_clean_checkout(repo: Path, pin: Pin) -> None:
     if dirty:
         shown = "\n  ".join(dirty.splitlines()[:10])
         raise UserError(f"{repo} has uncommitted changes, so nothing was applied:\n  {shown}\n"
-                        f"Commit or stash them (git stash -u), or start from a clean checkout of {pin.tag}.")
+                        f"Commit or stash them (git -C {repo} stash -u), or start from a clean checkout of {pin.tag}.")
 
 
-def apply_git(repo: Path, pin: Pin, base: dict | None = None) -> str:
-    """Apply the series to a clean git checkout at the pinned base. Returns 'applied' or 'already'."""
+def apply_git(repo: Path, pin: Pin, base: dict | None = None, scratch: bool = False) -> str:
+    """Apply the series to a clean git checkout at the pinned base. Returns 'applied' or 'already'.
+    scratch: the tree is the caller's to throw away on failure (a conflict's message then says nothing about it)."""
     git.require_git()
     repo = Path(repo).resolve()
+    patches = series_patches(pin)  # a corrupt patch is refused before the tree is touched
     _require_clean_checkout(repo, pin)
-    patches = series_patches(pin)
     layout = Layout(repo, "git")
     if _preflight(layout, pin, patches, base or {"source": "checkout"}):
         return "already"
@@ -151,12 +187,11 @@ def apply_git(repo: Path, pin: Pin, base: dict | None = None) -> str:
         failed, files = am_failure(repo, patches, res.output)
         git.git(repo, "am", "--abort", check=False)
         git.git(repo, "reset", "-q", "--hard", orig, check=False)
-        name = failed.path.name if failed else "(unknown patch)"
+        rolled_back = "" if scratch else f"The tree is back at {orig[:12]}, unchanged. "
         raise ConflictError(
-            f"patch {name} does not apply to {repo}: conflict in {', '.join(files) or '(see git output)'}.\n"
-            f"The tree is back at {orig[:12]}, unchanged. Refresh the patch against {pin.tag} "
-            f"(make refresh) or fix it in build/sglang and `make export`.\n"
-            f"--- git am said:\n{res.output.strip()[-2000:]}")
+            f"{_misfit(failed, repo, files, pin)}\n{rolled_back}{_fix_misfit(failed)}\n"
+            f"--- git am said (its advice on how to go on is left out: the tool has already rolled back):\n"
+            f"{without_am_advice(res.output)[-2000:]}")
     _check_result(layout, pin, patches)
     rec = make_record(pin, patches, "git", base or {"source": "checkout", "commit": orig}, head=git.head(repo))
     write_record(layout.pkg_dir, rec)
@@ -183,8 +218,8 @@ def _stage(layout: Layout, pin: Pin, patches: list[PatchInfo], stage: Path) -> L
         res = git.git(stage, "apply", "--whitespace=nowarn", str(p.path), check=False)
         if not res.ok:
             bad = sorted(set(re.findall(r"patch failed: (\S+?):\d+", res.stderr))) or list(p.files)
-            raise ConflictError(f"patch {p.path.name} does not apply to {layout.root}: conflict in {', '.join(bad)}.\n"
-                                f"Nothing was changed there.\n--- git apply said:\n{res.stderr.strip()[-2000:]}")
+            raise ConflictError(f"{_misfit(p, layout.root, bad, pin)}\nNothing was changed there. {_fix_misfit(p)}\n"
+                                f"--- git apply said:\n{res.stderr.strip()[-2000:]}")
     staged = Layout(stage, "git")
     for f in files:
         if (git.file_blob(staged.path_of(f)) or NULL_BLOB) != pin.patched_blobs[f]:

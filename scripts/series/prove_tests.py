@@ -39,8 +39,9 @@ def base_tree(pin, dest: Path) -> Path:
         tag = git.out(dest, "rev-parse", f"{pin.tag}^{{commit}}")
         if head == tag and not git.status_porcelain(dest):
             return dest
-        raise UserError(f"{dest} is not the pristine {pin.tag} any more; remove it and retry")
-    bare, _ = ensure_base(pin, os.environ.get("SGLANG_BASE") or "auto")
+        raise UserError(f"{dest} is not the pristine {pin.tag} any more; remove it (rm -rf {dest}: the tool made "
+                        f"it from the base cache) and retry")
+    bare, _ = ensure_base(pin, os.environ.get("SGLANG_BASE") or "auto", wheel_way="make prove-tests SGLANG_BASE=wheel")
     clone_base(bare, dest, pin.tag)
     git.git(dest, "checkout", "-q", "--detach", pin.tag)
     return dest

@@ -3,19 +3,24 @@
   python -m scripts.series.refresh --tag v0.5.24                      clone the new tag (needs the upstream repository)
   python -m scripts.series.refresh --wheel sglang==0.5.24 [--tag v0.5.24] [--wheel-file F]   from a PyPI wheel
   python -m scripts.series.refresh --sync                             only rewrite the pin's copies (the Dockerfile)
+  python -m scripts.series.refresh --wheel ... --resume               write from the tree a conflicting refresh left
 
 Each patch is tried in order on a tree of the new base (build/sglang-refresh): `clean` (applies as is),
 `3-way` (needed git am's 3-way merge; re-export to refresh its context), or `conflict` (skipped; the patches
 after it are still tried, so you see the whole picture). With --write and no conflict, everything that names the
 release moves to the new base: patches/pin.toml (tag, version, wheel, the upstream image's tag with its digest
-cleared), patches/ (re-exported from the refreshed tree) and the Dockerfile's ARG defaults.
-Exit status: 0 every patch applied (and, with --write, moved); 1 some patch conflicts; 2 a usage problem.
+cleared), patches/ (re-exported from the refreshed tree) and the Dockerfile's ARG defaults. After a conflict,
+port the skipped patches by hand in that tree and run the same refresh with --resume (make refresh ... RESUME=1):
+it writes from the tree as it is, without building it again. The old base honours SGLANG_BASE and SGLANG_WHEEL.
+Exit status: 0 every patch applied (and, with --write or --resume, moved); 1 some patch conflicts; 2 a usage problem.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -33,25 +38,61 @@ from .pin_copies import write_copies
 from .upstream import CACHE_DIR, clone_base, download_wheel, ensure_base, sha256_file
 
 
-def wheel_spec(requirement: str, wheel_file: Path | None) -> dict:
-    """{requirement, filename, sha256, path} of the new wheel: the file given, or one pip downloads into the cache."""
+DEFAULT_DEST = BUILD_DIR / "sglang-refresh"
+
+
+def again(a: argparse.Namespace, **change) -> str:
+    """This refresh's command line with `change` applied (wheel=..., resume=True): `make refresh ...` when the
+    Makefile has a variable for every option it needs, else the `python -m scripts.series.refresh ...` line."""
+    o = {**vars(a), **change}
+    if o["dest"] == DEFAULT_DEST and o["patches_dir"] is None and not o["image_tag"]:
+        words = [f"{var}={o[key]}" for var, key in (("TO", "tag"), ("WHEEL", "wheel"), ("WHEEL_FILE", "wheel_file"))
+                 if o[key]]
+        return " ".join(["make refresh", *words, *(["WRITE=1"] if o["write"] else []),
+                         *(["RESUME=1"] if o["resume"] else [])])
+    words = [f"--{key.replace('_', '-')} {o[key]}" for key in ("tag", "wheel", "wheel_file", "image_tag", "dest",
+                                                               "patches_dir") if o[key]]
+    flags = [f"--{key}" for key in ("write", "resume") if o[key]]
+    return " ".join(["python -m scripts.series.refresh", *words, *flags])
+
+
+def wheel_spec(a: argparse.Namespace) -> dict:
+    """{requirement, filename, sha256, path} of the new wheel: the file given, one the wheel cache holds, or one pip
+    downloads into the cache."""
+    requirement, wheel_file = a.wheel, a.wheel_file
+    if wheel_file is not None and not Path(wheel_file).is_file():
+        raise UserError(f"the wheel file {wheel_file} (WHEEL_FILE, --wheel-file) does not exist: name the .whl of "
+                        f"{requirement}: {again(a, wheel_file='<file.whl>')}")
     if wheel_file is None:
-        say(f"downloading {requirement} to find its file name and hash")
-        wheel_file = download_wheel(requirement, CACHE_DIR)
+        name, _, version = requirement.partition("==")
+        cached = sorted(CACHE_DIR.glob(f"{name}-{version}-*.whl")) if version else []
+        if len(cached) == 1:
+            wheel_file = cached[0]
+        else:
+            say(f"downloading {requirement} to find its file name and hash")
+            wheel_file = download_wheel(requirement, CACHE_DIR)
         if wheel_file is None:
-            raise UserError(f"could not download {requirement} (or several wheels of it are in {CACHE_DIR}); "
-                            f"download it yourself and pass --wheel-file (make refresh WHEEL_FILE=...)")
+            raise UserError(f"could not download {requirement} (or several wheels of it are in {CACHE_DIR}). "
+                            f"Download the wheel yourself and name it: {again(a, wheel_file='<file.whl>')}")
     wheel_file = Path(wheel_file)
-    if not wheel_file.is_file():
-        raise UserError(f"--wheel-file {wheel_file} does not exist")
     return {"requirement": requirement, "filename": wheel_file.name, "sha256": sha256_file(wheel_file),
             "path": wheel_file}
 
 
-def _previous_series(pin: Pin, dest: Path, cache_dir: Path) -> None:
+def requirement_of(wheel_file: Path) -> str:
+    """name==version from a wheel's file name (sglang-0.5.24-cp311-...whl -> sglang==0.5.24)."""
+    m = re.match(r"^([A-Za-z0-9_.]+)-([^-]+)-.+\.whl$", Path(wheel_file).name)
+    if not m:
+        raise UserError(f"{wheel_file} is not named like a wheel (<name>-<version>-...whl): pass the requirement "
+                        f"too, e.g. make refresh WHEEL=sglang==<version> WHEEL_FILE={wheel_file}")
+    return f"{m.group(1).replace('_', '-')}=={m.group(2)}"
+
+
+def _previous_series(pin: Pin, dest: Path, cache_dir: Path, wheel_way: str) -> None:
     """Fetch the series applied to the old base into dest (refs/previous/series), so that `git am -3` finds every
     pre-image blob and can fall back on a real 3-way merge."""
-    old_bare, old_info = ensure_base(pin, "auto", cache_dir=cache_dir)
+    old_bare, old_info = ensure_base(pin, os.environ.get("SGLANG_BASE") or "auto", cache_dir=cache_dir,
+                                     wheel_way=wheel_way)
     with tempfile.TemporaryDirectory() as tmp:
         old_tree = Path(tmp) / "old"
         clone_base(old_bare, old_tree, pin.tag)
@@ -59,18 +100,22 @@ def _previous_series(pin: Pin, dest: Path, cache_dir: Path) -> None:
         git.git(dest, "fetch", "-q", "--no-tags", str(old_tree), "HEAD:refs/previous/series")
 
 
-def refresh(pin: Pin, tag: str, wheel: dict | None, dest: Path, cache_dir: Path = CACHE_DIR) -> list[dict]:
+def refresh(pin: Pin, tag: str, wheel: dict | None, dest: Path, cache_dir: Path = CACHE_DIR,
+            wheel_ways: tuple[str, str] = ("make refresh WHEEL=<name>==<version>", "SGLANG_BASE=wheel")) -> list[dict]:
+    """Try every patch on a tree of the new base at dest; one {patch, status, files} per patch.
+    wheel_ways: the commands that take the new and the old base from a wheel, printed when a clone fails."""
     if wheel and wheel.get("path"):
         cache_dir.mkdir(parents=True, exist_ok=True)
         target = cache_dir / wheel["filename"]
         if Path(wheel["path"]).resolve() != target.resolve():
             shutil.copy2(wheel["path"], target)
     bare, _ = ensure_base(pin, "wheel" if wheel else "clone", cache_dir=cache_dir, tag=tag,
-                          wheel={k: v for k, v in (wheel or {}).items() if k != "path"} or None)
+                          wheel={k: v for k, v in (wheel or {}).items() if k != "path"} or None,
+                          wheel_way=wheel_ways[0])
     if dest.exists():
         shutil.rmtree(dest)
     clone_base(bare, dest, tag)
-    _previous_series(pin, dest, cache_dir)
+    _previous_series(pin, dest, cache_dir, wheel_ways[1])
     report = []
     for p in series_patches(pin):
         check = git.git(dest, "apply", "--check", str(p.path), check=False)
@@ -104,41 +149,89 @@ def _print_report(report: list[dict], old: str, new: str) -> None:
         print(f"  {r['patch']:<{width}}  {r['status']}{extra}")
 
 
-def main(argv=None) -> int:
+def conflict_advice(a: argparse.Namespace, pin: Pin, conflicts: list[dict], tag: str) -> str:
+    """What to do after conflicts: port each skipped patch in the refresh tree, then write from it (--resume)."""
+    lines = [f"{len(conflicts)} patch(es) conflict; the tree {a.dest} holds the others. Port each skipped patch "
+             f"there by hand (resolve, git -C {a.dest} add <files>, git -C {a.dest} am --continue after each):"]
+    lines += [f"  git -C {a.dest} am -3 {(pin.patches_dir / r['patch']).resolve()}" for r in conflicts]  # -C: absolute
+    lines += [f"If the order matters, git -C {a.dest} rebase -i {tag} restores it. Then write from that tree (the "
+              f"pin, patches/ and the pin's copies move to {tag}):", f"  {again(a, resume=True)}"]
+    return "\n".join(lines)
+
+
+def resume(dest: Path, tag: str, again_cmd: str) -> None:
+    """Check that the tree a conflicting refresh left at dest is ready to be written from."""
+    if not git.is_repo(dest):
+        raise UserError(f"there is no refresh tree at {dest} to resume from: run the refresh without RESUME=1 "
+                        f"(--resume) first")
+    am = Path(git.out(dest, "rev-parse", "--git-path", "rebase-apply"))
+    if (am if am.is_absolute() else dest / am).exists():
+        raise UserError(f"a git am is still in progress in {dest}: resolve it and run git -C {dest} am --continue "
+                        f"(or git -C {dest} am --abort), then {again_cmd}")
+    dirty = git.status_porcelain(dest)
+    if dirty:
+        raise UserError(f"{dest} has uncommitted changes; commit them (git -C {dest} commit -a) or drop them "
+                        f"(git -C {dest} reset --hard), then {again_cmd}")
+    if git.git(dest, "rev-parse", "-q", "--verify", f"refs/tags/{tag}", check=False).returncode != 0:
+        raise UserError(f"{dest} has no tag {tag}: it is not the tree of this refresh; run the refresh without "
+                        f"RESUME=1 (--resume) first")
+    say(f"resuming from {dest}: {len(git.out(dest, 'rev-list', f'{tag}..HEAD').split())} commits on {tag}")
+
+
+def write_moved(pin: Pin, a: argparse.Namespace, tag: str, version: str, wheel: dict | None) -> None:
+    """Move the pin, patches/ (exported from the refresh tree) and the pin's copies to the new base."""
+    write_pin(moved_pin(pin, tag, version, wheel, a.image_tag))
+    export(a.dest, load_pin(pin.patches_dir), pin.patches_dir)
+    changed = write_copies(load_pin(pin.patches_dir))
+    say(f"patches/, pin.toml{''.join(', ' + str(c.name) for c in changed)} now target {tag}; review with git "
+        f"diff, then make check-patches")
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="scripts.series.refresh", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tag", help="new upstream tag, e.g. v0.5.24")
     ap.add_argument("--wheel", help="new wheel requirement, e.g. sglang==0.5.24 (base from PyPI, no GitHub)")
-    ap.add_argument("--wheel-file", type=Path, help="a local copy of that wheel")
+    ap.add_argument("--wheel-file", type=Path, help="a local copy of that wheel (alone: the requirement from its name)")
     ap.add_argument("--image-tag", help="the upstream image's new tag (default: the old one with the release moved)")
-    ap.add_argument("--dest", type=Path, default=BUILD_DIR / "sglang-refresh")
+    ap.add_argument("--dest", type=Path, default=DEFAULT_DEST)
     ap.add_argument("--patches-dir", type=Path, default=None)
     ap.add_argument("--write", action="store_true", help="on success, move the pin, patches/ and the pin's copies")
+    ap.add_argument("--resume", action="store_true",
+                    help="write from the tree at --dest as it is (after resolving a conflict there by hand)")
     ap.add_argument("--sync", action="store_true", help="only rewrite the pin's copies from patches/pin.toml")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    a = _parser().parse_args(argv)
     pin = load_pin(a.patches_dir)
     if a.sync:
         changed = write_copies(pin)
         say(f"rewrote {', '.join(map(str, changed))} from {pin.path}" if changed else "the pin's copies agree with it")
         return 0
+    if a.wheel_file and not a.wheel:
+        a.wheel = requirement_of(a.wheel_file)
     if not a.tag and not a.wheel:
-        raise UserError("say where to move: --tag vX.Y.Z (clone) or --wheel sglang==X.Y.Z (PyPI wheel)")
+        raise UserError("say where to move: make refresh TO=<tag> (a clone of the tag, needs GitHub) or make refresh "
+                        "WHEEL=sglang==<version> (the PyPI wheel; WHEEL_FILE=<file.whl> for a copy you have)")
     version = a.wheel.split("==", 1)[1] if a.wheel and "==" in a.wheel else (a.tag or "").lstrip("v")
     tag = a.tag or f"v{version}"
-    wheel = wheel_spec(a.wheel, a.wheel_file) if a.wheel else None
-    report = refresh(pin, tag, wheel, a.dest)
+    wheel = wheel_spec(a) if a.wheel else None
+    if a.resume:
+        resume(a.dest, tag, again(a))
+        write_moved(pin, a, tag, version, wheel)
+        return 0
+    name = re.split(r"[=<>!~ ]", pin.wheel_requirement, 1)[0]
+    report = refresh(pin, tag, wheel, a.dest, wheel_ways=(again(a, wheel=f"{name}=={version}", tag=tag),
+                                                          f"SGLANG_BASE=wheel {again(a)}"))
     _print_report(report, pin.tag, tag)
     conflicts = [r for r in report if r["status"] == "conflict"]
     if conflicts:
-        print(f"{len(conflicts)} patch(es) conflict; the tree {a.dest} holds the others. Fix by hand there, then "
-              f"re-run with --write or export.")
+        print(conflict_advice(a, pin, conflicts, tag))
         return 1
     if a.write:
-        write_pin(moved_pin(pin, tag, version, wheel, a.image_tag))
-        export(a.dest, load_pin(pin.patches_dir), pin.patches_dir)
-        changed = write_copies(load_pin(pin.patches_dir))
-        say(f"patches/, pin.toml{''.join(', ' + str(c.name) for c in changed)} now target {tag}; review with git "
-            f"diff, then make check-patches")
+        write_moved(pin, a, tag, version, wheel)
     return 0
 
 

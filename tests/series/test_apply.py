@@ -72,7 +72,9 @@ def test_apply_from_wheel_builds_the_patched_tree(tmp_path, wheel_0523):
 
 def test_apply_auto_falls_back_to_the_wheel_and_says_so(tmp_path, wheel_0523):
     dest = tmp_path / "sglang"
-    cp = apply("--dest", dest, cache=tmp_path / "cache", wheel=wheel_0523,
+    (tmp_path / "cache").mkdir()
+    shutil.copy2(wheel_0523, tmp_path / "cache" / wheel_0523.name)  # in the wheel cache: no download, no SGLANG_WHEEL
+    cp = apply("--dest", dest, cache=tmp_path / "cache",
                env={"SGLANG_REPO": f"file://{tmp_path}/no-such-upstream.git"})
     assert cp.returncode == 0, cp.stderr
     assert "is not reachable" in cp.stderr and "falling back to the pinned PyPI wheel" in cp.stderr
@@ -104,7 +106,7 @@ def test_apply_refuses_a_dirty_tree(base_clone):
     target.write_text(target.read_text() + "\n# local edit\n")
     cp = apply("--src", base_clone)
     assert cp.returncode == 2
-    assert "uncommitted changes" in cp.stderr and "git stash" in cp.stderr
+    assert "uncommitted changes" in cp.stderr and f"git -C {base_clone} stash -u" in cp.stderr
     assert target.read_text().endswith("# local edit\n")
     assert git.out(base_clone, "rev-parse", "HEAD") == git.out(base_clone, "rev-parse", f"{PIN.tag}^{{commit}}")
 
@@ -134,6 +136,9 @@ def test_apply_conflict_aborts_and_names_patch_and_file(tmp_path, base_clone):
     assert git.status_porcelain(base_clone) == ""
     assert not (base_clone / ".git" / "rebase-apply").exists()
     assert blobs(base_clone) == PIN.base_blobs
+    for hint in ("--continue", "--skip", "--abort"):  # git am's hints: the tool already rolled back
+        assert hint not in cp.stderr, cp.stderr
+    assert f"git checkout -- patches/{broken.path.name}" in cp.stderr and "make refresh" not in cp.stderr
 
 
 def test_apply_refuses_the_wrong_release(tmp_path, wheel_0522):
@@ -149,13 +154,40 @@ def test_apply_refuses_the_wrong_release(tmp_path, wheel_0522):
     assert blobs(tree) == before and git.status_porcelain(tree) == ""
 
 
+def _says_what_the_wheel_is(stderr: str, fake: Path) -> None:
+    """The refusal of an SGLANG_WHEEL names the file as found (name, version from its metadata, sha256) and what
+    the pin wants; it never tells the operator to delete their own file."""
+    assert f"SGLANG_WHEEL={fake}" in stderr and "sglang 0.5.22" in stderr and sha256_file(fake) in stderr, stderr
+    assert "patches/pin.toml" in stderr and PIN.wheel_filename in stderr and PIN.wheel_sha256 in stderr, stderr
+    assert "delete" not in stderr.lower(), stderr
+
+
 def test_apply_refuses_a_wheel_with_the_wrong_hash(tmp_path, wheel_0522):
     fake = tmp_path / PIN.wheel_filename
     shutil.copy2(wheel_0522, fake)  # right name, wrong contents
     cp = apply("--dest", tmp_path / "sglang", "--source", "wheel", cache=tmp_path / "cache", wheel=fake)
     assert cp.returncode == 2
-    assert PIN.wheel_sha256 in cp.stderr and sha256_file(fake) in cp.stderr
+    _says_what_the_wheel_is(cp.stderr, fake)
     assert not (tmp_path / "sglang").exists()
+
+
+def test_a_wrong_sglang_wheel_is_refused_even_with_a_base_cache(tmp_path, wheel_0523, wheel_0522):
+    """SGLANG_WHEEL is an explicit input: checked against the pin even when the base cache exists (it used to be
+    ignored then), and never silently traded for a clone."""
+    cache = tmp_path / "cache"
+    assert apply("--dest", tmp_path / "first", "--source", "wheel", cache=cache, wheel=wheel_0523).returncode == 0
+    fake = tmp_path / "mine" / PIN.wheel_filename
+    fake.parent.mkdir()
+    shutil.copy2(wheel_0522, fake)
+    for source in (["--source", "wheel"], []):
+        cp = apply("--dest", tmp_path / "second", *source, cache=cache, wheel=fake)
+        assert cp.returncode == 2, cp.stderr
+        _says_what_the_wheel_is(cp.stderr, fake)
+        assert not (tmp_path / "second").exists() and fake.is_file()
+    cp = apply("--dest", tmp_path / "second", "--source", "clone", cache=cache, wheel=wheel_0523)
+    assert cp.returncode == 2 and "SGLANG_WHEEL" in cp.stderr and "SGLANG_BASE=clone" in cp.stderr, cp.stderr
+    cp = apply("--dest", tmp_path / "second", cache=cache, wheel=wheel_0523)  # the right wheel and a cache: fine
+    assert cp.returncode == 0, cp.stderr
 
 
 @pytest.fixture
@@ -193,3 +225,86 @@ def test_apply_site_packages_refuses_the_wrong_release(tmp_path, wheel_0522):
     cp = apply("--site-packages", d)
     assert cp.returncode == 2 and "SGLang 0.5.22" in cp.stderr
     assert read_record(d / "sglang") is None
+
+
+def _snapshot(tree: Path) -> tuple:
+    """What a failed rebuild must not change: HEAD, the record, the tracked files' blobs, a clean status."""
+    return git.head(tree), read_record(tree / "python" / "sglang"), blobs(tree), git.status_porcelain(tree)
+
+
+def test_a_failed_rebuild_leaves_the_old_tree_and_the_base_cache(tmp_path, wheel_0523):
+    """make apply REBUILD=1 builds beside the old tree and swaps only on success: a clone that cannot reach
+    GitHub or a patch that does not apply leaves build/sglang and the base cache exactly as they were."""
+    dest, cache = tmp_path / "sglang", tmp_path / "cache"
+    assert apply("--dest", dest, "--source", "wheel", cache=cache, wheel=wheel_0523).returncode == 0
+    before = _snapshot(dest)
+    bare = cache / f"sglang-{PIN.tag}.git"
+    cached = sorted(p.name for p in bare.iterdir())
+    no_github = {"SGLANG_REPO": f"file://{tmp_path}/no-such-upstream.git"}
+    cp = apply("--dest", dest, "--rebuild", "--source", "clone", cache=cache, env=no_github)
+    assert cp.returncode == 2, cp.stderr
+    assert _snapshot(dest) == before and f"{dest} was left as it was" in cp.stderr
+    assert sorted(p.name for p in bare.iterdir()) == cached  # the wheel-built base cache survives
+    cp = apply("--dest", dest, "--rebuild", "--patches-dir", _broken_series(tmp_path, 4), cache=cache)
+    assert cp.returncode == 3, cp.stderr
+    assert _snapshot(dest) == before and f"{dest} was left as it was" in cp.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "patches", "sglang"]  # no .new / .old left
+    cp = apply("--dest", dest, "--rebuild", cache=cache)
+    assert cp.returncode == 0, cp.stderr
+    assert subjects(dest) == [p.subject for p in PATCHES] and git.status_porcelain(dest) == ""
+    assert read_record(dest / "python" / "sglang")["applied_at"] >= before[1]["applied_at"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "patches", "sglang"]
+
+
+def test_a_failed_first_build_leaves_no_tree(tmp_path, wheel_0523):
+    """Without a tree yet, a patch that does not apply leaves nothing behind (not a bare base tree that the next
+    make apply would take for the user's)."""
+    dest = tmp_path / "sglang"
+    cp = apply("--dest", dest, "--source", "wheel", "--patches-dir", _broken_series(tmp_path, 4),
+               cache=tmp_path / "cache", wheel=wheel_0523)
+    assert cp.returncode == 3, cp.stderr
+    assert not dest.exists() and not (tmp_path / "sglang.new").exists()
+
+
+def _truncated_series(tmp_path: Path, index: int) -> Path:
+    """A copy of patches/ whose patch `index` lost its last lines (as a copy cut short would)."""
+    d = tmp_path / "truncated"
+    shutil.copytree(PIN.patches_dir, d)
+    p = d / PATCHES[index].path.name
+    p.write_text("".join(p.read_text().splitlines(keepends=True)[:-3]))
+    return d
+
+
+def test_apply_refuses_a_corrupt_patch_before_touching_the_tree(tmp_path, base_clone):
+    """A truncated patch is named as corrupt (file, line, how to restore it), before any tree is touched: not a
+    conflict, no pointer to refresh."""
+    name = PATCHES[3].path.name
+    exclude = (base_clone / ".git" / "info" / "exclude").read_text()
+    head = git.head(base_clone)
+    cp = apply("--src", base_clone, "--patches-dir", _truncated_series(tmp_path, 3))
+    assert cp.returncode == 2, cp.stderr
+    assert f"corrupt patch {name}, line " in cp.stderr and f"git checkout -- patches/{name}" in cp.stderr
+    assert "conflict" not in cp.stderr and "refresh" not in cp.stderr
+    assert git.head(base_clone) == head and git.status_porcelain(base_clone) == ""
+    assert (base_clone / ".git" / "info" / "exclude").read_text() == exclude
+
+
+def test_apply_on_a_patched_tree_compares_the_recorded_patch_set(tmp_path, wheel_0523):
+    """make apply on build/sglang compares the tree's record with patches/: a corrupt patch is reported (not
+    "nothing to do"), and a series whose patches changed (here one message) is built again."""
+    dest, cache = tmp_path / "sglang", tmp_path / "cache"
+    assert apply("--dest", dest, "--source", "wheel", cache=cache, wheel=wheel_0523).returncode == 0
+    head = git.head(dest)
+    cp = apply("--dest", dest, "--patches-dir", _truncated_series(tmp_path, 6), cache=cache)
+    assert cp.returncode == 2 and f"corrupt patch {PATCHES[6].path.name}, line " in cp.stderr, cp.stderr
+    assert "nothing to do" not in cp.stderr and git.head(dest) == head
+    changed = tmp_path / "reworded"
+    shutil.copytree(PIN.patches_dir, changed)
+    p = changed / PATCHES[2].path.name
+    p.write_text(p.read_text().replace("\nWhy: ", "\nWhy: (reworded) ", 1))
+    cp = apply("--dest", dest, "--patches-dir", changed, cache=cache)
+    assert cp.returncode == 0, cp.stderr
+    assert "nothing to do" not in cp.stderr and PATCHES[2].path.name in cp.stderr  # says what changed
+    rec = read_record(dest / "python" / "sglang")
+    assert rec["patchset"] == patchset_id(series_patches(load_pin(changed)))
+    assert "(reworded)" in git.out(dest, "log", "--format=%B", f"{PIN.tag}..HEAD")

@@ -126,3 +126,28 @@ def test_refresh_to_the_same_release_is_clean(tmp_path, base_cache, wheel_0523, 
     assert all(s == "clean" for s in re.findall(r"\.patch\s+(\S+)", cp.stdout))
     for f in PIN.patches_dir.iterdir():  # --write re-exports the identical series
         assert (patches / f.name).read_bytes() == f.read_bytes(), f.name
+
+
+def _cut(path: Path, keep: int, partial: str = "") -> int:
+    """Truncate a patch file to its first `keep` lines (plus `partial`, a line cut off mid-way); its line count."""
+    lines = path.read_text().splitlines(keepends=True)[:keep]
+    path.write_text("".join(lines) + partial)
+    return keep + (1 if partial else 0)
+
+
+def test_lint_reports_a_corrupt_patch_with_its_line(patches):
+    """A truncated patch, a hunk that lost a line and a file cut mid-line are each "corrupt patch <file>, line N"
+    with the way to restore it; the other patches are not blamed."""
+    names = [p.path.name for p in PATCHES]
+    end = _cut(patches / names[0], len((patches / names[0]).read_text().splitlines()) - 3)
+    lines = (patches / names[1]).read_text().splitlines(keepends=True)
+    hunk = next(i for i, line in enumerate(lines) if line.startswith("@@"))
+    gone = next(i for i in range(hunk + 1, len(lines)) if lines[i].startswith("+"))
+    (patches / names[1]).write_text("".join(lines[:gone] + lines[gone + 1:]))
+    partial = _cut(patches / names[2], 60, partial="    half a li")
+    problems = lint(patches)
+    for name, line in ((names[0], end), (names[1], hunk + 1), (names[2], partial)):
+        found = [p for p in problems if p.startswith(f"corrupt patch {name}, line {line}: ")]
+        assert len(found) == 1, (name, line, problems)
+        assert f"git checkout -- patches/{name}" in found[0] and "make export" in found[0], found[0]
+    assert not [p for p in problems if any(n in p for n in names[3:])], problems
