@@ -13,8 +13,9 @@ bench/results/test-gpu_<gpu>_x<N>_<UTC date>.json; it is one part of the box rec
 
 Where it runs: here, with PY (default: this python), when PY's torch sees at least 2 CUDA GPUs and the patched
 sglang is importable (build/sglang from `make apply`, or an installed patched sglang); otherwise inside the serving
-image (`docker run --gpus all --ipc=host IMAGE test-gpu`; the image has SGLang, sgl-kernel, FlashInfer and the NCCL
-the server runs), when docker and the image are here. --image forces the image, --here forbids it.
+image (`docker run --gpus all --ipc=host -v sglang-flashinfer:/root/.cache/flashinfer IMAGE test-gpu`; the image has
+SGLang, sgl-kernel, FlashInfer and the NCCL the server runs), when docker and the image are here. --image forces the
+image, --here forbids it.
 
 Exit status: 0 every test passed (GPU tests skip only where this machine has fewer GPUs than they need); 1 a test
 failed; 2 no usable GPU, no way to run (neither PY nor docker with the image), or a bad option.
@@ -36,6 +37,7 @@ from ..lib.errors import UserError
 from ..lib.progress import say
 from ..lib.repo import REPO_ROOT, revision
 from ..series.pin import load_pin
+from .engine import FLASHINFER_CACHE_IN_IMAGE, FLASHINFER_VOLUME, image_id
 
 RESULTS = REPO_ROOT / "bench" / "results"
 IN_IMAGE_RESULTS = "/results"
@@ -93,12 +95,10 @@ def probe_python(python: str) -> tuple[bool, str]:
 def image_ready(image: str) -> tuple[bool, str]:
     if proc.which("docker") is None:
         return False, "docker is not installed"
-    res = proc.run(["docker", "image", "inspect", "--format", "{{.Id}}", image], timeout=60)
-    if res.ok:
-        return True, f"image {image} ({res.stdout.strip()[:19]})"
-    if "Cannot connect" in res.output or "daemon" in res.output:
-        return False, "the docker engine does not answer (is the daemon running, may this user use it?)"
-    return False, f"image {image} is not here (make image builds it)"
+    ident, why = image_id(image)
+    if ident:
+        return True, f"image {image} ({ident[:19]})"
+    return False, why + ("" if "engine" in why else " (make image builds it)")
 
 
 def default_image() -> str:
@@ -125,7 +125,7 @@ def run_in_image(image: str, out: Path, world: int | None, timeout: int, pytest_
     out.parent.mkdir(parents=True, exist_ok=True)
     env = [f"{k}={os.environ[k]}" for k in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER") if k in os.environ]
     cmd = ["docker", "run", "--rm", "--gpus", "all", "--ipc=host", "-v", f"{out.parent.resolve()}:{IN_IMAGE_RESULTS}",
-           *[x for kv in env for x in ("-e", kv)],
+           "-v", f"{FLASHINFER_VOLUME}:{FLASHINFER_CACHE_IN_IMAGE}", *[x for kv in env for x in ("-e", kv)],
            image, "test-gpu", "--here", "--out", f"{IN_IMAGE_RESULTS}/{out.name}", "--timeout", str(timeout)]
     if world:
         cmd += ["--world", str(world)]
@@ -170,8 +170,8 @@ def main(argv=None) -> int:
     names = visible_gpus()
     if len(names) < 2:
         raise UserError(f"{len(names)} NVIDIA GPU(s) visible here (nvidia-smi -L): make test-gpu needs at least 2. "
-                        "Run it on the GPU box (or from the image there: docker run --gpus all --ipc=host IMAGE "
-                        "test-gpu); `make test` is the CPU suite")
+                        "Run it on the GPU box (or from the image there: docker run --gpus all --ipc=host "
+                        "-v sglang-flashinfer:/root/.cache/flashinfer IMAGE test-gpu); `make test` is the CPU suite")
     world = a.world or len(names)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H%MZ")
     out = a.out or RESULTS / f"test-gpu_{gpu_slug(names)}_x{world}_{stamp}.json"

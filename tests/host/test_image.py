@@ -353,3 +353,69 @@ def test_build_without_docker_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(image, "hadolint_path", lambda: None)
     with pytest.raises(image.UserError, match="not found"):
         image.main(["--docker", "no-such-docker-client", "--context", str(tmp_path / "ctx")])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the docker engine, with a fake `docker` client that records its argv and answers like a real one without an engine
+
+FAKE_DOCKER = """#!/bin/sh
+echo "$*" >> "{log}"
+case "$1" in
+  version)
+    if [ -e "{state}/engine-down" ]; then
+      echo "{said}" >&2; exit 1
+    fi
+    echo 27.3.1; exit 0 ;;
+  build)
+    touch "{state}/engine-down"
+    echo "ERROR: {said}" >&2; exit 1 ;;
+esac
+exit 0
+"""
+NO_ENGINE = "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?"
+NO_PERMISSION = ("permission denied while trying to connect to the Docker daemon socket at "
+                 "unix:///var/run/docker.sock: dial unix /var/run/docker.sock: connect: permission denied")
+
+
+def fake_docker(tmp_path: Path, said: str = NO_ENGINE, engine_up: bool = True) -> tuple[Path, Path]:
+    state = tmp_path / "docker-state"
+    state.mkdir()
+    if not engine_up:
+        (state / "engine-down").touch()
+    log = tmp_path / "docker-argv.log"
+    client = tmp_path / "bin" / "docker"
+    client.parent.mkdir()
+    client.write_text(FAKE_DOCKER.format(log=log, state=state, said=said))
+    client.chmod(0o755)
+    return client, log
+
+
+def _build(tmp_path, monkeypatch, client: Path) -> str:
+    monkeypatch.setattr(image, "hadolint_path", lambda: None)
+    with pytest.raises(image.UserError) as e:
+        image.main(["--docker", str(client), "--context", str(tmp_path / "ctx")])
+    return str(e.value)
+
+
+def test_build_without_a_running_engine_says_so_before_building(tmp_path, monkeypatch, capsys):
+    client, log = fake_docker(tmp_path, engine_up=False)
+    msg = _build(tmp_path, monkeypatch, client)
+    assert "docker engine" in msg and "not running" in msg and "systemctl start docker" in msg
+    assert "build step" not in msg and "failing step" not in msg
+    assert log.read_text().splitlines() == ["version --format {{.Server.Version}}"]  # no docker build
+    assert "] building " not in capsys.readouterr().err  # nothing claims a build started
+    assert not (tmp_path / "ctx").exists()
+
+
+def test_engine_refusing_this_user_names_the_docker_group(tmp_path, monkeypatch):
+    client, _ = fake_docker(tmp_path, said=NO_PERMISSION, engine_up=False)
+    msg = _build(tmp_path, monkeypatch, client)
+    assert "permission denied" in msg and "usermod -aG docker" in msg and "systemctl start" not in msg
+
+
+def test_engine_lost_during_the_build_is_not_reported_as_a_failed_build_step(tmp_path, monkeypatch):
+    client, log = fake_docker(tmp_path)  # answers `docker version`, then fails the build without an engine
+    msg = _build(tmp_path, monkeypatch, client)
+    assert [ln.split()[0] for ln in log.read_text().splitlines()] == ["version", "build", "version"]
+    assert "docker engine" in msg and "not running" in msg and "no build step is at fault" in msg
+    assert "apply: a patch" not in msg
