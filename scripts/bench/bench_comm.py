@@ -240,7 +240,7 @@ def main(argv=None) -> int:
     if a.plot:
         result = json.loads(a.plot.read_text())
         result["summary"] = summarize(result)
-        print(table(result["summary"], result["meta"].get("layers", LAYERS)))
+        print(table(result["summary"]))
         plot(result, a.plot.with_suffix(".png"))
         say(f"plot: {a.plot.with_suffix('.png')}")
         return 0
@@ -261,7 +261,7 @@ def main(argv=None) -> int:
     out = a.out or RESULTS / f"bench-comm_{box}_x{world}_{meta['utc']}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
-    print(table(result["summary"], a.layers))
+    print(table(result["summary"]))
     plot(result, out.with_suffix(".png"))
     say(f"results: {out} (+ .png)")
     errors = [r for r in result["records"] if r.get("kind") == "variant_error"]
