@@ -28,3 +28,24 @@ def test_cost_model_box_rows_follow_the_model():
     seed = next(l for l in table.splitlines() if l.startswith("| Seed"))
     # 205 us x 122 = 25.0 ms -> verify 30 ms -> AL 2.0 / (30 + 3.33 ms) = 60 tok/s; break-even 33.3 / 12.2 = 2.73
     assert "| 205 | 25.01 | 30.0 | 60 | 2.73 |" in seed
+
+
+def test_make_docs_says_what_it_wrote(tmp_path, monkeypatch, capsys):
+    """`make docs` (cost_model --write) prints, per table, whether it changed, and writes nothing when none did."""
+    doc = tmp_path / "doc.md"
+    doc.write_text("# t\n<!-- cost-model:box -->\n| old | row |\n<!-- /cost-model:box -->\n"
+                   "<!-- cost-model:h200 -->\n| same |\n<!-- /cost-model:h200 -->\n")
+    monkeypatch.setattr(cost_model, "load_runs", lambda: [])
+    monkeypatch.setattr(cost_model, "render", lambda inp, runs: {"box": "| new | row |\n| two |", "h200": "| same |"})
+    assert cost_model.main(["--write", "--doc", str(doc)]) == 0
+    out = capsys.readouterr().out
+    assert f"{doc}: wrote the cost-model tables" in out
+    assert "table box: rewritten, 2 line(s) new, 1 line(s) gone (2 lines now)" in out
+    assert "table h200: unchanged (1 lines)" in out
+    assert "| two |" in doc.read_text()
+    mtime = doc.stat().st_mtime_ns
+    assert cost_model.main(["--write", "--doc", str(doc)]) == 0
+    assert "up to date, nothing written" in capsys.readouterr().out and doc.stat().st_mtime_ns == mtime
+    monkeypatch.setattr(cost_model, "render", lambda inp, runs: {"box": "| newer |", "h200": "| same |"})
+    assert cost_model.main(["--check", "--doc", str(doc)]) == 1
+    assert "out of date" in capsys.readouterr().out
