@@ -191,7 +191,8 @@ def sglang_rows(a: argparse.Namespace) -> tuple[dict | None, str]:
     missing = [m for m in ("sglang", "flashinfer") if importlib.util.find_spec(m) is None]
     if missing:
         return None, (f"{' and '.join(missing)} not importable by {sys.executable}; run from the serving image "
-                      f"(docker run --gpus all --ipc=host IMAGE bench-comm) or after make apply with "
+                      f"(docker run --gpus all --ipc=host -v sglang-flashinfer:/root/.cache/flashinfer IMAGE "
+                      f"bench-comm) or after make apply with "
                       f"PYTHONPATH=build/sglang/python")
     return {"flashinfer_allreduce_fusion_backend": "trtllm", "disable_custom_all_reduce": True,
             "disable_flashinfer_autotune": a.no_autotune}, ""

@@ -16,6 +16,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+from ..host.engine import FLASHINFER_VOLUME
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
 from ..series.pin import load_pin
@@ -172,7 +173,8 @@ class Variant:
 
 
 _VARIANT_KEYS = {f.name for f in dataclasses.fields(Variant)}
-_DEFAULT_KEYS = {"model", "draft_model", "tokenizer", "hf_cache", "port", "patched_image", "stock_image", "python"}
+_DEFAULT_KEYS = {"model", "draft_model", "tokenizer", "hf_cache", "flashinfer_cache", "port", "patched_image",
+                 "stock_image", "python"}
 
 
 @dataclasses.dataclass
@@ -262,7 +264,7 @@ def server_variants(specs: list[str], patchsets: list[str], known: VariantSet | 
 
 
 # -------------------------------------------------------------------------------------------------------------
-# placeholders in commands: {port} {model} {draft_model} {hf_cache} {python} {repo}
+# placeholders in commands: {port} {model} {draft_model} {hf_cache} {flashinfer_cache} {python} {repo}
 
 
 def expand(text: str, values: dict[str, str], where: str) -> str:
@@ -283,7 +285,7 @@ def placeholder_values(vs_defaults: dict, overrides: dict) -> dict[str, str]:
     image `make image` builds and the upstream image it builds FROM), then [defaults], then the command line."""
     pin = load_pin()
     vals = {"port": "30000", "model": "", "draft_model": "", "hf_cache": "~/.cache/huggingface",
-            "python": sys.executable, "repo": str(REPO_ROOT), "patched_image": pin.serving_image,
+            "flashinfer_cache": FLASHINFER_VOLUME, "python": sys.executable, "repo": str(REPO_ROOT), "patched_image": pin.serving_image,
             "stock_image": pin.upstream_image, "tokenizer": ""}
     vals.update({k: str(v) for k, v in vs_defaults.items()})
     vals.update({k: str(v) for k, v in overrides.items() if v not in (None, "")})

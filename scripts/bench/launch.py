@@ -10,6 +10,7 @@ import socket
 import time
 from pathlib import Path
 
+from ..host.engine import cache_mounts
 from ..lib import proc
 from ..lib.errors import UserError
 from ..lib.progress import say
@@ -58,7 +59,7 @@ class Server:
             return command, env
         self.container = f"eagle-bench-{v.name}-{os.getpid()}-{self.launches + 1}"
         argv = ["docker", "run", "-d", "--rm", "--name", self.container, "--gpus", "all", "--ipc=host",
-                "--network", "host", "-v", f"{vals['hf_cache']}:/root/.cache/huggingface"]
+                "--network", "host", *cache_mounts(vals["hf_cache"], vals["flashinfer_cache"])]
         for k, x in env.items():
             argv += ["-e", f"{k}={x}"]
         argv += [cfg.expand(x, vals, where) for x in v.docker_args]

@@ -419,3 +419,50 @@ def test_engine_lost_during_the_build_is_not_reported_as_a_failed_build_step(tmp
     assert [ln.split()[0] for ln in log.read_text().splitlines()] == ["version", "build", "version"]
     assert "docker engine" in msg and "not running" in msg and "no build step is at fault" in msg
     assert "apply: a patch" not in msg
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# every docker run of the image mounts FlashInfer's cache
+
+
+def documented_gpu_runs() -> list[tuple[str, str]]:
+    """(file, command) for every `docker run --gpus ...` written in the docs and the code, up to its image."""
+    files = [ROOT / "README.md", ROOT / "docker" / "README.md", DOCKERFILE, ROOT / "bench" / "variants.toml",
+             *sorted((ROOT / "scripts").rglob("*.py"))]
+    out = []
+    for f in files:
+        text = f.read_text()
+        for m in re.finditer(r"docker run --gpus", text):
+            window = re.sub(r"""[\\\\"'`#\n]+|\bf(?=")""", " ", text[m.start():m.start() + 400])
+            window = re.split(r"\b(IMAGE|eagle-fast-verify/sglang:\S+|image command)\b|;", window)[0]
+            if len(window.split()) > 4:  # a command line, not advice such as "docker run --gpus all; or ..."
+                out.append((str(f.relative_to(ROOT)), " ".join(window.split())))
+    return out
+
+
+def test_every_documented_docker_run_mounts_the_flashinfer_cache():
+    runs = documented_gpu_runs()
+    assert {f for f, _ in runs} >= {"README.md", "docker/README.md", "docker/Dockerfile", "bench/variants.toml",
+                                    "scripts/host/test_gpu.py", "scripts/bench/bench_comm.py"}
+    missing = [f"{f}: {cmd}" for f, cmd in runs if ":/root/.cache/flashinfer" not in cmd]
+    assert not missing, "\n".join(missing)
+
+
+def test_generated_docker_runs_mount_the_flashinfer_cache(tmp_path, monkeypatch):
+    from scripts.bench import config as bench_cfg
+    from scripts.bench import launch
+    from scripts.host import test_gpu
+
+    vs = bench_cfg.load_variants()
+    vals = bench_cfg.placeholder_values(vs.defaults, {"draft_model": "d/x"})
+    for v in vs.variants:
+        if v.launcher == "docker":
+            argv = launch.Server(v, vals, [], tmp_path / "s.log").argv
+            assert "sglang-flashinfer:/root/.cache/flashinfer" in argv, v.name
+    own = bench_cfg.placeholder_values(vs.defaults, {"draft_model": "d/x", "flashinfer_cache": "/fast/fi"})
+    argv = launch.Server(vs.variants[0], {**own, "flashinfer_cache": "/fast/fi"}, [], tmp_path / "s.log").argv
+    assert "/fast/fi:/root/.cache/flashinfer" in argv  # a host directory of the user's choice wins
+    ran = []
+    monkeypatch.setattr(test_gpu.proc, "run", lambda cmd, **kw: ran.append(cmd) or test_gpu.proc.Result(True, 0))
+    test_gpu.run_in_image("img:x", tmp_path / "r.json", None, 60, [])
+    assert "sglang-flashinfer:/root/.cache/flashinfer" in ran[0]
