@@ -17,6 +17,10 @@ deltas (graph/eager forwards and eager reasons), the accept length from /metrics
 git revision, box and timestamps. Results go to bench/results/<UTC time>_<git rev>_<box>.jsonl (append-only), with a
 markdown table (.md) and a plot (.png) of the same stem, and bench_serving's and the servers' output in .log files.
 
+Before any server starts, every scenario's bench_serving command is judged by bench_serving itself (its own
+argument parser and dataset code, run by the client interpreter; scripts/bench/client.py), so a bad value in
+bench/scenarios.toml or --bench-args stops --dry-run and a real run alike, naming the key to fix.
+
 Order: the repeats go round the variants forward then backward (A B, B A, A B, ...: --order aba), so drift over the
 session (up to ~7% on this box class) weighs on each variant alike; adjacent runs of a variant share one server.
 
@@ -45,7 +49,7 @@ from ..lib.progress import say
 from ..lib.repo import revision
 from . import config as cfg
 from . import report as rep
-from .client import bench_serving_cmd, resolve_client, run_bench_serving
+from .client import bench_serving_cmd, check_bench_args, resolve_client, run_bench_serving
 from .launch import Server
 from .numbers import duration, num
 from .observe import Sampler, accept_length_from_metrics, internal_state, metrics_parser, take_snapshot, verify_delta
@@ -322,6 +326,34 @@ def print_dry_run(plan: list[cfg.Run], sess: list, servers: dict[str, Server], r
             print(f"    {r.label(len(plan))}: {shlex.join(cmd[1:])}")
 
 
+def check_scenarios(scenarios: list[cfg.Scenario], path: Path, client: tuple, tokenizer: str | None,
+                    opts: RunOptions) -> None:
+    """Every scenario's bench_serving command, judged by bench_serving itself (its parser, its dataset code) before
+    any server starts; a UserError naming the scenario key (or option) to fix."""
+    cmds = {s.name: bench_serving_cmd("PY", "http://127.0.0.1:30000", s.bench_args(), Path("OUT.jsonl"), s.name,
+                                      tokenizer, opts.client_model, opts.bench_args)[3:] for s in scenarios}
+    refused = check_bench_args(client, cmds)
+    if not refused:
+        return
+    lines = []
+    for s in scenarios:
+        if s.name not in refused:
+            continue
+        flag, said = refused[s.name]
+        key = cfg.SCENARIO_FLAGS.get(flag)
+        if key:
+            fix = f"set {key} in [[scenario]] {s.name} (or [defaults]) to a value bench_serving's {flag} takes"
+        elif flag and flag in s.extra_args:
+            fix = f"fix or remove {flag} in extra_args of [[scenario]] {s.name}"
+        elif flag and flag in opts.bench_args:
+            fix = f"fix or remove {flag} in --bench-args"
+        else:
+            fix = f"check [[scenario]] {s.name} and --bench-args against python -m sglang.benchmark.serving --help"
+        lines.append(f"scenario {s.name}: bench_serving refuses it: {said}\n    Fix: {fix}")
+    raise UserError(f"{path}: {len(lines)} scenario(s) would fail only after the servers loaded:\n  "
+                    + "\n  ".join(lines))
+
+
 @dataclasses.dataclass
 class Session:
     """Progress of the whole plan: what ran, how long runs and launches took, what failed."""
@@ -425,6 +457,10 @@ def main(argv: list[str] | None = None) -> int:
                  stem_path.with_name(f"{stem}.bench_serving.log"))
     servers = {v.name: Server(v, vals, server_args if launch_mode else [],
                               stem_path.with_name(f"{stem}.server-{v.name}.log")) for v in variants}
+    client = resolve_client(a.client_python)
+    if launch_mode and "HF_HOME" not in client[1] and a.hf_cache:
+        client[1]["HF_HOME"] = vals["hf_cache"]  # the client's tokenizer from the cache the servers use
+    check_scenarios(scenarios, a.scenarios_file, client, tokenizer, run_opts)
     if a.dry_run:
         print_dry_run(plan, st.sessions, servers, st.results, tokenizer, run_opts)
         return 0
@@ -432,9 +468,6 @@ def main(argv: list[str] | None = None) -> int:
         say(f"extra server arguments for every launched variant: {shlex.join(server_args)}")
     metrics_parser()  # before any server starts: the runs read /metrics with it
     a.results_dir.mkdir(parents=True, exist_ok=True)
-    client = resolve_client(a.client_python)
-    if launch_mode and "HF_HOME" not in client[1] and a.hf_cache:
-        client[1]["HF_HOME"] = vals["hf_cache"]  # the client's tokenizer from the cache the servers use
     say(f"bench_serving runs from {client[2]}")
     say(f"{len(plan)} runs ({len(scenarios)} scenarios x {len(variants)} variants x {a.repeats} repeats, "
         f"order {a.order}) in {len(st.sessions)} server session(s); results: {st.results}")

@@ -468,3 +468,76 @@ def test_harness_end_to_end_against_standin_servers(standins, tmp_path):
     base = json.loads((tmp_path / "base.json").read_text())
     assert {(e["scenario"], e["variant"]) for e in base["entries"]} == {("C2", "stock"), ("C2", "patched")}
     assert all(math.isfinite(e["output_tok_s"]) for e in base["entries"])
+
+
+# -------------------------------------------------------------------------------------------------------------
+# inputs judged by bench_serving itself before any server starts
+
+BAD_SCENARIOS = """[defaults]
+input_len = 32
+output_len = 48
+[[scenario]]
+name = "ok"
+max_concurrency = 2
+num_prompts = 8
+[[scenario]]
+name = "fast"
+max_concurrency = 2
+num_prompts = 8
+request_rate = "fast"
+[[scenario]]
+name = "seed"
+max_concurrency = 2
+num_prompts = 8
+seed = 1.5
+[[scenario]]
+name = "ratio"
+max_concurrency = 2
+num_prompts = 8
+range_ratio = 1.5
+[[scenario]]
+name = "dataset"
+max_concurrency = 2
+num_prompts = 8
+dataset_name = "randm"
+[[scenario]]
+name = "flag"
+max_concurrency = 2
+num_prompts = 8
+extra_args = ["--no-such-flag"]
+"""
+
+
+def test_scenario_values_are_judged_by_bench_serving_before_any_server(tmp_path, monkeypatch):
+    """request_rate "fast", seed 1.5, range_ratio 1.5, an unknown dataset and an unknown flag fail --dry-run, each
+    named with the key to fix, in bench_serving's own words (its parser, its dataset code); no server is touched
+    (the --server-url answers nothing) and nothing is written."""
+    for k, v in client_env().items():
+        monkeypatch.setenv(k, v)
+    scen = tmp_path / "scenarios.toml"
+    scen.write_text(BAD_SCENARIOS)
+    res = tmp_path / "results"
+    base = ["--server-url", "http://127.0.0.1:9", "--scenarios-file", str(scen), "--tokenizer", str(TOKENIZER),
+            "--results-dir", str(res), "--dry-run"]
+    with pytest.raises(UserError) as e:
+        bench.main(base + ["--scenarios", "ok,fast,seed,ratio,dataset,flag"])
+    msg = str(e.value)
+    assert "5 scenario(s) would fail only after the servers loaded" in msg
+    assert "scenario fast: bench_serving refuses it: argument --request-rate: invalid float value: 'fast'" in msg
+    assert "set request_rate in [[scenario]] fast (or [defaults])" in msg
+    assert "argument --seed: invalid int value: '1.5'" in msg and "set seed in [[scenario]] seed" in msg
+    assert "compute_random_lens" in msg and "set range_ratio in [[scenario]] ratio" in msg
+    assert "argument --dataset-name: invalid choice: 'randm'" in msg and "'random-ids'" in msg
+    assert "unrecognized arguments: --no-such-flag" in msg and "extra_args of [[scenario]] flag" in msg
+    assert "scenario ok:" not in msg and not res.exists()
+    with pytest.raises(UserError, match="fix or remove --nope in --bench-args"):
+        bench.main(base + ["--scenarios", "ok", "--bench-args", "--nope 1"])
+    assert bench.main(base + ["--scenarios", "ok"]) == 0
+
+
+def test_scenario_keys_of_the_harness_are_typed(tmp_path):
+    f = tmp_path / "s.toml"
+    f.write_text('[[scenario]]\nname = "a"\nmax_concurrency = 1\nnum_prompts = 1\ninput_len = 1\noutput_len = 1\n'
+                 'flush_cache = "yes"\n')
+    with pytest.raises(UserError, match="flush_cache must be true or false"):
+        cfg.load_scenarios(f)
