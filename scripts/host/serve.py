@@ -308,6 +308,28 @@ def _drafter_note(args: dict, extra: list[str], index: FlagIndex) -> list[str]:
     return [f"drafter {drafter}: {what}" + ("" if ok else " -- expect sglang to refuse it")]
 
 
+def _given(flag: str, args: dict, extra: list[str], index: FlagIndex):
+    """The value the final command gives `flag` (by what it sets, aliases included): extra wins over the profile."""
+    dest = index.dest(f"--{flag}")
+    for i, t in enumerate(extra):
+        if index.dest(t) == dest:
+            return t.split("=", 1)[1] if "=" in t else (extra[i + 1] if i + 1 < len(extra) else True)
+    v = args.get(flag)
+    return None if v is False else v
+
+
+def _check_speculation(profile: Profile, args: dict, extra: list[str], index: FlagIndex, draft_model: str | None):
+    """A draft model without a speculative algorithm is loaded by nothing: refuse it, naming both ways out."""
+    draft = _given("speculative-draft-model-path", args, extra, index)
+    if draft is None or _given("speculative-algorithm", args, extra, index) is not None:
+        return
+    how = f"--draft-model {draft}" if draft_model else f"--speculative-draft-model-path {draft}"
+    raise UserError(f"{how}: profile {profile.path.stem} sets no --speculative-algorithm, so sglang would serve "
+                    f"without speculation and never load the drafter. Fix: serve --profile {DEFAULT_PROFILE} "
+                    f"--draft-model {draft} (EAGLE-3), or keep this profile and add the algorithm: serve --profile "
+                    f"{profile.path.stem} --draft-model {draft} -- --speculative-algorithm EAGLE3")
+
+
 def _launcher_cfg(ns: argparse.Namespace | None, args: dict) -> object:
     """What the launcher's decision needs from the server arguments: sglang's own parse when available."""
     if ns is not None:
@@ -333,6 +355,7 @@ def build_plan(profile: Profile, *, model: str | None = None, draft_model: str |
                 raise UserError(f"profile {profile.path}: --{k} is not a flag of sglang's launch_server"
                                 f"{index.suggest(k)}; fix or remove it")
     args = _extra_wins(args, extra, index, notes)
+    _check_speculation(profile, args, extra, index, draft_model)
     sgl_args = argv_for(args) + extra
     ns = index.validate(sgl_args)
     values = {**profile.defaults, **{CLI_VALUES[k][0]: v for k, v in cli.items() if v is not None}}

@@ -303,3 +303,22 @@ def test_entrypoint_dispatch(tmp_path):
     assert json.loads(_entry(tmp_path, "--dry-run", "--json").stdout)["argv"] == rep["argv"]
     other = _entry(tmp_path, "echo", "hello")
     assert other.returncode == 0 and other.stdout == "hello\n"
+
+
+def test_a_draft_model_without_a_speculative_algorithm_is_refused(index):
+    """serve --profile kimi-k25-tp8 --draft-model X would add a draft path sglang never loads (no algorithm): an
+    error naming both fixes, whichever way the path came in; with the algorithm given it is served."""
+    nospec = serve.load_profile(serve.resolve_profile("kimi-k25-tp8"))
+    for kw in ({"draft_model": "x/draft"}, {"extra": ["--speculative-draft-model", "x/draft"]}):
+        with pytest.raises(UserError) as e:
+            serve.build_plan(nospec, environ={}, index=index, python="python3", **kw)
+        msg = str(e.value)
+        assert "profile kimi-k25-tp8 sets no --speculative-algorithm" in msg
+        assert f"serve --profile {serve.DEFAULT_PROFILE} --draft-model x/draft" in msg
+        assert "-- --speculative-algorithm EAGLE3" in msg
+    plan = serve.build_plan(nospec, environ={}, index=index, python="python3", draft_model="x/draft",
+                            extra=["--speculative-algorithm", "EAGLE3"])
+    assert _opt(plan.argv, "--speculative-draft-model-path") == "x/draft"
+    serve.build_plan(nospec, environ={}, index=None, python="python3")  # no draft model: fine
+    with pytest.raises(UserError, match="sets no --speculative-algorithm"):  # without sglang's parser too
+        serve.build_plan(nospec, environ={}, index=serve.FlagIndex(None), python="python3", draft_model="x/draft")
