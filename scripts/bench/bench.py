@@ -19,13 +19,18 @@ markdown table (.md) and a plot (.png) of the same stem, and bench_serving's and
 
 Before any server starts, every scenario's bench_serving command is judged by bench_serving itself (its own
 argument parser and dataset code, run by the client interpreter; scripts/bench/client.py), so a bad value in
-bench/scenarios.toml or --bench-args stops --dry-run and a real run alike, naming the key to fix.
+bench/scenarios.toml or --bench-args stops --dry-run and a real run alike, naming the key to fix. Then the plan is
+printed with its cost (model loads, an estimate per run and in total) and the box is checked (scripts/bench/
+preflight.py: docker engine, images, GPUs for the profiles' tp-size, weights in the HF cache, free disk): a real
+run stops at the first gap with one message and writes nothing; --dry-run lists every check. A docker engine lost
+during the plan stops the plan (the results so far are reported), instead of failing every later variant.
 
 Order: the repeats go round the variants forward then backward (A B, B A, A B, ...: --order aba), so drift over the
 session (up to ~7% on this box class) weighs on each variant alike; adjacent runs of a variant share one server.
 
 Exit status: 0 fine; 1 a regression against --baseline (tok/s median more than --max-tok-s-drop % lower, accept
-length more than --max-accept-drop lower), or an eager verify forward with --fail-on-eager; 2 a usage error;
+length more than --max-accept-drop lower), or an eager verify forward with --fail-on-eager; 2 a usage error, a
+scenario bench_serving refuses, or a box that cannot run the plan (preflight; or the engine lost mid-plan);
 4 some runs produced no result.
 """
 
@@ -48,6 +53,7 @@ from ..lib.errors import UserError
 from ..lib.progress import say
 from ..lib.repo import revision
 from . import config as cfg
+from . import preflight
 from . import report as rep
 from .client import bench_serving_cmd, check_bench_args, resolve_client, run_bench_serving
 from .launch import Server
@@ -98,13 +104,15 @@ def box_name(given: str | None) -> str:
 # one run
 
 
-def eta(durations: list[float], remaining_runs: int, launch_s: list[float], remaining_launches: int) -> str:
-    if not durations:
-        return "ETA ?"
-    s = sum(durations) / len(durations) * remaining_runs
-    if launch_s:
-        s += sum(launch_s) / len(launch_s) * remaining_launches
-    return f"ETA {duration(s)}"
+def eta(durations: list[float], remaining: list[float], launch_s: list[float], remaining_launches: int,
+        load_estimate: float) -> str:
+    """Time left: the remaining runs at the mean measured duration (their estimates until one has run), plus the
+    remaining launches at the mean measured launch (the estimate until one has happened)."""
+    if not remaining:
+        return "ETA 0s"
+    s = sum(durations) / len(durations) * len(remaining) if durations else sum(remaining)
+    s += (sum(launch_s) / len(launch_s) if launch_s else load_estimate) * remaining_launches
+    return f"ETA {duration(s)}" + ("" if durations else " (estimated)")
 
 
 def one_line(rec: dict) -> str:
@@ -149,7 +157,7 @@ def do_run(r: cfg.Run, total: int, target: Server, patch: dict, client: tuple[st
         "variant": r.variant.name, "variant_spec": r.variant.to_dict(),
         "letter": r.letter, "repeat": r.repeat, "round": r.round, "position": r.index, "plan_size": total,
         "order": opts.order,
-        "server_url": target.url, "launched": target.kind != "server",
+        "server_url": target.url, "launched": target.kind != "server", "launch_s": target.launch_s,
         "speculative_algorithm": info.get("speculative_algorithm"),
         "patchset": patch.get("patchset", "unknown"), "patches": patch.get("patches"),
         "patchset_detail": patch.get("detail") or patch.get("image") or patch.get("sglang"),
@@ -316,7 +324,7 @@ def chosen_variants(a: argparse.Namespace, vset: cfg.VariantSet | None) -> list[
 
 def print_dry_run(plan: list[cfg.Run], sess: list, servers: dict[str, Server], results: Path, tokenizer: str | None,
                   opts: RunOptions) -> None:
-    print(f"plan: {len(plan)} runs in {len(sess)} server session(s); results would go to {results}")
+    print(f"results would go to {results}; the server sessions and bench_serving commands:")
     for s in sess:
         print(f"  session {s[0].variant.name} ({s[0].letter}): {servers[s[0].variant.name].describe()}")
         for r in s:
@@ -366,6 +374,8 @@ class Session:
     failures: list[str] = dataclasses.field(default_factory=list)
     durations: list[float] = dataclasses.field(default_factory=list)
     launch_s: list[float] = dataclasses.field(default_factory=list)
+    run_estimates: dict[str, float] = dataclasses.field(default_factory=dict)  # scenario -> seconds
+    load_estimate: float = preflight.ASSUMED_LOAD_S
 
 
 def run_server_session(si: int, runs: list[cfg.Run], server: Server, st: Session, client: tuple, opts: RunOptions,
@@ -376,6 +386,8 @@ def run_server_session(si: int, runs: list[cfg.Run], server: Server, st: Session
     try:
         try:
             server.start(launch_timeout)
+        except preflight.InfraError:
+            raise
         except UserError as e:
             st.failures += [f"{r.label(total)}: server did not start: {e}" for r in runs]
             say(f"{runs[0].variant.name}: {e}")
@@ -388,7 +400,8 @@ def run_server_session(si: int, runs: list[cfg.Run], server: Server, st: Session
             + (f"; {patch['detail']}" if patch.get("detail") else ""))
         for r in runs:
             launches_left = sum(1 for x in st.sessions[si + 1:] if x[0].variant.launcher != "server")
-            say(f"{r.label(total)}... {eta(st.durations, total - r.index + 1, st.launch_s, launches_left)}")
+            left = [st.run_estimates.get(x.scenario.name, 0.0) for x in st.plan[r.index - 1:]]
+            say(f"{r.label(total)}... {eta(st.durations, left, st.launch_s, launches_left, st.load_estimate)}")
             t1 = time.monotonic()
             rec, why = do_run(r, total, server, patch, client, opts, meta, tmp, st.client_log)
             st.durations.append(time.monotonic() - t1)
@@ -429,6 +442,36 @@ def options(a: argparse.Namespace) -> tuple[RunOptions, ReportOptions]:
             ReportOptions(a.baseline, a.write_baseline, a.max_tok_s_drop, a.max_accept_drop, a.fail_on_eager))
 
 
+def announce(lines: list[str], dry_run: bool) -> None:
+    for line in lines:
+        print(line) if dry_run else say(line)
+
+
+def preflight_report(needs: dict, hf_cache: Path, results_dir: Path) -> None:
+    """--dry-run: every check of a real run, passed or not (a real run stops at the first failure)."""
+    print("preflight (a real run stops at the first failure):")
+    for n in needs.values():
+        if n.note:
+            print(f"  note: {n.variant}: {n.note}")
+    for c in preflight.checks(list(needs.values()), hf_cache, results_dir, stop_at_first=False):
+        print(f"  {'ok ' if c.ok else 'FAIL'} {c.name}: {c.detail}" + ("" if c.ok else f" -- fix: {c.fix}"))
+
+
+def run_plan(st: Session, servers: dict[str, Server], client: tuple, opts: RunOptions, meta: dict,
+             launch_timeout: float) -> str:
+    """Every server session in turn; '' or why the whole plan stopped (the box failed, not a variant)."""
+    with tempfile.TemporaryDirectory(prefix="eagle-bench-") as tmp:
+        for si, runs in enumerate(st.sessions):
+            try:
+                run_server_session(si, runs, servers[runs[0].variant.name], st, client, opts, meta, Path(tmp),
+                                   launch_timeout)
+            except preflight.InfraError as e:
+                left = [r for s in st.sessions[si:] for r in s]
+                st.failures += [f"{r.label(len(st.plan))}: not run (the plan stopped)" for r in left]
+                return str(e)
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     a, server_args = parse(argv)
     run_opts, report_opts = options(a)
@@ -461,21 +504,24 @@ def main(argv: list[str] | None = None) -> int:
     if launch_mode and "HF_HOME" not in client[1] and a.hf_cache:
         client[1]["HF_HOME"] = vals["hf_cache"]  # the client's tokenizer from the cache the servers use
     check_scenarios(scenarios, a.scenarios_file, client, tokenizer, run_opts)
+    needs = {n: preflight.variant_needs(srv) for n, srv in servers.items() if srv.kind != "server"}
+    announce(preflight.plan_lines(plan, st.sessions, needs, a.results_dir), a.dry_run)
     if a.dry_run:
         print_dry_run(plan, st.sessions, servers, st.results, tokenizer, run_opts)
+        preflight_report(needs, Path(vals["hf_cache"]), a.results_dir)
         return 0
+    preflight.checks(list(needs.values()), Path(vals["hf_cache"]), a.results_dir)
+    st.run_estimates, st.load_estimate = preflight.estimates(plan, a.results_dir)
     if launch_mode and server_args:
         say(f"extra server arguments for every launched variant: {shlex.join(server_args)}")
     metrics_parser()  # before any server starts: the runs read /metrics with it
     a.results_dir.mkdir(parents=True, exist_ok=True)
-    say(f"bench_serving runs from {client[2]}")
-    say(f"{len(plan)} runs ({len(scenarios)} scenarios x {len(variants)} variants x {a.repeats} repeats, "
-        f"order {a.order}) in {len(st.sessions)} server session(s); results: {st.results}")
-    with tempfile.TemporaryDirectory(prefix="eagle-bench-") as tmp:
-        for si, runs in enumerate(st.sessions):
-            run_server_session(si, runs, servers[runs[0].variant.name], st, client, run_opts, meta, Path(tmp),
-                               a.launch_timeout)
-    return finish(st, stem_path, {**meta, "box": box}, report_opts)
+    say(f"bench_serving runs from {client[2]}; results: {st.results}")
+    stopped = run_plan(st, servers, client, run_opts, meta, a.launch_timeout)
+    status = finish(st, stem_path, {**meta, "box": box}, report_opts)
+    if stopped:
+        raise preflight.InfraError(f"the plan stopped after {len(st.records)} run(s): {stopped}")
+    return status
 
 
 if __name__ == "__main__":

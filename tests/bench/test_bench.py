@@ -435,7 +435,9 @@ def test_harness_end_to_end_against_standin_servers(standins, tmp_path):
     assert cp.returncode == 0, cp.stderr[-3000:]
     assert time.monotonic() - t0 < 120
     err = cp.stderr
-    assert "[1/2] C2 stock repeat 1 (A)... ETA ?" in err and "[2/2] C2 patched repeat 1 (B)... ETA " in err
+    assert "[1/2] C2 stock repeat 1 (A)... ETA " in err and "[2/2] C2 patched repeat 1 (B)... ETA " in err
+    assert "plan: 2 run(s) (1 scenario(s) x 2 variant(s) x 1 repeat(s)) in 2 server session(s)" in err
+    assert "C2 stock repeat 1 (A)... ETA 10s (estimated)" in err  # 2 runs x (8/2 + 1 waves) x 48 tokens / 50 tok/s
     assert "eager verify forward" in err
     files = sorted(p.name for p in res.iterdir())
     stem = files[0].split(".")[0]
@@ -541,3 +543,116 @@ def test_scenario_keys_of_the_harness_are_typed(tmp_path):
                  'flush_cache = "yes"\n')
     with pytest.raises(UserError, match="flush_cache must be true or false"):
         cfg.load_scenarios(f)
+
+
+# -------------------------------------------------------------------------------------------------------------
+# preflight: the box is checked and the plan priced before the first server starts (fake docker / nvidia-smi)
+
+DOCKER = """#!/bin/sh
+echo "$*" >> "{log}"
+down() {{
+  echo "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?" >&2
+  exit 1
+}}
+[ -e "{state}/down" ] && down
+case "$1" in
+  version) echo 27.3.1 ;;
+  image) echo sha256:0123456789abcdef0123 ;;
+  run) {on_run} ;;
+esac
+exit 0
+"""
+NVIDIA_SMI = """#!/bin/sh
+i=0
+while [ $i -lt {n} ]; do echo "GPU $i: NVIDIA RTX PRO 6000 Blackwell Server Edition (UUID: GPU-$i)"; i=$((i+1)); done
+"""
+
+
+def fake_box(tmp_path, monkeypatch, engine_up=True, gpus=8, on_run='touch "{state}/down"; down') -> dict:
+    """A PATH with a fake docker (argv recorded; no engine when engine_up is false, and the engine going away at
+    the first `docker run` by default) and a fake nvidia-smi, an HF cache holding the default model and drafter."""
+    bin_, state = tmp_path / "bin", tmp_path / "state"
+    bin_.mkdir()
+    state.mkdir()
+    if not engine_up:
+        (state / "down").touch()
+    log = tmp_path / "docker.log"
+    (bin_ / "docker").write_text(DOCKER.format(log=log, state=state, on_run=on_run.format(state=state)))
+    (bin_ / "nvidia-smi").write_text(NVIDIA_SMI.format(n=gpus))
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    hf = tmp_path / "hf"
+    for repo in ("moonshotai/Kimi-K2.5", "AQ-MedAI/Kimi-K25-eagle3"):
+        snap = hf / "hub" / f"models--{repo.replace('/', '--')}" / "snapshots" / "abc"
+        snap.mkdir(parents=True)
+        (snap / "config.json").write_text("{}")
+        (snap / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "m-1.safetensors"}}))
+        (snap / "m-1.safetensors").write_text("")
+    for k, v in client_env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("PATH", f"{bin_}{os.pathsep}{os.environ['PATH']}")
+    return {"log": log, "hf": hf, "res": tmp_path / "results"}
+
+
+def docker_calls(box: dict) -> list[str]:
+    return [ln.split()[0] for ln in box["log"].read_text().splitlines()] if box["log"].exists() else []
+
+
+def test_bench_without_a_docker_engine_stops_with_one_message_and_writes_nothing(tmp_path, monkeypatch):
+    box = fake_box(tmp_path, monkeypatch, engine_up=False)
+    with pytest.raises(UserError) as e:
+        bench.main(["--results-dir", str(box["res"]), "--hf-cache", str(box["hf"])])
+    msg = str(e.value)
+    assert msg.startswith("make bench cannot start: the docker engine is not running")
+    assert "systemctl start docker" in msg and msg.count("Cannot connect") == 1
+    assert docker_calls(box) == ["version"]  # no docker run, no image inspect per variant
+    assert not box["res"].exists()  # no log or results file for runs that did not happen
+
+
+def test_dry_run_prints_the_plan_its_cost_and_every_check(tmp_path, monkeypatch, capsys):
+    box = fake_box(tmp_path, monkeypatch, gpus=2)
+    assert bench.main(["--results-dir", str(box["res"]), "--hf-cache", str(box["hf"]), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "plan: 36 run(s) (3 scenario(s) x 4 variant(s) x 3 repeat(s)) in 10 server session(s)" in out
+    assert "model loads: 10 load(s) of moonshotai/Kimi-K2.5, ~10m00s each (assumed)" in out
+    assert "per run: C1 ~1m32s, C4 ~51s, C16 ~51s (assumed 50 tok/s per stream)" in out
+    assert "estimated total: ~2h18m" in out
+    assert "ok  docker engine: docker engine 27.3.1" in out and "ok  image eagle-fast-verify/sglang:" in out
+    assert "FAIL GPUs: 2 GPU(s) here" in out and "need 8 (tp-size)" in out
+    assert "ok  weights: AQ-MedAI/Kimi-K25-eagle3, moonshotai/Kimi-K2.5 in" in out
+    assert "run" not in docker_calls(box) and not box["res"].exists()
+    with pytest.raises(UserError, match="make bench cannot start: 2 GPU"):  # a real run stops there
+        bench.main(["--results-dir", str(box["res"]), "--hf-cache", str(box["hf"])])
+    assert "run" not in docker_calls(box) and not box["res"].exists()
+
+
+def test_missing_weights_stop_the_run_naming_the_download(tmp_path, monkeypatch):
+    box = fake_box(tmp_path, monkeypatch)
+    (next((box["hf"] / "hub").glob("models--moonshotai--*/snapshots/abc")) / "m-1.safetensors").unlink()
+    with pytest.raises(UserError) as e:
+        bench.main(["--results-dir", str(box["res"]), "--hf-cache", str(box["hf"]), "--variants", "patched-eagle3"])
+    assert "1 of 1 weight shards missing" in str(e.value)
+    assert f"huggingface-cli download moonshotai/Kimi-K2.5 --cache-dir {box['hf'] / 'hub'}" in str(e.value)
+    assert not box["res"].exists()
+
+
+def test_engine_lost_mid_plan_stops_the_plan_without_empty_logs(tmp_path, monkeypatch):
+    box = fake_box(tmp_path, monkeypatch)  # the engine answers the preflight, then dies at the first docker run
+    with pytest.raises(UserError) as e:
+        bench.main(["--results-dir", str(box["res"]), "--hf-cache", str(box["hf"]), "--scenarios", "C1",
+                    "--repeats", "1"])
+    assert "the plan stopped after 0 run(s)" in str(e.value) and "engine is not running" in str(e.value)
+    assert docker_calls(box).count("run") == 1  # not one failed docker run per variant
+    assert not list(box["res"].glob("*.server-*.log"))  # no empty server log for a server that never ran
+
+
+def test_estimates_come_from_earlier_results(tmp_path):
+    res = tmp_path / "results"
+    res.mkdir()
+    (res / "old.jsonl").write_text("\n".join(json.dumps({"eagle": {"scenario": "C1", "wall_s": w, "launch_s": l}})
+                                             for w, l in ((100, 300), (120, 500), (110, None))) + "\n")
+    plan = cfg.make_plan([_s("C1"), _s("C9", 4)], [cfg.Variant(name="a", launcher="docker", image="i",
+                                                             command=("x",))], repeats=2)
+    lines = "\n".join(bench.preflight.plan_lines(plan, cfg.sessions(plan), {}, res))
+    assert "1 load(s) of the a server, ~6m40s each (median of 2 earlier load(s))" in lines
+    assert "C1 ~1m50s (median of 3 earlier run(s))" in lines and "C9 ~0s (assumed 50 tok/s per stream)" in lines
