@@ -12,10 +12,11 @@
 Each run is SGLang's own client, `python -m sglang.benchmark.serving --backend sglang` (random-ids dataset, fixed
 seed, --tokenize-prompt: works offline), whose JSONL record is kept unchanged. The harness adds an "eagle" object:
 scenario, variant, repeat, A/B/A letter and position, the server's decode tok/s (sglang:gen_throughput from
-/metrics, or last_gen_throughput from /server_info, sampled during the measured phase), the verify-graph counter
-deltas (graph/eager forwards and eager reasons), the accept length from /metrics deltas, the server's patch set,
-git revision, box and timestamps. Results go to bench/results/<UTC time>_<git rev>_<box>.jsonl (append-only), with a
-markdown table (.md) and a plot (.png) of the same stem, and bench_serving's and the servers' output in .log files.
+/metrics, or last_gen_throughput from /server_info, sampled during the measured phase), the speculative CUDA-graph
+counter deltas (per stage: graph / piecewise / eager forwards and fallback reasons; the target verify's graph hit
+rate), the accept length from /metrics deltas, the server's patch set, git revision, box and timestamps. Results go
+to bench/results/<UTC time>_<git rev>_<box>.jsonl (append-only), with a markdown table (.md) and a plot (.png) of the
+same stem, and bench_serving's and the servers' output in .log files.
 
 Before any server starts, every scenario's bench_serving command is judged by bench_serving itself (its own
 argument parser and dataset code, run by the client interpreter; scripts/bench/client.py), so a bad value in
@@ -29,7 +30,8 @@ Order: the repeats go round the variants forward then backward (A B, B A, A B, .
 session (up to ~7% on this box class) weighs on each variant alike; adjacent runs of a variant share one server.
 
 Exit status: 0 fine; 1 a regression against --baseline (tok/s median more than --max-tok-s-drop % lower, accept
-length more than --max-accept-drop lower), or an eager verify forward with --fail-on-eager; 2 a usage error, a
+length more than --max-accept-drop lower), or a verify forward off its CUDA graph (eager or piecewise) with
+--fail-on-eager; 2 a usage error, a
 scenario bench_serving refuses, or a box that cannot run the plan (preflight; or the engine lost mid-plan);
 4 some runs produced no result.
 """
@@ -123,7 +125,8 @@ def one_line(rec: dict) -> str:
              f"TTFT {num(m['ttft_ms'], small=True)} ms", f"ITL {num(m['itl_ms'], 2)} ms",
              f"AL {num(m['accept_length'], 3)}"]
     if isinstance(v, dict):
-        parts.append(f"verify {v['graph']} graph / {v['eager']} eager" + (" ⚠" if v["eager"] else ""))
+        off = int(v.get("eager", 0)) + int(v.get("piecewise", 0))
+        parts.append(f"verify {v['graph']} graph / {off} off-graph" + (" ⚠" if off else ""))
     return ", ".join(parts)
 
 
@@ -211,7 +214,7 @@ def write_reports(records: list[dict], stem_path: Path, meta: dict, opts: Report
         say(f"report: {md} (no plot: matplotlib is not installed for {sys.executable})")
     for r in rows:
         if r.eager:
-            say(f"⚠ {r.scenario} / {r.variant}: {r.eager} eager verify forward(s): "
+            say(f"⚠ {r.scenario} / {r.variant}: {r.eager} verify forward(s) off their CUDA graph: "
                 + ", ".join(f"{k}: {n}" for k, n in sorted(r.eager_reasons.items())))
     if opts.write_baseline is not None:
         bp = default_path(opts.write_baseline, meta["box"])
@@ -220,7 +223,7 @@ def write_reports(records: list[dict], stem_path: Path, meta: dict, opts: Report
         say(f"baseline written: {bp} ({len(rows)} scenario x variant entries)")
     status = _compare(checks, baseline_path)
     if opts.fail_on_eager and any(r.eager for r in rows):
-        print("eager verify forwards found (--fail-on-eager)", file=sys.stderr)
+        print("verify forwards off their CUDA graph found (--fail-on-eager)", file=sys.stderr)
         status = EXIT_REGRESSION
     return status
 
@@ -289,7 +292,8 @@ def parse(argv: list[str] | None):
                    help="write the medians of this run as a baseline (FILE omitted: bench/baselines/<box>.json)")
     g.add_argument("--max-tok-s-drop", type=float, help="allowed tok/s drop in %% (default: baseline's, else 5)")
     g.add_argument("--max-accept-drop", type=float, help="allowed accept length drop (default: baseline's, else 0.05)")
-    g.add_argument("--fail-on-eager", action="store_true", help="exit 1 when any verify forward ran eagerly")
+    g.add_argument("--fail-on-eager", action="store_true",
+                   help="exit 1 when any verify forward ran off its CUDA graph (eager or piecewise)")
     g.add_argument("--report", metavar="RESULTS.jsonl", help="only rebuild report (and compare) for a results file")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and the commands; run nothing")
     ap.add_argument("--list", action="store_true", help="list scenarios and variants")

@@ -7,6 +7,7 @@ Fixtures (tests/fixtures/bench/):
   server_info_*.json, metrics_*.txt    the stand-ins' /server_info and /metrics after those runs
   results_abba.jsonl                   a results file of the harness itself (2 variants x 2 repeats, A B B A)
   standin_server.py                    the stand-in server; tokenizer/ a tiny WordLevel tokenizer (make_tokenizer.py)
+  record_fixtures.py                   re-records the four kinds above from the harness against the stand-ins
   client_stubs/datasets                put on the client's PYTHONPATH only when `datasets` is not installed
 """
 
@@ -70,13 +71,20 @@ def test_recorded_bench_serving_record_has_the_fields_the_harness_reads():
 
 
 def test_verify_counts_from_recorded_server_info_and_metrics():
+    """The patched server's names: /server_info spec_cuda_graph {stage: {graph, piecewise, eager,
+    fallback_reasons}} and sglang:spec_cuda_graph_forwards_total{stage,outcome,reason}; the run's verify numbers are
+    the target_verify stage's, every stage is kept."""
     info = json.loads((FIX / "server_info_patched.json").read_text())
+    assert set(info["internal_states"][0]["spec_cuda_graph"]) == {"target_verify", "draft_decode", "draft_extend"}
     from_info = bs.verify_counts(snap(info))
-    assert from_info == {"graph": 7, "eager": 107, "eager_reasons": {"batch_size>cuda_graph_max_bs": 107},
-                         "source": "server_info"}
+    assert {k: from_info[k] for k in ("graph", "piecewise", "eager", "fallback_reasons", "source")} == {
+        "graph": 12, "piecewise": 0, "eager": 214, "fallback_reasons": {"batch_above_max_bs": 214},
+        "source": "server_info"}
+    assert from_info["hit_rate"] == pytest.approx(12 / 226)
+    assert from_info["stages"]["draft_decode"]["eager"] == 428
     from_metrics = bs.verify_counts(snap(info, (FIX / "metrics_patched.txt").read_text()))
     assert from_metrics["source"] == "metrics"
-    assert (from_metrics["graph"], from_metrics["eager"]) == (7, 107)
+    assert from_metrics["stages"] == from_info["stages"]
     stock = json.loads((FIX / "server_info_stock.json").read_text())
     assert bs.verify_counts(snap(stock, (FIX / "metrics_stock.txt").read_text())) is None
 
@@ -87,8 +95,12 @@ def test_prometheus_parsing_sums_rank0_series_and_unescapes_labels():
         'sglang:gen_throughput{tp_rank="0",dp_rank="0"} 40.5',
         'sglang:gen_throughput{tp_rank="0",dp_rank="1"} 9.5',
         'sglang:gen_throughput{tp_rank="1",dp_rank="0"} 1000',  # other TP ranks repeat rank 0's numbers
-        'sglang:spec_verify_forwards_total{tp_rank="0",outcome="eager",reason="has \\"quotes\\""} 3',
-        'sglang:spec_verify_forwards_total{tp_rank="0",outcome="graph",reason=""} 5 1700000000000',
+        'sglang:spec_cuda_graph_forwards_total{tp_rank="0",stage="target_verify",outcome="eager",'
+        'reason="has \\"quotes\\""} 3',
+        'sglang:spec_cuda_graph_forwards_total{tp_rank="0",stage="target_verify",outcome="graph",reason=""} 5 '
+        '1700000000000',
+        'sglang:spec_cuda_graph_forwards_total{tp_rank="0",stage="target_verify",outcome="piecewise",'
+        'reason="ragged_verify"} 2',
         "garbage line",
     ])
     samples = bs.parse_prometheus(text)
@@ -96,13 +108,15 @@ def test_prometheus_parsing_sums_rank0_series_and_unescapes_labels():
     assert bs.metric_sum(samples, "sglang:gen_throughput", dp_rank="1") == 9.5
     assert bs.metric_sum(samples, "sglang:nothing") is None
     c = bs.verify_counts(snap(None, text))
-    assert c["graph"] == 5 and c["eager"] == 3 and c["eager_reasons"] == {'has "quotes"': 3}
+    assert (c["graph"], c["piecewise"], c["eager"]) == (5, 2, 3)
+    assert c["fallback_reasons"] == {'has "quotes"': 3, "ragged_verify": 2} and c["hit_rate"] == 0.5
 
 
 def _metrics(graph: int, eager: dict[str, int], gen: float = 0, calls: float = 0) -> str:
-    lines = [f'sglang:spec_verify_forwards_total{{tp_rank="0",outcome="graph",reason=""}} {graph}']
-    lines += [f'sglang:spec_verify_forwards_total{{tp_rank="0",outcome="eager",reason="{r}"}} {n}'
-              for r, n in eager.items()]
+    m = 'sglang:spec_cuda_graph_forwards_total{tp_rank="0",stage='
+    lines = [f'{m}"target_verify",outcome="graph",reason=""}} {graph}',
+             f'{m}"draft_extend",outcome="graph",reason=""}} 9']
+    lines += [f'{m}"target_verify",outcome="eager",reason="{r}"}} {n}' for r, n in eager.items()]
     lines += [f'sglang:generation_tokens_total{{tp_rank="0",is_streaming="true"}} {gen}',
               f'sglang:spec_verify_calls_total{{tp_rank="0"}} {calls}']
     return "\n".join(lines)
@@ -111,13 +125,17 @@ def _metrics(graph: int, eager: dict[str, int], gen: float = 0, calls: float = 0
 def test_verify_delta_is_per_run_and_survives_counter_resets():
     before = snap(None, _metrics(100, {"bs>max": 4}))
     after = snap(None, _metrics(160, {"bs>max": 4, "mixed": 2}))
-    assert bs.verify_delta(before, after) == {"graph": 60, "eager": 2, "eager_reasons": {"mixed": 2},
-                                              "source": "metrics"}
+    d = bs.verify_delta(before, after)
+    assert {k: d[k] for k in ("graph", "piecewise", "eager", "fallback_reasons", "source")} == {
+        "graph": 60, "piecewise": 0, "eager": 2, "fallback_reasons": {"mixed": 2}, "source": "metrics"}
+    assert d["hit_rate"] == pytest.approx(60 / 62) and d["stages"]["draft_extend"]["graph"] == 0
     # a counter that went down was reset (e.g. by /flush_cache): the value after counts from zero
-    info_b = {"internal_states": [{"spec_verify_cuda_graph": {"graph": 50, "eager": 9, "eager_reasons": {"x": 9}}}]}
-    info_a = {"internal_states": [{"spec_verify_cuda_graph": {"graph": 12, "eager": 1, "eager_reasons": {"x": 1}}}]}
-    assert bs.verify_delta(snap(info_b), snap(info_a)) == {"graph": 12, "eager": 1, "eager_reasons": {"x": 1},
-                                                           "source": "server_info"}
+    def info(graph, eager):
+        return {"internal_states": [{"spec_cuda_graph": {"target_verify": {
+            "graph": graph, "piecewise": 0, "eager": eager, "fallback_reasons": {"x": eager}}}}]}
+    info_b, info_a = info(50, 9), info(12, 1)
+    d = bs.verify_delta(snap(info_b), snap(info_a))
+    assert (d["graph"], d["eager"], d["fallback_reasons"], d["source"]) == (12, 1, {"x": 1}, "server_info")
     # /metrics missing after the run: both snapshots' /server_info are used, not a mix of sources
     both_b = snap(info_b, _metrics(100, {}))
     assert bs.verify_delta(both_b, snap(info_a))["source"] == "server_info"
@@ -263,8 +281,8 @@ def synthetic(values: dict[tuple[str, str], list[tuple[float, float, float | Non
             r["output_throughput"], r["accept_length"] = outp, al
             r["eagle"] = {"scenario": sc, "variant": var, "letter": letters[var], "repeat": i, "position": pos,
                           "patchset": "0123456789ab" if var.startswith("patched") else "none", "decode_tok_s": dec,
-                          "verify": None if eager is None else {"graph": 10, "eager": eager,
-                                                                "eager_reasons": {"bs>16": eager} if eager else {}},
+                          "verify": None if eager is None else {"graph": 10, "piecewise": 0, "eager": eager,
+                                                                "fallback_reasons": {"bs>16": eager} if eager else {}},
                           "scenario_spec": {"max_concurrency": 1, "num_prompts": 8, "input_len": 1024,
                                             "output_len": 512}}
             out.append(r)
@@ -301,8 +319,14 @@ def test_markdown_table_flags_eager_and_noisy_rows():
     assert "1.34×" in line  # vs A: 110 / 82
     assert "2.000 (1.900–2.100)" in line  # accept length
     assert "18.2% ⚠" in line  # spread above 7 %
-    assert "- C4 / patched-eagle3: 3 verify forwards ran eagerly (bs>16: 3)" in md
-    assert "| **3** ⚠ |" in md
+    assert "- C4 / patched-eagle3: 3 verify forwards ran off their CUDA graph (3 eager; bs>16: 3)" in md
+    assert "| 76.9% | **3** ⚠ |" in md and "| 100.0% | 0 |" in md  # verify graph hit rate, off-graph verify
+    # result files of earlier harness versions (eager / eager_reasons only) still read
+    old = synthetic(RECS)
+    for r in old:
+        if r["eagle"]["verify"]:
+            r["eagle"]["verify"] = {"graph": 10, "eager": 3, "eager_reasons": {"bs>16": 3}}
+    assert [(r.eager, r.eager_reasons, r.hit_rate) for r in rep.summarize(old)][3] == (3, {"bs>16": 3}, 10 / 13)
     assert "Baseline comparison" not in md
 
 
@@ -438,7 +462,7 @@ def test_harness_end_to_end_against_standin_servers(standins, tmp_path):
     assert "[1/2] C2 stock repeat 1 (A)... ETA " in err and "[2/2] C2 patched repeat 1 (B)... ETA " in err
     assert "plan: 2 run(s) (1 scenario(s) x 2 variant(s) x 1 repeat(s)) in 2 server session(s)" in err
     assert "C2 stock repeat 1 (A)... ETA 10s (estimated)" in err  # 2 runs x (8/2 + 1 waves) x 48 tokens / 50 tok/s
-    assert "eager verify forward" in err
+    assert "verify forward(s) off their CUDA graph" in err
     files = sorted(p.name for p in res.iterdir())
     stem = files[0].split(".")[0]
     assert stem.endswith("_test-box") and "_" in stem[:-len("_test-box")]
@@ -460,12 +484,15 @@ def test_harness_end_to_end_against_standin_servers(standins, tmp_path):
         assert e["decode_tok_s_source"] == "metrics" and e["decode_windows"] >= 2 and e["decode_tok_s"] > 0
         assert e["started_at"] <= e["finished_at"]
     assert s["verify"] is None and recs[0]["accept_length"] is None
-    assert p["verify"]["source"] == "metrics" and p["verify"]["eager"] > 0
-    assert sum(p["verify"]["eager_reasons"].values()) == p["verify"]["eager"]
+    assert p["verify"]["source"] in ("metrics", "server_info") and p["verify"]["eager"] > 0
+    assert sum(p["verify"]["fallback_reasons"].values()) == p["verify"]["eager"]
+    assert set(p["verify"]["stages"]) == {"target_verify", "draft_decode", "draft_extend"}
+    assert 0 <= p["verify"]["hit_rate"] < 1
     assert recs[1]["accept_length"] == pytest.approx(2.0, abs=0.1)  # accept pattern 2,3,1,2
     assert p["accept_length_metrics"] == pytest.approx(2.0, abs=0.15)
     md = (res / f"{stem}.md").read_text()
-    assert "| A | stock |" in md and "| B | patched | `0123456789ab` |" in md and "Eager verify forwards" in md
+    assert "| A | stock |" in md and "| B | patched | `0123456789ab` |" in md
+    assert "Verify forwards off their CUDA graph" in md
     assert (res / f"{stem}.png").read_bytes()[:8] == PNG_MAGIC
     base = json.loads((tmp_path / "base.json").read_text())
     assert {(e["scenario"], e["variant"]) for e in base["entries"]} == {("C2", "stock"), ("C2", "patched")}
