@@ -322,3 +322,54 @@ def test_a_draft_model_without_a_speculative_algorithm_is_refused(index):
     serve.build_plan(nospec, environ={}, index=None, python="python3")  # no draft model: fine
     with pytest.raises(UserError, match="sets no --speculative-algorithm"):  # without sglang's parser too
         serve.build_plan(nospec, environ={}, index=serve.FlagIndex(None), python="python3", draft_model="x/draft")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# drafters: what the SGLang that runs does with them, read from its source
+
+
+def test_drafter_support_is_read_from_the_sglang_source(sglang_tree, tmp_path):
+    """SGLang picks a draft class by its config.json's architectures[0] among the EntryClass of srt/models: the MLA
+    drafter's Eagle3DeepseekV2ForCausalLM is registered by kimi_k25_eagle3.py, which names the checkpoint."""
+    from scripts.host import drafters
+
+    pkg = sglang_tree / "python" / "sglang"
+    reg = drafters.entry_classes(pkg)
+    assert reg["Eagle3DeepseekV2ForCausalLM"] == "srt/models/kimi_k25_eagle3.py"
+    assert reg["LlamaForCausalLMEagle3"] == "srt/models/llama_eagle3.py"
+    mla = drafters.claim("lightseekorg/kimi-k2.5-eagle3-mla", pkg, hub=tmp_path)
+    assert mla.loads and "Eagle3DeepseekV2ForCausalLM (srt/models/kimi_k25_eagle3.py, built for this checkpoint)" \
+        in mla.text and "refuse" not in mla.text
+    llama = drafters.claim("lightseekorg/kimi-k2.5-eagle3", pkg, hub=tmp_path)
+    assert llama.loads and "(srt/models/llama_eagle3.py)" in llama.text  # not "built for": that is the MLA one
+    # a config.json in the HF cache is better evidence than the table; an unregistered one is called out
+    snap = tmp_path / "models--x--draft" / "snapshots" / "r1"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text('{"architectures": ["Eagle3MiniMaxForCausalLM"]}')
+    odd = drafters.claim("x/draft", pkg, hub=tmp_path)
+    assert odd.loads is False and "expect sglang to refuse it" in odd.text and "HF cache" in odd.text
+    # an SGLang without the MLA draft model (as before v0.5.23) is said to refuse the MLA drafter
+    old = tmp_path / "old" / "sglang"
+    (old / "srt" / "models").mkdir(parents=True)
+    (old / "srt" / "models" / "llama_eagle3.py").write_text("class LlamaForCausalLMEagle3: ...\n"
+                                                            "EntryClass = [LlamaForCausalLMEagle3]\n")
+    assert drafters.claim("lightseekorg/kimi-k2.5-eagle3-mla", old, hub=tmp_path).loads is False
+
+
+def test_serve_notes_the_mla_drafter_as_loaded(index):
+    plan = _plan(index, draft_model="lightseekorg/kimi-k2.5-eagle3-mla")
+    note = next(n for n in plan.notes if n.startswith("drafter lightseekorg/kimi-k2.5-eagle3-mla"))
+    assert "SGLang loads it as Eagle3DeepseekV2ForCausalLM" in note and "refuse" not in note
+
+
+def test_docker_readme_drafter_table_agrees_with_the_source(sglang_tree):
+    from scripts.host import drafters
+
+    rows = [ln for ln in (ROOT / "docker" / "README.md").read_text().splitlines() if ln.startswith("| `")]
+    pkg = sglang_tree / "python" / "sglang"
+    for repo, d in drafters.KNOWN.items():
+        row = next(r for r in rows if r.startswith(f"| `{repo}`"))
+        said = row.split("|")[2].strip()
+        c = drafters.claim(repo, pkg, hub=ROOT / "no-hub")
+        assert said.startswith("yes" if c.loads else "no"), row
+        assert f"`{d.arch}`" in said, row
