@@ -1,6 +1,8 @@
 """`make bench`: A/B/A serving benchmarks (stock vs patched SGLang, speculation off vs EAGLE-3) at C1, C4, C16.
 
   python -m scripts.bench.bench [--variants A,B,..] [--scenarios C1,C4] [--repeats 3] [--draft-model PATH]
+  python -m scripts.bench.bench --sweep [FILE]   the drafter x speculative-settings sweep (bench/sweep.toml;
+        scripts/bench/sweep.py): one server per point, every point checked against SGLang's rules first
         [-- SGLANG_ARGS]   launch each variant of bench/variants.toml in turn (docker image or local
         scripts.host.serve) and bench it
   python -m scripts.bench.bench --server-url [NAME=]URL [--server-url NAME=URL ..] [--patchset [NAME=]ID]
@@ -54,9 +56,11 @@ from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.progress import say
 from ..lib.repo import revision
+from ..host.pcie import package_dir
 from . import config as cfg
 from . import preflight
 from . import report as rep
+from . import sweep
 from .client import bench_serving_cmd, check_bench_args, resolve_client, run_bench_serving
 from .launch import Server
 from .numbers import duration, num
@@ -258,12 +262,15 @@ def parse(argv: list[str] | None):
     g = ap.add_argument_group("what to run")
     g.add_argument("--scenarios", help="comma list of scenario names (default: those marked default)")
     g.add_argument("--variants", help="comma list of variant names, in A, B, C order (default: those marked default)")
-    g.add_argument("--repeats", type=int, default=3, help="runs per scenario x variant (default 3)")
-    g.add_argument("--order", choices=cfg.ORDERS, default="aba",
+    g.add_argument("--repeats", type=int, help="runs per scenario x variant (default 3; a sweep file's repeats)")
+    g.add_argument("--order", choices=cfg.ORDERS,
                    help="aba: rounds go forward then backward over the variants (default); blocked: A's repeats "
                         "then B's")
     g.add_argument("--scenarios-file", type=Path, default=cfg.DEFAULT_SCENARIOS, help="default bench/scenarios.toml")
     g.add_argument("--variants-file", type=Path, default=cfg.DEFAULT_VARIANTS, help="default bench/variants.toml")
+    g.add_argument("--sweep", nargs="?", const=str(sweep.SWEEP_FILE), metavar="FILE",
+                   help="run the drafter and speculative-settings sweep of FILE (default bench/sweep.toml) "
+                        "instead of the variants; --variants then picks among its points and references")
     g.add_argument("--server-url", action="append", default=[], metavar="[NAME=]URL",
                    help="bench a running server instead of launching variants (repeat for several)")
     g.add_argument("--patchset", action="append", default=[], metavar="[NAME=]ID",
@@ -314,6 +321,30 @@ def list_inputs(scenarios_file: Path, vset: cfg.VariantSet | None) -> None:
         for v in vset.variants:
             print(f"  {v.name:28} {v.launcher:7} {'spec' if v.speculative else 'nospec':6} "
                   f"{'' if v.default else '(not default) '}{v.description}")
+
+
+def sweep_variants(a: argparse.Namespace, vset: cfg.VariantSet | None, server_args: list[str],
+                   hf_cache: str) -> list[cfg.Variant]:
+    """The sweep's points (and references) as variants, each checked against the serving SGLang's rules."""
+    sw = sweep.load(Path(a.sweep))
+    if a.server_url or vset is None:
+        raise UserError("--sweep launches its servers from bench/variants.toml; drop --server-url")
+    if a.draft_model:
+        raise UserError(f"--draft-model sets the drafter of the variants, but a sweep's drafters are its own "
+                        f"(drafters = [...] in {sw.path}); edit that list, or drop --sweep")
+    pkg = package_dir()
+    if not (pkg / "srt").is_dir():
+        raise UserError(f"--sweep checks every point against SGLang's own rules, read from its source, and finds "
+                        f"none at {pkg}: run make apply (build/sglang), or run from an environment with sglang")
+    out = sweep.variants(sw, vset, sweep.Rules(pkg, Path(hf_cache) / "hub"), server_args)
+    for k, given in (("scenarios", a.scenarios), ("repeats", a.repeats), ("order", a.order)):
+        if given is None:
+            setattr(a, k, getattr(sw, k))
+            if getattr(sw, k) is not None:
+                say(f"{k} {getattr(a, k)} from {sw.path} (pass --{k} to change)")
+    say(f"sweep {sw.path}: {len(sw.points)} point(s) ({len(sw.reference)} reference variant(s) besides), checked "
+        f"against SGLang at {pkg}")
+    return cfg.pick_variants(cfg.VariantSet(out, vset.defaults, sw.path), a.variants)
 
 
 def chosen_variants(a: argparse.Namespace, vset: cfg.VariantSet | None) -> list[cfg.Variant]:
@@ -478,19 +509,23 @@ def run_plan(st: Session, servers: dict[str, Server], client: tuple, opts: RunOp
 
 def main(argv: list[str] | None = None) -> int:
     a, server_args = parse(argv)
-    run_opts, report_opts = options(a)
+    _, report_opts = options(a)
     if a.report:
         return report_only(Path(a.report), a.box, report_opts)
-    scenarios = cfg.load_scenarios(a.scenarios_file, a.scenarios)
     vset = cfg.load_variants(a.variants_file) if (a.variants_file.is_file() or not a.server_url) else None
-    if a.list:
-        list_inputs(a.scenarios_file, vset)
-        return 0
-    variants = chosen_variants(a, vset)
-    plan = cfg.make_plan(scenarios, variants, a.repeats, a.order)
     vals = cfg.placeholder_values(vset.defaults if vset else {}, {
         "model": a.model, "draft_model": a.draft_model, "hf_cache": a.hf_cache, "port": a.port,
         "tokenizer": a.tokenizer})
+    variants = sweep_variants(a, vset, server_args, vals["hf_cache"]) if a.sweep else None
+    a.repeats = 3 if a.repeats is None else a.repeats
+    a.order = a.order or "aba"
+    run_opts, _ = options(a)
+    scenarios = cfg.load_scenarios(a.scenarios_file, a.scenarios)
+    if a.list:
+        list_inputs(a.scenarios_file, vset if variants is None else cfg.VariantSet(variants, {}, Path(a.sweep)))
+        return 0
+    variants = variants or chosen_variants(a, vset)
+    plan = cfg.make_plan(scenarios, variants, a.repeats, a.order)
     box = box_name(a.box)
     rev, dirty = revision(short=True)
     started = utcnow()

@@ -178,17 +178,19 @@ class Variant:
     patchset: str = ""  # declared patch set (server launcher); launched servers are inspected instead
     description: str = ""
     default: bool = True
+    setting: tuple[tuple[str, object], ...] = ()  # a sweep point's drafter and settings (scripts/bench/sweep.py)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["env"] = dict(self.env)
+        d["setting"] = dict(self.setting)
         for k in ("command", "extra_args", "docker_args"):
             d[k] = list(d[k])
         d.pop("default")
         return {k: v for k, v in d.items() if v not in ("", [], {}, None) or k == "speculative"}
 
 
-_VARIANT_KEYS = {f.name for f in dataclasses.fields(Variant)}
+_VARIANT_KEYS = {f.name for f in dataclasses.fields(Variant)} - {"setting"}
 _DEFAULT_KEYS = {"model", "draft_model", "tokenizer", "hf_cache", "flashinfer_cache", "port", "patched_image",
                  "stock_image", "python"}
 

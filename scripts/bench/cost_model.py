@@ -1,6 +1,9 @@
 """`make docs`: regenerate the cost-model tables of eagle-fast-verify.md from committed files.
 
   python -m scripts.bench.cost_model [--write | --check] [--doc eagle-fast-verify.md]
+  python -m scripts.bench.cost_model --sweep RESULTS.jsonl    the sweep's verdict: the speculative-setting cost
+        model (scripts/bench/spec_model.py) fitted to a `make bench --sweep` results file, its predicted optimum
+        and whether the measured one agrees
 
 Inputs: bench/inputs/cost-model.toml (the seed box's numbers and published per-call latencies, each with its
 source) and bench/results/bench-comm_H200_x2_*.json (our H200 x2 proxy runs). The tables go between the
@@ -27,6 +30,7 @@ from pathlib import Path
 from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
+from . import report as rep
 from .comm_report import record
 from .kimi import CHAIN, LAYERS
 from .numbers import spread
@@ -180,6 +184,15 @@ def changes(old: str, new: str, names: list[str]) -> list[str]:
     return out
 
 
+def sweep_prediction(results: Path) -> str:
+    """The sweep tables and the cost model's verdict per scenario of a make bench --sweep results file."""
+    rows = rep.summarize(rep.load_results(results))
+    lines = rep.sweep_markdown(rows)
+    if not lines:
+        raise UserError(f"{results} holds no sweep points (run make bench-sweep, or bench --sweep)")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="scripts.bench.cost_model", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -187,7 +200,11 @@ def main(argv=None) -> int:
     g.add_argument("--write", action="store_true", help="rewrite the tables in eagle-fast-verify.md")
     g.add_argument("--check", action="store_true", help="fail if eagle-fast-verify.md is out of date")
     ap.add_argument("--doc", type=Path, default=DOC)
+    ap.add_argument("--sweep", type=Path, metavar="RESULTS.jsonl", help="print the sweep verdict of a results file")
     a = ap.parse_args(argv)
+    if a.sweep:
+        print(sweep_prediction(a.sweep))
+        return 0
     inp = tomllib.loads(INPUTS.read_text())
     blocks = render(inp, load_runs())
     if not (a.write or a.check):

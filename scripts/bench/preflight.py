@@ -166,7 +166,8 @@ def _gpus(needs: list[Needs]) -> list[Check]:
     if not want:
         return []
     have, why = gpu_count()
-    users = ", ".join(sorted({n.variant for n in needs if n.gpus == want}))
+    names = sorted({n.variant for n in needs if n.gpus == want})
+    users = ", ".join(names) if len(names) <= 4 else f"{len(names)} variants"
     if have is None:
         return [Check("GPUs", False, f"no NVIDIA GPU visible (nvidia-smi -L: {why}); {users} need {want}",
                       "run make bench on the GPU box (make doctor checks it)")]

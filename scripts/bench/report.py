@@ -16,6 +16,7 @@ import statistics
 from pathlib import Path
 
 from ..lib.errors import UserError
+from . import spec_model
 from .numbers import num
 
 BASELINE_SCHEMA = "eagle-bench-baseline/1"
@@ -86,6 +87,8 @@ class Row:
     scenario_spec: dict
     graph: int | None = None  # verify forwards replayed by the decode CUDA graph
     piecewise: int = 0  # ... of `eager`, the ones the piecewise prefill graph took
+    setting: dict = dataclasses.field(default_factory=dict)  # a sweep point's drafter and settings
+    speculative: bool | None = None
 
     @property
     def hit_rate(self) -> float | None:
@@ -132,10 +135,12 @@ def summarize(records: list[dict]) -> list[Row]:
         recs = sorted(recs, key=lambda r: (r["eagle"].get("position", 0)))
         per = [run_metrics(r) for r in recs]
         g, off, pw, reasons = verify_totals([r["eagle"].get("verify") for r in recs])
+        spec = recs[0]["eagle"].get("variant_spec") or {}
         rows.append(Row(sc, var, recs[0]["eagle"].get("letter", "?"), len(recs),
                         sorted({str(r["eagle"].get("patchset", "unknown")) for r in recs}),
                         {m: stat([p[m] for p in per]) for m in METRICS}, off, reasons,
-                        recs[0]["eagle"].get("scenario_spec") or {}, g, pw))
+                        recs[0]["eagle"].get("scenario_spec") or {}, g, pw, spec.get("setting") or {},
+                        spec.get("speculative")))
     rows.sort(key=lambda row: (scen_order.index(row.scenario), row.letter, row.variant))
     return rows
 
@@ -301,6 +306,7 @@ def markdown(rows: list[Row], meta: dict, checks: list[Check] | None = None, bas
         L += [f"- {r.scenario} / {r.variant}: repeats spread {r.spread_pct:.1f}% ({LABELS[r.main]}); "
               "more than this box class drifts, so rerun before trusting a difference" for r in noisy]
         L.append("")
+    L += sweep_markdown(rows)
     if checks is not None:
         bad = [c for c in checks if c.status == "REGRESSION"]
         L += [f"## Baseline comparison ({baseline_path})", "",
@@ -313,6 +319,42 @@ def markdown(rows: list[Row], meta: dict, checks: list[Check] | None = None, bas
                      f"{num(c.current, 2, small=True)} | {c.change} | {c.limit} | {st} |")
         L.append("")
     return "\n".join(L)
+
+
+# -------------------------------------------------------------------------------------------------------------
+# the sweep: AL, decode tok/s and verify graph hit rate per setting, and the cost model's verdict
+
+
+def sweep_points(rows: list[Row], scenario: str) -> tuple[list[spec_model.Measured], float | None]:
+    """The measured sweep points of one scenario, and t1 (ms) from its reference run without speculation."""
+    points = []
+    for r in rows:
+        s, al, tps = r.setting, r.stats.get("accept_length"), r.stats.get("decode_tok_s")
+        if r.scenario == scenario and s and al and tps and tps.median > 0:
+            points.append(spec_model.Measured(r.variant, s["drafter"], s["draft_quantization"], s["steps"], s["topk"],
+                                              s["draft_tokens"], al.median, tps.median, r.hit_rate))
+    refs = [r.stats["decode_tok_s"].median for r in rows if r.scenario == scenario and r.speculative is False
+            and r.stats.get("decode_tok_s")]
+    return points, (1000.0 / max(refs) if refs else None)
+
+
+def sweep_markdown(rows: list[Row]) -> list[str]:
+    L: list[str] = []
+    for sc in dict.fromkeys(r.scenario for r in rows if r.setting):
+        points, t1 = sweep_points(rows, sc)
+        L += [f"## Sweep: drafters and speculative settings ({sc})", "",
+              "| drafter | draft weights | steps/topk/tokens | accept length | decode tok/s | verify graph | "
+              "cycle ms | model cycle ms |", "|---|---|---|---:|---:|---:|---:|---:|"]
+        v, why = spec_model.verdict(points, t1)
+        for r in sorted((r for r in rows if r.scenario == sc and r.setting), key=lambda r: r.variant):
+            s = r.setting
+            p = next((p for p in points if p.name == r.variant), None)
+            model = f"{v.fit.cycle_ms(p):.1f}" if v and p else "–"
+            L.append(f"| {s['drafter']} | {s['draft_quantization']} | {s['steps']}/{s['topk']}/{s['draft_tokens']} "
+                     f"| {_cell(r.stats['accept_length'], 3)} | {_cell(r.stats['decode_tok_s'])} | {hit_cell(r)} | "
+                     f"{f'{p.cycle_ms:.1f}' if p else '–'} | {model} |")
+        L += [""] + (v.lines() if v else [f"No cost-model verdict: {why}."]) + [""]
+    return L
 
 
 # -------------------------------------------------------------------------------------------------------------
