@@ -609,7 +609,7 @@ def fake_box(tmp_path, monkeypatch, engine_up=True, gpus=8, on_run='touch "{stat
     for f in bin_.iterdir():
         f.chmod(0o755)
     hf = tmp_path / "hf"
-    for repo in ("moonshotai/Kimi-K2.5", "AQ-MedAI/Kimi-K25-eagle3"):
+    for repo in ("moonshotai/Kimi-K2.5", "lightseekorg/kimi-k2.5-eagle3"):
         snap = hf / "hub" / f"models--{repo.replace('/', '--')}" / "snapshots" / "abc"
         snap.mkdir(parents=True)
         (snap / "config.json").write_text("{}")
@@ -646,7 +646,7 @@ def test_dry_run_prints_the_plan_its_cost_and_every_check(tmp_path, monkeypatch,
     assert "estimated total: ~2h18m" in out
     assert "ok  docker engine: docker engine 27.3.1" in out and "ok  image eagle-fast-verify/sglang:" in out
     assert "FAIL GPUs: 2 GPU(s) here" in out and "need 8 (tp-size)" in out
-    assert "ok  weights: AQ-MedAI/Kimi-K25-eagle3, moonshotai/Kimi-K2.5 in" in out
+    assert "ok  weights: lightseekorg/kimi-k2.5-eagle3, moonshotai/Kimi-K2.5 in" in out
     assert "run" not in docker_calls(box) and not box["res"].exists()
     with pytest.raises(UserError, match="make bench cannot start: 2 GPU"):  # a real run stops there
         bench.main(["--results-dir", str(box["res"]), "--hf-cache", str(box["hf"])])

@@ -71,7 +71,7 @@ def test_default_profile_is_kimi_tp8_eagle3_chain(parser):
     assert ns.model_path == "moonshotai/Kimi-K2.5" and ns.tp_size == 8 and ns.trust_remote_code
     assert ns.speculative_algorithm == "EAGLE3"
     assert (ns.speculative_num_steps, ns.speculative_eagle_topk, ns.speculative_num_draft_tokens) == (3, 1, 4)
-    assert ns.speculative_draft_model_path == "AQ-MedAI/Kimi-K25-eagle3"
+    assert ns.speculative_draft_model_path == "lightseekorg/kimi-k2.5-eagle3"
     assert ns.host == "0.0.0.0" and ns.port == 30000 and ns.enable_metrics
     assert ns.cuda_graph_max_bs_decode >= ns.max_running_requests
     assert ns.flashinfer_allreduce_fusion_backend is None  # gated to TP2 by the series; A/B by hand
@@ -118,7 +118,7 @@ def test_bad_values_and_flags_are_refused_before_launch(index, tmp_path):
 @pytest.mark.parametrize("edit, match", [
     (("[args]", "[arg]"), "unknown top-level key"),
     (('tp-size = 8', '"--tp-size" = 8'), "without the leading dashes"),
-    (('draft_model = "AQ-MedAI/Kimi-K25-eagle3"', ""), "pass --draft-model"),
+    (('draft_model = "lightseekorg/kimi-k2.5-eagle3"', ""), "pass --draft-model"),
     (("enable-metrics = true", "enable-metrics = {a = 1}"), "must be a string"),
 ])
 def test_profile_mistakes_name_the_fix(tmp_path, edit, match):
@@ -373,3 +373,20 @@ def test_docker_readme_drafter_table_agrees_with_the_source(sglang_tree):
         c = drafters.claim(repo, pkg, hub=ROOT / "no-hub")
         assert said.startswith("yes" if c.loads else "no"), row
         assert f"`{d.arch}`" in said, row
+
+
+def test_default_drafter_is_chosen_by_the_evidence_and_kept_in_step(sglang_tree):
+    """The profile's drafter is the one with the best published evidence at its own 3/1/4 (and SGLang loads it);
+    its comment says why; make bench's variants default to the same drafter."""
+    import tomllib
+
+    from scripts.host import drafters
+
+    prof = serve.load_profile(DEFAULT)
+    drafter = prof.defaults["draft_model"]
+    assert drafter == "lightseekorg/kimi-k2.5-eagle3"
+    assert drafters.claim(drafter, sglang_tree / "python" / "sglang", hub=ROOT / "no-hub").loads
+    text = " ".join(ln.lstrip("# ").strip() for ln in DEFAULT.read_text().splitlines())
+    assert "GSM8K 3.20" in text and "make bench-sweep" in text and "AQ-MedAI/Kimi-K25-eagle3 (the previous" in text
+    variants = tomllib.loads((ROOT / "bench" / "variants.toml").read_text())
+    assert variants["defaults"]["draft_model"] == drafter
