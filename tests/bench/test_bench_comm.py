@@ -52,9 +52,15 @@ def test_bench_comm_unknown_variant_is_named():
         bench_comm.variants(["TREE"])
 
 
+def _default_variant_ran(path: Path) -> bool:
+    """run4's default variant (the one carrying the forward and fused rows) died on an import: its bars are absent."""
+    return not [r for r in json.loads(path.read_text())["records"]
+                if r.get("kind") == "variant_error" and r.get("variant") == "default"]
+
+
 @pytest.mark.skipif(not H200, reason="no committed H200 run")
 def test_bench_comm_summary_of_a_committed_h200_run():
-    res = json.loads(H200[-1].read_text())
+    res = json.loads([p for p in H200 if _default_variant_ran(p)][-1].read_text())
     s = comm_report.summarize(res)
     assert s["correctness"]["ok"]
     bars = s["bars"]
