@@ -9,7 +9,8 @@ PYTEST_ARGS ?=
 IMAGE     ?=
 export SGLANG_BASE
 
-.PHONY: help setup apply export check-patches refresh test test-gpu prove-tests image lint-docker doctor bench bench-sweep bench-comm docs clean
+.PHONY: help setup apply export check-patches refresh test test-gpu prove-tests image lint-docker doctor bench bench-sweep \
+        bench-comm docs clean
 
 help:            ## list targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t16
