@@ -1,6 +1,8 @@
 """`make bench`: A/B/A serving benchmarks (stock vs patched SGLang, speculation off vs EAGLE-3) at C1, C4, C16.
 
   python -m scripts.bench.bench [--variants A,B,..] [--scenarios C1,C4] [--repeats 3] [--draft-model PATH]
+  python -m scripts.bench.bench --sweep [FILE]   the drafter x speculative-settings sweep (bench/sweep.toml;
+        scripts/bench/sweep.py): one server per point, every point checked against SGLang's rules first
         [-- SGLANG_ARGS]   launch each variant of bench/variants.toml in turn (docker image or local
         scripts.host.serve) and bench it
   python -m scripts.bench.bench --server-url [NAME=]URL [--server-url NAME=URL ..] [--patchset [NAME=]ID]
@@ -12,16 +14,27 @@
 Each run is SGLang's own client, `python -m sglang.benchmark.serving --backend sglang` (random-ids dataset, fixed
 seed, --tokenize-prompt: works offline), whose JSONL record is kept unchanged. The harness adds an "eagle" object:
 scenario, variant, repeat, A/B/A letter and position, the server's decode tok/s (sglang:gen_throughput from
-/metrics, or last_gen_throughput from /server_info, sampled during the measured phase), the verify-graph counter
-deltas (graph/eager forwards and eager reasons), the accept length from /metrics deltas, the server's patch set,
-git revision, box and timestamps. Results go to bench/results/<UTC time>_<git rev>_<box>.jsonl (append-only), with a
-markdown table (.md) and a plot (.png) of the same stem, and bench_serving's and the servers' output in .log files.
+/metrics, or last_gen_throughput from /server_info, sampled during the measured phase), the speculative CUDA-graph
+counter deltas (per stage: graph / piecewise / eager forwards and fallback reasons; the target verify's graph hit
+rate), the accept length from /metrics deltas, the server's patch set, git revision, box and timestamps. Results go
+to bench/results/<UTC time>_<git rev>_<box>.jsonl (append-only), with a markdown table (.md) and a plot (.png) of the
+same stem, and bench_serving's and the servers' output in .log files.
+
+Before any server starts, every scenario's bench_serving command is judged by bench_serving itself (its own
+argument parser and dataset code, run by the client interpreter; scripts/bench/client.py), so a bad value in
+bench/scenarios.toml or --bench-args stops --dry-run and a real run alike, naming the key to fix. Then the plan is
+printed with its cost (model loads, an estimate per run and in total) and the box is checked (scripts/bench/
+preflight.py: docker engine, images, GPUs for the profiles' tp-size, weights in the HF cache, free disk): a real
+run stops at the first gap with one message and writes nothing; --dry-run lists every check. A docker engine lost
+during the plan stops the plan (the results so far are reported), instead of failing every later variant.
 
 Order: the repeats go round the variants forward then backward (A B, B A, A B, ...: --order aba), so drift over the
 session (up to ~7% on this box class) weighs on each variant alike; adjacent runs of a variant share one server.
 
 Exit status: 0 fine; 1 a regression against --baseline (tok/s median more than --max-tok-s-drop % lower, accept
-length more than --max-accept-drop lower), or an eager verify forward with --fail-on-eager; 2 a usage error;
+length more than --max-accept-drop lower), or a verify forward off its CUDA graph (eager or piecewise) with
+--fail-on-eager; 2 a usage error, a
+scenario bench_serving refuses, or a box that cannot run the plan (preflight; or the engine lost mid-plan);
 4 some runs produced no result.
 """
 
@@ -43,9 +56,12 @@ from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.progress import say
 from ..lib.repo import revision
+from ..host.pcie import package_dir
 from . import config as cfg
+from . import preflight
 from . import report as rep
-from .client import bench_serving_cmd, resolve_client, run_bench_serving
+from . import sweep
+from .client import bench_serving_cmd, check_bench_args, resolve_client, run_bench_serving
 from .launch import Server
 from .numbers import duration, num
 from .observe import Sampler, accept_length_from_metrics, internal_state, metrics_parser, take_snapshot, verify_delta
@@ -94,13 +110,15 @@ def box_name(given: str | None) -> str:
 # one run
 
 
-def eta(durations: list[float], remaining_runs: int, launch_s: list[float], remaining_launches: int) -> str:
-    if not durations:
-        return "ETA ?"
-    s = sum(durations) / len(durations) * remaining_runs
-    if launch_s:
-        s += sum(launch_s) / len(launch_s) * remaining_launches
-    return f"ETA {duration(s)}"
+def eta(durations: list[float], remaining: list[float], launch_s: list[float], remaining_launches: int,
+        load_estimate: float) -> str:
+    """Time left: the remaining runs at the mean measured duration (their estimates until one has run), plus the
+    remaining launches at the mean measured launch (the estimate until one has happened)."""
+    if not remaining:
+        return "ETA 0s"
+    s = sum(durations) / len(durations) * len(remaining) if durations else sum(remaining)
+    s += (sum(launch_s) / len(launch_s) if launch_s else load_estimate) * remaining_launches
+    return f"ETA {duration(s)}" + ("" if durations else " (estimated)")
 
 
 def one_line(rec: dict) -> str:
@@ -111,7 +129,8 @@ def one_line(rec: dict) -> str:
              f"TTFT {num(m['ttft_ms'], small=True)} ms", f"ITL {num(m['itl_ms'], 2)} ms",
              f"AL {num(m['accept_length'], 3)}"]
     if isinstance(v, dict):
-        parts.append(f"verify {v['graph']} graph / {v['eager']} eager" + (" ⚠" if v["eager"] else ""))
+        off = int(v.get("eager", 0)) + int(v.get("piecewise", 0))
+        parts.append(f"verify {v['graph']} graph / {off} off-graph" + (" ⚠" if off else ""))
     return ", ".join(parts)
 
 
@@ -145,7 +164,7 @@ def do_run(r: cfg.Run, total: int, target: Server, patch: dict, client: tuple[st
         "variant": r.variant.name, "variant_spec": r.variant.to_dict(),
         "letter": r.letter, "repeat": r.repeat, "round": r.round, "position": r.index, "plan_size": total,
         "order": opts.order,
-        "server_url": target.url, "launched": target.kind != "server",
+        "server_url": target.url, "launched": target.kind != "server", "launch_s": target.launch_s,
         "speculative_algorithm": info.get("speculative_algorithm"),
         "patchset": patch.get("patchset", "unknown"), "patches": patch.get("patches"),
         "patchset_detail": patch.get("detail") or patch.get("image") or patch.get("sglang"),
@@ -199,7 +218,7 @@ def write_reports(records: list[dict], stem_path: Path, meta: dict, opts: Report
         say(f"report: {md} (no plot: matplotlib is not installed for {sys.executable})")
     for r in rows:
         if r.eager:
-            say(f"⚠ {r.scenario} / {r.variant}: {r.eager} eager verify forward(s): "
+            say(f"⚠ {r.scenario} / {r.variant}: {r.eager} verify forward(s) off their CUDA graph: "
                 + ", ".join(f"{k}: {n}" for k, n in sorted(r.eager_reasons.items())))
     if opts.write_baseline is not None:
         bp = default_path(opts.write_baseline, meta["box"])
@@ -208,7 +227,7 @@ def write_reports(records: list[dict], stem_path: Path, meta: dict, opts: Report
         say(f"baseline written: {bp} ({len(rows)} scenario x variant entries)")
     status = _compare(checks, baseline_path)
     if opts.fail_on_eager and any(r.eager for r in rows):
-        print("eager verify forwards found (--fail-on-eager)", file=sys.stderr)
+        print("verify forwards off their CUDA graph found (--fail-on-eager)", file=sys.stderr)
         status = EXIT_REGRESSION
     return status
 
@@ -243,12 +262,15 @@ def parse(argv: list[str] | None):
     g = ap.add_argument_group("what to run")
     g.add_argument("--scenarios", help="comma list of scenario names (default: those marked default)")
     g.add_argument("--variants", help="comma list of variant names, in A, B, C order (default: those marked default)")
-    g.add_argument("--repeats", type=int, default=3, help="runs per scenario x variant (default 3)")
-    g.add_argument("--order", choices=cfg.ORDERS, default="aba",
+    g.add_argument("--repeats", type=int, help="runs per scenario x variant (default 3; a sweep file's repeats)")
+    g.add_argument("--order", choices=cfg.ORDERS,
                    help="aba: rounds go forward then backward over the variants (default); blocked: A's repeats "
                         "then B's")
     g.add_argument("--scenarios-file", type=Path, default=cfg.DEFAULT_SCENARIOS, help="default bench/scenarios.toml")
     g.add_argument("--variants-file", type=Path, default=cfg.DEFAULT_VARIANTS, help="default bench/variants.toml")
+    g.add_argument("--sweep", nargs="?", const=str(sweep.SWEEP_FILE), metavar="FILE",
+                   help="run the drafter and speculative-settings sweep of FILE (default bench/sweep.toml) "
+                        "instead of the variants; --variants then picks among its points and references")
     g.add_argument("--server-url", action="append", default=[], metavar="[NAME=]URL",
                    help="bench a running server instead of launching variants (repeat for several)")
     g.add_argument("--patchset", action="append", default=[], metavar="[NAME=]ID",
@@ -277,7 +299,8 @@ def parse(argv: list[str] | None):
                    help="write the medians of this run as a baseline (FILE omitted: bench/baselines/<box>.json)")
     g.add_argument("--max-tok-s-drop", type=float, help="allowed tok/s drop in %% (default: baseline's, else 5)")
     g.add_argument("--max-accept-drop", type=float, help="allowed accept length drop (default: baseline's, else 0.05)")
-    g.add_argument("--fail-on-eager", action="store_true", help="exit 1 when any verify forward ran eagerly")
+    g.add_argument("--fail-on-eager", action="store_true",
+                   help="exit 1 when any verify forward ran off its CUDA graph (eager or piecewise)")
     g.add_argument("--report", metavar="RESULTS.jsonl", help="only rebuild report (and compare) for a results file")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and the commands; run nothing")
     ap.add_argument("--list", action="store_true", help="list scenarios and variants")
@@ -300,6 +323,30 @@ def list_inputs(scenarios_file: Path, vset: cfg.VariantSet | None) -> None:
                   f"{'' if v.default else '(not default) '}{v.description}")
 
 
+def sweep_variants(a: argparse.Namespace, vset: cfg.VariantSet | None, server_args: list[str],
+                   hf_cache: str) -> list[cfg.Variant]:
+    """The sweep's points (and references) as variants, each checked against the serving SGLang's rules."""
+    sw = sweep.load(Path(a.sweep))
+    if a.server_url or vset is None:
+        raise UserError("--sweep launches its servers from bench/variants.toml; drop --server-url")
+    if a.draft_model:
+        raise UserError(f"--draft-model sets the drafter of the variants, but a sweep's drafters are its own "
+                        f"(drafters = [...] in {sw.path}); edit that list, or drop --sweep")
+    pkg = package_dir()
+    if not (pkg / "srt").is_dir():
+        raise UserError(f"--sweep checks every point against SGLang's own rules, read from its source, and finds "
+                        f"none at {pkg}: run make apply (build/sglang), or run from an environment with sglang")
+    out = sweep.variants(sw, vset, sweep.Rules(pkg, Path(hf_cache) / "hub"), server_args)
+    for k, given in (("scenarios", a.scenarios), ("repeats", a.repeats), ("order", a.order)):
+        if given is None:
+            setattr(a, k, getattr(sw, k))
+            if getattr(sw, k) is not None:
+                say(f"{k} {getattr(a, k)} from {sw.path} (pass --{k} to change)")
+    say(f"sweep {sw.path}: {len(sw.points)} point(s) ({len(sw.reference)} reference variant(s) besides), checked "
+        f"against SGLang at {pkg}")
+    return cfg.pick_variants(cfg.VariantSet(out, vset.defaults, sw.path), a.variants)
+
+
 def chosen_variants(a: argparse.Namespace, vset: cfg.VariantSet | None) -> list[cfg.Variant]:
     if a.server_url:
         if a.variants:
@@ -312,7 +359,7 @@ def chosen_variants(a: argparse.Namespace, vset: cfg.VariantSet | None) -> list[
 
 def print_dry_run(plan: list[cfg.Run], sess: list, servers: dict[str, Server], results: Path, tokenizer: str | None,
                   opts: RunOptions) -> None:
-    print(f"plan: {len(plan)} runs in {len(sess)} server session(s); results would go to {results}")
+    print(f"results would go to {results}; the server sessions and bench_serving commands:")
     for s in sess:
         print(f"  session {s[0].variant.name} ({s[0].letter}): {servers[s[0].variant.name].describe()}")
         for r in s:
@@ -320,6 +367,34 @@ def print_dry_run(plan: list[cfg.Run], sess: list, servers: dict[str, Server], r
                                     Path("OUT.jsonl"), f"{r.scenario.name}/{r.variant.name}/r{r.repeat}",
                                     tokenizer, opts.client_model, opts.bench_args)
             print(f"    {r.label(len(plan))}: {shlex.join(cmd[1:])}")
+
+
+def check_scenarios(scenarios: list[cfg.Scenario], path: Path, client: tuple, tokenizer: str | None,
+                    opts: RunOptions) -> None:
+    """Every scenario's bench_serving command, judged by bench_serving itself (its parser, its dataset code) before
+    any server starts; a UserError naming the scenario key (or option) to fix."""
+    cmds = {s.name: bench_serving_cmd("PY", "http://127.0.0.1:30000", s.bench_args(), Path("OUT.jsonl"), s.name,
+                                      tokenizer, opts.client_model, opts.bench_args)[3:] for s in scenarios}
+    refused = check_bench_args(client, cmds)
+    if not refused:
+        return
+    lines = []
+    for s in scenarios:
+        if s.name not in refused:
+            continue
+        flag, said = refused[s.name]
+        key = cfg.SCENARIO_FLAGS.get(flag)
+        if key:
+            fix = f"set {key} in [[scenario]] {s.name} (or [defaults]) to a value bench_serving's {flag} takes"
+        elif flag and flag in s.extra_args:
+            fix = f"fix or remove {flag} in extra_args of [[scenario]] {s.name}"
+        elif flag and flag in opts.bench_args:
+            fix = f"fix or remove {flag} in --bench-args"
+        else:
+            fix = f"check [[scenario]] {s.name} and --bench-args against python -m sglang.benchmark.serving --help"
+        lines.append(f"scenario {s.name}: bench_serving refuses it: {said}\n    Fix: {fix}")
+    raise UserError(f"{path}: {len(lines)} scenario(s) would fail only after the servers loaded:\n  "
+                    + "\n  ".join(lines))
 
 
 @dataclasses.dataclass
@@ -334,6 +409,8 @@ class Session:
     failures: list[str] = dataclasses.field(default_factory=list)
     durations: list[float] = dataclasses.field(default_factory=list)
     launch_s: list[float] = dataclasses.field(default_factory=list)
+    run_estimates: dict[str, float] = dataclasses.field(default_factory=dict)  # scenario -> seconds
+    load_estimate: float = preflight.ASSUMED_LOAD_S
 
 
 def run_server_session(si: int, runs: list[cfg.Run], server: Server, st: Session, client: tuple, opts: RunOptions,
@@ -344,6 +421,8 @@ def run_server_session(si: int, runs: list[cfg.Run], server: Server, st: Session
     try:
         try:
             server.start(launch_timeout)
+        except preflight.InfraError:
+            raise
         except UserError as e:
             st.failures += [f"{r.label(total)}: server did not start: {e}" for r in runs]
             say(f"{runs[0].variant.name}: {e}")
@@ -356,7 +435,8 @@ def run_server_session(si: int, runs: list[cfg.Run], server: Server, st: Session
             + (f"; {patch['detail']}" if patch.get("detail") else ""))
         for r in runs:
             launches_left = sum(1 for x in st.sessions[si + 1:] if x[0].variant.launcher != "server")
-            say(f"{r.label(total)}... {eta(st.durations, total - r.index + 1, st.launch_s, launches_left)}")
+            left = [st.run_estimates.get(x.scenario.name, 0.0) for x in st.plan[r.index - 1:]]
+            say(f"{r.label(total)}... {eta(st.durations, left, st.launch_s, launches_left, st.load_estimate)}")
             t1 = time.monotonic()
             rec, why = do_run(r, total, server, patch, client, opts, meta, tmp, st.client_log)
             st.durations.append(time.monotonic() - t1)
@@ -397,21 +477,55 @@ def options(a: argparse.Namespace) -> tuple[RunOptions, ReportOptions]:
             ReportOptions(a.baseline, a.write_baseline, a.max_tok_s_drop, a.max_accept_drop, a.fail_on_eager))
 
 
+def announce(lines: list[str], dry_run: bool) -> None:
+    for line in lines:
+        print(line) if dry_run else say(line)
+
+
+def preflight_report(needs: dict, hf_cache: Path, results_dir: Path) -> None:
+    """--dry-run: every check of a real run, passed or not (a real run stops at the first failure)."""
+    print("preflight (a real run stops at the first failure):")
+    for n in needs.values():
+        if n.note:
+            print(f"  note: {n.variant}: {n.note}")
+    for c in preflight.checks(list(needs.values()), hf_cache, results_dir, stop_at_first=False):
+        print(f"  {'ok ' if c.ok else 'FAIL'} {c.name}: {c.detail}" + ("" if c.ok else f" -- fix: {c.fix}"))
+
+
+def run_plan(st: Session, servers: dict[str, Server], client: tuple, opts: RunOptions, meta: dict,
+             launch_timeout: float) -> str:
+    """Every server session in turn; '' or why the whole plan stopped (the box failed, not a variant)."""
+    with tempfile.TemporaryDirectory(prefix="eagle-bench-") as tmp:
+        for si, runs in enumerate(st.sessions):
+            try:
+                run_server_session(si, runs, servers[runs[0].variant.name], st, client, opts, meta, Path(tmp),
+                                   launch_timeout)
+            except preflight.InfraError as e:
+                left = [r for s in st.sessions[si:] for r in s]
+                st.failures += [f"{r.label(len(st.plan))}: not run (the plan stopped)" for r in left]
+                return str(e)
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     a, server_args = parse(argv)
-    run_opts, report_opts = options(a)
+    _, report_opts = options(a)
     if a.report:
         return report_only(Path(a.report), a.box, report_opts)
-    scenarios = cfg.load_scenarios(a.scenarios_file, a.scenarios)
     vset = cfg.load_variants(a.variants_file) if (a.variants_file.is_file() or not a.server_url) else None
-    if a.list:
-        list_inputs(a.scenarios_file, vset)
-        return 0
-    variants = chosen_variants(a, vset)
-    plan = cfg.make_plan(scenarios, variants, a.repeats, a.order)
     vals = cfg.placeholder_values(vset.defaults if vset else {}, {
         "model": a.model, "draft_model": a.draft_model, "hf_cache": a.hf_cache, "port": a.port,
         "tokenizer": a.tokenizer})
+    variants = sweep_variants(a, vset, server_args, vals["hf_cache"]) if a.sweep else None
+    a.repeats = 3 if a.repeats is None else a.repeats
+    a.order = a.order or "aba"
+    run_opts, _ = options(a)
+    scenarios = cfg.load_scenarios(a.scenarios_file, a.scenarios)
+    if a.list:
+        list_inputs(a.scenarios_file, vset if variants is None else cfg.VariantSet(variants, {}, Path(a.sweep)))
+        return 0
+    variants = variants or chosen_variants(a, vset)
+    plan = cfg.make_plan(scenarios, variants, a.repeats, a.order)
     box = box_name(a.box)
     rev, dirty = revision(short=True)
     started = utcnow()
@@ -425,24 +539,28 @@ def main(argv: list[str] | None = None) -> int:
                  stem_path.with_name(f"{stem}.bench_serving.log"))
     servers = {v.name: Server(v, vals, server_args if launch_mode else [],
                               stem_path.with_name(f"{stem}.server-{v.name}.log")) for v in variants}
+    client = resolve_client(a.client_python)
+    if launch_mode and "HF_HOME" not in client[1] and a.hf_cache:
+        client[1]["HF_HOME"] = vals["hf_cache"]  # the client's tokenizer from the cache the servers use
+    check_scenarios(scenarios, a.scenarios_file, client, tokenizer, run_opts)
+    needs = {n: preflight.variant_needs(srv) for n, srv in servers.items() if srv.kind != "server"}
+    announce(preflight.plan_lines(plan, st.sessions, needs, a.results_dir), a.dry_run)
     if a.dry_run:
         print_dry_run(plan, st.sessions, servers, st.results, tokenizer, run_opts)
+        preflight_report(needs, Path(vals["hf_cache"]), a.results_dir)
         return 0
+    preflight.checks(list(needs.values()), Path(vals["hf_cache"]), a.results_dir)
+    st.run_estimates, st.load_estimate = preflight.estimates(plan, a.results_dir)
     if launch_mode and server_args:
         say(f"extra server arguments for every launched variant: {shlex.join(server_args)}")
     metrics_parser()  # before any server starts: the runs read /metrics with it
     a.results_dir.mkdir(parents=True, exist_ok=True)
-    client = resolve_client(a.client_python)
-    if launch_mode and "HF_HOME" not in client[1] and a.hf_cache:
-        client[1]["HF_HOME"] = vals["hf_cache"]  # the client's tokenizer from the cache the servers use
-    say(f"bench_serving runs from {client[2]}")
-    say(f"{len(plan)} runs ({len(scenarios)} scenarios x {len(variants)} variants x {a.repeats} repeats, "
-        f"order {a.order}) in {len(st.sessions)} server session(s); results: {st.results}")
-    with tempfile.TemporaryDirectory(prefix="eagle-bench-") as tmp:
-        for si, runs in enumerate(st.sessions):
-            run_server_session(si, runs, servers[runs[0].variant.name], st, client, run_opts, meta, Path(tmp),
-                               a.launch_timeout)
-    return finish(st, stem_path, {**meta, "box": box}, report_opts)
+    say(f"bench_serving runs from {client[2]}; results: {st.results}")
+    stopped = run_plan(st, servers, client, run_opts, meta, a.launch_timeout)
+    status = finish(st, stem_path, {**meta, "box": box}, report_opts)
+    if stopped:
+        raise preflight.InfraError(f"the plan stopped after {len(st.records)} run(s): {stopped}")
+    return status
 
 
 if __name__ == "__main__":

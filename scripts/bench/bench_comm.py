@@ -214,7 +214,8 @@ def sglang_rows(a: argparse.Namespace) -> tuple[dict | None, str]:
     missing = [m for m in ("sglang", "flashinfer") if importlib.util.find_spec(m) is None]
     if missing:
         return None, (f"{' and '.join(missing)} not importable by {sys.executable}; run from the serving image "
-                      f"(docker run --gpus all --ipc=host IMAGE bench-comm) or after make apply with "
+                      f"(docker run --gpus all --ipc=host -v sglang-flashinfer:/root/.cache/flashinfer IMAGE "
+                      f"bench-comm) or after make apply with "
                       f"PYTHONPATH=build/sglang/python")
     return {"flashinfer_allreduce_fusion_backend": "trtllm", "disable_custom_all_reduce": True,
             "disable_flashinfer_autotune": a.no_autotune}, ""
@@ -321,7 +322,7 @@ def main(argv=None) -> int:
     if a.plot:
         result = json.loads(a.plot.read_text())
         result["summary"] = summarize(result)
-        print(table(result["summary"], result["meta"].get("layers", LAYERS)))
+        print(table(result["summary"]))
         plot(result, a.plot.with_suffix(".png"))
         say(f"plot: {a.plot.with_suffix('.png')}")
         return 0
@@ -352,7 +353,7 @@ def main(argv=None) -> int:
     out = a.out or out_dir / f"bench-comm_{box}_x{world}_{meta['utc']}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
-    print(table(result["summary"], a.layers))
+    print(table(result["summary"]))
     plot(result, out.with_suffix(".png"))
     say(f"results: {out} (+ .png)")
     errors = [r for r in result["records"] if r.get("kind") == "variant_error"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -72,6 +73,74 @@ def resolve_client(python: str | None) -> tuple[str, dict[str, str], str]:
     raise UserError("no Python here can run SGLang's bench_serving:\n  " + "\n  ".join(problems) +
                     "\nFix: pip install the missing modules into that environment (sglang's client imports "
                     "`datasets` too), or pass --client-python PATH.")
+
+
+# Runs in the client's interpreter: bench_serving's own cli_main() parses each argument list with its own parser
+# and its own post-parse checks (run_benchmark replaced, so nothing runs), then the dataset it names is built from
+# the parsed arguments as bench_serving builds it, and its random lengths are drawn with bench_serving's own
+# compute_random_lens (which refuses a range ratio that leaves no length to draw). No rule is copied here.
+CHECK_CODE = r"""
+import contextlib, io, json, sys, warnings
+warnings.simplefilter("ignore")
+import sglang.benchmark.serving as bs
+
+class Accepted(Exception):
+    pass
+
+def capture(args):
+    raise Accepted(args)
+
+def lengths(args):
+    try:
+        from sglang.benchmark.datasets import DATASET_MAPPING
+        from sglang.benchmark.datasets.common import compute_random_lens
+        ds = DATASET_MAPPING[args.dataset_name].from_args(args)
+    except Exception:
+        return None
+    for what in ("input_len", "output_len"):
+        if hasattr(ds, what) and hasattr(ds, "range_ratio"):
+            try:
+                compute_random_lens(getattr(ds, what), ds.range_ratio, 1)
+            except Exception as e:
+                kind = what.replace("_len", "")
+                return ("--random-range-ratio", f"{type(ds).__name__} cannot draw {kind} lengths up to "
+                        f"{getattr(ds, what)} with range ratio {ds.range_ratio} (compute_random_lens: {e})")
+    return None
+
+bs.run_benchmark = capture
+out = {}
+for label, argv in json.load(sys.stdin).items():
+    sys.argv = ["sglang.benchmark.serving", *argv]
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            bs.cli_main()
+        out[label] = ["", "bench_serving's cli_main returned without running the benchmark"]
+    except Accepted as a:
+        out[label] = lengths(a.args[0])
+    except SystemExit:
+        lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+        out[label] = ["", lines[-1] if lines else "refused"]
+print(json.dumps(out))
+"""
+
+
+def check_bench_args(client: tuple[str, dict, str], commands: dict[str, list[str]]) -> dict[str, tuple[str, str]]:
+    """label -> (the flag at fault or '', what bench_serving says) for every command it would refuse; each command
+    is a bench_serving argument list (no interpreter, no module). Nothing is sent anywhere."""
+    py, env, note = client
+    res = proc.run([py, "-c", CHECK_CODE], env=env, input=json.dumps(commands), timeout=300)
+    if not res.ok:
+        raise UserError(f"could not check the scenarios with bench_serving's own parser ({note}): {res.why}; "
+                        f"fix that environment (or pass --client-python PATH)")
+    verdicts = json.loads(res.stdout.strip().splitlines()[-1])
+    out = {}
+    for label, v in verdicts.items():
+        if v:
+            flag, said = v
+            named = re.search(r"--[a-z0-9][a-z0-9-]*", said)
+            out[label] = (flag or (named.group(0) if named else ""), said.split(": error: ", 1)[-1])
+    return out
 
 
 def bench_serving_cmd(python: str, base_url: str, scenario_args: list[str], output_file: Path, tag: str,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..lib.progress import say
-from .kimi import HIDDEN, LAYERS
+from .kimi import CHAIN, HIDDEN, LAYERS
 from .numbers import num
 
 BARS = {"graph_vs_eager_nccl": 1.8, "fused_graph_vs_nccl_eager_8rows": 3.0}
@@ -98,6 +98,16 @@ def recommendation(forward: list[dict], problems: list[dict]) -> dict:
             for k, v in sorted(best.items())}
 
 
+def measured(recs: list[dict], kind: str | None, key: str) -> list[int]:
+    """The distinct values of `key` in the records of `kind` (what was measured, whatever the defaults say)."""
+    return sorted({r[key] for r in recs if (kind is None or r.get("kind") == kind) and r.get(key) is not None})
+
+
+def _shape(values: list[int] | None, fallback: int, unit: str) -> str:
+    vals = values or [fallback]
+    return f"{'/'.join(map(str, vals))} {unit}"
+
+
 def summarize(result: dict) -> dict:
     recs = result["records"]
     bw = [r["gbps"] for r in recs if r.get("kind") == "p2p_bw"]
@@ -107,7 +117,9 @@ def summarize(result: dict) -> dict:
     fused = [{k: r.get(k) for k in ("variant", "impl", "rows", "mode", "us_per_call")} for r in recs
              if r.get("kind") == "fused" and r.get("mode") in ("graph", "eager", "eager_single")]
     summary = {"peer_gbps_min": gbps, "allreduce": allreduce_rows(recs, result["meta"]["world"], gbps),
-               "fused": fused, "verify_forward": forward_rows(vf), "bars": bars(vf), "correctness": correctness(recs)}
+               "fused": fused, "verify_forward": forward_rows(vf), "bars": bars(vf), "correctness": correctness(recs),
+               "layers": measured(recs, "verify_forward", "layers") or measured([result["meta"]], None, "layers"),
+               "chain": measured(recs, "allreduce", "chain")}
     summary["recommendation"] = recommendation(summary["verify_forward"], summary["correctness"]["problems"])
     return summary
 
@@ -128,14 +140,15 @@ def _fused_table(fused: list[dict]) -> list[str]:
     return lines
 
 
-def table(summary: dict, layers: int = LAYERS) -> str:
-    lines = ["", "All-reduce per call, graph-replayed chain (us):",
+def table(summary: dict) -> str:
+    """The summary as text; layer and chain counts are the measured ones (the records'), not the defaults."""
+    lines = ["", f"All-reduce per call, graph-replayed chain of {_shape(summary.get('chain'), CHAIN, 'calls')} (us):",
              f"  {'variant':<14}{'impl':<14}{'rows':>6}{'us/call':>10}{'floor':>8}{'x floor':>9}{'x nccl':>8}"]
     for r in sorted(summary["allreduce"], key=lambda r: (r["rows"], r["impl"], r["variant"])):
         lines.append(f"  {r['variant']:<14}{r['impl']:<14}{r['rows']:>6}{_f(r['us_per_call']):>10}"
                      f"{_f(r['floor_us']):>8}{_f(r['x_floor'], 2):>9}{_f(r['x_nccl_default'], 2):>8}")
     lines += _fused_table(summary["fused"]) if summary["fused"] else []
-    lines += ["", f"Verify-shaped forward, {layers} layers (ms):",
+    lines += ["", f"Verify-shaped forward, {_shape(summary.get('layers'), LAYERS, 'layers')} (ms):",
               f"  {'variant':<14}{'impl':<18}{'rows':>6}{'eager':>9}{'graph':>9}{'speedup':>9}"]
     for r in summary["verify_forward"]:
         lines.append(f"  {r['variant']:<14}{r['impl']:<18}{r['rows']:>6}{_f(r['eager_ms'], 2):>9}"
@@ -168,7 +181,7 @@ def _plot_allreduce(ax, s: dict, world: int) -> None:
         ax.legend(fontsize=7)
 
 
-def _plot_forward(ax, s: dict, layers: int) -> None:
+def _plot_forward(ax, s: dict) -> None:
     vf = [r for r in s["verify_forward"] if r["variant"] == "default"]
     impls = sorted({r["impl"] for r in vf})
     rows = sorted({r["rows"] for r in vf})
@@ -179,7 +192,8 @@ def _plot_forward(ax, s: dict, layers: int) -> None:
             xs = [k + (2 * i + j) * w for k in range(len(rows))]
             ax.bar(xs, [by.get(n, {}).get(mode) or 0 for n in rows], w, label=f"{impl} {mode[:-3]}")
     ax.set_xticks([k + 0.4 - w / 2 for k in range(len(rows))], [str(n) for n in rows])
-    ax.set(xlabel="rows (batch x draft tokens)", ylabel="ms", title=f"{layers}-layer verify-shaped forward")
+    ax.set(xlabel="rows (batch x draft tokens)", ylabel="ms",
+           title=f"verify-shaped forward, {_shape(s.get('layers'), LAYERS, 'layers')}")
     ax.legend(fontsize=7)
 
 
@@ -197,7 +211,7 @@ def plot(result: dict, png: Path) -> bool:
     m = result["meta"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
     _plot_allreduce(left, result["summary"], m["world"])
-    _plot_forward(right, result["summary"], m.get("layers", LAYERS))
+    _plot_forward(right, result["summary"])
     fig.suptitle(f"bench-comm: {m.get('gpu_name')} x{m.get('world')}, git {m.get('git_rev')}, {m.get('utc')}")
     fig.tight_layout()
     fig.savefig(png, dpi=110)

@@ -16,6 +16,7 @@ import sys
 import tomllib
 from pathlib import Path
 
+from ..host.engine import FLASHINFER_VOLUME
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
 from ..series.pin import load_pin
@@ -68,8 +69,18 @@ def _pick(items: list, names: str | None, what: str, path: Path) -> list:
 # scenarios
 
 
+# bench_serving flag -> the scenario key that gives its value (to name the key when bench_serving refuses a value)
+SCENARIO_FLAGS = {"--dataset-name": "dataset_name", "--num-prompts": "num_prompts", "--random-input-len": "input_len",
+                  "--random-output-len": "output_len", "--random-range-ratio": "range_ratio",
+                  "--max-concurrency": "max_concurrency", "--seed": "seed", "--warmup-requests": "warmup_requests",
+                  "--request-rate": "request_rate"}
+
+
 @dataclasses.dataclass(frozen=True)
 class Scenario:
+    """One workload. Values bench_serving takes are kept as written and passed on as text: its own parser (and
+    the dataset code it runs) judges them before any server starts (client.check_bench_args)."""
+
     name: str
     max_concurrency: int
     num_prompts: int
@@ -79,7 +90,7 @@ class Scenario:
     range_ratio: float = 1.0
     seed: int = 1
     warmup_requests: int = 0  # 0: as many as max_concurrency
-    request_rate: float = math.inf
+    request_rate: float | str = "inf"
     tokenize_prompt: bool = True
     flush_cache: bool = True
     extra_args: tuple[str, ...] = ()
@@ -88,12 +99,15 @@ class Scenario:
 
     def bench_args(self) -> list[str]:
         """bench_serving arguments for this workload (everything but server, output file and tokenizer)."""
-        a = ["--dataset-name", self.dataset_name, "--num-prompts", str(self.num_prompts),
-             "--random-input-len", str(self.input_len), "--random-output-len", str(self.output_len),
-             "--random-range-ratio", str(self.range_ratio), "--max-concurrency", str(self.max_concurrency),
-             "--seed", str(self.seed), "--warmup-requests", str(self.warmup_requests or self.max_concurrency)]
-        if not math.isinf(self.request_rate):
-            a += ["--request-rate", str(self.request_rate)]
+        values = {"dataset_name": self.dataset_name, "num_prompts": self.num_prompts, "input_len": self.input_len,
+                  "output_len": self.output_len, "range_ratio": self.range_ratio,
+                  "max_concurrency": self.max_concurrency, "seed": self.seed,
+                  "warmup_requests": self.warmup_requests or self.max_concurrency, "request_rate": self.request_rate}
+        a = []
+        for flag, key in SCENARIO_FLAGS.items():
+            if key == "request_rate" and str(values[key]) in ("inf", str(math.inf)):
+                continue  # bench_serving's default: every request at time 0
+            a += [flag, str(values[key])]
         if self.tokenize_prompt:
             a.append("--tokenize-prompt")
         if self.flush_cache:
@@ -102,7 +116,7 @@ class Scenario:
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
-        d["request_rate"] = "inf" if math.isinf(self.request_rate) else self.request_rate
+        d["request_rate"] = "inf" if str(self.request_rate) in ("inf", str(math.inf)) else self.request_rate
         d["extra_args"] = list(self.extra_args)
         d.pop("default")
         return d
@@ -133,8 +147,11 @@ def load_scenarios(path: Path = DEFAULT_SCENARIOS, names: str | None = None,
         for k in ("max_concurrency", "num_prompts", "input_len", "output_len"):
             if not isinstance(merged[k], int) or merged[k] < 1:
                 raise UserError(f"{where}: {k} must be a positive integer, not {merged[k]!r}")
-        rr = merged.get("request_rate", math.inf)
-        merged["request_rate"] = math.inf if rr in ("inf", math.inf) else float(rr)
+        for k in ("tokenize_prompt", "flush_cache", "default"):
+            if not isinstance(merged.get(k, True), bool):
+                raise UserError(f"{where}: {k} must be true or false, not {merged[k]!r}")
+        if not isinstance(merged.get("extra_args", []), list):
+            raise UserError(f"{where}: extra_args must be a list of bench_serving arguments, e.g. [\"--flag\", \"1\"]")
         merged["extra_args"] = tuple(str(x) for x in merged.get("extra_args", ()))
         if any(s.name == merged["name"] for s in out):
             raise UserError(f"{path}: scenario {merged['name']} is defined twice")
@@ -161,18 +178,21 @@ class Variant:
     patchset: str = ""  # declared patch set (server launcher); launched servers are inspected instead
     description: str = ""
     default: bool = True
+    setting: tuple[tuple[str, object], ...] = ()  # a sweep point's drafter and settings (scripts/bench/sweep.py)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["env"] = dict(self.env)
+        d["setting"] = dict(self.setting)
         for k in ("command", "extra_args", "docker_args"):
             d[k] = list(d[k])
         d.pop("default")
         return {k: v for k, v in d.items() if v not in ("", [], {}, None) or k == "speculative"}
 
 
-_VARIANT_KEYS = {f.name for f in dataclasses.fields(Variant)}
-_DEFAULT_KEYS = {"model", "draft_model", "tokenizer", "hf_cache", "port", "patched_image", "stock_image", "python"}
+_VARIANT_KEYS = {f.name for f in dataclasses.fields(Variant)} - {"setting"}
+_DEFAULT_KEYS = {"model", "draft_model", "tokenizer", "hf_cache", "flashinfer_cache", "port", "patched_image",
+                 "stock_image", "python"}
 
 
 @dataclasses.dataclass
@@ -262,7 +282,7 @@ def server_variants(specs: list[str], patchsets: list[str], known: VariantSet | 
 
 
 # -------------------------------------------------------------------------------------------------------------
-# placeholders in commands: {port} {model} {draft_model} {hf_cache} {python} {repo}
+# placeholders in commands: {port} {model} {draft_model} {hf_cache} {flashinfer_cache} {python} {repo}
 
 
 def expand(text: str, values: dict[str, str], where: str) -> str:
@@ -283,8 +303,8 @@ def placeholder_values(vs_defaults: dict, overrides: dict) -> dict[str, str]:
     image `make image` builds and the upstream image it builds FROM), then [defaults], then the command line."""
     pin = load_pin()
     vals = {"port": "30000", "model": "", "draft_model": "", "hf_cache": "~/.cache/huggingface",
-            "python": sys.executable, "repo": str(REPO_ROOT), "patched_image": pin.serving_image,
-            "stock_image": pin.upstream_image, "tokenizer": ""}
+            "flashinfer_cache": FLASHINFER_VOLUME, "python": sys.executable, "repo": str(REPO_ROOT),
+            "patched_image": pin.serving_image, "stock_image": pin.upstream_image, "tokenizer": ""}
     vals.update({k: str(v) for k, v in vs_defaults.items()})
     vals.update({k: str(v) for k, v in overrides.items() if v not in (None, "")})
     vals["hf_cache"] = str(Path(vals["hf_cache"]).expanduser())

@@ -1,6 +1,9 @@
 """`make docs`: regenerate the cost-model tables of eagle-fast-verify.md from committed files.
 
   python -m scripts.bench.cost_model [--write | --check] [--doc eagle-fast-verify.md] [--receipt R ..]
+  python -m scripts.bench.cost_model --sweep RESULTS.jsonl    the sweep's verdict: the speculative-setting cost
+        model (scripts/bench/spec_model.py) fitted to a `make bench --sweep` results file, its predicted optimum
+        and whether the measured one agrees
 
 Inputs: bench/inputs/cost-model.toml (the seed box's numbers and published per-call latencies, each with its
 source) and bench/results/bench-comm_H200_x2_*.json (our H200 x2 proxy runs). The tables go between the
@@ -16,12 +19,14 @@ Model of one speculative cycle on the box: draft + verify, verify = compute + 12
 with the draft time and the non-communication compute taken from the seed measurement (both assumed unchanged by
 these patches; CUDA graphs would shrink them too, so the estimate is conservative). tok/s = AL / cycle; the
 break-even accept length is the AL at which speculation matches the no-speculation baseline.
+--write prints, per table, whether it changed and by how many lines (and writes nothing when none did).
 Exit status: 0 printed, written or current; 1 --check found the document out of date; 2 an input is missing.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import statistics
 import tomllib
@@ -29,9 +34,9 @@ from pathlib import Path
 
 from ..lib.cli import run
 from ..lib.errors import UserError
-from ..lib.progress import say
 from ..lib.repo import REPO_ROOT
 from . import receipt_data as rd
+from . import report as rep
 from .comm_report import record
 from .kimi import CHAIN, LAYERS
 from .numbers import spread
@@ -278,6 +283,37 @@ def splice(doc: str, blocks: dict[str, str]) -> str:
     return doc
 
 
+def block(doc: str, name: str) -> str | None:
+    """The text between the markers of table `name`, None without them."""
+    start, end = f"<!-- cost-model:{name} -->", f"<!-- /cost-model:{name} -->"
+    if start not in doc or end not in doc:
+        return None
+    return doc.split(start, 1)[1].split(end, 1)[0].strip("\n")
+
+
+def changes(old: str, new: str, names: list[str]) -> list[str]:
+    """One line per table: unchanged, or how many of its lines the new text changes (and its new size)."""
+    out = []
+    for name in names:
+        before, after = (block(old, name) or "").splitlines(), (block(new, name) or "").splitlines()
+        if before == after:
+            out.append(f"table {name}: unchanged ({len(after)} lines)")
+            continue
+        diff = [d for d in difflib.ndiff(before, after) if d[:1] in "+-"]
+        added, removed = sum(d[0] == "+" for d in diff), sum(d[0] == "-" for d in diff)
+        out.append(f"table {name}: rewritten, {added} line(s) new, {removed} line(s) gone ({len(after)} lines now)")
+    return out
+
+
+def sweep_prediction(results: Path) -> str:
+    """The sweep tables and the cost model's verdict per scenario of a make bench --sweep results file."""
+    rows = rep.summarize(rep.load_results(results))
+    lines = rep.sweep_markdown(rows)
+    if not lines:
+        raise UserError(f"{results} holds no sweep points (run make bench-sweep, or bench --sweep)")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="scripts.bench.cost_model", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -287,7 +323,11 @@ def main(argv=None) -> int:
     ap.add_argument("--doc", type=Path, default=DOC)
     ap.add_argument("--receipt", type=Path, action="append", metavar="R",
                     help="a box receipt (make report's directory or .tar.gz; default: bench/receipts/*.tar.gz)")
+    ap.add_argument("--sweep", type=Path, metavar="RESULTS.jsonl", help="print the sweep verdict of a results file")
     a = ap.parse_args(argv)
+    if a.sweep:
+        print(sweep_prediction(a.sweep))
+        return 0
     inp = tomllib.loads(INPUTS.read_text())
     receipts = a.receipt if a.receipt is not None else sorted((REPO_ROOT / "bench" / "receipts").glob("*.tar.gz"))
     if receipts:
@@ -299,16 +339,16 @@ def main(argv=None) -> int:
         return 0
     old = a.doc.read_text()
     new = splice(old, blocks)
+    report = changes(old, new, list(blocks))
     if a.check:
         if new != old:
-            print(f"{a.doc.name} is out of date with bench/: run make docs")
+            print(f"{a.doc} is out of date with bench/: run make docs\n  " + "\n  ".join(report))
             return 1
         return 0
-    if new == old:
-        say(f"{a.doc.name} is up to date")
-    else:
+    if new != old:
         a.doc.write_text(new)
-        say(f"rewrote the cost-model tables of {a.doc.name}")
+    print(f"{a.doc}: {'wrote the cost-model tables' if new != old else 'up to date, nothing written'}\n  "
+          + "\n  ".join(report))
     return 0
 
 

@@ -10,6 +10,7 @@ import socket
 import time
 from pathlib import Path
 
+from ..host.engine import cache_mounts, engine
 from ..lib import proc
 from ..lib.errors import UserError
 from ..lib.progress import say
@@ -17,6 +18,7 @@ from ..lib.repo import REPO_ROOT
 from . import config as cfg
 from .numbers import duration
 from .observe import http_get, patchset_of_image, patchset_of_python
+from .preflight import InfraError
 
 DOCKER_TIMEOUT = 600.0  # docker run -d / docker stop
 
@@ -43,6 +45,7 @@ class Server:
         self.kind = variant.launcher
         self.launches = 0
         self.launched = False
+        self.launch_s: float | None = None  # seconds the last start took (None: not launched here)
         self.url = variant.url if self.kind == "server" else f"http://127.0.0.1:{vals['port']}"
         self.container = ""
         self.proc = self.logs = self._log = None
@@ -58,7 +61,7 @@ class Server:
             return command, env
         self.container = f"eagle-bench-{v.name}-{os.getpid()}-{self.launches + 1}"
         argv = ["docker", "run", "-d", "--rm", "--name", self.container, "--gpus", "all", "--ipc=host",
-                "--network", "host", "-v", f"{vals['hf_cache']}:/root/.cache/huggingface"]
+                "--network", "host", *cache_mounts(vals["hf_cache"], vals["flashinfer_cache"])]
         for k, x in env.items():
             argv += ["-e", f"{k}={x}"]
         argv += [cfg.expand(x, vals, where) for x in v.docker_args]
@@ -82,19 +85,27 @@ class Server:
         self.argv, self.env = self._argv()
         self.launches += 1
         say(f"launching {self.describe()}")
+        t0 = time.monotonic()
         self._spawn()
         self.launched = True
         self.wait_ready(timeout)
+        self.launch_s = time.monotonic() - t0
 
     def _spawn(self) -> None:
+        """Start the server; its log file is created only once something runs that writes to it."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "ab")
         if self.kind == "docker":
             res = proc.run(self.argv, timeout=DOCKER_TIMEOUT)
             if not res.ok:
+                eng = engine()
+                if not eng.ok:  # the box, not this variant: nothing after it can start either
+                    raise InfraError(f"docker run for {self.variant.name} failed because the docker engine "
+                                     f"{eng.why}. Fix: {eng.fix}")
                 raise UserError(f"docker run for {self.variant.name} failed ({res.why}): {res.stderr.strip()[-1000:]}")
+            self._log = open(self.log_path, "ab")
             self.logs = proc.spawn(["docker", "logs", "-f", self.container], stdout=self._log, stderr=proc.STDOUT)
         else:
+            self._log = open(self.log_path, "ab")
             self.proc = proc.spawn(self.argv, env={**os.environ, **self.env}, stdout=self._log, stderr=proc.STDOUT,
                                    start_new_session=True, cwd=REPO_ROOT)
 

@@ -2,14 +2,17 @@
 
 Reading (stdlib HTTP; /metrics parsed by prometheus_client):
   * /server_info: internal_states[0] carries avg_spec_accept_length, last_gen_throughput and, on patched servers,
-    spec_verify_cuda_graph {graph, eager, eager_reasons}; the server args say whether it speculates.
+    spec_cuda_graph {stage: {graph, piecewise, eager, fallback_reasons}} (stages target_verify, draft_decode,
+    draft_extend: the patched SGLang's SpecGraphStats.to_dict()); the server args say whether it speculates.
   * /metrics (server started with --enable-metrics): sglang:gen_throughput (gauge, recomputed every
     decode_log_interval decode steps: the server's own decode tok/s), sglang:num_running_reqs,
     sglang:generation_tokens_total, sglang:spec_verify_calls_total and, on patched servers,
-    sglang:spec_verify_forwards_total{outcome,reason}.
+    sglang:spec_cuda_graph_forwards_total{stage,outcome,reason}.
 Counters are read before and after each run and reported as deltas (a counter that went down was reset, e.g. by
-/flush_cache, and the value after counts from zero). Decode tok/s is sampled while bench_serving's measured phase
-runs: each decode-stats window counts once, and the value left over from before the run is skipped.
+/flush_cache, and the value after counts from zero). The run's "verify" record is the target_verify stage (graph,
+piecewise and eager forwards, the fallback reasons, the graph hit rate) with every stage under "stages". Decode
+tok/s is sampled while bench_serving's measured phase runs: each decode-stats window counts once, and the value
+left over from before the run is skipped.
 """
 
 from __future__ import annotations
@@ -123,33 +126,59 @@ def take_snapshot(url: str) -> Snapshot:
     return Snapshot(time.time(), get_json(url + "/server_info", 30), metrics)
 
 
-def _verify_from_metrics(s: Snapshot) -> dict | None:
-    series = [(lab, v) for n, lab, v in (s.metrics or [])
-              if n == "sglang:spec_verify_forwards_total" and lab.get("tp_rank", "0") == "0"]
+GRAPH_METRIC = "sglang:spec_cuda_graph_forwards_total"
+GRAPH_INFO = "spec_cuda_graph"
+STAGES = ("target_verify", "draft_decode", "draft_extend")
+OUTCOMES = ("graph", "piecewise", "eager")
+VERIFY = "target_verify"
+
+
+def _empty() -> dict:
+    return {**{o: 0 for o in OUTCOMES}, "fallback_reasons": {}}
+
+
+def _stages_from_metrics(s: Snapshot) -> dict | None:
+    series = [(lab, v) for n, lab, v in (s.metrics or []) if n == GRAPH_METRIC and lab.get("tp_rank", "0") == "0"]
     if not series:
         return None
-    reasons: dict[str, int] = {}
+    out: dict[str, dict] = {}
     for lab, v in series:
-        if lab.get("outcome") == "eager":
+        c = out.setdefault(lab.get("stage") or "unknown", _empty())
+        outcome = lab.get("outcome") if lab.get("outcome") in OUTCOMES else "eager"
+        c[outcome] += int(v)
+        if outcome != "graph":
             r = lab.get("reason") or "unspecified"
-            reasons[r] = reasons.get(r, 0) + int(v)
-    return {"graph": int(sum(v for lab, v in series if lab.get("outcome") == "graph")),
-            "eager": int(sum(v for lab, v in series if lab.get("outcome") == "eager")),
-            "eager_reasons": reasons, "source": "metrics"}
+            c["fallback_reasons"][r] = c["fallback_reasons"].get(r, 0) + int(v)
+    return out
 
 
-def _verify_from_info(s: Snapshot) -> dict | None:
-    c = internal_state(s.server_info).get("spec_verify_cuda_graph")
-    if not isinstance(c, dict):
+def _stages_from_info(s: Snapshot) -> dict | None:
+    raw = internal_state(s.server_info).get(GRAPH_INFO)
+    if not isinstance(raw, dict):
         return None
-    return {"graph": int(c.get("graph", 0)), "eager": int(c.get("eager", 0)),
-            "eager_reasons": {str(k): int(v) for k, v in (c.get("eager_reasons") or {}).items()},
-            "source": "server_info"}
+    out = {}
+    for stage, c in raw.items():
+        if isinstance(c, dict):
+            out[stage] = {**{o: int(c.get(o, 0)) for o in OUTCOMES},
+                          "fallback_reasons": {str(k): int(v) for k, v in (c.get("fallback_reasons") or {}).items()}}
+    return out
+
+
+def _summary(stages: dict, source: str) -> dict:
+    """The target_verify stage at the top (graph hit rate included), every stage under "stages"."""
+    v = stages.get(VERIFY, _empty())
+    total = sum(v[o] for o in OUTCOMES)
+    return {**{o: v[o] for o in OUTCOMES}, "fallback_reasons": dict(v["fallback_reasons"]),
+            "hit_rate": v["graph"] / total if total else None, "source": source, "stages": stages}
 
 
 def verify_counts(s: Snapshot) -> dict | None:
-    """Verify forwards by CUDA-graph outcome: from /metrics when exported, else from /server_info."""
-    return _verify_from_metrics(s) or _verify_from_info(s)
+    """Speculative forwards by stage and CUDA-graph outcome: from /metrics when exported, else /server_info."""
+    for read, source in ((_stages_from_metrics, "metrics"), (_stages_from_info, "server_info")):
+        stages = read(s)
+        if stages is not None:
+            return _summary(stages, source)
+    return None
 
 
 def _delta(before: float | None, after: float | None) -> float | None:
@@ -160,25 +189,26 @@ def _delta(before: float | None, after: float | None) -> float | None:
     return after - before
 
 
+def _stage_delta(b: dict, a: dict) -> dict:
+    out = {o: int(_delta(b.get(o), a[o]) or 0) for o in OUTCOMES}
+    reasons = {r: int(_delta(b["fallback_reasons"].get(r), n) or 0) for r, n in a["fallback_reasons"].items()}
+    out["fallback_reasons"] = {r: n for r, n in reasons.items() if n}
+    return out
+
+
 def verify_delta(before: Snapshot, after: Snapshot) -> dict | None:
-    """Verify forwards during the run, from the first source both snapshots have (/metrics, /server_info);
+    """Speculative forwards during the run, from the first source both snapshots have (/metrics, /server_info);
     None when the server has no such counters (stock SGLang)."""
-    for read in (_verify_from_metrics, _verify_from_info):
+    for read, source in ((_stages_from_metrics, "metrics"), (_stages_from_info, "server_info")):
         b, a = read(before), read(after)
         if a is not None and b is not None:
             break
     else:
-        a = verify_counts(after)
-        if a is None:
+        counts = verify_counts(after)
+        if counts is None:
             return None
-        b = {"graph": 0, "eager": 0, "eager_reasons": {}}
-    reasons = {}
-    for r, n in a["eager_reasons"].items():
-        d = int(_delta(b["eager_reasons"].get(r), n) or 0)
-        if d:
-            reasons[r] = d
-    return {"graph": int(_delta(b["graph"], a["graph"]) or 0), "eager": int(_delta(b["eager"], a["eager"]) or 0),
-            "eager_reasons": reasons, "source": a["source"]}
+        a, b, source = counts["stages"], {}, counts["source"]
+    return _summary({st: _stage_delta(b.get(st, _empty()), c) for st, c in a.items()}, source)
 
 
 def accept_length_from_metrics(before: Snapshot, after: Snapshot) -> float | None:

@@ -16,6 +16,7 @@ import statistics
 from pathlib import Path
 
 from ..lib.errors import UserError
+from . import spec_model
 from .numbers import num
 
 BASELINE_SCHEMA = "eagle-bench-baseline/1"
@@ -81,9 +82,20 @@ class Row:
     n: int
     patchsets: list[str]
     stats: dict[str, Stat | None]
-    eager: int | None  # eager verify forwards over all repeats; None when the server has no counters
-    eager_reasons: dict[str, int]
+    eager: int | None  # verify forwards off their CUDA graph (eager or piecewise), all repeats; None: no counters
+    eager_reasons: dict[str, int]  # the fallback reasons of those forwards
     scenario_spec: dict
+    graph: int | None = None  # verify forwards replayed by the decode CUDA graph
+    piecewise: int = 0  # ... of `eager`, the ones the piecewise prefill graph took
+    setting: dict = dataclasses.field(default_factory=dict)  # a sweep point's drafter and settings
+    speculative: bool | None = None
+
+    @property
+    def hit_rate(self) -> float | None:
+        """Share of verify forwards replayed by their CUDA graph (None without counters or forwards)."""
+        if self.graph is None or self.eager is None or not self.graph + self.eager:
+            return None
+        return self.graph / (self.graph + self.eager)
 
     @property
     def main(self) -> str:
@@ -98,6 +110,20 @@ class Row:
         return 100.0 * (s.max - s.min) / s.median
 
 
+def verify_totals(verifies: list) -> tuple[int | None, int | None, int, dict[str, int]]:
+    """(graph, off-graph, piecewise, fallback reasons) of the target verify over runs; Nones without counters.
+    Reads the run records of this harness (fallback_reasons) and of its earlier versions (eager_reasons)."""
+    vs = [v for v in verifies if isinstance(v, dict)]
+    if not vs:
+        return None, None, 0, {}
+    reasons: dict[str, int] = {}
+    for v in vs:
+        for k, n in (v.get("fallback_reasons") or v.get("eager_reasons") or {}).items():
+            reasons[k] = reasons.get(k, 0) + int(n)
+    pw = sum(int(v.get("piecewise", 0)) for v in vs)
+    return (sum(int(v.get("graph", 0)) for v in vs), sum(int(v.get("eager", 0)) for v in vs) + pw, pw, reasons)
+
+
 def summarize(records: list[dict]) -> list[Row]:
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in records:
@@ -108,17 +134,13 @@ def summarize(records: list[dict]) -> list[Row]:
     for (sc, var), recs in groups.items():
         recs = sorted(recs, key=lambda r: (r["eagle"].get("position", 0)))
         per = [run_metrics(r) for r in recs]
-        verifies = [r["eagle"].get("verify") for r in recs]
-        eager, reasons = None, {}
-        if any(isinstance(v, dict) for v in verifies):
-            eager = sum(int(v.get("eager", 0)) for v in verifies if isinstance(v, dict))
-            for v in verifies:
-                for k, n in ((v or {}).get("eager_reasons") or {}).items():
-                    reasons[k] = reasons.get(k, 0) + int(n)
+        g, off, pw, reasons = verify_totals([r["eagle"].get("verify") for r in recs])
+        spec = recs[0]["eagle"].get("variant_spec") or {}
         rows.append(Row(sc, var, recs[0]["eagle"].get("letter", "?"), len(recs),
                         sorted({str(r["eagle"].get("patchset", "unknown")) for r in recs}),
-                        {m: stat([p[m] for p in per]) for m in METRICS}, eager, reasons,
-                        recs[0]["eagle"].get("scenario_spec") or {}))
+                        {m: stat([p[m] for p in per]) for m in METRICS}, off, reasons,
+                        recs[0]["eagle"].get("scenario_spec") or {}, g, pw, spec.get("setting") or {},
+                        spec.get("speculative")))
     rows.sort(key=lambda row: (scen_order.index(row.scenario), row.letter, row.variant))
     return rows
 
@@ -225,6 +247,10 @@ def _cell(s: Stat | None, nd: int = 1) -> str:
     return f"{num(s.median, nd, small=True)} ({num(s.min, nd, small=True)}–{num(s.max, nd, small=True)})"
 
 
+def hit_cell(r: Row) -> str:
+    return "–" if r.hit_rate is None else f"{100 * r.hit_rate:.1f}%"
+
+
 def markdown(rows: list[Row], meta: dict, checks: list[Check] | None = None, baseline_path: str | None = None) -> str:
     L = [f"# Bench results {meta.get('stem', '')}", ""]
     L.append(f"- box: `{meta.get('box')}` · git: `{meta.get('git_rev')}` · runs: {meta.get('runs')}"
@@ -236,8 +262,9 @@ def markdown(rows: list[Row], meta: dict, checks: list[Check] | None = None, bas
     L.append("- patch sets: " + ", ".join(f"{v} `{'/'.join(sorted(p))}`" for v, p in ps.items()))
     L.append("- cells: median over repeats (min–max). decode tok/s: the server's own rate (sglang:gen_throughput, "
              "median of its decode-stats windows during the measured phase); output tok/s, TTFT, ITL, TPOT: "
-             "bench_serving (per-run medians); accept length: /server_info after the run; eager verify: verify "
-             "forwards that ran without a CUDA graph (– where the server has no counters).")
+             "bench_serving (per-run medians); accept length: /server_info after the run; verify graph: share of "
+             "target verify forwards replayed by their CUDA graph; off-graph verify: the others, eager or "
+             "piecewise (sglang:spec_cuda_graph_forwards_total; – where the server has no counters).")
     L.append("")
     scenarios = list(dict.fromkeys(r.scenario for r in rows))
     for sc in scenarios:
@@ -248,8 +275,8 @@ def markdown(rows: list[Row], meta: dict, checks: list[Check] | None = None, bas
         L += [f"## {sc}{desc}", ""]
         ref = srows[0]
         L.append("| | variant | patch set | n | decode tok/s | vs " + ref.letter + " | output tok/s | TTFT ms | "
-                 "ITL ms | TPOT ms | accept length | eager verify | spread |")
-        L.append("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+                 "ITL ms | TPOT ms | accept length | verify graph | off-graph verify | spread |")
+        L.append("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in srows:
             m = r.main
             a, b = r.stats.get(m), ref.stats.get(m)
@@ -262,14 +289,16 @@ def markdown(rows: list[Row], meta: dict, checks: list[Check] | None = None, bas
             L.append(f"| {r.letter} | {r.variant} | `{'/'.join(r.patchsets)}` | {r.n} | "
                      f"{_cell(r.stats['decode_tok_s'])} | {vs} | {_cell(r.stats['output_tok_s'])} | "
                      f"{_cell(r.stats['ttft_ms'])} | {_cell(r.stats['itl_ms'], 2)} | {_cell(r.stats['tpot_ms'], 2)} | "
-                     f"{_cell(r.stats['accept_length'], 3)} | {eager} | {spread} |")
+                     f"{_cell(r.stats['accept_length'], 3)} | {hit_cell(r)} | {eager} | {spread} |")
         L.append("")
     flagged = [r for r in rows if r.eager]
     if flagged:
-        L += ["## ⚠ Eager verify forwards", ""]
+        L += ["## ⚠ Verify forwards off their CUDA graph", ""]
         for r in flagged:
             why = ", ".join(f"{k}: {n}" for k, n in sorted(r.eager_reasons.items())) or "no reason given"
-            L.append(f"- {r.scenario} / {r.variant}: {r.eager} verify forwards ran eagerly ({why})")
+            how = f"{r.eager - r.piecewise} eager" + (f", {r.piecewise} piecewise" if r.piecewise else "")
+            L.append(f"- {r.scenario} / {r.variant}: {r.eager} verify forwards ran off their CUDA graph ({how}; "
+                     f"{why})")
         L.append("")
     noisy = [r for r in rows if (r.spread_pct or 0) > SPREAD_WARN_PCT]
     if noisy:
@@ -277,6 +306,7 @@ def markdown(rows: list[Row], meta: dict, checks: list[Check] | None = None, bas
         L += [f"- {r.scenario} / {r.variant}: repeats spread {r.spread_pct:.1f}% ({LABELS[r.main]}); "
               "more than this box class drifts, so rerun before trusting a difference" for r in noisy]
         L.append("")
+    L += sweep_markdown(rows)
     if checks is not None:
         bad = [c for c in checks if c.status == "REGRESSION"]
         L += [f"## Baseline comparison ({baseline_path})", "",
@@ -289,6 +319,42 @@ def markdown(rows: list[Row], meta: dict, checks: list[Check] | None = None, bas
                      f"{num(c.current, 2, small=True)} | {c.change} | {c.limit} | {st} |")
         L.append("")
     return "\n".join(L)
+
+
+# -------------------------------------------------------------------------------------------------------------
+# the sweep: AL, decode tok/s and verify graph hit rate per setting, and the cost model's verdict
+
+
+def sweep_points(rows: list[Row], scenario: str) -> tuple[list[spec_model.Measured], float | None]:
+    """The measured sweep points of one scenario, and t1 (ms) from its reference run without speculation."""
+    points = []
+    for r in rows:
+        s, al, tps = r.setting, r.stats.get("accept_length"), r.stats.get("decode_tok_s")
+        if r.scenario == scenario and s and al and tps and tps.median > 0:
+            points.append(spec_model.Measured(r.variant, s["drafter"], s["draft_quantization"], s["steps"], s["topk"],
+                                              s["draft_tokens"], al.median, tps.median, r.hit_rate))
+    refs = [r.stats["decode_tok_s"].median for r in rows if r.scenario == scenario and r.speculative is False
+            and r.stats.get("decode_tok_s")]
+    return points, (1000.0 / max(refs) if refs else None)
+
+
+def sweep_markdown(rows: list[Row]) -> list[str]:
+    L: list[str] = []
+    for sc in dict.fromkeys(r.scenario for r in rows if r.setting):
+        points, t1 = sweep_points(rows, sc)
+        L += [f"## Sweep: drafters and speculative settings ({sc})", "",
+              "| drafter | draft weights | steps/topk/tokens | accept length | decode tok/s | verify graph | "
+              "cycle ms | model cycle ms |", "|---|---|---|---:|---:|---:|---:|---:|"]
+        v, why = spec_model.verdict(points, t1)
+        for r in sorted((r for r in rows if r.scenario == sc and r.setting), key=lambda r: r.variant):
+            s = r.setting
+            p = next((p for p in points if p.name == r.variant), None)
+            model = f"{v.fit.cycle_ms(p):.1f}" if v and p else "–"
+            L.append(f"| {s['drafter']} | {s['draft_quantization']} | {s['steps']}/{s['topk']}/{s['draft_tokens']} "
+                     f"| {_cell(r.stats['accept_length'], 3)} | {_cell(r.stats['decode_tok_s'])} | {hit_cell(r)} | "
+                     f"{f'{p.cycle_ms:.1f}' if p else '–'} | {model} |")
+        L += [""] + (v.lines() if v else [f"No cost-model verdict: {why}."]) + [""]
+    return L
 
 
 # -------------------------------------------------------------------------------------------------------------

@@ -19,7 +19,9 @@ directory (build/image-context: scripts/, patches/, docker/, tests/, pytest.ini,
 Labels: OCI (org.opencontainers.image.*) and the project's patch set id and patch file names, passed both as
 build arguments (the Dockerfile's LABEL) and as --label.
 Exit status: 0 built (or printed, or lint clean); 1 hadolint found problems (--lint-only); 2 a problem named with
-its fix (no docker client or daemon, a malformed digest, hadolint problems before a build, docker build failed).
+its fix (no docker client or engine, or one that refuses this user: checked before building, and again when a build
+fails, so an engine failure is never reported as a failed build step; a malformed digest, hadolint problems before a
+build, docker build failed).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from ..series.patchfile import series_patches
 from ..series.pin import Pin, load_pin
 from ..series.record import patchset_id
 from .nccl import nccl_release
+from .engine import engine
 from .sglang_pkg import site_packages_of
 
 DOCKERFILE = REPO_ROOT / "docker" / "Dockerfile"
@@ -169,26 +172,33 @@ def lint(hadolint: str | None, dockerfile: Path = DOCKERFILE) -> int:
     return res.returncode or 1
 
 
-def build(cmd: list[str], docker: str, context: Path) -> None:
-    """Lint, check the docker client and daemon, assemble the context, run docker build; UserError on a failure."""
+def preflight(docker: str) -> None:
+    """Lint, then the docker engine: both before anything is built; UserError naming the fix."""
     hl = hadolint_path()
     if hl is None:
         say("hadolint not found, skipping the lint (make lint-docker runs it from .venv)")
     elif lint(hl) != 0:
         raise UserError("docker/Dockerfile fails hadolint (above); fix it before building")
-    if proc.which(docker) is None:
-        raise UserError(f"{docker} not found: `make image` runs `docker build`; install the docker client and "
-                        f"engine, or pass --docker PATH")
-    daemon = proc.run([docker, "version", "--format", "{{.Server.Version}}"], timeout=60)
-    if not daemon.ok:
-        raise UserError(f"the docker daemon does not answer ({daemon.why}); start it (systemctl start docker) or "
-                        f"check DOCKER_HOST, then retry")
+    eng = engine(docker)
+    if not eng.ok:
+        raise UserError(eng.message("make image (docker build)"))
+    say(f"docker engine {eng.version}")
+
+
+def build(cmd: list[str], docker: str, context: Path) -> None:
+    """Assemble the context and run docker build; UserError on a failure, naming the engine when it stopped
+    answering (not a build step)."""
     assemble_context(context)
     res = proc.run(cmd, timeout=BUILD_TIMEOUT, capture=False)
-    if not res.ok:
-        raise UserError(f"docker build failed ({res.why}); the log above names the failing step (apply: a patch "
-                        f"does not fit the base image's sglang; smoke: a patched module does not import; pcie_env: "
-                        f"the patched source's NCCL defaults are not a readable literal)")
+    if res.ok:
+        return
+    eng = engine(docker)
+    if not eng.ok:
+        raise UserError(f"docker build failed ({res.why}) because the docker engine {eng.why}; no build step is "
+                        f"at fault. Fix: {eng.fix}")
+    raise UserError(f"docker build failed ({res.why}); the log above names the failing step (apply: a patch "
+                    f"does not fit the base image's sglang; smoke: a patched module does not import; pcie_env: "
+                    f"the patched source's NCCL defaults are not a readable literal)")
 
 
 def main(argv=None) -> int:
@@ -223,6 +233,7 @@ def main(argv=None) -> int:
             f"patches); NCCL {pin.nccl_package}=={nccl}; context {a.context} (assembled at build time)")
         print(shlex.join(cmd))
         return 0
+    preflight(a.docker)
     say(f"building {tag} FROM {ref} with patch set {args['PATCHSET']} and NCCL {nccl}")
     build(cmd, a.docker, a.context)
     say(f"built {tag}; try: docker run --rm {tag} serve --dry-run")

@@ -30,6 +30,8 @@ import argparse
 import contextlib
 import dataclasses
 import difflib
+import functools
+import importlib.util
 import json
 import os
 import re
@@ -45,7 +47,9 @@ from ..lib.envfile import KEY_RE as ENV_KEY_RE
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
 from . import exposure
+from .drafters import claim
 from .pcie import AT_START, LauncherDecision, launcher_pcie_decision
+from .sglang_pkg import find_sglang
 
 PROFILES_DIR = REPO_ROOT / "docker" / "profiles"
 DEFAULT_PROFILE = "kimi-k25-eagle3-tp8"
@@ -57,18 +61,6 @@ FLAG_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 # serve option -> (placeholder, sglang flag it sets when the profile has no placeholder for it)
 CLI_VALUES = {"model": ("model", "model-path"), "draft_model": ("draft_model", "speculative-draft-model-path"),
               "port": ("port", "port"), "host": ("host", "host")}
-
-# Kimi EAGLE-3 drafters with published accept lengths (AL; steps/topk/draft tokens 3/1/4 unless noted), from the
-# drafters' model cards and the SGLang/vLLM pull requests named; docker/README.md ("Drafters") carries the same table.
-KNOWN_DRAFTERS = {
-    "AQ-MedAI/Kimi-K25-eagle3": (True, "used by SGLang's Kimi-K2.5 EAGLE-3 support (sgl-project/sglang#19689); "
-                                       "vLLM measured 51.78% acceptance on GSM8K with 4 draft tokens"),
-    "lightseekorg/kimi-k2.5-eagle3": (True, "AL 2.69 MT-Bench, 3.20 GSM8K, 3.29 HumanEval, 2.30 C-Eval"),
-    "AQ-MedAI/Kimi-K2-Instruct-eagle3": (True, "trained for Kimi-K2 (not K2.5): AL 3.37 HumanEval, 3.17 GSM8K"),
-    "lightseekorg/kimi-k2.5-eagle3-mla": (False, "MLA draft (AL 2.62 MT-Bench on vLLM); its card says SGLang does "
-                                                 "not support MLA EAGLE-3 drafts"),
-}
-
 
 @dataclasses.dataclass
 class Profile:
@@ -307,14 +299,46 @@ def _environment(profile: Profile, values: dict, environ: dict[str, str]) -> tup
     return env_set, env_kept
 
 
-def _drafter_note(args: dict, extra: list[str], index: FlagIndex) -> list[str]:
-    drafter = args.get("speculative-draft-model-path") or next(
-        (extra[i + 1] for i, t in enumerate(extra[:-1])
-         if index.dest(t) == index.dest("--speculative-draft-model-path")), None)
-    if drafter not in KNOWN_DRAFTERS:
+@functools.lru_cache(maxsize=8)
+def _sglang_package(python: str) -> Path | None:
+    """The sglang package the command will run (python's), else the one this interpreter would import."""
+    here = os.path.realpath(shutil.which(python) or python) == os.path.realpath(sys.executable)
+    pkg = None if here else find_sglang(python)[0]
+    if pkg is None:
+        spec = importlib.util.find_spec("sglang")
+        pkg = Path(spec.origin).parent if spec and spec.origin else None
+    return pkg
+
+
+def _drafter_note(args: dict, extra: list[str], index: FlagIndex, python: str) -> list[str]:
+    """What the SGLang that will run does with the drafter, read from its source (scripts/host/drafters.py)."""
+    drafter = _given("speculative-draft-model-path", args, extra, index)
+    if not isinstance(drafter, str):
         return []
-    ok, what = KNOWN_DRAFTERS[drafter]
-    return [f"drafter {drafter}: {what}" + ("" if ok else " -- expect sglang to refuse it")]
+    c = claim(drafter, _sglang_package(python))
+    return [f"drafter {drafter}: {c.text}"] if c else []
+
+
+def _given(flag: str, args: dict, extra: list[str], index: FlagIndex):
+    """The value the final command gives `flag` (by what it sets, aliases included): extra wins over the profile."""
+    dest = index.dest(f"--{flag}")
+    for i, t in enumerate(extra):
+        if index.dest(t) == dest:
+            return t.split("=", 1)[1] if "=" in t else (extra[i + 1] if i + 1 < len(extra) else True)
+    v = args.get(flag)
+    return None if v is False else v
+
+
+def _check_speculation(profile: Profile, args: dict, extra: list[str], index: FlagIndex, draft_model: str | None):
+    """A draft model without a speculative algorithm is loaded by nothing: refuse it, naming both ways out."""
+    draft = _given("speculative-draft-model-path", args, extra, index)
+    if draft is None or _given("speculative-algorithm", args, extra, index) is not None:
+        return
+    how = f"--draft-model {draft}" if draft_model else f"--speculative-draft-model-path {draft}"
+    raise UserError(f"{how}: profile {profile.path.stem} sets no --speculative-algorithm, so sglang would serve "
+                    f"without speculation and never load the drafter. Fix: serve --profile {DEFAULT_PROFILE} "
+                    f"--draft-model {draft} (EAGLE-3), or keep this profile and add the algorithm: serve --profile "
+                    f"{profile.path.stem} --draft-model {draft} -- --speculative-algorithm EAGLE3")
 
 
 def _launcher_cfg(ns: argparse.Namespace | None, args: dict) -> object:
@@ -358,6 +382,7 @@ def build_plan(profile: Profile, *, model: str | None = None, draft_model: str |
                 raise UserError(f"profile {profile.path}: --{k} is not a flag of sglang's launch_server"
                                 f"{index.suggest(k)}; fix or remove it")
     args = _extra_wins(args, extra, index, notes)
+    _check_speculation(profile, args, extra, index, draft_model)
     sgl_args = argv_for(args) + extra
     ns = index.validate(sgl_args)
     values = {**profile.defaults, **{CLI_VALUES[k][0]: v for k, v in cli.items() if v is not None}}
@@ -365,7 +390,7 @@ def build_plan(profile: Profile, *, model: str | None = None, draft_model: str |
     child_env = {**environ, **{k: v for k, (v, _) in env_set.items()}}
     pcie = (launcher_pcie_decision(_launcher_cfg(ns, args), child_env) if ask_launcher
             else LauncherDecision(False, [AT_START]))
-    notes += _drafter_note(args, extra, index)
+    notes += _drafter_note(args, extra, index, python)
     listen = _listen(ns, sgl_args, index, child_env, api_key_file)
     if listen.refusal and refuse:
         raise UserError(f"{listen.refusal}. Fix: {exposure.FIX}")

@@ -14,7 +14,8 @@ bench/results/test-gpu_<gpu>_x<N>_<UTC date>.json; it is one part of the box rec
 Where it runs (scripts/host/route.py, the rule make bench-comm follows too; the first line says which and why): here,
 with PY (default: this python), when PY's torch sees at least 2 CUDA GPUs and the patched sglang is importable
 (build/sglang from `make apply`, or an installed patched sglang); otherwise inside the serving image (`docker run
---gpus all --ipc=host -v DIR:/results IMAGE test-gpu`; the image has SGLang, sgl-kernel, FlashInfer and the NCCL the
+--gpus all --ipc=host -v DIR:/results -v sglang-flashinfer:/root/.cache/flashinfer
+IMAGE test-gpu`; the image has SGLang, sgl-kernel, FlashInfer and the NCCL the
 server runs), when the docker engine answers and has the image. --image forces the image, --here forbids it. In the
 image the default result directory is the mounted /results ($EAGLE_RESULTS).
 
@@ -130,8 +131,8 @@ def main(argv=None) -> int:
     names = visible_gpus()
     if len(names) < 2:
         raise UserError(f"{len(names)} NVIDIA GPU(s) visible here (nvidia-smi -L): make test-gpu needs at least 2. "
-                        "Run it on the GPU box (or from the image there: docker run --gpus all --ipc=host IMAGE "
-                        "test-gpu); `make test` is the CPU suite")
+                        "Run it on the GPU box (or from the image there: docker run --gpus all --ipc=host "
+                        "-v sglang-flashinfer:/root/.cache/flashinfer IMAGE test-gpu); `make test` is the CPU suite")
     world = a.world or len(names)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H%MZ")
     out = a.out or route.results_dir() / f"test-gpu_{gpu_slug(names)}_x{world}_{stamp}.json"

@@ -7,6 +7,7 @@ Fixtures (tests/fixtures/bench/):
   server_info_*.json, metrics_*.txt    the stand-ins' /server_info and /metrics after those runs
   results_abba.jsonl                   a results file of the harness itself (2 variants x 2 repeats, A B B A)
   standin_server.py                    the stand-in server; tokenizer/ a tiny WordLevel tokenizer (make_tokenizer.py)
+  record_fixtures.py                   re-records the four kinds above from the harness against the stand-ins
   client_stubs/datasets                put on the client's PYTHONPATH only when `datasets` is not installed
 """
 
@@ -70,13 +71,20 @@ def test_recorded_bench_serving_record_has_the_fields_the_harness_reads():
 
 
 def test_verify_counts_from_recorded_server_info_and_metrics():
+    """The patched server's names: /server_info spec_cuda_graph {stage: {graph, piecewise, eager,
+    fallback_reasons}} and sglang:spec_cuda_graph_forwards_total{stage,outcome,reason}; the run's verify numbers are
+    the target_verify stage's, every stage is kept."""
     info = json.loads((FIX / "server_info_patched.json").read_text())
+    assert set(info["internal_states"][0]["spec_cuda_graph"]) == {"target_verify", "draft_decode", "draft_extend"}
     from_info = bs.verify_counts(snap(info))
-    assert from_info == {"graph": 7, "eager": 107, "eager_reasons": {"batch_size>cuda_graph_max_bs": 107},
-                         "source": "server_info"}
+    assert {k: from_info[k] for k in ("graph", "piecewise", "eager", "fallback_reasons", "source")} == {
+        "graph": 12, "piecewise": 0, "eager": 214, "fallback_reasons": {"batch_above_max_bs": 214},
+        "source": "server_info"}
+    assert from_info["hit_rate"] == pytest.approx(12 / 226)
+    assert from_info["stages"]["draft_decode"]["eager"] == 428
     from_metrics = bs.verify_counts(snap(info, (FIX / "metrics_patched.txt").read_text()))
     assert from_metrics["source"] == "metrics"
-    assert (from_metrics["graph"], from_metrics["eager"]) == (7, 107)
+    assert from_metrics["stages"] == from_info["stages"]
     stock = json.loads((FIX / "server_info_stock.json").read_text())
     assert bs.verify_counts(snap(stock, (FIX / "metrics_stock.txt").read_text())) is None
 
@@ -87,8 +95,12 @@ def test_prometheus_parsing_sums_rank0_series_and_unescapes_labels():
         'sglang:gen_throughput{tp_rank="0",dp_rank="0"} 40.5',
         'sglang:gen_throughput{tp_rank="0",dp_rank="1"} 9.5',
         'sglang:gen_throughput{tp_rank="1",dp_rank="0"} 1000',  # other TP ranks repeat rank 0's numbers
-        'sglang:spec_verify_forwards_total{tp_rank="0",outcome="eager",reason="has \\"quotes\\""} 3',
-        'sglang:spec_verify_forwards_total{tp_rank="0",outcome="graph",reason=""} 5 1700000000000',
+        'sglang:spec_cuda_graph_forwards_total{tp_rank="0",stage="target_verify",outcome="eager",'
+        'reason="has \\"quotes\\""} 3',
+        'sglang:spec_cuda_graph_forwards_total{tp_rank="0",stage="target_verify",outcome="graph",reason=""} 5 '
+        '1700000000000',
+        'sglang:spec_cuda_graph_forwards_total{tp_rank="0",stage="target_verify",outcome="piecewise",'
+        'reason="ragged_verify"} 2',
         "garbage line",
     ])
     samples = bs.parse_prometheus(text)
@@ -96,13 +108,15 @@ def test_prometheus_parsing_sums_rank0_series_and_unescapes_labels():
     assert bs.metric_sum(samples, "sglang:gen_throughput", dp_rank="1") == 9.5
     assert bs.metric_sum(samples, "sglang:nothing") is None
     c = bs.verify_counts(snap(None, text))
-    assert c["graph"] == 5 and c["eager"] == 3 and c["eager_reasons"] == {'has "quotes"': 3}
+    assert (c["graph"], c["piecewise"], c["eager"]) == (5, 2, 3)
+    assert c["fallback_reasons"] == {'has "quotes"': 3, "ragged_verify": 2} and c["hit_rate"] == 0.5
 
 
 def _metrics(graph: int, eager: dict[str, int], gen: float = 0, calls: float = 0) -> str:
-    lines = [f'sglang:spec_verify_forwards_total{{tp_rank="0",outcome="graph",reason=""}} {graph}']
-    lines += [f'sglang:spec_verify_forwards_total{{tp_rank="0",outcome="eager",reason="{r}"}} {n}'
-              for r, n in eager.items()]
+    m = 'sglang:spec_cuda_graph_forwards_total{tp_rank="0",stage='
+    lines = [f'{m}"target_verify",outcome="graph",reason=""}} {graph}',
+             f'{m}"draft_extend",outcome="graph",reason=""}} 9']
+    lines += [f'{m}"target_verify",outcome="eager",reason="{r}"}} {n}' for r, n in eager.items()]
     lines += [f'sglang:generation_tokens_total{{tp_rank="0",is_streaming="true"}} {gen}',
               f'sglang:spec_verify_calls_total{{tp_rank="0"}} {calls}']
     return "\n".join(lines)
@@ -111,13 +125,17 @@ def _metrics(graph: int, eager: dict[str, int], gen: float = 0, calls: float = 0
 def test_verify_delta_is_per_run_and_survives_counter_resets():
     before = snap(None, _metrics(100, {"bs>max": 4}))
     after = snap(None, _metrics(160, {"bs>max": 4, "mixed": 2}))
-    assert bs.verify_delta(before, after) == {"graph": 60, "eager": 2, "eager_reasons": {"mixed": 2},
-                                              "source": "metrics"}
+    d = bs.verify_delta(before, after)
+    assert {k: d[k] for k in ("graph", "piecewise", "eager", "fallback_reasons", "source")} == {
+        "graph": 60, "piecewise": 0, "eager": 2, "fallback_reasons": {"mixed": 2}, "source": "metrics"}
+    assert d["hit_rate"] == pytest.approx(60 / 62) and d["stages"]["draft_extend"]["graph"] == 0
     # a counter that went down was reset (e.g. by /flush_cache): the value after counts from zero
-    info_b = {"internal_states": [{"spec_verify_cuda_graph": {"graph": 50, "eager": 9, "eager_reasons": {"x": 9}}}]}
-    info_a = {"internal_states": [{"spec_verify_cuda_graph": {"graph": 12, "eager": 1, "eager_reasons": {"x": 1}}}]}
-    assert bs.verify_delta(snap(info_b), snap(info_a)) == {"graph": 12, "eager": 1, "eager_reasons": {"x": 1},
-                                                           "source": "server_info"}
+    def info(graph, eager):
+        return {"internal_states": [{"spec_cuda_graph": {"target_verify": {
+            "graph": graph, "piecewise": 0, "eager": eager, "fallback_reasons": {"x": eager}}}}]}
+    info_b, info_a = info(50, 9), info(12, 1)
+    d = bs.verify_delta(snap(info_b), snap(info_a))
+    assert (d["graph"], d["eager"], d["fallback_reasons"], d["source"]) == (12, 1, {"x": 1}, "server_info")
     # /metrics missing after the run: both snapshots' /server_info are used, not a mix of sources
     both_b = snap(info_b, _metrics(100, {}))
     assert bs.verify_delta(both_b, snap(info_a))["source"] == "server_info"
@@ -263,8 +281,8 @@ def synthetic(values: dict[tuple[str, str], list[tuple[float, float, float | Non
             r["output_throughput"], r["accept_length"] = outp, al
             r["eagle"] = {"scenario": sc, "variant": var, "letter": letters[var], "repeat": i, "position": pos,
                           "patchset": "0123456789ab" if var.startswith("patched") else "none", "decode_tok_s": dec,
-                          "verify": None if eager is None else {"graph": 10, "eager": eager,
-                                                                "eager_reasons": {"bs>16": eager} if eager else {}},
+                          "verify": None if eager is None else {"graph": 10, "piecewise": 0, "eager": eager,
+                                                                "fallback_reasons": {"bs>16": eager} if eager else {}},
                           "scenario_spec": {"max_concurrency": 1, "num_prompts": 8, "input_len": 1024,
                                             "output_len": 512}}
             out.append(r)
@@ -301,8 +319,14 @@ def test_markdown_table_flags_eager_and_noisy_rows():
     assert "1.34×" in line  # vs A: 110 / 82
     assert "2.000 (1.900–2.100)" in line  # accept length
     assert "18.2% ⚠" in line  # spread above 7 %
-    assert "- C4 / patched-eagle3: 3 verify forwards ran eagerly (bs>16: 3)" in md
-    assert "| **3** ⚠ |" in md
+    assert "- C4 / patched-eagle3: 3 verify forwards ran off their CUDA graph (3 eager; bs>16: 3)" in md
+    assert "| 76.9% | **3** ⚠ |" in md and "| 100.0% | 0 |" in md  # verify graph hit rate, off-graph verify
+    # result files of earlier harness versions (eager / eager_reasons only) still read
+    old = synthetic(RECS)
+    for r in old:
+        if r["eagle"]["verify"]:
+            r["eagle"]["verify"] = {"graph": 10, "eager": 3, "eager_reasons": {"bs>16": 3}}
+    assert [(r.eager, r.eager_reasons, r.hit_rate) for r in rep.summarize(old)][3] == (3, {"bs>16": 3}, 10 / 13)
     assert "Baseline comparison" not in md
 
 
@@ -435,8 +459,10 @@ def test_harness_end_to_end_against_standin_servers(standins, tmp_path):
     assert cp.returncode == 0, cp.stderr[-3000:]
     assert time.monotonic() - t0 < 120
     err = cp.stderr
-    assert "[1/2] C2 stock repeat 1 (A)... ETA ?" in err and "[2/2] C2 patched repeat 1 (B)... ETA " in err
-    assert "eager verify forward" in err
+    assert "[1/2] C2 stock repeat 1 (A)... ETA " in err and "[2/2] C2 patched repeat 1 (B)... ETA " in err
+    assert "plan: 2 run(s) (1 scenario(s) x 2 variant(s) x 1 repeat(s)) in 2 server session(s)" in err
+    assert "C2 stock repeat 1 (A)... ETA 10s (estimated)" in err  # 2 runs x (8/2 + 1 waves) x 48 tokens / 50 tok/s
+    assert "verify forward(s) off their CUDA graph" in err
     files = sorted(p.name for p in res.iterdir())
     stem = files[0].split(".")[0]
     assert stem.endswith("_test-box") and "_" in stem[:-len("_test-box")]
@@ -458,13 +484,202 @@ def test_harness_end_to_end_against_standin_servers(standins, tmp_path):
         assert e["decode_tok_s_source"] == "metrics" and e["decode_windows"] >= 2 and e["decode_tok_s"] > 0
         assert e["started_at"] <= e["finished_at"]
     assert s["verify"] is None and recs[0]["accept_length"] is None
-    assert p["verify"]["source"] == "metrics" and p["verify"]["eager"] > 0
-    assert sum(p["verify"]["eager_reasons"].values()) == p["verify"]["eager"]
+    assert p["verify"]["source"] in ("metrics", "server_info") and p["verify"]["eager"] > 0
+    assert sum(p["verify"]["fallback_reasons"].values()) == p["verify"]["eager"]
+    assert set(p["verify"]["stages"]) == {"target_verify", "draft_decode", "draft_extend"}
+    assert 0 <= p["verify"]["hit_rate"] < 1
     assert recs[1]["accept_length"] == pytest.approx(2.0, abs=0.1)  # accept pattern 2,3,1,2
     assert p["accept_length_metrics"] == pytest.approx(2.0, abs=0.15)
     md = (res / f"{stem}.md").read_text()
-    assert "| A | stock |" in md and "| B | patched | `0123456789ab` |" in md and "Eager verify forwards" in md
+    assert "| A | stock |" in md and "| B | patched | `0123456789ab` |" in md
+    assert "Verify forwards off their CUDA graph" in md
     assert (res / f"{stem}.png").read_bytes()[:8] == PNG_MAGIC
     base = json.loads((tmp_path / "base.json").read_text())
     assert {(e["scenario"], e["variant"]) for e in base["entries"]} == {("C2", "stock"), ("C2", "patched")}
     assert all(math.isfinite(e["output_tok_s"]) for e in base["entries"])
+
+
+# -------------------------------------------------------------------------------------------------------------
+# inputs judged by bench_serving itself before any server starts
+
+BAD_SCENARIOS = """[defaults]
+input_len = 32
+output_len = 48
+[[scenario]]
+name = "ok"
+max_concurrency = 2
+num_prompts = 8
+[[scenario]]
+name = "fast"
+max_concurrency = 2
+num_prompts = 8
+request_rate = "fast"
+[[scenario]]
+name = "seed"
+max_concurrency = 2
+num_prompts = 8
+seed = 1.5
+[[scenario]]
+name = "ratio"
+max_concurrency = 2
+num_prompts = 8
+range_ratio = 1.5
+[[scenario]]
+name = "dataset"
+max_concurrency = 2
+num_prompts = 8
+dataset_name = "randm"
+[[scenario]]
+name = "flag"
+max_concurrency = 2
+num_prompts = 8
+extra_args = ["--no-such-flag"]
+"""
+
+
+def test_scenario_values_are_judged_by_bench_serving_before_any_server(tmp_path, monkeypatch):
+    """request_rate "fast", seed 1.5, range_ratio 1.5, an unknown dataset and an unknown flag fail --dry-run, each
+    named with the key to fix, in bench_serving's own words (its parser, its dataset code); no server is touched
+    (the --server-url answers nothing) and nothing is written."""
+    for k, v in client_env().items():
+        monkeypatch.setenv(k, v)
+    scen = tmp_path / "scenarios.toml"
+    scen.write_text(BAD_SCENARIOS)
+    res = tmp_path / "results"
+    base = ["--server-url", "http://127.0.0.1:9", "--scenarios-file", str(scen), "--tokenizer", str(TOKENIZER),
+            "--results-dir", str(res), "--dry-run"]
+    with pytest.raises(UserError) as e:
+        bench.main(base + ["--scenarios", "ok,fast,seed,ratio,dataset,flag"])
+    msg = str(e.value)
+    assert "5 scenario(s) would fail only after the servers loaded" in msg
+    assert "scenario fast: bench_serving refuses it: argument --request-rate: invalid float value: 'fast'" in msg
+    assert "set request_rate in [[scenario]] fast (or [defaults])" in msg
+    assert "argument --seed: invalid int value: '1.5'" in msg and "set seed in [[scenario]] seed" in msg
+    assert "compute_random_lens" in msg and "set range_ratio in [[scenario]] ratio" in msg
+    assert "argument --dataset-name: invalid choice: 'randm'" in msg and "'random-ids'" in msg
+    assert "unrecognized arguments: --no-such-flag" in msg and "extra_args of [[scenario]] flag" in msg
+    assert "scenario ok:" not in msg and not res.exists()
+    with pytest.raises(UserError, match="fix or remove --nope in --bench-args"):
+        bench.main(base + ["--scenarios", "ok", "--bench-args", "--nope 1"])
+    assert bench.main(base + ["--scenarios", "ok"]) == 0
+
+
+def test_scenario_keys_of_the_harness_are_typed(tmp_path):
+    f = tmp_path / "s.toml"
+    f.write_text('[[scenario]]\nname = "a"\nmax_concurrency = 1\nnum_prompts = 1\ninput_len = 1\noutput_len = 1\n'
+                 'flush_cache = "yes"\n')
+    with pytest.raises(UserError, match="flush_cache must be true or false"):
+        cfg.load_scenarios(f)
+
+
+# -------------------------------------------------------------------------------------------------------------
+# preflight: the box is checked and the plan priced before the first server starts (fake docker / nvidia-smi)
+
+DOCKER = """#!/bin/sh
+echo "$*" >> "{log}"
+down() {{
+  echo "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?" >&2
+  exit 1
+}}
+[ -e "{state}/down" ] && down
+case "$1" in
+  version) echo 27.3.1 ;;
+  image) echo sha256:0123456789abcdef0123 ;;
+  run) {on_run} ;;
+esac
+exit 0
+"""
+NVIDIA_SMI = """#!/bin/sh
+i=0
+while [ $i -lt {n} ]; do echo "GPU $i: NVIDIA RTX PRO 6000 Blackwell Server Edition (UUID: GPU-$i)"; i=$((i+1)); done
+"""
+
+
+def fake_box(tmp_path, monkeypatch, engine_up=True, gpus=8, on_run='touch "{state}/down"; down') -> dict:
+    """A PATH with a fake docker (argv recorded; no engine when engine_up is false, and the engine going away at
+    the first `docker run` by default) and a fake nvidia-smi, an HF cache holding the default model and drafter."""
+    bin_, state = tmp_path / "bin", tmp_path / "state"
+    bin_.mkdir()
+    state.mkdir()
+    if not engine_up:
+        (state / "down").touch()
+    log = tmp_path / "docker.log"
+    (bin_ / "docker").write_text(DOCKER.format(log=log, state=state, on_run=on_run.format(state=state)))
+    (bin_ / "nvidia-smi").write_text(NVIDIA_SMI.format(n=gpus))
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    hf = tmp_path / "hf"
+    for repo in ("moonshotai/Kimi-K2.5", "lightseekorg/kimi-k2.5-eagle3"):
+        snap = hf / "hub" / f"models--{repo.replace('/', '--')}" / "snapshots" / "abc"
+        snap.mkdir(parents=True)
+        (snap / "config.json").write_text("{}")
+        (snap / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "m-1.safetensors"}}))
+        (snap / "m-1.safetensors").write_text("")
+    for k, v in client_env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("PATH", f"{bin_}{os.pathsep}{os.environ['PATH']}")
+    return {"log": log, "hf": hf, "res": tmp_path / "results"}
+
+
+def docker_calls(box: dict) -> list[str]:
+    return [ln.split()[0] for ln in box["log"].read_text().splitlines()] if box["log"].exists() else []
+
+
+def test_bench_without_a_docker_engine_stops_with_one_message_and_writes_nothing(tmp_path, monkeypatch):
+    box = fake_box(tmp_path, monkeypatch, engine_up=False)
+    with pytest.raises(UserError) as e:
+        bench.main(["--results-dir", str(box["res"]), "--hf-cache", str(box["hf"])])
+    msg = str(e.value)
+    assert msg.startswith("make bench cannot start: the docker engine is not running")
+    assert "systemctl start docker" in msg and msg.count("Cannot connect") == 1
+    assert docker_calls(box) == ["version"]  # no docker run, no image inspect per variant
+    assert not box["res"].exists()  # no log or results file for runs that did not happen
+
+
+def test_dry_run_prints_the_plan_its_cost_and_every_check(tmp_path, monkeypatch, capsys):
+    box = fake_box(tmp_path, monkeypatch, gpus=2)
+    assert bench.main(["--results-dir", str(box["res"]), "--hf-cache", str(box["hf"]), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "plan: 36 run(s) (3 scenario(s) x 4 variant(s) x 3 repeat(s)) in 10 server session(s)" in out
+    assert "model loads: 10 load(s) of moonshotai/Kimi-K2.5, ~10m00s each (assumed)" in out
+    assert "per run: C1 ~1m32s, C4 ~51s, C16 ~51s (assumed 50 tok/s per stream)" in out
+    assert "estimated total: ~2h18m" in out
+    assert "ok  docker engine: docker engine 27.3.1" in out and "ok  image eagle-fast-verify/sglang:" in out
+    assert "FAIL GPUs: 2 GPU(s) here" in out and "need 8 (tp-size)" in out
+    assert "ok  weights: lightseekorg/kimi-k2.5-eagle3, moonshotai/Kimi-K2.5 in" in out
+    assert "run" not in docker_calls(box) and not box["res"].exists()
+    with pytest.raises(UserError, match="make bench cannot start: 2 GPU"):  # a real run stops there
+        bench.main(["--results-dir", str(box["res"]), "--hf-cache", str(box["hf"])])
+    assert "run" not in docker_calls(box) and not box["res"].exists()
+
+
+def test_missing_weights_stop_the_run_naming_the_download(tmp_path, monkeypatch):
+    box = fake_box(tmp_path, monkeypatch)
+    (next((box["hf"] / "hub").glob("models--moonshotai--*/snapshots/abc")) / "m-1.safetensors").unlink()
+    with pytest.raises(UserError) as e:
+        bench.main(["--results-dir", str(box["res"]), "--hf-cache", str(box["hf"]), "--variants", "patched-eagle3"])
+    assert "1 of 1 weight shards missing" in str(e.value)
+    assert f"huggingface-cli download moonshotai/Kimi-K2.5 --cache-dir {box['hf'] / 'hub'}" in str(e.value)
+    assert not box["res"].exists()
+
+
+def test_engine_lost_mid_plan_stops_the_plan_without_empty_logs(tmp_path, monkeypatch):
+    box = fake_box(tmp_path, monkeypatch)  # the engine answers the preflight, then dies at the first docker run
+    with pytest.raises(UserError) as e:
+        bench.main(["--results-dir", str(box["res"]), "--hf-cache", str(box["hf"]), "--scenarios", "C1",
+                    "--repeats", "1"])
+    assert "the plan stopped after 0 run(s)" in str(e.value) and "engine is not running" in str(e.value)
+    assert docker_calls(box).count("run") == 1  # not one failed docker run per variant
+    assert not list(box["res"].glob("*.server-*.log"))  # no empty server log for a server that never ran
+
+
+def test_estimates_come_from_earlier_results(tmp_path):
+    res = tmp_path / "results"
+    res.mkdir()
+    (res / "old.jsonl").write_text("\n".join(json.dumps({"eagle": {"scenario": "C1", "wall_s": w, "launch_s": l}})
+                                             for w, l in ((100, 300), (120, 500), (110, None))) + "\n")
+    plan = cfg.make_plan([_s("C1"), _s("C9", 4)], [cfg.Variant(name="a", launcher="docker", image="i",
+                                                             command=("x",))], repeats=2)
+    lines = "\n".join(bench.preflight.plan_lines(plan, cfg.sessions(plan), {}, res))
+    assert "1 load(s) of the a server, ~6m40s each (median of 2 earlier load(s))" in lines
+    assert "C1 ~1m50s (median of 3 earlier run(s))" in lines and "C9 ~0s (assumed 50 tok/s per stream)" in lines

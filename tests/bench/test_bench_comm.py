@@ -50,7 +50,7 @@ def test_bench_comm_harness_end_to_end_on_cpu(tmp_path):
     assert not [r for r in recs if str(r.get("impl", "")).startswith("sglang")]
     assert res["summary"]["correctness"]["ok"]
     assert "[3/3] variant LL done" in cp.stderr  # progress
-    assert "Verify-shaped forward" in cp.stdout and out.with_suffix(".png").stat().st_size > 1000
+    assert "Verify-shaped forward, 2 layers" in cp.stdout and out.with_suffix(".png").stat().st_size > 1000
 
 
 def test_bench_comm_refuses_a_machine_without_gpus(tmp_path):
@@ -158,3 +158,19 @@ def test_bench_comm_host_paths_do_not_go_into_the_image(tmp_path):
     bindir, log = fake_docker(tmp_path)
     cp = run_bench_comm("--sglang", str(tmp_path), path=f"{bindir}{os.pathsep}/usr/bin:/bin")
     assert cp.returncode == 2 and "--sglang" in cp.stderr and "this host" in cp.stderr and not log.exists()
+
+
+def test_table_and_plot_name_the_measured_layers_and_chain(tmp_path):
+    """A result measured with --layers 2 --chain 4 is labelled so, also when its meta does not say (files written
+    before meta carried the layer count): the labels come from the records, never from the 61-layer default."""
+    recs = [{"kind": "verify_forward", "variant": "default", "impl": "nccl", "rows": 4, "layers": 2, "mode": m,
+             "us": us} for m, us in (("eager", 900.0), ("graph", 300.0))]
+    recs += [{"kind": "allreduce", "variant": "default", "impl": "nccl", "rows": 4, "chain": 4, "mode": "graph",
+              "us_per_call": 20.0, "us_chain": 80.0}]
+    res = tmp_path / "bc.json"
+    res.write_text(json.dumps({"meta": {"world": 2, "gpu_name": "cpu"}, "records": recs}))
+    cp = subprocess.run([sys.executable, "-m", "scripts.bench.bench_comm", "--plot", str(res)], cwd=ROOT,
+                        capture_output=True, text=True, timeout=300)
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    assert "Verify-shaped forward, 2 layers (ms)" in cp.stdout and "61 layers" not in cp.stdout
+    assert "graph-replayed chain of 4 calls" in cp.stdout

@@ -40,3 +40,24 @@ def test_sglang_rows_get_their_own_table_next_to_the_direct_flashinfer_runs():
     # every row of the SGLang table has a measured value (no empty spread) from the committed run
     for line in through.splitlines()[2:]:
         assert line.split("|")[2].strip() not in ("", "-"), line
+
+
+def test_make_docs_says_what_it_wrote(tmp_path, monkeypatch, capsys):
+    """`make docs` (cost_model --write) prints, per table, whether it changed, and writes nothing when none did."""
+    doc = tmp_path / "doc.md"
+    doc.write_text("# t\n<!-- cost-model:box -->\n| old | row |\n<!-- /cost-model:box -->\n"
+                   "<!-- cost-model:h200 -->\n| same |\n<!-- /cost-model:h200 -->\n")
+    monkeypatch.setattr(cost_model, "load_runs", lambda: [])
+    monkeypatch.setattr(cost_model, "render", lambda inp, runs, receipts=None: {"box": "| new | row |\n| two |", "h200": "| same |"})
+    assert cost_model.main(["--write", "--doc", str(doc)]) == 0
+    out = capsys.readouterr().out
+    assert f"{doc}: wrote the cost-model tables" in out
+    assert "table box: rewritten, 2 line(s) new, 1 line(s) gone (2 lines now)" in out
+    assert "table h200: unchanged (1 lines)" in out
+    assert "| two |" in doc.read_text()
+    mtime = doc.stat().st_mtime_ns
+    assert cost_model.main(["--write", "--doc", str(doc)]) == 0
+    assert "up to date, nothing written" in capsys.readouterr().out and doc.stat().st_mtime_ns == mtime
+    monkeypatch.setattr(cost_model, "render", lambda inp, runs, receipts=None: {"box": "| newer |", "h200": "| same |"})
+    assert cost_model.main(["--check", "--doc", str(doc)]) == 1
+    assert "out of date" in capsys.readouterr().out

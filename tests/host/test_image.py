@@ -452,3 +452,115 @@ def test_image_doctor_and_test_gpu_run_from_the_image_layout(image_site, image_h
     assert doc.returncode in (0, 1) and "nccl.version" in doc.stdout, doc.stderr[-2000:]
     gpu = _entrypoint(image_home, env, "test-gpu", cwd=tmp_path)  # no GPU here: the verb's own refusal, no traceback
     assert gpu.returncode == 2 and "NVIDIA GPU(s) visible here" in gpu.stderr and "Traceback" not in gpu.stderr
+
+
+# the docker engine, with a fake `docker` client that records its argv and answers like a real one without an engine
+
+FAKE_DOCKER = """#!/bin/sh
+echo "$*" >> "{log}"
+case "$1" in
+  version)
+    if [ -e "{state}/engine-down" ]; then
+      echo "{said}" >&2; exit 1
+    fi
+    echo 27.3.1; exit 0 ;;
+  build)
+    touch "{state}/engine-down"
+    echo "ERROR: {said}" >&2; exit 1 ;;
+esac
+exit 0
+"""
+NO_ENGINE = "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?"
+NO_PERMISSION = ("permission denied while trying to connect to the Docker daemon socket at "
+                 "unix:///var/run/docker.sock: dial unix /var/run/docker.sock: connect: permission denied")
+
+
+def fake_docker(tmp_path: Path, said: str = NO_ENGINE, engine_up: bool = True) -> tuple[Path, Path]:
+    state = tmp_path / "docker-state"
+    state.mkdir()
+    if not engine_up:
+        (state / "engine-down").touch()
+    log = tmp_path / "docker-argv.log"
+    client = tmp_path / "bin" / "docker"
+    client.parent.mkdir()
+    client.write_text(FAKE_DOCKER.format(log=log, state=state, said=said))
+    client.chmod(0o755)
+    return client, log
+
+
+def _build(tmp_path, monkeypatch, client: Path) -> str:
+    monkeypatch.setattr(image, "hadolint_path", lambda: None)
+    with pytest.raises(image.UserError) as e:
+        image.main(["--docker", str(client), "--context", str(tmp_path / "ctx")])
+    return str(e.value)
+
+
+def test_build_without_a_running_engine_says_so_before_building(tmp_path, monkeypatch, capsys):
+    client, log = fake_docker(tmp_path, engine_up=False)
+    msg = _build(tmp_path, monkeypatch, client)
+    assert "docker engine" in msg and "not running" in msg and "systemctl start docker" in msg
+    assert "build step" not in msg and "failing step" not in msg
+    assert log.read_text().splitlines() == ["version --format {{.Server.Version}}"]  # no docker build
+    assert "] building " not in capsys.readouterr().err  # nothing claims a build started
+    assert not (tmp_path / "ctx").exists()
+
+
+def test_engine_refusing_this_user_names_the_docker_group(tmp_path, monkeypatch):
+    client, _ = fake_docker(tmp_path, said=NO_PERMISSION, engine_up=False)
+    msg = _build(tmp_path, monkeypatch, client)
+    assert "permission denied" in msg and "usermod -aG docker" in msg and "systemctl start" not in msg
+
+
+def test_engine_lost_during_the_build_is_not_reported_as_a_failed_build_step(tmp_path, monkeypatch):
+    client, log = fake_docker(tmp_path)  # answers `docker version`, then fails the build without an engine
+    msg = _build(tmp_path, monkeypatch, client)
+    assert [ln.split()[0] for ln in log.read_text().splitlines()] == ["version", "build", "version"]
+    assert "docker engine" in msg and "not running" in msg and "no build step is at fault" in msg
+    assert "apply: a patch" not in msg
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# every docker run of the image mounts FlashInfer's cache
+
+
+def documented_gpu_runs() -> list[tuple[str, str]]:
+    """(file, command) for every `docker run --gpus ...` written in the docs and the code, up to its image."""
+    files = [ROOT / "README.md", ROOT / "docker" / "README.md", DOCKERFILE, ROOT / "bench" / "variants.toml",
+             *sorted((ROOT / "scripts").rglob("*.py"))]
+    out = []
+    for f in files:
+        text = f.read_text()
+        for m in re.finditer(r"docker run --gpus", text):
+            window = re.sub(r"""[\\\\"'`#\n]+|\bf(?=")""", " ", text[m.start():m.start() + 400])
+            window = re.split(r"\b(IMAGE|eagle-fast-verify/sglang:\S+|image command)\b|;", window)[0]
+            if len(window.split()) > 4:  # a command line, not advice such as "docker run --gpus all; or ..."
+                out.append((str(f.relative_to(ROOT)), " ".join(window.split())))
+    return out
+
+
+def test_every_documented_docker_run_mounts_the_flashinfer_cache():
+    runs = documented_gpu_runs()
+    assert {f for f, _ in runs} >= {"README.md", "docker/README.md", "docker/Dockerfile", "bench/variants.toml",
+                                    "scripts/host/test_gpu.py", "scripts/bench/bench_comm.py"}
+    missing = [f"{f}: {cmd}" for f, cmd in runs if ":/root/.cache/flashinfer" not in cmd]
+    assert not missing, "\n".join(missing)
+
+
+def test_generated_docker_runs_mount_the_flashinfer_cache(tmp_path, monkeypatch):
+    from scripts.bench import config as bench_cfg
+    from scripts.bench import launch
+    from scripts.host import test_gpu
+
+    vs = bench_cfg.load_variants()
+    vals = bench_cfg.placeholder_values(vs.defaults, {"draft_model": "d/x"})
+    for v in vs.variants:
+        if v.launcher == "docker":
+            argv = launch.Server(v, vals, [], tmp_path / "s.log").argv
+            assert "sglang-flashinfer:/root/.cache/flashinfer" in argv, v.name
+    own = bench_cfg.placeholder_values(vs.defaults, {"draft_model": "d/x", "flashinfer_cache": "/fast/fi"})
+    argv = launch.Server(vs.variants[0], {**own, "flashinfer_cache": "/fast/fi"}, [], tmp_path / "s.log").argv
+    assert "/fast/fi:/root/.cache/flashinfer" in argv  # a host directory of the user's choice wins
+    ran = []
+    monkeypatch.setattr(test_gpu.proc, "run", lambda cmd, **kw: ran.append(cmd) or test_gpu.proc.Result(True, 0))
+    test_gpu.run_in_image("img:x", tmp_path / "r.json", None, 60, [])
+    assert "sglang-flashinfer:/root/.cache/flashinfer" in ran[0]

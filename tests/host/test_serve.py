@@ -71,7 +71,7 @@ def test_default_profile_is_kimi_tp8_eagle3_chain(parser):
     assert ns.model_path == "moonshotai/Kimi-K2.5" and ns.tp_size == 8 and ns.trust_remote_code
     assert ns.speculative_algorithm == "EAGLE3"
     assert (ns.speculative_num_steps, ns.speculative_eagle_topk, ns.speculative_num_draft_tokens) == (3, 1, 4)
-    assert ns.speculative_draft_model_path == "AQ-MedAI/Kimi-K25-eagle3"
+    assert ns.speculative_draft_model_path == "lightseekorg/kimi-k2.5-eagle3"
     assert ns.host == "127.0.0.1" and ns.port == 30000 and ns.enable_metrics  # loopback unless opted in
     assert ns.cuda_graph_max_bs_decode >= ns.max_running_requests
     assert ns.flashinfer_allreduce_fusion_backend is None  # gated to TP2 by the series; A/B by hand
@@ -118,7 +118,7 @@ def test_bad_values_and_flags_are_refused_before_launch(index, tmp_path):
 @pytest.mark.parametrize("edit, match", [
     (("[args]", "[arg]"), "unknown top-level key"),
     (('tp-size = 8', '"--tp-size" = 8'), "without the leading dashes"),
-    (('draft_model = "AQ-MedAI/Kimi-K25-eagle3"', ""), "pass --draft-model"),
+    (('draft_model = "lightseekorg/kimi-k2.5-eagle3"', ""), "pass --draft-model"),
     (("enable-metrics = true", "enable-metrics = {a = 1}"), "must be a string"),
 ])
 def test_profile_mistakes_name_the_fix(tmp_path, edit, match):
@@ -408,3 +408,90 @@ def test_check_tells_the_doctor_where_serve_would_listen(monkeypatch):
     with pytest.raises(SystemExit):
         serve.main(["--check", "--host", "0.0.0.0"])
     assert got["argv"][got["argv"].index("--listen-host") + 1] == "0.0.0.0"
+
+
+def test_a_draft_model_without_a_speculative_algorithm_is_refused(index):
+    """serve --profile kimi-k25-tp8 --draft-model X would add a draft path sglang never loads (no algorithm): an
+    error naming both fixes, whichever way the path came in; with the algorithm given it is served."""
+    nospec = serve.load_profile(serve.resolve_profile("kimi-k25-tp8"))
+    for kw in ({"draft_model": "x/draft"}, {"extra": ["--speculative-draft-model", "x/draft"]}):
+        with pytest.raises(UserError) as e:
+            serve.build_plan(nospec, environ={}, index=index, python="python3", **kw)
+        msg = str(e.value)
+        assert "profile kimi-k25-tp8 sets no --speculative-algorithm" in msg
+        assert f"serve --profile {serve.DEFAULT_PROFILE} --draft-model x/draft" in msg
+        assert "-- --speculative-algorithm EAGLE3" in msg
+    plan = serve.build_plan(nospec, environ={}, index=index, python="python3", draft_model="x/draft",
+                            extra=["--speculative-algorithm", "EAGLE3"])
+    assert _opt(plan.argv, "--speculative-draft-model-path") == "x/draft"
+    serve.build_plan(nospec, environ={}, index=None, python="python3")  # no draft model: fine
+    with pytest.raises(UserError, match="sets no --speculative-algorithm"):  # without sglang's parser too
+        serve.build_plan(nospec, environ={}, index=serve.FlagIndex(None), python="python3", draft_model="x/draft")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# drafters: what the SGLang that runs does with them, read from its source
+
+
+def test_drafter_support_is_read_from_the_sglang_source(sglang_tree, tmp_path):
+    """SGLang picks a draft class by its config.json's architectures[0] among the EntryClass of srt/models: the MLA
+    drafter's Eagle3DeepseekV2ForCausalLM is registered by kimi_k25_eagle3.py, which names the checkpoint."""
+    from scripts.host import drafters
+
+    pkg = sglang_tree / "python" / "sglang"
+    reg = drafters.entry_classes(pkg)
+    assert reg["Eagle3DeepseekV2ForCausalLM"] == "srt/models/kimi_k25_eagle3.py"
+    assert reg["LlamaForCausalLMEagle3"] == "srt/models/llama_eagle3.py"
+    mla = drafters.claim("lightseekorg/kimi-k2.5-eagle3-mla", pkg, hub=tmp_path)
+    assert mla.loads and "Eagle3DeepseekV2ForCausalLM (srt/models/kimi_k25_eagle3.py, built for this checkpoint)" \
+        in mla.text and "refuse" not in mla.text
+    llama = drafters.claim("lightseekorg/kimi-k2.5-eagle3", pkg, hub=tmp_path)
+    assert llama.loads and "(srt/models/llama_eagle3.py)" in llama.text  # not "built for": that is the MLA one
+    # a config.json in the HF cache is better evidence than the table; an unregistered one is called out
+    snap = tmp_path / "models--x--draft" / "snapshots" / "r1"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text('{"architectures": ["Eagle3MiniMaxForCausalLM"]}')
+    odd = drafters.claim("x/draft", pkg, hub=tmp_path)
+    assert odd.loads is False and "expect sglang to refuse it" in odd.text and "HF cache" in odd.text
+    # an SGLang without the MLA draft model (as before v0.5.23) is said to refuse the MLA drafter
+    old = tmp_path / "old" / "sglang"
+    (old / "srt" / "models").mkdir(parents=True)
+    (old / "srt" / "models" / "llama_eagle3.py").write_text("class LlamaForCausalLMEagle3: ...\n"
+                                                            "EntryClass = [LlamaForCausalLMEagle3]\n")
+    assert drafters.claim("lightseekorg/kimi-k2.5-eagle3-mla", old, hub=tmp_path).loads is False
+
+
+def test_serve_notes_the_mla_drafter_as_loaded(index):
+    plan = _plan(index, draft_model="lightseekorg/kimi-k2.5-eagle3-mla")
+    note = next(n for n in plan.notes if n.startswith("drafter lightseekorg/kimi-k2.5-eagle3-mla"))
+    assert "SGLang loads it as Eagle3DeepseekV2ForCausalLM" in note and "refuse" not in note
+
+
+def test_docker_readme_drafter_table_agrees_with_the_source(sglang_tree):
+    from scripts.host import drafters
+
+    rows = [ln for ln in (ROOT / "docker" / "README.md").read_text().splitlines() if ln.startswith("| `")]
+    pkg = sglang_tree / "python" / "sglang"
+    for repo, d in drafters.KNOWN.items():
+        row = next(r for r in rows if r.startswith(f"| `{repo}`"))
+        said = row.split("|")[2].strip()
+        c = drafters.claim(repo, pkg, hub=ROOT / "no-hub")
+        assert said.startswith("yes" if c.loads else "no"), row
+        assert f"`{d.arch}`" in said, row
+
+
+def test_default_drafter_is_chosen_by_the_evidence_and_kept_in_step(sglang_tree):
+    """The profile's drafter is the one with the best published evidence at its own 3/1/4 (and SGLang loads it);
+    its comment says why; make bench's variants default to the same drafter."""
+    import tomllib
+
+    from scripts.host import drafters
+
+    prof = serve.load_profile(DEFAULT)
+    drafter = prof.defaults["draft_model"]
+    assert drafter == "lightseekorg/kimi-k2.5-eagle3"
+    assert drafters.claim(drafter, sglang_tree / "python" / "sglang", hub=ROOT / "no-hub").loads
+    text = " ".join(ln.lstrip("# ").strip() for ln in DEFAULT.read_text().splitlines())
+    assert "GSM8K 3.20" in text and "make bench-sweep" in text and "AQ-MedAI/Kimi-K25-eagle3 (the previous" in text
+    variants = tomllib.loads((ROOT / "bench" / "variants.toml").read_text())
+    assert variants["defaults"]["draft_model"] == drafter

@@ -1,0 +1,200 @@
+"""The drafter and speculative-settings sweep (scripts/bench/sweep.py, bench/sweep.toml) and its cost model
+(scripts/bench/spec_model.py): points checked against the rules of the real SGLang tree under test, the variants
+they become, and the predicted optimum against the measured one on synthetic results."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from scripts.bench import bench
+from scripts.bench import config as cfg
+from scripts.bench import cost_model, launch, report, spec_model, sweep
+from scripts.lib.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def rules(sglang_tree) -> sweep.Rules:
+    return sweep.Rules(sglang_tree / "python" / "sglang", hub=ROOT / "no-hub")
+
+
+def point(label: str, drafter: str = "lightseekorg/kimi-k2.5-eagle3", quant: str = "") -> sweep.Point:
+    return sweep.Point(drafter, sweep.parse_setting(label, "test"), quant)
+
+
+# -------------------------------------------------------------------------------------------------------------
+# SGLang's rules, read from its source
+
+
+def test_rules_come_from_the_sglang_source(rules):
+    assert rules.page_backends == ("flashinfer", "fa3", "triton")  # _PAGE_TREE_SPEC_BACKENDS
+    assert "fp8" in rules.quant_choices and "awq" in rules.quant_choices  # QUANTIZATION_CHOICES
+
+
+@pytest.mark.parametrize("label, quant, args, match", [
+    ("3/1/5", "", [], "with topk 1 SGLang replaces 5 draft tokens by steps \\+ 1 = 4"),
+    ("2/2/8", "", [], "the draft tree offers 6 candidates, fewer than draft tokens - 1 = 7"),
+    ("3/4/8", "fp9", [], "draft quantization 'fp9' is not one of SGLang's QUANTIZATION_CHOICES"),
+    ("3/4/8", "", ["--page-size", "64", "--attention-backend", "flashmla"], "needs --attention-backend one of"),
+    ("3/4/8", "", ["--attention-backend", "trtllm_mha"], "trtllm_mha backend only supports topk 1"),
+    ("4/4/8", "", ["--speculative-use-rejection-sampling"], "rejection-sampling requires topk 1"),
+    ("0/1/1", "", [], "at least 1"),
+])
+def test_points_sglang_would_refuse_or_change(rules, label, quant, args, match):
+    problems = rules.problems(point(label, quant=quant), args)
+    assert problems and any(__import__("re").search(match, p) for p in problems), problems
+
+
+def test_the_requested_settings_and_fp8_drafts_are_accepted(rules):
+    for label in ("3/1/4", "4/1/5", "5/1/6", "3/4/8", "4/4/8"):
+        for drafter in ("AQ-MedAI/Kimi-K25-eagle3", "lightseekorg/kimi-k2.5-eagle3",
+                        "lightseekorg/kimi-k2.5-eagle3-mla"):
+            for quant in ("", "fp8"):
+                assert rules.problems(point(label, drafter, quant), []) == [], (label, drafter, quant)
+    # a page size with a backend SGLang's tree drafting supports is fine
+    assert rules.problems(point("3/4/8"), ["--page-size", "16", "--attention-backend", "triton"]) == []
+
+
+def test_a_rule_that_moved_in_the_source_is_not_applied_silently(sglang_tree, tmp_path):
+    pkg = tmp_path / "sglang"
+    for rel, _ in sweep.ANCHORS.values():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(sglang_tree / "python" / "sglang" / rel, pkg / rel)
+    hook = pkg / "srt" / "arg_groups" / "speculative_hook.py"
+    hook.write_text(hook.read_text().replace("is adjusted to speculative_num_steps + 1", "is set to steps + 1"))
+    with pytest.raises(UserError, match="no longer has .*rule chain.*update scripts/bench/sweep.py"):
+        sweep.Rules(pkg)
+
+
+# -------------------------------------------------------------------------------------------------------------
+# the sweep file and its variants
+
+
+def test_committed_sweep_becomes_checked_variants(rules):
+    sw = sweep.load()
+    assert [s.label for s in dict.fromkeys(p.setting for p in sw.points)] == ["3/1/4", "4/1/5", "5/1/6", "3/4/8",
+                                                                              "4/4/8"]
+    assert {p.drafter for p in sw.points} == {"AQ-MedAI/Kimi-K25-eagle3", "lightseekorg/kimi-k2.5-eagle3",
+                                              "lightseekorg/kimi-k2.5-eagle3-mla"}
+    assert {p.quant for p in sw.points} == {"", "fp8"} and len(sw.points) == 30
+    vs = sweep.variants(sw, cfg.load_variants(), rules, [])
+    assert [v.name for v in vs][:2] == ["patched-nospec", "sweep-Kimi-K25-eagle3-3-1-4"]
+    mla = next(v for v in vs if v.name == "sweep-kimi-k2.5-eagle3-mla-4-4-8-fp8")
+    assert mla.to_dict()["setting"] == {"drafter": "lightseekorg/kimi-k2.5-eagle3-mla", "steps": 4, "topk": 4,
+                                        "draft_tokens": 8, "draft_quantization": "fp8"}
+    vals = cfg.placeholder_values(cfg.load_variants().defaults, {})
+    argv = launch.Server(mla, vals, ["--log-level", "info"], Path("/tmp/x.log")).argv
+    after = argv[argv.index("--") + 1:]  # after serve's --: sglang flags that replace the profile's
+    assert after == ["--speculative-num-steps", "4", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens",
+                     "8", "--speculative-draft-model-quantization", "fp8", "--log-level", "info"]
+    assert argv[argv.index("--draft-model") + 1] == "lightseekorg/kimi-k2.5-eagle3-mla"
+
+
+def test_sweep_file_mistakes_are_named_before_anything_runs(rules, tmp_path):
+    f = tmp_path / "s.toml"
+    f.write_text('base = "patched-eagle3"\ndrafters = ["a/b"]\nsettings = ["3/1/5", "4/4/8"]\n'
+                 'draft_quantization = ["", "int3"]\n')
+    with pytest.raises(UserError) as e:
+        sweep.variants(sweep.load(f), cfg.load_variants(), rules, [])
+    msg = str(e.value)
+    assert "point(s) SGLang" in msg and "sweep-b-3-1-5: 3/1/5: with topk 1" in msg and "'int3'" in msg
+    assert "sweep-b-4-4-8:" not in msg  # the valid points are not listed
+    f.write_text('base = "patched-nospec"\ndrafters = ["a/b"]\nsettings = ["3/1/4"]\n')
+    with pytest.raises(UserError, match="takes no \\{draft_model\\}"):
+        sweep.variants(sweep.load(f), cfg.load_variants(), rules, [])
+    f.write_text('base = "x"\ndrafters = ["a/b"]\nsettings = ["3-1-4"]\n')
+    with pytest.raises(UserError, match="not steps/topk/draft_tokens"):
+        sweep.load(f)
+
+
+def test_bench_sweep_dry_run_and_what_it_refuses(sglang_tree, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "package_dir", lambda: sglang_tree / "python" / "sglang")
+    monkeypatch.setattr(bench, "check_scenarios", lambda *a, **k: None)  # judged in test_bench.py
+    monkeypatch.setattr(bench, "resolve_client", lambda py: ("python", {}, "test"))
+    res = tmp_path / "res"
+    base = ["--sweep", "--results-dir", str(res), "--hf-cache", str(tmp_path / "hf"), "--dry-run"]
+    assert bench.main(base) == 0
+    out = capsys.readouterr()
+    assert "plan: 62 run(s) (1 scenario(s) x 31 variant(s) x 2 repeat(s)) in 31 server session(s)" in out.out
+    assert "31 load(s) of moonshotai/Kimi-K2.5" in out.out
+    assert "repeats 2 from" in out.err and "order blocked from" in out.err
+    assert bench.main(base + ["--variants", "patched-nospec,sweep-kimi-k2.5-eagle3-mla-3-4-8", "--repeats", "1"]) == 0
+    assert "plan: 2 run(s) (1 scenario(s) x 2 variant(s) x 1 repeat(s))" in capsys.readouterr().out
+    with pytest.raises(UserError, match="a sweep's drafters are its own"):
+        bench.main(base + ["--draft-model", "x/y"])
+    with pytest.raises(UserError, match="unknown variant 'patched-eagle3'"):
+        bench.main(base + ["--variants", "patched-eagle3"])
+    assert not res.exists()
+
+
+# -------------------------------------------------------------------------------------------------------------
+# the cost model's optimum against the measured one
+
+T1, V, DRAFT = 12.0, 0.9, {"A/one": 0.8, "B/two": 1.4}  # ms: one-token forward, per verified token, per draft step
+AL = {("A/one", "3/1/4"): 2.2, ("A/one", "4/1/5"): 2.35, ("A/one", "5/1/6"): 2.42, ("A/one", "3/4/8"): 2.65,
+      ("A/one", "4/4/8"): 2.9, ("B/two", "3/1/4"): 2.0, ("B/two", "4/1/5"): 2.1, ("B/two", "5/1/6"): 2.15,
+      ("B/two", "3/4/8"): 2.3, ("B/two", "4/4/8"): 2.35}
+
+
+def sweep_records(slow: dict[str, float] | None = None, hit: dict[str, float] | None = None) -> list[dict]:
+    """A sweep's results at C1 made from a known cost model; `slow` divides a point's tok/s (a verify off its
+    graph), `hit` sets its verify graph hit rate."""
+    base = json.loads((ROOT / "tests" / "fixtures" / "bench" / "bench_serving_patched.jsonl").read_text())
+    out = []
+    for (drafter, label), al in AL.items():
+        p = point(label, drafter)
+        s = p.setting
+        tok_s = 1000 * al / (T1 + V * (s.draft_tokens - 1) + DRAFT[drafter] * s.steps) / (slow or {}).get(p.name, 1)
+        g = round(100 * (hit or {}).get(p.name, 1.0))
+        r = copy.deepcopy(base)
+        r["accept_length"] = al
+        r["eagle"] = {"scenario": "C1", "variant": p.name, "letter": "A", "position": len(out) + 1,
+                      "decode_tok_s": tok_s, "variant_spec": {"speculative": True, "setting": p.describe()},
+                      "verify": {"graph": g, "piecewise": 0, "eager": 100 - g, "fallback_reasons": {}}}
+        out.append(r)
+    ref = copy.deepcopy(base)
+    ref["accept_length"] = None
+    ref["eagle"] = {"scenario": "C1", "variant": "patched-nospec", "letter": "B", "position": 99,
+                    "decode_tok_s": 1000 / T1, "variant_spec": {"speculative": False}}
+    return out + [ref]
+
+
+def test_cost_model_recovers_the_costs_and_agrees_with_a_consistent_sweep():
+    rows = report.summarize(sweep_records())
+    points, t1 = report.sweep_points(rows, "C1")
+    assert t1 == pytest.approx(T1) and len(points) == 10
+    v, why = spec_model.verdict(points, t1)
+    assert v is not None, why
+    assert v.fit.verify_ms_per_token == pytest.approx(V) and v.fit.draft_ms_per_step == pytest.approx(
+        {"A/one (checkpoint)": 0.8, "B/two (checkpoint)": 1.4})
+    assert v.agrees and v.predicted.name == v.measured.name == "sweep-one-4-4-8"
+    md = report.markdown(rows, {"stem": "S"})
+    assert "## Sweep: drafters and speculative settings (C1)" in md
+    assert "| A/one | checkpoint | 4/4/8 | 2.900 | 134.9 | 100.0% | " in md and "The sweep agrees with the model." in md
+    assert "0.900 ms per verified token beyond the first" in md and "t1, measured by the reference run" in md
+
+
+def test_a_point_off_its_verify_graph_makes_the_sweep_disagree(tmp_path, capsys):
+    recs = sweep_records(slow={"sweep-one-4-4-8": 1.3}, hit={"sweep-one-4-4-8": 0.35})
+    rows = report.summarize(recs)
+    v, _ = spec_model.verdict(*report.sweep_points(rows, "C1"))
+    assert not v.agrees and v.predicted.name == "sweep-one-4-4-8" and v.measured.name != "sweep-one-4-4-8"
+    assert v.worst[0][0].name == "sweep-one-4-4-8" and v.worst[0][1] < -0.15
+    results = tmp_path / "r.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert cost_model.main(["--sweep", str(results)]) == 0  # make docs' cost model prints the same verdict
+    out = capsys.readouterr().out
+    assert "does NOT agree with the model" in out and "sweep-one-4-4-8" in out and "(verify graph 35%)" in out
+
+
+def test_chain_points_alone_cannot_separate_verify_and_draft_costs():
+    recs = [r for r in sweep_records() if r["eagle"].get("variant_spec", {}).get("setting", {}).get("topk", 1) == 1]
+    v, why = spec_model.verdict(*report.sweep_points(report.summarize(recs), "C1"))
+    assert v is None and "add tree points (topk > 1)" in why
+    assert "No cost-model verdict: the points cannot separate" in report.markdown(report.summarize(recs), {})
