@@ -331,7 +331,7 @@ def main(argv=None) -> int:
     inp = tomllib.loads(INPUTS.read_text())
     receipts = a.receipt if a.receipt is not None else sorted((REPO_ROOT / "bench" / "receipts").glob("*.tar.gz"))
     if receipts:
-        say("box receipts: " + ", ".join(str(r) for r in receipts))
+        print("box receipts: " + ", ".join(str(r) for r in receipts))
     blocks = render(inp, load_runs(), receipts)
     if not (a.write or a.check):
         for body in blocks.values():

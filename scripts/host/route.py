@@ -66,7 +66,8 @@ def results_dir() -> Path:
     if not path.is_dir():
         raise UserError(f"{RESULTS_VAR}={named} does not exist, so the results would stay inside the container: "
                         f"mount a host directory there, e.g. docker run --gpus all --ipc=host "
-                        f"-v \"$PWD/bench/results:{named}\" IMAGE ... (or set {RESULTS_VAR} to an existing directory)")
+                        f"-v \"$PWD/bench/results:{named}\" -v sglang-flashinfer:/root/.cache/flashinfer IMAGE ... (or set "
+                        f"{RESULTS_VAR} to an existing directory)")
     return path
 
 
