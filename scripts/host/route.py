@@ -22,12 +22,13 @@ from ..lib import proc
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
 from ..series.pin import load_pin
+from .engine import FLASHINFER_CACHE_IN_IMAGE, FLASHINFER_VOLUME, diagnose
 from .exposure import KEY_VAR
 
 RESULTS_VAR = "EAGLE_RESULTS"
 IN_IMAGE_RESULTS = "/results"
 # FlashInfer's JIT and autotune cache, shared with `serve` (docker/README.md): kernels compile once per host.
-JIT_VOLUME = "sglang-flashinfer:/root/.cache/flashinfer"
+JIT_VOLUME = f"{FLASHINFER_VOLUME}:{FLASHINFER_CACHE_IN_IMAGE}"
 # Variables of the caller's environment that reach the container (by name: docker copies the values).
 PASS_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 PASS_PREFIXES = ("NCCL_", "SGLANG_", "FLASHINFER_")
@@ -112,8 +113,9 @@ def image_ready(image: str, docker: str = "docker") -> tuple[bool, str]:
         return True, f"image {image} ({res.stdout.strip()[:19]})"
     if "No such image" in res.output or "No such object" in res.output:
         return False, f"image {image} is not here (build it: make image)"
-    if "Cannot connect" in res.output or "permission denied" in res.output.lower():
-        return False, "the docker engine does not answer (start it: systemctl start docker; may this user use it?)"
+    why, fix = diagnose(res.output, docker)  # scripts/host/engine.py: the one reading of "no engine"
+    if why:
+        return False, f"the docker engine does not answer: it {why}; {fix}"
     return False, f"docker cannot tell whether image {image} is here ({res.why})"
 
 
