@@ -53,7 +53,7 @@ def part_argv(part: str, d: Path, a: argparse.Namespace) -> list[str]:
     image = ["--image", a.image] if a.image else []
     return {"doctor": py + ["scripts.host.doctor", "--json", "--record", str(d / "env" / "tools")],
             "test-gpu": py + ["scripts.host.test_gpu", "--out", str(d / rd.RAW["test-gpu"]), *image],
-            "bench-comm": py + ["scripts.bench.bench_comm", "--out", str(d / rd.RAW["bench-comm"])],
+            "bench-comm": py + ["scripts.bench.bench_comm", "--out", str(d / rd.RAW["bench-comm"]), *image],
             "bench": py + ["scripts.bench.bench", "--results-dir", str(d / rd.RAW["bench"]), "--box", a.box,
                            *a.bench_args]}[part]
 
@@ -105,7 +105,7 @@ def environment(d: Path, a: argparse.Namespace) -> dict:
     if bc:
         m = bc.get("meta", {})
         env["gpus"] = m.get("gpus") or m.get("gpu_name")
-        env["nccl"] = {k: v.get("nccl_version") for k, v in (m.get("per_variant") or {}).items()}
+        env["nccl"] = m.get("nccl") or {k: v.get("nccl_version") for k, v in (m.get("per_variant") or {}).items()}
         env["topo_m"] = m.get("topo_m")
     if a.image and proc.which("docker"):
         res = proc.run(["docker", "image", "inspect", "--format", "{{.Id}} {{json .RepoDigests}}", a.image])
@@ -206,7 +206,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--dir", type=Path, help="receipt directory (default bench/receipts/<box>_<UTC date>)")
     ap.add_argument("--parts", default=",".join(rd.PARTS), help="which parts, in order (default: all)")
     ap.add_argument("--redo", help="comma list of parts to run again although their results exist")
-    ap.add_argument("--image", help="the serving image, for the parts that run from it (test-gpu)")
+    ap.add_argument("--image", help="the serving image, for the parts that run from it (test-gpu, bench-comm)")
     ap.add_argument("--box", default=platform.node(), help="name of this box (default: the host name)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and the commands; run nothing")
     ap.add_argument("--summarize", type=Path, metavar="DIR", help="only derive summary/plots/tarball again")

@@ -320,7 +320,7 @@ def summary_markdown(data: dict, plot_files: list[str]) -> str:
     for k, v in (env.get("doctor") or {}).items():
         lines.append(f"- {k}: {v}")
     if env.get("nccl"):
-        lines.append(f"- NCCL per bench-comm variant: {env['nccl']}")
+        lines.append(f"- NCCL (bench-comm: loaded, expected, torch build): {env['nccl']}")
     if env.get("image"):
         lines.append(f"- image: {env['image']}")
     lines += ["", "## Parts", ""] + _md_table(["part", "status", "seconds", "command"], [
