@@ -13,6 +13,8 @@ image themselves; --image names the image for those that take it):
   test-gpu    python -m scripts.host.test_gpu --out raw/test-gpu.json        (the patched collectives on the GPUs)
   bench-comm  python -m scripts.bench.bench_comm --out raw/bench-comm.json    (per-call latencies, NCCL variants)
   bench       python -m scripts.bench.bench --results-dir raw/bench [BENCH_ARGS]   (stock vs patched serving A/B)
+  bench-comm@IMAGE   bench-comm again from another image, per --nccl-image (e.g. `make image NCCL=2.30.7`'s tag):
+              the NCCL-release axis
 Resumable: a part whose result exists is skipped (--redo PART runs it again); a failed part is recorded and the
 next one still runs. Then: receipt.json (parts, environment, recommendations with the thresholds used,
 scripts/bench/receipt_data.py), summary.md with plots, and DIR.tar.gz - the file to attach to an issue; `make docs
@@ -50,6 +52,9 @@ ESTIMATE_S = {"doctor": 60, "test-gpu": 900, "bench-comm": 900, "bench": 4 * 360
 
 def part_argv(part: str, d: Path, a: argparse.Namespace) -> list[str]:
     py = [sys.executable, "-m"]
+    if part.startswith("bench-comm@"):
+        return py + ["scripts.bench.bench_comm", "--out", str(d / rd.alt_part_file(part.split("@", 1)[1])),
+                     "--image", part.split("@", 1)[1]]
     image = ["--image", a.image] if a.image else []
     return {"doctor": py + ["scripts.host.doctor", "--json", "--record", str(d / "env" / "tools")],
             "test-gpu": py + ["scripts.host.test_gpu", "--out", str(d / rd.RAW["test-gpu"]), *image],
@@ -58,8 +63,12 @@ def part_argv(part: str, d: Path, a: argparse.Namespace) -> list[str]:
                            *a.bench_args]}[part]
 
 
+def estimate(part: str) -> float:
+    return ESTIMATE_S[part.split("@", 1)[0]]
+
+
 def part_done(part: str, d: Path) -> bool:
-    f = d / rd.RAW[part]
+    f = d / (rd.alt_part_file(part.split("@", 1)[1]) if "@" in part else rd.RAW[part])
     if part == "bench":
         return f.is_dir() and any(p.stat().st_size for p in f.glob("*.jsonl"))
     return f.is_file() and f.stat().st_size > 0
@@ -70,8 +79,9 @@ def run_part(part: str, d: Path, a: argparse.Namespace) -> dict:
     argv = part_argv(part, d, a)
     (d / "logs").mkdir(parents=True, exist_ok=True)
     (d / "raw").mkdir(parents=True, exist_ok=True)
-    log_path, t0 = d / "logs" / f"{part}.log", time.monotonic()
+    t0 = time.monotonic()
     stdout_to = d / rd.RAW["doctor"] if part == "doctor" else None
+    log_path = d / "logs" / f"{part.replace('@', '_at_').replace('/', '_').replace(':', '_')}.log"
     with open(log_path, "w") as log, open(stdout_to, "w") if stdout_to else open(log_path, "a") as out:
         p = proc.spawn(argv, cwd=REPO_ROOT, stdout=out if stdout_to else proc.PIPE, stderr=proc.PIPE if stdout_to
                        else proc.STDOUT, text=True, bufsize=1)
@@ -85,7 +95,7 @@ def run_part(part: str, d: Path, a: argparse.Namespace) -> dict:
     if not ok and stdout_to and stdout_to.is_file() and not stdout_to.stat().st_size:
         stdout_to.unlink()  # no file for a part that produced nothing
     status = "done" if rc == 0 else "done, with error findings" if ok else f"failed (exit {rc})"
-    return {"command": argv, "status": status, "ok": ok, "seconds": seconds, "log": f"logs/{part}.log"}
+    return {"command": argv, "status": status, "ok": ok, "seconds": seconds, "log": str(log_path.relative_to(d))}
 
 
 def environment(d: Path, a: argparse.Namespace) -> dict:
@@ -122,7 +132,7 @@ def _read_json(f: Path) -> dict | None:
 
 def plan(parts: list[str], d: Path, redo: set[str]) -> list[tuple[str, bool]]:
     todo = [(p, p in redo or not part_done(p, d)) for p in parts]
-    eta = sum(ESTIMATE_S[p] for p, run_it in todo if run_it)
+    eta = sum(estimate(p) for p, run_it in todo if run_it)
     say(f"receipt {d}: " + ", ".join(f"{p} ({'run' if r else 'have it, skipped'})" for p, r in todo) +
         f"; about {duration(eta)} to go")
     return todo
@@ -130,8 +140,8 @@ def plan(parts: list[str], d: Path, redo: set[str]) -> list[tuple[str, bool]]:
 
 def collect(d: Path, a: argparse.Namespace) -> int:
     """Run the parts not yet done, then write the receipt."""
-    parts = [p.strip() for p in a.parts.split(",") if p.strip()]
-    unknown = [p for p in parts if p not in rd.PARTS]
+    parts = [p.strip() for p in a.parts.split(",") if p.strip()] + [f"bench-comm@{i}" for i in a.nccl_image or []]
+    unknown = [p for p in parts if p not in rd.PARTS and not p.startswith("bench-comm@")]
     if unknown:
         raise UserError(f"unknown part(s) {', '.join(unknown)}: choose from {', '.join(rd.PARTS)}")
     d.mkdir(parents=True, exist_ok=True)
@@ -142,14 +152,14 @@ def collect(d: Path, a: argparse.Namespace) -> int:
         for p, run_it in todo:
             print(("run  " if run_it else "skip ") + " ".join(part_argv(p, d, a)))
         return 0
-    t_all, left = time.monotonic(), sum(ESTIMATE_S[p] for p, r in todo if r)
+    t_all, left = time.monotonic(), sum(estimate(p) for p, r in todo if r)
     for i, (part, run_it) in enumerate(todo, 1):
         if not run_it:
             results.setdefault(part, {"status": "done (earlier run)", "ok": True})
             continue
-        say(f"[{i}/{len(todo)}] {part}: about {duration(ESTIMATE_S[part])}; {duration(left)} left in all")
+        say(f"[{i}/{len(todo)}] {part}: about {duration(estimate(part))}; {duration(left)} left in all")
         results[part] = run_part(part, d, a)
-        left -= ESTIMATE_S[part]
+        left -= estimate(part)
         say(f"[{i}/{len(todo)}] {part}: {results[part]['status']} in {duration(results[part]['seconds'])} "
             f"({duration(time.monotonic() - t_all)} so far)")
     write(d, results, environment(d, a))
@@ -207,6 +217,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--parts", default=",".join(rd.PARTS), help="which parts, in order (default: all)")
     ap.add_argument("--redo", help="comma list of parts to run again although their results exist")
     ap.add_argument("--image", help="the serving image, for the parts that run from it (test-gpu, bench-comm)")
+    ap.add_argument("--nccl-image", action="append", metavar="IMAGE",
+                    help="run bench-comm from this image too (another NCCL release: make image NCCL=<version>)")
     ap.add_argument("--box", default=platform.node(), help="name of this box (default: the host name)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and the commands; run nothing")
     ap.add_argument("--summarize", type=Path, metavar="DIR", help="only derive summary/plots/tarball again")

@@ -5,7 +5,9 @@ it says about every default of the series - used by `make report` (scripts/bench
 A receipt directory:
   receipt.json     schema, box, when, git revision, patch set, the parts (command, status, seconds, files), the
                    environment summary, the recommendations and the thresholds they used
-  raw/             doctor.json, test-gpu.json, bench-comm.json (+ .png), bench/*.jsonl (+ .md, .png, logs)
+  raw/             doctor.json, test-gpu.json, bench-comm.json (+ .png), bench-comm@<image>.json (the same run
+                   from another image, e.g. one `make image NCCL=<version>` built: the NCCL-release axis),
+                   bench/*.jsonl (+ .md, .png, logs)
   env/             the tools' raw outputs (doctor --record: nvidia-smi -q, topo -m / -p2p, numactl -H, lscpu, ...)
   summary.md       what a person reads first: environment, parts, recommendations, tables, plots
   plots/           PNGs the summary shows
@@ -43,6 +45,9 @@ THRESHOLDS = {
     "nccl_defaults_max_ratio": 1.03,
     # EAGLE-3 pays when its median decode tok/s at C1 beats speculation off by at least this factor
     "speculation_min_ratio": 1.02,
+    # another NCCL release is worth a rebuild when its per-call latency (8 and 2048 rows, default variant) is at
+    # least this much lower than the image's own
+    "nccl_release_max_ratio": 0.97,
     # the goal on the box
     "goal_tok_s": 140.0,
     "goal_verify_ms": 8.0,
@@ -81,6 +86,8 @@ def load(d: Path) -> dict:
     for part, key in (("doctor", "doctor"), ("test-gpu", "test_gpu"), ("bench-comm", "bench_comm")):
         f = d / RAW[part]
         out[key] = json.loads(f.read_text()) if f.is_file() and f.stat().st_size else None
+    out["bench_comm_alt"] = {f.stem.split("@", 1)[1]: json.loads(f.read_text())
+                             for f in sorted((d / "raw").glob("bench-comm@*.json")) if f.stat().st_size}
     files = sorted((d / RAW["bench"]).glob("*.jsonl")) if (d / RAW["bench"]).is_dir() else []
     out["bench"] = [r for f in files for r in load_results(f)]
     return out
@@ -172,6 +179,46 @@ def rec_nccl_defaults(bc: dict | None) -> dict:
                     measured, thr, "SGLANG_PCIE_NCCL_DEFAULTS=0")
 
 
+def alt_part_file(image: str) -> str:
+    """raw/ file of bench-comm run from another image (the NCCL-release axis)."""
+    return "raw/bench-comm@" + "".join(c if c.isalnum() or c in "._-" else "_" for c in image) + ".json"
+
+
+def _nccl_of(bc: dict) -> str:
+    """The NCCL a bench-comm run used: the loaded library (meta.nccl), else what older runs recorded per variant."""
+    meta = bc.get("meta", {})
+    n = meta.get("nccl")
+    if isinstance(n, dict) and (n.get("loaded") or n.get("torch_build")):
+        return n.get("loaded") or n["torch_build"]
+    per = meta.get("per_variant", {}).get("default", {})
+    return per.get("nccl_version") or "?"
+
+
+def rec_nccl_release(bc: dict | None, alts: dict[str, dict]) -> dict:
+    """The image's NCCL against the same bench-comm run from other images (other NCCL releases)."""
+    th = THRESHOLDS["nccl_release_max_ratio"]
+    name = "NCCL release the image runs (patches/pin.toml [nccl])"
+    thr = f"another release's per-call latency / the image's <= {th} at 8 and 2048 rows (NCCL, default variant)"
+    if not bc or not alts:
+        return _verdict(name, "inconclusive", "one NCCL measured: add another image (make image NCCL=<version>; "
+                                              "make report REPORT_ARGS='--nccl-image <tag>')",
+                        {"nccl": _nccl_of(bc) if bc else None}, thr)
+    mine = {n: _ar(bc, "nccl", n) for n in (8, 2048)}
+    table = {_nccl_of(bc): mine}
+    better = []
+    for image, alt in alts.items():
+        theirs = {n: _ar(alt, "nccl", n) for n in (8, 2048)}
+        table[f"{_nccl_of(alt)} ({image})"] = theirs
+        if all(mine[n] and theirs[n] and theirs[n] / mine[n] <= th for n in mine):
+            better.append((sum(theirs[n] / mine[n] for n in mine), image, _nccl_of(alt)))
+    measured = {"us_per_call_by_release": table}
+    if not better:
+        return _verdict(name, "keep", f"NCCL {_nccl_of(bc)} is as fast as the others measured", measured, thr)
+    _, image, version = min(better)
+    return _verdict(name, "change", f"NCCL {version} ({image}) is faster at both widths", measured, thr,
+                    f"make image NCCL={version} (and pin it in patches/pin.toml)")
+
+
 def bench_rows(records: list[dict]) -> list[dict]:
     """Per (scenario, variant): median decode tok/s, accept length, eager verify forwards, n."""
     out = []
@@ -238,7 +285,9 @@ def rec_speculation(records: list[dict]) -> list[dict]:
 
 def recommendations(data: dict) -> list[dict]:
     bc = data.get("bench_comm")
-    return [rec_pcie_ipc(bc), rec_fusion(bc), rec_nccl_defaults(bc), *rec_speculation(data.get("bench") or [])]
+    return [rec_pcie_ipc(bc), rec_fusion(bc), rec_nccl_defaults(bc), rec_nccl_release(bc, data.get("bench_comm_alt")
+                                                                                             or {}),
+            *rec_speculation(data.get("bench") or [])]
 
 
 def per_call_latencies(bc: dict, rows: int = VERIFY_ROWS_C1) -> dict[str, float]:

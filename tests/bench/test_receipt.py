@@ -98,3 +98,20 @@ def test_a_bad_receipt_is_named(tmp_path):
         receipt_data.open_receipt(tmp_path)
     cp = _receipt("--parts", "doctor,nonsense", "--dir", tmp_path / "x")
     assert cp.returncode == 2 and "unknown part(s) nonsense" in cp.stderr
+
+
+def test_the_nccl_release_axis_recommends_the_faster_release():
+    """bench-comm from a second image (make image NCCL=<v>): a release faster at both widths is recommended with
+    the command that builds it; one that is not leaves the pin as it is."""
+    mine = json.loads(BENCH_COMM.read_text())
+    assert receipt_data.rec_nccl_release(mine, {})["verdict"] == "inconclusive"
+    faster = json.loads(BENCH_COMM.read_text())
+    faster["meta"]["nccl"] = {"loaded": "2.29.7"}
+    for r in faster["records"]:
+        if r.get("kind") == "allreduce" and r.get("impl") == "nccl":
+            r["us_per_call"] *= 0.9
+    rec = receipt_data.rec_nccl_release(mine, {"sglang:nccl2.29.7": faster})
+    assert rec["verdict"] == "change" and rec["setting"].startswith("make image NCCL=2.29.7")
+    assert receipt_data.rec_nccl_release(faster, {"other": mine})["verdict"] == "keep"
+    assert receipt_data.alt_part_file("eagle/sglang:v0.5.23-nccl2.29.7") == \
+        "raw/bench-comm@eagle_sglang_v0.5.23-nccl2.29.7.json"
