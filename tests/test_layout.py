@@ -120,15 +120,19 @@ def test_hidden_size_defined_once():
     assert defs == ["scripts.bench.kimi"]
 
 
+# development-machine prefixes, spelled with character classes so this file does not name them itself
+OUTSIDE = re.compile(r"(?<![\w.])(/[w]ork/|/[h]ome/\w|\.\./[s]hared/|/[U]sers/)")
+
+
 def test_nothing_names_a_path_outside_the_repository():
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
-    docs_and_code = [f for f in tracked if re.search(r"(\.(py|md|toml|sh|in|txt|cfg|ini)|Makefile|Dockerfile|"
-                                                      r"entrypoint|\.ci/run)$", f)
-                     and not f.startswith("tests/fixtures/") and f != "tests/test_layout.py"]
+    docs_and_code = [f for f in tracked if re.search(r"(\.(py|md|toml|sh|in|txt|cfg|ini|json|log)|Makefile|"
+                                                      r"Dockerfile|entrypoint|\.ci/run)$", f)
+                     and not f.startswith("tests/fixtures/")]
     bad = []
     for f in docs_and_code:
         for n, line in enumerate((ROOT / f).read_text(errors="replace").splitlines(), 1):
-            if re.search(r"(?<![\w.])(/work/|/home/\w|\.\./shared/|/Users/)", line):
+            if OUTSIDE.search(line):
                 bad.append(f"{f}:{n}: {line.strip()[:100]}")
     assert not bad, "\n".join(bad)
 

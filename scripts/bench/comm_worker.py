@@ -17,6 +17,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from .kimi import ATTN_GEMMS, HIDDEN, MOE_GEMMS
+from .sglang_comm import Timer
 
 EPS = 1e-6
 
@@ -54,6 +55,7 @@ class RankSession:
         self.cpu = cfg["device"] == "cpu"
         self.dev = torch.device("cpu") if self.cpu else torch.device("cuda", rank)
         self.records: list[dict] = []
+        self.timer = Timer(cfg["device"])  # wall time of a launch, every rank lined up (sglang_comm: one timer)
         self.variant = cfg["variant"]
         self.fi = None
         self.fi_norm = None
@@ -99,30 +101,16 @@ class RankSession:
                 times.append(s.elapsed_time(e) * 1e3)
         return statistics.median(times)
 
-    def _median_wall_us(self, launch, reps: int) -> float:
-        """Median wall microseconds of launch() after one warm-up, all ranks lined up and synchronised around it."""
-        launch()
-        self.sync()
-        times = []
-        for _ in range(reps):
-            self.dist.barrier()
-            self.sync()
-            t0 = time.perf_counter()
-            launch()
-            self.sync()
-            times.append((time.perf_counter() - t0) * 1e6)
-        return statistics.median(times)
-
     def time_chain_eager(self, fn, reps: int) -> float:
         """Median wall microseconds of fn() launched eagerly (a whole chain)."""
-        return self._median_wall_us(fn, reps)
+        return self.timer.median_us(fn, reps)
 
     def capture(self, fn):
         """fn() captured once in a CUDA graph (after one eager warm-up on the current stream); None on CPU."""
         if self.cpu:
             return None
         if self.sc is not None:  # inside SGLang's graph_capture(), as the server captures
-            return self.sc.Timer("cuda").capture(fn)
+            return self.timer.capture(fn)
         torch = self.torch
         fn()
         self.sync()
@@ -137,7 +125,7 @@ class RankSession:
     def time_chain_graph(self, fn, reps: int):
         """Median microseconds of one replay of fn() captured in a CUDA graph; None on CPU."""
         g = self.capture(fn)
-        return None if g is None else self._median_wall_us(g.replay, reps)
+        return None if g is None else self.timer.median_us(g.replay, reps)
 
     def measure(self, one, many, chain: int, **base) -> tuple[float, float, float | None]:
         """One call (eager, synchronised), a chain eagerly and a chain graph-replayed: three records with `base`;

@@ -243,6 +243,7 @@ class Timer:
         return graph
 
     def median_us(self, launch, reps: int) -> float:
+        """Median wall microseconds of launch() after one warm-up, all ranks lined up and synchronised around it."""
         launch()
         self.sync()
         times = []

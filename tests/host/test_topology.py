@@ -10,57 +10,10 @@ from __future__ import annotations
 
 import pytest
 
+from _fake_nvml import FakeNvml
+
 from scripts.host import nvml as live
 from scripts.host.topology import pcie_only, visible_gpus
-
-
-class FakeNvml:
-    """The pynvml calls both readers make for `count` GPUs; `nvlink` holds the NVLink-joined index pairs. NVML index
-    i is the GPU on bus `buses[i]` (default: bus order), named `names[i]`, UUID GPU-<i>..."""
-
-    def __init__(self, monkeypatch, count=8, nvlink=(), pair_error=None, init_error=None, buses=None, names=None):
-        from types import SimpleNamespace
-
-        import pynvml
-
-        self.pynvml, self.count, self.pair_error, self.init_error = pynvml, count, pair_error, init_error
-        self.nvlink = {frozenset(p) for p in nvlink}
-        self.buses = buses or [f"00000000:{0x01 + 0x20 * i:02X}:00.0" for i in range(count)]
-        self.names = names or ["NVIDIA RTX PRO 6000 Blackwell Server Edition"] * count
-        self.nvmlDeviceGetPciInfo = lambda h: SimpleNamespace(busId=self.buses[h[1]].encode())
-        self.nvmlDeviceGetUUID = lambda h: f"GPU-{h[1]}{h[1]}{h[1]}-aaaa"
-        self.nvmlDeviceGetName = lambda h: self.names[h[1]]
-        for name in ("nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
-                     "nvmlDeviceGetP2PStatus", "nvmlSystemGetDriverVersion", "nvmlDeviceGetPciInfo",
-                     "nvmlDeviceGetUUID", "nvmlDeviceGetName"):
-            monkeypatch.setattr(pynvml, name, getattr(self, name))
-
-    def nvmlInit(self):
-        if self.init_error is not None:
-            raise self.pynvml.NVMLError(self.init_error)
-
-    def nvmlShutdown(self):
-        pass
-
-    def nvmlSystemGetDriverVersion(self):
-        return "580.95.05"
-
-    def nvmlDeviceGetCount(self):
-        return self.count
-
-    def nvmlDeviceGetHandleByIndex(self, i):
-        if not 0 <= i < self.count:
-            raise self.pynvml.NVMLError(self.pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return ("gpu", i)
-
-    def nvmlDeviceGetP2PStatus(self, a, b, index):
-        if index != self.pynvml.NVML_P2P_CAPS_INDEX_NVLINK:
-            return self.pynvml.NVML_P2P_STATUS_OK  # P2P read: fine everywhere
-        if self.pair_error is not None:
-            raise self.pynvml.NVMLError(self.pair_error)
-        if frozenset((a[1], b[1])) in self.nvlink:
-            return self.pynvml.NVML_P2P_STATUS_OK
-        return self.pynvml.NVML_P2P_STATUS_NOT_SUPPORTED
 
 
 def launcher_says(environ: dict) -> bool | None:
@@ -108,7 +61,7 @@ CASES = {
     "mixed-models-without-pci-order": (dict(names=["NVIDIA H200"] * 4 + ["NVIDIA H100"] * 4), {}, None),
     "mixed-models-in-pci-order": (dict(names=["NVIDIA H200"] * 4 + ["NVIDIA H100"] * 4),
                                   {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, True),
-    "nvml-order-is-not-pci-order": (dict(nvlink=[(6, 7)], buses=[f"00000000:{0xE1 - 0x20 * i:02X}:00.0"
+    "nvml-order-is-not-pci-order": (dict(nvlink=[(6, 7)], buses=[f"0000:{0xe1 - 0x20 * i:02x}:00.0"
                                                                 for i in range(8)]),
                                     {"CUDA_VISIBLE_DEVICES": "0,1"}, False),
     "one-gpu": (dict(count=1), {}, None),

@@ -21,6 +21,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from _fake_nvml import BUS, FakeNvml
 from _sgl import platform, server_args
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,71 +61,6 @@ def env_file_values() -> dict[str, str]:
     from scripts.host.pcie import read_defaults
 
     return read_defaults(Path(sglang.__file__).parent)
-
-
-# PCI bus ids of an 8-GPU two-socket box: GPUs 0-3 under socket 0, 4-7 under socket 1 (sysfs spelling).
-BUS = ["0000:01:00.0", "0000:21:00.0", "0000:41:00.0", "0000:61:00.0",
-       "0000:81:00.0", "0000:a1:00.0", "0000:c1:00.0", "0000:e1:00.0"]
-
-
-class FakeNvml:
-    """The pynvml calls SGLang makes, answering for `count` GPUs.
-
-    NVML index i is the GPU on PCI bus `buses[i]` (default: bus order), named `names[i]`, with UUID GPU-<i>...;
-    `nvlink` holds NVLink-joined NVML index pairs. `pairs` records which NVML index pairs were asked about.
-    """
-
-    def __init__(self, monkeypatch, count=8, nvlink=(), fail=None, pair_error=None, buses=None, names=None):
-        import pynvml
-
-        self.pynvml, self.count, self.fail, self.pair_error = pynvml, count, fail, pair_error
-        self.buses = list(buses or BUS[:count])
-        self.names = list(names or ["NVIDIA RTX PRO 6000 Blackwell Server Edition"] * count)
-        self.nvlink = {frozenset(p) for p in nvlink}
-        self.pairs: set[frozenset] = set()
-        self.inits = 0
-        for name in ("nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
-                     "nvmlDeviceGetP2PStatus", "nvmlDeviceGetPciInfo", "nvmlDeviceGetUUID", "nvmlDeviceGetName"):
-            monkeypatch.setattr(pynvml, name, getattr(self, name))
-
-    @staticmethod
-    def uuid(i: int) -> str:
-        return f"GPU-{i:x}{i:x}{i:x}{i:x}0e1f-2a3b-4c5d-6e7f-8091a2b3c4d{i:x}"
-
-    def nvmlInit(self):
-        self.inits += 1
-        if self.fail == "init":
-            raise self.pynvml.NVMLError(self.pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
-
-    def nvmlShutdown(self):
-        pass
-
-    def nvmlDeviceGetCount(self):
-        return self.count
-
-    def nvmlDeviceGetHandleByIndex(self, i):
-        if not 0 <= i < self.count:
-            raise self.pynvml.NVMLError(self.pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return ("gpu", i)
-
-    def nvmlDeviceGetPciInfo(self, handle):
-        domain, rest = self.buses[handle[1]].split(":", 1)
-        return SimpleNamespace(busId=f"0000{domain}:{rest}".upper().encode())  # NVML: 00000000:C1:00.0
-
-    def nvmlDeviceGetUUID(self, handle):
-        return self.uuid(handle[1])
-
-    def nvmlDeviceGetName(self, handle):
-        return self.names[handle[1]]
-
-    def nvmlDeviceGetP2PStatus(self, a, b, index):
-        assert index == self.pynvml.NVML_P2P_CAPS_INDEX_NVLINK
-        self.pairs.add(frozenset((a[1], b[1])))
-        if self.pair_error is not None:
-            raise self.pynvml.NVMLError(self.pair_error)
-        if frozenset((a[1], b[1])) in self.nvlink:
-            return self.pynvml.NVML_P2P_STATUS_OK
-        return self.pynvml.NVML_P2P_STATUS_NOT_SUPPORTED
 
 
 def all_pairs(indices) -> set:
@@ -321,7 +257,7 @@ def test_pcie_nccl_unknown_topology_changes_nothing_and_says_so(launch, kimi_tp8
 
     env = {}
     if failure == "init":
-        FakeNvml(monkeypatch, fail="init")
+        FakeNvml(monkeypatch, init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
     elif failure == "pair":
         FakeNvml(monkeypatch, pair_error=pynvml.NVML_ERROR_UNKNOWN)
     elif failure == "import":

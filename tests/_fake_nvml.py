@@ -1,0 +1,80 @@
+"""A faked pynvml for the tests that ask NVML about GPU topology: the patched launcher's probe
+(tests/patches/test_pcie_nccl.py) and the host's live reader (tests/host/test_topology.py) answer the same calls.
+
+Imported as `_fake_nvml` (tests/ is on sys.path through tests/conftest.py, as tests/gpu's `_harness` is).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+# PCI bus ids of an 8-GPU two-socket box: GPUs 0-3 under socket 0, 4-7 under socket 1 (sysfs spelling).
+BUS = ["0000:01:00.0", "0000:21:00.0", "0000:41:00.0", "0000:61:00.0",
+       "0000:81:00.0", "0000:a1:00.0", "0000:c1:00.0", "0000:e1:00.0"]
+
+
+class FakeNvml:
+    """The pynvml calls SGLang's launcher and the doctor make, answering for `count` GPUs.
+
+    NVML index i is the GPU on PCI bus `buses[i]` (sysfs spelling; default: bus order), named `names[i]`, with UUID
+    `uuid(i)`; `nvlink` holds NVLink-joined NVML index pairs. `init_error` / `pair_error`: the NVML error code
+    nvmlInit / the NVLink query raises. `pairs` records which index pairs were asked about NVLink, `inits` how often
+    NVML was initialised. P2P capabilities other than NVLink answer OK everywhere.
+    """
+
+    def __init__(self, monkeypatch, count=8, nvlink=(), init_error=None, pair_error=None, buses=None, names=None):
+        import pynvml
+
+        self.pynvml, self.count, self.init_error, self.pair_error = pynvml, count, init_error, pair_error
+        self.buses = list(buses or BUS[:count])
+        self.names = list(names or ["NVIDIA RTX PRO 6000 Blackwell Server Edition"] * count)
+        self.nvlink = {frozenset(p) for p in nvlink}
+        self.pairs: set[frozenset] = set()
+        self.inits = 0
+        for name in ("nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
+                     "nvmlDeviceGetP2PStatus", "nvmlSystemGetDriverVersion", "nvmlDeviceGetPciInfo",
+                     "nvmlDeviceGetUUID", "nvmlDeviceGetName"):
+            monkeypatch.setattr(pynvml, name, getattr(self, name))
+
+    @staticmethod
+    def uuid(i: int) -> str:
+        return f"GPU-{i:x}{i:x}{i:x}{i:x}0e1f-2a3b-4c5d-6e7f-8091a2b3c4d{i:x}"
+
+    def nvmlInit(self):
+        self.inits += 1
+        if self.init_error is not None:
+            raise self.pynvml.NVMLError(self.init_error)
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlSystemGetDriverVersion(self):
+        return "580.95.05"
+
+    def nvmlDeviceGetCount(self):
+        return self.count
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        if not 0 <= i < self.count:
+            raise self.pynvml.NVMLError(self.pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return ("gpu", i)
+
+    def nvmlDeviceGetPciInfo(self, handle):
+        domain, rest = self.buses[handle[1]].split(":", 1)
+        return SimpleNamespace(busId=f"0000{domain}:{rest}".upper().encode())  # NVML: 00000000:C1:00.0
+
+    def nvmlDeviceGetUUID(self, handle):
+        return self.uuid(handle[1])
+
+    def nvmlDeviceGetName(self, handle):
+        return self.names[handle[1]]
+
+    def nvmlDeviceGetP2PStatus(self, a, b, index):
+        if index != self.pynvml.NVML_P2P_CAPS_INDEX_NVLINK:
+            return self.pynvml.NVML_P2P_STATUS_OK  # P2P read: fine everywhere
+        self.pairs.add(frozenset((a[1], b[1])))
+        if self.pair_error is not None:
+            raise self.pynvml.NVMLError(self.pair_error)
+        if frozenset((a[1], b[1])) in self.nvlink:
+            return self.pynvml.NVML_P2P_STATUS_OK
+        return self.pynvml.NVML_P2P_STATUS_NOT_SUPPORTED
