@@ -403,7 +403,8 @@ def worker(rank: int, world: int, cfg: dict, out_path: str) -> None:
         if "verify" in steps:
             bench.verify_forward(cfg["verify_impls"])
         dist.barrier()
-        meta = {"nccl_version": ".".join(map(str, torch.cuda.nccl.version())) if not bench.cpu else None,
+        # torch's build-time NCCL; the library it loaded is the parent's meta.nccl (bench_comm.nccl_axis)
+        meta = {"nccl_torch_build": ".".join(map(str, torch.cuda.nccl.version())) if not bench.cpu else None,
                 "torch": torch.__version__, "flashinfer_reason": bench.fi_reason, "sglang_reason": bench.sc_reason}
         if sc is not None:
             meta["sglang"] = {**sc.versions(), "server_args": cfg["sglang"]}

@@ -115,7 +115,8 @@ def environment(d: Path, a: argparse.Namespace) -> dict:
     if bc:
         m = bc.get("meta", {})
         env["gpus"] = m.get("gpus") or m.get("gpu_name")
-        env["nccl"] = m.get("nccl") or {k: v.get("nccl_version") for k, v in (m.get("per_variant") or {}).items()}
+        env["nccl"] = m.get("nccl") or {"torch_build": {k: v.get("nccl_torch_build") or v.get("nccl_version")
+                                                        for k, v in (m.get("per_variant") or {}).items()}}
         env["topo_m"] = m.get("topo_m")
     if a.image and proc.which("docker"):
         res = proc.run(["docker", "image", "inspect", "--format", "{{.Id}} {{json .RepoDigests}}", a.image])

@@ -185,13 +185,14 @@ def alt_part_file(image: str) -> str:
 
 
 def _nccl_of(bc: dict) -> str:
-    """The NCCL a bench-comm run used: the loaded library (meta.nccl), else what older runs recorded per variant."""
+    """The NCCL a bench-comm run used: the loaded library (meta.nccl), else torch's build-time NCCL that runs
+    recorded per variant (older runs as nccl_version)."""
     meta = bc.get("meta", {})
     n = meta.get("nccl")
     if isinstance(n, dict) and (n.get("loaded") or n.get("torch_build")):
         return n.get("loaded") or n["torch_build"]
     per = meta.get("per_variant", {}).get("default", {})
-    return per.get("nccl_version") or "?"
+    return per.get("nccl_torch_build") or per.get("nccl_version") or "?"
 
 
 def rec_nccl_release(bc: dict | None, alts: dict[str, dict]) -> dict:

@@ -41,8 +41,7 @@ from ..lib.repo import REPO_ROOT, revision
 from . import route
 
 
-
-def visible_gpus() -> list[str]:
+def gpu_names() -> list[str]:
     """Names of the NVIDIA GPUs this process may use (nvidia-smi -L, narrowed by CUDA_VISIBLE_DEVICES)."""
     res = proc.run(["nvidia-smi", "-L"], timeout=30)
     if not res.ok:
@@ -128,7 +127,7 @@ def parse(argv):
 
 def main(argv=None) -> int:
     a = parse(argv)
-    names = visible_gpus()
+    names = gpu_names()
     if len(names) < 2:
         raise UserError(f"{len(names)} NVIDIA GPU(s) visible here (nvidia-smi -L): make test-gpu needs at least 2. "
                         "Run it on the GPU box (or from the image there: docker run --gpus all --ipc=host "
