@@ -31,8 +31,10 @@ export: setup    ## regenerate patches/ from the commits of build/sglang
 check-patches: setup  ## lint the series, apply to a pristine base, re-export, fail on any difference
 	$(VPY) -m scripts.series.check_patches
 
-refresh: setup   ## move to a new upstream: TO=v0.5.24 (or WHEEL=sglang==0.5.24 [WHEEL_FILE=f]) [WRITE=1] [RESUME=1]; SYNC=1: pin copies
-	$(VPY) -m scripts.series.refresh $(if $(TO),--tag $(TO)) $(if $(WHEEL),--wheel $(WHEEL)) $(if $(WHEEL_FILE),--wheel-file $(WHEEL_FILE)) $(if $(WRITE),--write) $(if $(RESUME),--resume) $(if $(SYNC),--sync)
+refresh: setup   ## new upstream: TO=v0.5.24 or WHEEL=sglang==0.5.24 [WHEEL_FILE=f]; WRITE=1; RESUME=1 [DROP=p]; SYNC=1
+	$(VPY) -m scripts.series.refresh $(if $(TO),--tag $(TO)) $(if $(WHEEL),--wheel $(WHEEL)) \
+	    $(if $(WHEEL_FILE),--wheel-file $(WHEEL_FILE)) $(if $(WRITE),--write) $(if $(RESUME),--resume) \
+	    $(foreach p,$(DROP),--drop $(p)) $(if $(SYNC),--sync)
 
 test: setup apply  ## the whole check: pytest against build/sglang, series round trip, Dockerfile lint, prove-tests
 	$(VPY) -m pytest $(PYTEST_ARGS)

@@ -75,8 +75,8 @@ def download_wheel(requirement: str, dest: Path, filename: str | None = None, qu
     return found[0] if len(found) == 1 else None
 
 
-def wheel_metadata(path: Path) -> str:
-    """What a wheel file says it is ("sglang 0.5.22", from its .dist-info/METADATA), or why it says nothing."""
+def wheel_release(path: Path) -> tuple[str, str] | str:
+    """(name, version) a wheel file says it is (its .dist-info/METADATA), or why it says nothing."""
     try:
         with zipfile.ZipFile(path) as z:
             meta = next((n for n in z.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")), None)
@@ -86,7 +86,13 @@ def wheel_metadata(path: Path) -> str:
     fields = dict(re.findall(r"^(Name|Version): *(.+?) *$", text.split("\n\n", 1)[0], re.M))
     if not fields.get("Version"):
         return "a zip file without wheel metadata (no .dist-info/METADATA with a Version)"
-    return f"{fields.get('Name', '?')} {fields['Version']}"
+    return fields.get("Name", "?"), fields["Version"]
+
+
+def wheel_metadata(path: Path) -> str:
+    """What a wheel file says it is ("sglang 0.5.22", from its .dist-info/METADATA), or why it says nothing."""
+    release = wheel_release(path)
+    return release if isinstance(release, str) else " ".join(release)
 
 
 def _pinned(requirement: str, filename: str, sha256: str) -> str:

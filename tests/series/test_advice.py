@@ -256,19 +256,56 @@ def test_refresh_advice_works_as_printed(tmp_path, base_cache, wheel_0523, wheel
             print(f"=== {case}\n{out.strip()}")
     problems = [f"{case}: {p}" for case, out in outputs.items() for p in advice_problems(out, "scripts.series.refresh")]
     assert not problems, "\n".join(problems)
-    # Follow the conflict's advice as printed: here the operator drops the conflicting patches instead of porting
-    # them, and writes from the tree.
+    # Follow the conflict's advice as printed, porting nothing: the resume refuses, naming every patch the tree
+    # lacks (issue 23 item 1: it used to delete them from patches/), and patches/ is untouched.
     resume = re.search(r"^  (python -m scripts\.series\.refresh .*--resume)$", cp.stdout, re.M)
     assert resume, cp.stdout
-    argv = resume.group(1).split()
-    done = subprocess.run([sys.executable, *argv[1:]], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "SGLANG_PATCHES_CACHE": str(base_cache)})
+    before = {f.name: f.read_bytes() for f in patches_copy.iterdir()}
+    env = {"SGLANG_PATCHES_CACHE": str(base_cache)}
+    refused = subprocess.run([sys.executable, *resume.group(1).split()[1:]], cwd=ROOT, capture_output=True,
+                             text=True, env={**os.environ, **env})
+    out = failed(refused, "refresh --resume")
+    skipped = [r.split()[0] for r in cp.stdout.splitlines() if r.endswith(")") and " conflict " in r]
+    assert skipped and all(name in out for name in skipped), out
+    assert f"{len(skipped)} patch(es) of the series are not in {dest}" in out, out
+    assert {f.name: f.read_bytes() for f in patches_copy.iterdir()} == before
+    assert not advice_problems(out, "scripts.series.refresh"), advice_problems(out, "scripts.series.refresh")
+    # Dropping them is the explicit act the refusal prints (--drop per patch); followed as printed, it writes.
+    drop = re.search(r"^  (python -m scripts\.series\.refresh .*--resume( --drop \S+)+)$", out, re.M)
+    assert drop, out
+    done = subprocess.run([sys.executable, *drop.group(1).split()[1:]], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, **env})
     assert done.returncode == 0, done.stderr
+    assert all(f"DROPPED {name}" in done.stderr for name in skipped), done.stderr
     kept = git.out(dest, "log", "--reverse", "--format=%s", "v0.5.22..HEAD").splitlines()
     moved = load_pin(patches_copy)
     assert (moved.tag, moved.wheel_sha256) == ("v0.5.22", sha256_file(wheel_0522))
-    assert [p.subject for p in series_patches(moved)] == kept and 0 < len(kept) < len(PATCHES)
+    assert [p.subject for p in series_patches(moved)] == kept and len(kept) == len(PATCHES) - len(skipped) > 0
     assert lint(patches_copy) == []
+
+
+def test_refresh_takes_the_release_from_the_wheels_metadata(tmp_path, wheel_0522):
+    """A wheel file is the release its METADATA says, whatever it is called or WHEEL= claims (issue 23 item 7)."""
+    renamed = tmp_path / "sglang-0.5.21-cp311-cp311-manylinux_2_34_x86_64.whl"
+    shutil.copy2(wheel_0522, renamed)
+    (tmp_path / "text.whl").write_text("not a zip")
+    outputs = {
+        "claimed release": failed(run("refresh", "--wheel", "sglang==0.5.21", "--wheel-file", wheel_0522), "refresh"),
+        "renamed file": failed(run("refresh", "--wheel", "sglang==0.5.21", "--wheel-file", renamed), "refresh"),
+        "other project": failed(run("refresh", "--wheel", "vllm==0.5.22", "--wheel-file", wheel_0522), "refresh"),
+        "not a wheel": failed(run("refresh", "--wheel-file", tmp_path / "text.whl"), "refresh"),
+    }
+    outputs["renamed, no WHEEL="] = failed(run("refresh", "--wheel-file", renamed), "refresh")
+    for case in ("claimed release", "other project"):
+        assert f"is sglang==0.5.22 (its METADATA), not {case == 'other project' and 'vllm' or 'sglang'}==0.5" \
+            in outputs[case], outputs[case]
+    assert f"make refresh WHEEL_FILE={wheel_0522}" in outputs["claimed release"]  # the fix: its real release
+    # A file renamed to another release is refused by its name too (the pin records the file name pip looks for).
+    for case in ("renamed file", "renamed, no WHEEL="):
+        assert "is sglang==0.5.22 (its METADATA), but its name does not say so" in outputs[case], outputs[case]
+    assert "not a readable wheel" in outputs["not a wheel"], outputs["not a wheel"]
+    problems = [f"{case}: {p}" for case, out in outputs.items() for p in advice_problems(out, "scripts.series.refresh")]
+    assert not problems, "\n".join(problems)
 
 
 def _truncated(d: Path, index: int) -> Path:
