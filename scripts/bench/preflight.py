@@ -138,10 +138,11 @@ def _weights(needs: list[Needs], hf_cache: Path) -> Check:
     repos = sorted({w for n in needs for w in n.weights})
     problems = [f"{r}: {why}" for r in repos if (why := weights_problem(r, hf_cache))]
     if problems:
-        fix = "; ".join(f"huggingface-cli download {r} --cache-dir {hf_cache / 'hub'}"
+        fix = "; ".join(f"hf download {r} --cache-dir {hf_cache / 'hub'}"
                         for r in repos if weights_problem(r, hf_cache))
         return Check("weights", False, "; ".join(problems) + " (each server would download them first)",
-                     f"{fix} (or pass --hf-cache DIR where they are)")
+                     f"{fix} (hf: huggingface_hub's CLI, pip install huggingface_hub; or pass --hf-cache DIR where "
+                     f"they are)")
     return Check("weights", True, f"{', '.join(repos) or 'none needed'} in {hf_cache}")
 
 

@@ -127,18 +127,15 @@ def parse(argv):
 
 def main(argv=None) -> int:
     a = parse(argv)
-    names = gpu_names()
-    if len(names) < 2:
-        raise UserError(f"{len(names)} NVIDIA GPU(s) visible here (nvidia-smi -L): make test-gpu needs at least 2. "
-                        "Run it on the GPU box (or from the image there: docker run --gpus all --ipc=host "
-                        "-v sglang-flashinfer:/root/.cache/flashinfer IMAGE test-gpu); `make test` is the CPU suite")
-    world = a.world or len(names)
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H%MZ")
-    out = a.out or route.results_dir() / f"test-gpu_{gpu_slug(names)}_x{world}_{stamp}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    results = a.out.parent if a.out else route.results_dir()  # first: a missing mount fails now
     info = {} if a.image is not None else route.probe_python(a.python)
     where = route.choose("test-gpu", route.describe(a.python, info), why_not_here(a.python, info), a.image, a.here)
     say(where.message)
+    names = gpu_names()  # the route saw >= 2 GPUs here (torch), or the image will: nvidia-smi names them
+    world = a.world or len(names) or info.get("gpus") or "all"
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H%MZ")
+    out = a.out or results / f"test-gpu_{gpu_slug(names)}_x{world}_{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"gpus": names, "revision": revision(short=True)[0], "started_at": stamp,
             "command": " ".join(["python3", "-m", "scripts.host.test_gpu", *(argv if argv is not None else sys.argv[1:])])}
     if where.where == "here":

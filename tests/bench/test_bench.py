@@ -17,6 +17,8 @@ import copy
 import importlib.util
 import json
 import math
+import re
+import shlex
 import os
 import subprocess
 import sys
@@ -659,8 +661,15 @@ def test_missing_weights_stop_the_run_naming_the_download(tmp_path, monkeypatch)
     with pytest.raises(UserError) as e:
         bench.main(["--results-dir", str(box["res"]), "--hf-cache", str(box["hf"]), "--variants", "patched-eagle3"])
     assert "1 of 1 weight shards missing" in str(e.value)
-    assert f"huggingface-cli download moonshotai/Kimi-K2.5 --cache-dir {box['hf'] / 'hub'}" in str(e.value)
+    assert f"hf download moonshotai/Kimi-K2.5 --cache-dir {box['hf'] / 'hub'}" in str(e.value)
     assert not box["res"].exists()
+    # The printed download runs as printed with the pinned huggingface_hub (offline here: it gets as far as asking
+    # the hub); `huggingface-cli download`, the fix printed before, exits 1 saying it no longer works.
+    for cmd in re.findall(r"hf download [^;(]+", str(e.value)):
+        argv = [str(Path(sys.executable).parent / "hf"), *shlex.split(cmd)[1:]]
+        cp = subprocess.run(argv, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        assert "offline mode is enabled" in cp.stdout + cp.stderr, cp.stdout + cp.stderr
 
 
 def test_engine_lost_mid_plan_stops_the_plan_without_empty_logs(tmp_path, monkeypatch):
