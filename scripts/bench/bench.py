@@ -44,6 +44,7 @@ import argparse
 import dataclasses
 import datetime as _dt
 import json
+import os
 import re
 import shlex
 import socket
@@ -56,6 +57,7 @@ from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.progress import say
 from ..lib.repo import revision
+from ..host.exposure import client_key
 from ..host.pcie import package_dir
 from . import config as cfg
 from . import preflight
@@ -64,7 +66,8 @@ from . import sweep
 from .client import bench_serving_cmd, check_bench_args, resolve_client, run_bench_serving
 from .launch import Server
 from .numbers import duration, num
-from .observe import Sampler, accept_length_from_metrics, internal_state, metrics_parser, take_snapshot, verify_delta
+from .observe import (Sampler, accept_length_from_metrics, internal_state, metrics_parser, take_snapshot, use_api_key,
+                      verify_delta)
 
 SCHEMA = "eagle-bench/1"
 EXIT_REGRESSION, EXIT_RUNS_FAILED = 1, 4
@@ -288,6 +291,9 @@ def parse(argv: list[str] | None):
     g.add_argument("--client-python", help="python that runs sglang.benchmark.serving (default: this one, then "
                                            ".venv, with build/sglang/python when it has no sglang)")
     g.add_argument("--bench-args", help="extra bench_serving arguments, one shell-quoted string")
+    g.add_argument("--api-key-file", metavar="FILE",
+                   help="file holding the servers' API key (else $SGLANG_API_KEY, as serve reads it); the harness "
+                        "and bench_serving send it")
     g.add_argument("--sample-interval", type=float, default=1.0, help="seconds between server stats samples")
     g.add_argument("--run-timeout", type=float, default=3600, help="seconds one bench_serving may take")
     g = ap.add_argument_group("results")
@@ -507,6 +513,19 @@ def run_plan(st: Session, servers: dict[str, Server], client: tuple, opts: RunOp
     return ""
 
 
+def send_api_key(key_file: str | None, client_env: dict[str, str], dry_run: bool) -> None:
+    """The servers' API key from where serve reads it ($SGLANG_API_KEY or --api-key-file), sent by the harness's
+    requests and by bench_serving (its $OPENAI_API_KEY, in its environment only: on no command line, in no log)."""
+    key, source = client_key(dict(os.environ), key_file)
+    use_api_key(key, source)
+    if not key:
+        return
+    if client_env.get("OPENAI_API_KEY") not in (None, key):
+        say(f"note: OPENAI_API_KEY is set here; bench_serving gets the servers' key from {source} instead")
+    client_env["OPENAI_API_KEY"] = key
+    announce([f"API key: from {source}, sent with every request (the harness's and bench_serving's)"], dry_run)
+
+
 def main(argv: list[str] | None = None) -> int:
     a, server_args = parse(argv)
     _, report_opts = options(a)
@@ -542,6 +561,7 @@ def main(argv: list[str] | None = None) -> int:
     client = resolve_client(a.client_python)
     if launch_mode and "HF_HOME" not in client[1] and a.hf_cache:
         client[1]["HF_HOME"] = vals["hf_cache"]  # the client's tokenizer from the cache the servers use
+    send_api_key(a.api_key_file, client[1], a.dry_run)
     check_scenarios(scenarios, a.scenarios_file, client, tokenizer, run_opts)
     needs = {n: preflight.variant_needs(srv) for n, srv in servers.items() if srv.kind != "server"}
     announce(preflight.plan_lines(plan, st.sessions, needs, a.results_dir), a.dry_run)

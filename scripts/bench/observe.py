@@ -38,10 +38,29 @@ PATCHES_LABEL = "io.eagle-fast-verify.patches"
 # HTTP
 
 
+@dataclasses.dataclass
+class ApiKey:
+    """The API key every request sends, as a bearer token (as bench_serving sends $OPENAI_API_KEY)."""
+
+    key: str = ""
+    source: str = ""  # where it came from: "$SGLANG_API_KEY", "the file F"
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"} if self.key else {}
+
+
+API_KEY = ApiKey()
+
+
+def use_api_key(key: str, source: str) -> None:
+    """Send `key` with every request from here on ('' sends none)."""
+    API_KEY.key, API_KEY.source = key, source
+
+
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
     """(status, body); status 0 when nothing answered."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=API_KEY.headers()), timeout=timeout) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read() if e.fp else b""

@@ -17,7 +17,8 @@ image themselves; --image names the image for those that take it):
               the NCCL-release axis
 Resumable: a part whose result exists is skipped (--redo PART runs it again); a failed part is recorded and the
 next one still runs. Then: receipt.json (parts, environment, recommendations with the thresholds used,
-scripts/bench/receipt_data.py), summary.md with plots, and DIR.tar.gz - the file to attach to an issue; `make docs
+scripts/bench/receipt_data.py), summary.md with plots, and DIR.tar.gz - the file to attach to an issue, without the
+host name, paths and raw tool outputs that identify the machine (scripts/bench/share.py); `make docs
 RECEIPT=DIR.tar.gz` puts its numbers into eagle-fast-verify.md. DIR defaults to bench/receipts/<box>_<UTC date>.
 
 Exit status: 0 every part done; 1 a part failed (the receipt says which and why); 2 a usage problem.
@@ -31,7 +32,6 @@ import json
 import platform
 import shutil
 import sys
-import tarfile
 import time
 from pathlib import Path
 
@@ -44,6 +44,7 @@ from ..series.patchfile import series_patches
 from ..series.pin import load_pin
 from ..series.record import patchset_id
 from . import receipt_data as rd
+from . import share
 from .numbers import duration
 
 RECEIPTS = REPO_ROOT / "bench" / "receipts"
@@ -101,7 +102,7 @@ def run_part(part: str, d: Path, a: argparse.Namespace) -> dict:
 def environment(d: Path, a: argparse.Namespace) -> dict:
     """What ran: host, git revision, patch set, pin, driver / GPUs / topology / NUMA from the doctor, NCCL from
     bench-comm, the image digest."""
-    env: dict = {"host": platform.node(), "git_rev": revision(short=True)[0], "box": a.box}
+    env: dict = {"git_rev": revision(short=True)[0], "box": a.box}
     try:
         pin = load_pin()
         env["pin"] = {"sglang": pin.version, "image": f"{pin.image_name}:{pin.image_tag}@{pin.image_digest}"}
@@ -178,9 +179,9 @@ def write(d: Path, parts: dict, env: dict) -> Path:
     plots = rd.plots(data, d / "plots")
     (d / "summary.md").write_text(rd.summary_markdown(data | {"receipt": meta}, plots))
     tarball = d.with_name(d.name + ".tar.gz")
-    with tarfile.open(tarball, "w:gz") as tar:
-        tar.add(d, arcname=d.name)
-    say(f"receipt: {d}/summary.md; attach {tarball} to an issue (make docs RECEIPT={tarball} ingests it)")
+    left_out = share.pack(d, tarball)  # without what names the machine (scripts/bench/share.py)
+    say(f"receipt: {d}/summary.md; attach {tarball} to an issue (make docs RECEIPT={tarball} ingests it); it leaves "
+        f"out host name, paths and {len(left_out)} raw tool output(s) that stay in {d}")
     for r in meta["recommendations"]:
         say(f"  {r['verdict']:<12} {r['default']}: {r['why']}" + (f" -> {r['setting']}" if r["setting"] else ""))
     return tarball

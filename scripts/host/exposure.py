@@ -99,22 +99,48 @@ def decide(host: str, environ: dict[str, str], key_file: str | None = None, cli_
     return out
 
 
+def client_key(environ: dict[str, str], key_file: str | None = None) -> tuple[str, str]:
+    """(key, where it came from) for a client of the server (make bench), from the sources serve reads:
+    $SGLANG_API_KEY or a file (--api-key-file); ('', '') when neither is set. The same UserErrors as serve for a
+    source that is set but unusable."""
+    listen = decide(SGLANG_DEFAULT_HOST, environ, key_file)
+    kind, _, ref = listen.key_spec.partition(":")
+    if kind == "env":
+        return environ[ref].strip(), listen.key_from
+    if kind == "file":
+        return Path(ref).read_text().strip(), listen.key_from
+    return "", ""
+
+
 def key_argv(python: str, key_spec: str, sglang_args: list[str]) -> list[str]:
     """The command that starts sglang with the key added inside the process (see KEY_SHIM)."""
     return [python, "-c", KEY_SHIM, key_spec, *sglang_args]
 
 
-def redacted(argv: list[str]) -> list[str]:
-    """argv with the value of every --api-key / --admin-api-key replaced (for printing)."""
+KEY_DESTS = ("api_key", "admin_api_key")
+
+
+def is_key_flag(name: str, dest=None) -> bool:
+    """Does option `name` set a key? By its dest where the parser says (dest: sglang's, e.g. serve's FlagIndex.dest,
+    which resolves the prefixes argparse accepts: --api-k is --api-key); else any prefix of a key flag."""
+    if not name.startswith("--") or name == "--":
+        return False
+    if dest is not None:
+        return dest(name) in KEY_DESTS
+    return len(name) > 3 and any(f.startswith(name) for f in KEY_FLAGS)
+
+
+def redacted(argv: list[str], dest=None) -> list[str]:
+    """argv with the value of every option that sets --api-key / --admin-api-key replaced (for printing)."""
     out, hide = [], False
     for t in argv:
         name = t.split("=", 1)[0]
         if hide:
             out.append("<redacted>")
             hide = False
-        elif name in KEY_FLAGS and "=" in t:
+        elif "=" in t and is_key_flag(name, dest):
             out.append(f"{name}=<redacted>")
         else:
             out.append(t)
-            hide = t in KEY_FLAGS
+            hide = "=" not in t and is_key_flag(t, dest)
     return out

@@ -501,6 +501,46 @@ def test_harness_end_to_end_against_standin_servers(standins, tmp_path):
     assert all(math.isfinite(e["output_tok_s"]) for e in base["entries"])
 
 
+def test_a_keyed_server_is_benchmarked_with_the_key_serve_reads(tmp_path):
+    """A server started with an API key (SGLang's own auth rule in the stand-in): without the key the harness says
+    401 and how to give it; with $SGLANG_API_KEY or --api-key-file (serve's sources) it and bench_serving send it,
+    and the key is in no printed line, log or result (issue 23 item 8)."""
+    key = "k3y-" + "5ecret" * 4
+    server = standin_server.ServerThread("patched", api_key=key).start()
+    scen = tmp_path / "scenarios.toml"
+    scen.write_text('[defaults]\ninput_len = 16\noutput_len = 8\n'
+                    '[[scenario]]\nname = "C1"\nmax_concurrency = 1\nnum_prompts = 2\n')
+
+    def bench_it(res: Path, *extra, **env) -> subprocess.CompletedProcess:
+        e = {k: v for k, v in client_env().items() if k not in ("SGLANG_API_KEY", "OPENAI_API_KEY")}
+        return subprocess.run([sys.executable, "-m", "scripts.bench.bench", "--server-url", f"keyed={server.url}",
+                               "--scenarios-file", str(scen), "--repeats", "1", "--results-dir", str(res),
+                               "--box", "test-box", "--tokenizer", str(TOKENIZER), "--sample-interval", "0.05",
+                               *extra], cwd=ROOT, env={**e, **env}, capture_output=True, text=True, timeout=300)
+    try:
+        no_key = bench_it(tmp_path / "none")
+        assert no_key.returncode == 4, no_key.stderr[-3000:]
+        assert "401 Unauthorized from " in no_key.stderr and "the server wants an API key" in no_key.stderr
+        assert "export SGLANG_API_KEY=<its key>, or pass --api-key-file FILE" in no_key.stderr
+        assert "no SGLang server answers" not in no_key.stderr
+        by_env = bench_it(tmp_path / "env", SGLANG_API_KEY=key, OPENAI_API_KEY="someone-elses")
+        assert by_env.returncode == 0, by_env.stderr[-3000:]
+        assert "API key: from $SGLANG_API_KEY" in by_env.stderr and "OPENAI_API_KEY is set here" in by_env.stderr
+        key_file = tmp_path / "key"
+        key_file.write_text(key + "\n")
+        by_file = bench_it(tmp_path / "file", "--api-key-file", str(key_file))
+        assert by_file.returncode == 0, by_file.stderr[-3000:]
+        assert f"API key: from the file {key_file}" in by_file.stderr
+    finally:
+        server.stop()
+    recs = [json.loads(ln) for f in (tmp_path / "env").glob("*.jsonl") for ln in f.read_text().splitlines()]
+    assert len(recs) == 1 and recs[0]["completed"] == 2 and recs[0]["eagle"]["decode_tok_s"] > 0
+    for cp in (no_key, by_env, by_file):
+        assert key not in cp.stdout + cp.stderr
+    for f in tmp_path.rglob("*"):
+        assert not f.is_file() or f == key_file or key not in f.read_text(errors="replace"), f
+
+
 # -------------------------------------------------------------------------------------------------------------
 # inputs judged by bench_serving itself before any server starts
 

@@ -5,6 +5,7 @@ a failed part, and a bad tarball."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -115,3 +116,44 @@ def test_the_nccl_release_axis_recommends_the_faster_release():
     assert receipt_data.rec_nccl_release(faster, {"other": mine})["verdict"] == "keep"
     assert receipt_data.alt_part_file("eagle/sglang:v0.5.23-nccl2.29.7") == \
         "raw/bench-comm@eagle_sglang_v0.5.23-nccl2.29.7.json"
+
+
+def test_the_tarball_to_attach_leaves_out_what_names_the_machine(tmp_path):
+    """The receipt directory keeps every raw output; its tarball keeps what the recommendations and make docs read,
+    without the host name, this checkout's and the home directory's paths, GPU serials, the kernel command line
+    (its IOMMU parameters are in the doctor's facts) or df (issue 23 item 8)."""
+    import platform
+
+    d, capture = tmp_path / "box_1", ROOT / "tests" / "fixtures" / "doctor" / "pcie8x"  # what --record writes
+    shutil.copytree(capture, d / "env" / "tools")
+    doctor = tmp_path / "doctor.json"
+    with open(doctor, "w") as out:
+        cp = subprocess.run([sys.executable, "-m", "scripts.host.doctor", "--json", "--replay", capture], cwd=ROOT,
+                            stdout=out, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert cp.returncode in (0, 1), cp.stderr
+    bc = json.loads(BENCH_COMM.read_text())
+    bc["meta"].update(host=platform.node(), command=f"{sys.executable} -m scripts.bench.bench_comm --out "
+                                                   f"{ROOT}/bench/results/x.json ({Path.home()}/.cache)")
+    (tmp_path / "bc.json").write_text(json.dumps(bc))
+    cp = _receipt("--assemble", d, "--doctor", doctor, "--bench-comm", tmp_path / "bc.json", "--box", "box")
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    assert (d / "env" / "tools" / "proc-cmdline").is_file() and (d / "env" / "tools" / "nvidia-smi-q.xml").is_file()
+    assert "stay in" in cp.stderr
+    with tarfile.open(d.with_name("box_1.tar.gz")) as tar:
+        names = tar.getnames()
+        texts = {n: tar.extractfile(n).read().decode("utf-8", "replace") for n in names if not n.endswith(".png")}
+    tools = {Path(n).name for n in names if "/env/tools/" in n}
+    assert tools and "topo-m.txt" in tools and "query-gpu.csv" in tools
+    assert not tools & {"proc-cmdline", "nvidia-smi-q.xml", "df.txt", "sglang-path", "model-present"}
+    for n, text in texts.items():
+        for private in (str(ROOT), str(Path.home()), platform.node()):
+            assert not re.search(rf"(?<![\w.-]){re.escape(private)}(?![\w-])", text), (n, private)
+    shared = json.loads(texts["box_1/raw/doctor.json"])
+    assert shared["facts"]["cmdline_iommu"] == ["iommu=off", "pcie_port_pm=off"]  # what the checks read
+    receipt = json.loads(texts["box_1/receipt.json"])
+    assert "host" not in receipt["environment"] and receipt["recommendations"]
+    assert "<repo>/bench/results/x.json" in texts["box_1/raw/bench-comm.json"]
+    doc = tmp_path / "plan.md"  # make docs still reads it
+    shutil.copyfile(ROOT / "eagle-fast-verify.md", doc)
+    assert cost_model.main(["--write", "--doc", str(doc), "--receipt", str(d.with_name("box_1.tar.gz"))]) == 0
+    assert "Receipt `box_1.tar.gz` (box box" in doc.read_text()

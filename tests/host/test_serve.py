@@ -389,6 +389,12 @@ def test_a_key_given_to_sglang_by_hand_wins_and_is_never_printed(index):
     assert "the command line" in plan.listen.line
     shown = serve.render(plan) + json.dumps(serve.as_json(plan))
     assert KEY not in shown and "--api-key '<redacted>'" in shown
+    # argparse takes a unique prefix of a flag: sglang reads --api-k as --api-key, and so does the redaction
+    # (by the flag's dest in sglang's parser, not by its spelling)
+    for extra in (["--api-k", KEY], ["--api-ke=" + KEY], ["--admin-api", KEY]):
+        plan = _plan(index, extra=["--host", "0.0.0.0", *extra], environ={"SGLANG_API_KEY": "other"})
+        shown = serve.render(plan) + json.dumps(serve.as_json(plan))
+        assert KEY in plan.argv[-1] and KEY not in shown and "<redacted>" in shown, extra
 
 
 def test_loopback_with_a_key_uses_it(index):
