@@ -382,6 +382,15 @@ def check_scenarios(scenarios: list[cfg.Scenario], path: Path, client: tuple, to
     cmds = {s.name: bench_serving_cmd("PY", "http://127.0.0.1:30000", s.bench_args(), Path("OUT.jsonl"), s.name,
                                       tokenizer, opts.client_model, opts.bench_args)[3:] for s in scenarios}
     refused = check_bench_args(client, cmds)
+    downloads = {n: said for n, (_, said) in refused.items() if said.startswith("downloads ")}
+    offline = preflight.hub_offline() if downloads else ""
+    for n, said in downloads.items():
+        del refused[n]
+        if offline:
+            refused[n] = ("", f"its dataset {said} when it runs, and this box cannot ({offline}): the run would "
+                              f"fail after the servers loaded")
+        else:
+            say(f"note: scenario {n}: its dataset {said} when it runs (the Hub answers here)")
     if not refused:
         return
     lines = []
@@ -389,6 +398,11 @@ def check_scenarios(scenarios: list[cfg.Scenario], path: Path, client: tuple, to
         if s.name not in refused:
             continue
         flag, said = refused[s.name]
+        if s.name in downloads:
+            lines.append(f"scenario {s.name}: {said}\n    Fix: download it where the Hub answers and pass it with "
+                         f"extra_args = [\"--dataset-path\", \"FILE\"] in [[scenario]] {s.name}, or set dataset_name "
+                         f"= \"random-ids\" (prompts made here)")
+            continue
         key = cfg.SCENARIO_FLAGS.get(flag)
         if key:
             fix = f"set {key} in [[scenario]] {s.name} (or [defaults]) to a value bench_serving's {flag} takes"
@@ -564,6 +578,10 @@ def main(argv: list[str] | None = None) -> int:
     send_api_key(a.api_key_file, client[1], a.dry_run)
     check_scenarios(scenarios, a.scenarios_file, client, tokenizer, run_opts)
     needs = {n: preflight.variant_needs(srv) for n, srv in servers.items() if srv.kind != "server"}
+    too_many = preflight.concurrency_problems(scenarios, needs)
+    if too_many:
+        raise UserError(f"{a.scenarios_file}: {len(too_many)} scenario(s) would not measure what they say:\n  "
+                        + "\n  ".join(too_many))
     announce(preflight.plan_lines(plan, st.sessions, needs, a.results_dir), a.dry_run)
     if a.dry_run:
         print_dry_run(plan, st.sessions, servers, st.results, tokenizer, run_opts)

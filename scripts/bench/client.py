@@ -78,25 +78,71 @@ def resolve_client(python: str | None) -> tuple[str, dict[str, str], str]:
 # Runs in the client's interpreter: bench_serving's own cli_main() parses each argument list with its own parser
 # and its own post-parse checks (run_benchmark replaced, so nothing runs), then the dataset it names is built from
 # the parsed arguments as bench_serving builds it, and its random lengths are drawn with bench_serving's own
-# compute_random_lens (which refuses a range ratio that leaves no length to draw). No rule is copied here.
+# compute_random_lens (which refuses a range ratio that leaves no length to draw). Then the dataset is loaded with
+# bench_serving's download helpers replaced by ones that only look in the local caches: a dataset that would
+# download is named ({"downloads": what}); a failure for any other reason (no tokenizer here) is not its business.
+# No rule is copied here.
 CHECK_CODE = r"""
-import contextlib, io, json, sys, warnings
+import contextlib, io, json, os, sys, warnings
 warnings.simplefilter("ignore")
 import sglang.benchmark.serving as bs
 
 class Accepted(Exception):
     pass
 
+class Downloads(Exception):
+    pass
+
 def capture(args):
     raise Accepted(args)
+
+def hf_file(repo_id, filename, repo_type="dataset"):
+    from huggingface_hub import hf_hub_download
+    try:
+        return hf_hub_download(repo_id=repo_id, filename=filename, repo_type=repo_type, local_files_only=True)
+    except Exception:
+        raise Downloads(f"{repo_id}/{filename} from the Hugging Face Hub")
+
+def url_file(url, filename=None):
+    path = filename or os.path.join("/tmp", url.split("/")[-1])
+    if os.path.isfile(path):
+        return path
+    raise Downloads(url)
+
+def hub_dataset(name, *args, **kwargs):
+    raise Downloads(f"the dataset {name} from the Hugging Face Hub")
+
+def would_download(ds):
+    for mod in [m for n, m in list(sys.modules.items()) if n.startswith("sglang.benchmark") or n == "datasets"]:
+        for attr, fn in (("download_and_cache_hf_file", hf_file), ("download_and_cache_file", url_file),
+                         ("load_dataset", hub_dataset)):
+            if hasattr(mod, attr):
+                setattr(mod, attr, fn)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            ds.load(tokenizer=None, model_id=None)
+    except Downloads as e:
+        return str(e)
+    except Exception:
+        return None
+    return None
 
 def lengths(args):
     try:
         from sglang.benchmark.datasets import DATASET_MAPPING
         from sglang.benchmark.datasets.common import compute_random_lens
-        ds = DATASET_MAPPING[args.dataset_name].from_args(args)
+        cls = DATASET_MAPPING[args.dataset_name]
     except Exception:
         return None
+    try:
+        ds = cls.from_args(args)
+    except Exception as e:
+        said = str(e) or "an assertion in its from_args"
+        return ("", f"its dataset {args.dataset_name} ({cls.__name__}) refuses the arguments: "
+                    f"{type(e).__name__}: {said}")
+    downloads = would_download(ds)
+    if downloads:
+        return {"downloads": downloads}
     for what in ("input_len", "output_len"):
         if hasattr(ds, what) and hasattr(ds, "range_ratio"):
             try:
@@ -126,8 +172,9 @@ print(json.dumps(out))
 
 
 def check_bench_args(client: tuple[str, dict, str], commands: dict[str, list[str]]) -> dict[str, tuple[str, str]]:
-    """label -> (the flag at fault or '', what bench_serving says) for every command it would refuse; each command
-    is a bench_serving argument list (no interpreter, no module). Nothing is sent anywhere."""
+    """label -> (the flag at fault or '', what bench_serving says) for every command it would refuse, and
+    ("--dataset-name", "downloads WHAT") for one whose dataset is not on this machine; each command is a
+    bench_serving argument list (no interpreter, no module). Nothing is sent anywhere."""
     py, env, note = client
     res = proc.run([py, "-c", CHECK_CODE], env=env, input=json.dumps(commands), timeout=300)
     if not res.ok:
@@ -136,7 +183,9 @@ def check_bench_args(client: tuple[str, dict, str], commands: dict[str, list[str
     verdicts = json.loads(res.stdout.strip().splitlines()[-1])
     out = {}
     for label, v in verdicts.items():
-        if v:
+        if isinstance(v, dict):
+            out[label] = ("--dataset-name", f"downloads {v['downloads']}")
+        elif v:
             flag, said = v
             named = re.search(r"--[a-z0-9][a-z0-9-]*", said)
             out[label] = (flag or (named.group(0) if named else ""), said.split(": error: ", 1)[-1])

@@ -14,9 +14,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import shutil
 import statistics
 import tomllib
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from ..host.engine import engine, image_id
@@ -48,6 +51,8 @@ class Needs:
     image: str = ""
     gpus: int = 0  # 0: not known (not a serve command, or its profile is not readable here)
     weights: tuple[str, ...] = ()
+    max_running: int = 0  # the server's max-running-requests (0: not set, SGLang picks)
+    profile: str = ""
     note: str = ""
 
 
@@ -88,12 +93,31 @@ def variant_needs(server) -> Needs:
     args, defaults = prof.get("args", {}), prof.get("defaults", {})
     tp = _value(extra, TP_FLAGS) or args.get("tp-size") or args.get("tensor-parallel-size") or 1
     needs.gpus = int(tp)
+    needs.profile = path.stem
+    needs.max_running = int(_value(extra, ("--max-running-requests",)) or args.get("max-running-requests") or 0)
     model = _value(extra, MODEL_FLAGS) or _value(own, ("--model",)) or defaults.get("model")
     draft = None
     if "speculative-algorithm" in args or _value(extra, ("--speculative-algorithm",)):
         draft = _value(extra, DRAFT_FLAGS) or _value(own, ("--draft-model",)) or defaults.get("draft_model")
     needs.weights = tuple(w for w in (model, draft) if w)
     return needs
+
+
+def concurrency_problems(scenarios: list[cfg.Scenario], needs: dict[str, Needs]) -> list[str]:
+    """Scenarios that ask for more concurrent requests than a launched server runs at once (its profile's
+    max-running-requests, or one given after --): the rest would queue, and the run would not measure that
+    concurrency."""
+    out = []
+    for s in scenarios:
+        low = sorted((n.max_running, n.variant, n.profile) for n in needs.values() if 0 < n.max_running <
+                     s.max_concurrency)
+        if low:
+            cap, variant, profile = low[0]
+            out.append(f"scenario {s.name}: max_concurrency {s.max_concurrency} is above max-running-requests "
+                       f"{cap} of {variant} (profile {profile}): the server would run {cap} at a time and queue the "
+                       f"rest. Fix: max_concurrency <= {cap} in [[scenario]] {s.name}, or raise the servers' limit "
+                       f"(make bench BENCH_ARGS=\"... -- --max-running-requests {s.max_concurrency}\")")
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -106,6 +130,22 @@ class Check:
     ok: bool
     detail: str
     fix: str = ""
+
+
+HUB_URL = "https://huggingface.co"
+
+
+def hub_offline(timeout: float = 5.0) -> str:
+    """'' when the Hugging Face Hub answers here; else why not ($HF_HUB_OFFLINE, or the request's failure)."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return f"HF_HUB_OFFLINE={os.environ['HF_HUB_OFFLINE']} is set"
+    try:
+        urllib.request.urlopen(urllib.request.Request(HUB_URL, method="HEAD"), timeout=timeout).close()
+        return ""
+    except urllib.error.HTTPError:
+        return ""  # it answered
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        return f"{HUB_URL} does not answer: {getattr(e, 'reason', e)}"
 
 
 def gpu_count() -> tuple[int | None, str]:

@@ -576,6 +576,17 @@ name = "flag"
 max_concurrency = 2
 num_prompts = 8
 extra_args = ["--no-such-flag"]
+[[scenario]]
+name = "download"
+max_concurrency = 2
+num_prompts = 8
+dataset_name = "sharegpt"
+tokenize_prompt = false
+[[scenario]]
+name = "tokenized"
+max_concurrency = 2
+num_prompts = 8
+dataset_name = "sharegpt"
 """
 
 
@@ -591,15 +602,22 @@ def test_scenario_values_are_judged_by_bench_serving_before_any_server(tmp_path,
     base = ["--server-url", "http://127.0.0.1:9", "--scenarios-file", str(scen), "--tokenizer", str(TOKENIZER),
             "--results-dir", str(res), "--dry-run"]
     with pytest.raises(UserError) as e:
-        bench.main(base + ["--scenarios", "ok,fast,seed,ratio,dataset,flag"])
+        bench.main(base + ["--scenarios", "ok,fast,seed,ratio,dataset,flag,download,tokenized"])
     msg = str(e.value)
-    assert "5 scenario(s) would fail only after the servers loaded" in msg
+    assert "7 scenario(s) would fail only after the servers loaded" in msg
     assert "scenario fast: bench_serving refuses it: argument --request-rate: invalid float value: 'fast'" in msg
     assert "set request_rate in [[scenario]] fast (or [defaults])" in msg
     assert "argument --seed: invalid int value: '1.5'" in msg and "set seed in [[scenario]] seed" in msg
     assert "compute_random_lens" in msg and "set range_ratio in [[scenario]] ratio" in msg
     assert "argument --dataset-name: invalid choice: 'randm'" in msg and "'random-ids'" in msg
     assert "unrecognized arguments: --no-such-flag" in msg and "extra_args of [[scenario]] flag" in msg
+    # sharegpt is fetched from the Hub when the run starts (bench_serving's own loader, asked here with its
+    # download helpers limited to the local caches), and this box is offline (issue 23 item 9)
+    assert ("scenario download: its dataset downloads anon8231489123/ShareGPT_Vicuna_unfiltered/"
+            "ShareGPT_V3_unfiltered_cleaned_split.json from the Hugging Face Hub when it runs, and this box cannot "
+            "(HF_HUB_OFFLINE=1 is set)") in msg
+    assert 'extra_args = ["--dataset-path", "FILE"] in [[scenario]] download' in msg
+    assert "scenario tokenized: bench_serving refuses it: its dataset sharegpt (ShareGPTDataset) refuses" in msg
     assert "scenario ok:" not in msg and not res.exists()
     with pytest.raises(UserError, match="fix or remove --nope in --bench-args"):
         bench.main(base + ["--scenarios", "ok", "--bench-args", "--nope 1"])
@@ -693,6 +711,24 @@ def test_dry_run_prints_the_plan_its_cost_and_every_check(tmp_path, monkeypatch,
     with pytest.raises(UserError, match="make bench cannot start: 2 GPU"):  # a real run stops there
         bench.main(["--results-dir", str(box["res"]), "--hf-cache", str(box["hf"])])
     assert "run" not in docker_calls(box) and not box["res"].exists()
+
+
+def test_concurrency_above_the_servers_limit_stops_the_dry_run(tmp_path, monkeypatch):
+    """max_concurrency 1000 against the profile's max-running-requests 16: refused before any load, in the dry run
+    too, naming both ways out; a limit raised after -- is the one that counts (issue 23 item 9)."""
+    box = fake_box(tmp_path, monkeypatch)
+    scen = tmp_path / "scenarios.toml"
+    scen.write_text('[defaults]\ninput_len = 32\noutput_len = 48\n'
+                    '[[scenario]]\nname = "C1000"\nmax_concurrency = 1000\nnum_prompts = 1000\n')
+    args = ["--results-dir", str(box["res"]), "--hf-cache", str(box["hf"]), "--scenarios-file", str(scen),
+            "--tokenizer", str(TOKENIZER), "--dry-run"]
+    with pytest.raises(UserError) as e:
+        bench.main(args)
+    msg = str(e.value)
+    assert "scenario C1000: max_concurrency 1000 is above max-running-requests 16 of " in msg
+    assert "(profile kimi-k25-eagle3-tp8)" in msg and "max_concurrency <= 16 in [[scenario]] C1000" in msg
+    assert docker_calls(box) == [] and not box["res"].exists()
+    assert bench.main(args + ["--", "--max-running-requests", "1000"]) == 0
 
 
 def test_missing_weights_stop_the_run_naming_the_download(tmp_path, monkeypatch):
