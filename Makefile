@@ -3,6 +3,9 @@
 PY        ?= python3
 VENV      ?= .venv
 VPY       := $(VENV)/bin/python
+# make bench / bench-sweep / report: .venv's python when it exists (it has prometheus_client and SGLang's client
+# requirements), else PY; bench_serving itself runs from .venv, PY or the serving image (scripts/bench/client.py)
+BPY       := $(if $(wildcard $(VPY)),$(VPY),$(PY))
 SGLANG_SRC ?=
 SGLANG_BASE ?= auto
 PYTEST_ARGS ?=
@@ -58,16 +61,16 @@ doctor:          ## preflight of this box (GPUs, NVLink/P2P, NUMA, driver, NCCL,
 	$(PY) -m scripts.host.doctor
 
 bench:           ## A/B regression benchmarks on the 8-GPU box (BENCH_ARGS="--variants ... --scenarios C1")
-	$(PY) -m scripts.bench.bench $(BENCH_ARGS)
+	$(BPY) -m scripts.bench.bench $(BENCH_ARGS)
 
 bench-sweep:     ## drafters x speculative settings (bench/sweep.toml), each checked against SGLang's rules first
-	$(PY) -m scripts.bench.bench --sweep $(BENCH_ARGS)
+	$(BPY) -m scripts.bench.bench --sweep $(BENCH_ARGS)
 
 bench-comm:      ## all-reduce / verify-shaped communication benchmark on >= 2 GPUs (here, or in the image IMAGE)
 	$(PY) -m scripts.bench.bench_comm $(if $(IMAGE),--image $(IMAGE)) $(BENCH_ARGS)
 
 report:          ## the box receipt: doctor, test-gpu, bench-comm, bench -> bench/receipts/<box>_<date>/ + .tar.gz (resumable; REPORT_ARGS)
-	$(PY) -m scripts.bench.receipt $(REPORT_ARGS)
+	$(BPY) -m scripts.bench.receipt $(REPORT_ARGS)
 
 docs:            ## regenerate eagle-fast-verify.md's tables from bench/results and receipts (RECEIPT=<.tar.gz>: that one)
 	$(PY) -m scripts.bench.cost_model --write $(if $(RECEIPT),--receipt $(RECEIPT))

@@ -65,8 +65,9 @@ bindir.mkdir(exist_ok=True)
 (bindir / "python3").write_text("#!/bin/sh\nexec {python} \"$@\"\n")
 (bindir / "python3").chmod(0o755)
 results = mounts.get("/results") or "/results"  # unmounted: the image's own path, which it does not create
+image_env = {{"PYTHONPATH": {pythonpath!r}}} if {pythonpath!r} else {{}}
 env = {{"PATH": f"{{bindir}}:/usr/bin:/bin", "HOME": str(state / "container-home"), "EAGLE_HOME": {root!r},
-        "EAGLE_RESULTS": results, "EAGLE_IMAGE": image, **env}}
+        "EAGLE_RESULTS": results, "EAGLE_IMAGE": image, **image_env, **env}}
 sys.exit(subprocess.run([{entrypoint!r}, *args], env=env, cwd={root!r}).returncode)
 '''
 
@@ -83,7 +84,9 @@ class FakeDocker:
         return [c for c in self.calls() if c[:1] == ["run"]]
 
 
-def install(tmp_path: Path, images: tuple[str, ...] = (), engine_up: bool = True) -> FakeDocker:
+def install(tmp_path: Path, images: tuple[str, ...] = (), engine_up: bool = True,
+            pythonpath: tuple[Path, ...] = ()) -> FakeDocker:
+    """pythonpath: what the image's python3 imports besides this interpreter's packages (its installed sglang)."""
     state, bindir = tmp_path / "docker-state", tmp_path / "docker-bin"
     state.mkdir(parents=True)
     bindir.mkdir(parents=True)
@@ -92,7 +95,8 @@ def install(tmp_path: Path, images: tuple[str, ...] = (), engine_up: bool = True
         (state / "down").touch()
     client = bindir / "docker"
     client.write_text(CLIENT.format(python=sys.executable, state=str(state), no_engine=NO_ENGINE, image_id=IMAGE_ID,
-                                    root=str(ROOT), entrypoint=str(ROOT / "docker" / "entrypoint")))
+                                    root=str(ROOT), entrypoint=str(ROOT / "docker" / "entrypoint"),
+                                    pythonpath=os.pathsep.join(map(str, pythonpath))))
     client.chmod(0o755)
     return FakeDocker(state, bindir)
 

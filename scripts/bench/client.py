@@ -1,46 +1,66 @@
 """Driving SGLang's own bench_serving client (`python -m sglang.benchmark.serving`) as a subprocess.
 
-Its JSONL record is kept unchanged; the harness only adds an "eagle" object. The client runs from an environment
-that imports sglang, or from one with sglang's dependencies plus the patched tree (build/sglang/python) on
-PYTHONPATH, as the tests do.
+Its JSONL record is kept unchanged; the harness only adds an "eagle" object. Where the client runs (resolve_client,
+the first that works): --client-python PY or --client-image IMAGE when given; else .venv (make setup) when it
+exists, then this python, each with its own sglang or the patched tree (build/sglang/python) on PYTHONPATH, when
+`import sglang.benchmark.serving` succeeds there; else the serving image (`docker run --network host IMAGE python3
+-m sglang.benchmark.serving ...`: the image the server runs, with its client), when the docker engine has it.
+When none works, one message names, per candidate, every package of SGLang's own requirements (its METADATA's
+Requires-Dist, or the tree's pyproject.toml) that it lacks, by package name, and the fixes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 import sys
 import threading
 import time
+import tomllib
 from pathlib import Path
 from typing import Callable
 
+from ..host.engine import cache_mounts
+from ..host.route import default_image, image_ready
 from ..lib import proc
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
+from ..series.pin import load_pin
+from ..series.upstream import CACHE_DIR, wheel_requires
 
 CLIENT_MODULE = "sglang.benchmark.serving"
 TREE_PYTHON = REPO_ROOT / "build" / "sglang" / "python"
 VENV_PYTHON = REPO_ROOT / ".venv" / "bin" / "python"
-# Imported by sglang.benchmark.serving at start (datasets: for its MMMU loader, imported unconditionally).
-CLIENT_DEPS = ("aiohttp", "numpy", "orjson", "msgspec", "requests", "tqdm", "transformers", "datasets")
+# What a client container gets from the environment, by name (docker copies the values).
+IMAGE_ENV = ("OPENAI_API_KEY", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "PYTHONUNBUFFERED")
 # bench_serving prints these; the measured phase lies between them.
 MARK_START = "Starting main benchmark run"
 MARK_END = "Serving Benchmark Result"
 
 
-def _probe(python: str, env: dict[str, str]) -> tuple[bool, list[str]] | None:
-    """(sglang importable, missing client deps) for `python`, without importing anything heavy; None if it
-    does not run."""
-    code = ("import importlib.util as u,json,sys;"
-            "print(json.dumps([u.find_spec('sglang') is not None,"
-            "[m for m in sys.argv[1:] if u.find_spec(m) is None]]))")
-    res = proc.run([python, "-c", code, *CLIENT_DEPS], env=env, timeout=60)
-    if not res.ok:
-        return None
-    has, missing = json.loads(res.stdout.strip().splitlines()[-1])
-    return bool(has), list(missing)
+@dataclasses.dataclass
+class Client:
+    """Where bench_serving runs: a python here (with its environment), or the serving image."""
+
+    note: str
+    env: dict[str, str]
+    python: str = ""
+    image: str = ""
+    hf_cache: str = ""  # the image: the host HF cache mounted at the image's (the tokenizer)
+    mounts: list[str] = dataclasses.field(default_factory=list)  # host paths the image sees at the same place
+
+    def command(self, *args: str, stdin: bool = False) -> list[str]:
+        """The argv that runs `python3 ARGS` (here, or in a container on the host's network)."""
+        if not self.image:
+            return [self.python, *args]
+        mounts = cache_mounts(self.hf_cache)[:2] if self.hf_cache else []
+        for p in dict.fromkeys(self.mounts):
+            mounts += ["-v", f"{p}:{p}"]
+        names = [x for k in IMAGE_ENV if k in self.env for x in ("-e", k)]
+        return ["docker", "run", "--rm", *(["-i"] if stdin else []), "--network", "host", *mounts, *names,
+                self.image, "python3", *args]
 
 
 def with_tree(env: dict[str, str]) -> dict[str, str]:
@@ -49,30 +69,102 @@ def with_tree(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def resolve_client(python: str | None) -> tuple[str, dict[str, str], str]:
-    """(python, env, note) able to run bench_serving; UserError naming what is missing otherwise."""
+# Runs in a candidate interpreter: does bench_serving import? If not, which of SGLang's requirements (stdin: the
+# Requires-Dist strings, or null for the installed sglang's own) are not installed, markers evaluated.
+PROBE = r"""
+import importlib, importlib.metadata as md, importlib.util, io, json, re, sys, contextlib, warnings
+warnings.simplefilter("ignore")
+reqs = json.load(sys.stdin)
+out = {"sglang": importlib.util.find_spec("sglang") is not None, "error": "", "missing": []}
+try:
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        importlib.import_module(sys.argv[1])
+except BaseException as e:
+    out["error"] = f"{type(e).__name__}: {e}"
+if out["error"]:
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:
+        Requirement = None
+    if reqs is None:
+        try:
+            reqs = md.requires("sglang") or []
+        except md.PackageNotFoundError:
+            reqs = []
+    for r in reqs:
+        if Requirement is not None:
+            req = Requirement(r)
+            name, wanted = req.name, req.marker is None or req.marker.evaluate({"extra": ""})
+        else:
+            name, wanted = re.split(r"[ ;<>=!~\[]", r, 1)[0], ";" not in r
+        try:
+            md.version(name)
+        except md.PackageNotFoundError:
+            if wanted:
+                out["missing"].append(name)
+print(json.dumps(out))
+"""
+
+
+def tree_requirements() -> list[str] | None:
+    """SGLang's Requires-Dist for the patched tree: its pyproject.toml (a clone), else the pinned wheel's METADATA."""
+    pyproject = TREE_PYTHON / "pyproject.toml"
+    if pyproject.is_file():
+        return list(tomllib.loads(pyproject.read_text()).get("project", {}).get("dependencies", []))
+    wheel = CACHE_DIR / load_pin().wheel_filename
+    return wheel_requires(wheel) if wheel.is_file() else None
+
+
+def probe_python(py: str, env: dict[str, str]) -> tuple[Client | None, str]:
+    """(a Client, '') when bench_serving imports with `py` (its own sglang, else the tree), else (None, why)."""
+    res = proc.run([py, "-c", PROBE, CLIENT_MODULE], env=env, input="null", timeout=300)
+    info = json.loads(res.stdout.strip().splitlines()[-1]) if res.ok and res.stdout.strip() else None
+    if info is None:
+        return None, f"{py}: does not run ({res.why})"
+    note = f"{py} (its own sglang)"
+    if not info["sglang"]:
+        if not (TREE_PYTHON / "sglang").is_dir():
+            return None, f"{py}: imports no sglang, and there is no tree at {TREE_PYTHON} (make apply)"
+        env, note = with_tree(env), f"{py} with sglang from {TREE_PYTHON}"
+        res = proc.run([py, "-c", PROBE, CLIENT_MODULE], env=env, input=json.dumps(tree_requirements()),
+                       timeout=300)
+        info = json.loads(res.stdout.strip().splitlines()[-1]) if res.ok and res.stdout.strip() else None
+        if info is None:
+            return None, f"{note}: does not run ({res.why})"
+    if not info["error"]:
+        return Client(note, env, python=py), ""
+    lacks = (f"lacks {len(info['missing'])} of SGLang's requirements: {' '.join(info['missing'])}"
+             if info["missing"] else "has SGLang's requirements")
+    return None, f"{note}: {lacks} (import {CLIENT_MODULE}: {info['error'][:200]})"
+
+
+def resolve_client(python: str | None = None, image: str | None = None, hf_cache: str = "") -> Client:
+    """The first place bench_serving runs (module docstring); a UserError naming what each one lacks otherwise.
+    image: None (choose), '' (the serving image) or a name (--client-image)."""
     base_env = dict(os.environ)
-    candidates = [python] if python else [sys.executable] + ([str(VENV_PYTHON)] if VENV_PYTHON.exists() else [])
-    problems = []
-    for py in candidates:
-        probe = _probe(py, base_env)
-        if probe is None:
-            problems.append(f"{py}: does not run")
-            continue
-        env, note = base_env, f"{py} (its own sglang)"
-        if not probe[0]:
-            if not (TREE_PYTHON / "sglang").is_dir():
-                problems.append(f"{py}: imports no sglang, and there is no tree at {TREE_PYTHON} (make apply)")
-                continue
-            env, note = with_tree(base_env), f"{py} with sglang from {TREE_PYTHON}"
-            probe = _probe(py, env) or (False, ["(does not run)"])
-        if probe[1]:
-            problems.append(f"{note} lacks {', '.join(probe[1])}")
-            continue
-        return py, env, note
-    raise UserError("no Python here can run SGLang's bench_serving:\n  " + "\n  ".join(problems) +
-                    "\nFix: pip install the missing modules into that environment (sglang's client imports "
-                    "`datasets` too), or pass --client-python PATH.")
+    if image is None:
+        candidates = [python] if python else list(dict.fromkeys(
+            ([str(VENV_PYTHON)] if VENV_PYTHON.exists() else []) + [sys.executable]))
+        problems = [] if VENV_PYTHON.exists() or python else [f"{VENV_PYTHON}: not there (make setup makes it)"]
+        for py in candidates:
+            client, why = probe_python(py, base_env)
+            if client is not None:
+                return client
+            problems.append(why)
+        if python:
+            raise UserError(f"--client-python {python} cannot run SGLang's bench_serving: {problems[0]}. Fix: pip "
+                            f"install those packages there, or leave out --client-python")
+    else:
+        problems = []
+    name = image or default_image()
+    ok, why = image_ready(name)
+    if ok:
+        return Client(f"the {why}", base_env, image=name, hf_cache=hf_cache)
+    problems.append(f"the serving image: {why}")
+    raise UserError("no Python here can run SGLang's bench_serving, nor the serving image:\n  "
+                    + "\n  ".join(problems) + "\nFix: make setup (a .venv with SGLang's requirements; make bench "
+                    "uses it), or on the box make image (bench_serving then runs from the image), or pip install "
+                    "the packages named into one of these (--client-python PATH picks it)")
 
 
 # Runs in the client's interpreter: bench_serving's own cli_main() parses each argument list with its own parser
@@ -171,15 +263,15 @@ print(json.dumps(out))
 """
 
 
-def check_bench_args(client: tuple[str, dict, str], commands: dict[str, list[str]]) -> dict[str, tuple[str, str]]:
+def check_bench_args(client: Client, commands: dict[str, list[str]]) -> dict[str, tuple[str, str]]:
     """label -> (the flag at fault or '', what bench_serving says) for every command it would refuse, and
     ("--dataset-name", "downloads WHAT") for one whose dataset is not on this machine; each command is a
     bench_serving argument list (no interpreter, no module). Nothing is sent anywhere."""
-    py, env, note = client
-    res = proc.run([py, "-c", CHECK_CODE], env=env, input=json.dumps(commands), timeout=300)
+    res = proc.run(client.command("-c", CHECK_CODE, stdin=True), env=client.env, input=json.dumps(commands),
+                   timeout=600)
     if not res.ok:
-        raise UserError(f"could not check the scenarios with bench_serving's own parser ({note}): {res.why}; "
-                        f"fix that environment (or pass --client-python PATH)")
+        raise UserError(f"could not check the scenarios with bench_serving's own parser ({client.note}): "
+                        f"{res.why}; fix that environment (or pass --client-python PATH)")
     verdicts = json.loads(res.stdout.strip().splitlines()[-1])
     out = {}
     for label, v in verdicts.items():
@@ -192,9 +284,10 @@ def check_bench_args(client: tuple[str, dict, str], commands: dict[str, list[str
     return out
 
 
-def bench_serving_cmd(python: str, base_url: str, scenario_args: list[str], output_file: Path, tag: str,
+def bench_serving_cmd(python: list[str], base_url: str, scenario_args: list[str], output_file: Path, tag: str,
                       tokenizer: str | None = None, model: str | None = None, extra: list[str] = ()) -> list[str]:
-    cmd = [python, "-m", CLIENT_MODULE, "--backend", "sglang", "--base-url", base_url, *scenario_args,
+    """python: the argv that runs the client's python3 (Client.command())."""
+    cmd = [*python, "-m", CLIENT_MODULE, "--backend", "sglang", "--base-url", base_url, *scenario_args,
            "--output-file", str(output_file), "--tag", tag, "--disable-tqdm"]
     if tokenizer:
         cmd += ["--tokenizer", tokenizer]

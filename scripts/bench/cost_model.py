@@ -34,6 +34,7 @@ from pathlib import Path
 
 from ..lib.cli import run
 from ..lib.errors import UserError
+from ..lib.progress import say
 from ..lib.repo import REPO_ROOT
 from . import receipt_data as rd
 from . import report as rep
@@ -233,8 +234,12 @@ def receipt_table(inp: dict, data: dict, name: str) -> str:
     best = spec["measured"].get("speculative") if spec["verdict"] != "inconclusive" else None
     al = best["accept_length"] if best and best.get("accept_length") else inp["box"]["accept_length"]
     env = data["receipt"].get("environment", {})
-    lines = [f"Receipt `{name}` (box {env.get('box')}, {data['receipt'].get('created')}, patch set "
-             f"{env.get('patchset')}): AL {al:.2f} ({'measured' if best else 'seed'}).", "",
+    cls = rd.box_class(data)
+    reasons = rd.proxy_reasons(cls)
+    proxy = (f"**A proxy, not the box** ({'; '.join(reasons)}): its numbers stand in for the box's, the "
+             f"verdicts on the box's defaults are inconclusive. ") if reasons else ""
+    lines = [f"{proxy}Receipt `{name}` (box {env.get('box')}: {rd.describe_box(cls)}; "
+             f"{data['receipt'].get('created')}, patch set {env.get('patchset')}): AL {al:.2f} ({'measured' if best else 'seed'}).", "",
              f"| path, {rd.VERIFY_ROWS_C1} rows (C1 verify), graph chain | per call (us) | {n} x (ms) | "
              f"modelled verify (ms) | modelled tok/s |", "|---|---|---|---|---|"]
     bc = data.get("bench_comm")
@@ -256,14 +261,32 @@ def box_measured(inp: dict, receipts: list[Path]) -> str:
     if not receipts:
         return ("No box receipt ingested yet: run `make report` on the box, then `make docs RECEIPT=<the .tar.gz>` "
                 "(or commit it under bench/receipts/).")
-    blocks = []
+    blocks, skipped = [], []
     for path in receipts:
-        d, tmp = rd.open_receipt(path)
+        why = ""
         try:
-            blocks.append(receipt_table(inp, rd.load(d), Path(path).name))
+            d, tmp = rd.open_receipt(path)
+        except UserError as e:
+            d, tmp, why = None, None, str(e)
+        try:
+            data = rd.load(d) if d else None
+            parts = data["receipt"].get("parts", {}) if data else {}
+            if data and not any(r.get("ok") for p, r in parts.items() if p.split("@")[0] in rd.MEASURING):
+                why = ("no part measured anything ("
+                       + ", ".join(f"{p}: {r.get('status')}" for p, r in parts.items()) + ")")
+            elif data:
+                blocks.append(receipt_table(inp, data, Path(path).name))
+        except (UserError, ValueError, KeyError, TypeError, AttributeError) as e:  # a damaged receipt: name it
+            why = str(e) if isinstance(e, UserError) else f"a damaged file in it ({type(e).__name__}: {e})"
         finally:
             if tmp is not None:
                 tmp.cleanup()
+        if why:
+            skipped.append(f"{Path(path).name}: {why}")
+            say(f"skipping receipt {Path(path).name}: {why}")
+    if not blocks:
+        return ("No box receipt ingested yet: run `make report` on the box, then `make docs RECEIPT=<the .tar.gz>` "
+                "(or commit it under bench/receipts/).")
     return "\n\n".join(blocks)
 
 

@@ -275,6 +275,14 @@ def estimates(plan: list[cfg.Run], results_dir: Path) -> tuple[dict[str, float],
             statistics.median(loads) if loads else ASSUMED_LOAD_S)
 
 
+def plan_seconds(plan: list[cfg.Run], sessions: list[list[cfg.Run]], results_dir: Path) -> float:
+    """The plan's estimate: its model loads and its runs (from earlier results, else the assumptions)."""
+    walls, loads = history(results_dir)
+    load_s = statistics.median(loads) if loads else ASSUMED_LOAD_S
+    launched = [s for s in sessions if s[0].variant.launcher != "server"]
+    return len(launched) * load_s + sum(run_estimate(r.scenario, walls)[0] for r in plan)
+
+
 def plan_lines(plan: list[cfg.Run], sessions: list[list[cfg.Run]], needs: dict[str, Needs],
                results_dir: Path) -> list[str]:
     """The plan before it starts: loads per model, per-run estimates, the total."""
@@ -289,7 +297,7 @@ def plan_lines(plan: list[cfg.Run], sessions: list[list[cfg.Run]], needs: dict[s
         by_model[model] = by_model.get(model, 0) + 1
     scen = list(dict.fromkeys(r.scenario.name for r in plan))
     per = {r.scenario.name: run_estimate(r.scenario, walls) for r in plan}
-    total = len(launched) * load_s + sum(per[r.scenario.name][0] for r in plan)
+    total = plan_seconds(plan, sessions, results_dir)
     variants = list(dict.fromkeys(r.variant.name for r in plan))
     lines = [f"plan: {len(plan)} run(s) ({len(scen)} scenario(s) x {len(variants)} variant(s) x "
              f"{max(r.repeat for r in plan)} repeat(s)) in {len(sessions)} server session(s)"]

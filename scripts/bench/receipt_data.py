@@ -20,17 +20,24 @@ Recommendations: one per default of the series, each with the measured numbers i
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import tarfile
 import tempfile
+import tomllib
 from pathlib import Path
 
+from ..host.parsers import parse_topo_m
 from ..lib.errors import UserError
+from ..lib.repo import REPO_ROOT
 from .comm_report import record
 from .report import load_results, summarize
 
 SCHEMA = "eagle-receipt/1"
 PARTS = ("doctor", "test-gpu", "bench-comm", "bench")
+MEASURING = ("test-gpu", "bench-comm", "bench")  # parts whose result makes a receipt (the doctor's alone does not)
+PROFILE = "kimi-k25-eagle3-tp8"  # the shipped profile the recommendations are about
+PROFILES_DIR = REPO_ROOT / "docker" / "profiles"
 RAW = {"doctor": "raw/doctor.json", "test-gpu": "raw/test-gpu.json", "bench-comm": "raw/bench-comm.json",
        "bench": "raw/bench"}
 VERIFY_ROWS_C1 = 4  # batch 1 x 4 draft tokens (the shipped profile's chain drafting 3/1/4)
@@ -77,19 +84,40 @@ def open_receipt(path: Path) -> tuple[Path, tempfile.TemporaryDirectory | None]:
     return found[0].parent, tmp
 
 
+def _json(d: Path, rel: str, shape: dict | None = None) -> dict | None:
+    """A JSON file of the receipt (None when absent or empty); a UserError naming it by its place in the receipt
+    when it is not JSON or not the object it should be (shape: key -> the type its value must have)."""
+    f = d / rel
+    if not (f.is_file() and f.stat().st_size):
+        return None
+    try:
+        doc = json.loads(f.read_text())
+    except ValueError as e:
+        raise UserError(f"{rel} is not JSON ({e})") from e
+    bad = [k for k, t in (shape or {}).items() if not isinstance(doc, dict) or not isinstance(doc.get(k), t)]
+    if not isinstance(doc, dict) or bad:
+        raise UserError(f"{rel} is not what its part writes (" + (f"{', '.join(bad)} missing or of the wrong type"
+                                                               if isinstance(doc, dict) else "not an object") + ")")
+    return doc
+
+
 def load(d: Path) -> dict:
-    """receipt.json plus the parsed raw parts that exist: {"receipt", "doctor", "test_gpu", "bench_comm", "bench"}."""
-    meta = json.loads((d / "receipt.json").read_text())
+    """receipt.json plus the parsed raw parts that exist: {"receipt", "doctor", "test_gpu", "bench_comm", "bench"}.
+    A damaged file is a UserError that names it within the receipt."""
+    meta = _json(d, "receipt.json", {"parts": dict})
+    if meta is None:
+        raise UserError("receipt.json is empty")
     if meta.get("schema") != SCHEMA:
-        raise UserError(f"{d / 'receipt.json'} has schema {meta.get('schema')!r}, this tooling reads {SCHEMA}")
-    out = {"receipt": meta, "dir": d}
-    for part, key in (("doctor", "doctor"), ("test-gpu", "test_gpu"), ("bench-comm", "bench_comm")):
-        f = d / RAW[part]
-        out[key] = json.loads(f.read_text()) if f.is_file() and f.stat().st_size else None
-    out["bench_comm_alt"] = {f.stem.split("@", 1)[1]: json.loads(f.read_text())
+        raise UserError(f"receipt.json has schema {meta.get('schema')!r}, this tooling reads {SCHEMA}")
+    out = {"receipt": meta, "dir": d, "doctor": _json(d, RAW["doctor"], {"findings": list}),
+           "test_gpu": _json(d, RAW["test-gpu"]), "bench_comm": _json(d, RAW["bench-comm"], {"records": list})}
+    out["bench_comm_alt"] = {f.stem.split("@", 1)[1]: _json(d, str(f.relative_to(d)), {"records": list})
                              for f in sorted((d / "raw").glob("bench-comm@*.json")) if f.stat().st_size}
     files = sorted((d / RAW["bench"]).glob("*.jsonl")) if (d / RAW["bench"]).is_dir() else []
-    out["bench"] = [r for f in files for r in load_results(f)]
+    try:
+        out["bench"] = [r for f in files for r in load_results(f)]
+    except UserError as e:
+        raise UserError(str(e).replace(str(d) + "/", "")) from e
     return out
 
 
@@ -252,7 +280,7 @@ def _c1(records: list[dict]) -> str | None:
 def rec_speculation(records: list[dict]) -> list[dict]:
     """EAGLE-3 on or off, and which speculative variant (drafter, steps/topk/draft tokens) to ship."""
     th, goal, scenario = THRESHOLDS["speculation_min_ratio"], THRESHOLDS["goal_tok_s"], _c1(records)
-    name = "EAGLE-3 in the shipped profile (kimi-k25-eagle3-tp8)"
+    name = f"EAGLE-3 in the shipped profile ({PROFILE})"
     thr = (f"best patched speculative / best non-speculative median decode tok/s at {scenario} >= {th} "
            f"(patched non-speculative when measured, else stock); goal {goal:.0f} tok/s")
     rows = [r for r in bench_rows(records) if r["scenario"] == scenario and r["tok_s"]]
@@ -276,7 +304,7 @@ def rec_speculation(records: list[dict]) -> list[dict]:
                     "" if ratio >= th else "serve --profile kimi-k25-tp8 (no speculation)")]
     ranked = sorted(on, key=lambda r: -r["tok_s"])
     shipped = ranked[0]["variant"] == "patched-eagle3"
-    out.append(_verdict("speculative settings and drafter (profile kimi-k25-eagle3-tp8)", "keep" if shipped else
+    out.append(_verdict(f"speculative settings and drafter (profile {PROFILE})", "keep" if shipped else
                         "change", f"fastest speculative variant at {scenario}: {ranked[0]['variant']}",
                         {"ranked": [(r["variant"], round(r["tok_s"], 1), r["accept_length"]) for r in ranked]},
                         "highest median decode tok/s among patched speculative variants with no eager verify",
@@ -284,10 +312,62 @@ def rec_speculation(records: list[dict]) -> list[dict]:
     return out
 
 
+def profile_tp(profile: str = PROFILE) -> int:
+    """The tensor-parallel size the shipped profile serves (its [args] tp-size)."""
+    args = tomllib.loads((PROFILES_DIR / f"{profile}.toml").read_text()).get("args", {})
+    return int(args.get("tp-size") or args.get("tensor-parallel-size") or 1)
+
+
+def box_class(data: dict) -> dict:
+    """What the receipt was measured on: GPU model, count and link (the doctor's facts, which apply the one
+    PCIe-only rule; else bench-comm's meta and its `nvidia-smi topo -m`, where NV# is an NVLink bond), and the TP
+    the shipped profile serves."""
+    facts = (data.get("doctor") or {}).get("facts") or {}
+    meta = (data.get("bench_comm") or {}).get("meta") or {}
+    tg = data.get("test_gpu") or {}
+    names = [g.get("name") for g in facts.get("gpus", []) if isinstance(g, dict)]
+    names = names or list((tg.get("meta") or {}).get("gpus") or [])
+    gpu = (names[0] if names else None) or meta.get("gpu_name")
+    count = len(names) or meta.get("world") or tg.get("world")
+    link = {True: "PCIe only", False: "NVLink"}.get(facts.get("pcie_only"), "")
+    if not link and meta.get("topo_m"):
+        cells = parse_topo_m(re.sub(r"\x1b\[[0-9;]*m", "", meta["topo_m"]))["links"].values()
+        link = "NVLink" if any(re.fullmatch(r"NV\d+", c) for c in cells) else "PCIe only" if cells else ""
+    return {"gpu": gpu or "GPU unknown", "count": count, "link": link or "link unknown", "tp": profile_tp()}
+
+
+def describe_box(cls: dict) -> str:
+    """'8x NVIDIA RTX PRO 6000 Blackwell Server Edition, PCIe only'."""
+    return f"{cls['count'] or '?'}x {cls['gpu']}, {cls['link']}"
+
+
+def proxy_reasons(cls: dict) -> list[str]:
+    """Why the receipt is not from the box the series is for (a PCIe-only box serving at the profile's TP); []
+    when it is (or cannot say)."""
+    out = []
+    if cls["count"] and cls["count"] != cls["tp"]:
+        out.append(f"{cls['count']} GPU(s), the profile serves TP{cls['tp']}")
+    if cls["link"] == "NVLink":
+        out.append("its GPUs have NVLink, the series' PCIe defaults are for PCIe-only boxes")
+    return out
+
+
+def judged_on(rec: dict, cls: dict, reasons: list[str]) -> dict:
+    """A verdict on a PCIe-only / TP default from another box class turns inconclusive, saying why."""
+    if not reasons or rec["verdict"] == "inconclusive":
+        return rec
+    return {**rec, "verdict": "inconclusive", "setting": "",
+            "why": f"measured on {describe_box(cls)} ({'; '.join(reasons)}), not on the box: {rec['why']}"}
+
+
 def recommendations(data: dict) -> list[dict]:
     bc = data.get("bench_comm")
-    return [rec_pcie_ipc(bc), rec_fusion(bc), rec_nccl_defaults(bc), rec_nccl_release(bc, data.get("bench_comm_alt")
-                                                                                             or {}),
+    cls = box_class(data)
+    reasons = proxy_reasons(cls)
+    world = (bc or {}).get("meta", {}).get("world")
+    tp_reason = [f"measured at TP{world}, the profile serves TP{cls['tp']}"] if world and world != cls["tp"] else []
+    return [judged_on(rec_pcie_ipc(bc), cls, reasons), judged_on(rec_fusion(bc), cls, tp_reason),
+            judged_on(rec_nccl_defaults(bc), cls, reasons), rec_nccl_release(bc, data.get("bench_comm_alt") or {}),
             *rec_speculation(data.get("bench") or [])]
 
 
@@ -365,8 +445,12 @@ def _md_table(header: list[str], rows: list[list]) -> list[str]:
 def summary_markdown(data: dict, plot_files: list[str]) -> str:
     meta = data["receipt"]
     env = meta.get("environment", {})
-    lines = [f"# Box receipt: {env.get('box', '?')}", "", f"Made {meta.get('created')} at git {env.get('git_rev')}, "
-             f"patch set {env.get('patchset')}, pin {json.dumps(env.get('pin'))}.", "", "## Environment", ""]
+    cls = box_class(data)
+    reasons = proxy_reasons(cls)
+    lines = [f"# Box receipt: {env.get('box', '?')}", "", f"Measured on {describe_box(cls)}"
+             + (f": a proxy, not the box ({'; '.join(reasons)})." if reasons else "."), "",
+             f"Made {meta.get('created')} at git {env.get('git_rev')}, patch set {env.get('patchset')}, pin "
+             f"{json.dumps(env.get('pin'))}.", "", "## Environment", ""]
     for k, v in (env.get("doctor") or {}).items():
         lines.append(f"- {k}: {v}")
     if env.get("nccl"):

@@ -34,12 +34,14 @@ from scripts.bench import launch
 from scripts.bench import observe as bs
 from scripts.bench import report as rep
 from scripts.lib.errors import UserError
+from scripts.series.pin import load_pin
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "bench"
 TOKENIZER = FIX / "tokenizer"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 sys.path.insert(0, str(FIX))
+import _fake_docker  # noqa: E402
 import standin_server  # noqa: E402
 
 
@@ -184,7 +186,7 @@ def test_committed_scenarios_are_c1_c4_c16_on_the_offline_random_dataset():
 
 def test_every_flag_passed_to_bench_serving_exists_in_its_cli():
     src = (bc.TREE_PYTHON / "sglang" / "benchmark" / "serving.py").read_text()
-    cmd = bc.bench_serving_cmd("py", "http://h:1", cfg.load_scenarios(everything=True)[0].bench_args(),
+    cmd = bc.bench_serving_cmd(["py"], "http://h:1", cfg.load_scenarios(everything=True)[0].bench_args(),
                                Path("o.jsonl"), "t", tokenizer="tok", model="m")
     flags = [t for t in cmd if t.startswith("--")]
     assert len(flags) > 10
@@ -406,6 +408,68 @@ def test_client_resolution_names_what_is_missing(tmp_path, monkeypatch):
     monkeypatch.delenv("PYTHONPATH", raising=False)
     with pytest.raises(UserError, match="no sglang|imports no sglang"):
         bc.resolve_client(sys.executable)
+
+
+def test_a_python_without_sglangs_requirements_gets_every_one_named_at_once(tmp_path, monkeypatch, capsys):
+    """The dry run asks the client python to import bench_serving and, where it cannot, names every package of
+    SGLang's own requirements (the pinned wheel's Requires-Dist) that it lacks, by package name, in one message;
+    with no .venv and no image, each way out is named (issue 23 item 4)."""
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    for k, v in client_env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(bc, "VENV_PYTHON", tmp_path / "no-venv" / "bin" / "python")
+    monkeypatch.setenv("PATH", _fake_docker.path_with())  # no docker client
+    args = ["--server-url", "http://127.0.0.1:9", "--tokenizer", str(TOKENIZER), "--dry-run", "--results-dir",
+            str(tmp_path / "r")]
+    with pytest.raises(UserError) as e:
+        bench.main(args + ["--client-python", str(bare / "bin" / "python")])
+    msg = str(e.value)
+    assert f"--client-python {bare / 'bin' / 'python'} cannot run SGLang's bench_serving" in msg
+    lacks = re.search(r"lacks (\d+) of SGLang's requirements: ([^(]+)", msg)
+    assert lacks and int(lacks.group(1)) > 30, msg
+    named = lacks.group(2).split()
+    for package in ("torch", "apache-tvm-ffi", "pyzmq", "pillow", "psutil", "prometheus-client", "transformers"):
+        assert package in named, (package, named)  # pip's names, not module names (zmq, PIL, tvm_ffi)
+    monkeypatch.setattr(sys, "executable", str(bare / "bin" / "python"))
+    with pytest.raises(UserError) as e:
+        bench.main(args)
+    msg = str(e.value)
+    assert "no-venv/bin/python: not there (make setup makes it)" in msg
+    assert "the serving image: docker is not installed" in msg and "Fix: make setup" in msg
+    assert "make image" in msg and msg.count("lacks ") == 1
+
+
+def test_bench_serving_runs_from_the_serving_image(tmp_path):
+    """--client-image: the scenario check and every run go through `docker run --network host IMAGE python3 -m
+    sglang.benchmark.serving` (a fake docker that runs the image's entrypoint here), its output file and the
+    tokenizer mounted at their own paths, the API key passed by name (issue 23 item 4)."""
+    image = load_pin().serving_image
+    docker = _fake_docker.install(tmp_path, images=(image,), pythonpath=(bc.TREE_PYTHON, FIX / "client_stubs"))
+    server = standin_server.ServerThread("patched", api_key="k").start()
+    scen = tmp_path / "scenarios.toml"
+    scen.write_text('[defaults]\ninput_len = 16\noutput_len = 8\n'
+                    '[[scenario]]\nname = "C1"\nmax_concurrency = 1\nnum_prompts = 2\n')
+    try:
+        cp = subprocess.run([sys.executable, "-m", "scripts.bench.bench", "--server-url", f"img={server.url}",
+                             "--scenarios-file", str(scen), "--repeats", "1", "--results-dir", str(tmp_path / "r"),
+                             "--tokenizer", str(TOKENIZER), "--sample-interval", "0.05", "--client-image"], cwd=ROOT,
+                            env={**client_env(), "PATH": _fake_docker.path_with(docker.bindir), "SGLANG_API_KEY": "k"},
+                            capture_output=True, text=True, timeout=600)
+    finally:
+        server.stop()
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    assert f"bench_serving runs from the image {image} (" in cp.stderr
+    runs = docker.runs()
+    assert len(runs) == 2  # the scenario check, then the one run
+    for argv in runs:
+        assert argv[:2] == ["run", "--rm"] and ["--network", "host"] == argv[argv.index("--network"):][:2]
+        assert f"{TOKENIZER.resolve()}:{TOKENIZER.resolve()}" in argv and ["-e", "OPENAI_API_KEY"] in [
+            argv[i:i + 2] for i in range(len(argv))]
+        assert argv[argv.index(image) + 1] == "python3" and "k" not in argv
+    assert "-i" in runs[0] and runs[1][runs[1].index(image) + 1:][1:3] == ["-m", "sglang.benchmark.serving"]
+    recs = [json.loads(ln) for f in (tmp_path / "r").glob("*.jsonl") for ln in f.read_text().splitlines()]
+    assert len(recs) == 1 and recs[0]["completed"] == 2
 
 
 # -------------------------------------------------------------------------------------------------------------
@@ -768,3 +832,37 @@ def test_estimates_come_from_earlier_results(tmp_path):
     lines = "\n".join(bench.preflight.plan_lines(plan, cfg.sessions(plan), {}, res))
     assert "1 load(s) of the a server, ~6m40s each (median of 2 earlier load(s))" in lines
     assert "C1 ~1m50s (median of 3 earlier run(s))" in lines and "C9 ~0s (assumed 50 tok/s per stream)" in lines
+
+
+def test_resume_runs_only_what_the_results_lack(tmp_path):
+    """A plan that died after one of its two runs: --check --resume says one is left, --resume runs only that one,
+    and then none is left (make report's bench part is done only then; issue 23 item 3)."""
+    server = standin_server.ServerThread("stock").start()
+    scen = tmp_path / "scenarios.toml"
+    scen.write_text('[defaults]\ninput_len = 16\noutput_len = 8\n'
+                    '[[scenario]]\nname = "C1"\nmax_concurrency = 1\nnum_prompts = 2\n')
+    res = tmp_path / "r"
+
+    def bench_it(*extra) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "scripts.bench.bench", "--server-url", f"s={server.url}",
+                               "--scenarios-file", str(scen), "--repeats", "2", "--results-dir", str(res), "--box",
+                               "b", "--tokenizer", str(TOKENIZER), "--sample-interval", "0.05", *extra], cwd=ROOT,
+                              env=client_env(), capture_output=True, text=True, timeout=600)
+    try:
+        assert bench_it().returncode == 0
+        (first,) = res.glob("*.jsonl")
+        lines = first.read_text().splitlines()
+        first.write_text(lines[0] + "\n")  # the run that "died" wrote one of its two records
+        check = bench_it("--check", "--resume")
+        assert check.returncode == 0, check.stderr[-3000:]
+        assert json.loads(check.stdout.strip().splitlines()[-1])["runs_left"] == 1
+        again = bench_it("--resume")
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert "resuming: 1 of 2 run(s) already in" in again.stderr, again.stderr
+        assert "[1/1] C1 s repeat 2 (A)..." in again.stderr and "repeat 1 (A)..." not in again.stderr
+        done = bench_it("--check", "--resume")
+        assert json.loads(done.stdout.strip().splitlines()[-1]) == {"estimate_s": 0, "runs": 2, "runs_left": 0}
+    finally:
+        server.stop()
+    recs = [json.loads(ln) for f in res.glob("*.jsonl") for ln in f.read_text().splitlines()]
+    assert sorted(r["eagle"]["repeat"] for r in recs) == [1, 2]

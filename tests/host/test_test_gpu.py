@@ -36,13 +36,13 @@ def test_one_gpu_is_not_enough(monkeypatch):
 
 
 def test_result_file_is_named_after_the_gpus():
-    assert test_gpu.gpu_slug(["NVIDIA H200", "NVIDIA H200"]) == "H200"
-    assert test_gpu.gpu_slug(["NVIDIA RTX PRO 6000 Blackwell Server Edition"]) == \
+    assert route.gpu_slug(["NVIDIA H200", "NVIDIA H200"]) == "H200"
+    assert route.gpu_slug(["NVIDIA RTX PRO 6000 Blackwell Server Edition"]) == \
         "RTX-PRO-6000-Blackwell-Server-Edition"
 
 
 def test_no_usable_python_and_no_image_is_one_clear_error(monkeypatch, tmp_path):
-    monkeypatch.setattr(test_gpu, "gpu_names", lambda: ["NVIDIA H200"] * 2)
+    monkeypatch.setattr(route, "gpu_names", lambda: ["NVIDIA H200"] * 2)
     monkeypatch.setattr(route, "probe_python", lambda py: {"torch": "2.14.1", "gpus": 0})
     monkeypatch.setattr(route, "image_ready", lambda image: (False, "docker is not installed"))
     with pytest.raises(UserError) as e:
@@ -69,7 +69,7 @@ def test_the_image_route_says_why_and_mounts_the_results(monkeypatch, tmp_path, 
                                    f"run) printf '%s\\n' \"$@\" > {log}; exit 0;; esac\nexit 3\n")
     (bindir / "docker").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
-    monkeypatch.setattr(test_gpu, "gpu_names", lambda: ["NVIDIA H200"] * 2)
+    monkeypatch.setattr(route, "gpu_names", lambda: ["NVIDIA H200"] * 2)
     with pytest.raises(UserError, match="wrote no result document"):
         test_gpu.main(["--out", str(tmp_path / "r" / "t.json"), "--", "-k", "faults"])
     err = capsys.readouterr().err
