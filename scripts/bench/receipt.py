@@ -118,7 +118,8 @@ def environment(d: Path, a: argparse.Namespace) -> dict:
     env: dict = {"git_rev": revision(short=True)[0], "box": a.box}
     try:
         pin = load_pin()
-        env["pin"] = {"sglang": pin.version, "image": f"{pin.image_name}:{pin.image_tag}@{pin.image_digest}"}
+        env["pin"] = {"sglang": pin.version, "image": f"{pin.image_name}:{pin.image_tag}"
+                      + (f"@{pin.image_digest}" if pin.image_digest else " (no digest pinned)")}
         env["patchset"] = patchset_id(series_patches(pin))
     except Exception as e:  # noqa: BLE001 - a receipt without the series still records the box
         env["pin"] = f"unreadable: {e}"

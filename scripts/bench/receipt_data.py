@@ -167,7 +167,8 @@ def rec_pcie_ipc(bc: dict | None) -> dict:
 def rec_fusion(bc: dict | None) -> dict:
     th = THRESHOLDS["fusion_max_ratio"]
     world = (bc or {}).get("meta", {}).get("world")
-    name = f"FlashInfer all-reduce + RMSNorm fusion at TP{world or '?'} (patch flashinfer-allow-*; off at TP4/TP8)"
+    at = f"at TP{world}" if world else "at the TP measured (TP unknown: no bench-comm)"
+    name = f"FlashInfer all-reduce + RMSNorm fusion {at} (patch flashinfer-allow-*; off at TP4/TP8)"
     thr = f"verify forward over the fused op / over tp.all_reduce <= {th} (8 rows, graph)"
     fused, plain = (_vf(bc, "sglang_fused_op", 8), _vf(bc, "sglang_tp", 8)) if bc else (None, None)
     if fused is None or plain is None:
@@ -229,9 +230,9 @@ def rec_nccl_release(bc: dict | None, alts: dict[str, dict]) -> dict:
     name = "NCCL release the image runs (patches/pin.toml [nccl])"
     thr = f"another release's per-call latency / the image's <= {th} at 8 and 2048 rows (NCCL, default variant)"
     if not bc or not alts:
-        return _verdict(name, "inconclusive", "one NCCL measured: add another image (make image NCCL=<version>; "
-                                              "make report REPORT_ARGS='--nccl-image <tag>')",
-                        {"nccl": _nccl_of(bc) if bc else None}, thr)
+        how = "add another image (make image NCCL=<version>; make report REPORT_ARGS='--nccl-image <tag>')"
+        why = f"one NCCL measured: {how}" if bc else f"no NCCL measured (no bench-comm in the receipt): {how}"
+        return _verdict(name, "inconclusive", why, {"nccl": _nccl_of(bc) if bc else None}, thr)
     mine = {n: _ar(bc, "nccl", n) for n in (8, 2048)}
     table = {_nccl_of(bc): mine}
     better = []
@@ -281,16 +282,20 @@ def rec_speculation(records: list[dict]) -> list[dict]:
     """EAGLE-3 on or off, and which speculative variant (drafter, steps/topk/draft tokens) to ship."""
     th, goal, scenario = THRESHOLDS["speculation_min_ratio"], THRESHOLDS["goal_tok_s"], _c1(records)
     name = f"EAGLE-3 in the shipped profile ({PROFILE})"
-    thr = (f"best patched speculative / best non-speculative median decode tok/s at {scenario} >= {th} "
+    thr = (f"best patched speculative / best non-speculative median decode tok/s at {scenario or 'C1'} >= {th} "
            f"(patched non-speculative when measured, else stock); goal {goal:.0f} tok/s")
     rows = [r for r in bench_rows(records) if r["scenario"] == scenario and r["tok_s"]]
     spec = _speculative(records)
     on = [r for r in rows if r["patched"] and spec.get(r["variant"]) and not r["eager_verifies"]]
     off = [r for r in rows if not spec.get(r["variant"])]
     off = [r for r in off if r["patched"]] or off
+    if scenario is None:
+        return [_verdict(name, "inconclusive", "no make bench results in the receipt", {}, thr)]
     if not on or not off:
-        return [_verdict(name, "inconclusive", f"make bench has no patched speculative run without eager verifies "
-                                               f"and no non-speculative run at {scenario}", {"rows": rows}, thr)]
+        lacks = [what for what, have in (("a patched speculative run without eager verifies", on),
+                                         ("a non-speculative run", off)) if not have]
+        return [_verdict(name, "inconclusive", f"make bench has no {' and no '.join(lacks)} at {scenario}",
+                         {"rows": rows}, thr)]
     best_on, best_off = max(on, key=lambda r: r["tok_s"]), max(off, key=lambda r: r["tok_s"])
     ratio = best_on["tok_s"] / best_off["tok_s"]
     measured = {"scenario": scenario, "speculative": best_on, "non_speculative": best_off, "ratio": round(ratio, 3),

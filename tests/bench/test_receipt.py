@@ -247,3 +247,24 @@ def test_the_default_receipt_resumes_this_boxs_newest_unfinished_one(tmp_path):
     assert new != old and new.name.startswith("RTX-x8_") and not new.exists()
     import platform
     assert platform.node() not in receipt.default_box()
+
+
+def test_a_receipt_without_measurements_says_so_instead_of_placeholders(tmp_path):
+    """No bench-comm, no make bench: each verdict says what is missing; no "TP?", "at None", or an image tag ending
+    in "@" without a digest (issue 23 item 10)."""
+    doctor = tmp_path / "doctor.json"
+    with open(doctor, "w") as out:
+        subprocess.run([sys.executable, "-m", "scripts.host.doctor", "--json", "--replay",
+                        ROOT / "tests" / "fixtures" / "doctor" / "pcie8x"], cwd=ROOT, stdout=out, timeout=300)
+    d = tmp_path / "r"
+    cp = _receipt("--assemble", d, "--doctor", doctor, "--box", "box")
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    meta = json.loads((d / "receipt.json").read_text())
+    text = json.dumps(meta) + (d / "summary.md").read_text()
+    for placeholder in ("TP?", "at None", "@\"", "one NCCL measured"):
+        assert placeholder not in text, placeholder
+    whys = {r["default"].split(" (")[0]: r["why"] for r in meta["recommendations"]}
+    assert whys["EAGLE-3 in the shipped profile"] == "no make bench results in the receipt"
+    assert whys["NCCL release the image runs"].startswith("no NCCL measured (no bench-comm in the receipt)")
+    assert any(k.startswith("FlashInfer all-reduce + RMSNorm fusion at the TP measured (TP unknown") for k in
+               [r["default"] for r in meta["recommendations"]])
