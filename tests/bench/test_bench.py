@@ -262,6 +262,9 @@ def test_aba_plan_alternates_direction_and_shares_servers():
     assert [[r.variant.name for r in s][0] for s in cfg.sessions(plan)] == ["stock", "patched", "stock", "patched"]
     three = cfg.make_plan([_s("C1")], [_v("a"), _v("b"), _v("c")], repeats=2)
     assert "".join(r.letter for r in three) == "ABCCBA"
+    # past Z the letters go on as columns do (AA, AB, ...): (V27) used to follow (Z), though (V) was taken
+    letters = [cfg.letter(i) for i in range(60)]
+    assert letters[25:28] == ["Z", "AA", "AB"] and len(set(letters)) == 60
     blocked = cfg.make_plan([_s("C1")], [_v("a"), _v("b")], repeats=2, order="blocked")
     assert [(r.letter, r.repeat) for r in blocked] == [("A", 1), ("A", 2), ("B", 1), ("B", 2)]
     assert len(cfg.sessions(blocked)) == 2
