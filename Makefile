@@ -15,8 +15,24 @@ export SGLANG_BASE
 .PHONY: help setup apply export check-patches refresh test test-gpu prove-tests image lint-docker doctor bench bench-sweep \
         bench-comm report docs clean
 
-help:            ## list targets
+help:            ## list targets and the variables they take
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t16
+	@sed -n 's/^#: \{0,1\}//p' $(MAKEFILE_LIST)
+
+#: Variables (make TARGET VAR=value; the targets' help above names theirs):
+#:   SGLANG_BASE=clone|wheel  apply, check-patches, refresh: where the pristine base comes from (default auto)
+#:   SGLANG_WHEEL=FILE        apply: the pinned wheel from a file you have (checked against the pin)
+#:   SGLANG_SRC=DIR           apply: patch your own clean checkout of the tag instead of build/sglang
+#:   REBUILD=1                apply: build build/sglang again from a fresh base (drops commits not exported)
+#:   TO=TAG WHEEL=REQ WHEEL_FILE=FILE WRITE=1 RESUME=1 DROP="PATCH ..." SYNC=1   refresh (see its help line)
+#:   IMAGE=NAME:TAG           image, test-gpu, bench-comm: another image name
+#:   NCCL=VERSION DRY_RUN=1   image: an NCCL variant (own tag); print the docker build instead of running it
+#:   BENCH_ARGS="..."         bench, bench-sweep, bench-comm: their options (make bench BENCH_ARGS=--dry-run)
+#:   TEST_GPU_ARGS="..."      test-gpu: its options (e.g. -- -k faults)
+#:   REPORT_ARGS="..."        report: its options (--dry-run, --redo PART, --nccl-image IMAGE, -- BENCH_ARGS)
+#:   RECEIPT=FILE             docs: ingest this receipt (.tar.gz or directory) only
+#:   PYTEST_ARGS="..."        test: pytest options
+#:   VENV=DIR PY=PYTHON       the test environment (default .venv) and the python for the host verbs (python3)
 
 setup: $(VENV)/.done   ## test environment: .venv with pinned torch 2.14.1 + sglang's deps (not sglang itself)
 $(VENV)/.done: requirements/test.in requirements/test.lock requirements/nodeps.txt

