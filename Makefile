@@ -92,4 +92,4 @@ docs:            ## regenerate eagle-fast-verify.md's tables from bench/results 
 	$(PY) -m scripts.bench.cost_model --write $(if $(RECEIPT),--receipt $(RECEIPT))
 
 clean:           ## remove the trees under build/ (keeps the wheel and base cache) and .venv
-	rm -rf build/sglang build/sglang-* build/wt-* build/image-context $(VENV)
+	rm -rf build/sglang build/sglang-* build/sglang.new build/wt-* build/image-context $(VENV)
