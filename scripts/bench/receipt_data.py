@@ -30,7 +30,7 @@ from pathlib import Path
 from ..host.parsers import parse_topo_m
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
-from .comm_report import record
+from .comm_report import finish_axes, record
 from .report import load_results, summarize
 
 SCHEMA = "eagle-receipt/1"
@@ -415,12 +415,12 @@ def plots(data: dict, out: Path) -> list[str]:
     out.mkdir(parents=True, exist_ok=True)
     made = []
     if data.get("bench_comm"):
-        fig, ax = plt.subplots(figsize=(8, 5))
+        fig, ax = plt.subplots(figsize=(10, 5))
         for label, pts in _route_series(data["bench_comm"]).items():
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
         ax.set(xscale="log", yscale="log", xlabel="rows (batch x draft tokens)", ylabel="us per call (graph chain)",
-               title="Per-call reduction latency on this box")
-        ax.legend(fontsize=7)
+               title=f"Per-call reduction latency, {describe_box(box_class(data))}")
+        finish_axes(ax, True)
         fig.tight_layout()
         fig.savefig(out / "per_call.png", dpi=110)
         plt.close(fig)
@@ -433,8 +433,8 @@ def plots(data: dict, out: Path) -> list[str]:
                 xerr=[[max((r["tok_s"] or 0) - (r["tok_s_min"] or 0), 0) for r in rows],
                       [max((r["tok_s_max"] or 0) - (r["tok_s"] or 0), 0) for r in rows]])
         ax.axvline(THRESHOLDS["goal_tok_s"], color="red", linestyle="--", label="goal")
-        ax.set(xlabel="decode tok/s (median, min-max)", title="Serving A/B (make bench)")
-        ax.legend()
+        ax.set(xlabel="decode tok/s (median, min-max)", title=f"Serving A/B (make bench), {describe_box(box_class(data))}")
+        finish_axes(ax, True)
         fig.tight_layout()
         fig.savefig(out / "bench.png", dpi=110)
         plt.close(fig)

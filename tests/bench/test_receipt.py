@@ -268,3 +268,30 @@ def test_a_receipt_without_measurements_says_so_instead_of_placeholders(tmp_path
     assert whys["NCCL release the image runs"].startswith("no NCCL measured (no bench-comm in the receipt)")
     assert any(k.startswith("FlashInfer all-reduce + RMSNorm fusion at the TP measured (TP unknown") for k in
                [r["default"] for r in meta["recommendations"]])
+
+
+def test_plots_read_plainly_and_name_what_they_measured(proxy_receipt, monkeypatch):
+    """Log axes with plain numbers (not 3x10^1), legends beside the data, "no data" on an empty panel, and titles
+    naming the GPUs they measured (issue 23 item 10)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from scripts.bench import comm_report
+
+    monkeypatch.setattr(plt, "close", lambda fig=None: None)  # keep the figures the real code draws
+    data = receipt_data.load(proxy_receipt)
+    plt.close("all")
+    receipt_data.plots(data, proxy_receipt / "plots")
+    per_call = next(f for f in map(plt.figure, plt.get_fignums()) if "Per-call" in f.axes[0].get_title())
+    ax = per_call.axes[0]
+    assert ax.get_title() == "Per-call reduction latency, 2x NVIDIA H200, NVLink"
+    per_call.canvas.draw()
+    labels = [t.get_text() for t in ax.yaxis.get_ticklabels() if t.get_text()]
+    assert labels and not any("times" in t or "^" in t or "10^" in t for t in labels), labels
+    legend = ax.get_legend().get_window_extent()
+    assert legend.x0 >= ax.get_window_extent().x1  # beside the axes, over no point
+    empty = plt.figure().add_subplot()
+    comm_report.finish_axes(empty, False)
+    assert [t.get_text() for t in empty.texts] == ["no data in this result"]
