@@ -171,6 +171,9 @@ def test_a_bad_receipt_is_named(tmp_path):
         receipt_data.open_receipt(tmp_path)
     cp = _receipt("--parts", "doctor,nonsense", "--dir", tmp_path / "x")
     assert cp.returncode == 2 and "unknown part(s) nonsense" in cp.stderr
+    cp = _receipt("--redo", "foo", "--dir", tmp_path / "x")  # was accepted silently
+    assert cp.returncode == 2 and "unknown --redo part(s) foo: choose from doctor" in cp.stderr
+    assert not (tmp_path / "x").exists()
 
 
 def test_the_nccl_release_axis_recommends_the_faster_release():
