@@ -39,8 +39,13 @@ case $what in test-gpu|both|bench-comm|pytest)
 python3 -c "import torch, sglang; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version(), 'gpus',
   torch.cuda.device_count(), 'sglang', sglang.__file__)"
 
-test_serve() {  # the tier's own models and logs live in a temporary directory it removes
-  python3 -m scripts.host.serve_tier --standins --out "$OUT/test-serve.json" "$@" 2>&1 | tee "$OUT/test-serve.run.log"
+test_serve() {  # the tier's own models and logs live in a temporary directory it removes once it has written
+  local rc=0
+  python3 -m scripts.host.serve_tier --standins --out "$OUT/test-serve.json" "$@" 2>&1 \
+    | tee "$OUT/test-serve.run.log" \
+    || rc=$?
+  [ -f "$OUT/test-serve.json" ] || tar czf "$OUT/test-serve-raw.tgz" -C /tmp $(cd /tmp && ls -d eagle-test-serve-*) || true
+  return $rc
 }
 bench_tiny() {  # A/B/A of the tiny pair without and with EAGLE-3: the route's env and flags from serve_plan.LENT
   local models=/tmp/tiny-models res=/tmp/bench-tiny

@@ -197,7 +197,10 @@ def evaluate(recs: dict, chains: dict) -> list[Check]:
         ready = rec.get("ready_s") is not None and not rec.get("error")
         out.append(Check(name, "server up and answered", ready, rec.get("error") or f"ready in {rec.get('ready_s')} s"))
         if ready:
-            out += phase_checks(p, rec, recs, chains)
+            try:
+                out += phase_checks(p, rec, recs, chains)
+            except Exception as e:  # noqa: BLE001 - a record of an unexpected shape fails its phase, not the tier
+                out.append(Check(name, "its checks could be evaluated", False, f"{type(e).__name__}: {e}"))
         out.append(check_stop(p, rec))
     if all(n in recs for n in TIMED):
         out += check_speedup(recs)

@@ -43,6 +43,7 @@ import socket
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 from ..lib import proc
@@ -342,15 +343,19 @@ def main(argv=None) -> int:
     for k, v in kept.items():
         say(f"kept {k}={v} from the environment (the {lent.name} route's default not applied)")
     started = time.monotonic()
+    crashed = ""
     try:
         run_tier(a, servers, plan.prompts())
+    except Exception:  # noqa: BLE001 - the document still gets written, with what broke
+        crashed = traceback.format_exc()
+        say(f"the tier broke off: {crashed.strip().splitlines()[-1]}")
     finally:
         for s in servers:
             s.rec.setdefault("stop", s.stop())
-    return finish(a, out, names, world, lent, servers, models, kept, started, stamp, work)
+    return finish(a, out, names, world, lent, servers, models, kept, started, stamp, work, crashed)
 
 
-def finish(a, out, names, world, lent, servers, models, kept, started, stamp, work) -> int:
+def finish(a, out, names, world, lent, servers, models, kept, started, stamp, work, crashed: str) -> int:
     pairs = masker(models, servers[0].env)
     chains = {}
     for s in servers:
@@ -361,6 +366,8 @@ def finish(a, out, names, world, lent, servers, models, kept, started, stamp, wo
             chain = load_chain(models / s.phase.pair)
             chains[s.phase.name] = [greedy_chain(chain, p, plan.MAX_NEW) for p in plan.prompts()]
     found = checks.evaluate({s.phase.name: s.rec for s in servers}, chains)
+    if crashed:
+        found.append(checks.Check("tier", "ran to the end", False, crashed[-3000:]))
     meta = {"command": " ".join(["python3", "-m", "scripts.host.serve_tier", *sys.argv[1:]]),
             "revision": revision(short=True)[0], "started_at": stamp, "seconds": round(time.monotonic() - started),
             "versions": versions(a.python, servers[0].env), "route_env": dict(lent.env), "route_flags":
