@@ -8,8 +8,8 @@
 #                                           (+ .log: the servers' logs, paths masked)
 #   bench/device/run.sh bench-tiny [ARGS]   the real make bench once, on the tiny models (bench/device/tiny-*.toml:
 #                                           local launcher, no docker) -> $OUT/bench-tiny.tgz (results, report, logs)
-#   bench/device/run.sh serve-all [ARGS]    test-serve (ARGS go to it), then bench-tiny as soon as test-serve's
-#                                           workloads are done; the whole within DEADLINE seconds (default 540)
+#   bench/device/run.sh serve-all [ARGS]    test-serve (ARGS go to it) and bench-tiny at the same time, the bench
+#                                           within DEADLINE seconds of the start (default 360)
 # The machine has python3 with CUDA torch 2.11 and no network: the patched SGLang, FlashInfer (with its modules
 # compiled ahead by prepare.sh; not needed by test-serve and bench-tiny) and the missing wheels come from .device/;
 # sgl-kernel is not carried (built for another torch): tests/gpu/standin stands in for its imports. NVLink multicast
@@ -57,10 +57,10 @@ print('export PYTHONPATH=' + ':'.join(map(str, LENT.paths)) + ':\$PYTHONPATH')
 print('ROUTE_FLAGS=' + shlex.quote(shlex.join(LENT.flags)))")"
   rm -rf $res && mkdir -p $res
   [ "${BENCH_BUDGET:-3600}" -gt 60 ] || { echo "[device] bench-tiny: no time left (${BENCH_BUDGET} s)"; return 1; }
-  timeout --signal=INT "${BENCH_BUDGET:-3600}" python3 -m scripts.bench.bench \
+  timeout --signal=INT --kill-after=20 "${BENCH_BUDGET:-3600}" python3 -m scripts.bench.bench \
     --variants-file bench/device/tiny-variants.toml --scenarios-file bench/device/tiny-scenarios.toml --repeats 2 \
     --box H200-x1-lent --results-dir $res --model $models/llama/target --draft-model $models/llama/draft-pi \
-    --launch-timeout 300 "$@" -- $ROUTE_FLAGS \
+    --launch-timeout 240 "$@" -- $ROUTE_FLAGS \
     2>&1 | tee $res/bench.run.log
   local rc=${PIPESTATUS[0]}
   # the files are committed: machine paths masked
@@ -85,13 +85,12 @@ fi
 [ "$what" = test-serve ] && { test_serve "$@" || rc=$?; }
 [ "$what" = bench-tiny ] && { bench_tiny "$@" || rc=$?; }
 if [ "$what" = serve-all ]; then
+  # both at once on the one GPU (one device call): the tier's servers and the tiny bench's share it, so their
+  # timings are each other's load as well (both are proxies; the tier's verify-graph vs eager rounds alternate, the
+  # bench's A/B/A too). The bench gets DEADLINE seconds (default 360) less 30 for the caches, then an interrupt (it
+  # stops its server and keeps the runs it finished).
   test_serve "$@" & tier=$!
-  # the tiny bench's first server starts once the tier's timed step and workloads are over (or the tier ended); it
-  # gets what is left of DEADLINE seconds (default 540) less 30 for the caches, then an interrupt (it stops its
-  # server and keeps the runs it finished)
-  until grep -qs -e "workloads done" -e "passed, " "$OUT/test-serve.run.log" || ! kill -0 $tier 2>/dev/null; do
-    sleep 2; done
-  BENCH_BUDGET=$(( ${DEADLINE:-540} - ($(date +%s) - t0) - 30 )) bench_tiny || rc=$?
+  BENCH_BUDGET=$(( ${DEADLINE:-360} - ($(date +%s) - t0) - 30 )) bench_tiny || rc=$?
   wait $tier || rc=$?
 fi
 case $what in test-serve|bench-tiny|serve-all)

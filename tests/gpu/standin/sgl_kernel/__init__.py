@@ -9,12 +9,16 @@ that reaches a kernel fails loudly instead of passing on a fake. The serving ima
 never puts this directory on sys.path (tests/gpu/_harness.py adds it only when `import sgl_kernel` fails; the
 lent-GPU route of `make test-serve`, scripts/host/serve_plan.py, names it).
 
-Two ops are not placeholders: the DeepSeek-shaped tiny server of `make test-serve` reaches them in its MoE layers,
-and SGLang itself ships kernels of the same contract, which they call (nothing is re-implemented here):
-  moe_align_block_size -> sglang.kernels.ops.moe.moe_align.moe_align_block_size (SGLang's JIT CUDA kernel)
-  moe_sum_reduce       -> sglang.kernels.ops.moe.fused_moe_triton_kernels.moe_sum_reduce_triton (its Triton one)
-With EAGLE_STANDIN_LOG=FILE, every call of an op (delegated or not) appends "<pid> <delegated|missing> <name>"
-to FILE, so a run can say which stand-in ops it used.
+Not placeholders, for the tiny servers of `make test-serve` (scripts/host/serve_plan.py LENT):
+  utils.is_arch_support_pdl() is False: SGLang's triton attention asks it at start; the stand-in vouches for no
+    programmatic-dependent-launch path (the real sgl-kernel says True from SM90 on; the e2e probe ran with False)
+  moe_align_block_size, moe_sum_reduce: the DeepSeek-shaped server reaches them in its MoE layers, and SGLang
+    itself ships kernels of the same contract, which they call (nothing is re-implemented here):
+    moe_align_block_size -> sglang.kernels.ops.moe.moe_align.moe_align_block_size (SGLang's JIT CUDA kernel)
+    moe_sum_reduce       -> sglang.kernels.ops.moe.fused_moe_triton_kernels.moe_sum_reduce_triton (its Triton one)
+A placeholder is falsy (`op or fallback` takes the fallback).
+With EAGLE_STANDIN_LOG=FILE, every call of an op appends "<pid> <delegated|answered|missing> <name>" to FILE, so
+a run can say which stand-in ops it used.
 """
 
 from __future__ import annotations
@@ -62,7 +66,13 @@ def moe_sum_reduce(input, output, routed_scaling_factor=1.0):
     _target("moe_sum_reduce")(input, output, float(routed_scaling_factor))
 
 
-_OPS = {"moe_align_block_size": moe_align_block_size, "moe_sum_reduce": moe_sum_reduce}
+def is_arch_support_pdl() -> bool:
+    _log("answered", "utils.is_arch_support_pdl")
+    return False
+
+
+_OPS = {"moe_align_block_size": moe_align_block_size, "moe_sum_reduce": moe_sum_reduce,
+        "is_arch_support_pdl": is_arch_support_pdl}
 
 
 class _Missing:
@@ -80,6 +90,9 @@ class _Missing:
         if attr.startswith("__"):
             raise AttributeError(attr)
         return _Missing(f"{self._name}.{attr}")
+
+    def __bool__(self) -> bool:
+        return False
 
     def __repr__(self) -> str:
         return f"<sgl_kernel stand-in {self._name}>"
