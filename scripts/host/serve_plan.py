@@ -14,6 +14,11 @@ adds its sglang flags after `--`. Phases (the generated pairs of scripts/host/ti
   kimi-graph    it with a Llama-form EAGLE-3 drafter (Kimi-K2.5's default drafter form)
   kimi-mla      it with an MLA-form drafter (Eagle3DeepseekV2ForCausalLM, lightseekorg/kimi-k2.5-eagle3-mla's form)
 
+Not a phase: the post-capture cap (ModelRunner._cap_running_requests_to_verify_graphs, when the captured list
+tops out below max_running_requests). It needs a capture filter that drops the largest size, i.e. two-batch
+overlap (or gathered buffers at a width that is no multiple of attn_tp_size); at TP1 the request-pool clamp moves
+max_running_requests along with the list, so no flag reaches it. tests/patches/test_verify_graph.py drives it.
+
 Routes: BOX, the serving image or a host with the real sgl-kernel and FlashInfer (nothing added), and LENT, a lent
 GPU machine whose torch sgl-kernel cannot load on: import-only stand-ins (tests/gpu/standin, tests/serve/standin),
 the fused ops on SGLang's own torch reference (SGLANG_FORCE_FUSED_OP_BACKEND=torch) except the MoE, which stays on

@@ -271,7 +271,7 @@ def versions(python: str, env: dict) -> dict:
     return v
 
 
-def document(a, names, world, lent, servers, found, meta) -> dict:
+def document(names, world, lent, servers, found, meta) -> dict:
     recs = {s.phase.name: s.rec for s in servers}
     doc = {"schema": SCHEMA, "world": world, "passed": sum(c.ok for c in found),
            "failed": sum(not c.ok for c in found), "gpus": names, "route": lent.name, **meta,
@@ -280,7 +280,8 @@ def document(a, names, world, lent, servers, found, meta) -> dict:
     if lent.standins:
         calls = sorted({c for r in recs.values() for c in r.get("standin_calls", {})})
         doc["proxy"] = (f"proxy: torch {meta['versions'].get('torch')}, stand-ins {', '.join(lent.standins)} "
-                        f"(ops called: {', '.join(calls) or 'none'}); {names[0]} x{world}, not the box")
+                        f"(ops called: {', '.join(calls) or 'none'}); {names[0]} x{world} at TP{world}, not the box's "
+                        f"SM120 GPUs, kernels or collectives")
     return doc
 
 
@@ -372,7 +373,7 @@ def finish(a, out, names, world, lent, servers, models, kept, started, stamp, wo
             "revision": revision(short=True)[0], "started_at": stamp, "seconds": round(time.monotonic() - started),
             "versions": versions(a.python, servers[0].env), "route_env": dict(lent.env), "route_flags":
             list(lent.flags), "kept_env": kept, "prompts": [len(p) for p in plan.prompts()], "max_new": plan.MAX_NEW}
-    doc = document(a, names, world, lent, servers, found, meta)
+    doc = document(names, world, lent, servers, found, meta)
     out.write_text(mask(compact(json.dumps(doc, indent=1, default=str)), pairs) + "\n")
     log = "".join(f"===== {s.phase.name}: {s.rec['command']}\n{s.rec['log']}\n" for s in servers)
     out.with_suffix(".log").write_text(mask(log, pairs))

@@ -28,7 +28,7 @@ import json
 from pathlib import Path
 
 VOCAB = 2048
-HIDDEN = 512
+WIDTH = 512  # hidden size of every tiny model
 SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")  # ids 0..3, fixed points of the chain
 AUX_LAYERS = [0, 1, 2]  # the target layers whose hidden states the drafter's fc reads (fc is zero)
 PAIRS = {"llama": ("target", "draft-pi", "draft-random"), "kimi": ("target", "draft-pi", "draft-mla")}
@@ -91,17 +91,17 @@ def _save(d: Path, weights: dict, config: dict) -> None:
 
 
 def _common(extra: dict) -> dict:
-    return {"vocab_size": VOCAB, "hidden_size": HIDDEN, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3,
+    return {"vocab_size": VOCAB, "hidden_size": WIDTH, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3,
             "tie_word_embeddings": False, "torch_dtype": "bfloat16", "hidden_act": "silu", **extra}
 
 
 def _readout(g, inv) -> tuple[object, dict]:
     """Unit embedding rows U, and the embedding / lm_head / final norm every target shares."""
     torch = _torch()
-    u = torch.randn(VOCAB, HIDDEN, generator=g)
+    u = torch.randn(VOCAB, WIDTH, generator=g)
     u = u / u.norm(dim=1, keepdim=True)
-    return u, {"model.embed_tokens.weight": u * HIDDEN ** 0.5, "lm_head.weight": 0.5 * u[inv],
-               "model.norm.weight": torch.ones(HIDDEN)}
+    return u, {"model.embed_tokens.weight": u * WIDTH ** 0.5, "lm_head.weight": 0.5 * u[inv],
+               "model.norm.weight": torch.ones(WIDTH)}
 
 
 def llama_target(g, inv, out_std: float = 0.004) -> tuple[object, dict, dict]:
@@ -110,14 +110,14 @@ def llama_target(g, inv, out_std: float = 0.004) -> tuple[object, dict, dict]:
     layers = 4
     for i in range(layers):
         p = f"model.layers.{i}."
-        sq = (HIDDEN, HIDDEN)
+        sq = (WIDTH, WIDTH)
         for name, shape, std in (("self_attn.q_proj", sq, 0.02), ("self_attn.k_proj", sq, 0.02),
                                  ("self_attn.v_proj", sq, 0.02), ("self_attn.o_proj", sq, out_std),
-                                 ("mlp.gate_proj", (INTER, HIDDEN), 0.02), ("mlp.up_proj", (INTER, HIDDEN), 0.02),
-                                 ("mlp.down_proj", (HIDDEN, INTER), out_std)):
+                                 ("mlp.gate_proj", (INTER, WIDTH), 0.02), ("mlp.up_proj", (INTER, WIDTH), 0.02),
+                                 ("mlp.down_proj", (WIDTH, INTER), out_std)):
             w[p + name + ".weight"] = torch.randn(*shape, generator=g) * std
-        w[p + "input_layernorm.weight"] = torch.ones(HIDDEN)
-        w[p + "post_attention_layernorm.weight"] = torch.ones(HIDDEN)
+        w[p + "input_layernorm.weight"] = torch.ones(WIDTH)
+        w[p + "post_attention_layernorm.weight"] = torch.ones(WIDTH)
     cfg = _common({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "intermediate_size": INTER,
                    "num_hidden_layers": layers, "num_attention_heads": HEADS, "num_key_value_heads": HEADS,
                    "head_dim": HEAD_DIM, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
@@ -138,25 +138,25 @@ def kimi_target(g, inv, out_std: float = 0.02) -> tuple[object, dict, dict]:
 
     for i in range(layers):
         p = f"model.layers.{i}."
-        w.update({p + "input_layernorm.weight": torch.ones(HIDDEN), p + "post_attention_layernorm.weight":
-                  torch.ones(HIDDEN), p + "self_attn.q_a_proj.weight": rnd(qr, HIDDEN),
+        w.update({p + "input_layernorm.weight": torch.ones(WIDTH), p + "post_attention_layernorm.weight":
+                  torch.ones(WIDTH), p + "self_attn.q_a_proj.weight": rnd(qr, WIDTH),
                   p + "self_attn.q_a_layernorm.weight": torch.ones(qr),
                   p + "self_attn.q_b_proj.weight": rnd(nh * (nope + rope), qr, std=0.1),
-                  p + "self_attn.kv_a_proj_with_mqa.weight": rnd(kvr + rope, HIDDEN),
+                  p + "self_attn.kv_a_proj_with_mqa.weight": rnd(kvr + rope, WIDTH),
                   p + "self_attn.kv_a_layernorm.weight": torch.ones(kvr),
                   p + "self_attn.kv_b_proj.weight": rnd(nh * (nope + vd), kvr, std=0.1 * (64 / kvr) ** 0.5),
-                  p + "self_attn.o_proj.weight": rnd(HIDDEN, nh * vd, std=out_std * 5 * (256 / (nh * vd)) ** 0.5)})
+                  p + "self_attn.o_proj.weight": rnd(WIDTH, nh * vd, std=out_std * 5 * (256 / (nh * vd)) ** 0.5)})
         if i == 0:  # first_k_dense_replace = 1
-            for name, shape, std in (("gate_proj", (INTER, HIDDEN), 0.02), ("up_proj", (INTER, HIDDEN), 0.02),
-                                     ("down_proj", (HIDDEN, INTER), out_std)):
+            for name, shape, std in (("gate_proj", (INTER, WIDTH), 0.02), ("up_proj", (INTER, WIDTH), 0.02),
+                                     ("down_proj", (WIDTH, INTER), out_std)):
                 w[p + f"mlp.{name}.weight"] = rnd(*shape, std=std)
             continue
-        w[p + "mlp.gate.weight"] = rnd(experts, HIDDEN)
+        w[p + "mlp.gate.weight"] = rnd(experts, WIDTH)
         w[p + "mlp.gate.e_score_correction_bias"] = rnd(experts, std=0.01)
         for e in [*(f"experts.{j}" for j in range(experts)), "shared_experts"]:
-            w[p + f"mlp.{e}.gate_proj.weight"] = rnd(moe_inter, HIDDEN)
-            w[p + f"mlp.{e}.up_proj.weight"] = rnd(moe_inter, HIDDEN)
-            w[p + f"mlp.{e}.down_proj.weight"] = rnd(HIDDEN, moe_inter, std=out_std)
+            w[p + f"mlp.{e}.gate_proj.weight"] = rnd(moe_inter, WIDTH)
+            w[p + f"mlp.{e}.up_proj.weight"] = rnd(moe_inter, WIDTH)
+            w[p + f"mlp.{e}.down_proj.weight"] = rnd(WIDTH, moe_inter, std=out_std)
     # Kimi-K2.5's text_config keys (tests/fixtures/kimi-k25/config.json), sizes scaled down, no quantization
     cfg = _common({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2", "attention_bias": False,
                    "attention_dropout": 0.0, "first_k_dense_replace": 1, "initializer_range": 0.02,
@@ -176,7 +176,7 @@ def kimi_target(g, inv, out_std: float = 0.02) -> tuple[object, dict, dict]:
 def _eagle_config(extra: dict) -> dict:
     return _common({"num_hidden_layers": 1, "num_attention_heads": HEADS, "intermediate_size": INTER,
                     "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-                    "target_hidden_size": HIDDEN, "draft_vocab_size": VOCAB,
+                    "target_hidden_size": WIDTH, "draft_vocab_size": VOCAB,
                     "eagle_config": {"use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids": AUX_LAYERS},
                     **extra})
 
@@ -184,31 +184,31 @@ def _eagle_config(extra: dict) -> dict:
 def _pi_tail(u, inv, s_draft: float = 40.0, w_final: float = 0.01) -> dict:
     """fc = 0, the chain readout over the whole vocabulary (d2t = 0), a tiny final norm (with norm_output)."""
     torch = _torch()
-    return {"fc.weight": torch.zeros(HIDDEN, len(AUX_LAYERS) * HIDDEN), "norm.weight": torch.full((HIDDEN,), w_final),
+    return {"fc.weight": torch.zeros(WIDTH, len(AUX_LAYERS) * WIDTH), "norm.weight": torch.full((WIDTH,), w_final),
             "lm_head.weight": s_draft * u[inv], "d2t": torch.zeros(VOCAB, dtype=torch.int64),
             "t2d": torch.ones(VOCAB, dtype=torch.bool)}
 
 
 def _dense_mlp(g, p: str) -> dict:
     torch = _torch()
-    return {p + "mlp.gate_proj.weight": torch.randn(INTER, HIDDEN, generator=g) * 0.02,
-            p + "mlp.up_proj.weight": torch.randn(INTER, HIDDEN, generator=g) * 0.02,
-            p + "mlp.down_proj.weight": torch.zeros(HIDDEN, INTER),
-            **{p + n + ".weight": torch.ones(HIDDEN) for n in ("input_layernorm", "hidden_norm",
+    return {p + "mlp.gate_proj.weight": torch.randn(INTER, WIDTH, generator=g) * 0.02,
+            p + "mlp.up_proj.weight": torch.randn(INTER, WIDTH, generator=g) * 0.02,
+            p + "mlp.down_proj.weight": torch.zeros(WIDTH, INTER),
+            **{p + n + ".weight": torch.ones(WIDTH) for n in ("input_layernorm", "hidden_norm",
                                                               "post_attention_layernorm")}}
 
 
 def llama_pi_drafter(g, u, inv, beta: float = 4.0) -> tuple[dict, dict]:
     """LlamaForCausalLMEagle3 proposing chain(token): q_h = k_h = beta * P_h n(embed), v = n(embed), o = I."""
     torch = _torch()
-    proj = torch.cat([_orthonormal_rows(g, HEAD_DIM, HIDDEN) for _ in range(HEADS)])  # [H, H]
-    zero = torch.zeros(HIDDEN, HIDDEN)
+    proj = torch.cat([_orthonormal_rows(g, HEAD_DIM, WIDTH) for _ in range(HEADS)])  # [H, H]
+    zero = torch.zeros(WIDTH, WIDTH)
     qk = torch.cat([beta * proj, zero], 1)  # reads the embedding half of [embed, hidden]
     p = "midlayer."
     w = {**_pi_tail(u, inv), **_dense_mlp(g, p), p + "self_attn.q_proj.weight": qk,
          p + "self_attn.k_proj.weight": qk.clone(),
-         p + "self_attn.v_proj.weight": torch.cat([torch.eye(HIDDEN), zero], 1),
-         p + "self_attn.o_proj.weight": torch.eye(HIDDEN)}
+         p + "self_attn.v_proj.weight": torch.cat([torch.eye(WIDTH), zero], 1),
+         p + "self_attn.o_proj.weight": torch.eye(WIDTH)}
     return w, _eagle_config({"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
                              "num_key_value_heads": HEADS, "head_dim": HEAD_DIM, "norm_output": True})
 
@@ -217,14 +217,14 @@ def llama_random_drafter(g) -> tuple[dict, dict]:
     torch = _torch()
     dv = VOCAB // 2
     p = "midlayer."
-    w = {"fc.weight": torch.randn(HIDDEN, len(AUX_LAYERS) * HIDDEN, generator=g) * 0.02,
-         "norm.weight": torch.ones(HIDDEN), "lm_head.weight": torch.randn(dv, HIDDEN, generator=g) * 0.02,
+    w = {"fc.weight": torch.randn(WIDTH, len(AUX_LAYERS) * WIDTH, generator=g) * 0.02,
+         "norm.weight": torch.ones(WIDTH), "lm_head.weight": torch.randn(dv, WIDTH, generator=g) * 0.02,
          "d2t": torch.zeros(dv, dtype=torch.int64), "t2d": torch.arange(VOCAB) < dv}
-    for name, shape in (("q_proj", (HIDDEN, 2 * HIDDEN)), ("k_proj", (HIDDEN, 2 * HIDDEN)),
-                        ("v_proj", (HIDDEN, 2 * HIDDEN)), ("o_proj", (HIDDEN, HIDDEN))):
+    for name, shape in (("q_proj", (WIDTH, 2 * WIDTH)), ("k_proj", (WIDTH, 2 * WIDTH)),
+                        ("v_proj", (WIDTH, 2 * WIDTH)), ("o_proj", (WIDTH, WIDTH))):
         w[p + f"self_attn.{name}.weight"] = torch.randn(*shape, generator=g) * 0.02
     w.update(_dense_mlp(g, p))
-    w[p + "mlp.down_proj.weight"] = torch.randn(HIDDEN, INTER, generator=g) * 0.02
+    w[p + "mlp.down_proj.weight"] = torch.randn(WIDTH, INTER, generator=g) * 0.02
     return w, _eagle_config({"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
                              "num_key_value_heads": HEADS, "head_dim": HEAD_DIM, "draft_vocab_size": dv})
 
@@ -237,24 +237,24 @@ def mla_pi_drafter(g, u, inv, beta: float = 2.0) -> tuple[dict, dict]:
     torch = _torch()
     qr, kvr, nope, rope, vd = (MLA[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
                                                  "qk_rope_head_dim", "v_head_dim"))
-    proj = _orthonormal_rows(g, qr, HIDDEN)  # P: [q_lora, H]
+    proj = _orthonormal_rows(g, qr, WIDTH)  # P: [q_lora, H]
     q_b = torch.zeros(HEADS * (nope + rope), qr)
     kv_b = torch.zeros(HEADS * (nope + vd), kvr)
-    o = torch.zeros(HIDDEN, HEADS * vd)
-    part = HIDDEN // HEADS
+    o = torch.zeros(WIDTH, HEADS * vd)
+    part = WIDTH // HEADS
     for h in range(HEADS):
         rot = _orthonormal_rows(g, nope, qr)  # R_h
         q_b[h * (nope + rope):h * (nope + rope) + nope] = beta * rot
         kv_b[h * (nope + vd):h * (nope + vd) + nope] = beta * rot @ proj
         kv_b[h * (nope + vd) + nope:h * (nope + vd) + nope + part, h * part:(h + 1) * part] = torch.eye(part)
         o[h * part:(h + 1) * part, h * vd:h * vd + part] = torch.eye(part)
-    zero = torch.zeros(qr, HIDDEN)
+    zero = torch.zeros(qr, WIDTH)
     p = "layers.0."
     w = {**_pi_tail(u, inv), **_dense_mlp(g, p),
          p + "self_attn.q_a_proj.weight": torch.cat([proj, zero], 1),
          p + "self_attn.q_a_layernorm.weight": torch.ones(qr), p + "self_attn.q_b_proj.weight": q_b,
-         p + "self_attn.kv_a_proj_with_mqa.weight": torch.cat([torch.cat([torch.eye(kvr), torch.zeros(kvr, HIDDEN)], 1),
-                                                               torch.zeros(rope, 2 * HIDDEN)]),
+         p + "self_attn.kv_a_proj_with_mqa.weight": torch.cat([torch.cat([torch.eye(kvr), torch.zeros(kvr, WIDTH)], 1),
+                                                               torch.zeros(rope, 2 * WIDTH)]),
          p + "self_attn.kv_a_layernorm.weight": torch.ones(kvr), p + "self_attn.kv_b_proj.weight": kv_b,
          p + "self_attn.o_proj.weight": o}
     return w, _eagle_config({"architectures": ["Eagle3DeepseekV2ForCausalLM"], "model_type": "deepseek_v3",

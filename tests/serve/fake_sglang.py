@@ -16,6 +16,7 @@ import argparse
 import json
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -82,6 +83,7 @@ def main() -> None:
             for _ in range(n):
                 t = chain[t]
                 out.append(t)
+            time.sleep(0.002 * n)  # as fast with a drafter as without, graphs or not: the speed check must fail
             with lock:
                 counts["n"] += (n + 3) // 4 if spec else 0
             meta = {"completion_tokens": n, **({"spec_accept_length": 4.0, "spec_verify_ct": (n + 3) // 4}
