@@ -9,8 +9,8 @@ PYTEST_ARGS ?=
 IMAGE     ?=
 export SGLANG_BASE
 
-.PHONY: help setup apply export check-patches refresh test test-gpu prove-tests image lint-docker doctor bench bench-sweep \
-        bench-comm report docs clean
+.PHONY: help setup apply export check-patches refresh test test-gpu test-serve prove-tests image lint-docker doctor \
+        bench bench-sweep bench-comm report docs clean
 
 help:            ## list targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t16
@@ -42,6 +42,9 @@ test: setup apply  ## the whole check: pytest against build/sglang, series round
 
 test-gpu:        ## the patched collectives, fused op and decisions on >= 2 GPUs (here or in IMAGE) -> bench/results
 	$(PY) -m scripts.host.test_gpu $(if $(IMAGE),--image $(IMAGE)) $(TEST_GPU_ARGS)
+
+test-serve:      ## the patched server with EAGLE-3 on generated tiny models, on the GPUs -> bench/results
+	$(PY) -m scripts.host.serve_tier $(TEST_SERVE_ARGS)
 
 prove-tests: setup apply  ## show that every patch test fails on the unpatched base tree
 	$(VPY) -m scripts.series.prove_tests
