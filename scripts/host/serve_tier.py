@@ -1,7 +1,7 @@
 """`make test-serve`: the patched SGLang server, EAGLE-3 and all, on generated tiny models, before any real weight.
 
   python -m scripts.host.serve_tier [--out FILE] [--world N] [--phases a,b,..] [--models DIR] [--port BASE]
-                                    [--python PY] [--standins] [--ready-timeout S]
+                                    [--python PY] [--standins | --image [IMAGE] | --here] [--ready-timeout S]
 
 Generates the tiny model pairs (scripts/host/tiny_models.py: a Llama pair and a DeepSeek-V3-shaped pair with
 Kimi-K2.5's config keys, seconds), starts one server per phase through the project's `serve` verb with the tiny
@@ -15,11 +15,16 @@ their graphs, the counters in /server_info and /metrics agreeing, the caps and t
 length 4 with a drafter that is always right, the graph at least 2x eager, and greedy output with speculation
 identical to greedy output without it. The phases and routes: scripts/host/serve_plan.py.
 
+Where it runs (scripts/host/route.py, the rule of make test-gpu; the first line says which and why): here, with PY
+(default: this python), when its torch sees a CUDA GPU and it imports a patched sglang and sgl_kernel; otherwise
+inside the serving image (`docker run --gpus all --ipc=host -v DIR:/results -v
+sglang-flashinfer:/root/.cache/flashinfer IMAGE test-serve`), when the docker engine answers and has the image.
+--image forces the image, --here forbids it.
+
 The servers listen on 127.0.0.1 and get no API key ($SGLANG_API_KEY is not passed to them: they are this tier's
 own). --standins is the lent-GPU route (a machine whose torch sgl-kernel cannot load on): the stand-ins, env and
 flags serve_plan.LENT names, each value only where the environment has none; the result then says
-"proxy: torch <v>, stand-ins <list>" and which stand-in ops the servers called. Without it, a --python that cannot
-import sgl_kernel is refused with that fix.
+"proxy: torch <v>, stand-ins <list>" and which stand-in ops the servers called. It always runs here.
 
 The result document (world, passed, failed, every check, per phase the spec_* keys of /server_info's
 internal_states[0] as SGLang returns them, the metric samples, timings, the commands, versions) goes to --out,
@@ -214,26 +219,51 @@ def workload(s: Server, prompts: list[list[int]]) -> None:
 # before and after
 
 
-def preflight(a: argparse.Namespace, phases: list[plan.Phase]) -> tuple[list[str], int, plan.Route]:
+def gpus_and_world(a: argparse.Namespace) -> tuple[list[str], int]:
     names = route.gpu_names()
     if not names:
         raise UserError("no NVIDIA GPU visible here (nvidia-smi -L): make test-serve starts real servers. Run it on "
-                        "the GPU box (docker run --gpus all --ipc=host -v \"$PWD/bench/results:/results\" IMAGE "
-                        "test-serve); `make test` is the CPU suite")
+                        "the GPU box (docker run --gpus all --ipc=host -v \"$PWD/bench/results:/results\" -v "
+                        f"sglang-flashinfer:/root/.cache/flashinfer {route.default_image()} test-serve); `make "
+                        "test` is the CPU suite")
     world = a.world or len(names)
     if world > len(names):
         raise UserError(f"--world {world}, but {len(names)} GPU(s) are visible here: pass --world {len(names)}")
-    lent = plan.LENT if a.standins else plan.BOX
-    if not a.standins and not proc.run([a.python, "-c", "import sgl_kernel"], timeout=300).ok:
-        raise UserError(f"{a.python} cannot import sgl_kernel, so the servers cannot start. On a lent GPU machine "
-                        f"whose torch sgl-kernel does not load on, add --standins (the stand-in route, named as "
-                        f"one in the result); on the box, run it from the serving image")
+    return names, world
+
+
+def why_not_here(a: argparse.Namespace) -> tuple[str, str]:
+    """(what a.python has, '' when it can serve here, else why not): torch with a CUDA GPU, a patched sglang and,
+    unless --standins, an sgl_kernel it can import."""
+    info = route.probe_python(a.python)
+    why = f"{a.python} cannot import torch ({info['error']})" if info.get("error") else \
+        "" if info.get("gpus") else f"{a.python}'s torch {info.get('torch')} sees no CUDA GPU"
+    why = why or route.sglang_why(a.python, info, flashinfer=False)
+    if not why and not a.standins and not proc.run([a.python, "-c", "import sgl_kernel"], timeout=300).ok:
+        why = (f"{a.python} cannot import sgl_kernel, so its servers cannot start (on a lent GPU machine whose torch "
+               f"sgl-kernel does not load on, add --standins: the stand-in route, named as one in the result)")
+    return route.describe(a.python, info), why
+
+
+def check_ports(a: argparse.Namespace, phases: list[plan.Phase]) -> None:
     busy = [p for i in range(len(phases)) for p in plan.ports(i, a.port) if not port_free(p)]
     if busy:
         raise UserError(f"port(s) {', '.join(map(str, busy))} are in use: stop what listens there or pass "
                         f"--port BASE (phase i uses BASE + {plan.PORT_STRIDE} i and BASE + {plan.PORT_STRIDE} i + "
                         f"{plan.PORT_STRIDE // 2})")
-    return names, world, lent
+
+
+def run_in_image(image: str, out: Path, a: argparse.Namespace) -> int:
+    """The same verb inside the serving image (entrypoint test-serve), writing `out` through the /results mount."""
+    args = ["--out", f"{route.IN_IMAGE_RESULTS}/{out.name}", "--port", str(a.port), "--ready-timeout",
+            str(a.ready_timeout)] + (["--world", str(a.world)] if a.world else []) + (
+            ["--phases", a.phases] if a.phases else [])
+    cmd = route.docker_run(image, "test-serve", args, out.parent)
+    say(f"running: {' '.join(cmd)}")
+    res = proc.run(cmd, timeout=None, capture=False)
+    if not out.is_file():
+        raise UserError(f"test-serve in {image} wrote no result document at {out}: see its output above")
+    return 0 if res.returncode == 0 and json.loads(out.read_text()).get("failed") == 0 else 1
 
 
 def masker(models: Path, env: dict) -> list[tuple[str, str]]:
@@ -313,7 +343,13 @@ def parse(argv):
     ap.add_argument("--python", default=sys.executable, help="interpreter of serve and sglang (default: this one)")
     ap.add_argument("--standins", action="store_true", help="the lent-GPU route: stand-ins for what cannot load")
     ap.add_argument("--ready-timeout", type=float, default=600, help="seconds for the servers to answer (600)")
+    where = ap.add_mutually_exclusive_group()
+    where.add_argument("--image", nargs="?", const="", default=None, help="run inside the serving image (default "
+                                                                         "eagle-fast-verify/sglang:<pinned tag>)")
+    where.add_argument("--here", action="store_true", help="never fall back to the image")
     a = ap.parse_args(argv)
+    if a.standins and a.image is not None:
+        ap.error("--standins is the route of a machine without the image's kernels; it does not go with --image")
     if a.world is not None and a.world < 1:
         ap.error("--world must be at least 1")
     return a
@@ -322,10 +358,18 @@ def parse(argv):
 def main(argv=None) -> int:
     a = parse(argv)
     phases = plan.select(a.phases)
-    names, world, lent = preflight(a, phases)
+    names, world = gpus_and_world(a)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H%MZ")
     out = a.out or route.results_dir() / f"test-serve_{route.gpu_slug(names)}_x{world}_{stamp}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
+    here, why = ("", "") if a.image is not None else (
+        (f"{a.python} (the lent-GPU route, --standins)", "") if a.standins else why_not_here(a))
+    where = route.choose("test-serve", here, why, a.image, a.here)
+    say(where.message)
+    if where.where == "image":
+        return run_in_image(where.image, out, a)
+    check_ports(a, phases)
+    lent = plan.LENT if a.standins else plan.BOX
     work = Path(tempfile.mkdtemp(prefix="eagle-test-serve-"))
     models = a.models or work / "models"
     pairs = sorted({p.pair for p in phases})

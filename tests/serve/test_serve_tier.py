@@ -40,12 +40,38 @@ def tier(args: list[str], tmp_path, gpus: int = 1, timeout: float = 900) -> subp
 def test_without_a_gpu_it_says_where_to_run_it(tmp_path):
     cp = tier(["--out", str(tmp_path / "r.json")], tmp_path, gpus=0)
     assert cp.returncode == 2 and not (tmp_path / "r.json").exists()
-    assert "no NVIDIA GPU visible here" in cp.stderr and "IMAGE test-serve" in cp.stderr
+    assert "no NVIDIA GPU visible here" in cp.stderr and "eagle-fast-verify/sglang:" in cp.stderr
+    assert "sglang-flashinfer:/root/.cache/flashinfer" in cp.stderr and " test-serve);" in cp.stderr
 
 
-def test_a_python_without_sgl_kernel_is_refused_naming_the_stand_in_route(tmp_path):
-    cp = tier(["--out", str(tmp_path / "r.json")], tmp_path)
-    assert cp.returncode == 2 and "cannot import sgl_kernel" in cp.stderr and "add --standins" in cp.stderr
+def test_where_it_cannot_serve_here_nor_in_the_image_it_says_both(tmp_path):
+    cp = tier(["--out", str(tmp_path / "r.json")], tmp_path)  # this python's torch sees no CUDA GPU
+    assert cp.returncode == 2 and not (tmp_path / "r.json").exists()
+    assert "test-serve cannot run here (" in cp.stderr and "sees no CUDA GPU" in cp.stderr
+    assert "nor in the image (" in cp.stderr
+
+
+FAKE_DOCKER = """#!/bin/sh
+echo "$*" >> "{log}"
+case "$1 $2" in
+  "image inspect") echo sha256:0123456789abcdef0123; exit 0;;
+esac
+results=$(echo "$*" | sed -n 's/.*-v \\([^ ]*\\):\\/results .*/\\1/p')
+echo '{{"world": 1, "passed": 66, "failed": 0}}' > "$results/r.json"
+"""
+
+
+def test_with_image_it_runs_the_image_verb_and_reads_its_document(tmp_path):
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "docker").write_text(FAKE_DOCKER.format(log=tmp_path / "docker.log"))
+    (tmp_path / "bin" / "docker").chmod(0o755)
+    cp = tier(["--image", "eagle/sglang:x", "--out", str(tmp_path / "res" / "r.json"), "--phases", "kimi-mla"],
+              tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    run = [ln for ln in (tmp_path / "docker.log").read_text().splitlines() if ln.startswith("run ")][0].split()
+    assert run[run.index("eagle/sglang:x") + 1:][:4] == ["test-serve", "--here", "--out", "/results/r.json"]
+    assert f"{tmp_path / 'res'}:/results" in run and "--gpus" in run and "--ipc=host" in run
+    assert run[-2:] == ["--phases", "kimi-mla"] and "running in the image eagle/sglang:x" in cp.stderr
 
 
 def test_more_ranks_than_gpus_and_a_busy_port_are_refused(tmp_path):
