@@ -348,6 +348,7 @@ def parse(argv):
                                                                          "eagle-fast-verify/sglang:<pinned tag>)")
     where.add_argument("--here", action="store_true", help="never fall back to the image")
     a = ap.parse_args(argv)
+    a.argv = list(sys.argv[1:] if argv is None else argv)  # for the document
     if a.standins and a.image is not None:
         ap.error("--standins is the route of a machine without the image's kernels; it does not go with --image")
     if a.world is not None and a.world < 1:
@@ -413,7 +414,7 @@ def finish(a, out, names, world, lent, servers, models, kept, started, stamp, wo
     found = checks.evaluate({s.phase.name: s.rec for s in servers}, chains)
     if crashed:
         found.append(checks.Check("tier", "ran to the end", False, crashed[-3000:]))
-    meta = {"command": " ".join(["python3", "-m", "scripts.host.serve_tier", *sys.argv[1:]]),
+    meta = {"command": " ".join(["python3", "-m", "scripts.host.serve_tier", *a.argv]),
             "revision": revision(short=True)[0], "started_at": stamp, "seconds": round(time.monotonic() - started),
             "versions": versions(a.python, servers[0].env), "route_env": dict(lent.env), "route_flags":
             list(lent.flags), "kept_env": kept, "prompts": [len(p) for p in plan.prompts()], "max_new": plan.MAX_NEW}
