@@ -12,8 +12,8 @@ PYTEST_ARGS ?=
 IMAGE     ?=
 export SGLANG_BASE
 
-.PHONY: help setup apply export check-patches refresh test test-gpu prove-tests image lint-docker doctor bench bench-sweep \
-        bench-comm report docs clean
+.PHONY: help setup apply export check-patches refresh test test-gpu test-serve prove-tests image lint-docker doctor \
+        bench bench-sweep bench-comm report docs clean
 
 help:            ## list targets and the variables they take
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t16
@@ -25,10 +25,11 @@ help:            ## list targets and the variables they take
 #:   SGLANG_SRC=DIR           apply: patch your own clean checkout of the tag instead of build/sglang
 #:   REBUILD=1                apply: build build/sglang again from a fresh base (drops commits not exported)
 #:   TO=TAG WHEEL=REQ WHEEL_FILE=FILE WRITE=1 RESUME=1 DROP="PATCH ..." SYNC=1   refresh (see its help line)
-#:   IMAGE=NAME:TAG           image, test-gpu, bench-comm: another image name
+#:   IMAGE=NAME:TAG           image, test-gpu, test-serve, bench-comm: another image name
 #:   NCCL=VERSION DRY_RUN=1   image: an NCCL variant (own tag); print the docker build instead of running it
 #:   BENCH_ARGS="..."         bench, bench-sweep, bench-comm: their options (make bench BENCH_ARGS=--dry-run)
 #:   TEST_GPU_ARGS="..."      test-gpu: its options (e.g. -- -k faults)
+#:   TEST_SERVE_ARGS="..."    test-serve: its options (e.g. --phases ..., --world N)
 #:   REPORT_ARGS="..."        report: its options (--dry-run, --redo PART, --nccl-image IMAGE, -- BENCH_ARGS)
 #:   RECEIPT=FILE             docs: ingest this receipt (.tar.gz or directory) only
 #:   PYTEST_ARGS="..."        test: pytest options
@@ -64,6 +65,9 @@ test: setup apply  ## the whole check: pytest against build/sglang, series round
 test-gpu:        ## the patched collectives, fused op and decisions on >= 2 GPUs (here or in IMAGE) -> bench/results
 	$(PY) -m scripts.host.test_gpu $(if $(IMAGE),--image $(IMAGE)) $(TEST_GPU_ARGS)
 
+test-serve:      ## the patched server with EAGLE-3 on generated tiny models, on the GPUs (here or in IMAGE) -> bench/results
+	$(PY) -m scripts.host.serve_tier $(if $(IMAGE),--image $(IMAGE)) $(TEST_SERVE_ARGS)
+
 prove-tests: setup apply  ## show that every patch test fails on the unpatched base tree
 	$(VPY) -m scripts.series.prove_tests
 
@@ -85,7 +89,7 @@ bench-sweep:     ## drafters x speculative settings (bench/sweep.toml), each che
 bench-comm:      ## all-reduce / verify-shaped communication benchmark on >= 2 GPUs (here, or in the image IMAGE)
 	$(PY) -m scripts.bench.bench_comm $(if $(IMAGE),--image $(IMAGE)) $(BENCH_ARGS)
 
-report:          ## the box receipt: doctor, test-gpu, bench-comm, bench -> bench/receipts/<box>_<date>/ + .tar.gz (resumable; REPORT_ARGS)
+report:          ## the box receipt: test-serve, doctor, test-gpu, bench-comm, bench -> bench/receipts/<box>_<date>/ + .tar.gz (resumable; REPORT_ARGS)
 	$(BPY) -m scripts.bench.receipt $(REPORT_ARGS)
 
 docs:            ## regenerate eagle-fast-verify.md's tables from bench/results and receipts (RECEIPT=<.tar.gz>: that one)

@@ -60,6 +60,7 @@ from ..lib.errors import UserError
 from ..lib.progress import say
 from ..lib.repo import revision
 from ..host.exposure import client_key
+from ..lib.http import use_api_key
 from ..host.pcie import package_dir
 from . import config as cfg
 from . import preflight
@@ -68,8 +69,7 @@ from . import sweep
 from .client import Client, bench_serving_cmd, check_bench_args, resolve_client, run_bench_serving
 from .launch import Server
 from .numbers import duration, num
-from .observe import (Sampler, accept_length_from_metrics, internal_state, metrics_parser, take_snapshot, use_api_key,
-                      verify_delta)
+from .observe import Sampler, accept_length_from_metrics, internal_state, metrics_parser, take_snapshot, verify_delta
 
 SCHEMA = "eagle-bench/1"
 EXIT_REGRESSION, EXIT_RUNS_FAILED = 1, 4

@@ -14,12 +14,12 @@ from ..host.engine import cache_mounts, engine
 from ..host.exposure import KEY_VAR
 from ..lib import proc
 from ..lib.errors import UserError
+from ..lib.http import API_KEY, http_get
 from ..lib.progress import say
 from ..lib.repo import REPO_ROOT
 from . import config as cfg
 from .numbers import duration
-from . import observe
-from .observe import http_get, patchset_of_image, patchset_of_python
+from .observe import patchset_of_image, patchset_of_python
 from .preflight import InfraError
 
 DOCKER_TIMEOUT = 600.0  # docker run -d / docker stop
@@ -41,8 +41,8 @@ def tail(path: Path, n: int = 20) -> str:
 
 def unauthorized(url: str) -> str:
     """Why a server answered 401, and the fix: the key the harness sends comes from where serve reads it."""
-    if observe.API_KEY.key:
-        return (f"401 Unauthorized from {url}: the server refuses the API key from {observe.API_KEY.source}; give "
+    if API_KEY.key:
+        return (f"401 Unauthorized from {url}: the server refuses the API key from {API_KEY.source}; give "
                 f"the key it was started with ({KEY_VAR}, or --api-key-file FILE)")
     return (f"401 Unauthorized from {url}: the server wants an API key; export {KEY_VAR}=<its key>, or pass "
             f"--api-key-file FILE (the sources serve reads; the harness and bench_serving then send it)")

@@ -1,7 +1,7 @@
-"""`make report`: the box receipt - doctor, test-gpu, bench-comm and bench in one resumable run, written to one
+"""`make report`: the box receipt - test-serve, doctor, test-gpu, bench-comm and bench in one resumable run, written to one
 directory and one tarball that say whether the series pays off on this box and which defaults to keep.
 
-  python -m scripts.bench.receipt [--dir DIR] [--parts doctor,test-gpu,bench-comm,bench] [--image IMAGE]
+  python -m scripts.bench.receipt [--dir DIR] [--parts test-serve,doctor,test-gpu,bench-comm,bench] [--image IMAGE]
         [--box NAME] [--redo PART,..] [--dry-run] [-- BENCH_ARGS]
   python -m scripts.bench.receipt --assemble DIR [--doctor F] [--test-gpu F] [--bench-comm F] [--bench F.jsonl ..]
         a receipt from results made separately (each verb run by hand, or the committed H200 proxy results)
@@ -9,6 +9,9 @@ directory and one tarball that say whether the series pays off on this box and w
 
 The parts, in order, each one of the project's verbs run as its own process (they pick the host or the serving
 image themselves; --image names the image for those that take it):
+  test-serve  python -m scripts.host.serve_tier --out raw/test-serve.json    (the patched server on tiny models, at
+              TP = the GPU count; when it fails the report stops there, with its failed checks, before any part
+              that loads Kimi-K2.5)
   doctor      python -m scripts.host.doctor --json --record DIR/env/tools   -> raw/doctor.json, env/tools/
   test-gpu    python -m scripts.host.test_gpu --out raw/test-gpu.json        (the patched collectives on the GPUs)
   bench-comm  python -m scripts.bench.bench_comm --out raw/bench-comm.json    (per-call latencies, NCCL variants)
@@ -20,8 +23,9 @@ GPUs, weights, bench_serving's client and every scenario - nothing started, and 
 cannot run stops the report with every problem and its fix, before anything runs or is written (--dry-run shows
 the same checks and the plan, and writes nothing). A new part adds its verb to part_argv and check_argv.
 Resumable: the doctor runs every time (a second); bench is done when its plan is (its --resume runs what
-raw/bench lacks); another part when it succeeded and its result is there (--redo PART runs it again); a failed
-part is recorded and the next one still runs. Then: receipt.json (parts, environment, recommendations with the
+raw/bench lacks); test-serve when none of its checks failed; another part when it succeeded and its result is
+there (--redo PART runs it again); a failed part is recorded and the next one still runs (but not after a failed
+test-serve). Then: receipt.json (parts, environment, recommendations with the
 thresholds used, scripts/bench/receipt_data.py), summary.md with plots, and, when a part measured something,
 DIR.tar.gz - the file to attach to an issue, without the host name, paths and raw tool outputs that identify the
 machine (scripts/bench/share.py); `make docs RECEIPT=DIR.tar.gz` puts its numbers into eagle-fast-verify.md. DIR
@@ -29,8 +33,7 @@ defaults to this box's newest unfinished receipt (bench/receipts/<box>_*), else 
 <box> is its GPUs' model and count unless --box names it.
 
 Exit status: 0 every part done; 1 a part failed (the receipt says which and why) or none measured anything (no
-tarball); 2 a part cannot run here (its
-check says why; nothing was run), or a usage problem.
+tarball); 2 a part cannot run here (its check says why; nothing was run), or a usage problem.
 """
 
 from __future__ import annotations
@@ -67,7 +70,8 @@ def part_argv(part: str, d: Path, a: argparse.Namespace) -> list[str]:
         return py + ["scripts.bench.bench_comm", "--out", str(d / rd.alt_part_file(part.split("@", 1)[1])),
                      "--image", part.split("@", 1)[1]]
     image = ["--image", a.image] if a.image else []
-    return {"doctor": py + ["scripts.host.doctor", "--json", "--record", str(d / "env" / "tools")],
+    return {"test-serve": py + ["scripts.host.serve_tier", "--out", str(d / rd.RAW["test-serve"]), *image],
+            "doctor": py + ["scripts.host.doctor", "--json", "--record", str(d / "env" / "tools")],
             "test-gpu": py + ["scripts.host.test_gpu", "--out", str(d / rd.RAW["test-gpu"]), *image],
             "bench-comm": py + ["scripts.bench.bench_comm", "--out", str(d / rd.RAW["bench-comm"]), *image],
             "bench": py + ["scripts.bench.bench", "--results-dir", str(d / rd.RAW["bench"]), "--box", a.box,
@@ -110,6 +114,17 @@ def run_part(part: str, d: Path, a: argparse.Namespace) -> dict:
         stdout_to.unlink()  # no file for a part that produced nothing
     status = "done" if rc == 0 else "done, with error findings" if ok else f"failed (exit {rc})"
     return {"command": argv, "status": status, "ok": ok, "seconds": seconds, "log": str(log_path.relative_to(d))}
+
+
+def serve_failure(d: Path) -> str:
+    """test-serve's failed checks from its result, else the last line of its log."""
+    doc = _read_json(d / rd.RAW["test-serve"])
+    if doc:
+        bad = [f"{c['phase']}: {c['name']}" for c in doc.get("checks", []) if not c["ok"]]
+        return f"{len(bad)} check(s) failed: " + "; ".join(bad[:5]) + (" ..." if len(bad) > 5 else "")
+    log = (d / "logs" / "test-serve.log").read_text(errors="replace").strip().splitlines() if (
+        d / "logs" / "test-serve.log").is_file() else []
+    return log[-1] if log else "no result and no output"
 
 
 def environment(d: Path, a: argparse.Namespace) -> dict:
@@ -180,6 +195,8 @@ def part_done(part: str, d: Path, old: dict, check: dict) -> bool:
     if part == "bench":
         return check.get("runs_left") == 0
     f = d / (rd.alt_part_file(part.split("@", 1)[1]) if "@" in part else rd.RAW[part])
+    if part == "test-serve":  # a run with a failed check is not done: the next report runs it again
+        return (_read_json(f) or {}).get("failed") == 0
     return bool(old.get(part, {}).get("ok")) and f.is_file() and f.stat().st_size > 0
 
 
@@ -262,9 +279,16 @@ def run_parts(d: Path, a: argparse.Namespace, todo: list[tuple[str, float | None
         left -= seconds
         say(f"[{i}/{len(todo)}] {part}: {results[part]['status']} in {duration(results[part]['seconds'])} "
             f"({duration(time.monotonic() - t_all)} so far)")
+        if part == "test-serve" and not results[part]["ok"]:
+            why = serve_failure(d)
+            say(f"stopping: test-serve failed ({why}), so nothing that loads Kimi-K2.5 runs; fix that first "
+                f"(its result and log: {d / rd.RAW['test-serve']})")
+            for later, _ in todo[i:]:
+                results[later] = {"status": "not run: test-serve failed", "ok": False}
+            break
     measured = [p for p, r in results.items() if measures(p) and r.get("ok")]
     write(d, results, environment(d, a), tarball=bool(measured))
-    return 0 if measured and all(results[p].get("ok") for p, _ in todo) else 1
+    return 0 if measured and all(r.get("ok") for r in results.values()) else 1
 
 
 def write(d: Path, parts: dict, env: dict, tarball: bool = True) -> Path | None:

@@ -5,8 +5,9 @@ it says about every default of the series - used by `make report` (scripts/bench
 A receipt directory:
   receipt.json     schema, box, when, git revision, patch set, the parts (command, status, seconds, files), the
                    environment summary, the recommendations and the thresholds they used
-  raw/             doctor.json, test-gpu.json, bench-comm.json (+ .png), bench-comm@<image>.json (the same run
-                   from another image, e.g. one `make image NCCL=<version>` built: the NCCL-release axis),
+  raw/             test-serve.json (+ .log), doctor.json, test-gpu.json, bench-comm.json (+ .png),
+                   bench-comm@<image>.json (the same run from another image, e.g. one `make image NCCL=<version>`
+                   built: the NCCL-release axis),
                    bench/*.jsonl (+ .md, .png, logs)
   env/             the tools' raw outputs (doctor --record: nvidia-smi -q, topo -m / -p2p, numactl -H, lscpu, ...)
   summary.md       what a person reads first: environment, parts, recommendations, tables, plots
@@ -34,12 +35,12 @@ from .comm_report import finish_axes, record
 from .report import load_results, summarize
 
 SCHEMA = "eagle-receipt/1"
-PARTS = ("doctor", "test-gpu", "bench-comm", "bench")
-MEASURING = ("test-gpu", "bench-comm", "bench")  # parts whose result makes a receipt (the doctor's alone does not)
+PARTS = ("test-serve", "doctor", "test-gpu", "bench-comm", "bench")
+MEASURING = ("test-serve", "test-gpu", "bench-comm", "bench")  # parts whose result makes a receipt (not the doctor)
 PROFILE = "kimi-k25-eagle3-tp8"  # the shipped profile the recommendations are about
 PROFILES_DIR = REPO_ROOT / "docker" / "profiles"
-RAW = {"doctor": "raw/doctor.json", "test-gpu": "raw/test-gpu.json", "bench-comm": "raw/bench-comm.json",
-       "bench": "raw/bench"}
+RAW = {"test-serve": "raw/test-serve.json", "doctor": "raw/doctor.json", "test-gpu": "raw/test-gpu.json",
+       "bench-comm": "raw/bench-comm.json", "bench": "raw/bench"}
 VERIFY_ROWS_C1 = 4  # batch 1 x 4 draft tokens (the shipped profile's chain drafting 3/1/4)
 THRESHOLDS = {
     # PCIe IPC stays the default for plain reductions when it is at least this much faster than SGLang's NCCL
@@ -102,15 +103,16 @@ def _json(d: Path, rel: str, shape: dict | None = None) -> dict | None:
 
 
 def load(d: Path) -> dict:
-    """receipt.json plus the parsed raw parts that exist: {"receipt", "doctor", "test_gpu", "bench_comm", "bench"}.
-    A damaged file is a UserError that names it within the receipt."""
+    """receipt.json plus the parsed raw parts that exist: {"receipt", "test_serve", "doctor", "test_gpu",
+    "bench_comm", "bench"}. A damaged file is a UserError that names it within the receipt."""
     meta = _json(d, "receipt.json", {"parts": dict})
     if meta is None:
         raise UserError("receipt.json is empty")
     if meta.get("schema") != SCHEMA:
         raise UserError(f"receipt.json has schema {meta.get('schema')!r}, this tooling reads {SCHEMA}")
-    out = {"receipt": meta, "dir": d, "doctor": _json(d, RAW["doctor"], {"findings": list}),
-           "test_gpu": _json(d, RAW["test-gpu"]), "bench_comm": _json(d, RAW["bench-comm"], {"records": list})}
+    out = {"receipt": meta, "dir": d, "test_serve": _json(d, RAW["test-serve"], {"checks": list}),
+           "doctor": _json(d, RAW["doctor"], {"findings": list}), "test_gpu": _json(d, RAW["test-gpu"]),
+           "bench_comm": _json(d, RAW["bench-comm"], {"records": list})}
     out["bench_comm_alt"] = {f.stem.split("@", 1)[1]: _json(d, str(f.relative_to(d)), {"records": list})
                              for f in sorted((d / "raw").glob("bench-comm@*.json")) if f.stat().st_size}
     files = sorted((d / RAW["bench"]).glob("*.jsonl")) if (d / RAW["bench"]).is_dir() else []
@@ -469,6 +471,11 @@ def summary_markdown(data: dict, plot_files: list[str]) -> str:
               ""] + _md_table(["default", "verdict", "why", "threshold", "setting"], [
         [r["default"], r["verdict"], r["why"], r["threshold"], r["setting"] or "-"]
         for r in meta.get("recommendations", [])])
+    ts = data.get("test_serve")
+    if ts:
+        lines += ["", "## make test-serve", "", f"TP{ts.get('world')}: {ts.get('passed')} passed, {ts.get('failed')} "
+                  f"failed" + (f" ({ts['proxy']})" if ts.get("proxy") else "")]
+        lines += [f"- FAILED {c['phase']}: {c['name']}: {c['detail']}" for c in ts.get("checks", []) if not c["ok"]]
     tg = data.get("test_gpu")
     if tg:
         lines += ["", "## make test-gpu", "", f"world {tg.get('world')}: {tg.get('passed')} passed, "

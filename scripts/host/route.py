@@ -163,8 +163,8 @@ def choose(verb: str, here: str, why_not_here: str, image: str | None, here_only
         if partial_ok:
             return Route("here", f"{verb}: running here without {partial} (--here given; {why_not_here})",
                          partial=why_not_here)
-        raise UserError(f"{verb} cannot run here: {why_not_here}. Fix: run it where torch sees >= 2 CUDA GPUs, or "
-                        f"leave out --here to use the image")
+        raise UserError(f"{verb} cannot run here: {why_not_here}. Fix: run it where that is not so, or leave out "
+                        f"--here to use the image")
     name = image or default_image()
     ok, img_why = image_ready(name)
     because = "--image given" if image is not None else why_not_here

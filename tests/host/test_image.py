@@ -453,6 +453,8 @@ def test_image_doctor_and_test_gpu_run_from_the_image_layout(image_site, image_h
     gpu = _entrypoint(image_home, {**env, "EAGLE_RESULTS": str(tmp_path)}, "test-gpu", cwd=tmp_path)
     # no GPU here: the verb's own refusal, no traceback
     assert gpu.returncode == 2 and "test-gpu cannot run here: " in gpu.stderr and "Traceback" not in gpu.stderr
+    serve = _entrypoint(image_home, env, "test-serve", cwd=tmp_path)
+    assert serve.returncode == 2 and "no NVIDIA GPU visible here" in serve.stderr and "Traceback" not in serve.stderr
 
 
 # the docker engine, with a fake `docker` client that records its argv and answers like a real one without an engine
