@@ -19,6 +19,7 @@ import _fake_docker
 from scripts.bench import cost_model, receipt_data
 from scripts.bench.comm_report import record
 from scripts.lib.errors import UserError
+from scripts.series.pin import load_pin
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"
@@ -101,7 +102,8 @@ def test_a_pcie_only_tp8_receipt_gets_verdicts_and_no_proxy_mark(tmp_path):
 
 
 def test_report_checks_every_part_first_and_writes_nothing_when_one_cannot_run(tmp_path):
-    """No GPU and no docker here: every part's own check (test-gpu's and bench-comm's route, bench's engine)
+    """No GPU and no docker here: every part's own check (test-serve's GPUs, test-gpu's and bench-comm's route,
+    bench's engine)
     fails before anything runs; the report names each with its fix and writes nothing - the dry run alike
     (issue 23 item 2)."""
     d = tmp_path / "box"
@@ -110,8 +112,8 @@ def test_report_checks_every_part_first_and_writes_nothing_when_one_cannot_run(t
         cp = _receipt("--dir", d, "--box", "cpu-ci", *extra, env=env)
         assert cp.returncode == 2, cp.stderr[-3000:]
         out = cp.stdout + cp.stderr
-        assert "make report cannot start: 3 part(s) cannot run here; nothing was run or written." in out
-        assert "test-gpu: test-gpu cannot run here (" in out and "bench-comm: bench-comm cannot run here (" in out
+        assert "make report cannot start: 4 part(s) cannot run here; nothing was run or written." in out
+        assert "test-serve: no NVIDIA GPU visible here" in out and "test-gpu: test-gpu cannot run here (" in out and "bench-comm: bench-comm cannot run here (" in out
         assert "bench: make bench cannot start: the docker engine is missing here" in out
         assert "docker run --rm --gpus all" in out  # the image route's command, with its fix
         assert not d.exists() and not d.with_name("box.tar.gz").exists() and "Traceback" not in out
@@ -163,20 +165,27 @@ def test_make_docs_names_a_damaged_receipt_and_reads_the_others(proxy_receipt, t
 
 
 def test_report_starts_with_test_serve_and_stops_there_when_it_fails(tmp_path):
-    """No GPU here: test-serve fails, so doctor (and any part that would load Kimi-K2.5) is not run, and the
-    receipt says why; a failed test-serve counts as not done, so the next report runs it again."""
+    """test-serve's check passes (GPUs listed, the image there: a fake nvidia-smi and a fake docker), but the run
+    fails (the image sees no GPU): doctor (and any part that would load Kimi-K2.5) is not run, and the receipt says
+    why; a failed test-serve counts as not done, so the next report runs it again."""
+    docker = _fake_docker.install(tmp_path, images=(load_pin().serving_image,))
+    smi = tmp_path / "smi"
+    smi.mkdir()
+    (smi / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: NVIDIA RTX PRO 6000 Blackwell Server Edition (UUID: G0)'\n")
+    (smi / "nvidia-smi").chmod(0o755)
+    env = {**os.environ, "PATH": _fake_docker.path_with(docker.bindir, smi)}
     d = tmp_path / "box"
-    cp = _receipt("--dir", d, "--parts", ",".join(receipt_data.PARTS[:2]), "--box", "cpu-ci")
+    cp = _receipt("--dir", d, "--parts", ",".join(receipt_data.PARTS[:2]), "--box", "cpu-ci", env=env)
     assert receipt_data.PARTS[:2] == ("test-serve", "doctor")
     assert cp.returncode == 1 and "[1/2] test-serve" in cp.stderr and "[2/2]" not in cp.stderr, cp.stderr[-2000:]
     assert "stopping: test-serve failed (" in cp.stderr and "no NVIDIA GPU visible here" in cp.stderr
     meta = json.loads((d / "receipt.json").read_text())
     assert not meta["parts"]["test-serve"]["ok"] and meta["parts"]["doctor"] == {
         "status": "not run: test-serve failed", "ok": False}
-    assert not (d / "raw" / "doctor.json").exists()
+    assert not (d / "raw" / "doctor.json").exists() and not d.with_name("box.tar.gz").exists()
     (d / "raw" / "test-serve.json").write_text(json.dumps({"world": 8, "passed": 60, "failed": 1, "checks": []}))
-    again = _receipt("--dir", d, "--parts", "test-serve", "--dry-run")
-    assert "test-serve (run)" in again.stderr and again.stdout.startswith("run  ")
+    again = _receipt("--dir", d, "--parts", "test-serve", "--dry-run", env=env)
+    assert "test-serve (run)" in again.stderr and again.stdout.startswith("run  "), again.stderr[-2000:]
     assert "scripts.host.serve_tier --out " + str(d / "raw" / "test-serve.json") in again.stdout
 
 
@@ -190,7 +199,7 @@ def test_a_bad_receipt_is_named(tmp_path):
     cp = _receipt("--parts", "doctor,nonsense", "--dir", tmp_path / "x")
     assert cp.returncode == 2 and "unknown part(s) nonsense" in cp.stderr
     cp = _receipt("--redo", "foo", "--dir", tmp_path / "x")  # was accepted silently
-    assert cp.returncode == 2 and "unknown --redo part(s) foo: choose from doctor" in cp.stderr
+    assert cp.returncode == 2 and "unknown --redo part(s) foo: choose from test-serve, doctor" in cp.stderr
     assert not (tmp_path / "x").exists()
 
 
