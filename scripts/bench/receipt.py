@@ -6,6 +6,7 @@ directory and one tarball that say whether the series pays off on this box and w
   python -m scripts.bench.receipt --assemble DIR [--doctor F] [--test-gpu F] [--bench-comm F] [--bench F.jsonl ..]
         a receipt from results made separately (each verb run by hand, or the committed H200 proxy results)
   python -m scripts.bench.receipt --summarize DIR   derive the summary, plots, recommendations and tarball again
+        (the recommendations with today's thresholds, stored with them)
 
 The parts, in order, each one of the project's verbs run as its own process (they pick the host or the serving
 image themselves; --image names the image for those that take it):
@@ -16,8 +17,8 @@ image themselves; --image names the image for those that take it):
   bench-comm@IMAGE   bench-comm again from another image, per --nccl-image (e.g. `make image NCCL=2.30.7`'s tag):
               the NCCL-release axis
 Resumable: a part whose result exists is skipped (--redo PART runs it again); a failed part is recorded and the
-next one still runs. Then: receipt.json (parts, environment, recommendations with the thresholds used,
-scripts/bench/receipt_data.py), summary.md with plots, and DIR.tar.gz - the file to attach to an issue; `make docs
+next one still runs. Then: receipt.json (parts, environment, recommendations computed once, with the thresholds
+used, scripts/bench/receipt_data.py), summary.md with plots, and DIR.tar.gz - the file to attach to an issue; `make docs
 RECEIPT=DIR.tar.gz` puts its numbers into eagle-fast-verify.md. DIR defaults to bench/receipts/<box>_<UTC date>.
 
 Exit status: 0 every part done; 1 a part failed (the receipt says which and why); 2 a usage problem.
@@ -168,12 +169,11 @@ def collect(d: Path, a: argparse.Namespace) -> int:
 
 
 def write(d: Path, parts: dict, env: dict) -> Path:
-    """receipt.json, summary.md, plots, tarball from what the directory holds."""
+    """receipt.json (with the recommendations, computed once here), summary.md, plots, tarball."""
+    data = rd.raw_parts(d)
     meta = {"schema": rd.SCHEMA, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "parts": parts, "environment": env, "thresholds": rd.THRESHOLDS}
-    (d / "receipt.json").write_text(json.dumps(meta, indent=1) + "\n")
-    data = rd.load(d)
-    meta["recommendations"] = rd.recommendations(data)
+            "parts": parts, "environment": env, "thresholds": rd.THRESHOLDS,
+            "recommendations": rd.recommendations(data)}
     (d / "receipt.json").write_text(json.dumps(meta, indent=1, default=str) + "\n")
     plots = rd.plots(data, d / "plots")
     (d / "summary.md").write_text(rd.summary_markdown(data | {"receipt": meta}, plots))

@@ -15,6 +15,8 @@ and <dir>.tar.gz, the same tree, which a user attaches to an issue.
 
 Recommendations: one per default of the series, each with the measured numbers it read, the threshold it applied
 (THRESHOLDS) and a verdict: keep, change (with the setting that does it) or inconclusive (with what is missing).
+They are computed once, when the receipt is written, and stored in receipt.json with the THRESHOLDS of that day;
+the summary and `make docs` read the stored ones, so a receipt's verdict does not move when THRESHOLDS does.
 """
 
 from __future__ import annotations
@@ -78,11 +80,19 @@ def open_receipt(path: Path) -> tuple[Path, tempfile.TemporaryDirectory | None]:
 
 
 def load(d: Path) -> dict:
-    """receipt.json plus the parsed raw parts that exist: {"receipt", "doctor", "test_gpu", "bench_comm", "bench"}."""
+    """receipt.json plus the parsed raw parts: {"receipt", "doctor", "test_gpu", "bench_comm", "bench", ...}."""
     meta = json.loads((d / "receipt.json").read_text())
     if meta.get("schema") != SCHEMA:
         raise UserError(f"{d / 'receipt.json'} has schema {meta.get('schema')!r}, this tooling reads {SCHEMA}")
-    out = {"receipt": meta, "dir": d}
+    if "recommendations" not in meta or "thresholds" not in meta:
+        raise UserError(f"{d / 'receipt.json'} holds no recommendations: python -m scripts.bench.receipt "
+                        f"--summarize {d} derives them from its raw parts")
+    return {"receipt": meta} | raw_parts(d)
+
+
+def raw_parts(d: Path) -> dict:
+    """The parsed raw parts that exist: {"doctor", "test_gpu", "bench_comm", "bench_comm_alt", "bench"}."""
+    out = {}
     for part, key in (("doctor", "doctor"), ("test-gpu", "test_gpu"), ("bench-comm", "bench_comm")):
         f = d / RAW[part]
         out[key] = json.loads(f.read_text()) if f.is_file() and f.stat().st_size else None
@@ -376,7 +386,8 @@ def summary_markdown(data: dict, plot_files: list[str]) -> str:
     lines += ["", "## Parts", ""] + _md_table(["part", "status", "seconds", "command"], [
         [p, r.get("status"), r.get("seconds", "-"), "`" + " ".join(r["command"]) + "`" if r.get("command") else "-"]
         for p, r in meta.get("parts", {}).items()])
-    lines += ["", "## Recommendations", "", "Thresholds: " + ", ".join(f"{k} = {v}" for k, v in THRESHOLDS.items()),
+    lines += ["", "## Recommendations", "", "Thresholds: " + ", ".join(f"{k} = {v}" for k, v in
+                                                                     meta["thresholds"].items()),
               ""] + _md_table(["default", "verdict", "why", "threshold", "setting"], [
         [r["default"], r["verdict"], r["why"], r["threshold"], r["setting"] or "-"]
         for r in meta.get("recommendations", [])])

@@ -74,6 +74,23 @@ def test_make_docs_ingests_the_receipt_tarball(proxy_receipt, tmp_path):
     assert "No box receipt ingested yet: run `make report`" in (ROOT / "eagle-fast-verify.md").read_text()
 
 
+def test_make_docs_reads_the_stored_verdicts_not_todays_thresholds(proxy_receipt, tmp_path, monkeypatch):
+    """A receipt's verdicts are computed once, when it is written: a later change of THRESHOLDS moves neither the
+    plan's box section nor what the receipt stored; a receipt without stored verdicts is named with the fix."""
+    meta = json.loads((proxy_receipt / "receipt.json").read_text())
+    assert meta["thresholds"] == receipt_data.THRESHOLDS
+    monkeypatch.setitem(receipt_data.THRESHOLDS, "pcie_ipc_max_ratio", 0.01)  # today: PCIe IPC would be "change"
+    doc = tmp_path / "plan.md"
+    shutil.copyfile(ROOT / "eagle-fast-verify.md", doc)
+    assert cost_model.main(["--write", "--doc", str(doc), "--receipt", str(proxy_receipt)]) == 0
+    assert "| PCIe IPC all-reduce for plain TP reductions (patch distributed-*) | keep |" in doc.read_text()
+    bare = tmp_path / "bare"
+    shutil.copytree(proxy_receipt, bare)
+    (bare / "receipt.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "recommendations"}))
+    with pytest.raises(UserError, match=r"holds no recommendations: python -m scripts.bench.receipt --summarize"):
+        cost_model.main(["--check", "--doc", str(doc), "--receipt", str(bare)])
+
+
 def test_report_resumes_and_records_a_failed_part(tmp_path):
     d = tmp_path / "box"
     cp = _receipt("--dir", d, "--parts", "doctor,test-gpu", "--box", "cpu-ci")
