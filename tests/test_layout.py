@@ -1,5 +1,6 @@
 """The shape of scripts/: three families over a shared lib, and the rules that keep it that way.
 
+- the families stack: series imports neither host nor bench, host does not import bench;
 - a verb (a module run as `python -m scripts.<family>.<verb>`) imports no other verb: what two verbs share lives
   in a library module of the family (or in scripts/lib);
 - no module imports another module's private (_-prefixed) names, nor reaches for them through a module alias;
@@ -64,6 +65,13 @@ def test_the_three_families_and_their_verbs():
                      "host.image_deps",
                      "bench.bench", "bench.bench_comm", "bench.cost_model", "bench.receipt"}
     assert not [n for n in VERBS if n.startswith("scripts.lib")]
+
+
+def test_the_families_import_downward_only():
+    above = {"series": ("host", "bench"), "host": ("bench",), "bench": (), "lib": FAMILIES}
+    bad = [f"{name}:{line} imports {target}" for name in MODULES for target, _, line in imports(name)
+           for up in above[(name.split(".") + ["lib"])[1]] if target == f"scripts.{up}" or target.startswith(f"scripts.{up}.")]
+    assert not bad, "\n".join(bad)
 
 
 def test_no_verb_imports_another_verb():

@@ -62,6 +62,7 @@ from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.progress import say
 from ..lib.repo import revision
+from ..series.sglang_pkg import probe
 from .comm_report import plot, summarize, table
 from .kimi import CHAIN, LAYERS
 
@@ -205,13 +206,11 @@ def machine(a: argparse.Namespace, meta: dict) -> int:
 def sglang_rows(a: argparse.Namespace) -> tuple[dict | None, str]:
     """ServerArgs overrides of the SGLang rows (on top of the shipped profile's, sglang_comm.PROFILE_SERVER_ARGS),
     or None and why they cannot run here."""
-    import importlib.util
-
     if a.device == "cpu" or a.no_flashinfer or a.no_sglang:
         return None, "--device cpu" if a.device == "cpu" else "--no-flashinfer" if a.no_flashinfer else "--no-sglang"
     if getattr(a, "without_sglang", ""):
         return None, a.without_sglang
-    missing = [m for m in ("sglang", "flashinfer") if importlib.util.find_spec(m) is None]
+    missing = probe(modules=("sglang", "flashinfer"))["missing"]
     if missing:
         return None, (f"{' and '.join(missing)} not importable by {sys.executable}; run from the serving image "
                       f"(docker run --gpus all --ipc=host -v sglang-flashinfer:/root/.cache/flashinfer IMAGE "

@@ -19,6 +19,7 @@ from typing import Callable
 from ..lib import proc
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
+from ..series.sglang_pkg import probe
 
 CLIENT_MODULE = "sglang.benchmark.serving"
 TREE_PYTHON = REPO_ROOT / "build" / "sglang" / "python"
@@ -28,19 +29,6 @@ CLIENT_DEPS = ("aiohttp", "numpy", "orjson", "msgspec", "requests", "tqdm", "tra
 # bench_serving prints these; the measured phase lies between them.
 MARK_START = "Starting main benchmark run"
 MARK_END = "Serving Benchmark Result"
-
-
-def _probe(python: str, env: dict[str, str]) -> tuple[bool, list[str]] | None:
-    """(sglang importable, missing client deps) for `python`, without importing anything heavy; None if it
-    does not run."""
-    code = ("import importlib.util as u,json,sys;"
-            "print(json.dumps([u.find_spec('sglang') is not None,"
-            "[m for m in sys.argv[1:] if u.find_spec(m) is None]]))")
-    res = proc.run([python, "-c", code, *CLIENT_DEPS], env=env, timeout=60)
-    if not res.ok:
-        return None
-    has, missing = json.loads(res.stdout.strip().splitlines()[-1])
-    return bool(has), list(missing)
 
 
 def with_tree(env: dict[str, str]) -> dict[str, str]:
@@ -55,19 +43,20 @@ def resolve_client(python: str | None) -> tuple[str, dict[str, str], str]:
     candidates = [python] if python else [sys.executable] + ([str(VENV_PYTHON)] if VENV_PYTHON.exists() else [])
     problems = []
     for py in candidates:
-        probe = _probe(py, base_env)
-        if probe is None:
-            problems.append(f"{py}: does not run")
+        info = probe(py, CLIENT_DEPS, env=base_env)
+        if info.get("failed"):
+            problems.append(f"{py}: does not run ({info['failed']})")
             continue
         env, note = base_env, f"{py} (its own sglang)"
-        if not probe[0]:
+        if not info["sglang"]:
             if not (TREE_PYTHON / "sglang").is_dir():
                 problems.append(f"{py}: imports no sglang, and there is no tree at {TREE_PYTHON} (make apply)")
                 continue
             env, note = with_tree(base_env), f"{py} with sglang from {TREE_PYTHON}"
-            probe = _probe(py, env) or (False, ["(does not run)"])
-        if probe[1]:
-            problems.append(f"{note} lacks {', '.join(probe[1])}")
+            info = probe(py, CLIENT_DEPS, env=env)
+        if info.get("failed") or info["missing"]:
+            problems.append(f"{note} lacks {', '.join(info['missing'])}" if not info.get("failed") else
+                            f"{note}: does not run ({info['failed']})")
             continue
         return py, env, note
     raise UserError("no Python here can run SGLang's bench_serving:\n  " + "\n  ".join(problems) +

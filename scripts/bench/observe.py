@@ -26,7 +26,7 @@ import time
 import urllib.error
 import urllib.request
 
-from ..host.sglang_pkg import patch_record
+from ..series.sglang_pkg import patch_record
 from ..lib import proc
 from ..lib.errors import UserError
 

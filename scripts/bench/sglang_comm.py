@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from ..series.record import read_record
 from .kimi import HIDDEN
 
 EPS = 1e-6
@@ -262,8 +263,6 @@ class Timer:
 
 def versions() -> dict:
     """What ran: GPU names, driver, torch, NCCL, FlashInfer, the patch set of the sglang imported."""
-    import json
-
     import torch
 
     out = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpus": [], "driver": None, "nccl": None}
@@ -287,9 +286,8 @@ def versions() -> dict:
         out["flashinfer"] = f"unavailable ({type(e).__name__}: {e})"
     import sglang
 
-    record = Path(sglang.__file__).parent / "_patchset.json"
     out["sglang"] = str(Path(sglang.__file__).parent)
-    out["patchset"] = json.loads(record.read_text()).get("patchset") if record.is_file() else None
+    out["patchset"] = (read_record(Path(sglang.__file__).parent) or {}).get("patchset")
     out["env"] = {k: v for k, v in os.environ.items()
                   if k.startswith(("NCCL_", "SGLANG_ENABLE_PCIE", "SGLANG_SM120", "CUDA_VISIBLE"))}
     return out

@@ -5,9 +5,6 @@
   python -m scripts.host.image --dry-run          print the exact docker build command, build nothing
                                                   (make image DRY_RUN=1)
   python -m scripts.host.image --lint-only        hadolint docker/Dockerfile (make lint-docker; CI)
-  python -m scripts.host.image --site-packages-of python3
-                                                  print the directory holding that interpreter's sglang/ (found
-                                                  without importing sglang)
 
 Everything release-specific comes from patches/pin.toml: the FROM reference is name:tag@digest of [image], the NCCL
 the image runs is [nccl] (build arg NCCL_VERSION; --nccl VERSION, make image NCCL=<version>, builds a variant tagged
@@ -43,7 +40,6 @@ from ..series.pin import Pin, load_pin
 from ..series.record import patchset_id
 from .nccl import nccl_release
 from .engine import engine
-from .sglang_pkg import site_packages_of
 
 DOCKERFILE = REPO_ROOT / "docker" / "Dockerfile"
 CONTEXT_DIR = BUILD_DIR / "image-context"
@@ -207,7 +203,6 @@ def main(argv=None) -> int:
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="print the docker build command and exit")
     mode.add_argument("--lint-only", action="store_true", help="run hadolint on docker/Dockerfile and exit")
-    mode.add_argument("--site-packages-of", metavar="PYTHON", help="print where PYTHON's sglang/ lives and exit")
     ap.add_argument("--tag", help="image name:tag to build (default eagle-fast-verify/sglang:<the pinned tag>, "
                                   "+ -nccl<version> with --nccl)")
     ap.add_argument("--nccl", metavar="VERSION", help="NCCL release the image runs (default patches/pin.toml [nccl])")
@@ -215,9 +210,6 @@ def main(argv=None) -> int:
     ap.add_argument("--docker", default="docker", help="docker client to run (default docker)")
     ap.add_argument("--context", type=Path, default=CONTEXT_DIR, help="where to assemble the build context")
     a = ap.parse_args(argv)
-    if a.site_packages_of:
-        print(site_packages_of(a.site_packages_of))
-        return 0
     if a.lint_only:
         return lint(hadolint_path())
     pin = load_pin(a.patches_dir)

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 from ..lib.envfile import render_env
 from ..lib.errors import UserError
 from ..lib.repo import BUILD_DIR
-from .sglang_pkg import find_sglang
+from ..series.sglang_pkg import find_sglang
 
 SOURCE = "srt/entrypoints/pcie_defaults.py"  # inside the sglang package
 MODULE = "sglang.srt.entrypoints.pcie_defaults"

@@ -31,7 +31,6 @@ import contextlib
 import dataclasses
 import difflib
 import functools
-import importlib.util
 import json
 import os
 import re
@@ -46,10 +45,10 @@ from ..lib.cli import run
 from ..lib.envfile import KEY_RE as ENV_KEY_RE
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
+from ..series.sglang_pkg import probe
 from . import exposure
 from .drafters import claim
 from .pcie import AT_START, LauncherDecision, launcher_pcie_decision
-from .sglang_pkg import find_sglang
 
 PROFILES_DIR = REPO_ROOT / "docker" / "profiles"
 DEFAULT_PROFILE = "kimi-k25-eagle3-tp8"
@@ -303,11 +302,8 @@ def _environment(profile: Profile, values: dict, environ: dict[str, str]) -> tup
 def _sglang_package(python: str) -> Path | None:
     """The sglang package the command will run (python's), else the one this interpreter would import."""
     here = os.path.realpath(shutil.which(python) or python) == os.path.realpath(sys.executable)
-    pkg = None if here else find_sglang(python)[0]
-    if pkg is None:
-        spec = importlib.util.find_spec("sglang")
-        pkg = Path(spec.origin).parent if spec and spec.origin else None
-    return pkg
+    pkg = (probe(None if here else python).get("sglang")) or probe().get("sglang")
+    return Path(pkg) if pkg else None
 
 
 def _drafter_note(args: dict, extra: list[str], index: FlagIndex, python: str) -> list[str]:

@@ -25,7 +25,6 @@ import os
 import shutil
 from pathlib import Path
 
-from ..host.sglang_pkg import site_packages_of
 from ..lib import git
 from ..lib.cli import run
 from ..lib.errors import UserError
@@ -35,6 +34,7 @@ from .patchfile import series_patches
 from .patching import Layout, apply_git, apply_site, classify
 from .pin import load_pin
 from .record import patchset_changes, patchset_id, read_record
+from .sglang_pkg import site_packages_of
 from .upstream import SOURCES, clone_base, ensure_base, replace_dir
 
 DEFAULT_TREE = BUILD_DIR / "sglang"

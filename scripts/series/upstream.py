@@ -24,11 +24,12 @@ from ..lib.errors import UserError
 from ..lib.progress import Progress, say
 from ..lib.repo import BUILD_DIR
 from .pin import Pin
+from .record import RECORD_NAME
 
 CACHE_DIR = Path(os.environ.get("SGLANG_PATCHES_CACHE") or BUILD_DIR / "cache")  # base + wheel cache
 SOURCES = ("auto", "clone", "wheel")
 # Files git must never see as changes in a base or patched tree (bytecode from imports, our record).
-EXCLUDES = ("__pycache__/", "*.pyc", "/python/sglang/_patchset.json")
+EXCLUDES = ("__pycache__/", "*.pyc", f"/python/sglang/{RECORD_NAME}")
 NETWORK_TIMEOUT = 1800.0  # a clone of the tag or a wheel download on a slow link
 
 

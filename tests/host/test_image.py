@@ -335,12 +335,6 @@ def test_apply_fails_the_build_on_a_patch_that_does_not_fit(tmp_path):
     assert read_record(site / "sglang") is None
 
 
-def test_site_packages_of_finds_the_package_without_importing(tmp_path):
-    site, env = _sandbox(tmp_path)
-    cp = _bash("python3 -m scripts.host.image --site-packages-of python3", env)
-    assert cp.returncode == 0 and Path(cp.stdout.strip()) == site
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # make image: the docker build command
 
