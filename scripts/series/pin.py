@@ -82,7 +82,7 @@ class Pin:
 
     @property
     def image_cuda(self) -> tuple[int, int] | None:
-        """CUDA release of the upstream image, from its tag (v0.5.23-cu130 -> (13, 0)); None if the tag says none."""
+        """CUDA release of the upstream image, from its tag (vX.Y.Z-cu130 -> (13, 0)); None if the tag says none."""
         m = re.search(r"cu(\d+)(\d)$", self.image_tag)
         return (int(m.group(1)), int(m.group(2))) if m else None
 

@@ -70,7 +70,7 @@ def download_wheel(requirement: str, dest: Path, filename: str | None = None, qu
         return None
     if filename:
         return dest / filename if (dest / filename).is_file() else None
-    name = re.split(r"[=<>!~ ]", requirement, 1)[0]
+    name = re.sub(r"[-_.]+", "_", re.split(r"[=<>!~ ]", requirement, 1)[0])  # as wheel file names spell it
     version = requirement.split("==", 1)[-1]
     found = sorted(dest.glob(f"{name}-{version}-*.whl"))
     return found[0] if len(found) == 1 else None

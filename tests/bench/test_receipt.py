@@ -130,5 +130,5 @@ def test_the_nccl_release_axis_recommends_the_faster_release():
     rec = receipt_data.rec_nccl_release(mine, {"sglang:nccl2.29.7": faster})
     assert rec["verdict"] == "change" and rec["setting"].startswith("make image NCCL=2.29.7")
     assert receipt_data.rec_nccl_release(faster, {"other": mine})["verdict"] == "keep"
-    assert receipt_data.alt_part_file("eagle/sglang:v0.5.23-nccl2.29.7") == \
-        "raw/bench-comm@eagle_sglang_v0.5.23-nccl2.29.7.json"
+    assert receipt_data.alt_part_file("eagle/sglang:v9.9.9-nccl2.29.7") == \
+        "raw/bench-comm@eagle_sglang_v9.9.9-nccl2.29.7.json"

@@ -253,7 +253,7 @@ def test_patch_set_of_the_image():
     rec["sglang"] = "/sgl-workspace/sglang/python/sglang\n"
     f, _ = run(rec, expected="abcdef012345")
     assert f["image.patchset"].severity == "error" and "not patched" in f["image.patchset"].message
-    rec["patchset"] = json.dumps({"patchset": "abcdef012345", "base": {"tag": "v0.5.23"},
+    rec["patchset"] = json.dumps({"patchset": "abcdef012345", "base": {"tag": "v9.9.9"},
                                   "patches": [{"file": "0001-x.patch"}]})
     f, facts = run(rec, expected="abcdef012345")
     assert f["image.patchset"].severity == "ok" and "0001-x.patch" in f["image.patchset"].message

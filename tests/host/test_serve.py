@@ -1,6 +1,6 @@
 """scripts/host/serve.py and the serving profiles.
 
-Every flag of every profile is checked against sglang 0.5.23's own argument parser, imported from the patched tree
+Every flag of every profile is checked against the pinned sglang's own argument parser, imported from the patched tree
 under test (the sglang_tree fixture), and the whole profile command line must parse with it.
 """
 
@@ -56,7 +56,7 @@ def test_every_profile_flag_is_a_real_sglang_flag(path, parser):
     prof = serve.load_profile(path)
     actions = parser._option_string_actions
     for flag, value in prof.args.items():
-        assert f"--{flag}" in actions, f"{path.name}: --{flag} is not an sglang 0.5.23 flag"
+        assert f"--{flag}" in actions, f"{path.name}: --{flag} is not a flag of the pinned sglang"
         takes_value = actions[f"--{flag}"].nargs != 0
         assert takes_value == (not isinstance(value, bool)), f"{path.name}: --{flag} = {value!r}"
     plan = serve.build_plan(prof, environ={}, python="python3")
@@ -453,7 +453,7 @@ def test_drafter_support_is_read_from_the_sglang_source(sglang_tree, tmp_path):
     (snap / "config.json").write_text('{"architectures": ["Eagle3MiniMaxForCausalLM"]}')
     odd = drafters.claim("x/draft", pkg, hub=tmp_path)
     assert odd.loads is False and "expect sglang to refuse it" in odd.text and "HF cache" in odd.text
-    # an SGLang without the MLA draft model (as before v0.5.23) is said to refuse the MLA drafter
+    # an SGLang without the MLA draft model (as releases before it had) is said to refuse the MLA drafter
     old = tmp_path / "old" / "sglang"
     (old / "srt" / "models").mkdir(parents=True)
     (old / "srt" / "models" / "llama_eagle3.py").write_text("class LlamaForCausalLMEagle3: ...\n"

@@ -21,6 +21,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from _releases import OTHER_REQUIREMENT, OTHER_TAG
 
 from scripts.lib import git
 from scripts.series.lint import lint
@@ -232,7 +233,7 @@ def patches_copy(tmp_path) -> Path:
     return d
 
 
-def test_refresh_advice_works_as_printed(tmp_path, base_cache, wheel_0523, wheel_0522, patches_copy):
+def test_refresh_advice_works_as_printed(tmp_path, base_cache, pinned_wheel, other_wheel, patches_copy):
     no_github = {"SGLANG_REPO": f"file://{tmp_path}/no-such-upstream.git", "SGLANG_PATCHES_CACHE": str(base_cache)}
     offline = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "", "SGLANG_PATCHES_CACHE": str(tmp_path / "empty-cache")}
     outputs = {
@@ -241,14 +242,14 @@ def test_refresh_advice_works_as_printed(tmp_path, base_cache, wheel_0523, wheel
         "download fails": failed(run("refresh", "--wheel", "sglang==9.9.9", env=offline), "refresh"),
         "no wheel file": failed(run("refresh", "--wheel", "sglang==9.9.9", "--wheel-file", tmp_path / "x.whl"),
                                 "refresh"),
-        "nothing to resume": failed(run("refresh", "--wheel-file", wheel_0522, "--dest", tmp_path / "none",
+        "nothing to resume": failed(run("refresh", "--wheel-file", other_wheel, "--dest", tmp_path / "none",
                                         "--resume"), "refresh"),
     }
     assert "make refresh TO=v9.9.9 WHEEL=sglang==9.9.9" in outputs["clone fails"]
     assert "make refresh WHEEL=sglang==9.9.9 WHEEL_FILE=" in outputs["download fails"]
     dest = tmp_path / "refresh"
-    cp = run("refresh", "--wheel", "sglang==0.5.22", "--wheel-file", wheel_0522, "--dest", dest, "--patches-dir",
-             patches_copy, env={"SGLANG_PATCHES_CACHE": str(base_cache), "SGLANG_WHEEL": str(wheel_0523)})
+    cp = run("refresh", "--wheel", OTHER_REQUIREMENT, "--wheel-file", other_wheel, "--dest", dest, "--patches-dir",
+             patches_copy, env={"SGLANG_PATCHES_CACHE": str(base_cache), "SGLANG_WHEEL": str(pinned_wheel)})
     outputs["conflict"] = failed(cp, "refresh")
     for case, out in outputs.items():
         assert "error: " in out or case == "conflict", (case, out)
@@ -264,9 +265,9 @@ def test_refresh_advice_works_as_printed(tmp_path, base_cache, wheel_0523, wheel
     done = subprocess.run([sys.executable, *argv[1:]], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "SGLANG_PATCHES_CACHE": str(base_cache)})
     assert done.returncode == 0, done.stderr
-    kept = git.out(dest, "log", "--reverse", "--format=%s", "v0.5.22..HEAD").splitlines()
+    kept = git.out(dest, "log", "--reverse", "--format=%s", f"{OTHER_TAG}..HEAD").splitlines()
     moved = load_pin(patches_copy)
-    assert (moved.tag, moved.wheel_sha256) == ("v0.5.22", sha256_file(wheel_0522))
+    assert (moved.tag, moved.wheel_sha256) == (OTHER_TAG, sha256_file(other_wheel))
     assert [p.subject for p in series_patches(moved)] == kept and 0 < len(kept) < len(PATCHES)
     assert lint(patches_copy) == []
 
@@ -289,17 +290,17 @@ def _misfit(d: Path, index: int) -> Path:
     return d
 
 
-def test_apply_check_patches_and_export_advice_works_as_printed(tmp_path, upstream, wheel_0522, base_cache,
+def test_apply_check_patches_and_export_advice_works_as_printed(tmp_path, upstream, other_wheel, base_cache,
                                                                 patches_copy):
     no_github = {"SGLANG_REPO": f"file://{tmp_path}/no-such-upstream.git",
                  "SGLANG_PATCHES_CACHE": str(tmp_path / "cache")}
     fake = tmp_path / "mine" / PIN.wheel_filename
     fake.parent.mkdir()
-    shutil.copy2(wheel_0522, fake)
+    shutil.copy2(other_wheel, fake)
     (tmp_path / "not-git").mkdir()
     (tmp_path / "not-git" / "file").write_text("x")
     old = tmp_path / "old"
-    git_tree_from_wheel(wheel_0522, old, PIN.tag, sha256_file(wheel_0522))
+    git_tree_from_wheel(other_wheel, old, PIN.tag, sha256_file(other_wheel))
     dirty = tmp_path / "dirty"
     git.git(tmp_path, "clone", "-q", "--branch", PIN.tag, str(upstream), str(dirty))
     (dirty / "python" / "sglang" / "srt" / "environ.py").write_text("# edited\n")

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _releases import OTHER_REQUIREMENT, OTHER_TAG
 
 from scripts.series.lint import lint
 from scripts.lib import git
@@ -66,29 +67,29 @@ def test_lint_finds_pin_blobs_out_of_sync(patches):
     assert any("[base_blobs] disagrees" in p for p in lint(patches))
 
 
-def test_check_patches_round_trip_is_byte_exact(tmp_path, base_cache, wheel_0523):
-    cp = run("check_patches", cache=base_cache, wheel=wheel_0523)
+def test_check_patches_round_trip_is_byte_exact(tmp_path, base_cache, pinned_wheel):
+    cp = run("check_patches", cache=base_cache, wheel=pinned_wheel)
     assert cp.returncode == 0, cp.stdout + cp.stderr
     assert "byte for byte" in cp.stderr
 
 
-def test_check_patches_fails_on_a_stale_patch(tmp_path, base_cache, patches, wheel_0523):
+def test_check_patches_fails_on_a_stale_patch(tmp_path, base_cache, patches, pinned_wheel):
     """A hunk header that is off by a few lines still applies, but the re-export differs: check-patches fails."""
     p = patches / PATCHES[0].path.name
     text = p.read_text()
     m = re.search(r"^@@ -(\d+),", text, re.M)
     p.write_text(text[:m.start(1)] + str(int(m.group(1)) + 3) + text[m.end(1):])
     assert lint(patches) == []
-    cp = run("check_patches", "--patches-dir", patches, cache=base_cache, wheel=wheel_0523)
+    cp = run("check_patches", "--patches-dir", patches, cache=base_cache, wheel=pinned_wheel)
     assert cp.returncode == 1
     assert f"patches/{p.name}" in cp.stdout and "run make export" in cp.stdout
 
 
-def test_export_regenerates_the_series_from_commits(tmp_path, base_cache, patches, wheel_0523):
+def test_export_regenerates_the_series_from_commits(tmp_path, base_cache, patches, pinned_wheel):
     """Apply, add a commit, export: one more patch, at the end of the series, blobs in the pin updated."""
     tree = tmp_path / "sglang"
     assert run("apply", "--dest", tree, "--patches-dir", patches, cache=base_cache,
-               wheel=wheel_0523).returncode == 0
+               wheel=pinned_wheel).returncode == 0
     f = tree / "python/sglang/srt/environ.py"
     f.write_text(f.read_text() + "\n")
     git.git(tree, "commit", "-qam", "environ: trailing newline\n\nWhy: test\n\nMeasured: -\n\n" + HEADERS,
@@ -103,27 +104,33 @@ def test_export_regenerates_the_series_from_commits(tmp_path, base_cache, patche
     assert lint(patches) == []
 
 
-def test_refresh_reports_each_patch(tmp_path, base_cache, wheel_0522):
-    """Moving the series to another release reports clean / 3-way / conflict per patch (0.5.22 as the target:
-    the only other release reachable here)."""
+def test_refresh_reports_each_patch(tmp_path, base_cache, other_wheel):
+    """Moving the series to another release reports clean / 3-way / conflict per patch (tests/_releases.py's other
+    release as the target: the only way to another base here)."""
     dest = tmp_path / "refresh"
-    cp = run("refresh", "--wheel", "sglang==0.5.22", "--wheel-file", wheel_0522, "--dest", dest,
+    cp = run("refresh", "--wheel", OTHER_REQUIREMENT, "--wheel-file", other_wheel, "--dest", dest,
              cache=base_cache)
     rows = re.findall(r"^  (\S+\.patch)\s+(clean|3-way|conflict)", cp.stdout, re.M)
     assert [r[0] for r in rows] == [p.path.name for p in PATCHES]
     statuses = {s for _, s in rows}
     assert statuses <= {"clean", "3-way", "conflict"}
     assert cp.returncode == (1 if "conflict" in statuses else 0)
-    applied = git.out(dest, "log", "--format=%s", "v0.5.22..HEAD").splitlines()
+    applied = git.out(dest, "log", "--format=%s", f"{OTHER_TAG}..HEAD").splitlines()
     assert len(applied) == sum(s != "conflict" for _, s in rows)
     assert git.status_porcelain(dest) == ""
 
 
-def test_refresh_to_the_same_release_is_clean(tmp_path, base_cache, wheel_0523, patches):
-    cp = run("refresh", "--wheel", "sglang==0.5.23", "--wheel-file", wheel_0523, "--dest", tmp_path / "r",
+def test_refresh_to_the_same_release_is_clean(tmp_path, base_cache, pinned_wheel, patches):
+    cp = run("refresh", "--wheel", PIN.wheel_requirement, "--wheel-file", pinned_wheel, "--dest", tmp_path / "r",
              "--patches-dir", patches, "--write", cache=base_cache)
     assert cp.returncode == 0, cp.stdout + cp.stderr
     assert all(s == "clean" for s in re.findall(r"\.patch\s+(\S+)", cp.stdout))
+    # what a person must move is listed: the requirements, and the files that still name the release (found, not
+    # kept by hand): a claim about the release's logging, never a record of what ran on it
+    left = cp.stdout.split("not moved (read the new release for these):\n", 1)[1]
+    assert "requirements/test.in" in left and "[nccl]" in left and "[image] digest" in left, left
+    named = left.split(f"files that still name {PIN.version} ", 1)[1]
+    assert "scripts/host/exposure.py" in named and "bench/results" not in named and "tests/fixtures" not in named
     for f in PIN.patches_dir.iterdir():  # --write re-exports the identical series
         assert (patches / f.name).read_bytes() == f.read_bytes(), f.name
 
