@@ -143,8 +143,9 @@ def _cut(path: Path, keep: int, partial: str = "") -> int:
 
 
 def test_lint_reports_a_corrupt_patch_with_its_line(patches):
-    """A truncated patch, a hunk that lost a line and a file cut mid-line are each "corrupt patch <file>, line N"
-    with the way to restore it; the other patches are not blamed."""
+    """A truncated patch, a hunk that lost a line, a file cut mid-line (git apply's reading) and mail headers
+    without a subject (git mailinfo's) are each "corrupt patch <file>, line N" with the way to restore it; the
+    other patches are not blamed."""
     names = [p.path.name for p in PATCHES]
     end = _cut(patches / names[0], len((patches / names[0]).read_text().splitlines()) - 3)
     lines = (patches / names[1]).read_text().splitlines(keepends=True)
@@ -152,9 +153,14 @@ def test_lint_reports_a_corrupt_patch_with_its_line(patches):
     gone = next(i for i in range(hunk + 1, len(lines)) if lines[i].startswith("+"))
     (patches / names[1]).write_text("".join(lines[:gone] + lines[gone + 1:]))
     partial = _cut(patches / names[2], 60, partial="    half a li")
+    mail = (patches / names[3]).read_text()
+    (patches / names[3]).write_text(re.sub(r"^Subject: .*\n", "", mail, count=1, flags=re.M))
+    blank = (patches / names[3]).read_text().splitlines().index("") + 1
     problems = lint(patches)
-    for name, line in ((names[0], end), (names[1], hunk + 1), (names[2], partial)):
-        found = [p for p in problems if p.startswith(f"corrupt patch {name}, line {line}: ")]
+    for name, line, what in ((names[0], end, "the file is truncated"), (names[1], r"\d+", f"in the hunk of line "
+                             f"{hunk + 1}"), (names[2], partial, "git apply: corrupt patch"),
+                             (names[3], blank, "git mailinfo reads no Subject")):
+        found = [p for p in problems if re.match(rf"corrupt patch {re.escape(name)}, line {line}: .*{what}", p)]
         assert len(found) == 1, (name, line, problems)
         assert f"git checkout -- patches/{name}" in found[0] and "make export" in found[0], found[0]
-    assert not [p for p in problems if any(n in p for n in names[3:])], problems
+    assert not [p for p in problems if any(n in p for n in names[4:])], problems
