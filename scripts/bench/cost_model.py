@@ -30,12 +30,12 @@ import argparse
 import difflib
 import json
 import statistics
-import tomllib
 from pathlib import Path
 
 from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
+from ..lib.tomlfile import load_toml
 from . import receipt_data as rd
 from . import report as rep
 from .comm_report import record
@@ -330,7 +330,7 @@ def main(argv=None) -> int:
     if a.sweep:
         print(sweep_prediction(a.sweep))
         return 0
-    inp = tomllib.loads(INPUTS.read_text())
+    inp = load_toml(INPUTS)
     receipts = a.receipt if a.receipt is not None else sorted((REPO_ROOT / "bench" / "receipts").glob("*.tar.gz"))
     if receipts:
         print("box receipts: " + ", ".join(str(r) for r in receipts))

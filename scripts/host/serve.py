@@ -37,7 +37,6 @@ import re
 import shlex
 import shutil
 import sys
-import tomllib
 import types
 from pathlib import Path
 
@@ -45,6 +44,7 @@ from ..lib.cli import run
 from ..lib.envfile import KEY_RE as ENV_KEY_RE
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
+from ..lib.tomlfile import load_toml
 from ..series.sglang_pkg import probe
 from . import exposure
 from .drafters import claim
@@ -120,10 +120,7 @@ def _scalar(v) -> bool:
 
 
 def load_profile(path: Path) -> Profile:
-    try:
-        d = tomllib.loads(Path(path).read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise UserError(f"profile {path} is not valid TOML: {e}") from e
+    d = load_toml(path, "profile", "name an existing profile file, or one of docker/profiles/ by its name")
     unknown = sorted(set(d) - set(PROFILE_KEYS))
     if unknown:
         raise UserError(f"profile {path}: unknown top-level key(s) {', '.join(unknown)}; a profile has "

@@ -68,7 +68,7 @@ def _why_rebuild(dest: Path, pin) -> str | None:
     if not rec or git.status_porcelain(dest):
         return None
     head = git.head(dest)
-    if head == git.git(dest, "rev-parse", "-q", "--verify", f"{pin.tag}^{{commit}}", check=False).stdout.strip():
+    if head == git.tag_commit(dest, pin.tag):
         return None
     if rec.get("head") != head:
         raise UserError(f"{dest} has commits that are not in patches/ (HEAD {str(head)[:12]}, last apply or export "

@@ -35,9 +35,7 @@ PYTEST_TIMEOUT = 3600.0
 def base_tree(pin, dest: Path) -> Path:
     """A pristine tree of the pinned base at dest (made once from the base cache; refreshed if touched)."""
     if dest.exists() and git.is_repo(dest):
-        head = git.head(dest)
-        tag = git.out(dest, "rev-parse", f"{pin.tag}^{{commit}}")
-        if head == tag and not git.status_porcelain(dest):
+        if git.head(dest) == git.tag_commit(dest, pin.tag) and not git.status_porcelain(dest):
             return dest
         raise UserError(f"{dest} is not the pristine {pin.tag} any more; remove it (rm -rf {dest}: the tool made "
                         f"it from the base cache) and retry")

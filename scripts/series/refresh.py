@@ -182,7 +182,7 @@ def resume(dest: Path, tag: str, again_cmd: str) -> None:
     if dirty:
         raise UserError(f"{dest} has uncommitted changes; commit them (git -C {dest} commit -a) or drop them "
                         f"(git -C {dest} reset --hard), then {again_cmd}")
-    if git.git(dest, "rev-parse", "-q", "--verify", f"refs/tags/{tag}", check=False).returncode != 0:
+    if git.tag_commit(dest, tag) is None:
         raise UserError(f"{dest} has no tag {tag}: it is not the tree of this refresh; run the refresh without "
                         f"RESUME=1 (--resume) first")
     say(f"resuming from {dest}: {len(git.out(dest, 'rev-list', f'{tag}..HEAD').split())} commits on {tag}")
