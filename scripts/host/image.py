@@ -37,6 +37,7 @@ from ..lib.progress import say
 from ..lib.repo import BUILD_DIR, REPO_ROOT, revision, source_url
 from ..series.patchfile import series_patches
 from ..series.pin import Pin, load_pin
+from ..series.pin_copies import dockerfile_args
 from ..series.record import patchset_id
 from .nccl import nccl_release
 from .engine import engine
@@ -93,15 +94,12 @@ def default_tag(pin: Pin, nccl: str) -> str:
 
 
 def build_args(pin: Pin, tag: str, nccl: str) -> dict[str, str]:
+    """The build arguments: the Dockerfile's ARG defaults from the pin (series/pin_copies.py) and this build's own."""
     patches = series_patches(pin)
     return {
         "IMAGE_TAG": tag,
         "NCCL_VERSION": nccl,
-        "BASE": base_reference(pin)[0],
-        "BASE_IMAGE": pin.image_name,
-        "BASE_TAG": pin.image_tag,
-        "BASE_DIGEST": pin.image_digest,
-        "SGLANG_VERSION": pin.version,
+        **dockerfile_args(pin),
         "PATCHSET": patchset_id(patches),
         "PATCHES": ",".join(p.path.name for p in patches),
         "REVISION": image_revision(),
