@@ -102,6 +102,17 @@ def test_apply_is_idempotent(base_clone):
     assert git.out(base_clone, "rev-parse", "HEAD") == head
 
 
+def test_make_apply_parses_the_series_once(base_clone, monkeypatch, capsys):
+    """apply's main parses every patch file once and hands the parsed series down (before: up to three times)."""
+    from scripts.series import apply as apply_verb, patchfile
+
+    parsed, parse = [], patchfile.parse_patch
+    monkeypatch.setattr(patchfile, "parse_patch", lambda path: parsed.append(path.name) or parse(path))
+    assert apply_verb.main(["--src", str(base_clone)]) == 0
+    assert sorted(parsed) == sorted(p.path.name for p in PATCHES), parsed
+    assert apply_verb.main(["--src", str(base_clone)]) == 0 and "already has the" in capsys.readouterr().err
+
+
 def test_apply_refuses_a_dirty_tree(base_clone):
     target = base_clone / touched_files(PATCHES)[0]
     target.write_text(target.read_text() + "\n# local edit\n")
