@@ -164,3 +164,10 @@ def test_lint_reports_a_corrupt_patch_with_its_line(patches):
         assert len(found) == 1, (name, line, problems)
         assert f"git checkout -- patches/{name}" in found[0] and "make export" in found[0], found[0]
     assert not [p for p in problems if any(n in p for n in names[4:])], problems
+
+
+def test_the_readme_series_table_is_the_series():
+    """README.md "The series" lists every patch of patches/series, in its order, and nothing else."""
+    section = (ROOT / "README.md").read_text().split("\n## The series\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([^`]+)` \|", section, re.M)
+    assert rows == [p.path.stem for p in PATCHES]
