@@ -29,7 +29,7 @@ nvidia-smi topo -m > "$OUT/topo-m.txt" 2>&1 || true
 python3 -c "import torch, flashinfer, sglang; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version(), 'gpus', torch.cuda.device_count(), 'flashinfer', flashinfer.__version__, 'sglang', sglang.__file__)"
 rc=0
 if [ "$what" = test-gpu ] || [ "$what" = both ]; then
-  python3 -m scripts.host.test_gpu --python python3 --out "$OUT/test-gpu.json" 2>&1 | tee "$OUT/test-gpu.log" || rc=$?
+  python3 -m scripts.host.gpu_tier --python python3 --out "$OUT/test-gpu.json" 2>&1 | tee "$OUT/test-gpu.log" || rc=$?
 fi
 if [ "$what" = pytest ]; then
   EAGLE_GPU_RESULTS="$OUT/test-gpu.json" python3 -m pytest -v -p no:cacheprovider tests/gpu "$@" 2>&1 \

@@ -11,7 +11,7 @@ directory and one tarball that say whether the series pays off on this box and w
 The parts, in order, each one of the project's verbs run as its own process (they pick the host or the serving
 image themselves; --image names the image for those that take it):
   doctor      python -m scripts.host.doctor --json --record DIR/env/tools   -> raw/doctor.json, env/tools/
-  test-gpu    python -m scripts.host.test_gpu --out raw/test-gpu.json        (the patched collectives on the GPUs)
+  test-gpu    python -m scripts.host.gpu_tier --out raw/test-gpu.json        (the patched collectives on the GPUs)
   bench-comm  python -m scripts.bench.bench_comm --out raw/bench-comm.json    (per-call latencies, NCCL variants)
   bench       python -m scripts.bench.bench --results-dir raw/bench [BENCH_ARGS]   (stock vs patched serving A/B)
   bench-comm@IMAGE   bench-comm again from another image, per --nccl-image (e.g. `make image NCCL=2.30.7`'s tag):
@@ -58,7 +58,7 @@ def part_argv(part: str, d: Path, a: argparse.Namespace) -> list[str]:
                      "--image", part.split("@", 1)[1]]
     image = ["--image", a.image] if a.image else []
     return {"doctor": py + ["scripts.host.doctor", "--json", "--record", str(d / "env" / "tools")],
-            "test-gpu": py + ["scripts.host.test_gpu", "--out", str(d / rd.RAW["test-gpu"]), *image],
+            "test-gpu": py + ["scripts.host.gpu_tier", "--out", str(d / rd.RAW["test-gpu"]), *image],
             "bench-comm": py + ["scripts.bench.bench_comm", "--out", str(d / rd.RAW["bench-comm"]), *image],
             "bench": py + ["scripts.bench.bench", "--results-dir", str(d / rd.RAW["bench"]), "--box", a.box,
                            *a.bench_args]}[part]

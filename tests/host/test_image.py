@@ -535,7 +535,7 @@ def documented_gpu_runs() -> list[tuple[str, str]]:
 def test_every_documented_docker_run_mounts_the_flashinfer_cache():
     runs = documented_gpu_runs()
     assert {f for f, _ in runs} >= {"README.md", "docker/README.md", "docker/Dockerfile", "bench/variants.toml",
-                                    "scripts/host/test_gpu.py", "scripts/bench/bench_comm.py"}
+                                    "scripts/host/gpu_tier.py", "scripts/bench/bench_comm.py"}
     missing = [f"{f}: {cmd}" for f, cmd in runs if ":/root/.cache/flashinfer" not in cmd]
     assert not missing, "\n".join(missing)
 
@@ -543,7 +543,7 @@ def test_every_documented_docker_run_mounts_the_flashinfer_cache():
 def test_generated_docker_runs_mount_the_flashinfer_cache(tmp_path, monkeypatch):
     from scripts.bench import config as bench_cfg
     from scripts.bench import launch
-    from scripts.host import test_gpu
+    from scripts.host import gpu_tier
 
     vs = bench_cfg.load_variants()
     vals = bench_cfg.placeholder_values(vs.defaults, {"draft_model": "d/x"})
@@ -555,6 +555,6 @@ def test_generated_docker_runs_mount_the_flashinfer_cache(tmp_path, monkeypatch)
     argv = launch.Server(vs.variants[0], {**own, "flashinfer_cache": "/fast/fi"}, [], tmp_path / "s.log").argv
     assert "/fast/fi:/root/.cache/flashinfer" in argv  # a host directory of the user's choice wins
     ran = []
-    monkeypatch.setattr(test_gpu.proc, "run", lambda cmd, **kw: ran.append(cmd) or test_gpu.proc.Result(True, 0))
-    test_gpu.run_in_image("img:x", tmp_path / "r.json", None, 60, [])
+    monkeypatch.setattr(gpu_tier.proc, "run", lambda cmd, **kw: ran.append(cmd) or gpu_tier.proc.Result(True, 0))
+    gpu_tier.run_in_image("img:x", tmp_path / "r.json", None, 60, [])
     assert "sglang-flashinfer:/root/.cache/flashinfer" in ran[0]
