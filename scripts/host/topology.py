@@ -3,10 +3,11 @@
   PCIe-only  = no pair among the GPUs in question reports NVML_P2P_STATUS_OK for NVML_P2P_CAPS_INDEX_NVLINK; a
                pair whose query raises NVMLError_NotSupported counts as no NVLink;
   unknown    = any other NVML failure, fewer than two visible GPUs, GPUs that cannot be matched to CUDA's numbers
-               (MIG instances; mixed GPU models without CUDA_DEVICE_ORDER=PCI_BUS_ID).
+               (MIG instances; a numbered subset in CUDA_VISIBLE_DEVICES without CUDA_DEVICE_ORDER=PCI_BUS_ID).
 The GPUs in question are the ones a server started here sees, matched as the launcher matches them: CUDA numbers
-GPUs in PCI bus order (CUDA_DEVICE_ORDER=PCI_BUS_ID, or identical GPUs), and CUDA_VISIBLE_DEVICES holds CUDA
-numbers or GPU UUID prefixes, ending at the first entry that names no GPU. (The launcher probes exactly its TP
+GPUs in PCI bus order under CUDA_DEVICE_ORDER=PCI_BUS_ID (its default, FASTEST_FIRST, leaves the order
+unspecified), and CUDA_VISIBLE_DEVICES holds CUDA numbers or GPU UUID prefixes, ending at the first entry that
+names no GPU. (The launcher probes exactly its TP
 group; the doctor asks about every visible GPU.) Pairs are visited in the launcher's order (itertools.combinations)
 and the first decisive answer wins, so the two agree pair by pair.
 
@@ -36,23 +37,25 @@ def _bus_key(bus_id: str) -> str:
 
 
 def visible_gpus(gpus: list, environ: dict[str, str]) -> tuple[list[int] | None, str]:
-    """NVML indices of the GPUs a server started here sees, in CUDA's order, matched as the launcher matches them
-    (sglang/srt/entrypoints/pcie_defaults.py _visible_devices); (None, why) when they cannot be matched."""
-    names = {g.name for g in gpus}
-    if environ.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST") != "PCI_BUS_ID" and len(names) > 1:
-        return None, f"mixed GPUs ({', '.join(sorted(names))}) in CUDA's FASTEST_FIRST order: set " \
-                     "CUDA_DEVICE_ORDER=PCI_BUS_ID"
+    """NVML indices of the GPUs a server started here sees, matched as the launcher matches them
+    (sglang/srt/entrypoints/pcie_defaults.py _visible_devices); (None, why) when they cannot be matched. CUDA
+    numbers GPUs in PCI bus order only under CUDA_DEVICE_ORDER=PCI_BUS_ID (FASTEST_FIRST leaves the order
+    unspecified): without it, GPU numbers in CUDA_VISIBLE_DEVICES name a known set only when they name them all."""
     cuda = sorted(range(len(gpus)), key=lambda k: _bus_key(gpus[k].bus_id))
     spec = environ.get("CUDA_VISIBLE_DEVICES")
-    picked = cuda if spec is None else []
+    picked, numbered = (cuda if spec is None else []), False
     for entry in ([] if spec is None else [e.strip() for e in spec.split(",")]):
         if entry.startswith("MIG-"):
             return None, f"MIG instance {entry} in CUDA_VISIBLE_DEVICES"
+        numbered = numbered or entry.isdigit()
         match = [cuda[int(entry)]] if entry.isdigit() and int(entry) < len(cuda) else \
             [k for k in cuda if entry and not entry.isdigit() and gpus[k].uuid.startswith(entry)]
         if len(match) != 1:
             break
         picked.append(match[0])
+    if numbered and environ.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID" and len(set(picked)) != len(gpus):
+        return None, "CUDA_VISIBLE_DEVICES selects GPUs by number in CUDA's FASTEST_FIRST order: set " \
+                     "CUDA_DEVICE_ORDER=PCI_BUS_ID"
     ids = [gpus[k].index if gpus[k].index is not None else k for k in picked]
     if len(ids) < 2:
         return None, f"{len(ids)} GPU(s) visible"

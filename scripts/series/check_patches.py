@@ -5,7 +5,7 @@
 1. Lint (scripts/series/lint.py, like ungoogled-chromium's check_patch_files): the series file and the *.patch
    files agree; every patch is whole (hunk line counts, a proper end), stable `git format-patch --full-index`
    output whose message carries the header
-   lines of README "Patch headers" (DEP-3 provenance, one Upstream-Status vocabulary, Patch-Filename, a real
+   lines of README "Patch headers" (DEP-3 provenance, DEP-3 Forwarded, Patch-Filename, a real
    author); the pin's blob ids agree with the patches; the Dockerfile's copy of the pin agrees with it.
 2. Round trip (like Electron's check-patch-diff): apply the series to a pristine base with `git am -3`, export it
    again, and fail if the export differs from patches/ by a single byte.

@@ -4,12 +4,11 @@ Every patch message carries these lines (README "Patch headers" is the reference
 it through scripts/series/lint.py):
 
   Why: / Measured: / Retire-When:   required, free text (may continue on the following lines)
-  Upstream-Status:   OpenEmbedded's vocabulary, nothing else on the line:
-                     Pending | Submitted [<url>] | Accepted [<url>] | Backport [<url>] |
-                     Inappropriate [<reason>] | Denied [<url>]
-  Forwarded:         DEP-3: no | not-needed | <url>; agrees with Upstream-Status (table FORWARDED_FOR)
-  Bug: / Origin:     at least one. Bug: <url> (the upstream report); Origin: <upstream|backport|vendor|other>
-                     [, <url or commit id>] (DEP-3; upstream and backport need the URL or commit)
+  Forwarded:         DEP-3, where the patch stands upstream: no | not-needed | <url it was sent to>
+  Applied-Upstream:  DEP-3, optional: where it landed (<version>, <url> or <commit id>)
+  Bug: / Origin:     at least one. Bug: <url> of a bug report (an issue, not a pull request: related pull
+                     requests are named in Why:); Origin: <upstream|backport|vendor|other>[, <url or commit id>]
+                     (upstream and backport need the URL or commit)
   Last-Update:       YYYY-MM-DD, the date of the last revision
   Patch-Filename:    the patch's file name, kept when the subject is reworded (Electron's trailer); the last line
 and a real author in From: (not the tooling's own identity, not an address at localhost).
@@ -24,18 +23,11 @@ import re
 from ..lib.git import TOOL_IDENT
 
 FREE_TEXT = ("Why", "Measured", "Retire-When")
-REQUIRED = (*FREE_TEXT, "Upstream-Status", "Forwarded", "Last-Update", "Patch-Filename")
+REQUIRED = (*FREE_TEXT, "Forwarded", "Last-Update", "Patch-Filename")
 PROVENANCE = ("Bug", "Origin")
-UPSTREAM_STATUS = {  # keyword -> what goes in brackets (None: no brackets)
-    "Pending": None, "Submitted": "url", "Accepted": "url", "Backport": "url", "Inappropriate": "reason",
-    "Denied": "url",
-}
-FORWARDED_FOR = {  # Upstream-Status keyword -> the Forwarded values that fit it
-    "Pending": ("no",), "Submitted": ("url",), "Accepted": ("url",), "Denied": ("url",),
-    "Backport": ("not-needed",), "Inappropriate": ("not-needed",),
-}
 ORIGIN_KINDS = ("upstream", "backport", "vendor", "other")
 URL_RE = re.compile(r"^https?://\S+$")
+PULL_RE = re.compile(r"/(pull|pulls|merge_requests)/\d+")
 COMMIT_RE = re.compile(r"^[0-9a-f]{7,40}$")
 FILENAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*\.patch$")
 _LINE_RE = re.compile(r"^([A-Z][A-Za-z-]*):[ \t]*(.*)$", re.M)
@@ -54,29 +46,10 @@ def patch_filename(message: str) -> str | None:
     return vals[-1] if vals else None
 
 
-def _check_status(value: str) -> list[str]:
-    m = re.fullmatch(r"(\S+)(?: \[(.+)\])?", value)
-    if not m or m.group(1) not in UPSTREAM_STATUS:
-        return [f"Upstream-Status '{value}' is not one of {' | '.join(UPSTREAM_STATUS)} (see README 'Patch headers')"]
-    kind, arg = UPSTREAM_STATUS[m.group(1)], m.group(2)
-    if kind is None and arg is not None:
-        return [f"Upstream-Status '{value}': {m.group(1)} takes no [...]"]
-    if kind == "url" and not (arg and URL_RE.match(arg)):
-        return [f"Upstream-Status '{value}': {m.group(1)} needs [<url>] of the upstream submission"]
-    if kind == "reason" and not arg:
-        return [f"Upstream-Status '{value}': Inappropriate needs [<reason>]"]
-    return []
-
-
-def _check_forwarded(value: str, status: str | None) -> list[str]:
-    kind = "url" if URL_RE.match(value) else value
-    if kind not in ("no", "not-needed", "url"):
-        return [f"Forwarded '{value}' is not no, not-needed or a URL"]
-    keyword = (status or "").split(" ", 1)[0]
-    fits = FORWARDED_FOR.get(keyword)
-    if fits and kind not in fits:
-        return [f"Forwarded '{value}' contradicts Upstream-Status '{status}' (expected {' or '.join(fits)})"]
-    return []
+def _check_forwarded(value: str) -> list[str]:
+    if value in ("no", "not-needed") or URL_RE.match(value):
+        return []
+    return [f"Forwarded '{value}' is not no, not-needed or a URL"]
 
 
 def _check_provenance(lines: dict[str, list[str]]) -> list[str]:
@@ -86,6 +59,8 @@ def _check_provenance(lines: dict[str, list[str]]) -> list[str]:
     for bug in lines.get("Bug", []):
         if not URL_RE.match(bug):
             problems.append(f"Bug '{bug}' is not a URL")
+        elif PULL_RE.search(bug):
+            problems.append(f"Bug '{bug}' is a pull request, not a bug report: name it in Why: instead")
     for origin in lines.get("Origin", []):
         kind, _, ref = (x.strip() for x in origin.partition(","))
         if kind not in ORIGIN_KINDS:
@@ -120,11 +95,13 @@ def check_message(message: str, filename: str) -> list[str]:
     lines = header_lines(message)
     problems = [f"message lacks the header line '{k}: ...'" for k in REQUIRED if not any(lines.get(k, []))]
     problems += [f"'{k}:' appears {len(v)} times" for k, v in lines.items() if k in REQUIRED and len(v) > 1]
-    status = (lines.get("Upstream-Status") or [None])[0]
-    if status:
-        problems += _check_status(status)
+    if lines.get("Upstream-Status"):
+        problems.append("Upstream-Status: is OpenEmbedded's, not DEP-3: say it with Forwarded: (and "
+                        "Applied-Upstream: once it lands), and drop the line")
     if lines.get("Forwarded"):
-        problems += _check_forwarded(lines["Forwarded"][0], status)
+        problems += _check_forwarded(lines["Forwarded"][0])
+    if "Applied-Upstream" in lines and not all(lines["Applied-Upstream"]):
+        problems.append("Applied-Upstream: names where the patch landed (<version>, <url> or <commit id>)")
     if lines.get("Last-Update"):
         problems += _check_date(lines["Last-Update"][0])
     name = patch_filename(message)

@@ -9,7 +9,7 @@ name the file and the fix); `lint()` runs them in order. Checks:
                   patch <file>, line N: <what>" and how to restore it); no Date header, no version signature; a
                   subject; at least one changed file
   headers         the message's header lines follow README "Patch headers" (scripts/series/headers.py): Why,
-                  Measured, Retire-When, Upstream-Status (one vocabulary), Forwarded, Bug/Origin, Last-Update,
+                  Measured, Retire-When, Forwarded (DEP-3), Bug/Origin, Last-Update,
                   Patch-Filename naming the file, and a real author
   pin-blobs       patches/pin.toml's [base_blobs] and [patched_blobs] agree with the patches' blob ids
   pin-copies      the files that repeat a pinned fact (the Dockerfile's ARG defaults) agree with the pin

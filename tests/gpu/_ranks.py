@@ -267,6 +267,49 @@ def fault_pcie_ipc_tune(r, bad_rank: int):
     return {"prepare": sc.prepare_pcie_ipc(sa), **_after_fault(r)}
 
 
+def fault_pcie_ipc_tune_dir(r, bad_rank: int):
+    """FlashInfer's autotune on, and bad_rank cannot write the tune cache (FLASHINFER_AUTOTUNE_DIR under a regular
+    file, which fails for root too): FlashInfer's tune() writes the file on rank 0 between two device barriers, so
+    a rank-0 I/O error there would leave the others in the second barrier. SGLang's vote before tuning must keep
+    every rank off tuning, on the same (seed-policy) PCIe-IPC workspace."""
+    import tempfile
+
+    base = tempfile.mkdtemp(prefix=f"tune-rank{r.rank}-")
+    if r.rank == bad_rank:
+        blocker = os.path.join(base, "not-a-dir")
+        open(blocker, "w").close()
+        os.environ["FLASHINFER_AUTOTUNE_DIR"] = os.path.join(blocker, "tune")
+    else:
+        os.environ["FLASHINFER_AUTOTUNE_DIR"] = base
+    sa = _up(r, disable_flashinfer_autotune=False, cuda_graph_max_bs_decode=1, max_running_requests=1)
+    return {"prepare": sc.prepare_pcie_ipc(sa), **_after_fault(r)}
+
+
+def fault_fusion_exchange(r, bad_rank: int):
+    """bad_rank cannot import its peers' handles in the fusion preflight's handle-exchange probe (the step after
+    FlashInfer's all-gather of shareable handles): every rank must skip the fusion, none be left in an exchange."""
+    torch = _torch()
+    from sglang.srt.layers import flashinfer_comm_fusion as fcf
+
+    if r.rank == bad_rank:
+        real = fcf.get_cuda_driver_bindings()
+
+        class Failing:
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+            def cuMemImportFromShareableHandle(self, *a):
+                return (real.CUresult.CUDA_ERROR_INVALID_VALUE, None)
+
+        fcf.get_cuda_driver_bindings = lambda: Failing()
+    _up(r, pcie_ipc=False)
+    info = sc.prepare_fusion(torch.bfloat16)
+    t = sc.Tensors(r.rank, r.world, _device(r))
+    gamma = torch.ones(sc.HIDDEN, dtype=torch.bfloat16, device=_device(r))
+    norm, _ = sc.fused_allreduce_rmsnorm(t.randn(8, seed=8), t.randn(8, seed=9, rank=0), gamma)
+    return {"fusion": info, "fused_declined": norm is None, **_after_fault(r)}
+
+
 def fault_fusion_oom(r, bad_rank: int):
     """One rank cannot allocate the fusion workspace: SGLang's collective preflight must turn it off everywhere."""
     torch = _torch()
@@ -297,10 +340,10 @@ def fault_nvml(r, bad_rank: int):
 
 
 # ------------------------------------------------------------------------------------------ CPU: group agreement
-def pcie_ipc_vote(r, short_rank: int | None):
-    """SGLang's PcieIpcCommunicator.prepare on CPU ranks whose TP group is real (gloo): one rank short of device
-    memory (torch.cuda.mem_get_info answered per rank; there is no GPU) must keep every rank from entering the
-    build. FlashInfer's workspace class and its JIT module's size function stand in for the CUDA parts."""
+def _cpu_pcie_ipc(r, workspace_cls, free_bytes: int):
+    """SGLang's PcieIpcCommunicator on CPU ranks whose TP group is real (gloo). torch.cuda.mem_get_info answers
+    free_bytes and no stream is capturing (there is no GPU); FlashInfer's workspace class and its JIT module's
+    size function stand in for the CUDA parts; everything else is SGLang's (and FlashInfer's tune-cache path)."""
     import types
 
     import flashinfer.comm.pcie_ipc_ar as fi_ar
@@ -309,20 +352,181 @@ def pcie_ipc_vote(r, short_rank: int | None):
     from sglang.srt.distributed.device_communicators.pcie_ipc_ar import PcieIpcCommunicator
 
     sc.bring_up(r.rank, r.world, r.port, device="cpu")
-    free = (1 << 20) if r.rank == short_rank else (80 << 30)
-    torch.cuda.mem_get_info = lambda device=None: (free, 96 << 30)
+    torch.cuda.mem_get_info = lambda device=None: (free_bytes, 96 << 30)
+    torch.cuda.is_current_stream_capturing = lambda: False
     fi_ar.get_pcie_ipc_comm_module = lambda: types.SimpleNamespace(
         workspace_size=lambda world, numel, elem, blocks: 2 * numel * elem)
+    tp = sc.tp_group()
+    comm = PcieIpcCommunicator.__new__(PcieIpcCommunicator)
+    vars(comm).update(disabled=False, max_numel=0, _workspace=None, _bound_stream=None, _cpu_group=tp.cpu_group,
+                      _max_rows=None, _group=tp.device_group, _device=torch.device("cpu"), _world_size=r.world,
+                      _workspace_cls=workspace_cls, _build_failed=False)
+    return comm
+
+
+def pcie_ipc_vote(r, short_rank: int | None):
+    """One rank short of device memory must keep every rank from entering the build."""
     built = []
 
     class Workspace:
         def __init__(self, group, max_numel, **kw):
             built.append(max_numel)
 
-    tp = sc.tp_group()
-    comm = PcieIpcCommunicator.__new__(PcieIpcCommunicator)
-    vars(comm).update(disabled=False, max_numel=0, _workspace=None, _bound_stream=None, _cpu_group=tp.cpu_group,
-                      _max_rows=None, _group=tp.device_group, _device=torch.device("cpu"), _world_size=r.world,
-                      _workspace_cls=Workspace, _build_failed=False, _tune=lambda hidden: None)
+    free = (1 << 20) if r.rank == short_rank else (80 << 30)
+    comm = _cpu_pcie_ipc(r, Workspace, free)
+    comm._tune = lambda hidden: None
     comm.prepare(hidden=sc.HIDDEN, max_rows=64)
     return {"disabled": comm.disabled, "built": built, "free": free}
+
+
+def pcie_ipc_tune_vote(r, bad_rank: int, fault: str):
+    """The autotune outcome is a group decision. fault "unwritable": bad_rank cannot write FlashInfer's tune cache
+    (FLASHINFER_AUTOTUNE_DIR under a regular file: fails for root too), so no rank tunes and every rank keeps the
+    workspace on the seed policy (FlashInfer writes the file on rank 0 between two barriers: an I/O error there
+    would leave the others in the second). fault "raises": bad_rank's tune() raises, so every rank drops PCIe IPC."""
+    import tempfile
+
+    calls = {"tune": 0, "destroy": 0}
+
+    class Workspace:
+        def __init__(self, group, max_numel, **kw):
+            pass
+
+        def tune(self, hiddens, **kw):
+            calls["tune"] += 1
+            if fault == "raises" and r.rank == bad_rank:
+                raise OSError(f"injected tune failure on rank {bad_rank}")
+            return {(hiddens[0], 8): "config"}
+
+        def destroy(self):
+            calls["destroy"] += 1
+
+    base = tempfile.mkdtemp()
+    if fault == "unwritable" and r.rank == bad_rank:
+        blocker = os.path.join(base, "not-a-dir")
+        open(blocker, "w").close()
+        os.environ["FLASHINFER_AUTOTUNE_DIR"] = os.path.join(blocker, "tune")
+    else:
+        os.environ["FLASHINFER_AUTOTUNE_DIR"] = base
+    comm = _cpu_pcie_ipc(r, Workspace, 80 << 30)
+    comm.prepare(hidden=sc.HIDDEN, max_rows=64)
+    return {"disabled": comm.disabled, **calls}
+
+
+class _FakeCudaDriver:
+    """The cuda-python driver calls of the fusion workspace preflight, on a CPU rank: sizes from a 2 MiB
+    granularity, no multicast, and shareable handles that are real file descriptors (so FlashInfer's own
+    SCM_RIGHTS exchange moves them). `fail` names the call that fails on this rank."""
+
+    class CUresult:
+        CUDA_SUCCESS = 0
+        CUDA_ERROR_INVALID_VALUE = 1
+
+    class CUdevice_attribute:
+        CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 132
+
+    class CUmemAllocationGranularity_flags:
+        CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1
+
+    class CUmemAccess_flags:
+        CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
+
+    class CUmemAccessDesc:
+        pass
+
+    def __init__(self, fail: str | None):
+        self.fail, self.calls = fail, []
+
+    def _answer(self, name, *values):
+        self.calls.append(name)
+        return (self.CUresult.CUDA_ERROR_INVALID_VALUE if name == self.fail else self.CUresult.CUDA_SUCCESS, *values)
+
+    def cuDeviceGetAttribute(self, attr, device):
+        return self.CUresult.CUDA_SUCCESS, 0
+
+    def cuMemGetAllocationGranularity(self, prop, flags):
+        return self.CUresult.CUDA_SUCCESS, 2 << 20
+
+    def cuMemCreate(self, size, prop, flags):
+        return self._answer("cuMemCreate", len(self.calls) + 1)
+
+    def cuMemRelease(self, handle):
+        return self._answer("cuMemRelease")
+
+    def cuMemExportToShareableHandle(self, handle, handle_type, flags):
+        return self._answer("cuMemExportToShareableHandle", os.open(os.devnull, os.O_RDONLY))
+
+    def cuMemImportFromShareableHandle(self, fd, handle_type):
+        os.fstat(fd)  # a descriptor FlashInfer's exchange delivered
+        return self._answer("cuMemImportFromShareableHandle", 1000 + fd)
+
+    def cuMemAddressReserve(self, size, alignment, addr, flags):
+        return self._answer("cuMemAddressReserve", 1 << 40)
+
+    def cuMemMap(self, ptr, size, offset, handle, flags):
+        return self._answer("cuMemMap")
+
+    def cuMemSetAccess(self, ptr, size, descs, count):
+        return self._answer("cuMemSetAccess")
+
+    def cuMemUnmap(self, ptr, size):
+        return self._answer("cuMemUnmap")
+
+    def cuMemAddressFree(self, ptr, size):
+        return self._answer("cuMemAddressFree")
+
+
+def fusion_exchange_vote(r, bad_rank: int, fail: str | None):
+    """SGLang's fusion workspace preflight on CPU ranks over gloo, with FlashInfer's comm backend and its real
+    handle exchange: a failure in one rank's export, import, map or set-access must
+    end with every rank skipping the fusion (no rank left in the next exchange)."""
+    import types
+
+    import flashinfer.comm.mnnvl as mnnvl
+    import torch
+
+    from sglang.srt.layers import flashinfer_comm_fusion as fcf
+
+    sc.bring_up(r.rank, r.world, r.port, device="cpu")
+    drv = _FakeCudaDriver(fail if r.rank == bad_rank else None)
+    posix = mnnvl.cuda.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+    prop = types.SimpleNamespace(location=types.SimpleNamespace(id=0), requestedHandleTypes=posix)
+    fcf.get_cuda_driver_bindings = lambda: drv
+    fcf._make_flashinfer_workspace_allocation_prop = lambda d: prop
+    mnnvl.is_mnnvl_fabric_supported = lambda dev: False  # a PCIe-only GPU: POSIX file descriptors
+    tp = sc.tp_group()
+    # FlashInfer's TorchDistBackend over the gloo group: what SGLang's _FixedTorchDistBackend subclasses (that
+    # subclass is defined only where FlashInfer is available for the device, which a CPU rank is not)
+    comm = mnnvl.TorchDistBackend(group=tp.cpu_group)
+    proceed = fcf._preflight_check_workspace_memory(r.world, 256, sc.HIDDEN, torch.bfloat16,
+                                                    cpu_group=tp.cpu_group, comm_backend=comm)
+    return {"proceed": proceed, "imports": drv.calls.count("cuMemImportFromShareableHandle"),
+            "creates": drv.calls.count("cuMemCreate"), "releases": drv.calls.count("cuMemRelease")}
+
+
+def eagle3_draft_embedding(r, replicate: bool):
+    """The EAGLE-3 Llama-form draft handed the target's embedding table (EagleDraftWorker: set_embed) on CPU ranks
+    over gloo: the target's table is built as SGLang's DeepSeek-V2 family builds it (get_embedding_tp_kwargs(), so
+    replicated under SGLANG_ENABLE_EMBED_REPLICATION=1) and loaded with its own weight loader; the draft's
+    embedding must then look up the same rows on every rank as a plain lookup of the full table."""
+    import torch
+    from transformers import LlamaConfig
+
+    if replicate:
+        os.environ["SGLANG_ENABLE_EMBED_REPLICATION"] = "1"
+    sc.bring_up(r.rank, r.world, r.port, device="cpu")
+    from sglang.srt.layers.vocab_parallel_embedding import VocabParallelEmbedding, get_embedding_tp_kwargs
+    from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
+
+    vocab, hidden = 512, 64
+    full = torch.randn(vocab, hidden, generator=torch.Generator().manual_seed(0))
+    target = VocabParallelEmbedding(vocab, hidden, params_dtype=torch.float32, **get_embedding_tp_kwargs())
+    target.weight_loader(target.weight, full)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=128, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, draft_vocab_size=vocab,
+                         target_hidden_size=hidden, tie_word_embeddings=False)
+    draft = LlamaForCausalLMEagle3(config)
+    draft.set_embed(target.weight)
+    ids = torch.tensor([0, 1, vocab // 2 - 1, vocab // 2, vocab - 1])
+    got = draft.model.embed_tokens(ids)
+    return {"max_abs_err": float((got - full[ids]).abs().max()), "table": list(target.weight.shape)}

@@ -81,3 +81,35 @@ def test_pcie_ipc_build_is_a_group_decision(short_rank):
         assert disabled == [False, False] and built == [[64 * 7168]] * 2
     else:
         assert disabled == [True, True] and built == [[], []]
+
+
+@pytest.mark.parametrize("fault, bad_rank", [("unwritable", 0), ("raises", 1)])
+def test_pcie_ipc_autotune_is_a_group_decision(fault, bad_rank):
+    """Two CPU ranks, SGLang's real TP group over gloo: a tune cache one rank cannot write keeps every rank from
+    tuning (all on the seed policy, PCIe IPC kept); a tune() that raises on one rank takes PCIe IPC off on every
+    rank (each destroys its workspace), so no rank is left in a collective its peers never enter."""
+    outcome = run_ranks("pcie_ipc_tune_vote", world=2, device="cpu", timeout=240,
+                        params={"bad_rank": bad_rank, "fault": fault})
+    assert outcome.ok, outcome.explain()
+    got = [(x["disabled"], x["tune"], x["destroy"]) for x in outcome.results]
+    if fault == "unwritable":
+        assert got == [(False, 0, 0)] * 2
+    else:
+        assert got == [(True, 1, 1)] * 2
+
+
+@pytest.mark.parametrize("fail", [None, "cuMemExportToShareableHandle", "cuMemImportFromShareableHandle",
+                                  "cuMemMap", "cuMemSetAccess"])
+def test_fusion_workspace_handle_exchange_is_a_group_decision(fail):
+    """Two CPU ranks, SGLang's TP group over gloo, FlashInfer's own SCM_RIGHTS exchange: the fusion preflight
+    exports, exchanges, imports and maps one probe handle per workspace buffer. One rank failing any step makes
+    every rank skip the fusion; with no failure both proceed, and every probe handle is released."""
+    outcome = run_ranks("fusion_exchange_vote", world=2, device="cpu", timeout=240,
+                        params={"bad_rank": 1, "fail": fail})
+    assert outcome.ok, outcome.explain()
+    proceed = [x["proceed"] for x in outcome.results]
+    assert proceed == [fail is None] * 2, outcome.results
+    for x in outcome.results:
+        assert x["releases"] >= x["creates"]
+    if fail == "cuMemExportToShareableHandle":  # voted down before any exchange
+        assert [x["imports"] for x in outcome.results] == [0, 0]

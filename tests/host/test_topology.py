@@ -48,22 +48,27 @@ def doctor_says(environ: dict) -> bool | None:
     return pcie_only(nvlink, ids)[0]
 
 
+PCI = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 CASES = {
     "no-nvlink": (dict(), {}, True),
     "nvlink-pair": (dict(nvlink=[(2, 5)]), {}, False),
     "not-supported-answers": (dict(pair_error="NOT_SUPPORTED"), {}, True),
     "failed-queries": (dict(pair_error="UNKNOWN"), {}, None),
-    "visible-subset-without-the-nvlink-pair": (dict(nvlink=[(0, 1)]), {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, True),
-    "visible-subset-with-it": (dict(nvlink=[(0, 1)]), {"CUDA_VISIBLE_DEVICES": "1,0"}, False),
+    "visible-subset-without-the-nvlink-pair": (dict(nvlink=[(0, 1)]), {"CUDA_VISIBLE_DEVICES": "4,5,6,7", **PCI},
+                                               True),
+    "visible-subset-with-it": (dict(nvlink=[(0, 1)]), {"CUDA_VISIBLE_DEVICES": "1,0", **PCI}, False),
+    # CUDA's default order (FASTEST_FIRST) is unspecified: numbered subsets cannot be matched, all GPUs can
+    "numbered-subset-in-fastest-first-order": (dict(nvlink=[(0, 1)]), {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, None),
+    "all-numbered-in-fastest-first-order": (dict(nvlink=[(0, 1)]), {"CUDA_VISIBLE_DEVICES": "7,6,5,4,3,2,1,0"},
+                                            False),
     "uuids": (dict(nvlink=[(2, 5)]), {"CUDA_VISIBLE_DEVICES": "GPU-222,GPU-555"}, False),
     "uuids-without-the-pair": (dict(nvlink=[(2, 5)]), {"CUDA_VISIBLE_DEVICES": "GPU-222,GPU-444"}, True),
     "mig": (dict(), {"CUDA_VISIBLE_DEVICES": "MIG-0e1f2a3b"}, None),
-    "mixed-models-without-pci-order": (dict(names=["NVIDIA H200"] * 4 + ["NVIDIA H100"] * 4), {}, None),
-    "mixed-models-in-pci-order": (dict(names=["NVIDIA H200"] * 4 + ["NVIDIA H100"] * 4),
-                                  {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, True),
+    "mixed-models-all-gpus": (dict(names=["NVIDIA H200"] * 4 + ["NVIDIA H100"] * 4), {}, True),
+    "mixed-models-in-pci-order": (dict(names=["NVIDIA H200"] * 4 + ["NVIDIA H100"] * 4), PCI, True),
     "nvml-order-is-not-pci-order": (dict(nvlink=[(6, 7)], buses=[f"0000:{0xe1 - 0x20 * i:02x}:00.0"
                                                                 for i in range(8)]),
-                                    {"CUDA_VISIBLE_DEVICES": "0,1"}, False),
+                                    {"CUDA_VISIBLE_DEVICES": "0,1", **PCI}, False),
     "one-gpu": (dict(count=1), {}, None),
     "no-driver": (dict(init_error="DRIVER_NOT_LOADED"), {}, None),
 }
@@ -100,5 +105,6 @@ def test_recorded_matrices_follow_the_rule():
     from scripts.host.parsers import Gpu
 
     gpus = [Gpu(bus_id=f"00000000:{b:02X}:00.0", name="H200", uuid=f"GPU-{b}") for b in (0x41, 0x01)]
-    assert visible_gpus(gpus, {"CUDA_VISIBLE_DEVICES": "1"}) == (None, "1 GPU(s) visible")
+    assert visible_gpus(gpus, {"CUDA_VISIBLE_DEVICES": "1", **PCI}) == (None, "1 GPU(s) visible")
+    assert "set CUDA_DEVICE_ORDER=PCI_BUS_ID" in visible_gpus(gpus, {"CUDA_VISIBLE_DEVICES": "1"})[1]
     assert visible_gpus(gpus, {}) == ([1, 0], "")  # CUDA's order is PCI bus order, whatever NVML's order

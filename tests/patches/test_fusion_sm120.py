@@ -414,14 +414,25 @@ def test_fusion_oneshot_range_reaches_past_16_tokens():
     assert all(_flashinfer_picks_oneshot(r, w) for r in PDL_ROWS if r <= 256 for w in (2, 4))
 
 
-def test_fusion_pdl_completion_at_end_fused_call(fcf, fake_flashinfer):
-    """Every fused call that FlashInfer may run one-shot completes its PDL trigger at kernel end; the two-shot
-    kernel ignores the flag, so SGLang passes it on every call."""
-    for r in PDL_ROWS:
-        x = torch.randn(r, 7168, dtype=torch.bfloat16)
-        fused_op(fcf)(x, torch.randn_like(x), torch.ones(7168, dtype=torch.bfloat16), max_token_num=max(r, 2048))
-    assert all(kw["launch_with_pdl"] for kw in fake_flashinfer.calls)
-    assert [kw["trigger_completion_at_end"] for kw in fake_flashinfer.calls] == [True] * len(PDL_ROWS)
+@pytest.mark.parametrize("rows", [r for r in PDL_ROWS if r <= 256])
+def test_fusion_pdl_completion_at_end_through_the_layernorm_caller(reload_add_norm, monkeypatch, fcf,
+                                                                   fake_flashinfer, kimi_tp8_context, rows):
+    """The production caller (layernorm._forward_with_allreduce_fusion, every row count the SM12X cap admits, which
+    FlashInfer may run one-shot) reaches FlashInfer's fused call with PDL on and the completion trigger at kernel
+    end, on the workspace BaseRunner pre-initialized (256 tokens)."""
+    reload_add_norm(12)
+    from sglang.srt.layers import flashinfer_comm_fusion as fcf_mod
+    from sglang.srt.layers import layernorm
+
+    asked = []
+    monkeypatch.setattr(fcf_mod, "flashinfer_allreduce_residual_rmsnorm", fused_op(fcf_mod))  # the op's real body
+    monkeypatch.setattr(fcf_mod, "ensure_workspace_initialized", lambda **kw: asked.append(kw) or True)
+    norm = SimpleNamespace(variance_epsilon=1e-6, forward=lambda x, residual, extra: (x, residual))
+    x = torch.randn(rows, 7168, dtype=torch.bfloat16)
+    layernorm._forward_with_allreduce_fusion(norm, x, torch.randn_like(x), None, torch.ones(7168))
+    assert [kw["max_token_num"] for kw in asked] == [256]
+    (call,) = fake_flashinfer.calls
+    assert call["launch_with_pdl"] is True and call["trigger_completion_at_end"] is True
 
 
 def test_fusion_pdl_completion_at_end_allreduce_only(fcf, fake_flashinfer):
@@ -435,3 +446,29 @@ def test_fusion_pdl_completion_keeps_explicit_true(fcf, fake_flashinfer):
     x = torch.randn(64, 7168, dtype=torch.bfloat16)
     fused_op(fcf)(x, torch.randn_like(x), torch.ones(7168, dtype=torch.bfloat16), trigger_completion_at_end=True)
     assert fake_flashinfer.calls[0]["trigger_completion_at_end"] is True
+
+
+def test_fusion_workspace_preflight_gets_the_workspace_comm_backend(fcf, monkeypatch, gloo_group):
+    """The workspace manager hands the preflight the comm backend FlashInfer will exchange the handles over, so the
+    preflight's handle-exchange probe runs on the same transport (tests/gpu/test_harness.py runs the probe itself
+    on two CPU ranks)."""
+    seen = {}
+
+    class Backend:
+        def __init__(self, device_group, cpu_group):
+            seen["backend"] = self
+
+    def preflight(**kw):
+        seen.update(kw)
+        return False
+
+    monkeypatch.setattr(fcf, "_TorchDistBackend", Backend)
+    monkeypatch.setattr(fcf, "_flashinfer_comm", SimpleNamespace())
+    monkeypatch.setattr(fcf, "_create_allreduce_fusion_workspace", lambda **kw: pytest.fail("must not be built"))
+    monkeypatch.setattr(fcf, "_preflight_check_workspace_memory", preflight)
+    monkeypatch.setattr(fcf, "in_the_same_node_as", lambda group, source_rank: [True])
+    monkeypatch.setattr(fcf, "_flashinfer_allreduce_unavailable", False)
+    manager = fcf.FlashInferWorkspaceManager()
+    manager.initialize(world_size=8, rank=0, max_token_num=256, hidden_dim=7168, backend="trtllm",
+                       dtype=torch.bfloat16, device_group=gloo_group, cpu_group=gloo_group)
+    assert seen["comm_backend"] is seen["backend"] and not manager.initialized

@@ -25,7 +25,6 @@ from _fake_nvml import BUS, FakeNvml
 from _sgl import platform, server_args
 
 REPO = Path(__file__).resolve().parents[2]
-ENV_FILE = REPO / "docker" / "pcie-nccl.env"
 HIDDEN = 7168  # Kimi-K2.5 / DeepSeek-V3
 DECODE_ROWS = 48 * 4  # max_bs x draft tokens: the decode-sized PCIe-IPC workspace
 # Variables the launcher may touch for these tests; cleared before each run so the host's environment
@@ -56,11 +55,10 @@ def kimi_two_nodes():
 
 
 def env_file_values() -> dict[str, str]:
-    """The NCCL defaults as `python -m scripts.host.pcie_env` prints them: read with ast from the tree under test."""
-    import sglang
-    from scripts.host.pcie import read_defaults
+    """What the patched launcher sets on a PCIe-only host in a clean environment (its own nccl_defaults)."""
+    from sglang.srt.entrypoints.pcie_defaults import nccl_defaults
 
-    return read_defaults(Path(sglang.__file__).parent)
+    return nccl_defaults({})[0]
 
 
 def all_pairs(indices) -> set:
@@ -130,21 +128,12 @@ def pcie_ipc_on() -> bool:
 def test_pcie_nccl_defaults_applied_without_nvlink(launch, kimi_tp8, monkeypatch, caplog):
     FakeNvml(monkeypatch)
     changed = launch(kimi_tp8)
-    assert env_file_values(), "docker/pcie-nccl.env holds no variable"
+    assert env_file_values() == {"NCCL_MIN_NCHANNELS": "8"}
     for k, v in env_file_values().items():
         assert changed.get(k) == v, k
     assert not ({"NCCL_PROTO", "NCCL_ALGO", "NCCL_P2P_LEVEL", "NCCL_IB_DISABLE", "NCCL_MAX_NCHANNELS"} & set(changed))
     applied = [m for m in pcie_log(caplog) if "NCCL defaults for PCIe applied" in m]
     assert len(applied) == 1 and "NCCL_MIN_NCHANNELS" in applied[0]
-
-
-def test_pcie_nccl_launcher_applies_exactly_the_env_file(launch, kimi_tp8, monkeypatch):
-    from sglang.srt.entrypoints.pcie_defaults import _PCIE_NCCL_DEFAULTS
-
-    FakeNvml(monkeypatch)
-    changed = launch(kimi_tp8)
-    assert env_file_values() == _PCIE_NCCL_DEFAULTS
-    assert {k: changed[k] for k in _PCIE_NCCL_DEFAULTS} == env_file_values()
 
 
 def test_pcie_nccl_defaults_keep_user_values(launch, kimi_tp8, monkeypatch, caplog):
@@ -179,7 +168,7 @@ def test_pcie_nccl_notsupported_pair_counts_as_no_nvlink(launch, kimi_tp8, monke
 def test_pcie_nccl_maps_cuda_visible_devices_to_nvml(launch, kimi_tp8, monkeypatch):
     # GPUs 0-1 share NVLink, but this server sees 4-7 only: PCIe-only for it.
     nvml = FakeNvml(monkeypatch, nvlink=[(0, 1)])
-    changed = launch(server_args(12, tp=4), CUDA_VISIBLE_DEVICES="4,5,6,7")
+    changed = launch(server_args(12, tp=4), CUDA_VISIBLE_DEVICES="4,5,6,7", CUDA_DEVICE_ORDER="PCI_BUS_ID")
     assert nvml.pairs == all_pairs([4, 5, 6, 7])
     assert set(env_file_values()) <= set(changed)
 
@@ -194,7 +183,7 @@ def test_pcie_nccl_probes_exactly_the_tp_group(launch, monkeypatch, kw, gpus, pc
     """A TP4 server on an 8-GPU host where only GPUs 6 and 7 share an NVLink bridge: the probe covers the GPUs
     the engine will place the TP ranks on (--base-gpu-id, --gpu-id-step, --tp-size), nothing else."""
     nvml = FakeNvml(monkeypatch, nvlink=[(6, 7)])
-    changed = launch(server_args(12, tp=4, **kw))
+    changed = launch(server_args(12, tp=4, **kw), CUDA_DEVICE_ORDER="PCI_BUS_ID")
     assert nvml.pairs == all_pairs(gpus)
     assert (set(env_file_values()) <= set(changed)) is pcie_only
     assert ("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" in changed) is pcie_only
@@ -233,6 +222,31 @@ def test_pcie_nccl_mixed_gpus_need_pci_bus_order(launch, monkeypatch, caplog):
     assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in line
 
 
+def test_pcie_nccl_fastest_first_subset_is_unknown(launch, monkeypatch, caplog):
+    """CUDA's default order (FASTEST_FIRST) leaves the order of GPUs unspecified (CUDA Programming Guide, "CUDA
+    Environment Variables"), so CUDA ordinals that pick a subset cannot be matched to NVML devices: the topology of
+    a TP4 group on an 8-GPU host is unknown without CUDA_DEVICE_ORDER=PCI_BUS_ID, and nothing is set."""
+    FakeNvml(monkeypatch)
+    changed = launch(server_args(12, tp=4))
+    assert not (set(env_file_values()) & set(changed)) and "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" not in changed
+    (line,) = [m for m in pcie_log(caplog) if "topology unknown" in m]
+    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in line
+
+
+def test_pcie_nccl_fastest_first_all_gpus_decides_without_a_rank_map(launch, kimi_tp8, monkeypatch, caplog, numa):
+    """A TP8 group on all 8 GPUs: whatever CUDA's order, the group's set of GPUs is known, so the NVLink question
+    is answered; which GPU (and NUMA node) each rank gets is not, so no rank map and no island warning, and the log
+    names the fix."""
+    numa([0, 1, 0, 1, 0, 1, 0, 1])
+    FakeNvml(monkeypatch)
+    changed = launch(kimi_tp8)
+    assert set(env_file_values()) <= set(changed)
+    log = pcie_log(caplog)
+    assert not [m for m in log if m.startswith("PCIe-only TP group")]
+    assert not [r for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING]
+    assert any("Rank -> NUMA map not logged" in m and "CUDA_DEVICE_ORDER=PCI_BUS_ID" in m for m in log)
+
+
 @pytest.mark.parametrize("nodes, warned", [([0, 0, 0, 0, 1, 1, 1, 1], []),
                                            ([0, 1, 0, 1, 0, 1, 0, 1], ["0-3", "4-7"]),
                                            ([0, 0, 0, 1, 1, 1, 1, 1], ["0-3"])])
@@ -242,7 +256,7 @@ def test_pcie_nccl_logs_rank_numa_map_and_warns_on_split_islands(launch, kimi_tp
     PCIe-IPC island (ranks 0-3, 4-7) spans both nodes."""
     numa(nodes)
     FakeNvml(monkeypatch)
-    launch(kimi_tp8)
+    launch(kimi_tp8, CUDA_DEVICE_ORDER="PCI_BUS_ID")
     (rank_map,) = [m for m in pcie_log(caplog) if m.startswith("PCIe-only TP group")]
     for rank, (bus, node) in enumerate(zip(BUS, nodes)):
         assert f"rank {rank}: GPU {rank} {bus} NUMA {node}" in rank_map
@@ -277,6 +291,9 @@ def test_pcie_nccl_unknown_topology_changes_nothing_and_says_so(launch, kimi_tp8
 @pytest.mark.parametrize("user, kept_floor", [
     ({"NCCL_MAX_NCHANNELS": "4"}, False), ({"NCCL_MAX_CTAS": "2"}, False), ({"NCCL_MAX_NRINGS": "4"}, False),
     ({"NCCL_MIN_CTAS": "1"}, False), ({"NCCL_MAX_NCHANNELS": "16"}, True), ({"NCCL_MAX_CTAS": "8"}, True),
+    # NCCL_MIN_NCHANNELS replaces the legacy NCCL_MIN_NRINGS whenever both are set (graph/connect.cc
+    # ncclMinNchannels): any NCCL_MIN_NRINGS is the user's floor, above 8 too.
+    ({"NCCL_MIN_NRINGS": "16"}, False), ({"NCCL_MIN_NRINGS": "2"}, False),
 ])
 def test_pcie_nccl_channel_floor_never_overrides_a_user_setting(launch, kimi_tp8, monkeypatch, caplog, user,
                                                                 kept_floor):
@@ -289,6 +306,31 @@ def test_pcie_nccl_channel_floor_never_overrides_a_user_setting(launch, kimi_tp8
     (line,) = [m for m in pcie_log(caplog) if "NCCL defaults for PCIe applied" in m]
     if not kept_floor:
         assert f"{next(iter(user))}={next(iter(user.values()))}" in line
+
+
+def test_pcie_defaults_of_an_earlier_launch_are_defaults_again(launch, kimi_tp8, monkeypatch, caplog):
+    """Two launches in one process (sgl.Engine twice, notebooks, tests): what the first set is not the user's value
+    for the second. --disable-custom-all-reduce then keeps PCIe IPC off, and the NCCL floor is applied, not kept."""
+    FakeNvml(monkeypatch)
+    first = launch(kimi_tp8)
+    assert first["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"] == "1" and first["NCCL_MIN_NCHANNELS"] == "8"
+    caplog.clear()
+    launch(server_args(12, disable_custom_all_reduce=True))
+    assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" not in os.environ and not pcie_ipc_on()
+    (line,) = [m for m in pcie_log(caplog) if "NCCL defaults for PCIe applied" in m]
+    assert "applied {'NCCL_MIN_NCHANNELS': '8'}" in line and "kept none" in line
+    assert os.environ["NCCL_MIN_NCHANNELS"] == "8"
+
+
+def test_pcie_defaults_a_value_changed_after_a_launch_is_the_users(launch, kimi_tp8, monkeypatch, caplog):
+    """A value the user puts in the environment between two launches wins, even under a name the launcher set."""
+    FakeNvml(monkeypatch)
+    launch(kimi_tp8)
+    caplog.clear()
+    launch(kimi_tp8, NCCL_MIN_NCHANNELS="4", SGLANG_ENABLE_PCIE_IPC_ALLREDUCE="0")
+    assert os.environ["NCCL_MIN_NCHANNELS"] == "4" and not pcie_ipc_on()
+    (line,) = [m for m in pcie_log(caplog) if "NCCL defaults for PCIe applied" in m]
+    assert "kept {'NCCL_MIN_NCHANNELS': '4'}" in line
 
 
 @pytest.mark.unchanged
@@ -357,6 +399,30 @@ def test_pcie_ipc_allreduce_default_respects_disable_custom_all_reduce(launch, m
     assert any("--disable-custom-all-reduce" in m for m in pcie_log(caplog))
 
 
+def test_pcie_ipc_allreduce_default_stays_off_in_deterministic_inference(launch, monkeypatch, caplog):
+    """Deterministic inference pins the reduction order; PCIe IPC picks a tactic per shape, so the launcher leaves
+    it off (the NCCL defaults still apply) and says why."""
+    FakeNvml(monkeypatch)
+    changed = launch(server_args(12, enable_deterministic_inference=True))
+    assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" not in changed and not pcie_ipc_on()
+    assert any("deterministic inference" in m for m in pcie_log(caplog))
+
+
+def test_pcie_ipc_allreduce_default_starts_at_tp4(launch, monkeypatch, caplog):
+    """At TP2 on PCIe SGLang's custom all-reduce takes every size first, so PCIe IPC would be built and tuned
+    for nothing (or, with the fusion, displace it unmeasured): not a default there; =1 still enables it."""
+    FakeNvml(monkeypatch)
+    changed = launch(server_args(12, tp=2), CUDA_DEVICE_ORDER="PCI_BUS_ID")
+    assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" not in changed and not pcie_ipc_on()
+    assert set(env_file_values()) <= set(changed)
+    assert any("left off at TP2" in m for m in pcie_log(caplog))
+    launch(server_args(12, tp=2), CUDA_DEVICE_ORDER="PCI_BUS_ID", SGLANG_ENABLE_PCIE_IPC_ALLREDUCE="1")
+    assert pcie_ipc_on()
+    monkeypatch.delenv("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE")
+    changed = launch(server_args(12, tp=4), CUDA_DEVICE_ORDER="PCI_BUS_ID")
+    assert changed["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"] == "1" and pcie_ipc_on()
+
+
 @pytest.mark.unchanged
 def test_pcie_ipc_allreduce_stays_off_on_nvlink_sm120(launch, kimi_tp8, monkeypatch):
     FakeNvml(monkeypatch, nvlink=[(2, 5)])
@@ -399,9 +465,9 @@ def published_profile(kimi_profile_args):
         yield kimi_profile_args
 
 
-def widest_decode_rows(sa) -> int:
+def widest_decode_rows(sa, pool: int | None = None) -> int:
     """BaseRunner._widest_decode_rows (what the PCIe-IPC workspace is prepared with) on a target ModelRunner whose
-    request pool holds the profile's running requests (kv_cache_configurator.resolve_max_num_reqs)."""
+    request pool holds the profile's running requests (kv_cache_configurator.resolve_max_num_reqs), or `pool`."""
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.model_executor.runner.base_runner import BaseRunner
     from sglang.srt.runtime_context import get_parallel
@@ -409,7 +475,8 @@ def widest_decode_rows(sa) -> int:
 
     mr = ModelRunner.__new__(ModelRunner)
     vars(mr).update(spec_algorithm=SpeculativeAlgorithm.EAGLE3, is_draft_worker=False, server_args=sa,
-                    req_to_token_pool=SimpleNamespace(size=sa.max_running_requests // get_parallel().attn_dp_size))
+                    req_to_token_pool=SimpleNamespace(
+                        size=pool or sa.max_running_requests // get_parallel().attn_dp_size))
     return BaseRunner._widest_decode_rows(SimpleNamespace(model_runner=mr))
 
 
@@ -570,7 +637,8 @@ def test_pcie_ipc_short_of_memory_stays_off_with_a_reason(published_profile, coo
     with caplog.at_level(logging.WARNING):
         pcie_ipc = prepared_pcie_ipc(widest_decode_rows(published_profile))
     assert pcie_ipc.disabled and PcieIpcWorkspace.built == []
-    assert any("this rank has 1048576 bytes free" in r.getMessage() for r in caplog.records)
+    assert any("this rank (it has 1048576 bytes free" in r.getMessage() and "could not allocate it" in r.getMessage()
+               for r in caplog.records)
     assert route(make, calls, 8, pcie_ipc=pcie_ipc) == "flashinfer"
 
 
@@ -584,3 +652,41 @@ def test_pcie_ipc_absent_disabled_or_refusing_keeps_flashinfer(published_profile
     calls.clear()
     make(pcie_ipc=prepared_pcie_ipc(max_rows)).all_reduce(rows(8, torch.float16))  # PCIe-IPC serves bf16 only
     assert calls == ["flashinfer"]
+
+
+def test_pcie_ipc_size_that_cannot_be_computed_is_no_refusal(published_profile, device_memory, monkeypatch, caplog):
+    """Where FlashInfer cannot compute the workspace size (no module for this GPU, as on a CPU runner), the
+    free-memory check is skipped with a note, not turned into a silent "off": the constructor decides."""
+    import flashinfer.comm.pcie_ipc_ar as fi_ar
+
+    def no_module():
+        raise RuntimeError("FlashInfer requires GPUs with sm75 or higher")
+
+    monkeypatch.setattr(fi_ar, "get_pcie_ipc_comm_module", no_module)
+    PcieIpcWorkspace.built.clear()
+    with caplog.at_level(logging.INFO):
+        pcie_ipc = prepared_pcie_ipc(64)
+    assert not pcie_ipc.disabled and pcie_ipc.max_numel == 64 * HIDDEN and len(PcieIpcWorkspace.built) == 1
+    assert any("workspace size unknown" in r.getMessage() for r in caplog.records)
+
+
+def test_pcie_ipc_prepare_resizes_a_workspace_built_before_it(published_profile, monkeypatch):
+    """A reduction before warmup builds the workspace from the configured decode max_bs (16 x 4 = 64 rows for the
+    profile); the capture list can be narrower (here the request pool holds 8 requests, as when the KV pool is
+    small: 32 rows), and prepare() rebuilds the workspace to the captured width, so the runner's derivation is the
+    one that sizes it and nothing wider reaches PCIe IPC."""
+    from sglang.srt.distributed.device_communicators.pcie_ipc_ar import PcieIpcCommunicator
+
+    destroyed = []
+    monkeypatch.setattr(PcieIpcWorkspace, "destroy", lambda self: destroyed.append(self.max_numel), raising=False)
+    PcieIpcWorkspace.built.clear()
+    c = PcieIpcCommunicator.__new__(PcieIpcCommunicator)
+    vars(c).update(disabled=False, max_numel=0, _workspace=None, _bound_stream=None, _cpu_group=None,
+                   _max_rows=None, _group=None, _device=torch.device("meta"), _world_size=8,
+                   _workspace_cls=PcieIpcWorkspace, _build_failed=False)
+    c.should_pcie_ipc_ar(rows(4))  # the lazy build: sized from the resolved decode config
+    lazy = c.max_numel
+    c.prepare(hidden=HIDDEN, max_rows=widest_decode_rows(published_profile, pool=8))
+    assert lazy == 64 * HIDDEN and destroyed == [lazy]
+    assert c.max_numel == 32 * HIDDEN and [w.max_numel for w in PcieIpcWorkspace.built] == [lazy, 32 * HIDDEN]
+    assert not c.should_pcie_ipc_ar(rows(33)) and c.should_pcie_ipc_ar(rows(32))

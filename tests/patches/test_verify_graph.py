@@ -418,9 +418,11 @@ def test_spec_graph_counts_in_server_info():
     state = {}
     SchedulerInternalStateController(_scheduler_with(stats), record_step_time=False)._add_speculative(state)
     assert state["avg_spec_accept_length"] == 3.0
+    # draft_decode: nothing recorded it, so it is not listed (a draft worker that records no draft stages, such as
+    # MultiLayerEagleDraftWorker, must not read as zero fallbacks)
     assert state["spec_cuda_graph"] == {
         "target_verify": _graph(2, piecewise=1, eager=2, batch_above_max_bs=2, mlp_sync=1),
-        "draft_decode": _graph(), "draft_extend": _graph(eager=1, mlp_sync=1)}
+        "draft_extend": _graph(eager=1, mlp_sync=1)}
 
 
 def test_spec_graph_counts_in_prometheus_metrics(published):
@@ -556,6 +558,89 @@ def test_verify_running_requests_capped_to_the_largest_captured_graph(kimi_sm120
     assert any("capped from 15 to 14" in r.getMessage() for r in caplog.records)
 
 
+def test_verify_running_requests_capped_through_init_cuda_graphs(kimi_sm120_tbo_odd_max, monkeypatch, caplog):
+    """The cap is wired into ModelRunner.init_cuda_graphs: the real method, with only the GPU capture stubbed
+    (cuda_graph_setup.capture_cuda_graphs returns the decode runner with the real capture list), lowers
+    max_running_requests to the largest captured verify batch."""
+    from sglang.srt import runtime_context as rc
+    from sglang.srt.model_executor import model_runner as mr_mod
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    sa = kimi_sm120_tbo_odd_max
+    pool_size, capture_bs = _captured_bs(sa)
+    graph_runner = _runner(max_bs=max(capture_bs), capture_bs=capture_bs)
+    captured = SimpleNamespace(eager_runner=None, prefill=SimpleNamespace(runner=None),
+                               decode=SimpleNamespace(runner=graph_runner), memory_usage={}, time_usage={})
+    monkeypatch.setattr(mr_mod, "capture_cuda_graphs", lambda **kw: captured)
+    monkeypatch.setattr(mr_mod, "prebuild_deepep_v2_buffer", lambda model: None)
+    mr = mr_mod.ModelRunner.__new__(mr_mod.ModelRunner)
+    vars(mr).update(is_draft_worker=False, spec_algorithm=SpeculativeAlgorithm.EAGLE3, max_running_requests=pool_size,
+                    memory_pool_config=SimpleNamespace(max_running_requests=pool_size), model=None)
+    with rc.use_context(rc.create_context(sa, role="scheduler")), caplog.at_level(logging.WARNING):
+        mr.init_cuda_graphs()
+    assert mr.max_running_requests == max(capture_bs) == 14
+    assert any("capped from 15 to 14" in r.getMessage() for r in caplog.records)
+
+
+@pytest.fixture(scope="module")
+def kimi_sm120_dp_attention():
+    """TP8 with DP attention (dp 2) and --cuda-graph-max-bs-decode 15: gathered buffers, so a graph's batch sizes
+    must give a token count divisible by attn_tp_size (4). The target verify graph (4 rows per request) keeps
+    1..8, 10, 12, 14, 15; both draft graphs (1 row per request) keep 4, 8, 12 only."""
+    return _sm120_args(enable_dp_attention=True, dp_size=2, cuda_graph_max_bs_decode=15, max_running_requests=64)
+
+
+def test_verify_cap_covers_the_draft_graphs(kimi_sm120_dp_attention, monkeypatch, caplog):
+    """The real EagleDraftWorker._capture_cuda_graphs caps the target's max_running_requests to the largest batch
+    its draft-decode and draft-extend graphs captured, so no batch runs those stages eagerly every step. The two
+    graph runners are the real classes with their GPU capture left out (their capture lists come from the same
+    get_batch_sizes_to_capture call their __init__ makes); the platform is an XPU-style builtin one, which needs
+    no CUDA-only attention imports."""
+    from sglang.srt import runtime_context as rc
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.model_executor.runner.base_cuda_graph_runner import get_batch_sizes_to_capture
+    from sglang.srt.speculative import eagle_worker_v2 as ew
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    sa = kimi_sm120_dp_attention
+    runner_of = {}
+
+    def uncaptured(cls):
+        class Runner(cls):
+            def __init__(self, worker):  # the sizing line of the real __init__; no graphs
+                self.capture_bs, _ = get_batch_sizes_to_capture(worker.draft_runner)
+                runner_of[cls.__name__] = self
+        return Runner
+
+    monkeypatch.setattr(ew, "EAGLEDraftCudaGraphRunner", uncaptured(ew.EAGLEDraftCudaGraphRunner))
+    monkeypatch.setattr(ew, "EAGLEDraftExtendCudaGraphRunner", uncaptured(ew.EAGLEDraftExtendCudaGraphRunner))
+    for flag, value in (("_is_cpu", False), ("_is_cuda", False), ("_is_xpu", True), ("_is_hip", False)):
+        monkeypatch.setattr(ew, flag, value)
+    monkeypatch.setattr(ew, "get_available_gpu_memory", lambda device, gpu_id: 80.0)
+    target = ModelRunner.__new__(ModelRunner)
+    with rc.use_context(rc.create_context(sa, role="scheduler")):
+        pool = SimpleNamespace(size=_pool_size(sa))
+        _, target_bs = _captured_bs(sa)
+        vars(target).update(is_draft_worker=False, spec_algorithm=SpeculativeAlgorithm.EAGLE3,
+                            max_running_requests=pool.size, memory_pool_config=None,
+                            decode_cuda_graph_runner=SimpleNamespace(capture_bs=target_bs))
+        target._cap_running_requests_to_verify_graphs()
+        assert target.max_running_requests == 15  # the target's own graphs cover 15
+        w = ew.EagleDraftWorker.__new__(ew.EagleDraftWorker)
+        vars(w).update(target_worker=SimpleNamespace(model_runner=target, device="xpu"), speculative_num_steps=3,
+                       speculative_num_draft_tokens=WIDTH, topk=1, speculative_algorithm=SpeculativeAlgorithm.EAGLE3,
+                       draft_runner=SimpleNamespace(req_to_token_pool=pool, server_args=sa),
+                       draft_extend_attn_backend=TritonAttnBackend.__new__(TritonAttnBackend), device="xpu",
+                       gpu_id=0, _specialized_graph_memory_usage={}, _specialized_graph_time_usage={})
+        with caplog.at_level(logging.WARNING):
+            w._capture_cuda_graphs()
+    assert runner_of["EAGLEDraftCudaGraphRunner"].capture_bs == [4, 8, 12]
+    assert runner_of["EAGLEDraftExtendCudaGraphRunner"].capture_bs == [4, 8, 12]
+    assert target.max_running_requests == 12
+    assert any("capped from 15 to 12" in r.getMessage() and "draft_decode" in r.getMessage() for r in caplog.records)
+
+
 @pytest.mark.parametrize("draft, spec", [(True, True), (False, False)])
 def test_verify_running_request_cap_leaves_draft_and_plain_runners(draft, spec):
     from sglang.srt.model_executor.model_runner import ModelRunner
@@ -609,3 +694,32 @@ def test_verify_compact_ragged_verify_without_ragged_graphs_warns(caplog, backen
     assert bool(msgs) is warned
     if warned:
         assert backend_cls in msgs[0] and "SGLANG_RAGGED_VERIFY_MODE=static" in msgs[0]
+
+
+def test_verify_compact_ragged_verify_warning_is_wired_into_the_runner(published, monkeypatch, caplog):
+    """The startup warning comes from DecodeCudaGraphRunner.__init__ itself: the real constructor, on a target
+    runner stand-in (MagicMock with the fields it reads) and the triton backend, logs it before it reaches the
+    attention backend's graph buffers (where this test's backend, which has none, stops it)."""
+    from unittest import mock
+
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+    from sglang.srt.model_executor.runner import base_runner
+    from sglang.srt.model_executor.runner import decode_cuda_graph_runner as dcgr
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    monkeypatch.setattr(dcgr, "ragged_verify_compact_graphs_enabled", lambda algo: True)
+    backend = TritonAttnBackend.__new__(TritonAttnBackend)
+    backend.dllm_attention = None
+    mr = mock.MagicMock()
+    mr.configure_mock(spec_algorithm=SpeculativeAlgorithm.EAGLE3, is_draft_worker=False, lora_manager=None,
+                      server_args=published, attn_backend=backend, device="cpu", **{
+                          "model_config.is_encoder_decoder": False, "model_config.hf_config": SimpleNamespace(),
+                          "ngram_embedding_manager.enabled": False, "req_to_token_pool.size": 48,
+                          "decode_num_tokens_per_req.return_value": WIDTH,
+                          "decode_graph_gather_requirements.return_value": (False, False)})
+    monkeypatch.setattr(dcgr, "create_dsv41_candidate_graph_variants", lambda *a: None)
+    monkeypatch.setattr(base_runner, "TboCudaGraphRunnerPlugin", lambda: None)  # allocates on the GPU
+    with caplog.at_level(logging.WARNING), pytest.raises(AttributeError):
+        dcgr.DecodeCudaGraphRunner(mr)
+    (msg,) = [r.getMessage() for r in caplog.records if "SGLANG_RAGGED_VERIFY_MODE=compact" in r.getMessage()]
+    assert "TritonAttnBackend" in msg

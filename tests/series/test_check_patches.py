@@ -19,7 +19,7 @@ from scripts.series.pin import load_pin
 
 ROOT = Path(__file__).resolve().parents[2]
 AUTHOR = "Test Author <test.author@example.org>"
-HEADERS = ("Upstream-Status: Inappropriate [test only]\nForwarded: not-needed\nOrigin: vendor\n"
+HEADERS = ("Forwarded: not-needed\nOrigin: vendor\n"
            "Last-Update: 2026-01-01\nRetire-When: never")
 PIN = load_pin()
 PATCHES = series_patches(PIN)

@@ -19,7 +19,6 @@ GOOD = """Why: a reason.
 
 Measured: a number.
 
-Upstream-Status: Pending
 Forwarded: no
 Origin: vendor
 Bug: https://github.com/sgl-project/sglang/issues/1
@@ -43,13 +42,9 @@ def test_a_complete_message_passes():
     (("Forwarded: no\n", ""), "lacks the header line 'Forwarded: ...'"),
     (("Last-Update: 2026-11-30\n", ""), "lacks the header line 'Last-Update: ...'"),
     (("Measured: a number.", "Measured:"), "lacks the header line 'Measured: ...'"),
-    (("Pending", "Pending (not yet sent)"), "is not one of Pending | Submitted"),
-    (("Pending", "Not-Needed"), "is not one of"),
-    (("Pending\nForwarded: no", "Submitted\nForwarded: no"), "Submitted needs [<url>]"),
-    (("Pending\nForwarded: no", "Submitted [https://github.com/sgl-project/sglang/pull/2]\nForwarded: no"),
-     "contradicts Upstream-Status"),
-    (("Pending\nForwarded: no", "Inappropriate\nForwarded: not-needed"), "Inappropriate needs [<reason>]"),
-    (("Pending", "Pending [soon]"), "Pending takes no [...]"),
+    (("Forwarded: no", "Upstream-Status: Pending\nForwarded: no"), "Upstream-Status: is OpenEmbedded's"),
+    (("Forwarded: no", "Forwarded: no\nApplied-Upstream:"), "Applied-Upstream: names where the patch landed"),
+    (("issues/1", "pull/1"), "is a pull request, not a bug report: name it in Why: instead"),
     (("Forwarded: no", "Forwarded: maybe"), "is not no, not-needed or a URL"),
     (("Origin: vendor\nBug: https://github.com/sgl-project/sglang/issues/1\n", ""), "no provenance line"),
     (("Origin: vendor", "Origin: upstream"), "upstream needs the URL or commit id"),
@@ -70,13 +65,14 @@ def test_patch_filename_is_the_last_line():
     assert "must be the message's last line" in problems(moved)
 
 
-def test_consistent_statuses_pass():
-    accepted = GOOD.replace("Pending\nForwarded: no", "Accepted [https://github.com/sgl-project/sglang/pull/3]\n"
-                            "Forwarded: https://github.com/sgl-project/sglang/pull/3")
-    backport = GOOD.replace("Pending\nForwarded: no", "Backport [https://github.com/sgl-project/sglang/pull/4]\n"
-                            "Forwarded: not-needed").replace("Origin: vendor", "Origin: backport, 0123abcd")
-    inappropriate = GOOD.replace("Pending\nForwarded: no", "Inappropriate [this box only]\nForwarded: not-needed")
-    for message in (accepted, backport, inappropriate):
+def test_each_dep3_status_passes():
+    sent = GOOD.replace("Forwarded: no", "Forwarded: https://github.com/sgl-project/sglang/pull/3")
+    landed = sent.replace("Forwarded: https://github.com/sgl-project/sglang/pull/3",
+                          "Forwarded: https://github.com/sgl-project/sglang/pull/3\nApplied-Upstream: v0.5.24, "
+                          "https://github.com/sgl-project/sglang/commit/0123abcd")
+    backport = GOOD.replace("Forwarded: no", "Forwarded: not-needed").replace(
+        "Origin: vendor", "Origin: backport, 0123abcd")
+    for message in (sent, landed, backport):
         assert check_message(message, "x.patch") == [], message
 
 

@@ -1,0 +1,28 @@
+"""The EAGLE-3 Llama-form draft embeds with the target's table in the target's layout.
+
+EagleDraftWorker hands the draft the target's embed_tokens.weight (set_embed). Kimi-K2.5 (DeepSeek-V2 family) lays
+it out with get_embedding_tp_kwargs(): replicated with SGLANG_ENABLE_EMBED_REPLICATION=1 (the way to drop the
+embedding all-reduce), attention-TP sharded under DP attention. Unpatched, the Llama-form draft keeps its TP-sharded
+lookup and, handed a full table, embeds wrong rows for every token outside rank 0's shard. Two CPU ranks
+over gloo, SGLang's real TP group, the real draft model class (tests/gpu/_ranks.py eagle3_draft_embedding).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
+from _harness import run_ranks  # noqa: E402
+
+
+@pytest.mark.parametrize("replicate", [True, pytest.param(False, marks=pytest.mark.unchanged)])
+def test_eagle3_draft_embeds_the_targets_rows_at_tp2(replicate):
+    outcome = run_ranks("eagle3_draft_embedding", world=2, device="cpu", timeout=240,
+                        params={"replicate": replicate})
+    assert outcome.ok, outcome.explain()
+    tables = [x["table"] for x in outcome.results]
+    assert tables == [[512, 64]] * 2 if replicate else tables == [[256, 64]] * 2
+    assert [x["max_abs_err"] for x in outcome.results] == [0.0, 0.0], outcome.results
