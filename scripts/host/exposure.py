@@ -9,7 +9,8 @@
 
 The key reaches SGLang's --api-key inside the launched process (key_argv: `python3 -c KEY_SHIM SOURCE ARGS...`
 appends it to sys.argv and runs sglang.launch_server as `-m` would), so it is on no command line: not in `ps`, not
-in what serve prints. SGLang 0.5.23 itself logs its server_args at startup, api_key included (NOTE_SGLANG_LOGS).
+in what serve prints. Upstream SGLang logs its server_args at startup, api_key included; the series redacts it
+(patch entrypoints-redact-*), and NOTE_SGLANG_LOGS says so.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ KEY_SHIM = ("import os, runpy, sys; kind, _, ref = sys.argv.pop(1).partition(':'
             "key = os.environ.pop(ref) if kind == 'env' else open(ref).read().strip(); "
             "sys.argv += ['--api-key', key]; "
             "runpy.run_module('sglang.launch_server', run_name='__main__', alter_sys=True)")
-NOTE_SGLANG_LOGS = ("SGLang 0.5.23 prints its server_args at startup, api_key included: keep the server's log "
-                    "(docker logs) as private as the key")
+NOTE_SGLANG_LOGS = ("the patched SGLang redacts the API keys in its startup log and /server_info (patch "
+                    "entrypoints-redact-*); an unpatched one logs them in clear: keep its log (docker logs) as "
+                    "private as the key")
 FIX = (f"export {KEY_VAR}=$(openssl rand -hex 32) and pass it into the container by name (docker run -e {KEY_VAR} "
        f"...), or name a file holding the key (serve --api-key-file /run/secrets/sglang_api_key), or serve on "
        f"loopback only (leave out --host 0.0.0.0)")

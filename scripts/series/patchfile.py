@@ -103,9 +103,8 @@ def corruption(text: str) -> tuple[int, str] | None:
         line = int(m.group(1)) if m else count
         if line > count:
             return count, f"the file ends inside a hunk (git apply: {said}): the file is truncated"
-        hunk = next((i for i in range(line, 0, -1) if rows[i - 1].startswith("@@")), None)
-        said = re.sub(r" at line \d+", "", said)
-        return line, f"git apply: {said}" + (f", in the hunk of line {hunk}" if hunk else "")
+        hunk = next((i for i in range(line - 1, 0, -1) if rows[i - 1].startswith("@@")), None)
+        return line, f"git apply: {said}" + (f" (the hunk before it starts at line {hunk})" if hunk else "")
     info = git.git(REPO_ROOT, "mailinfo", os.devnull, os.devnull, input=text, check=False).stdout
     fields = dict(row.split(": ", 1) for row in info.splitlines() if ": " in row)
     missing = [k for k in ("Author", "Subject") if not fields.get(k, "").strip()]

@@ -126,11 +126,11 @@ def test_refresh_to_the_same_release_is_clean(tmp_path, base_cache, pinned_wheel
     assert cp.returncode == 0, cp.stdout + cp.stderr
     assert all(s == "clean" for s in re.findall(r"\.patch\s+(\S+)", cp.stdout))
     # what a person must move is listed: the requirements, and the files that still name the release (found, not
-    # kept by hand): a claim about the release's logging, never a record of what ran on it
+    # kept by hand): a claim about what the release requires, never a record of what ran on it
     left = cp.stdout.split("not moved (read the new release for these):\n", 1)[1]
     assert "requirements/test.in" in left and "[nccl]" in left and "[image] digest" in left, left
     named = left.split(f"files that still name {PIN.version} ", 1)[1]
-    assert "scripts/host/exposure.py" in named and "bench/results" not in named and "tests/fixtures" not in named
+    assert "requirements/README.md" in named and "bench/results" not in named and "tests/fixtures" not in named
     for f in PIN.patches_dir.iterdir():  # --write re-exports the identical series
         assert (patches / f.name).read_bytes() == f.read_bytes(), f.name
 
@@ -152,13 +152,15 @@ def test_lint_reports_a_corrupt_patch_with_its_line(patches):
     hunk = next(i for i, line in enumerate(lines) if line.startswith("@@"))
     gone = next(i for i in range(hunk + 1, len(lines)) if lines[i].startswith("+"))
     (patches / names[1]).write_text("".join(lines[:gone] + lines[gone + 1:]))
-    partial = _cut(patches / names[2], 60, partial="    half a li")
+    diff = next(i for i, line in enumerate((patches / names[2]).read_text().splitlines())
+                if line.startswith("diff --git "))
+    partial = _cut(patches / names[2], diff + 10, partial="    half a li")  # cut mid-line inside the first hunk
     mail = (patches / names[3]).read_text()
     (patches / names[3]).write_text(re.sub(r"^Subject: .*\n", "", mail, count=1, flags=re.M))
     blank = (patches / names[3]).read_text().splitlines().index("") + 1
     problems = lint(patches)
-    for name, line, what in ((names[0], end, "the file is truncated"), (names[1], r"\d+", f"in the hunk of line "
-                             f"{hunk + 1}"), (names[2], partial, "git apply: corrupt patch"),
+    for name, line, what in ((names[0], end, "the file is truncated"), (names[1], r"\d+", f"the hunk before it starts "
+                             f"at line {hunk + 1}"), (names[2], partial, "git apply: corrupt patch"),
                              (names[3], blank, "git mailinfo reads no Subject")):
         found = [p for p in problems if re.match(rf"corrupt patch {re.escape(name)}, line {line}: .*{what}", p)]
         assert len(found) == 1, (name, line, problems)
