@@ -191,8 +191,8 @@ def build(cmd: list[str], docker: str, context: Path) -> None:
         raise UserError(f"docker build failed ({res.why}) because the docker engine {eng.why}; no build step is "
                         f"at fault. Fix: {eng.fix}")
     raise UserError(f"docker build failed ({res.why}); the log above names the failing step (apply: a patch "
-                    f"does not fit the base image's sglang; smoke: a patched module does not import; pcie_env: "
-                    f"the patched source's NCCL defaults are not a readable literal)")
+                    f"does not fit the base image's sglang; image_deps: the NCCL release is not where torch loads it; "
+                    f"smoke: a patched module does not import)")
 
 
 def main(argv=None) -> int:

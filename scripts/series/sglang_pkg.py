@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..lib import proc
 from ..lib.errors import UserError
+from ..lib.repo import BUILD_DIR
 from .record import RECORD_NAME, read_record
 
 
@@ -59,6 +60,12 @@ def probe(python: str | None = None, modules=(), *, torch: bool = False, env: di
         return json.loads(res.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         return {"failed": f"{python} printed no answer"}
+
+
+def package_or_tree() -> Path:
+    """The sglang package this interpreter imports, else build/sglang's (the patched tree `make apply` builds)."""
+    found = probe().get("sglang")
+    return Path(found) if found else BUILD_DIR / "sglang" / "python" / "sglang"
 
 
 def find_sglang(python: str = sys.executable, timeout: float = 60.0) -> tuple[Path | None, str]:
