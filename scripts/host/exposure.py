@@ -9,8 +9,9 @@
 
 The key reaches SGLang's --api-key inside the launched process (key_argv: `python3 -c KEY_SHIM SOURCE ARGS...`
 appends it to sys.argv and runs sglang.launch_server as `-m` would), so it is on no command line: not in `ps`, not
-in what serve prints. Upstream SGLang logs its server_args at startup, api_key included; the series redacts it
-(patch entrypoints-redact-*), and NOTE_SGLANG_LOGS says so.
+in what serve prints (redacted() hides every secret flag's value, by the dest sglang's parser gives the token, so
+abbreviations such as --api-k are hidden too). The series' entrypoints patch redacts the keys in SGLang's own
+startup log line and in /server_info. A key file is written private: KEY_FILE_FIX.
 """
 
 from __future__ import annotations
@@ -23,18 +24,27 @@ from ..lib.errors import UserError
 
 KEY_VAR = "SGLANG_API_KEY"
 SGLANG_DEFAULT_HOST = "127.0.0.1"
-KEY_FLAGS = ("--api-key", "--admin-api-key")
+# sglang flags whose value is a secret, by dest; and their option strings (for tokens no parser resolved)
+SECRET_DESTS = {"api_key": "--api-key", "admin_api_key": "--admin-api-key",
+                "ssl_keyfile_password": "--ssl-keyfile-password"}
+NOT_SECRET = {"--ssl-keyfile"}  # a flag of its own that is also a prefix of a secret flag
 # argv: python3 -c KEY_SHIM env:NAME|file:PATH SGLANG_ARGS... (the key leaves the environment of sglang's children)
 KEY_SHIM = ("import os, runpy, sys; kind, _, ref = sys.argv.pop(1).partition(':'); "
             "key = os.environ.pop(ref) if kind == 'env' else open(ref).read().strip(); "
             "sys.argv += ['--api-key', key]; "
             "runpy.run_module('sglang.launch_server', run_name='__main__', alter_sys=True)")
-NOTE_SGLANG_LOGS = ("the patched SGLang redacts the API keys in its startup log and /server_info (patch "
-                    "entrypoints-redact-*); an unpatched one logs them in clear: keep its log (docker logs) as "
-                    "private as the key")
-FIX = (f"export {KEY_VAR}=$(openssl rand -hex 32) and pass it into the container by name (docker run -e {KEY_VAR} "
-       f"...), or name a file holding the key (serve --api-key-file /run/secrets/sglang_api_key), or serve on "
-       f"loopback only (leave out --host 0.0.0.0)")
+KEY_FILE = "/etc/sglang/api_key"
+
+
+def key_file_fix(path: str = KEY_FILE) -> str:
+    """Writes a new key into `path`, readable by its owner only (umask 077 before the file exists)."""
+    return f"(umask 077 && mkdir -p {Path(path).parent} && openssl rand -hex 32 > {path})"
+
+
+FIX = (f"write a key file, {key_file_fix()}, mount it (docker run -v {KEY_FILE}:/run/secrets/sglang_api_key:ro) and "
+       f"name it (serve --api-key-file /run/secrets/sglang_api_key); or export {KEY_VAR}=$(openssl rand -hex 32) and "
+       f"pass it by name (docker run -e {KEY_VAR}: docker inspect shows it); or serve on loopback only (leave out "
+       f"--host 0.0.0.0)")
 
 
 @dataclasses.dataclass
@@ -74,7 +84,8 @@ def _key_file(path: str) -> None:
         raise UserError(f"--api-key-file {path}: cannot read it ({e.strerror}); mount the file into the container "
                         f"(docker run -v /path/on/host:{path}:ro) or fix the path") from e
     if not text.strip():
-        raise UserError(f"--api-key-file {path} is empty: write the key into it (openssl rand -hex 32 > {path})")
+        raise UserError(f"--api-key-file {path} is empty: write a key into it on the host, "
+                        f"{key_file_fix(KEY_FILE)}, and mount that file here")
 
 
 def decide(host: str, environ: dict[str, str], key_file: str | None = None, cli_key: bool = False) -> Listen:
@@ -106,17 +117,26 @@ def key_argv(python: str, key_spec: str, sglang_args: list[str]) -> list[str]:
     return [python, "-c", KEY_SHIM, key_spec, *sglang_args]
 
 
-def redacted(argv: list[str]) -> list[str]:
-    """argv with the value of every --api-key / --admin-api-key replaced (for printing)."""
+def _secret(option: str, dest) -> bool:
+    """Whether an option token names a secret flag: by sglang's dest for it, or as argparse abbreviates one."""
+    if dest(option) in SECRET_DESTS:
+        return True
+    return (option.startswith("--") and len(option) > 3 and option not in NOT_SECRET
+            and any(flag.startswith(option) for flag in SECRET_DESTS.values()))
+
+
+def redacted(argv: list[str], dest=lambda token: None) -> list[str]:
+    """argv with the value of every secret flag replaced (for printing). `dest` maps an option token to the dest
+    sglang's parser gives it (serve's FlagIndex.dest), so abbreviations are caught."""
     out, hide = [], False
     for t in argv:
         name = t.split("=", 1)[0]
         if hide:
             out.append("<redacted>")
             hide = False
-        elif name in KEY_FLAGS and "=" in t:
+        elif "=" in t and _secret(name, dest):
             out.append(f"{name}=<redacted>")
         else:
             out.append(t)
-            hide = t in KEY_FLAGS
+            hide = t.startswith("--") and "=" not in t and _secret(t, dest)
     return out

@@ -78,6 +78,7 @@ class Plan:
     notes: list[str]
     pcie: LauncherDecision  # what the patched launcher will decide about the PCIe-only defaults
     listen: exposure.Listen  # where sglang listens and with which API key
+    shown: list[str] = dataclasses.field(default_factory=list)  # argv as printed: every secret redacted
 
     def child_env(self, environ: dict[str, str]) -> dict[str, str]:
         env = dict(environ)
@@ -377,11 +378,10 @@ def build_plan(profile: Profile, *, model: str | None = None, draft_model: str |
     listen = _listen(ns, sgl_args, index, child_env, api_key_file)
     if listen.refusal and refuse:
         raise UserError(f"{listen.refusal}. Fix: {exposure.FIX}")
-    if listen.key_from:
-        notes.append(exposure.NOTE_SGLANG_LOGS)
     argv = (exposure.key_argv(python, listen.key_spec, sgl_args) if listen.key_spec
             else [python, "-m", LAUNCH_MODULE, *sgl_args])
-    return Plan(profile=profile, argv=argv, env_set=env_set, env_kept=env_kept, notes=notes, pcie=pcie, listen=listen)
+    return Plan(profile=profile, argv=argv, env_set=env_set, env_kept=env_kept, notes=notes, pcie=pcie, listen=listen,
+                shown=exposure.redacted(argv, index.dest))
 
 
 def render(plan: Plan) -> str:
@@ -399,15 +399,15 @@ def render(plan: Plan) -> str:
             lines.append(f"export {k}={shlex.quote(v)}  # from {src}")
     for k, (v, default, src) in plan.env_kept.items():
         lines.append(f"# kept {k}={v} from the environment (default {default} from {src} not applied)")
-    lines.append(shlex.join(exposure.redacted(plan.argv)))
+    lines.append(shlex.join(plan.shown))
     return "\n".join(lines)
 
 
 def as_json(plan: Plan) -> dict:
     return {
         "profile": str(plan.profile.path),
-        "argv": exposure.redacted(plan.argv),
-        "command": shlex.join(exposure.redacted(plan.argv)),
+        "argv": plan.shown,
+        "command": shlex.join(plan.shown),
         "env": {k: v for k, (v, _) in plan.env_set.items()},
         "env_sources": {k: src for k, (_, src) in plan.env_set.items()},
         "env_kept": {k: v for k, (v, _, _) in plan.env_kept.items()},

@@ -383,6 +383,34 @@ def test_a_key_given_to_sglang_by_hand_wins_and_is_never_printed(index):
     assert KEY not in shown and "--api-key '<redacted>'" in shown
 
 
+@pytest.mark.parametrize("given", [["--api-k", KEY], [f"--api-ke={KEY}"], ["--admin-api-k", KEY],
+                                   [f"--ssl-keyfile-pass={KEY}"]])
+def test_an_abbreviated_key_flag_is_redacted_too(index, given):
+    """sglang's parser accepts unique prefixes (--api-k is --api-key): serve redacts by the flag's dest, so what it
+    prints never carries the value, however the flag was spelled."""
+    plan = _plan(index, extra=["--host", "0.0.0.0", *given], environ={"SGLANG_API_KEY": "other"})
+    assert any(KEY in t for t in plan.argv)
+    shown = serve.render(plan) + json.dumps(serve.as_json(plan))
+    assert KEY not in shown and "<redacted>" in shown
+
+
+def test_key_file_advice_writes_a_private_file(tmp_path):
+    """The fix serve prints for an empty key file, run as printed (with the path moved under tmp): the file it writes
+    holds a key and is readable by its owner only."""
+    import stat
+    import subprocess
+
+    from scripts.host import exposure
+
+    key = tmp_path / "etc" / "api_key"
+    cmd = exposure.key_file_fix(str(key))
+    subprocess.run(["sh", "-c", cmd], check=True)
+    assert len(key.read_text().strip()) == 64 and stat.S_IMODE(key.stat().st_mode) == 0o600
+    (tmp_path / "empty").write_text("")
+    with pytest.raises(UserError, match=r"umask 077"):
+        exposure.decide("0.0.0.0", {}, str(tmp_path / "empty"))
+
+
 def test_loopback_with_a_key_uses_it(index):
     plan = _plan(index, environ={"SGLANG_API_KEY": KEY})
     assert plan.listen.line.startswith("listening on 127.0.0.1 only, with an API key from $SGLANG_API_KEY")
