@@ -63,7 +63,7 @@ test: setup apply  ## the whole check: pytest against build/sglang, series round
 	$(VPY) -m scripts.series.prove_tests
 
 test-gpu:        ## the patched collectives, fused op and decisions on >= 2 GPUs (here or in IMAGE) -> bench/results
-	$(PY) -m scripts.host.test_gpu $(if $(IMAGE),--image $(IMAGE)) $(TEST_GPU_ARGS)
+	$(PY) -m scripts.host.gpu_tier $(if $(IMAGE),--image $(IMAGE)) $(TEST_GPU_ARGS)
 
 test-serve:      ## the patched server with EAGLE-3 on generated tiny models, on the GPUs (here or in IMAGE) -> bench/results
 	$(PY) -m scripts.host.serve_tier $(if $(IMAGE),--image $(IMAGE)) $(TEST_SERVE_ARGS)

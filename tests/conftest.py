@@ -68,36 +68,39 @@ def sglang_tree() -> Path:
 CACHE = ROOT / "build" / "cache"
 
 
-def _wheel(requirement: str) -> Path:
+def _wheel(requirement: str, filename: str) -> Path:
     """A real sglang wheel from PyPI, downloaded once into build/cache (the same cache make apply uses)."""
     from scripts.series.upstream import download_wheel
 
-    version = requirement.split("==")[1]
-    name = f"sglang-{version}-cp311-cp311-manylinux_2_34_x86_64.whl"
-    if not (CACHE / name).is_file():
-        assert download_wheel(requirement, CACHE, name, quiet=True), f"could not download {requirement}"
-    return CACHE / name
+    if not (CACHE / filename).is_file():
+        assert download_wheel(requirement, CACHE, filename, quiet=True), f"could not download {requirement}"
+    return CACHE / filename
 
 
 @pytest.fixture(scope="session")
-def wheel_0523() -> Path:
-    return _wheel("sglang==0.5.23")
+def pinned_wheel() -> Path:
+    """The wheel patches/pin.toml pins."""
+    pin = load_pin()
+    return _wheel(pin.wheel_requirement, pin.wheel_filename)
 
 
 @pytest.fixture(scope="session")
-def wheel_0522() -> Path:
-    return _wheel("sglang==0.5.22")
+def other_wheel() -> Path:
+    """The wheel of another release (tests/_releases.py), for the same interpreter and platform."""
+    from _releases import OTHER_FILENAME, OTHER_REQUIREMENT
+
+    return _wheel(OTHER_REQUIREMENT, OTHER_FILENAME)
 
 
 @pytest.fixture(scope="session")
-def upstream(tmp_path_factory, wheel_0523) -> Path:
+def upstream(tmp_path_factory, pinned_wheel) -> Path:
     """A local stand-in for the upstream repository: a bare repository whose pinned tag holds the wheel's files
     under python/ (built by the same code as the wheel fallback of make apply)."""
     from scripts.lib import git
     from scripts.series.upstream import git_tree_from_wheel, sha256_file
 
     root = tmp_path_factory.mktemp("upstream")
-    git_tree_from_wheel(wheel_0523, root / "work", load_pin().tag, sha256_file(wheel_0523))
+    git_tree_from_wheel(pinned_wheel, root / "work", load_pin().tag, sha256_file(pinned_wheel))
     git.git(root, "clone", "-q", "--bare", str(root / "work"), str(root / "sglang.git"))
     return root / "sglang.git"
 
@@ -112,15 +115,13 @@ def base_cache(tmp_path_factory) -> Path:
 def nccl_wheels() -> Path:
     """A directory holding the pinned NCCL wheel (patches/pin.toml [nccl]), downloaded once from PyPI into
     build/cache/nccl (pip download --no-deps); the image's NCCL step installs from it with PIP_NO_INDEX."""
+    from scripts.series.upstream import download_wheel
+
     pin = load_pin()
     dest = CACHE / "nccl"
     name = pin.nccl_package.replace("-", "_")
     if not list(dest.glob(f"{name}-{pin.nccl_version}-*.whl")):
-        dest.mkdir(parents=True, exist_ok=True)
-        import subprocess
-
-        cp = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(dest),
-                             f"{pin.nccl_package}=={pin.nccl_version}"], capture_output=True, text=True, timeout=900)
-        if cp.returncode != 0:
-            pytest.skip(f"cannot download {pin.nccl_package}=={pin.nccl_version}: {cp.stderr.strip()[-300:]}")
+        requirement = f"{pin.nccl_package}=={pin.nccl_version}"
+        if download_wheel(requirement, dest, quiet=True) is None:
+            pytest.skip(f"cannot download {requirement} (pip download failed)")
     return dest

@@ -1,5 +1,6 @@
 """The shape of scripts/: three families over a shared lib, and the rules that keep it that way.
 
+- the families stack: series imports neither host nor bench, host does not import bench;
 - a verb (a module run as `python -m scripts.<family>.<verb>`) imports no other verb: what two verbs share lives
   in a library module of the family (or in scripts/lib);
 - no module imports another module's private (_-prefixed) names, nor reaches for them through a module alias;
@@ -60,10 +61,17 @@ def imports(name: str) -> list[tuple[str, list[str], int]]:
 def test_the_three_families_and_their_verbs():
     verbs = {v.split(".", 1)[1] for v in VERBS}
     assert verbs == {"series.apply", "series.export", "series.check_patches", "series.refresh", "series.prove_tests",
-                     "host.doctor", "host.serve", "host.smoke", "host.image", "host.pcie_env", "host.test_gpu",
+                     "host.doctor", "host.serve", "host.smoke", "host.image", "host.gpu_tier",
                      "host.image_deps", "host.serve_tier",
                      "bench.bench", "bench.bench_comm", "bench.cost_model", "bench.receipt"}
     assert not [n for n in VERBS if n.startswith("scripts.lib")]
+
+
+def test_the_families_import_downward_only():
+    above = {"series": ("host", "bench"), "host": ("bench",), "bench": (), "lib": FAMILIES}
+    bad = [f"{name}:{line} imports {target}" for name in MODULES for target, _, line in imports(name)
+           for up in above[(name.split(".") + ["lib"])[1]] if target == f"scripts.{up}" or target.startswith(f"scripts.{up}.")]
+    assert not bad, "\n".join(bad)
 
 
 def test_no_verb_imports_another_verb():
@@ -138,11 +146,11 @@ def test_nothing_names_a_path_outside_the_repository():
 
 
 def test_the_image_verbs_need_nothing_the_upstream_image_lacks():
-    """serve, doctor, smoke, pcie_env, test_gpu, serve_tier, bench_comm, image_deps, image and apply run on the
-    upstream image's python3, which has no tomlkit:
+    """serve, doctor, smoke, gpu_tier, serve_tier, bench_comm, image_deps, image and apply run on the upstream
+    image's python3, which has no tomlkit:
     they import (and apply --help runs) with it blocked."""
-    verbs = ["scripts.host.serve", "scripts.host.doctor", "scripts.host.smoke", "scripts.host.pcie_env",
-             "scripts.host.test_gpu", "scripts.host.serve_tier", "scripts.bench.bench_comm", "scripts.host.image_deps",
+    verbs = ["scripts.host.serve", "scripts.host.doctor", "scripts.host.smoke", "scripts.host.gpu_tier",
+             "scripts.host.serve_tier", "scripts.bench.bench_comm", "scripts.host.image_deps",
              "scripts.host.image", "scripts.series.apply"]
     code = ("import sys, importlib; sys.modules['tomlkit'] = None; "
             f"[importlib.import_module(m) for m in {verbs!r}]; "

@@ -1,5 +1,5 @@
-"""scripts/lib: the one subprocess helper, the one env-file parser, the one git HEAD helper; and the bench family's
-one number formatter."""
+"""scripts/lib: the one subprocess helper, the one env-file parser, the one TOML reader, the one git HEAD and tag
+helpers; and the bench family's one number formatter."""
 
 from __future__ import annotations
 
@@ -34,7 +34,11 @@ def test_env_file_parser(tmp_path):
 
 
 def test_head_and_revision(tmp_path, monkeypatch):
-    assert git.head(tmp_path) is None
+    assert git.head(tmp_path) is None and git.tag_commit(tmp_path, "v1") is None
+    git.git(tmp_path, "init", "-q")
+    git.git(tmp_path, "commit", "-q", "--allow-empty", "-m", "one")
+    git.git(tmp_path, "tag", "-a", "-m", "annotated", "v1")
+    assert git.tag_commit(tmp_path, "v1") == git.head(tmp_path) and git.tag_commit(tmp_path, "v2") is None
     monkeypatch.setenv(repo.GIT_REV_VAR, "abc1234")
     assert repo.revision(short=True) == ("abc1234", False)
     monkeypatch.delenv(repo.GIT_REV_VAR)
@@ -49,3 +53,17 @@ def test_number_formatter():
     assert spread([]) == "not measured" and spread([1.234]) == "1.23"
     assert spread([1.0, 2.0, 3.0], 1, "x") == "2.0x (1.0-3.0)" and spread([1.0, 1.001], 2) == "1.00"
     assert (duration(42), duration(125), duration(7260)) == ("42s", "2m05s", "2h01m")
+
+
+def test_the_toml_reader_names_the_file_and_the_fix(tmp_path):
+    from scripts.lib.tomlfile import load_toml
+
+    good = tmp_path / "a.toml"
+    good.write_text("x = 1\n")
+    assert load_toml(good) == {"x": 1}
+    bad = tmp_path / "b.toml"
+    bad.write_text("x = \n")
+    with pytest.raises(UserError, match=r"profile .*b\.toml is not valid TOML: "):
+        load_toml(bad, "profile")
+    with pytest.raises(UserError, match=r"sweep file .*c\.toml: No such file or directory; pass it to --sweep"):
+        load_toml(tmp_path / "c.toml", "sweep file", "pass it to --sweep")

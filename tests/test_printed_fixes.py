@@ -61,7 +61,7 @@ def test_test_gpu_without_a_route_prints_the_image_command_and_it_runs(tmp_path)
     """No GPU here and no docker: test-gpu says why for both routes (as bench-comm does) and prints the docker run
     of the real image with the results mount; run as printed, the image's test-gpu gets past its results check
     (it then stops on this machine's missing GPUs, as it should)."""
-    cp = run_verb("scripts.host.test_gpu", path=_fake_docker.path_with())
+    cp = run_verb("scripts.host.gpu_tier", path=_fake_docker.path_with())
     assert cp.returncode == 2, cp.stderr
     assert "test-gpu cannot run here (" in cp.stderr and "sees 0 CUDA GPU(s)" in cp.stderr
     assert "nor in the image (docker is not installed" in cp.stderr

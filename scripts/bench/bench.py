@@ -61,7 +61,7 @@ from ..lib.progress import say
 from ..lib.repo import revision
 from ..host.exposure import client_key
 from ..lib.http import use_api_key
-from ..host.pcie import package_dir
+from ..series.sglang_pkg import package_or_tree
 from . import config as cfg
 from . import preflight
 from . import report as rep
@@ -348,7 +348,7 @@ def sweep_variants(a: argparse.Namespace, vset: cfg.VariantSet | None, server_ar
     if a.draft_model:
         raise UserError(f"--draft-model sets the drafter of the variants, but a sweep's drafters are its own "
                         f"(drafters = [...] in {sw.path}); edit that list, or drop --sweep")
-    pkg = package_dir()
+    pkg = package_or_tree()
     if not (pkg / "srt").is_dir():
         raise UserError(f"--sweep checks every point against SGLang's own rules, read from its source, and finds "
                         f"none at {pkg}: run make apply (build/sglang), or run from an environment with sglang")

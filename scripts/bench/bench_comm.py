@@ -1,12 +1,12 @@
 """`make bench-comm`: what the communication of one EAGLE verify forward costs on this box, per setting.
 
-  python -m scripts.bench.bench_comm [--variants default,pcie_defaults,LL,...] [--world N] [--sglang DIR] ...
+  python -m scripts.bench.bench_comm [--variants default,pcie_defaults,LL,...] [--world N] ...
   python -m scripts.bench.bench_comm --plot RESULT.json     only the table and the PNG of a result file
 
 Needs a machine with >= 2 GPUs (or --device cpu: gloo ranks, to test the harness); no model weights. For each NCCL
-environment variant (your environment as is; the patched launcher's PCIe defaults, read from the patched SGLang's
-source: the sglang this interpreter imports, else build/sglang, or --sglang DIR; NCCL_PROTO=LL / LL128 / Simple;
-NCCL_P2P_DISABLE=1) it
+environment variant (your environment as is; the patched launcher's PCIe defaults, what it sets in a clean
+environment, asked of the sglang this interpreter imports (skipped, and said, when it cannot be and the variant is
+only in the default list); NCCL_PROTO=LL / LL128 / Simple; NCCL_P2P_DISABLE=1) it
 spawns one process per GPU and measures, at Kimi-K2.5 shapes ([rows x 7168] bf16, rows = batch x 4 draft
 tokens, plus prefill sizes):
   - NCCL all-reduce per call: one synchronised call, and a chain of 122 calls eager vs CUDA-graph-replayed;
@@ -59,18 +59,20 @@ from pathlib import Path
 
 from ..host import route
 from ..host.nccl import expected_nccl, nccl_report
-from ..host.pcie import package_dir, read_defaults
+from ..host.pcie import launcher_nccl_defaults
 from ..lib import proc
 from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.progress import say
 from ..lib.repo import revision
+from ..series.sglang_pkg import probe
 from .comm_report import plot, summarize, table
 from .kimi import CHAIN, LAYERS
 
 ESTIMATE_S = 900  # every variant on 8 GPUs, the PCIe-IPC autotune included: an assumption until a box run times it
 VERIFY_ROWS = [1, 4, 8, 16, 32, 64]  # plain decode at batch 1; batch 1, 2, 4, 8, 16 x 4 draft tokens
 PREFILL_ROWS = [512, 2048, 8192]
+DEFAULT_VARIANTS = "default,pcie_defaults,LL,LL128,SIMPLE,p2p_off"
 FIXED_VARIANTS = {
     "default": {},
     "LL": {"NCCL_PROTO": "LL"},
@@ -80,17 +82,20 @@ FIXED_VARIANTS = {
 }
 
 
-def variants(names: list[str], sglang: Path | None = None) -> dict[str, dict]:
-    """name -> the NCCL environment of each variant; pcie_defaults from the patched SGLang's source."""
+def variants(names: list[str], given: bool = True, skipped: dict[str, str] | None = None) -> dict[str, dict]:
+    """name -> the NCCL environment of each variant; pcie_defaults asked of the patched launcher (this interpreter's
+    sglang). Without it, a pcie_defaults the user named is an error; one from the default list is skipped, and why
+    goes into `skipped`."""
     out = {}
     for n in names:
         if n == "pcie_defaults":
-            pkg = Path(sglang) / "sglang" if sglang else package_dir()
             try:
-                out[n] = read_defaults(pkg)
+                out[n] = launcher_nccl_defaults()
             except UserError as e:
-                raise UserError(f"variant pcie_defaults reads the patched launcher's NCCL defaults: {e} "
-                                f"(or drop pcie_defaults from --variants)") from e
+                if given:
+                    raise UserError(f"variant pcie_defaults: {e} (or drop pcie_defaults from --variants)") from e
+                say(f"variant pcie_defaults skipped: {e}")
+                (skipped if skipped is not None else {})[n] = str(e)
         elif n in FIXED_VARIANTS:
             out[n] = FIXED_VARIANTS[n]
         else:
@@ -157,9 +162,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--check", action="store_true", help="only choose the route (and check the results directory); "
                                                          "print {estimate_s, route} as JSON (make report)")
     ap.add_argument("--world", type=int, default=None, help="ranks (default: every visible GPU)")
-    ap.add_argument("--variants", default="default,pcie_defaults,LL,LL128,SIMPLE,p2p_off")
-    ap.add_argument("--sglang", type=Path, metavar="DIR", help="directory holding the patched sglang/ whose "
-                    "PCIe defaults the pcie_defaults variant uses (default: this interpreter's, else build/sglang)")
+    ap.add_argument("--variants", help=f"comma list (default {DEFAULT_VARIANTS})")
     ap.add_argument("--rows", default=",".join(map(str, VERIFY_ROWS)), help="verify row counts (batch x 4)")
     ap.add_argument("--prefill-rows", default=",".join(map(str, PREFILL_ROWS)))
     ap.add_argument("--layers", type=int, default=LAYERS)
@@ -211,13 +214,11 @@ def machine(a: argparse.Namespace, meta: dict) -> int:
 def sglang_rows(a: argparse.Namespace) -> tuple[dict | None, str]:
     """ServerArgs overrides of the SGLang rows (on top of the shipped profile's, sglang_comm.PROFILE_SERVER_ARGS),
     or None and why they cannot run here."""
-    import importlib.util
-
     if a.device == "cpu" or a.no_flashinfer or a.no_sglang:
         return None, "--device cpu" if a.device == "cpu" else "--no-flashinfer" if a.no_flashinfer else "--no-sglang"
     if getattr(a, "without_sglang", ""):
         return None, a.without_sglang
-    missing = [m for m in ("sglang", "flashinfer") if importlib.util.find_spec(m) is None]
+    missing = probe(modules=("sglang", "flashinfer"))["missing"]
     if missing:
         return None, (f"{' and '.join(missing)} not importable by {sys.executable}; run from the serving image "
                       f"(docker run --gpus all --ipc=host -v sglang-flashinfer:/root/.cache/flashinfer IMAGE "
@@ -289,9 +290,6 @@ def pick_route(a: argparse.Namespace) -> route.Route:
     rows = "" if a.no_sglang or a.no_flashinfer else route.sglang_why(py, info)
     where = route.choose("bench-comm", route.describe(py, info), gpus or rows, a.image, partial="the SGLang rows",
                          partial_ok=not gpus)
-    if where.where == "image" and a.sglang:
-        raise UserError(f"--sglang {a.sglang} names a directory on this host, which the image cannot read: drop "
-                        f"--sglang (the image reads its own patched sglang), or run here with --here")
     return where
 
 
@@ -355,7 +353,9 @@ def main(argv=None) -> int:
     if meta["inherited_nccl_env"]:
         say(f"note: your environment sets {meta['inherited_nccl_env']}; variant 'default' runs with it as is, "
             f"the other variants add their own settings on top")
-    meta["variants"] = vmap = variants([v.strip() for v in a.variants.split(",") if v.strip()], a.sglang)
+    names = [v.strip() for v in (a.variants or DEFAULT_VARIANTS).split(",") if v.strip()]
+    meta["variants_skipped"] = {}
+    meta["variants"] = vmap = variants(names, a.variants is not None, meta["variants_skipped"])
     result = {"meta": meta, "records": measure(a, vmap, world, meta)}
     result["summary"] = summarize(result)
     box = a.box or meta["gpu_name"].replace("NVIDIA ", "").replace(" ", "-")

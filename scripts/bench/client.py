@@ -18,7 +18,6 @@ import re
 import sys
 import threading
 import time
-import tomllib
 from pathlib import Path
 from typing import Callable
 
@@ -27,7 +26,9 @@ from ..host.route import default_image, image_ready
 from ..lib import proc
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
+from ..lib.tomlfile import load_toml
 from ..series.pin import load_pin
+from ..series.sglang_pkg import probe
 from ..series.upstream import CACHE_DIR, wheel_requires
 
 CLIENT_MODULE = "sglang.benchmark.serving"
@@ -70,12 +71,13 @@ def with_tree(env: dict[str, str]) -> dict[str, str]:
 
 
 # Runs in a candidate interpreter: does bench_serving import? If not, which of SGLang's requirements (stdin: the
-# Requires-Dist strings, or null for the installed sglang's own) are not installed, markers evaluated.
-PROBE = r"""
-import importlib, importlib.metadata as md, importlib.util, io, json, re, sys, contextlib, warnings
+# Requires-Dist strings, or null for the installed sglang's own) are not installed, markers evaluated. (Which sglang
+# it imports is series/sglang_pkg's probe, the one locator.)
+IMPORT_PROBE = r"""
+import importlib, importlib.metadata as md, io, json, re, sys, contextlib, warnings
 warnings.simplefilter("ignore")
 reqs = json.load(sys.stdin)
-out = {"sglang": importlib.util.find_spec("sglang") is not None, "error": "", "missing": []}
+out = {"error": "", "missing": []}
 try:
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         importlib.import_module(sys.argv[1])
@@ -110,32 +112,39 @@ def tree_requirements() -> list[str] | None:
     """SGLang's Requires-Dist for the patched tree: its pyproject.toml (a clone), else the pinned wheel's METADATA."""
     pyproject = TREE_PYTHON / "pyproject.toml"
     if pyproject.is_file():
-        return list(tomllib.loads(pyproject.read_text()).get("project", {}).get("dependencies", []))
+        return list(load_toml(pyproject, "SGLang's pyproject").get("project", {}).get("dependencies", []))
     wheel = CACHE_DIR / load_pin().wheel_filename
     return wheel_requires(wheel) if wheel.is_file() else None
 
 
+def missing_for_client(py: str, env: dict[str, str], requirements: list[str] | None) -> dict | None:
+    """{error: why `import sglang.benchmark.serving` fails with `py` ('' when it works), missing: the requirements
+    not installed}, None when `py` does not run."""
+    res = proc.run([py, "-c", IMPORT_PROBE, CLIENT_MODULE], env=env, input=json.dumps(requirements), timeout=300)
+    try:
+        return json.loads(res.stdout.strip().splitlines()[-1]) if res.ok else None
+    except (ValueError, IndexError):
+        return None
+
+
 def probe_python(py: str, env: dict[str, str]) -> tuple[Client | None, str]:
     """(a Client, '') when bench_serving imports with `py` (its own sglang, else the tree), else (None, why)."""
-    res = proc.run([py, "-c", PROBE, CLIENT_MODULE], env=env, input="null", timeout=300)
-    info = json.loads(res.stdout.strip().splitlines()[-1]) if res.ok and res.stdout.strip() else None
-    if info is None:
-        return None, f"{py}: does not run ({res.why})"
-    note = f"{py} (its own sglang)"
+    info = probe(py, env=env)  # the one locator: which sglang `py` would import
+    if info.get("failed"):
+        return None, f"{py}: does not run ({info['failed']})"
+    note, requirements = f"{py} (its own sglang)", None
     if not info["sglang"]:
         if not (TREE_PYTHON / "sglang").is_dir():
             return None, f"{py}: imports no sglang, and there is no tree at {TREE_PYTHON} (make apply)"
-        env, note = with_tree(env), f"{py} with sglang from {TREE_PYTHON}"
-        res = proc.run([py, "-c", PROBE, CLIENT_MODULE], env=env, input=json.dumps(tree_requirements()),
-                       timeout=300)
-        info = json.loads(res.stdout.strip().splitlines()[-1]) if res.ok and res.stdout.strip() else None
-        if info is None:
-            return None, f"{note}: does not run ({res.why})"
-    if not info["error"]:
+        env, note, requirements = with_tree(env), f"{py} with sglang from {TREE_PYTHON}", tree_requirements()
+    found = missing_for_client(py, env, requirements)
+    if found is None:
+        return None, f"{note}: does not run"
+    if not found["error"]:
         return Client(note, env, python=py), ""
-    lacks = (f"lacks {len(info['missing'])} of SGLang's requirements: {' '.join(info['missing'])}"
-             if info["missing"] else "has SGLang's requirements")
-    return None, f"{note}: {lacks} (import {CLIENT_MODULE}: {info['error'][:200]})"
+    lacks = (f"lacks {len(found['missing'])} of SGLang's requirements: {' '.join(found['missing'])}"
+             if found["missing"] else "has SGLang's requirements")
+    return None, f"{note}: {lacks} (import {CLIENT_MODULE}: {found['error'][:200]})"
 
 
 def resolve_client(python: str | None = None, image: str | None = None, hf_cache: str = "") -> Client:

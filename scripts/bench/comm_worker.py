@@ -17,7 +17,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from .kimi import ATTN_GEMMS, HIDDEN, MOE_GEMMS
-from .sglang_comm import Timer
 
 EPS = 1e-6
 
@@ -44,24 +43,29 @@ class ResidualChain:
 
 
 class RankSession:
-    """One rank's measurements in one variant: timing helpers, FlashInfer kernels, the records it collects."""
+    """One rank's measurements in one variant: FlashInfer kernels, the records it collects; inputs, references and
+    timing from sglang_comm (Tensors, Timer), the same helpers the GPU tests use. sc, sa: scripts/bench/sglang_comm
+    and the ServerArgs where SGLang was brought up (None: raw NCCL ranks)."""
 
-    def __init__(self, rank: int, world: int, cfg: dict):
+    def __init__(self, rank: int, world: int, cfg: dict, sc=None, sa=None):
         import torch
         import torch.distributed as dist
+
+        from .sglang_comm import Tensors, Timer
 
         self.torch, self.dist = torch, dist
         self.rank, self.world, self.cfg = rank, world, cfg
         self.cpu = cfg["device"] == "cpu"
         self.dev = torch.device("cpu") if self.cpu else torch.device("cuda", rank)
         self.records: list[dict] = []
-        self.timer = Timer(cfg["device"])  # wall time of a launch, every rank lined up (sglang_comm: one timer)
+        self.t = Tensors(rank, world, self.dev)
+        self.timer = Timer(cfg["device"], in_sglang=sc is not None)  # every rank lined up around each launch
         self.variant = cfg["variant"]
         self.fi = None
         self.fi_norm = None
         self.fi_reason = "not requested"
-        self.sc, self.sa = None, None  # scripts/bench/sglang_comm and the ServerArgs, where SGLang was brought up
-        self.sc_reason = "not requested"
+        self.sc, self.sa = sc, sa
+        self.sc_reason = "" if sc is not None else "not requested"
 
     # ------------------------------------------------------------------ helpers
     def rec(self, **kw) -> None:
@@ -69,22 +73,12 @@ class RankSession:
         kw.setdefault("world", self.world)
         self.records.append(kw)
 
-    def sync(self) -> None:
-        if not self.cpu:
-            self.torch.cuda.synchronize()
-
-    def randn(self, *shape, scale: float = 1.0, seed: int | None = None):
-        g = self.torch.Generator(device="cpu")
-        g.manual_seed(seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
-        t = self.torch.randn(*shape, generator=g, dtype=self.torch.float32) * scale
-        return t.to(self.dev, self.torch.bfloat16)
-
     def time_eager(self, fn, iters: int) -> float:
         """Median microseconds of one call, synchronised around each call (launch included)."""
         torch = self.torch
         for _ in range(3):
             fn()
-        self.sync()
+        self.timer.sync()
         self.dist.barrier()
         times = []
         for _ in range(iters):
@@ -101,62 +95,21 @@ class RankSession:
                 times.append(s.elapsed_time(e) * 1e3)
         return statistics.median(times)
 
-    def time_chain_eager(self, fn, reps: int) -> float:
-        """Median wall microseconds of fn() launched eagerly (a whole chain)."""
-        return self.timer.median_us(fn, reps)
-
-    def capture(self, fn):
-        """fn() captured once in a CUDA graph (after one eager warm-up on the current stream); None on CPU."""
-        if self.cpu:
-            return None
-        if self.sc is not None:  # inside SGLang's graph_capture(), as the server captures
-            return self.timer.capture(fn)
-        torch = self.torch
-        fn()
-        self.sync()
-        self.dist.barrier()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        self.sync()
-        self.dist.barrier()
-        return g
-
     def time_chain_graph(self, fn, reps: int):
         """Median microseconds of one replay of fn() captured in a CUDA graph; None on CPU."""
-        g = self.capture(fn)
-        return None if g is None else self.timer.median_us(g.replay, reps)
+        return None if self.cpu else self.timer.median_us(self.timer.capture(fn).replay, reps)
 
     def measure(self, one, many, chain: int, **base) -> tuple[float, float, float | None]:
         """One call (eager, synchronised), a chain eagerly and a chain graph-replayed: three records with `base`;
         returns the three timings (us)."""
         single = self.time_eager(one, self.cfg["iters"])
-        eager = self.time_chain_eager(many, self.cfg["reps"])
+        eager = self.timer.median_us(many, self.cfg["reps"])
         graph = self.time_chain_graph(many, self.cfg["reps"])
         self.rec(**base, chain=chain, mode="eager_single", us_per_call=single)
         self.rec(**base, chain=chain, mode="eager", us_per_call=eager / chain, us_chain=eager)
         if graph is not None:
             self.rec(**base, chain=chain, mode="graph", us_per_call=graph / chain, us_chain=graph)
         return single, eager, graph
-
-    def ref_sum(self, x):
-        """fp32 sum over ranks of x (all_gather, then sum): the reference every reduction is checked against."""
-        torch, dist = self.torch, self.dist
-        parts = [torch.empty_like(x) for _ in range(self.world)]
-        dist.all_gather(parts, x)
-        return torch.stack([p.float() for p in parts]).sum(0)
-
-    @staticmethod
-    def errors(out, ref) -> dict:
-        o = out.float()
-        nan = bool(o.isnan().any().item() or o.isinf().any().item())
-        diff = (o - ref).abs()
-        denom = ref.abs().max().item() or 1.0
-        return {"max_abs_err": float(diff.max().item()), "max_rel_err": float(diff.max().item() / denom), "nan": nan}
-
-    def rmsnorm_ref(self, h32, gamma):
-        torch = self.torch
-        return h32 * torch.rsqrt(h32.pow(2).mean(-1, keepdim=True) + EPS) * gamma.float()
 
     def add_rmsnorm(self, x, residual, gamma):
         """In place: residual += x; x = rmsnorm(residual) * gamma. FlashInfer's fused kernel where available."""
@@ -190,10 +143,10 @@ class RankSession:
         dist = self.dist
         for rows in self.cfg["rows"] + self.cfg["prefill_rows"]:
             chain = self.cfg["chain"] if rows <= 256 else 4
-            x = self.randn(rows, HIDDEN)
+            x = self.t.randn(rows, seed=rows)
             out = x.clone()
             dist.all_reduce(out)
-            err = self.errors(out, self.ref_sum(x))
+            err = self.t.errors(out, self.t.ref_sum(rows, seed=rows))
             bufs = [x.clone() for _ in range(chain)]
 
             def one():
@@ -221,7 +174,7 @@ class RankSession:
         torch, sc, rows = self.torch, self.sc, self.cfg["rows"]
         self.rec(kind="workspace", impl="sglang_pcie_ipc", **sc.prepare_pcie_ipc(self.sa))
         self.rec(kind="workspace", impl="sglang_fused_op", **sc.prepare_fusion(torch.bfloat16))
-        tp, log, t = sc.tp_group(), sc.RouteLog(), sc.Tensors(self.rank, self.world, self.dev)
+        tp, log, t = sc.tp_group(), sc.RouteLog(), self.t
         gamma = (t.randn(1, seed=7, rank=0, scale=0.5)[0] + 1.0).contiguous()
         try:
             for n in rows:
@@ -260,13 +213,12 @@ class RankSession:
             return (torch.randn(k, n, generator=gen) / math.sqrt(k)).to(self.dev, torch.bfloat16)
 
         return [w(k, n) for k, n in ATTN_GEMMS], [w(k, n) for k, n in MOE_GEMMS], \
-            self.randn(HIDDEN, scale=0.1, seed=5) + 1.0
+            self.t.randn(1, seed=5, scale=0.1, rank=0)[0] + 1.0
 
     def _reduce_norm(self, impl: str, resid: ResidualChain, gamma):
         """reduce_norm(y, tag): all-reduce this rank's partial sum y with `impl`, add the residual, RMSNorm; returns
         the normed hidden state and advances the residual chain."""
-        torch, dist = self.torch, self.dist
-        bufs: dict = {}
+        dist = self.dist
 
         def reduce_norm(y, tag):
             i = resid.advance()
@@ -313,7 +265,7 @@ class RankSession:
         layers = self.cfg["layers"]
         attn_w, moe_w, gamma = self._weights()
         for rows in self.cfg["rows"]:
-            x0 = self.randn(rows, HIDDEN, seed=4000 + rows)
+            x0 = self.t.randn(rows, seed=4000 + rows, rank=0)
             outputs = {}
             for impl in impls:
                 if impl.startswith("sglang") and self.sc is None:
@@ -321,9 +273,9 @@ class RankSession:
                     continue
                 forward = self._forward(x0, impl, gamma, (attn_w, moe_w))
                 out = forward()
-                self.sync()
+                self.timer.sync()
                 outputs[impl] = out.float().clone()
-                eager = self.time_chain_eager(forward, self.cfg["reps"])
+                eager = self.timer.median_us(forward, self.cfg["reps"])
                 graph = self.time_chain_graph(forward, self.cfg["reps"])
                 self.rec(kind="verify_forward", impl=impl, rows=rows, layers=layers, mode="eager", us=eager)
                 if graph is not None:
@@ -334,7 +286,7 @@ class RankSession:
             for impl, out in outputs.items():
                 if ref is not None and impl != "nccl":
                     self.rec(kind="verify_forward_check", impl=impl, rows=rows, against="nccl",
-                             **self.errors(out, ref))
+                             **self.t.errors(out, ref))
 
 
 def p2p_bandwidth(size_mb: int = 256) -> list[dict]:
@@ -389,11 +341,9 @@ def worker(rank: int, world: int, cfg: dict, out_path: str) -> None:
             torch.cuda.set_device(rank)
             dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=rank,
                                     world_size=world, device_id=torch.device("cuda", rank))
-        bench = RankSession(rank, world, cfg)
+        bench = RankSession(rank, world, cfg, sc, sa)
         bench.load_flashinfer()
-        if sc is not None:
-            bench.sc, bench.sa, bench.sc_reason = sc, sa, ""
-        elif "sglang" in cfg["steps"]:
+        if sc is None and "sglang" in cfg["steps"]:
             bench.sc_reason = cfg.get("sglang_reason") or "SGLang not brought up"
         steps = cfg["steps"]
         if "allreduce" in steps:

@@ -13,12 +13,12 @@ import math
 import re
 import string
 import sys
-import tomllib
 from pathlib import Path
 
 from ..host.engine import FLASHINFER_VOLUME
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
+from ..lib.tomlfile import load_toml
 from ..series.pin import load_pin
 
 BENCH_DIR = REPO_ROOT / "bench"
@@ -29,15 +29,6 @@ BASELINES_DIR = BENCH_DIR / "baselines"
 LAUNCHERS = ("docker", "local", "server")
 ORDERS = ("aba", "blocked")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
-
-
-def _load_toml(path: Path) -> dict:
-    if not path.is_file():
-        raise UserError(f"{path} does not exist; pass an existing file or restore it from git")
-    try:
-        return tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise UserError(f"{path} is not valid TOML: {e}") from e
 
 
 def _check_keys(where: str, d: dict, allowed: set[str]) -> None:
@@ -127,7 +118,7 @@ _SCENARIO_KEYS = {f.name for f in dataclasses.fields(Scenario)}
 
 def load_scenarios(path: Path = DEFAULT_SCENARIOS, names: str | None = None,
                    everything: bool = False) -> list[Scenario]:
-    d = _load_toml(path)
+    d = load_toml(path)
     _check_keys(str(path), d, {"defaults", "scenario"})
     defaults = d.get("defaults", {})
     _check_keys(f"{path} [defaults]", defaults, _SCENARIO_KEYS - {"name"})
@@ -203,7 +194,7 @@ class VariantSet:
 
 
 def load_variants(path: Path = DEFAULT_VARIANTS) -> VariantSet:
-    d = _load_toml(path)
+    d = load_toml(path)
     _check_keys(str(path), d, {"defaults", "argsets", "variant"})
     defaults = dict(d.get("defaults", {}))
     _check_keys(f"{path} [defaults]", defaults, _DEFAULT_KEYS)

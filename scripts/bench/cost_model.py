@@ -13,7 +13,8 @@ a file. `--check` fails if the document is out of date.
 Box receipts (`make report` on the box: a directory or its .tar.gz, given with --receipt, by default every
 bench/receipts/*.tar.gz) fill the box section: the box's measured per-call latencies at the C1 verify width put
 into the same model (its compute and draft terms from the seed, the accept length measured by the receipt's
-`make bench` where it has one), next to the tok/s the box served, and the receipt's recommendations.
+`make bench` where it has one), next to the tok/s the box served, and the recommendations the receipt stored
+(with the thresholds of the day it was made; they are not recomputed here).
 
 Model of one speculative cycle on the box: draft + verify, verify = compute + 122 x per-call all-reduce latency,
 with the draft time and the non-communication compute taken from the seed measurement (both assumed unchanged by
@@ -29,13 +30,13 @@ import argparse
 import difflib
 import json
 import statistics
-import tomllib
 from pathlib import Path
 
 from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.progress import say
 from ..lib.repo import REPO_ROOT
+from ..lib.tomlfile import load_toml
 from . import receipt_data as rd
 from . import report as rep
 from .comm_report import record
@@ -230,7 +231,8 @@ def receipt_table(inp: dict, data: dict, name: str) -> str:
     """One receipt: measured per-call latencies refitted into the cycle model, measured serving, recommendations."""
     compute_ms, draft_ms, _ = _model(inp)
     n = inp["box"]["allreduces"]
-    spec = [r for r in rd.recommendations(data) if r["default"].startswith("EAGLE-3")][0]
+    recs = data["receipt"]["recommendations"]  # as the receipt stored them, with the thresholds of its day
+    spec = [r for r in recs if r["default"].startswith("EAGLE-3")][0]
     best = spec["measured"].get("speculative") if spec["verdict"] != "inconclusive" else None
     al = best["accept_length"] if best and best.get("accept_length") else inp["box"]["accept_length"]
     env = data["receipt"].get("environment", {})
@@ -239,7 +241,8 @@ def receipt_table(inp: dict, data: dict, name: str) -> str:
     proxy = (f"**A proxy, not the box** ({'; '.join(reasons)}): its numbers stand in for the box's, the "
              f"verdicts on the box's defaults are inconclusive. ") if reasons else ""
     lines = [f"{proxy}Receipt `{name}` (box {env.get('box')}: {rd.describe_box(cls)}; "
-             f"{data['receipt'].get('created')}, patch set {env.get('patchset')}): AL {al:.2f} ({'measured' if best else 'seed'}).", "",
+             f"{data['receipt'].get('created')}, patch set {env.get('patchset')}): AL {al:.2f} "
+             f"({'measured' if best else 'seed'}).", "",
              f"| path, {rd.VERIFY_ROWS_C1} rows (C1 verify), graph chain | per call (us) | {n} x (ms) | "
              f"modelled verify (ms) | modelled tok/s |", "|---|---|---|---|---|"]
     bc = data.get("bench_comm")
@@ -252,7 +255,7 @@ def receipt_table(inp: dict, data: dict, name: str) -> str:
     if best:
         lines += ["", f"Served (make bench, {spec['measured']['scenario']}): {spec['why']}."]
     lines += ["", "| default of the series | verdict | measured | setting |", "|---|---|---|---|"]
-    for r in rd.recommendations(data):
+    for r in recs:
         lines.append(f"| {r['default']} | {r['verdict']} | {r['why']} | {r['setting'] or '-'} |")
     return "\n".join(lines)
 
@@ -351,7 +354,7 @@ def main(argv=None) -> int:
     if a.sweep:
         print(sweep_prediction(a.sweep))
         return 0
-    inp = tomllib.loads(INPUTS.read_text())
+    inp = load_toml(INPUTS)
     receipts = a.receipt if a.receipt is not None else sorted((REPO_ROOT / "bench" / "receipts").glob("*.tar.gz"))
     if receipts:
         print("box receipts: " + ", ".join(str(r) for r in receipts))

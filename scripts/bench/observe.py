@@ -24,7 +24,7 @@ import statistics
 import threading
 import time
 
-from ..host.sglang_pkg import patch_record
+from ..series.sglang_pkg import patch_record
 from ..lib import proc
 from ..lib.errors import UserError
 from ..lib.http import get_json, http_get

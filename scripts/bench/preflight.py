@@ -17,7 +17,6 @@ import math
 import os
 import shutil
 import statistics
-import tomllib
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -26,6 +25,7 @@ from ..host.engine import engine, image_id
 from ..lib import proc
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
+from ..lib.tomlfile import load_toml
 from . import config as cfg
 from .numbers import duration
 
@@ -86,9 +86,9 @@ def variant_needs(server) -> Needs:
     name = _value(own, ("--profile",)) or "kimi-k25-eagle3-tp8"
     path = Path(name) if name.endswith(".toml") else PROFILES_DIR / f"{name}.toml"
     try:
-        prof = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        needs.note = f"profile {name} not readable here ({e}): GPUs and weights not checked"
+        prof = load_toml(path, "profile")
+    except UserError as e:
+        needs.note = f"{e}: GPUs and weights not checked"
         return needs
     args, defaults = prof.get("args", {}), prof.get("defaults", {})
     tp = _value(extra, TP_FLAGS) or args.get("tp-size") or args.get("tensor-parallel-size") or 1

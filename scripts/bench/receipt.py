@@ -6,6 +6,7 @@ directory and one tarball that say whether the series pays off on this box and w
   python -m scripts.bench.receipt --assemble DIR [--doctor F] [--test-gpu F] [--bench-comm F] [--bench F.jsonl ..]
         a receipt from results made separately (each verb run by hand, or the committed H200 proxy results)
   python -m scripts.bench.receipt --summarize DIR   derive the summary, plots, recommendations and tarball again
+        (the recommendations with today's thresholds, stored with them)
 
 The parts, in order, each one of the project's verbs run as its own process (they pick the host or the serving
 image themselves; --image names the image for those that take it):
@@ -13,7 +14,7 @@ image themselves; --image names the image for those that take it):
               TP = the GPU count; when it fails the report stops there, with its failed checks, before any part
               that loads Kimi-K2.5)
   doctor      python -m scripts.host.doctor --json --record DIR/env/tools   -> raw/doctor.json, env/tools/
-  test-gpu    python -m scripts.host.test_gpu --out raw/test-gpu.json        (the patched collectives on the GPUs)
+  test-gpu    python -m scripts.host.gpu_tier --out raw/test-gpu.json        (the patched collectives on the GPUs)
   bench-comm  python -m scripts.bench.bench_comm --out raw/bench-comm.json    (per-call latencies, NCCL variants)
   bench       python -m scripts.bench.bench --results-dir raw/bench --resume [BENCH_ARGS]   (stock vs patched A/B)
   bench-comm@IMAGE   bench-comm again from another image, per --nccl-image (e.g. `make image NCCL=2.30.7`'s tag):
@@ -25,8 +26,8 @@ the same checks and the plan, and writes nothing). A new part adds its verb to p
 Resumable: the doctor runs every time (a second); bench is done when its plan is (its --resume runs what
 raw/bench lacks); test-serve when none of its checks failed; another part when it succeeded and its result is
 there (--redo PART runs it again); a failed part is recorded and the next one still runs (but not after a failed
-test-serve). Then: receipt.json (parts, environment, recommendations with the
-thresholds used, scripts/bench/receipt_data.py), summary.md with plots, and, when a part measured something,
+test-serve). Then: receipt.json (parts, environment, recommendations computed once, with the thresholds used,
+scripts/bench/receipt_data.py), summary.md with plots, and, when a part measured something,
 DIR.tar.gz - the file to attach to an issue, without the host name, paths and raw tool outputs that identify the
 machine (scripts/bench/share.py); `make docs RECEIPT=DIR.tar.gz` puts its numbers into eagle-fast-verify.md. DIR
 defaults to this box's newest unfinished receipt (bench/receipts/<box>_*), else bench/receipts/<box>_<UTC date>;
@@ -72,7 +73,7 @@ def part_argv(part: str, d: Path, a: argparse.Namespace) -> list[str]:
     image = ["--image", a.image] if a.image else []
     return {"test-serve": py + ["scripts.host.serve_tier", "--out", str(d / rd.RAW["test-serve"]), *image],
             "doctor": py + ["scripts.host.doctor", "--json", "--record", str(d / "env" / "tools")],
-            "test-gpu": py + ["scripts.host.test_gpu", "--out", str(d / rd.RAW["test-gpu"]), *image],
+            "test-gpu": py + ["scripts.host.gpu_tier", "--out", str(d / rd.RAW["test-gpu"]), *image],
             "bench-comm": py + ["scripts.bench.bench_comm", "--out", str(d / rd.RAW["bench-comm"]), *image],
             "bench": py + ["scripts.bench.bench", "--results-dir", str(d / rd.RAW["bench"]), "--box", a.box,
                            "--resume", *a.bench_args]}[part]
@@ -292,12 +293,12 @@ def run_parts(d: Path, a: argparse.Namespace, todo: list[tuple[str, float | None
 
 
 def write(d: Path, parts: dict, env: dict, tarball: bool = True) -> Path | None:
-    """receipt.json, summary.md, plots, and (tarball: a part measured something) the tarball to attach."""
+    """receipt.json (with the recommendations, computed once here), summary.md, plots, and (tarball: a part
+    measured something) the tarball to attach."""
+    data = rd.raw_parts(d)
     meta = {"schema": rd.SCHEMA, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "parts": parts, "environment": env, "thresholds": rd.THRESHOLDS}
-    (d / "receipt.json").write_text(json.dumps(meta, indent=1) + "\n")
-    data = rd.load(d)
-    meta["recommendations"] = rd.recommendations(data)
+            "parts": parts, "environment": env, "thresholds": rd.THRESHOLDS,
+            "recommendations": rd.recommendations(data)}
     (d / "receipt.json").write_text(json.dumps(meta, indent=1, default=str) + "\n")
     plots = rd.plots(data, d / "plots")
     (d / "summary.md").write_text(rd.summary_markdown(data | {"receipt": meta}, plots))

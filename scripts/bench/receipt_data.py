@@ -16,6 +16,8 @@ and <dir>.tar.gz, the same tree, which a user attaches to an issue.
 
 Recommendations: one per default of the series, each with the measured numbers it read, the threshold it applied
 (THRESHOLDS) and a verdict: keep, change (with the setting that does it) or inconclusive (with what is missing).
+They are computed once, when the receipt is written, and stored in receipt.json with the THRESHOLDS of that day;
+the summary and `make docs` read the stored ones, so a receipt's verdict does not move when THRESHOLDS does.
 """
 
 from __future__ import annotations
@@ -25,12 +27,12 @@ import re
 import statistics
 import tarfile
 import tempfile
-import tomllib
 from pathlib import Path
 
 from ..host.parsers import parse_topo_m
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
+from ..lib.tomlfile import load_toml
 from .comm_report import finish_axes, record
 from .report import load_results, summarize
 
@@ -103,14 +105,23 @@ def _json(d: Path, rel: str, shape: dict | None = None) -> dict | None:
 
 
 def load(d: Path) -> dict:
-    """receipt.json plus the parsed raw parts that exist: {"receipt", "test_serve", "doctor", "test_gpu",
-    "bench_comm", "bench"}. A damaged file is a UserError that names it within the receipt."""
+    """receipt.json plus the parsed raw parts: {"receipt", "test_serve", "doctor", "test_gpu", "bench_comm",
+    "bench", ...}. A damaged file is a UserError that names it within the receipt."""
     meta = _json(d, "receipt.json", {"parts": dict})
     if meta is None:
         raise UserError("receipt.json is empty")
     if meta.get("schema") != SCHEMA:
         raise UserError(f"receipt.json has schema {meta.get('schema')!r}, this tooling reads {SCHEMA}")
-    out = {"receipt": meta, "dir": d, "test_serve": _json(d, RAW["test-serve"], {"checks": list}),
+    if "recommendations" not in meta or "thresholds" not in meta:
+        raise UserError(f"receipt.json holds no recommendations: python -m scripts.bench.receipt --summarize {d} "
+                        f"derives them from its raw parts")
+    return {"receipt": meta} | raw_parts(d)
+
+
+def raw_parts(d: Path) -> dict:
+    """The parsed raw parts that exist: {"test_serve", "doctor", "test_gpu", "bench_comm", "bench_comm_alt",
+    "bench"}; a damaged one is a UserError naming it within the receipt."""
+    out = {"dir": d, "test_serve": _json(d, RAW["test-serve"], {"checks": list}),
            "doctor": _json(d, RAW["doctor"], {"findings": list}), "test_gpu": _json(d, RAW["test-gpu"]),
            "bench_comm": _json(d, RAW["bench-comm"], {"records": list})}
     out["bench_comm_alt"] = {f.stem.split("@", 1)[1]: _json(d, str(f.relative_to(d)), {"records": list})
@@ -321,7 +332,7 @@ def rec_speculation(records: list[dict]) -> list[dict]:
 
 def profile_tp(profile: str = PROFILE) -> int:
     """The tensor-parallel size the shipped profile serves (its [args] tp-size)."""
-    args = tomllib.loads((PROFILES_DIR / f"{profile}.toml").read_text()).get("args", {})
+    args = load_toml(PROFILES_DIR / f"{profile}.toml", "profile").get("args", {})
     return int(args.get("tp-size") or args.get("tensor-parallel-size") or 1)
 
 
@@ -467,7 +478,8 @@ def summary_markdown(data: dict, plot_files: list[str]) -> str:
     lines += ["", "## Parts", ""] + _md_table(["part", "status", "seconds", "command"], [
         [p, r.get("status"), r.get("seconds", "-"), "`" + " ".join(r["command"]) + "`" if r.get("command") else "-"]
         for p, r in meta.get("parts", {}).items()])
-    lines += ["", "## Recommendations", "", "Thresholds: " + ", ".join(f"{k} = {v}" for k, v in THRESHOLDS.items()),
+    lines += ["", "## Recommendations", "", "Thresholds: " + ", ".join(f"{k} = {v}" for k, v in
+                                                                     meta["thresholds"].items()),
               ""] + _md_table(["default", "verdict", "why", "threshold", "setting"], [
         [r["default"], r["verdict"], r["why"], r["threshold"], r["setting"] or "-"]
         for r in meta.get("recommendations", [])])

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from ..series.record import read_record
 from .kimi import HIDDEN
 
 EPS = 1e-6
@@ -213,30 +214,39 @@ class Tensors:
 
 
 class Timer:
-    """Eager and graph-replayed chains; every rank lined up (barrier + sync) before each measured launch."""
+    """Eager and graph-replayed chains; every rank lined up (barrier + sync) before each measured launch. in_sglang:
+    SGLang's distributed state is up, so graphs are captured as the server captures them (False: raw NCCL ranks)."""
 
-    def __init__(self, device: str):
+    def __init__(self, device: str, in_sglang: bool = True):
         import torch
         import torch.distributed as dist
 
-        self.torch, self.dist, self.cuda = torch, dist, device == "cuda"
+        self.torch, self.dist, self.cuda, self.in_sglang = torch, dist, device == "cuda", in_sglang
 
     def sync(self) -> None:
         if self.cuda:
             self.torch.cuda.synchronize()
 
     def capture(self, fn):
-        """fn() captured once in a CUDA graph inside SGLang's graph_capture() (after an eager warm-up there)."""
-        from sglang.srt.distributed.parallel_state import graph_capture
-
+        """fn() captured once in a CUDA graph after an eager warm-up: inside SGLang's graph_capture() when SGLang is
+        up (as the server captures), else on torch's own capture stream."""
         torch = self.torch
         self.sync()
         self.dist.barrier()
-        with graph_capture() as ctx:
+        graph = torch.cuda.CUDAGraph()
+        if self.in_sglang:
+            from sglang.srt.distributed.parallel_state import graph_capture
+
+            with graph_capture() as ctx:
+                fn()
+                ctx.stream.synchronize()
+                with torch.cuda.graph(graph, stream=ctx.stream):
+                    fn()
+        else:
             fn()
-            ctx.stream.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=ctx.stream):
+            self.sync()
+            self.dist.barrier()
+            with torch.cuda.graph(graph):
                 fn()
         self.sync()
         self.dist.barrier()
@@ -262,8 +272,6 @@ class Timer:
 
 def versions() -> dict:
     """What ran: GPU names, driver, torch, NCCL, FlashInfer, the patch set of the sglang imported."""
-    import json
-
     import torch
 
     out = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpus": [], "driver": None, "nccl": None}
@@ -287,9 +295,8 @@ def versions() -> dict:
         out["flashinfer"] = f"unavailable ({type(e).__name__}: {e})"
     import sglang
 
-    record = Path(sglang.__file__).parent / "_patchset.json"
     out["sglang"] = str(Path(sglang.__file__).parent)
-    out["patchset"] = json.loads(record.read_text()).get("patchset") if record.is_file() else None
+    out["patchset"] = (read_record(Path(sglang.__file__).parent) or {}).get("patchset")
     out["env"] = {k: v for k, v in os.environ.items()
                   if k.startswith(("NCCL_", "SGLANG_ENABLE_PCIE", "SGLANG_SM120", "CUDA_VISIBLE"))}
     return out

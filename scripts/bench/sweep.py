@@ -22,11 +22,11 @@ from __future__ import annotations
 import ast
 import dataclasses
 import re
-import tomllib
 from pathlib import Path
 
 from ..host.drafters import claim
 from ..lib.errors import UserError
+from ..lib.tomlfile import load_toml
 from . import config as cfg
 
 SWEEP_FILE = cfg.BENCH_DIR / "sweep.toml"
@@ -177,12 +177,7 @@ class Sweep:
 
 
 def load(path: Path = SWEEP_FILE) -> Sweep:
-    try:
-        d = tomllib.loads(Path(path).read_text())
-    except OSError as e:
-        raise UserError(f"sweep file {path}: {e.strerror or e}; pass an existing file to --sweep") from e
-    except tomllib.TOMLDecodeError as e:
-        raise UserError(f"sweep file {path} is not valid TOML: {e}") from e
+    d = load_toml(path, "sweep file", "pass an existing file to --sweep")
     unknown = sorted(set(d) - KEYS)
     if unknown:
         raise UserError(f"{path}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(KEYS))}")

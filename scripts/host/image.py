@@ -5,9 +5,6 @@
   python -m scripts.host.image --dry-run          print the exact docker build command, build nothing
                                                   (make image DRY_RUN=1)
   python -m scripts.host.image --lint-only        hadolint docker/Dockerfile (make lint-docker; CI)
-  python -m scripts.host.image --site-packages-of python3
-                                                  print the directory holding that interpreter's sglang/ (found
-                                                  without importing sglang)
 
 Everything release-specific comes from patches/pin.toml: the FROM reference is name:tag@digest of [image], the NCCL
 the image runs is [nccl] (build arg NCCL_VERSION; --nccl VERSION, make image NCCL=<version>, builds a variant tagged
@@ -40,10 +37,10 @@ from ..lib.progress import say
 from ..lib.repo import BUILD_DIR, REPO_ROOT, revision, source_url
 from ..series.patchfile import series_patches
 from ..series.pin import Pin, load_pin
+from ..series.pin_copies import dockerfile_args
 from ..series.record import patchset_id
 from .nccl import nccl_release
 from .engine import engine
-from .sglang_pkg import site_packages_of
 
 DOCKERFILE = REPO_ROOT / "docker" / "Dockerfile"
 CONTEXT_DIR = BUILD_DIR / "image-context"
@@ -97,15 +94,12 @@ def default_tag(pin: Pin, nccl: str) -> str:
 
 
 def build_args(pin: Pin, tag: str, nccl: str) -> dict[str, str]:
+    """The build arguments: the Dockerfile's ARG defaults from the pin (series/pin_copies.py) and this build's own."""
     patches = series_patches(pin)
     return {
         "IMAGE_TAG": tag,
         "NCCL_VERSION": nccl,
-        "BASE": base_reference(pin)[0],
-        "BASE_IMAGE": pin.image_name,
-        "BASE_TAG": pin.image_tag,
-        "BASE_DIGEST": pin.image_digest,
-        "SGLANG_VERSION": pin.version,
+        **dockerfile_args(pin),
         "PATCHSET": patchset_id(patches),
         "PATCHES": ",".join(p.path.name for p in patches),
         "REVISION": image_revision(),
@@ -201,8 +195,8 @@ def build(cmd: list[str], docker: str, context: Path) -> None:
         raise UserError(f"docker build failed ({res.why}) because the docker engine {eng.why}; no build step is "
                         f"at fault. Fix: {eng.fix}")
     raise UserError(f"docker build failed ({res.why}); the log above names the failing step (apply: a patch "
-                    f"does not fit the base image's sglang; smoke: a patched module does not import; pcie_env: "
-                    f"the patched source's NCCL defaults are not a readable literal)")
+                    f"does not fit the base image's sglang; image_deps: the NCCL release is not where torch loads it; "
+                    f"smoke: a patched module does not import)")
 
 
 def main(argv=None) -> int:
@@ -211,7 +205,6 @@ def main(argv=None) -> int:
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="print the docker build command and exit")
     mode.add_argument("--lint-only", action="store_true", help="run hadolint on docker/Dockerfile and exit")
-    mode.add_argument("--site-packages-of", metavar="PYTHON", help="print where PYTHON's sglang/ lives and exit")
     ap.add_argument("--tag", help="image name:tag to build (default eagle-fast-verify/sglang:<the pinned tag>, "
                                   "+ -nccl<version> with --nccl)")
     ap.add_argument("--nccl", metavar="VERSION", help="NCCL release the image runs (default patches/pin.toml [nccl])")
@@ -219,9 +212,6 @@ def main(argv=None) -> int:
     ap.add_argument("--docker", default="docker", help="docker client to run (default docker)")
     ap.add_argument("--context", type=Path, default=CONTEXT_DIR, help="where to assemble the build context")
     a = ap.parse_args(argv)
-    if a.site_packages_of:
-        print(site_packages_of(a.site_packages_of))
-        return 0
     if a.lint_only:
         return lint(hadolint_path())
     pin = load_pin(a.patches_dir)

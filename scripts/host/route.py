@@ -1,10 +1,10 @@
 """Where a GPU verb runs (make test-gpu, make bench-comm): here, or inside the serving image, and why.
 
 Here: an interpreter whose torch sees at least 2 CUDA GPUs and that has what the verb needs from the patched SGLang
-(probe_python asks it in a subprocess). The image: `docker run --rm --gpus all --ipc=host -v DIR:/results IMAGE
-<verb> --here ...` when the docker engine answers and the image is present (image_ready). `choose()` is the one
-rule both verbs follow; its messages name the route taken and why, and when neither works, what is missing on
-each side and the fix.
+(probe_python asks it in a subprocess, through the locator scripts/series/sglang_pkg.py). The image: `docker run
+--rm --gpus all --ipc=host -v DIR:/results IMAGE <verb> --here ...` when the docker engine answers and the image
+is present (image_ready). `choose()` is the one rule both verbs follow; its messages name the route taken and why,
+and when neither works, what is missing on each side and the fix.
 
 Results: a verb writes under results_dir(): $EAGLE_RESULTS (the image sets /results, the directory the host
 mounts; it must exist, so a forgotten -v fails loudly instead of losing the results in the container), else
@@ -14,7 +14,6 @@ bench/results of this repository.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import shlex
@@ -24,6 +23,8 @@ from ..lib import proc
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
 from ..series.pin import load_pin
+from ..series.record import RECORD_NAME
+from ..series.sglang_pkg import probe
 from .engine import FLASHINFER_CACHE_IN_IMAGE, FLASHINFER_VOLUME, diagnose
 from .exposure import KEY_VAR
 
@@ -34,22 +35,6 @@ JIT_VOLUME = f"{FLASHINFER_VOLUME}:{FLASHINFER_CACHE_IN_IMAGE}"
 # Variables of the caller's environment that reach the container (by name: docker copies the values).
 PASS_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 PASS_PREFIXES = ("NCCL_", "SGLANG_", "FLASHINFER_")
-PROBE = r"""
-import importlib.util, json, os
-r = {}
-try:
-    import torch
-    r["torch"] = torch.__version__
-    r["gpus"] = torch.cuda.device_count() if torch.cuda.is_available() else 0
-except Exception as e:
-    r["error"] = "%s: %s" % (type(e).__name__, e)
-s = importlib.util.find_spec("sglang")
-if s and s.origin:
-    r["sglang"] = os.path.dirname(s.origin)
-    r["patched"] = os.path.isfile(os.path.join(r["sglang"], "_patchset.json"))
-r["flashinfer"] = importlib.util.find_spec("flashinfer") is not None
-print(json.dumps(r))
-"""
 
 
 @dataclasses.dataclass
@@ -93,21 +78,15 @@ def gpu_slug(names: list[str]) -> str:
 
 
 def probe_python(python: str) -> dict:
-    """What `python` has for the GPU verbs: torch (version, CUDA GPUs), sglang (directory, patched), flashinfer;
-    {"error": why} when it cannot answer at all."""
-    res = proc.run([python, "-c", PROBE], timeout=180)
-    if not res.ok:
-        return {"error": res.why}
-    try:
-        return json.loads(res.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return {"error": f"{python} printed no answer"}
+    """What `python` has for the GPU verbs (scripts/series/sglang_pkg.py): torch (version, CUDA GPUs), sglang
+    (directory, patched), flashinfer."""
+    return probe(python, ("flashinfer",), torch=True)
 
 
 def gpus_why(python: str, info: dict) -> str:
     """'' when `python`'s torch sees >= 2 CUDA GPUs, else why not."""
-    if info.get("error"):
-        return f"{python} cannot import torch ({info['error']})"
+    if info.get("failed") or info.get("torch_error"):
+        return f"{python} cannot import torch ({info.get('failed') or info['torch_error']})"
     if info.get("gpus", 0) < 2:
         return f"{python}'s torch {info.get('torch')} sees {info.get('gpus', 0)} CUDA GPU(s), and 2 are needed"
     return ""
@@ -118,8 +97,8 @@ def sglang_why(python: str, info: dict, flashinfer: bool = True) -> str:
     if not info.get("sglang"):
         return f"{python} cannot import sglang (make apply, then PYTHONPATH=build/sglang/python)"
     if not info.get("patched"):
-        return f"the sglang {python} imports ({info['sglang']}) is not patched (no _patchset.json)"
-    if flashinfer and not info.get("flashinfer"):
+        return f"the sglang {python} imports ({info['sglang']}) is not patched (no {RECORD_NAME})"
+    if flashinfer and "flashinfer" in info.get("missing", ["flashinfer"]):
         return f"{python} cannot import flashinfer"
     return ""
 

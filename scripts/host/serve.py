@@ -18,8 +18,8 @@ hand after -- is used as given, and redacted in what serve prints); without one 
 ("listening on 127.0.0.1 only", "listening on 0.0.0.0 with an API key from $SGLANG_API_KEY") when it starts.
 
 --dry-run prints the environment it would set, what the patched launcher will decide about the PCIe-only defaults
-(scripts/host/pcie.py asks it, where this SGLang can say in advance) and the exact command (shell-quoted; the
-output is a valid shell script), then exits 0. --check runs the preflight (python -m scripts.host.doctor) instead.
+(scripts/host/pcie.py asks the sglang of --python, with the server's arguments and environment) and the exact
+command (shell-quoted; the output is a valid shell script), then exits 0. --check runs the preflight (python -m scripts.host.doctor) instead.
 Exit status: 0 dry run printed (serving replaces this process with sglang); 2 a profile or flag problem, named
 with its fix; with --check, the doctor's status.
 """
@@ -31,25 +31,23 @@ import contextlib
 import dataclasses
 import difflib
 import functools
-import importlib.util
 import json
 import os
 import re
 import shlex
 import shutil
 import sys
-import tomllib
-import types
 from pathlib import Path
 
 from ..lib.cli import run
 from ..lib.envfile import KEY_RE as ENV_KEY_RE
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
+from ..lib.tomlfile import load_toml
+from ..series.sglang_pkg import probe
 from . import exposure
 from .drafters import claim
-from .pcie import AT_START, LauncherDecision, launcher_pcie_decision
-from .sglang_pkg import find_sglang
+from .pcie import AT_START, LauncherDecision, launcher_decision
 
 PROFILES_DIR = REPO_ROOT / "docker" / "profiles"
 DEFAULT_PROFILE = "kimi-k25-eagle3-tp8"
@@ -122,10 +120,7 @@ def _scalar(v) -> bool:
 
 
 def load_profile(path: Path) -> Profile:
-    try:
-        d = tomllib.loads(Path(path).read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise UserError(f"profile {path} is not valid TOML: {e}") from e
+    d = load_toml(path, "profile", "name an existing profile file, or one of docker/profiles/ by its name")
     unknown = sorted(set(d) - set(PROFILE_KEYS))
     if unknown:
         raise UserError(f"profile {path}: unknown top-level key(s) {', '.join(unknown)}; a profile has "
@@ -304,11 +299,8 @@ def _environment(profile: Profile, values: dict, environ: dict[str, str]) -> tup
 def _sglang_package(python: str) -> Path | None:
     """The sglang package the command will run (python's), else the one this interpreter would import."""
     here = os.path.realpath(shutil.which(python) or python) == os.path.realpath(sys.executable)
-    pkg = None if here else find_sglang(python)[0]
-    if pkg is None:
-        spec = importlib.util.find_spec("sglang")
-        pkg = Path(spec.origin).parent if spec and spec.origin else None
-    return pkg
+    pkg = (probe(None if here else python).get("sglang")) or probe().get("sglang")
+    return Path(pkg) if pkg else None
 
 
 def _drafter_note(args: dict, extra: list[str], index: FlagIndex, python: str) -> list[str]:
@@ -391,14 +383,6 @@ def _check_values(profile: Profile, args: dict, extra: list[str], index: FlagInd
                         + "\nFix each where it is named (the profile's [args], or the flag after --)")
 
 
-def _launcher_cfg(ns: argparse.Namespace | None, args: dict) -> object:
-    """What the launcher's decision needs from the server arguments: sglang's own parse when available."""
-    if ns is not None:
-        return ns
-    return types.SimpleNamespace(tp_size=int(args.get("tp-size", args.get("tensor-parallel-size", 1))),
-                                 nnodes=int(args.get("nnodes", 1)))
-
-
 def _listen(ns: argparse.Namespace | None, sgl_args: list[str], index: FlagIndex, environ: dict[str, str],
             key_file: str | None) -> exposure.Listen:
     """Where sglang will listen (its own parse when available, else the last --host given, else its default) and
@@ -417,8 +401,8 @@ def build_plan(profile: Profile, *, model: str | None = None, draft_model: str |
                host: str | None = None, api_key_file: str | None = None, extra: list[str] | None = None,
                python: str = sys.executable, environ: dict[str, str] | None = None, index: FlagIndex | None = None,
                ask_launcher: bool = False, refuse: bool = True) -> Plan:
-    """The command and environment for sglang. ask_launcher: ask the patched launcher (in this interpreter) what it
-    will decide about the PCIe-only defaults; otherwise say that it decides at start. refuse: a UserError when it
+    """The command and environment for sglang. ask_launcher: ask the patched launcher (of `python`, under the
+    child's environment) what it will decide about the PCIe-only defaults; otherwise say that it decides at start. refuse: a UserError when it
     would listen beyond loopback without an API key (serve --check leaves that to the doctor)."""
     environ = dict(os.environ if environ is None else environ)
     extra = list(extra or [])
@@ -439,8 +423,7 @@ def build_plan(profile: Profile, *, model: str | None = None, draft_model: str |
     values = {**profile.defaults, **{CLI_VALUES[k][0]: v for k, v in cli.items() if v is not None}}
     env_set, env_kept = _environment(profile, values, environ)
     child_env = {**environ, **{k: v for k, (v, _) in env_set.items()}}
-    pcie = (launcher_pcie_decision(_launcher_cfg(ns, args), child_env) if ask_launcher
-            else LauncherDecision(False, [AT_START]))
+    pcie = launcher_decision(python, sgl_args, child_env) if ask_launcher else LauncherDecision(False, [AT_START])
     notes += _drafter_note(args, extra, index, python)
     listen = _listen(ns, sgl_args, index, child_env, api_key_file)
     if listen.refusal and refuse:
@@ -537,10 +520,8 @@ def main(argv=None) -> int:
         return run_doctor(profile, a.python, plan.listen, a.api_key_file)
     a.python = shutil.which(a.python) or a.python
     index, why = load_flag_index()
-    here = os.path.realpath(a.python) == os.path.realpath(sys.executable)  # the launcher can be asked in-process
     plan = build_plan(profile, model=a.model, draft_model=a.draft_model, port=a.port, host=a.host,
-                      api_key_file=a.api_key_file, extra=extra, python=a.python, index=index,
-                      ask_launcher=a.dry_run and here)
+                      api_key_file=a.api_key_file, extra=extra, python=a.python, index=index, ask_launcher=a.dry_run)
     if not index.known:
         plan.notes.append(f"sglang's parser is not importable here ({why}); flags were not checked and are "
                           f"matched by exact name only")

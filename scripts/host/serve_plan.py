@@ -31,11 +31,11 @@ from __future__ import annotations
 import dataclasses
 import os
 import random
-import tomllib
 from pathlib import Path
 
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
+from ..lib.tomlfile import load_toml
 from .exposure import KEY_VAR
 from .tiny_models import SPECIALS, VOCAB
 
@@ -110,7 +110,7 @@ def select(names: str | None) -> list[Phase]:
 
 def captured_max() -> int:
     """The largest decode batch size the tiny profiles capture (their cuda-graph-bs-decode)."""
-    args = tomllib.loads(EAGLE3_PROFILE.read_text())["args"]
+    args = load_toml(EAGLE3_PROFILE, "profile")["args"]
     return max(args["cuda-graph-bs-decode"])
 
 

@@ -59,10 +59,10 @@ from ..lib.errors import UserError
 from ..lib.http import get_json, http_get, post_json
 from ..lib.progress import say
 from ..lib.repo import REPO_ROOT, revision
+from ..series.sglang_pkg import patch_record
 from . import route
 from . import serve_checks as checks
 from . import serve_plan as plan
-from .sglang_pkg import patch_record
 from .tiny_models import greedy_chain, load_chain
 
 SCHEMA = "eagle-test-serve/1"
@@ -240,7 +240,8 @@ def why_not_here(a: argparse.Namespace) -> tuple[str, str]:
     """(what a.python has, '' when it can serve here, else why not): torch with a CUDA GPU, a patched sglang and,
     unless --standins, an sgl_kernel it can import."""
     info = route.probe_python(a.python)
-    why = f"{a.python} cannot import torch ({info['error']})" if info.get("error") else \
+    broken = info.get("failed") or info.get("torch_error")
+    why = f"{a.python} cannot import torch ({broken})" if broken else \
         "" if info.get("gpus") else f"{a.python}'s torch {info.get('torch')} sees no CUDA GPU"
     why = why or route.sglang_why(a.python, info, flashinfer=False)
     if not why and not a.standins and not proc.run([a.python, "-c", "import sgl_kernel"], timeout=300).ok:

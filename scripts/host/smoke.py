@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import json
 import sys
 import time
@@ -34,6 +33,7 @@ from ..lib.cli import run
 from ..series.patchfile import series_patches, touched_files
 from ..series.pin import load_pin
 from ..series.record import RECORD_NAME, patchset_id, read_record
+from ..series.sglang_pkg import probe
 from .nccl import KNOWN_BAD_NCCL, expected_nccl, nccl_report
 
 # Imported whatever the series touches: what `serve` execs and what every profile is checked against.
@@ -178,11 +178,11 @@ def main(argv=None) -> int:
             out(f"FAIL  no sglang package in {a.site_packages}: pass the directory that holds sglang/")
             return finish(1)
         sys.path.insert(0, str(a.site_packages.resolve()))
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.origin:
+    found = probe().get("sglang")
+    if not found:
         out(f"FAIL  {sys.executable} cannot import sglang: install it, or pass --site-packages DIR")
         return finish(1)
-    pkg_dir = Path(spec.origin).resolve().parent
+    pkg_dir = Path(found).resolve()
     pkg_parent = pkg_dir.parent
     report["sglang"] = str(pkg_dir)
     out(f"sglang at {pkg_dir}; series patch set {pid}")

@@ -17,8 +17,8 @@ from pathlib import Path
 from ..lib import proc
 from ..lib.errors import UserError
 from ..series.record import RECORD_NAME
+from ..series.sglang_pkg import find_sglang
 from .nccl import NCCL_PROBE
-from .sglang_pkg import find_sglang
 
 TARGET_REPO = "moonshotai/Kimi-K2.5"
 QUERY_FIELDS = "index,name,pci.bus_id,driver_version,memory.total,compute_cap"

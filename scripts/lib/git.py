@@ -1,7 +1,7 @@
 """git on the command line (through lib.proc), with a fixed identity so commits the tooling makes are reproducible.
 
-`head()` is the one way to ask a checkout for its HEAD; `git()` runs any other command and raises a UserError
-that names the command and git's message when it fails (check=True).
+`head()` is the one way to ask a checkout for its HEAD, `tag_commit()` for the commit of a tag; `git()` runs any
+other command and raises a UserError that names the command and git's message when it fails (check=True).
 """
 
 from __future__ import annotations
@@ -63,6 +63,12 @@ def out(repo: Path, *args: str) -> str:
 def head(repo: Path, short: bool = False) -> str | None:
     """The commit id HEAD of a checkout names (7 characters if short), or None when it is no git checkout."""
     res = git(repo, "rev-parse", *(["--short=7"] if short else []), "HEAD", check=False, timeout=30)
+    return (res.stdout.strip() or None) if res.ok else None
+
+
+def tag_commit(repo: Path, tag: str) -> str | None:
+    """The commit id the tag `tag` of a checkout names, or None when it has no such tag (the one way to ask)."""
+    res = git(repo, "rev-parse", "-q", "--verify", f"refs/tags/{tag}^{{commit}}", check=False, timeout=30)
     return (res.stdout.strip() or None) if res.ok else None
 
 

@@ -26,22 +26,22 @@ import os
 import shutil
 from pathlib import Path
 
-from ..host.sglang_pkg import site_packages_of
 from ..lib import git
 from ..lib.cli import run
 from ..lib.errors import Interrupted, UserError
 from ..lib.progress import say
 from ..lib.repo import BUILD_DIR
-from .patchfile import series_patches
+from .patchfile import PatchInfo, series_patches
 from .patching import Layout, apply_git, apply_site, classify
 from .pin import load_pin
 from .record import patchset_changes, patchset_id, read_record
+from .sglang_pkg import site_packages_of
 from .upstream import SOURCES, clone_base, ensure_base, replace_dir
 
 DEFAULT_TREE = BUILD_DIR / "sglang"
 
 
-def build_tree(pin, dest: Path, source: str, rebuild: bool = False) -> str:
+def build_tree(pin, patches: list[PatchInfo], dest: Path, source: str, rebuild: bool = False) -> str:
     """Create or update the default patched tree (build/sglang). Returns 'applied' or 'already'.
 
     A new tree is always built beside the old one (<dest>.new) and swapped in only when every patch applied, so a
@@ -52,16 +52,17 @@ def build_tree(pin, dest: Path, source: str, rebuild: bool = False) -> str:
         if not git.is_repo(dest):
             raise UserError(f"{dest} exists but is not a git checkout; move it away, or replace it with a fresh tree: "
                             f"make apply REBUILD=1")
-        why = _why_rebuild(dest, pin)
+        why = _why_rebuild(dest, pin, patches)
         if why is None:
-            return apply_git(dest, pin, base=(read_record(Layout(dest, "git").pkg_dir) or {}).get("base"))
+            return apply_git(dest, pin, base=(read_record(Layout(dest, "git").pkg_dir) or {}).get("base"),
+                             patches=patches)
         say(why)
     elif rebuild and dest.exists():
         say(f"--rebuild: building a new tree beside {dest}; it replaces {dest} only when every patch applied")
-    return _build_beside(pin, dest, source)
+    return _build_beside(pin, patches, dest, source)
 
 
-def _why_rebuild(dest: Path, pin) -> str | None:
+def _why_rebuild(dest: Path, pin, patches: list[PatchInfo]) -> str | None:
     """Why the existing tree must be built again (its record names another patch set than patches/), or None:
     apply_git handles it (applies to a tree at the base, says a tree holding the series has nothing to do, refuses
     a dirty tree). A tree with commits after the last apply or export is refused: they are not in patches/."""
@@ -70,13 +71,12 @@ def _why_rebuild(dest: Path, pin) -> str | None:
     if not rec or git.status_porcelain(dest):
         return None
     head = git.head(dest)
-    if head == git.git(dest, "rev-parse", "-q", "--verify", f"{pin.tag}^{{commit}}", check=False).stdout.strip():
+    if head == git.tag_commit(dest, pin.tag):
         return None
     if rec.get("head") != head:
         raise UserError(f"{dest} has commits that are not in patches/ (HEAD {str(head)[:12]}, last apply or export "
                         f"{str(rec.get('head'))[:12]}). Export them first (make export), or discard them "
                         f"with make apply REBUILD=1.")
-    patches = series_patches(pin)
     if rec.get("patchset") == patchset_id(patches) and classify(layout, pin, patches).kind == "patched":
         return None
     return (f"{dest} was built from patch set {rec.get('patchset')}, but patches/ is {patchset_id(patches)} "
@@ -91,7 +91,7 @@ def remove_leftover(dest: Path) -> None:
         shutil.rmtree(new)
 
 
-def _build_beside(pin, dest: Path, source: str) -> str:
+def _build_beside(pin, patches: list[PatchInfo], dest: Path, source: str) -> str:
     """Build the tree in <dest>.new and swap it in on success; on any failure, Ctrl-C included, remove it and
     leave dest alone, and say so (not the message of the program the interrupt stopped)."""
     new = dest.with_name(dest.name + ".new")
@@ -100,7 +100,7 @@ def _build_beside(pin, dest: Path, source: str) -> str:
         bare, info = ensure_base(pin, source, wheel_way="make apply SGLANG_BASE=wheel")
         say(f"base: {pin.tag} from {info['source']} (commit {info['commit'][:12]})")
         clone_base(bare, new, pin.tag)
-        apply_git(new, pin, base=info, scratch=True)
+        apply_git(new, pin, base=info, scratch=True, patches=patches)
     except UserError as e:
         shutil.rmtree(new, ignore_errors=True)
         raise type(e)(f"{e}\n{kept}") from None
@@ -133,13 +133,13 @@ def main(argv=None) -> int:
         raise UserError("--rebuild (make apply REBUILD=1) rebuilds the default tree (--dest), not a tree you named "
                         "with --src, --site-packages or --python: drop one of them")
     pin = load_pin(a.patches_dir)
-    series_patches(pin)  # every patch parses (a corrupt one is named) before any tree is touched
+    patches = series_patches(pin)  # parsed once: a corrupt patch is named before any tree is touched
     if a.src:
-        apply_git(a.src, pin)
+        apply_git(a.src, pin, patches=patches)
     elif a.site_packages or a.python:
-        apply_site(a.site_packages or site_packages_of(a.python), pin)
+        apply_site(a.site_packages or site_packages_of(a.python), pin, patches)
     else:
-        build_tree(pin, a.dest, a.source, a.rebuild)
+        build_tree(pin, patches, a.dest, a.source, a.rebuild)
     return 0
 
 

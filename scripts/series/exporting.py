@@ -63,7 +63,7 @@ def _format_patches(tree: Path, tag: str, out: Path) -> list[Path]:
 def _linear_commits(tree: Path, pin: Pin) -> list[str]:
     if not git.is_repo(tree):
         raise UserError(f"{tree} is not a git checkout; run make apply first")
-    if git.git(tree, "rev-parse", "-q", "--verify", f"refs/tags/{pin.tag}", check=False).returncode != 0:
+    if git.tag_commit(tree, pin.tag) is None:
         raise UserError(f"{tree} has no tag {pin.tag}: the export needs the pinned base as its starting point")
     if git.out(tree, "rev-list", "--merges", f"{pin.tag}..HEAD").split():
         raise UserError(f"{tree} has merge commits after {pin.tag}; a patch series must be linear (rebase first)")

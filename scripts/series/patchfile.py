@@ -2,10 +2,10 @@
 
 The mail part is read with the standard library's email parser (folded and RFC 2047-encoded headers, as
 `--encode-email-headers` writes them for a non-ASCII subject); the diff part for `diff --git` and `index` lines,
-whose full blob ids tie the series to the pin. Before that, the whole file is checked (`corruption`): the mail
-headers, every file's header lines, each hunk's line counts against its @@ header, and a proper end of the file. A
-patch that fails is a "corrupt patch <file>, line N: <what>" UserError that says how to restore it; lint reports
-it, and apply refuses the series before it touches any tree.
+whose full blob ids tie the series to the pin. Before that, git checks the whole file as `git am` would read it
+(`corruption`): `git apply --numstat` the diff (every file header and hunk count; no tree needed), `git mailinfo`
+the mail headers (an author and a subject). A patch that fails is a "corrupt patch <file>, line N: <what>"
+UserError that says how to restore it; lint reports it, and apply refuses the series before it touches any tree.
 """
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ from __future__ import annotations
 import dataclasses
 import email.parser
 import email.policy
+import os
 import re
 from pathlib import Path
 
+from ..lib import git
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
 from .pin import Pin
@@ -23,11 +25,6 @@ from .pin import Pin
 _DIFF_RE = re.compile(r"^diff --git a/(\S+) b/(\S+)$")
 _INDEX_RE = re.compile(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)")
 _PATCH_PREFIX = re.compile(r"^\[PATCH[^\]]*\]\s*")
-_HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
-_FILE_HEADERS = ("old mode ", "new mode ", "deleted file mode ", "new file mode ", "similarity index ",
-                 "dissimilarity index ", "rename from ", "rename to ", "copy from ", "copy to ", "index ")
-_NO_HUNKS = ("old mode ", "new mode ", "deleted file mode ", "new file mode ", "rename from ", "copy from ")
-SIGNATURE = "-- "  # git's version signature (lint's format check refuses it); the file ends there
 
 
 @dataclasses.dataclass
@@ -90,101 +87,30 @@ def corrupt_message(path: Path, line: int, what: str) -> str:
     return f"corrupt patch {path.name}, line {line}: {what}. Restore it: {restore_hint(path)}"
 
 
-def _mail_problem(lines: list[str]) -> tuple[int, str] | None:
-    """(line, what) of the first problem in the mail part (lines without their newlines), or None."""
-    if not lines or not lines[0].startswith("From "):
-        return 1, "the file does not start with git format-patch's 'From <commit> <date>' line"
-    seen = set()
-    for i, line in enumerate(lines[1:], 2):
-        if not line:
-            missing = [h for h in ("From", "Subject") if h not in seen]
-            return (i, f"the mail headers (ending here) lack {' and '.join(missing)}") if missing else None
-        if line[:1] in " \t" and seen:
-            continue
-        key, sep, _ = line.partition(":")
-        if not sep or not key or " " in key:
-            return i, f"{line[:60]!r} is not a mail header line (the headers end at the first empty line)"
-        seen.add(key)
-    return len(lines), "the file ends in the mail headers, before any diff: the file is truncated"
-
-
-def _hunk_problem(lines: list[str], i: int, first: int) -> tuple[tuple[int, str] | None, int]:
-    """Check the hunk whose @@ header is lines[i]: ((line, what) or None, index of the line after it)."""
-    m = _HUNK_RE.match(lines[i])
-    if not m:
-        return (first + i, f"{lines[i][:60]!r} is not a hunk header '@@ -a,b +c,d @@'"), i
-    header = m.group(0)
-    old = int(m.group(2)) if m.group(2) is not None else 1
-    new = int(m.group(4)) if m.group(4) is not None else 1
-    want, start = (old, new), i
-    i += 1
-    while old > 0 or new > 0:
-        if i >= len(lines):
-            return (first + len(lines) - 1, f"the file ends inside the hunk {header} of line {first + start} "
-                                             f"({old} old and {new} new lines missing): the file is truncated"), i
-        kind = lines[i][:1]
-        if kind not in (" ", "", "-", "+", "\\"):
-            return (first + start, f"the hunk {header} has {want[0] - old} old and {want[1] - new} new lines, not "
-                                   f"the {want[0]} and {want[1]} its header says (it ends at line {first + i})"), i
-        old -= kind in (" ", "", "-")
-        new -= kind in (" ", "", "+")
-        if old < 0 or new < 0:
-            return (first + start, f"the hunk {header} has more lines than its header says (line {first + i})"), i
-        i += 1
-    if i < len(lines) and lines[i].startswith("\\"):
-        i += 1
-    return None, i
-
-
-def _file_problem(lines: list[str], i: int, first: int) -> tuple[tuple[int, str] | None, int]:
-    """Check one file of the diff, from its `diff --git` line: ((line, what) or None, index of the next file)."""
-    m = _DIFF_RE.match(lines[i])
-    if not m:
-        return (first + i, f"expected 'diff --git a/<path> b/<path>', found {lines[i][:60]!r}"), i
-    i += 1
-    headers = []
-    while i < len(lines) and lines[i].startswith(_FILE_HEADERS):
-        headers.append(lines[i])
-        i += 1
-    if i < len(lines) and (lines[i].startswith("Binary files ") or lines[i] == "GIT binary patch"):
-        while i + 1 < len(lines) and not _DIFF_RE.match(lines[i + 1]) and lines[i + 1] != SIGNATURE:
-            i += 1
-        return None, i + 1
-    if i >= len(lines) or _DIFF_RE.match(lines[i]) or lines[i] == SIGNATURE:
-        if any(h.startswith(_NO_HUNKS) for h in headers):
-            return None, i  # a mode change, an empty new file, a rename: no hunks
-        return (first + min(i, len(lines) - 1), f"the diff of {m.group(2)} ends before its ---/+++ lines and "
-                                                f"hunks: the file is truncated"), i
-    if not lines[i].startswith("--- ") or i + 1 >= len(lines) or not lines[i + 1].startswith("+++ "):
-        return (first + i, f"expected the '--- a/<path>' and '+++ b/<path>' lines, found {lines[i][:60]!r}"), i
-    i += 2
-    if i >= len(lines) or not lines[i].startswith("@@"):
-        return (first + min(i, len(lines) - 1), "no hunk (@@ ... @@) after the +++ line"), i
-    while i < len(lines) and lines[i].startswith("@@"):
-        hunk = i
-        problem, i = _hunk_problem(lines, i, first)
-        if problem:
-            return problem, i
-    if i < len(lines) and not _DIFF_RE.match(lines[i]) and lines[i] != SIGNATURE:
-        return (first + i, f"{lines[i][:60]!r} follows the hunk of line {first + hunk}, whose @@ header does not "
-                           f"count it (the hunk has more lines than its header says)"), i
-    return None, i
-
-
 def corruption(text: str) -> tuple[int, str] | None:
-    """(line, what) of the first thing that makes `text` an unusable `git format-patch` file, or None."""
-    if not text.endswith("\n"):
-        return text.count("\n") + 1, "the last line is cut off (no newline at the end): the file is truncated"
-    lines = text.split("\n")[:-1]
-    cut = next((i for i, line in enumerate(lines) if line.startswith("diff --git ")), len(lines))
-    problem = _mail_problem(lines[:cut])
-    if problem or cut == len(lines):
-        return problem or (len(lines), "the file has no diff ('diff --git' lines): it is truncated or not a patch")
-    diff, i = lines[cut:], 0
-    while i < len(diff) and diff[i] != SIGNATURE:
-        problem, i = _file_problem(diff, i, cut + 1)
-        if problem:
-            return problem
+    """(line, what) of the first thing that makes `text` unusable for `git am`, or None: the diff as
+    `git apply --numstat` reads it (it needs no tree), the mail part as `git mailinfo` does."""
+    rows = text.split("\n")
+    count = len(rows) - (text.endswith("\n"))
+    if not text.startswith("From "):
+        return 1, "the file does not start with git format-patch's 'From <commit> <date>' line"
+    res = git.git(REPO_ROOT, "apply", "--numstat", input=text, check=False)
+    if not res.ok:
+        said = (res.stderr.strip().splitlines() or [res.why])[0].removeprefix("error: ")
+        if said.startswith("No valid patches"):
+            return count, "the file has no diff ('diff --git' lines): it is truncated or not a patch"
+        m = re.search(r"at line (\d+)", said)
+        line = int(m.group(1)) if m else count
+        if line > count:
+            return count, f"the file ends inside a hunk (git apply: {said}): the file is truncated"
+        hunk = next((i for i in range(line - 1, 0, -1) if rows[i - 1].startswith("@@")), None)
+        return line, f"git apply: {said}" + (f" (the hunk before it starts at line {hunk})" if hunk else "")
+    info = git.git(REPO_ROOT, "mailinfo", os.devnull, os.devnull, input=text, check=False).stdout
+    fields = dict(row.split(": ", 1) for row in info.splitlines() if ": " in row)
+    missing = [k for k in ("Author", "Subject") if not fields.get(k, "").strip()]
+    if missing:
+        end = rows.index("") + 1 if "" in rows else count
+        return end, f"git mailinfo reads no {' and no '.join(missing)} from the mail headers (lines 1-{end})"
     return None
 
 

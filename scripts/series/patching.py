@@ -168,12 +168,15 @@ def _require_clean_checkout(repo: Path, pin: Pin) -> None:
                         f"Commit or stash them (git -C {repo} stash -u), or start from a clean checkout of {pin.tag}.")
 
 
-def apply_git(repo: Path, pin: Pin, base: dict | None = None, scratch: bool = False) -> str:
+def apply_git(repo: Path, pin: Pin, base: dict | None = None, scratch: bool = False,
+              patches: list[PatchInfo] | None = None) -> str:
     """Apply the series to a clean git checkout at the pinned base. Returns 'applied' or 'already'.
-    scratch: the tree is the caller's to throw away on failure (a conflict's message then says nothing about it)."""
+    scratch: the tree is the caller's to throw away on failure (a conflict's message then says nothing about it).
+    patches: the series as the caller parsed it (default: parsed here); a corrupt patch is refused before the tree
+    is touched either way."""
     git.require_git()
     repo = Path(repo).resolve()
-    patches = series_patches(pin)  # a corrupt patch is refused before the tree is touched
+    patches = patches if patches is not None else series_patches(pin)
     _require_clean_checkout(repo, pin)
     layout = Layout(repo, "git")
     if _preflight(layout, pin, patches, base or {"source": "checkout"}):
@@ -258,15 +261,16 @@ def _install(layout: Layout, staged: Layout, files: list[str], backup: Path, rec
         raise
 
 
-def apply_site(site: Path, pin: Pin) -> str:
-    """Apply the series to an installed package (site/sglang). Atomic: all patches or none."""
+def apply_site(site: Path, pin: Pin, patches: list[PatchInfo] | None = None) -> str:
+    """Apply the series (as the caller parsed it, by default parsed here) to an installed package (site/sglang).
+    Atomic: all patches or none."""
     git.require_git()
     site = Path(site).resolve()
     layout = Layout(site, "site")
     if not (layout.pkg_dir / "__init__.py").is_file():
         raise UserError(f"{site} holds no sglang package (no {layout.pkg_dir / '__init__.py'}); pass the directory "
                         f"that contains sglang/, e.g. .../site-packages")
-    patches = series_patches(pin)
+    patches = patches if patches is not None else series_patches(pin)
     if _preflight(layout, pin, patches, {"source": "site-packages"}):
         return "already"
     with tempfile.TemporaryDirectory(prefix="eagle-apply-") as tmp:

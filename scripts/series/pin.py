@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import tomllib
 from pathlib import Path
 
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
+from ..lib.tomlfile import load_toml
 
 DEFAULT_PATCHES_DIR = REPO_ROOT / "patches"
 PIN_FILE = "pin.toml"
@@ -82,7 +82,7 @@ class Pin:
 
     @property
     def image_cuda(self) -> tuple[int, int] | None:
-        """CUDA release of the upstream image, from its tag (v0.5.23-cu130 -> (13, 0)); None if the tag says none."""
+        """CUDA release of the upstream image, from its tag (vX.Y.Z-cu130 -> (13, 0)); None if the tag says none."""
         m = re.search(r"cu(\d+)(\d)$", self.image_tag)
         return (int(m.group(1)), int(m.group(2))) if m else None
 
@@ -103,10 +103,7 @@ def load_pin(patches_dir: Path | None = None) -> Pin:
     path = patches_dir / PIN_FILE
     if not path.is_file():
         raise UserError(f"no pin file at {path}: the patches directory must hold {PIN_FILE} and a series file")
-    try:
-        d = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise UserError(f"{path} is not valid TOML: {e}") from e
+    d = load_toml(path)
     try:
         up, wh, im, nc = d["upstream"], d["wheel"], d.get("image", {}), d.get("nccl", {})
         return Pin(patches_dir=patches_dir, repository=up["repository"], tag=up["tag"], version=up["version"],

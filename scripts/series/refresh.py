@@ -8,14 +8,17 @@
 
 Each patch is tried in order on a tree of the new base (build/sglang-refresh): `clean` (applies as is),
 `3-way` (needed git am's 3-way merge; re-export to refresh its context), or `conflict` (skipped; the patches
-after it are still tried, so you see the whole picture). With --write and no conflict, everything that names the
-release moves to the new base: patches/pin.toml (tag, version, wheel, the upstream image's tag with its digest
-cleared), patches/ (re-exported from the refreshed tree) and the Dockerfile's ARG defaults. After a conflict,
-port the skipped patches by hand in that tree and run the same refresh with --resume (make refresh ... RESUME=1):
-it writes from the tree as it is, without building it again, once the tree holds every patch of the series (a
-patch is matched by its Patch-Filename: line); a patch left out is named and refused, unless --drop names it
-(make refresh ... RESUME=1 DROP="<patch> ..."): dropping a patch is an explicit act. The old base honours
-SGLANG_BASE and SGLANG_WHEEL.
+after it are still tried, so you see the whole picture). With --write and no conflict, what follows from the pin
+moves to the new base: patches/pin.toml (tag, version, wheel, the upstream image's tag with its digest cleared),
+patches/ (re-exported from the refreshed tree) and the Dockerfile's ARG defaults; the tests and READMEs derive the
+release from the pin. What only a person can move is printed as a list: the requirements, the NCCL choice, the
+image digest, and every tracked file that still names the old release (claims about it, patch messages' line
+references), outside the records of what ran on it (bench/results, bench/receipts, tests/fixtures). After a
+conflict, port the skipped patches by hand in that tree and run the same refresh with --resume (make refresh ...
+RESUME=1): it writes from the tree as it is, without building it again, once the tree holds every patch of the
+series (a patch is matched by its Patch-Filename: line); a patch left out is named and refused, unless --drop
+names it (make refresh ... RESUME=1 DROP="<patch> ..."): dropping a patch is an explicit act. A wheel is the
+release its METADATA says. The old base honours SGLANG_BASE and SGLANG_WHEEL.
 Exit status: 0 every patch applied (and, with --write or --resume, moved); 1 some patch conflicts; 2 a usage problem.
 """
 
@@ -33,7 +36,7 @@ from ..lib import git
 from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.progress import say
-from ..lib.repo import BUILD_DIR
+from ..lib.repo import BUILD_DIR, REPO_ROOT
 from .exporting import export
 from .headers import patch_filename
 from .patchfile import series_patches
@@ -44,6 +47,13 @@ from .upstream import CACHE_DIR, clone_base, download_wheel, ensure_base, sha256
 
 
 DEFAULT_DEST = BUILD_DIR / "sglang-refresh"
+# What a release move leaves to a person: facts that follow from the new release but need someone to read it.
+BY_HAND = ("requirements/test.in and requirements/nodeps.txt: torch, torchvision, transformers and flashinfer as the "
+           "new release requires them (its python/pyproject.toml); then requirements/test.lock from a fresh make setup",
+           "patches/pin.toml [nccl]: the NCCL release, whose reasoning starts from the NCCL the new torch pins",
+           "patches/pin.toml [image] digest: cleared with the tag; make image prints how to read it, then make "
+           "refresh SYNC=1")
+RECORDS = ("bench/results", "bench/receipts", "tests/fixtures")  # what ran on a release: history, kept as it is
 
 
 def again(a: argparse.Namespace, **change) -> str:
@@ -235,7 +245,7 @@ def resume(a: argparse.Namespace, pin: Pin, tag: str) -> list[str]:
     if dirty:
         raise UserError(f"{dest} has uncommitted changes; commit them (git -C {dest} commit -a) or drop them "
                         f"(git -C {dest} reset --hard), then {again_cmd}")
-    if git.git(dest, "rev-parse", "-q", "--verify", f"refs/tags/{tag}", check=False).returncode != 0:
+    if git.tag_commit(dest, tag) is None:
         raise UserError(f"{dest} has no tag {tag}: it is not the tree of this refresh; run the refresh without "
                         f"RESUME=1 (--resume) first")
     dropped = check_ported(a, pin, tag)
@@ -247,13 +257,32 @@ def resume(a: argparse.Namespace, pin: Pin, tag: str) -> list[str]:
     return dropped
 
 
+def still_naming(version: str) -> list[str]:
+    """Tracked files of this repository that name `version` (not as part of a longer version), the records of what
+    ran on it left out."""
+    pattern = rf"(^|[^0-9.]){re.escape(version)}($|[^0-9])"
+    res = git.git(REPO_ROOT, "grep", "-l", "-E", "-e", pattern, "--", ".", *(f":!{r}" for r in RECORDS),
+                  check=False)
+    return res.stdout.split() if res.returncode in (0, 1) else [f"(git grep failed: {res.why})"]
+
+
+def by_hand(old_version: str) -> str:
+    """The list of what the move left to a person."""
+    files = still_naming(old_version)
+    items = [*BY_HAND, f"files that still name {old_version} (a claim about that release to re-check, or a patch "
+                       f"message's reference to re-read): {', '.join(files) if files else 'none'}"]
+    return "not moved (read the new release for these):\n" + "\n".join(f"  - {i}" for i in items)
+
+
 def write_moved(pin: Pin, a: argparse.Namespace, tag: str, version: str, wheel: dict | None) -> None:
-    """Move the pin, patches/ (exported from the refresh tree) and the pin's copies to the new base."""
+    """Move the pin, patches/ (exported from the refresh tree) and the pin's copies to the new base; print what a
+    person has to move."""
     write_pin(moved_pin(pin, tag, version, wheel, a.image_tag))
     export(a.dest, load_pin(pin.patches_dir), pin.patches_dir)
     changed = write_copies(load_pin(pin.patches_dir))
     say(f"patches/, pin.toml{''.join(', ' + str(c.name) for c in changed)} now target {tag}; review with git "
         f"diff, then make check-patches")
+    print(by_hand(pin.version))
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -24,11 +24,12 @@ from ..lib.errors import UserError
 from ..lib.progress import Progress, say
 from ..lib.repo import BUILD_DIR
 from .pin import Pin
+from .record import RECORD_NAME
 
 CACHE_DIR = Path(os.environ.get("SGLANG_PATCHES_CACHE") or BUILD_DIR / "cache")  # base + wheel cache
 SOURCES = ("auto", "clone", "wheel")
 # Files git must never see as changes in a base or patched tree (bytecode from imports, our record).
-EXCLUDES = ("__pycache__/", "*.pyc", "/python/sglang/_patchset.json")
+EXCLUDES = ("__pycache__/", "*.pyc", f"/python/sglang/{RECORD_NAME}")
 NETWORK_TIMEOUT = 1800.0  # a clone of the tag or a wheel download on a slow link
 
 
@@ -69,7 +70,7 @@ def download_wheel(requirement: str, dest: Path, filename: str | None = None, qu
         return None
     if filename:
         return dest / filename if (dest / filename).is_file() else None
-    name = re.split(r"[=<>!~ ]", requirement, 1)[0]
+    name = re.sub(r"[-_.]+", "_", re.split(r"[=<>!~ ]", requirement, 1)[0])  # as wheel file names spell it
     version = requirement.split("==", 1)[-1]
     found = sorted(dest.glob(f"{name}-{version}-*.whl"))
     return found[0] if len(found) == 1 else None

@@ -83,9 +83,10 @@ def test_make_docs_ingests_the_receipt_tarball(proxy_receipt, tmp_path):
     assert "No box receipt ingested yet: run `make report`" in (ROOT / "eagle-fast-verify.md").read_text()
 
 
-def test_a_pcie_only_tp8_receipt_gets_verdicts_and_no_proxy_mark(tmp_path):
-    """The same numbers measured on 8 GPUs without NVLink (the box class the series is for) are judged (issue 23
-    item 5)."""
+@pytest.fixture(scope="module")
+def pcie_receipt(tmp_path_factory):
+    """The committed H200 numbers as if measured on 8 GPUs without NVLink (the box class the series is for)."""
+    tmp_path = tmp_path_factory.mktemp("pcie")
     bc = json.loads(BENCH_COMM.read_text())
     bc["meta"].update(world=8, gpu_name="NVIDIA RTX PRO 6000 Blackwell Server Edition",
                       topo_m=bc["meta"]["topo_m"].replace("NV18", "SYS"))
@@ -93,12 +94,36 @@ def test_a_pcie_only_tp8_receipt_gets_verdicts_and_no_proxy_mark(tmp_path):
     d = tmp_path / "box"
     cp = _receipt("--assemble", d, "--bench-comm", tmp_path / "bc.json", "--box", "box")
     assert cp.returncode == 0, cp.stderr[-3000:]
+    return d
+
+
+def test_a_pcie_only_tp8_receipt_gets_verdicts_and_no_proxy_mark(pcie_receipt):
+    """Measured on the box class the series is for, the same numbers are judged (issue 23 item 5)."""
+    d = pcie_receipt
     meta = json.loads((d / "receipt.json").read_text())
     recs = {r["default"].split(" (")[0]: r for r in meta["recommendations"]}
     assert recs["PCIe IPC all-reduce for plain TP reductions"]["verdict"] == "keep"
     assert "Measured on 8x NVIDIA RTX PRO 6000 Blackwell Server Edition, PCIe only." in (d / "summary.md").read_text()
     fusion = [r for r in meta["recommendations"] if r["default"].startswith("FlashInfer")][0]
     assert fusion["default"].startswith("FlashInfer all-reduce + RMSNorm fusion at TP8")
+
+
+def test_make_docs_reads_the_stored_verdicts_not_todays_thresholds(pcie_receipt, tmp_path, monkeypatch):
+    """A receipt's verdicts are computed once, when it is written: a later change of THRESHOLDS moves neither the
+    plan's box section nor what the receipt stored; a receipt without stored verdicts is named with the fix. (A
+    PCIe-only TP8 receipt: its PCIe IPC verdict is a judgement, a proxy's is inconclusive whatever the threshold.)"""
+    meta = json.loads((pcie_receipt / "receipt.json").read_text())
+    assert meta["thresholds"] == receipt_data.THRESHOLDS
+    monkeypatch.setitem(receipt_data.THRESHOLDS, "pcie_ipc_max_ratio", 0.01)  # today: PCIe IPC would be "change"
+    doc = tmp_path / "plan.md"
+    shutil.copyfile(ROOT / "eagle-fast-verify.md", doc)
+    assert cost_model.main(["--write", "--doc", str(doc), "--receipt", str(pcie_receipt)]) == 0
+    assert "| PCIe IPC all-reduce for plain TP reductions (patch distributed-*) | keep |" in doc.read_text()
+    bare = tmp_path / "bare"
+    shutil.copytree(pcie_receipt, bare)
+    (bare / "receipt.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "recommendations"}))
+    with pytest.raises(UserError, match=r"holds no recommendations: python -m scripts.bench.receipt --summarize"):
+        cost_model.main(["--check", "--doc", str(doc), "--receipt", str(bare)])
 
 
 def test_report_checks_every_part_first_and_writes_nothing_when_one_cannot_run(tmp_path):
@@ -216,8 +241,8 @@ def test_the_nccl_release_axis_recommends_the_faster_release():
     rec = receipt_data.rec_nccl_release(mine, {"sglang:nccl2.29.7": faster})
     assert rec["verdict"] == "change" and rec["setting"].startswith("make image NCCL=2.29.7")
     assert receipt_data.rec_nccl_release(faster, {"other": mine})["verdict"] == "keep"
-    assert receipt_data.alt_part_file("eagle/sglang:v0.5.23-nccl2.29.7") == \
-        "raw/bench-comm@eagle_sglang_v0.5.23-nccl2.29.7.json"
+    assert receipt_data.alt_part_file("eagle/sglang:v9.9.9-nccl2.29.7") == \
+        "raw/bench-comm@eagle_sglang_v9.9.9-nccl2.29.7.json"
 
 
 def test_the_tarball_to_attach_leaves_out_what_names_the_machine(tmp_path):

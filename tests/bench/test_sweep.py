@@ -115,7 +115,7 @@ def test_sweep_file_mistakes_are_named_before_anything_runs(rules, tmp_path):
 
 
 def test_bench_sweep_dry_run_and_what_it_refuses(sglang_tree, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(bench, "package_dir", lambda: sglang_tree / "python" / "sglang")
+    monkeypatch.setattr(bench, "package_or_tree", lambda: sglang_tree / "python" / "sglang")
     monkeypatch.setattr(bench, "check_scenarios", lambda *a, **k: None)  # judged in test_bench.py
     monkeypatch.setattr(bench, "resolve_client", lambda *a, **k: bench.Client("test", {}, python="python"))
     res = tmp_path / "res"

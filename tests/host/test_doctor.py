@@ -12,7 +12,10 @@ nvidia-smi-q.xml in each is synthesized by make_pcie8x.py (the H200 ones from th
 
 from __future__ import annotations
 
+import ast
+import inspect
 import json
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -253,7 +256,7 @@ def test_patch_set_of_the_image():
     rec["sglang"] = "/sgl-workspace/sglang/python/sglang\n"
     f, _ = run(rec, expected="abcdef012345")
     assert f["image.patchset"].severity == "error" and "not patched" in f["image.patchset"].message
-    rec["patchset"] = json.dumps({"patchset": "abcdef012345", "base": {"tag": "v0.5.23"},
+    rec["patchset"] = json.dumps({"patchset": "abcdef012345", "base": {"tag": "v9.9.9"},
                                   "patches": [{"file": "0001-x.patch"}]})
     f, facts = run(rec, expected="abcdef012345")
     assert f["image.patchset"].severity == "ok" and "0001-x.patch" in f["image.patchset"].message
@@ -345,3 +348,26 @@ def test_the_nccl_torch_loaded_is_what_counts():
     assert f["nccl.version"].severity == "ok" and f"the image pins {pin.nccl_version}" in f["nccl.version"].message
     f, _ = run(rec, environ={"EAGLE_NCCL_VERSION": pin.nccl_version})  # in the image built for the pin
     assert f["nccl.version"].severity == "warn" and f"built to run NCCL {pin.nccl_version}" in f["nccl.version"].message
+
+
+def test_the_doctor_docstring_lists_every_check_and_its_finding_ids():
+    """The table in scripts/host/doctor.py's docstring is the registry (checks.CHECKS) in order, each check with the
+    finding ids it can report (read from checks.py: the Finding ids of the check and of the helpers it calls)."""
+    tree = ast.parse(inspect.getsource(checks))
+    funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+
+    def ids(name: str, seen: set[str]) -> set[str]:
+        seen.add(name)
+        out = set()
+        for n in ast.walk(funcs[name]):
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name):
+                if n.func.id == "Finding" and n.args and isinstance(n.args[0], ast.Constant):
+                    out.add(n.args[0].value)
+                elif n.func.id in funcs and n.func.id not in seen:
+                    out |= ids(n.func.id, seen)
+        return out
+
+    rows = re.findall(r"^  (\w+) +([a-z0-9_]+\.[a-z0-9_.]+(?:, [a-z0-9_]+\.[a-z0-9_.]+)*) ", doctor.__doc__, re.M)
+    assert [name for name, _ in rows] == [c.__name__ for c in checks.CHECKS]
+    for name, listed in rows:
+        assert set(listed.split(", ")) == ids(name, set()), name

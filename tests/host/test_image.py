@@ -107,8 +107,8 @@ def test_every_run_step_is_a_project_verb():
         assert m, f"RUN step does not call a project verb: {seg}"
         assert (ROOT / "scripts" / m.group(1) / f"{m.group(2)}.py").is_file(), seg
         verbs.append(m.group(2))
-    assert verbs == ["apply", "image_deps", "smoke", "pcie_env"]  # the NCCL is in place before smoke checks it
-    assert all("--python python3" in segment(v) for v in ("apply", "image_deps", "pcie_env"))
+    assert verbs == ["apply", "image_deps", "smoke"]  # the NCCL is in place before smoke checks it
+    assert all("--python python3" in segment(v) for v in ("apply", "image_deps"))
     assert '--nccl "${NCCL_VERSION}"' in segment("image_deps")
     assert '--expect-nccl "${NCCL_VERSION}"' in segment("smoke")
 
@@ -271,38 +271,6 @@ def test_run_smoke_fails_on_another_nccl(image_site):
     assert "expected 2.30.7" in cp.stdout
 
 
-def test_run_pcie_env_reads_the_installed_defaults(image_site):
-    site, env = image_site
-    cp = _bash(segment("pcie_env"), env)
-    assert cp.returncode == 0, cp.stdout + cp.stderr
-    from scripts.host.pcie import read_defaults
-    from scripts.lib.envfile import parse_env
-
-    assert parse_env(cp.stdout) == read_defaults(site / "sglang")
-
-
-def test_run_pcie_env_step_wiring(tmp_path):
-    """RUN step 3 verbatim on a small package that carries pcie_defaults.py: the step finds the package through
-    python3, prints its dict, and fails the build when the dict is not a literal."""
-    site = tmp_path / "site"
-    (site / "sglang" / "srt" / "entrypoints").mkdir(parents=True)
-    (site / "sglang" / "__init__.py").write_text("")
-    src = site / "sglang" / "srt" / "entrypoints" / "pcie_defaults.py"
-    env = dict(os.environ)
-    env.update(env_values())
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    (bindir / "python3").write_text(f"#!/bin/sh\nexec {shlex.quote(str(VENV_PY))} \"$@\"\n")
-    (bindir / "python3").chmod(0o755)
-    env.update(PYTHONPATH=str(site), PATH=f"{bindir}{os.pathsep}{env['PATH']}")
-    src.write_text("_PCIE_NCCL_DEFAULTS = {'NCCL_EAGLE_TEST': '1'}\n")
-    ok = _bash(segment("pcie_env"), env)
-    assert ok.returncode == 0 and "NCCL_EAGLE_TEST=1" in ok.stdout, ok.stdout + ok.stderr
-    src.write_text("_PCIE_NCCL_DEFAULTS = dict(NCCL_EAGLE_TEST='1')\n")
-    bad = _bash(segment("pcie_env"), env)
-    assert bad.returncode == 2 and "not a literal" in bad.stderr
-
-
 def test_synthetic_series_on_the_real_wheel(tmp_path):
     """A non-empty series through the image's apply + smoke verbs on the real wheel's files."""
     with zipfile.ZipFile(_wheel()) as z:
@@ -333,12 +301,6 @@ def test_apply_fails_the_build_on_a_patch_that_does_not_fit(tmp_path):
     assert cp.returncode != 0 and "is not the pinned base" in cp.stderr
     assert (site / "sglang/srt/server_args.py").read_bytes() == before
     assert read_record(site / "sglang") is None
-
-
-def test_site_packages_of_finds_the_package_without_importing(tmp_path):
-    site, env = _sandbox(tmp_path)
-    cp = _bash("python3 -m scripts.host.image --site-packages-of python3", env)
-    assert cp.returncode == 0 and Path(cp.stdout.strip()) == site
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -433,9 +395,10 @@ def test_image_bench_comm_reads_the_installed_sglang_and_writes_to_the_mount(ima
     written = list(results.glob("bench-comm_*.json"))
     assert len(written) == 1, cp.stderr[-2000:]
     meta = json.loads(written[0].read_text())["meta"]
-    from scripts.host.pcie import read_defaults
+    from sglang.srt.entrypoints.pcie_defaults import nccl_defaults
 
-    assert meta["variants"]["pcie_defaults"] == read_defaults(site / "sglang")  # the installed, patched sglang
+    assert meta["variants"]["pcie_defaults"] == nccl_defaults({})[0]  # asked of the installed, patched launcher
+    assert meta["variants_skipped"] == {}
 
 
 def test_image_bench_comm_without_the_results_mount_says_how(image_site, image_home, tmp_path):
@@ -552,7 +515,7 @@ def test_every_documented_docker_run_mounts_the_flashinfer_cache():
 def test_generated_docker_runs_mount_the_flashinfer_cache(tmp_path, monkeypatch):
     from scripts.bench import config as bench_cfg
     from scripts.bench import launch
-    from scripts.host import test_gpu
+    from scripts.host import gpu_tier
 
     vs = bench_cfg.load_variants()
     vals = bench_cfg.placeholder_values(vs.defaults, {"draft_model": "d/x"})
@@ -564,6 +527,6 @@ def test_generated_docker_runs_mount_the_flashinfer_cache(tmp_path, monkeypatch)
     argv = launch.Server(vs.variants[0], {**own, "flashinfer_cache": "/fast/fi"}, [], tmp_path / "s.log").argv
     assert "/fast/fi:/root/.cache/flashinfer" in argv  # a host directory of the user's choice wins
     ran = []
-    monkeypatch.setattr(test_gpu.proc, "run", lambda cmd, **kw: ran.append(cmd) or test_gpu.proc.Result(True, 0))
-    test_gpu.run_in_image("img:x", tmp_path / "r.json", None, 60, [])
+    monkeypatch.setattr(gpu_tier.proc, "run", lambda cmd, **kw: ran.append(cmd) or gpu_tier.proc.Result(True, 0))
+    gpu_tier.run_in_image("img:x", tmp_path / "r.json", None, 60, [])
     assert "sglang-flashinfer:/root/.cache/flashinfer" in ran[0]

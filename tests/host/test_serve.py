@@ -1,6 +1,6 @@
 """scripts/host/serve.py and the serving profiles.
 
-Every flag of every profile is checked against sglang 0.5.23's own argument parser, imported from the patched tree
+Every flag of every profile is checked against the pinned sglang's own argument parser, imported from the patched tree
 under test (the sglang_tree fixture), and the whole profile command line must parse with it.
 """
 
@@ -12,7 +12,6 @@ import os
 import shlex
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -40,7 +39,8 @@ def index(parser):
 
 
 def _plan(index, environ=None, **kw):
-    return serve.build_plan(serve.load_profile(DEFAULT), environ=environ or {}, index=index, python="python3", **kw)
+    kw.setdefault("python", "python3")
+    return serve.build_plan(serve.load_profile(DEFAULT), environ=environ or {}, index=index, **kw)
 
 
 def _opt(argv, flag):
@@ -56,7 +56,7 @@ def test_every_profile_flag_is_a_real_sglang_flag(path, parser):
     prof = serve.load_profile(path)
     actions = parser._option_string_actions
     for flag, value in prof.args.items():
-        assert f"--{flag}" in actions, f"{path.name}: --{flag} is not an sglang 0.5.23 flag"
+        assert f"--{flag}" in actions, f"{path.name}: --{flag} is not a flag of the pinned sglang"
         takes_value = actions[f"--{flag}"].nargs != 0
         assert takes_value == (not isinstance(value, bool)), f"{path.name}: --{flag} = {value!r}"
     plan = serve.build_plan(prof, environ={}, python="python3")
@@ -156,68 +156,60 @@ def test_profile_env_only_fills_gaps():
     assert env["PYTHONPATH"] == "/other"  # the entrypoint's project path does not leak into sglang
 
 
-def _fake_launcher(monkeypatch, decide=None):
-    mod = types.ModuleType(pcie.MODULE)
-    if decide is not None:
-        setattr(mod, pcie.DECIDE, decide)
-    monkeypatch.setitem(sys.modules, pcie.MODULE, mod)
+SM120 = dict(is_cuda=True, is_hip=False, is_npu=False, is_xpu=False, is_musa=False, is_mps=False, is_sm90=False,
+             is_sm100=False, is_sm100_or_sm110=False, is_sm110=False, is_sm120=True, is_blackwell=True,
+             is_hopper_with_cuda_12_3=False, has_amx=False, has_flashinfer=True, device_sm=120,
+             device_capability=(12, 0))
 
 
 @pytest.fixture
-def pcie_only_sm120(monkeypatch, sglang_tree):
-    """The patched launcher's real decide_pcie_only_defaults on a faked host: 8 RTX PRO 6000 (SM120) on two PCIe
-    root complexes, no NVLink (NVML faked through the pynvml calls SGLang makes; the platform through SGLang's own
-    override_platform)."""
-    import pynvml
-
-    from sglang.srt.runtime_context import override_platform
-
-    buses = [f"00000000:{0x01 + 0x20 * i:02X}:00.0" for i in range(8)]
-    fake = {"nvmlInit": lambda: None, "nvmlShutdown": lambda: None, "nvmlDeviceGetCount": lambda: 8,
-            "nvmlDeviceGetHandleByIndex": lambda i: i,
-            "nvmlDeviceGetPciInfo": lambda h: types.SimpleNamespace(busId=buses[h].encode()),
-            "nvmlDeviceGetUUID": lambda h: f"GPU-{h}", "nvmlDeviceGetName": lambda h: "NVIDIA RTX PRO 6000",
-            "nvmlDeviceGetP2PStatus": lambda a, b, index: pynvml.NVML_P2P_STATUS_NOT_SUPPORTED}
-    for name, fn in fake.items():
-        monkeypatch.setattr(pynvml, name, fn)
-    facts = dict(is_cuda=True, is_hip=False, is_npu=False, is_xpu=False, is_musa=False, is_mps=False, is_sm90=False,
-                 is_sm100=False, is_sm100_or_sm110=False, is_sm110=False, is_sm120=True, is_blackwell=True,
-                 is_hopper_with_cuda_12_3=False, has_amx=False, has_flashinfer=True, device_sm=120,
-                 device_capability=(12, 0))
-    with override_platform(**facts):
-        yield
+def pcie_only_sm120(tmp_path, sglang_tree) -> dict[str, str]:
+    """The environment of a faked host for the patched launcher serve asks (a subprocess of this python): 8 RTX PRO
+    6000 (SM120) on two PCIe root complexes, no NVLink (tests/_fake_nvml.py, installed by a sitecustomize; the
+    platform through SGLang's own override_platform), the tree under test importable."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import types\nfrom _fake_nvml import FakeNvml\nfrom sglang.srt.runtime_context import override_platform\n"
+        f"FakeNvml(types.SimpleNamespace(setattr=setattr))\noverride_platform(**{SM120!r}).install()\n")
+    return {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", str(tmp_path)),
+            "PYTHONPATH": os.pathsep.join([str(site), str(ROOT / "tests"), str(sglang_tree / "python")])}
 
 
-def test_pcie_defaults_are_reported_from_the_patched_launcher(pcie_only_sm120):
-    """serve asks the patched launcher's own decide_pcie_only_defaults, under the child's environment: a user's
-    NCCL_MAX_NCHANNELS=4 there keeps the launcher's channel floor out, and the report says why."""
-    plan = _plan(None, environ={"NCCL_MAX_NCHANNELS": "4"}, ask_launcher=True)
-    assert plan.pcie.known, plan.pcie.lines
-    decision = serve.as_json(plan)["pcie_defaults"]["decision"]
+def _asked(env: dict[str, str], **kw) -> dict:
+    return serve.as_json(_plan(None, environ=env, ask_launcher=True, python=sys.executable, **kw))["pcie_defaults"]
+
+
+def test_pcie_defaults_are_reported_from_the_patched_launcher(pcie_only_sm120, monkeypatch):
+    """serve asks the patched launcher's own decide_pcie_only_defaults, with sglang's own parse of the command and
+    the child's environment: a user's NCCL_MAX_NCHANNELS=4 there keeps the launcher's channel floor out, and the
+    report says why; the profile's CUDA_DEVICE_ORDER reaches it (the rank -> GPU map); an API key given by hand is
+    not passed on."""
+    ran, real = [], pcie.proc.run
+    monkeypatch.setattr(pcie.proc, "run", lambda cmd, **kw: ran.append((cmd, kw["env"])) or real(cmd, **kw))
+    report = _asked({**pcie_only_sm120, "NCCL_MAX_NCHANNELS": "4"}, extra=["--api-key", "s3cret"])
+    assert report["known"], report["lines"]
+    decision = report["decision"]
     assert decision["topology"] == "pcie-only" and decision["pcie_ipc"] is True
     assert decision["nccl_set"] == {} and "NCCL_MAX_NCHANNELS=4" in decision["nccl_skipped"]["NCCL_MIN_NCHANNELS"]
     assert [g["pci_bus_id"] for g in decision["tp_groups"][0]][:2] == ["0000:01:00.0", "0000:21:00.0"]
-    assert "launcher PCIe defaults: topology: pcie-only" in plan.pcie.lines
-    assert not [k for k in plan.env_set if k.startswith("NCCL_")]  # serve sets no NCCL value: the launcher does
-    plain = _plan(None, ask_launcher=True)
-    assert serve.as_json(plain)["pcie_defaults"]["decision"]["nccl_set"] == {"NCCL_MIN_NCHANNELS": "8"}
+    assert "launcher PCIe defaults: topology: pcie-only" in report["lines"]
+    (cmd, env), = [(c, e) for c, e in ran if pcie.ASK in c]
+    assert "s3cret" not in " ".join(cmd) and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" and "--tp-size" in cmd
+    assert _asked(pcie_only_sm120)["decision"]["nccl_set"] == {"NCCL_MIN_NCHANNELS": "8"}
 
 
 def test_pcie_defaults_opt_outs_reach_the_launcher(pcie_only_sm120):
-    off = serve.as_json(_plan(None, environ={"SGLANG_PCIE_NCCL_DEFAULTS": "0"}, ask_launcher=True))
-    assert off["pcie_defaults"]["decision"]["nccl_set"] == {} and off["pcie_defaults"]["decision"]["pcie_ipc"] is True
-    assert any("SGLANG_PCIE_NCCL_DEFAULTS=0" in n for n in off["pcie_defaults"]["decision"]["notes"])
-    no_ipc = serve.as_json(_plan(None, environ={"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "0"}, ask_launcher=True))
-    assert no_ipc["pcie_defaults"]["decision"]["pcie_ipc"] is False
+    off = _asked({**pcie_only_sm120, "SGLANG_PCIE_NCCL_DEFAULTS": "0"})["decision"]
+    assert off["nccl_set"] == {} and off["pcie_ipc"] is True
+    assert any("SGLANG_PCIE_NCCL_DEFAULTS=0" in n for n in off["notes"])
+    assert _asked({**pcie_only_sm120, "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "0"})["decision"]["pcie_ipc"] is False
 
 
-def test_pcie_defaults_without_an_answer_in_advance(monkeypatch):
-    _fake_launcher(monkeypatch)  # a patched tree whose launcher cannot say in advance
-    plan = _plan(None, ask_launcher=True)
-    assert not plan.pcie.known and "decides the PCIe-only defaults when it starts" in plan.pcie.lines[0]
-    assert "has no decide_pcie_only_defaults" in plan.pcie.lines[0]
-    monkeypatch.setitem(sys.modules, pcie.MODULE, None)  # stock SGLang: no such module
-    assert "is not importable here" in _plan(None, ask_launcher=True).pcie.lines[0]
+def test_pcie_defaults_without_an_answer_in_advance(tmp_path):
+    report = _asked({"PATH": os.environ["PATH"], "PYTHONPATH": str(tmp_path)})  # a python without sglang
+    assert not report["known"] and "decides the PCIe-only defaults when it starts" in report["lines"][0]
+    assert "cannot say in advance" in report["lines"][0] and "sglang" in report["lines"][0]
     assert "when it starts" in _plan(None).pcie.lines[0]  # not asked: said plainly
 
 
@@ -225,9 +217,9 @@ def test_pcie_defaults_without_an_answer_in_advance(monkeypatch):
 # the command line
 
 
-def test_dry_run_prints_a_runnable_script(capsys, monkeypatch, sglang_tree):
+def test_dry_run_prints_a_runnable_script(capsys, monkeypatch, pcie_only_sm120):
     monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)
-    _fake_launcher(monkeypatch, lambda cfg: {"topology": "pcie-only"})
+    monkeypatch.setenv("PYTHONPATH", pcie_only_sm120["PYTHONPATH"])  # the python below asks its patched launcher
     assert serve.main(["--dry-run", "--draft-model", "lightseekorg/kimi-k2.5-eagle3", "--python", sys.executable,
                        "--", "--context-length", "65536"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
@@ -481,7 +473,7 @@ def test_drafter_support_is_read_from_the_sglang_source(sglang_tree, tmp_path):
     (snap / "config.json").write_text('{"architectures": ["Eagle3MiniMaxForCausalLM"]}')
     odd = drafters.claim("x/draft", pkg, hub=tmp_path)
     assert odd.loads is False and "expect sglang to refuse it" in odd.text and "HF cache" in odd.text
-    # an SGLang without the MLA draft model (as before v0.5.23) is said to refuse the MLA drafter
+    # an SGLang without the MLA draft model (as releases before it had) is said to refuse the MLA drafter
     old = tmp_path / "old" / "sglang"
     (old / "srt" / "models").mkdir(parents=True)
     (old / "srt" / "models" / "llama_eagle3.py").write_text("class LlamaForCausalLMEagle3: ...\n"

@@ -1,6 +1,6 @@
 """The API keys (and the SSL key password) never reach the startup log line or /server_info.
 
-SGLang 0.5.23 logs server_args at startup and returns the resolved arguments from GET /server_info (an endpoint at
+Upstream SGLang logs server_args at startup and returns the resolved arguments from GET /server_info (an endpoint at
 the NORMAL auth level) and /get_server_info; both went through the watermark-only redaction, so anyone holding the
 plain API key read the admin key there, and `launch_command` carried `--api-key K` verbatim. The tests run the real
 logging helper (entrypoints/engine.py _server_args_for_logging), the real endpoint coroutines

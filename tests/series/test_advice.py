@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _releases import OTHER, OTHER_FILENAME, OTHER_REQUIREMENT, OTHER_TAG
 
 from scripts.lib import git
 from scripts.series.lint import lint
@@ -81,7 +82,7 @@ def patches_copy(tmp_path) -> Path:
     return d
 
 
-def test_refresh_advice_works_as_printed(tmp_path, base_cache, wheel_0523, wheel_0522, patches_copy):
+def test_refresh_advice_works_as_printed(tmp_path, base_cache, pinned_wheel, other_wheel, patches_copy):
     no_github = {"SGLANG_REPO": f"file://{tmp_path}/no-such-upstream.git", "SGLANG_PATCHES_CACHE": str(base_cache)}
     offline = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "", "SGLANG_PATCHES_CACHE": str(tmp_path / "empty-cache")}
     outputs = {
@@ -90,14 +91,14 @@ def test_refresh_advice_works_as_printed(tmp_path, base_cache, wheel_0523, wheel
         "download fails": failed(run("refresh", "--wheel", "sglang==9.9.9", env=offline), "refresh"),
         "no wheel file": failed(run("refresh", "--wheel", "sglang==9.9.9", "--wheel-file", tmp_path / "x.whl"),
                                 "refresh"),
-        "nothing to resume": failed(run("refresh", "--wheel-file", wheel_0522, "--dest", tmp_path / "none",
+        "nothing to resume": failed(run("refresh", "--wheel-file", other_wheel, "--dest", tmp_path / "none",
                                         "--resume"), "refresh"),
     }
     assert "make refresh TO=v9.9.9 WHEEL=sglang==9.9.9" in outputs["clone fails"]
     assert "make refresh WHEEL=sglang==9.9.9 WHEEL_FILE=" in outputs["download fails"]
     dest = tmp_path / "refresh"
-    cp = run("refresh", "--wheel", "sglang==0.5.22", "--wheel-file", wheel_0522, "--dest", dest, "--patches-dir",
-             patches_copy, env={"SGLANG_PATCHES_CACHE": str(base_cache), "SGLANG_WHEEL": str(wheel_0523)})
+    cp = run("refresh", "--wheel", OTHER_REQUIREMENT, "--wheel-file", other_wheel, "--dest", dest, "--patches-dir",
+             patches_copy, env={"SGLANG_PATCHES_CACHE": str(base_cache), "SGLANG_WHEEL": str(pinned_wheel)})
     outputs["conflict"] = failed(cp, "refresh")
     for case, out in outputs.items():
         assert "error: " in out or case == "conflict", (case, out)
@@ -126,32 +127,33 @@ def test_refresh_advice_works_as_printed(tmp_path, base_cache, wheel_0523, wheel
                           env={**os.environ, **env})
     assert done.returncode == 0, done.stderr
     assert all(f"DROPPED {name}" in done.stderr for name in skipped), done.stderr
-    kept = git.out(dest, "log", "--reverse", "--format=%s", "v0.5.22..HEAD").splitlines()
+    kept = git.out(dest, "log", "--reverse", "--format=%s", f"{OTHER_TAG}..HEAD").splitlines()
     moved = load_pin(patches_copy)
-    assert (moved.tag, moved.wheel_sha256) == ("v0.5.22", sha256_file(wheel_0522))
+    assert (moved.tag, moved.wheel_sha256) == (OTHER_TAG, sha256_file(other_wheel))
     assert [p.subject for p in series_patches(moved)] == kept and len(kept) == len(PATCHES) - len(skipped) > 0
     assert lint(patches_copy) == []
 
 
-def test_refresh_takes_the_release_from_the_wheels_metadata(tmp_path, wheel_0522):
+def test_refresh_takes_the_release_from_the_wheels_metadata(tmp_path, other_wheel):
     """A wheel file is the release its METADATA says, whatever it is called or WHEEL= claims (issue 23 item 7)."""
-    renamed = tmp_path / "sglang-0.5.21-cp311-cp311-manylinux_2_34_x86_64.whl"
-    shutil.copy2(wheel_0522, renamed)
+    claimed = "9.9.9"  # a release the file is not
+    renamed = tmp_path / OTHER_FILENAME.replace(f"-{OTHER}-", f"-{claimed}-")
+    shutil.copy2(other_wheel, renamed)
     (tmp_path / "text.whl").write_text("not a zip")
     outputs = {
-        "claimed release": failed(run("refresh", "--wheel", "sglang==0.5.21", "--wheel-file", wheel_0522), "refresh"),
-        "renamed file": failed(run("refresh", "--wheel", "sglang==0.5.21", "--wheel-file", renamed), "refresh"),
-        "other project": failed(run("refresh", "--wheel", "vllm==0.5.22", "--wheel-file", wheel_0522), "refresh"),
+        "claimed release": failed(run("refresh", "--wheel", f"sglang=={claimed}", "--wheel-file", other_wheel),
+                                  "refresh"),
+        "renamed file": failed(run("refresh", "--wheel", f"sglang=={claimed}", "--wheel-file", renamed), "refresh"),
+        "other project": failed(run("refresh", "--wheel", f"vllm=={OTHER}", "--wheel-file", other_wheel), "refresh"),
         "not a wheel": failed(run("refresh", "--wheel-file", tmp_path / "text.whl"), "refresh"),
     }
     outputs["renamed, no WHEEL="] = failed(run("refresh", "--wheel-file", renamed), "refresh")
-    for case in ("claimed release", "other project"):
-        assert f"is sglang==0.5.22 (its METADATA), not {case == 'other project' and 'vllm' or 'sglang'}==0.5" \
-            in outputs[case], outputs[case]
-    assert f"make refresh WHEEL_FILE={wheel_0522}" in outputs["claimed release"]  # the fix: its real release
+    assert f"is {OTHER_REQUIREMENT} (its METADATA), not sglang=={claimed}" in outputs["claimed release"]
+    assert f"is {OTHER_REQUIREMENT} (its METADATA), not vllm=={OTHER}" in outputs["other project"]
+    assert f"make refresh WHEEL_FILE={other_wheel}" in outputs["claimed release"]  # the fix: its real release
     # A file renamed to another release is refused by its name too (the pin records the file name pip looks for).
     for case in ("renamed file", "renamed, no WHEEL="):
-        assert "is sglang==0.5.22 (its METADATA), but its name does not say so" in outputs[case], outputs[case]
+        assert f"is {OTHER_REQUIREMENT} (its METADATA), but its name does not say so" in outputs[case], outputs[case]
     assert "not a readable wheel" in outputs["not a wheel"], outputs["not a wheel"]
     problems = [f"{case}: {p}" for case, out in outputs.items() for p in advice_problems(out, "scripts.series.refresh")]
     assert not problems, "\n".join(problems)
@@ -175,17 +177,17 @@ def _misfit(d: Path, index: int) -> Path:
     return d
 
 
-def test_apply_check_patches_and_export_advice_works_as_printed(tmp_path, upstream, wheel_0522, base_cache,
+def test_apply_check_patches_and_export_advice_works_as_printed(tmp_path, upstream, other_wheel, base_cache,
                                                                 patches_copy):
     no_github = {"SGLANG_REPO": f"file://{tmp_path}/no-such-upstream.git",
                  "SGLANG_PATCHES_CACHE": str(tmp_path / "cache")}
     fake = tmp_path / "mine" / PIN.wheel_filename
     fake.parent.mkdir()
-    shutil.copy2(wheel_0522, fake)
+    shutil.copy2(other_wheel, fake)
     (tmp_path / "not-git").mkdir()
     (tmp_path / "not-git" / "file").write_text("x")
     old = tmp_path / "old"
-    git_tree_from_wheel(wheel_0522, old, PIN.tag, sha256_file(wheel_0522))
+    git_tree_from_wheel(other_wheel, old, PIN.tag, sha256_file(other_wheel))
     dirty = tmp_path / "dirty"
     git.git(tmp_path, "clone", "-q", "--branch", PIN.tag, str(upstream), str(dirty))
     (dirty / "python" / "sglang" / "srt" / "environ.py").write_text("# edited\n")

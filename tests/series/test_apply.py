@@ -1,7 +1,7 @@
 """`make apply` (scripts/series/apply.py and its library): real git, real wheels, the real CLI in a subprocess.
 
 The wheel fallback, the clone path (against a local "upstream" repository made from the wheel's files), the
-idempotent re-apply, the refusals (dirty tree, wrong base from the 0.5.22 wheel, wrong wheel hash), a conflicting
+idempotent re-apply, the refusals (dirty tree, wrong base from another release's wheel, wrong wheel hash), a conflicting
 patch that must leave the tree exactly at the base, and the installed-package layout (all patches or none).
 """
 
@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _releases import OTHER
 
 from scripts.lib import git
 from scripts.series.record import patchset_id, read_record
@@ -55,9 +56,9 @@ def base_clone(tmp_path, upstream) -> Path:
     return dest
 
 
-def test_apply_from_wheel_builds_the_patched_tree(tmp_path, wheel_0523):
+def test_apply_from_wheel_builds_the_patched_tree(tmp_path, pinned_wheel):
     dest = tmp_path / "sglang"
-    cp = apply("--dest", dest, "--source", "wheel", cache=tmp_path / "cache", wheel=wheel_0523)
+    cp = apply("--dest", dest, "--source", "wheel", cache=tmp_path / "cache", wheel=pinned_wheel)
     assert cp.returncode == 0, cp.stderr
     assert subjects(dest) == [p.subject for p in PATCHES]
     base = git.out(dest, "rev-list", "--max-parents=0", "HEAD")
@@ -70,10 +71,10 @@ def test_apply_from_wheel_builds_the_patched_tree(tmp_path, wheel_0523):
     assert "unpacking" in cp.stderr and f"applied {len(PATCHES)} patches" in cp.stderr  # progress shown
 
 
-def test_apply_auto_falls_back_to_the_wheel_and_says_so(tmp_path, wheel_0523):
+def test_apply_auto_falls_back_to_the_wheel_and_says_so(tmp_path, pinned_wheel):
     dest = tmp_path / "sglang"
     (tmp_path / "cache").mkdir()
-    shutil.copy2(wheel_0523, tmp_path / "cache" / wheel_0523.name)  # in the wheel cache: no download, no SGLANG_WHEEL
+    shutil.copy2(pinned_wheel, tmp_path / "cache" / pinned_wheel.name)  # in the wheel cache: no download, no SGLANG_WHEEL
     cp = apply("--dest", dest, cache=tmp_path / "cache",
                env={"SGLANG_REPO": f"file://{tmp_path}/no-such-upstream.git"})
     assert cp.returncode == 0, cp.stderr
@@ -99,6 +100,17 @@ def test_apply_is_idempotent(base_clone):
     again = apply("--src", base_clone)
     assert again.returncode == 0 and "already has the" in again.stderr
     assert git.out(base_clone, "rev-parse", "HEAD") == head
+
+
+def test_make_apply_parses_the_series_once(base_clone, monkeypatch, capsys):
+    """apply's main parses every patch file once and hands the parsed series down (before: up to three times)."""
+    from scripts.series import apply as apply_verb, patchfile
+
+    parsed, parse = [], patchfile.parse_patch
+    monkeypatch.setattr(patchfile, "parse_patch", lambda path: parsed.append(path.name) or parse(path))
+    assert apply_verb.main(["--src", str(base_clone)]) == 0
+    assert sorted(parsed) == sorted(p.path.name for p in PATCHES), parsed
+    assert apply_verb.main(["--src", str(base_clone)]) == 0 and "already has the" in capsys.readouterr().err
 
 
 def test_apply_refuses_a_dirty_tree(base_clone):
@@ -141,15 +153,15 @@ def test_apply_conflict_aborts_and_names_patch_and_file(tmp_path, base_clone):
     assert f"git checkout -- patches/{broken.path.name}" in cp.stderr and "make refresh" not in cp.stderr
 
 
-def test_apply_refuses_the_wrong_release(tmp_path, wheel_0522):
-    """A tree of SGLang 0.5.22 (even one tagged v0.5.23) is refused before any file changes."""
+def test_apply_refuses_the_wrong_release(tmp_path, other_wheel):
+    """A tree of another SGLang release (even one tagged as the pinned one) is refused before any file changes."""
     tree = tmp_path / "old"
-    git_tree_from_wheel(wheel_0522, tree, PIN.tag, sha256_file(wheel_0522))
+    git_tree_from_wheel(other_wheel, tree, PIN.tag, sha256_file(other_wheel))
     before = blobs(tree)
     cp = apply("--src", tree)
     assert cp.returncode == 2
-    assert "not the pinned base" in cp.stderr and "SGLang 0.5.23" in cp.stderr
-    assert "says it is SGLang 0.5.22" in cp.stderr
+    assert "not the pinned base" in cp.stderr and f"SGLang {PIN.version}" in cp.stderr
+    assert f"says it is SGLang {OTHER}" in cp.stderr
     assert any(f in cp.stderr for f in touched_files(PATCHES))
     assert blobs(tree) == before and git.status_porcelain(tree) == ""
 
@@ -157,44 +169,44 @@ def test_apply_refuses_the_wrong_release(tmp_path, wheel_0522):
 def _says_what_the_wheel_is(stderr: str, fake: Path) -> None:
     """The refusal of an SGLANG_WHEEL names the file as found (name, version from its metadata, sha256) and what
     the pin wants; it never tells the operator to delete their own file."""
-    assert f"SGLANG_WHEEL={fake}" in stderr and "sglang 0.5.22" in stderr and sha256_file(fake) in stderr, stderr
+    assert f"SGLANG_WHEEL={fake}" in stderr and f"sglang {OTHER}" in stderr and sha256_file(fake) in stderr, stderr
     assert "patches/pin.toml" in stderr and PIN.wheel_filename in stderr and PIN.wheel_sha256 in stderr, stderr
     assert "delete" not in stderr.lower(), stderr
 
 
-def test_apply_refuses_a_wheel_with_the_wrong_hash(tmp_path, wheel_0522):
+def test_apply_refuses_a_wheel_with_the_wrong_hash(tmp_path, other_wheel):
     fake = tmp_path / PIN.wheel_filename
-    shutil.copy2(wheel_0522, fake)  # right name, wrong contents
+    shutil.copy2(other_wheel, fake)  # right name, wrong contents
     cp = apply("--dest", tmp_path / "sglang", "--source", "wheel", cache=tmp_path / "cache", wheel=fake)
     assert cp.returncode == 2
     _says_what_the_wheel_is(cp.stderr, fake)
     assert not (tmp_path / "sglang").exists()
 
 
-def test_a_wrong_sglang_wheel_is_refused_even_with_a_base_cache(tmp_path, wheel_0523, wheel_0522):
+def test_a_wrong_sglang_wheel_is_refused_even_with_a_base_cache(tmp_path, pinned_wheel, other_wheel):
     """SGLANG_WHEEL is an explicit input: checked against the pin even when the base cache exists (it used to be
     ignored then), and never silently traded for a clone."""
     cache = tmp_path / "cache"
-    assert apply("--dest", tmp_path / "first", "--source", "wheel", cache=cache, wheel=wheel_0523).returncode == 0
+    assert apply("--dest", tmp_path / "first", "--source", "wheel", cache=cache, wheel=pinned_wheel).returncode == 0
     fake = tmp_path / "mine" / PIN.wheel_filename
     fake.parent.mkdir()
-    shutil.copy2(wheel_0522, fake)
+    shutil.copy2(other_wheel, fake)
     for source in (["--source", "wheel"], []):
         cp = apply("--dest", tmp_path / "second", *source, cache=cache, wheel=fake)
         assert cp.returncode == 2, cp.stderr
         _says_what_the_wheel_is(cp.stderr, fake)
         assert not (tmp_path / "second").exists() and fake.is_file()
-    cp = apply("--dest", tmp_path / "second", "--source", "clone", cache=cache, wheel=wheel_0523)
+    cp = apply("--dest", tmp_path / "second", "--source", "clone", cache=cache, wheel=pinned_wheel)
     assert cp.returncode == 2 and "SGLANG_WHEEL" in cp.stderr and "SGLANG_BASE=clone" in cp.stderr, cp.stderr
-    cp = apply("--dest", tmp_path / "second", cache=cache, wheel=wheel_0523)  # the right wheel and a cache: fine
+    cp = apply("--dest", tmp_path / "second", cache=cache, wheel=pinned_wheel)  # the right wheel and a cache: fine
     assert cp.returncode == 0, cp.stderr
 
 
 @pytest.fixture
-def site(tmp_path, wheel_0523) -> Path:
+def site(tmp_path, pinned_wheel) -> Path:
     """The installed-package layout (what the image patches): the wheel unpacked like pip does."""
     d = tmp_path / "site-packages"
-    unpack_wheel(wheel_0523, d, only=None)
+    unpack_wheel(pinned_wheel, d, only=None)
     return d
 
 
@@ -219,11 +231,11 @@ def test_apply_site_packages_is_all_or_nothing(tmp_path, site):
     assert not list(site.rglob("*.eagle-new"))
 
 
-def test_apply_site_packages_refuses_the_wrong_release(tmp_path, wheel_0522):
+def test_apply_site_packages_refuses_the_wrong_release(tmp_path, other_wheel):
     d = tmp_path / "old-site"
-    unpack_wheel(wheel_0522, d, only=None)
+    unpack_wheel(other_wheel, d, only=None)
     cp = apply("--site-packages", d)
-    assert cp.returncode == 2 and "SGLang 0.5.22" in cp.stderr
+    assert cp.returncode == 2 and f"SGLang {OTHER}" in cp.stderr
     assert read_record(d / "sglang") is None
 
 
@@ -232,11 +244,11 @@ def _snapshot(tree: Path) -> tuple:
     return git.head(tree), read_record(tree / "python" / "sglang"), blobs(tree), git.status_porcelain(tree)
 
 
-def test_a_failed_rebuild_leaves_the_old_tree_and_the_base_cache(tmp_path, wheel_0523):
+def test_a_failed_rebuild_leaves_the_old_tree_and_the_base_cache(tmp_path, pinned_wheel):
     """make apply REBUILD=1 builds beside the old tree and swaps only on success: a clone that cannot reach
     GitHub or a patch that does not apply leaves build/sglang and the base cache exactly as they were."""
     dest, cache = tmp_path / "sglang", tmp_path / "cache"
-    assert apply("--dest", dest, "--source", "wheel", cache=cache, wheel=wheel_0523).returncode == 0
+    assert apply("--dest", dest, "--source", "wheel", cache=cache, wheel=pinned_wheel).returncode == 0
     before = _snapshot(dest)
     bare = cache / f"sglang-{PIN.tag}.git"
     cached = sorted(p.name for p in bare.iterdir())
@@ -256,12 +268,12 @@ def test_a_failed_rebuild_leaves_the_old_tree_and_the_base_cache(tmp_path, wheel
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "patches", "sglang"]
 
 
-def test_a_failed_first_build_leaves_no_tree(tmp_path, wheel_0523):
+def test_a_failed_first_build_leaves_no_tree(tmp_path, pinned_wheel):
     """Without a tree yet, a patch that does not apply leaves nothing behind (not a bare base tree that the next
     make apply would take for the user's)."""
     dest = tmp_path / "sglang"
     cp = apply("--dest", dest, "--source", "wheel", "--patches-dir", _broken_series(tmp_path, 4),
-               cache=tmp_path / "cache", wheel=wheel_0523)
+               cache=tmp_path / "cache", wheel=pinned_wheel)
     assert cp.returncode == 3, cp.stderr
     assert not dest.exists() and not (tmp_path / "sglang.new").exists()
 
@@ -289,11 +301,11 @@ def test_apply_refuses_a_corrupt_patch_before_touching_the_tree(tmp_path, base_c
     assert (base_clone / ".git" / "info" / "exclude").read_text() == exclude
 
 
-def test_apply_on_a_patched_tree_compares_the_recorded_patch_set(tmp_path, wheel_0523):
+def test_apply_on_a_patched_tree_compares_the_recorded_patch_set(tmp_path, pinned_wheel):
     """make apply on build/sglang compares the tree's record with patches/: a corrupt patch is reported (not
     "nothing to do"), and a series whose patches changed (here one message) is built again."""
     dest, cache = tmp_path / "sglang", tmp_path / "cache"
-    assert apply("--dest", dest, "--source", "wheel", cache=cache, wheel=wheel_0523).returncode == 0
+    assert apply("--dest", dest, "--source", "wheel", cache=cache, wheel=pinned_wheel).returncode == 0
     head = git.head(dest)
     cp = apply("--dest", dest, "--patches-dir", _truncated_series(tmp_path, 6), cache=cache)
     assert cp.returncode == 2 and f"corrupt patch {PATCHES[6].path.name}, line " in cp.stderr, cp.stderr

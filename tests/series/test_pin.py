@@ -36,8 +36,8 @@ def test_write_pin_keeps_the_file_and_its_comments(tmp_path):
 def test_facts_derived_from_the_pin():
     assert PIN.serving_image == f"eagle-fast-verify/sglang:{PIN.tag}"
     assert PIN.upstream_image == f"{PIN.image_name}:{PIN.image_tag}"
-    assert dataclasses.replace(PIN, image_tag="v0.5.23-cu130").image_cuda == (13, 0)
-    assert dataclasses.replace(PIN, image_tag="v0.5.23-cu128").image_cuda == (12, 8)
+    assert dataclasses.replace(PIN, image_tag="v9.9.9-cu130").image_cuda == (13, 0)
+    assert dataclasses.replace(PIN, image_tag="v9.9.9-cu128").image_cuda == (12, 8)
     assert dataclasses.replace(PIN, image_tag="latest").image_cuda is None
     vals = bench_config.placeholder_values(bench_config.load_variants().defaults, {})
     assert (vals["patched_image"], vals["stock_image"]) == (PIN.serving_image, PIN.upstream_image)

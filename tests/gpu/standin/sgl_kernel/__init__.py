@@ -2,8 +2,8 @@
 
 SGLang's argument resolution and distributed bring-up import modules that import `sgl_kernel` (quantization,
 KV-cache helpers), although the collectives the GPU tier tests never call an sgl-kernel op. The real sgl-kernel
-wheel is built for one torch (2.14 for SGLang 0.5.23) and is too large to carry to a lent GPU machine with another
-torch; the CI machine has no GPU build of it at all. This package makes every `sgl_kernel` and `sgl_kernel.*` import
+wheel is built for one torch (the one the pinned SGLang requires) and is too large to carry to a lent GPU machine
+with another torch; the CI machine has no GPU build of it at all. This package makes every `sgl_kernel` and `sgl_kernel.*` import
 succeed; every attribute is a placeholder that raises when it is called, named by what was asked for, so a test
 that reaches a kernel fails loudly instead of passing on a fake. The serving image has the real sgl-kernel and
 never puts this directory on sys.path (tests/gpu/_harness.py adds it only when `import sgl_kernel` fails; the

@@ -1,6 +1,6 @@
 """`make test-gpu`: the patched SGLang's own collectives, fused op and decisions on this machine's GPUs.
 
-  python -m scripts.host.test_gpu [--out FILE] [--world N] [--timeout S] [--python PY]
+  python -m scripts.host.gpu_tier [--out FILE] [--world N] [--timeout S] [--python PY]
                                   [--image IMAGE | --here] [--check] [-- PYTEST_ARGS...]
 
 Runs tests/gpu: one process per GPU, SGLang's distributed state brought up the way the model runner brings it up;
@@ -95,7 +95,7 @@ def finish(out: Path, meta: dict) -> dict:
 
 
 def parse(argv):
-    ap = argparse.ArgumentParser(prog="scripts.host.test_gpu", description=__doc__,
+    ap = argparse.ArgumentParser(prog="scripts.host.gpu_tier", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, help="result document (default bench/results/test-gpu_<gpu>_x<N>_<date>.json)")
     ap.add_argument("--world", type=int, help="ranks per test (default: every visible GPU)")
@@ -129,7 +129,7 @@ def main(argv=None) -> int:
     out = a.out or results / f"test-gpu_{route.gpu_slug(names)}_x{world}_{stamp}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"gpus": names, "revision": revision(short=True)[0], "started_at": stamp,
-            "command": " ".join(["python3", "-m", "scripts.host.test_gpu", *(argv if argv is not None else sys.argv[1:])])}
+            "command": " ".join(["python3", "-m", "scripts.host.gpu_tier", *(argv if argv is not None else sys.argv[1:])])}
     if where.where == "here":
         rc = run_here(a.python, out, a.world, a.timeout, a.pytest_args)
     else:
