@@ -108,7 +108,7 @@ def test_a_pcie_only_tp8_receipt_gets_verdicts_and_no_proxy_mark(pcie_receipt):
     assert fusion["default"].startswith("FlashInfer all-reduce + RMSNorm fusion at TP8")
 
 
-def test_make_docs_reads_the_stored_verdicts_not_todays_thresholds(pcie_receipt, tmp_path, monkeypatch):
+def test_make_docs_reads_the_stored_verdicts_not_todays_thresholds(pcie_receipt, tmp_path, monkeypatch, capsys):
     """A receipt's verdicts are computed once, when it is written: a later change of THRESHOLDS moves neither the
     plan's box section nor what the receipt stored; a receipt without stored verdicts is named with the fix. (A
     PCIe-only TP8 receipt: its PCIe IPC verdict is a judgement, a proxy's is inconclusive whatever the threshold.)"""
@@ -122,8 +122,10 @@ def test_make_docs_reads_the_stored_verdicts_not_todays_thresholds(pcie_receipt,
     bare = tmp_path / "bare"
     shutil.copytree(pcie_receipt, bare)
     (bare / "receipt.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "recommendations"}))
-    with pytest.raises(UserError, match=r"holds no recommendations: python -m scripts.bench.receipt --summarize"):
-        cost_model.main(["--check", "--doc", str(doc), "--receipt", str(bare)])
+    capsys.readouterr()
+    cost_model.main(["--check", "--doc", str(doc), "--receipt", str(bare)])  # skipped, named, the rest goes on
+    assert "skipping receipt bare: receipt.json holds no recommendations: python -m scripts.bench.receipt " \
+           "--summarize" in capsys.readouterr().err
 
 
 def test_report_checks_every_part_first_and_writes_nothing_when_one_cannot_run(tmp_path):
