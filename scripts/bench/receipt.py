@@ -10,6 +10,7 @@ directory and one tarball that say whether the series pays off on this box and w
 The parts, in order, each one of the project's verbs run as its own process (they pick the host or the serving
 image themselves; --image names the image for those that take it):
   doctor      python -m scripts.host.doctor --json --record DIR/env/tools   -> raw/doctor.json, env/tools/
+              (with NCCL's transport between the GPUs: P2P, or SHM / NET, an error finding; --image for its probe)
   test-gpu    python -m scripts.host.test_gpu --out raw/test-gpu.json        (the patched collectives on the GPUs)
   bench-comm  python -m scripts.bench.bench_comm --out raw/bench-comm.json    (per-call latencies, NCCL variants)
   bench       python -m scripts.bench.bench --results-dir raw/bench [BENCH_ARGS]   (stock vs patched serving A/B)
@@ -56,7 +57,7 @@ def part_argv(part: str, d: Path, a: argparse.Namespace) -> list[str]:
         return py + ["scripts.bench.bench_comm", "--out", str(d / rd.alt_part_file(part.split("@", 1)[1])),
                      "--image", part.split("@", 1)[1]]
     image = ["--image", a.image] if a.image else []
-    return {"doctor": py + ["scripts.host.doctor", "--json", "--record", str(d / "env" / "tools")],
+    return {"doctor": py + ["scripts.host.doctor", "--json", "--record", str(d / "env" / "tools"), *image],
             "test-gpu": py + ["scripts.host.test_gpu", "--out", str(d / rd.RAW["test-gpu"]), *image],
             "bench-comm": py + ["scripts.bench.bench_comm", "--out", str(d / rd.RAW["bench-comm"]), *image],
             "bench": py + ["scripts.bench.bench", "--results-dir", str(d / rd.RAW["bench"]), "--box", a.box,
@@ -99,8 +100,8 @@ def run_part(part: str, d: Path, a: argparse.Namespace) -> dict:
 
 
 def environment(d: Path, a: argparse.Namespace) -> dict:
-    """What ran: host, git revision, patch set, pin, driver / GPUs / topology / NUMA from the doctor, NCCL from
-    bench-comm, the image digest."""
+    """What ran: host, git revision, patch set, pin, driver / GPUs / topology / NUMA and NCCL's transport between
+    the GPUs (its all-reduce probe) from the doctor, NCCL from bench-comm, the image digest."""
     env: dict = {"host": platform.node(), "git_rev": revision(short=True)[0], "box": a.box}
     try:
         pin = load_pin()
@@ -111,6 +112,7 @@ def environment(d: Path, a: argparse.Namespace) -> dict:
     doc = _read_json(d / rd.RAW["doctor"])
     if doc:
         env["doctor"] = {f["id"]: f["message"] for f in doc.get("findings", [])}
+        env["nccl_transport"] = (doc.get("facts") or {}).get("nccl_transport")
     bc = _read_json(d / rd.RAW["bench-comm"])
     if bc:
         m = bc.get("meta", {})

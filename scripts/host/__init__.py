@@ -3,6 +3,7 @@
 Verbs: doctor, serve, smoke, image, pcie_env (python -m scripts.host.<verb>; in the image through docker/entrypoint:
 serve, doctor, smoke, pcie_env). Library: tools (tool outputs, record/replay), nvml (live GPU facts), parsers
 (nvidia-smi -q -x and friends), topology (the one PCIe-only rule), facts (what the doctor knows), checks (the
-doctor's registered checks), nccl (known-bad releases), pcie (the patched launcher's PCIe defaults), sglang_pkg
+doctor's registered checks), nccl (known-bad releases), nccl_transport (NCCL's transport between the GPUs, from
+its INFO lines of a short all-reduce), pcie (the patched launcher's PCIe defaults), sglang_pkg
 (where an interpreter's sglang lives). Runs on the upstream image's python3: nothing here needs more than it ships.
 """
