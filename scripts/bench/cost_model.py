@@ -19,6 +19,10 @@ Model of one speculative cycle on the box: draft + verify, verify = compute + 12
 with the draft time and the non-communication compute taken from the seed measurement (both assumed unchanged by
 these patches; CUDA graphs would shrink them too, so the estimate is conservative). tok/s = AL / cycle; the
 break-even accept length is the AL at which speculation matches the no-speculation baseline.
+The `settings` table is the speculative-setting model's prior (scripts/bench/spec_model.py) for every setting of
+bench/sweep.toml: per-cycle collectives from bench/inputs/collectives_kimi_tp8.toml at their backend's per-call
+latency, the verify's compute from the memory floor per verify width and the draft's per forward ([memory]), the
+chain AL from [acceptance]; model output, labelled so in the document.
 --write prints, per table, whether it changed and by how many lines (and writes nothing when none did).
 Exit status: 0 printed, written or current; 1 --check found the document out of date; 2 an input is missing.
 """
@@ -37,6 +41,7 @@ from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
 from . import receipt_data as rd
 from . import report as rep
+from . import spec_model, sweep
 from .comm_report import record
 from .kimi import CHAIN, LAYERS
 from .numbers import spread
@@ -267,9 +272,51 @@ def box_measured(inp: dict, receipts: list[Path]) -> str:
     return "\n\n".join(blocks)
 
 
+def _span(lo: float, hi: float, digits: int) -> str:
+    a, b = f"{min(lo, hi):.{digits}f}", f"{max(lo, hi):.{digits}f}"
+    return a if a == b else f"{a}-{b}"
+
+
+def settings_table(inp: dict, collectives: dict | None = None) -> str:
+    """The prior of scripts/bench/spec_model.py for the settings of bench/sweep.toml (model output): per cycle the
+    verify's memory floor, the collectives by backend, the draft, and tok/s at the assumed chain AL, at the low and
+    high per-call latency."""
+    table = collectives or spec_model.load_collectives()
+    lo, hi = spec_model.prior(inp, table, "low"), spec_model.prior(inp, table, "high")
+    settings = sorted({p.setting for p in sweep.load().points}, key=lambda x: (x.topk, x.steps, x.draft_tokens))
+    nccl = {x.label: lo.cycle_calls(x.steps).get("nccl", 0) for x in settings}
+    used = sorted({b for x in settings for b, n in lo.cycle_calls(x.steps).items() if n})
+    calls = ", ".join(f"{b} {_span(lo.per_call_us[b], hi.per_call_us[b], 1)} us" for b in used)
+    base = (1000 / lo.verify_ms(1), 1000 / hi.verify_ms(1))
+    lines = [f"Model output, not a measurement: `scripts/bench/spec_model.py`'s prior for the settings of "
+             f"`bench/sweep.toml`, batch 1. Collectives per cycle from `bench/inputs/{spec_model.COLLECTIVES.name}` "
+             f"({table['profile']}, TP{table['tp']}; {max(nccl.values(), default=0)} on NCCL), per call {calls}; "
+             f"verify and draft compute from the memory floor of `bench/inputs/cost-model.toml` [memory] "
+             f"({inp['memory']['bandwidth_tb_s']} TB/s); chain AL from [acceptance] ({inp['acceptance']['source']}). "
+             f"A floor: the tok/s are upper bounds, the ratio to no speculation is what to compare. No speculation: "
+             f"{lo.verify_ms(1):.2f}-{hi.verify_ms(1):.2f} ms per token ({lo.verify_gb(1):.1f} GB per GPU), "
+             f"{_span(*base, 0)} tok/s.", "",
+             "| steps/topk/draft tokens | verify GB per GPU | verify ms (floor + collectives) | collectives per cycle "
+             "| draft ms | cycle ms | AL (assumed) | tok/s (model) | x no speculation |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    best = max((x for x in settings if lo.accept_length(x.steps, x.topk)),
+               key=lambda x: lo.accept_length(x.steps, x.topk) / lo.cycle_ms(x.steps, x.draft_tokens), default=None)
+    for x in settings:
+        al = lo.accept_length(x.steps, x.topk)
+        cyc = (lo.cycle_ms(x.steps, x.draft_tokens), hi.cycle_ms(x.steps, x.draft_tokens))
+        tps = (1000 * al / cyc[0], 1000 * al / cyc[1]) if al else None
+        per = ", ".join(f"{n} {b}" for b, n in sorted(lo.cycle_calls(x.steps).items()))
+        lines.append(f"| {x.label}{' (model optimum)' if x == best else ''} | {lo.verify_gb(x.draft_tokens):.1f} | "
+                     f"{_span(lo.verify_ms(x.draft_tokens), hi.verify_ms(x.draft_tokens), 2)} | {per} | "
+                     f"{_span(lo.draft_ms(x.steps), hi.draft_ms(x.steps), 2)} | {_span(*cyc, 2)} | "
+                     f"{f'{al:.2f}' if al else 'tree: measured only'} | {_span(*tps, 0) if tps else '-'} | "
+                     f"{_span(tps[0] / base[0], tps[1] / base[1], 2) if tps else '-'} |")
+    return "\n".join(lines)
+
+
 def render(inp: dict, runs: list[dict], receipts: list[Path] | None = None) -> dict[str, str]:
-    return {"box": box_table(inp), "h200": h200_table(runs), "h200-sglang": sglang_table(runs),
-            "box-measured": box_measured(inp, receipts or [])}
+    return {"box": box_table(inp), "settings": settings_table(inp), "h200": h200_table(runs),
+            "h200-sglang": sglang_table(runs), "box-measured": box_measured(inp, receipts or [])}
 
 
 def splice(doc: str, blocks: dict[str, str]) -> str:

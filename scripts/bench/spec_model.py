@@ -1,6 +1,20 @@
-"""The cost model of a speculative setting, fitted to a sweep's measurements, and its predicted optimum.
+"""The cost model of a speculative setting: what it costs before anything is measured (the prior), and the same
+costs fitted to a sweep's measurements with its predicted optimum.
 
-One speculative cycle serves one stream AL tokens (accept length) in
+The prior (Prior, prior()): one cycle of steps/topk/draft tokens at batch 1 runs 1 target verify, 1 draft extend
+and steps - 1 draft decode forwards, each with the collectives of its stage in the table the patched SGLang
+reports as spec_collectives (bench/inputs/collectives_kimi_tp8.toml), each call at its backend's per-call latency
+(bench/inputs/cost-model.toml [per_call] -> a [[setting]] row), plus the memory each forward must read:
+
+    verify_ms(w) = (non_routed_gb + routed_gb_per_expert * E * (1 - (1 - k / E)^w)) / bandwidth   (w = draft tokens)
+    draft_ms     = draft_gb / tp / bandwidth per draft forward                                       ([memory])
+
+so each extra verified token costs the routed experts it newly reaches (~1.4 GB, ~0.75 ms per GPU at w = 4): a
+wider verify is not free. AL of a chain comes from the per-position acceptance of [acceptance]; tree points
+(topk > 1) have no prior AL. It is a floor (no launch gaps, no KV reads, uniform routing): its tok/s are upper
+bounds, its ratios between settings are the point.
+
+The fitted model: one speculative cycle serves one stream AL tokens (accept length) in
 
     cycle_ms = t1 + verify_ms_per_token * (draft_tokens - 1) + draft_ms_per_step[drafter, quantization] * steps
 
@@ -19,6 +33,15 @@ off its CUDA graph costs more than the linear model allows: see the hit rate).
 from __future__ import annotations
 
 import dataclasses
+import tomllib
+from pathlib import Path
+
+from ..lib.errors import UserError
+from ..lib.repo import REPO_ROOT
+
+COLLECTIVES = REPO_ROOT / "bench" / "inputs" / "collectives_kimi_tp8.toml"
+STAGES = ("target_verify", "draft_decode", "draft_extend")
+OPS = ("all_reduce", "all_gather", "broadcast")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,3 +160,101 @@ def verdict(points: list[Measured], t1_ms: float | None = None) -> tuple[Verdict
     misses = sorted(((p, p.decode_tok_s / f.tok_s(p) - 1.0) for p in points), key=lambda x: -abs(x[1]))
     return Verdict(f, predicted, measured, predicted.name == measured.name, [m for m in misses[:3] if
                                                                                abs(m[1]) > 0.02]), ""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the prior: collective counts per stage and a memory floor per verify width
+
+
+def load_collectives(path: Path = COLLECTIVES) -> dict:
+    """The collectives table: {"tp": n, "stages": {stage: {op: {backend: calls per forward}}}}, checked."""
+    where = Path(path).name
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise UserError(f"{path}: {e}; it holds [stages.<stage>.calls] tables (bench/inputs/collectives_kimi_tp8.toml "
+                        f"is the committed one)") from e
+    stages = raw.get("stages", {})
+    missing = [s for s in STAGES if s not in stages]
+    if missing or not isinstance(raw.get("tp"), int):
+        raise UserError(f"{where}: needs tp = <int> and [stages.{missing[0] if missing else '...'}.calls] for every "
+                        f"stage of {', '.join(STAGES)}")
+    out: dict = {}
+    for stage in STAGES:
+        calls = stages[stage].get("calls", {})
+        bad = [f"{op}.{b} = {n!r}" for op, bs in calls.items() for b, n in (bs or {}).items()
+               if op not in OPS or not isinstance(n, int) or n < 0]
+        if bad:
+            raise UserError(f"{where}: [stages.{stage}.calls] {', '.join(bad)}: operations are {', '.join(OPS)}, "
+                            f"counts whole numbers >= 0")
+        out[stage] = {op: dict(bs or {}) for op, bs in calls.items()}
+    return {"tp": raw["tp"], "stages": out, "profile": raw.get("profile", "")}
+
+
+@dataclasses.dataclass(frozen=True)
+class Prior:
+    """The model of one cycle before measurement, at one per-call latency per backend (us)."""
+
+    stages: dict  # stage -> op -> backend -> calls per forward
+    tp: int
+    per_call_us: dict[str, float]
+    memory: dict  # bench/inputs/cost-model.toml [memory]
+    acceptance: tuple[float, ...]
+
+    def calls(self, stage: str) -> dict[str, int]:
+        """Calls per forward of one stage, by backend (every operation)."""
+        out: dict[str, int] = {}
+        for by_backend in self.stages[stage].values():
+            for backend, n in by_backend.items():
+                out[backend] = out.get(backend, 0) + n
+        return out
+
+    def cycle_calls(self, steps: int) -> dict[str, int]:
+        """Calls of one cycle by backend: 1 verify + 1 draft extend + (steps - 1) draft decode forwards."""
+        out: dict[str, int] = {}
+        for stage, times in (("target_verify", 1), ("draft_extend", 1), ("draft_decode", steps - 1)):
+            for backend, n in self.calls(stage).items():
+                out[backend] = out.get(backend, 0) + n * times
+        return out
+
+    def calls_ms(self, calls: dict[str, int]) -> float:
+        return sum(n * self.per_call_us[b] for b, n in calls.items() if n) / 1000
+
+    def verify_gb(self, width: int) -> float:
+        m = self.memory
+        distinct = m["experts"] * (1 - (1 - m["experts_per_token"] / m["experts"]) ** width)
+        return m["non_routed_gb"] + m["routed_gb_per_expert"] * distinct
+
+    def verify_ms(self, width: int) -> float:
+        """Memory floor plus the verify's collectives: one target forward of `width` tokens."""
+        return self.verify_gb(width) / self.memory["bandwidth_tb_s"] + self.calls_ms(self.calls("target_verify"))
+
+    def draft_ms(self, steps: int) -> float:
+        per_forward = self.memory["draft_gb"] / self.tp / self.memory["bandwidth_tb_s"]
+        extend, decode = self.calls("draft_extend"), self.calls("draft_decode")
+        return steps * per_forward + self.calls_ms(extend) + (steps - 1) * self.calls_ms(decode)
+
+    def cycle_ms(self, steps: int, draft_tokens: int) -> float:
+        return self.verify_ms(draft_tokens) + self.draft_ms(steps)
+
+    def accept_length(self, steps: int, topk: int) -> float | None:
+        """AL of a chain from the per-position acceptance; None for a tree or beyond the known positions."""
+        if topk != 1 or steps > len(self.acceptance):
+            return None
+        return 1.0 + sum(self.acceptance[:steps])
+
+
+def prior(inputs: dict, collectives: dict, bound: str = "low") -> Prior:
+    """The prior from bench/inputs/cost-model.toml (`inputs`) and the collectives table, with each backend's
+    per-call latency at the low or high end of its [[setting]] row."""
+    rows = {s["key"]: s for s in inputs.get("setting", [])}
+    per_call = {}
+    used = {b for st in collectives["stages"].values() for bs in st.values() for b, n in bs.items() if n}
+    for backend in sorted(used | set(inputs.get("per_call", {}))):
+        key = inputs.get("per_call", {}).get(backend)
+        if key not in rows:
+            raise UserError(f"cost-model.toml: no per-call latency for the {backend} collectives of "
+                            f"{COLLECTIVES.name}: add {backend} = \"<a [[setting]] key>\" to [per_call]")
+        per_call[backend] = rows[key][bound]
+    return Prior(collectives["stages"], collectives["tp"], per_call, inputs["memory"],
+                 tuple(inputs["acceptance"]["per_position"]))
