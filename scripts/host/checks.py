@@ -15,6 +15,7 @@ from ..lib.errors import UserError
 from . import exposure
 from .facts import Facts
 from .nccl import EXPECTED_VAR, KNOWN_BAD_NCCL
+from .nccl_transport import ITERS
 from .parsers import version_tuple
 from .tools import TARGET_REPO
 from .topology import P2P_LEGEND
@@ -329,15 +330,16 @@ SWITCHED = ("PIX", "PXB")  # nvidia-smi topo -m: the pair meets inside a PCIe sw
 TRANSPORT = "nccl.transport"
 
 
-def _env_causes(env: dict[str, str], net: bool) -> list[str]:
+def _env_causes(env: dict[str, str], net: bool, pinned: str) -> list[str]:
     truthy = ("1", "true", "True", "yes")
     names = [k for k in ("NCCL_P2P_DISABLE",) if env.get(k) in truthy]
     names += [k for k in ("NCCL_P2P_LEVEL",) if k in env and env[k] not in ("SYS", "5")]
     names += [k for k in ("NCCL_SHM_DISABLE",) if net and env.get(k) in truthy]
     if not names:
         return []
+    image = f"; the image runs NCCL {pinned}, outside the 2.30 line that hangs" if pinned else ""
     return [f"the ranks ran with {', '.join(f'{k}={env[k]}' for k in names)}: unset {' '.join(names)} (P2P off was "
-            f"the workaround for NCCL 2.30.4's hang; the image's pinned NCCL does not hang)"]
+            f"the workaround for NCCL 2.30.4's hang{image})"]
 
 
 def _p2p_status_causes(f: Facts, bad: list) -> list[str]:
@@ -371,7 +373,8 @@ def _transport_causes(f: Facts, t, bad: list, hung: bool) -> str:
     env = t.result.get("nccl_env")
     env = env if env is not None else {k: v for k, v in f.env.items() if k.startswith("NCCL_")}
     net = any(x.kind == "NET" for x in bad)
-    causes = _env_causes(env, net) + _p2p_status_causes(f, bad)
+    pinned = f.expected_nccl[0]
+    causes = _env_causes(env, net, pinned) + _p2p_status_causes(f, bad)
     hmm_on, hmm_how = f.hmm()
     iommu_on, iommu_how = f.iommu()
     if hmm_on:
@@ -380,7 +383,7 @@ def _transport_causes(f: Facts, t, bad: list, hung: bool) -> str:
         causes.append(f"the IOMMU translates peer DMA ({iommu_how}): {IOMMU_FIX}")
     if hung and (t.version or "").split("+")[0] in KNOWN_BAD_NCCL:
         causes.append(f"NCCL {t.version} {KNOWN_BAD_NCCL[t.version.split('+')[0]]}: use the image's pinned NCCL")
-    if net and not _env_causes(env, True):
+    if net and not _env_causes(env, True, pinned):
         causes.append("the ranks do not share /dev/shm (separate containers or IPC namespaces): run them in one "
                       "container with --ipc=host")
     if not causes and not hung:
@@ -418,7 +421,7 @@ def nccl_transport(f: Facts) -> list[Finding]:
                         f"run the doctor where torch sees the GPUs: docker run --rm --gpus all --ipc=host {where} "
                         f"doctor (or doctor --python <a python with CUDA torch>, or doctor --image <image>)")]
     bad = t.by_kind("SHM") + t.by_kind("NET")
-    us = f"; one all-reduce of {r.get('bytes', 0) // 1024} KiB took {r['allreduce_us']} us" \
+    us = f"; one all-reduce of {r.get('bytes', 0) // 1024} KiB took {r['allreduce_us']} us (eager, mean of {ITERS})" \
         if r.get("allreduce_us") is not None else ""
     if bad:
         shown = ", ".join(f"{x.pair} {x.via}" for x in bad[:8]) + (" ..." if len(bad) > 8 else "")

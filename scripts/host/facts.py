@@ -220,7 +220,8 @@ def summary(f: Facts) -> dict:
                                 if "iommu" in t or t.startswith("pcie_port_pm")]
     info = f.nccl_info()
     out["nccl"] = info.get("nccl") or info.get("dist_version") or "unknown"
-    out["nccl_transport"] = f.nccl_transport().summary()
+    if f.tp > 1:
+        out["nccl_transport"] = f.nccl_transport().summary()
     d = f.disk()
     if d is not None:
         out["disk_free_gb"] = round(d["avail_kib"] * 1024 / 1e9, 1)

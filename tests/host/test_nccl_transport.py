@@ -106,3 +106,11 @@ def test_the_image_not_there_is_said_with_what_here_lacks(tmp_path, monkeypatch)
     why = nt.parse(out.text).result["why"]
     assert why.startswith("here, torch ") and "sees 0 CUDA GPU(s)" in why
     assert "; in the image: docker is not installed" in why
+
+
+def test_a_rank_that_fails_is_reported_not_raised():
+    """The ranks run as processes spawned from this interpreter; one that fails (no NVIDIA driver here, at its
+    first CUDA call) makes the probe's result say so instead of a traceback."""
+    r = nt._spawn(2, 60)
+    assert r["why"].startswith("a rank failed: ") and "measured" not in r
+    assert "NVIDIA driver" in r["why"] or "CUDA" in r["why"]
