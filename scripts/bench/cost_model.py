@@ -277,25 +277,31 @@ def _span(lo: float, hi: float, digits: int) -> str:
     return a if a == b else f"{a}-{b}"
 
 
-def settings_table(inp: dict, collectives: dict | None = None) -> str:
+def _sampling_extra() -> str:
+    """What a sampling batch's cycle issues beyond a greedy one's (the verify's packed broadcast)."""
+    greedy, sampling = spec_model.load_cycle(mode="greedy"), spec_model.load_cycle(mode="sampling")
+    more = {op: sum(sampling["stages"][st].get(op, 0) - greedy["stages"][st].get(op, 0) for st in spec_model.STAGES)
+            for op in spec_model.OPS}
+    return ", ".join(f"{n} {op.replace('_', '-')}" for op, n in more.items() if n) or "nothing"
+
+
+def settings_table(inp: dict, cycle: dict | None = None) -> str:
     """The prior of scripts/bench/spec_model.py for the settings of bench/sweep.toml (model output): per cycle the
-    verify's memory floor, the collectives by backend, the draft, and tok/s at the assumed chain AL, at the low and
-    high per-call latency."""
-    table = collectives or spec_model.load_collectives()
-    lo, hi = spec_model.prior(inp, table, "low"), spec_model.prior(inp, table, "high")
+    verify's memory floor, the collectives, the draft, and tok/s at the assumed chain AL, at the low and high
+    per-call latency of PCIe IPC."""
+    cycle = cycle or spec_model.load_cycle()
+    lo, hi = spec_model.prior(inp, cycle, "low"), spec_model.prior(inp, cycle, "high")
     settings = sorted({p.setting for p in sweep.load().points}, key=lambda x: (x.topk, x.steps, x.draft_tokens))
-    nccl = {x.label: lo.cycle_calls(x.steps).get("nccl", 0) for x in settings}
-    used = sorted({b for x in settings for b, n in lo.cycle_calls(x.steps).items() if n})
-    calls = ", ".join(f"{b} {_span(lo.per_call_us[b], hi.per_call_us[b], 1)} us" for b in used)
     base = (1000 / lo.verify_ms(1), 1000 / hi.verify_ms(1))
     lines = [f"Model output, not a measurement: `scripts/bench/spec_model.py`'s prior for the settings of "
-             f"`bench/sweep.toml`, batch 1. Collectives per cycle from `bench/inputs/{spec_model.COLLECTIVES.name}` "
-             f"({table['profile']}, TP{table['tp']}; {max(nccl.values(), default=0)} on NCCL), per call {calls}; "
-             f"verify and draft compute from the memory floor of `bench/inputs/cost-model.toml` [memory] "
-             f"({inp['memory']['bandwidth_tb_s']} TB/s); chain AL from [acceptance] ({inp['acceptance']['source']}). "
-             f"A floor: the tok/s are upper bounds, the ratio to no speculation is what to compare. No speculation: "
-             f"{lo.verify_ms(1):.2f}-{hi.verify_ms(1):.2f} ms per token ({lo.verify_gb(1):.1f} GB per GPU), "
-             f"{_span(*base, 0)} tok/s.", "",
+             f"`bench/sweep.toml`, batch 1, {cycle['mode']} batches. Collectives per forward of each stage from "
+             f"`bench/inputs/{spec_model.COLLECTIVES.name}` (TP{cycle['tp']}; every one on PCIe IPC, none on NCCL), "
+             f"{_span(lo.per_call_us, hi.per_call_us, 1)} us per call; verify and draft compute from the memory "
+             f"floor of `bench/inputs/cost-model.toml` [memory] ({inp['memory']['bandwidth_tb_s']} TB/s); chain AL "
+             f"from [acceptance] ({inp['acceptance']['source']}). A floor: the tok/s are upper bounds, the ratio to "
+             f"no speculation is what to compare. No speculation: {_span(lo.verify_ms(1), hi.verify_ms(1), 2)} ms "
+             f"per token ({lo.verify_gb(1):.1f} GB per GPU), {_span(*base, 0)} tok/s. A sampling batch adds "
+             f"{_sampling_extra()} per cycle.", "",
              "| steps/topk/draft tokens | verify GB per GPU | verify ms (floor + collectives) | collectives per cycle "
              "| draft ms | cycle ms | AL (assumed) | tok/s (model) | x no speculation |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -305,7 +311,8 @@ def settings_table(inp: dict, collectives: dict | None = None) -> str:
         al = lo.accept_length(x.steps, x.topk)
         cyc = (lo.cycle_ms(x.steps, x.draft_tokens), hi.cycle_ms(x.steps, x.draft_tokens))
         tps = (1000 * al / cyc[0], 1000 * al / cyc[1]) if al else None
-        per = ", ".join(f"{n} {b}" for b, n in sorted(lo.cycle_calls(x.steps).items()))
+        calls = lo.cycle_calls(x.steps)
+        per = ", ".join(f"{calls[op]} {op.replace('_', '-')}" for op in spec_model.OPS if calls.get(op))
         lines.append(f"| {x.label}{' (model optimum)' if x == best else ''} | {lo.verify_gb(x.draft_tokens):.1f} | "
                      f"{_span(lo.verify_ms(x.draft_tokens), hi.verify_ms(x.draft_tokens), 2)} | {per} | "
                      f"{_span(lo.draft_ms(x.steps), hi.draft_ms(x.steps), 2)} | {_span(*cyc, 2)} | "

@@ -2,9 +2,10 @@
 costs fitted to a sweep's measurements with its predicted optimum.
 
 The prior (Prior, prior()): one cycle of steps/topk/draft tokens at batch 1 runs 1 target verify, 1 draft extend
-and steps - 1 draft decode forwards, each with the collectives of its stage in the table the patched SGLang
-reports as spec_collectives (bench/inputs/collectives_kimi_tp8.toml), each call at its backend's per-call latency
-(bench/inputs/cost-model.toml [per_call] -> a [[setting]] row), plus the memory each forward must read:
+and steps - 1 draft decode forwards, each with the collectives per forward of its stage in the Kimi TP8 table
+(bench/inputs/collectives_kimi_tp8.toml, which tests/patches/test_cycle_collectives.py routes through the patched
+SGLang: all on PCIe IPC, none on NCCL), each call at PCIe IPC's per-call latency (bench/inputs/cost-model.toml
+[per_call] -> a [[setting]] row), plus the memory each forward must read:
 
     verify_ms(w) = (non_routed_gb + routed_gb_per_expert * E * (1 - (1 - k / E)^w)) / bandwidth   (w = draft tokens)
     draft_ms     = draft_gb / tp / bandwidth per draft forward                                       ([memory])
@@ -40,7 +41,9 @@ from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
 
 COLLECTIVES = REPO_ROOT / "bench" / "inputs" / "collectives_kimi_tp8.toml"
+PROFILE = REPO_ROOT / "docker" / "profiles" / "kimi-k25-eagle3-tp8.toml"  # the cycle that table counts
 STAGES = ("target_verify", "draft_decode", "draft_extend")
+BACKEND = "pcie_ipc"  # where the series routes every collective of that cycle
 OPS = ("all_reduce", "all_gather", "broadcast")
 
 
@@ -166,59 +169,64 @@ def verdict(points: list[Measured], t1_ms: float | None = None) -> tuple[Verdict
 # the prior: collective counts per stage and a memory floor per verify width
 
 
-def load_collectives(path: Path = COLLECTIVES) -> dict:
-    """The collectives table: {"tp": n, "stages": {stage: {op: {backend: calls per forward}}}}, checked."""
+def load_cycle(path: Path = COLLECTIVES, profile: Path = PROFILE, mode: str = "greedy") -> dict:
+    """The collectives table's counts for one kind of batch (greedy, sampling), per forward of each stage:
+    {"tp", "steps", "mode", "stages": {stage: {op: calls per forward}}}. The table counts a cycle of the shipped
+    profile (its draft_decode entry covers the steps - 1 draft forwards of one graph): the profile gives the steps
+    and the TP size."""
     where = Path(path).name
     try:
-        raw = tomllib.loads(Path(path).read_text())
+        raw, prof = tomllib.loads(Path(path).read_text()), tomllib.loads(Path(profile).read_text())
     except (OSError, tomllib.TOMLDecodeError) as e:
-        raise UserError(f"{path}: {e}; it holds [stages.<stage>.calls] tables (bench/inputs/collectives_kimi_tp8.toml "
-                        f"is the committed one)") from e
-    stages = raw.get("stages", {})
-    missing = [s for s in STAGES if s not in stages]
-    if missing or not isinstance(raw.get("tp"), int):
-        raise UserError(f"{where}: needs tp = <int> and [stages.{missing[0] if missing else '...'}.calls] for every "
-                        f"stage of {', '.join(STAGES)}")
+        raise UserError(f"{e}: the cost model reads bench/inputs/collectives_kimi_tp8.toml and the profile it "
+                        f"describes, docker/profiles/kimi-k25-eagle3-tp8.toml") from e
+    args = prof.get("args", {})
+    steps, tp = args.get("speculative-num-steps"), args.get("tp-size")
+    if not (isinstance(steps, int) and steps >= 2 and isinstance(tp, int)):
+        raise UserError(f"{Path(profile).name}: needs tp-size and speculative-num-steps >= 2 under [args] (the "
+                        f"cycle {where} counts)")
+    counts = raw.get("per_forward", {}).get(mode)
+    missing = [st for st in STAGES if st not in (counts or {})]
+    if missing:
+        raise UserError(f"{where}: no [per_forward.{mode}] {missing[0]} = {{ op = count, ... }} (stages: "
+                        f"{', '.join(STAGES)}; kinds of batch: {', '.join(raw.get('per_forward', {})) or 'none'})")
     out: dict = {}
     for stage in STAGES:
-        calls = stages[stage].get("calls", {})
-        bad = [f"{op}.{b} = {n!r}" for op, bs in calls.items() for b, n in (bs or {}).items()
-               if op not in OPS or not isinstance(n, int) or n < 0]
+        bad = [f"{op} = {n!r}" for op, n in counts[stage].items() if op not in OPS or not isinstance(n, int) or n < 0]
+        forwards = steps - 1 if stage == "draft_decode" else 1
+        bad += [f"{op} = {n} (not a multiple of its {forwards} forwards)" for op, n in counts[stage].items()
+                if isinstance(n, int) and n % forwards]
         if bad:
-            raise UserError(f"{where}: [stages.{stage}.calls] {', '.join(bad)}: operations are {', '.join(OPS)}, "
-                            f"counts whole numbers >= 0")
-        out[stage] = {op: dict(bs or {}) for op, bs in calls.items()}
-    return {"tp": raw["tp"], "stages": out, "profile": raw.get("profile", "")}
+            raise UserError(f"{where}: [per_forward.{mode}] {stage}: {', '.join(bad)}: operations are "
+                            f"{', '.join(OPS)}, counts whole numbers >= 0")
+        out[stage] = {op: n // forwards for op, n in counts[stage].items()}
+    return {"tp": tp, "steps": steps, "mode": mode, "stages": out}
 
 
 @dataclasses.dataclass(frozen=True)
 class Prior:
-    """The model of one cycle before measurement, at one per-call latency per backend (us)."""
+    """The model of one cycle before measurement, at one per-call latency (us): every call of the table is on PCIe
+    IPC (tests/patches/test_cycle_collectives.py routes each through the real code)."""
 
-    stages: dict  # stage -> op -> backend -> calls per forward
+    stages: dict  # stage -> op -> calls per forward
     tp: int
-    per_call_us: dict[str, float]
+    per_call_us: float
     memory: dict  # bench/inputs/cost-model.toml [memory]
     acceptance: tuple[float, ...]
 
-    def calls(self, stage: str) -> dict[str, int]:
-        """Calls per forward of one stage, by backend (every operation)."""
-        out: dict[str, int] = {}
-        for by_backend in self.stages[stage].values():
-            for backend, n in by_backend.items():
-                out[backend] = out.get(backend, 0) + n
-        return out
+    def calls(self, stage: str) -> int:
+        return sum(self.stages[stage].values())
 
     def cycle_calls(self, steps: int) -> dict[str, int]:
-        """Calls of one cycle by backend: 1 verify + 1 draft extend + (steps - 1) draft decode forwards."""
+        """Calls of one cycle by operation: 1 verify + 1 draft extend + (steps - 1) draft decode forwards."""
         out: dict[str, int] = {}
         for stage, times in (("target_verify", 1), ("draft_extend", 1), ("draft_decode", steps - 1)):
-            for backend, n in self.calls(stage).items():
-                out[backend] = out.get(backend, 0) + n * times
+            for op, n in self.stages[stage].items():
+                out[op] = out.get(op, 0) + n * times
         return out
 
-    def calls_ms(self, calls: dict[str, int]) -> float:
-        return sum(n * self.per_call_us[b] for b, n in calls.items() if n) / 1000
+    def calls_ms(self, n: int) -> float:
+        return n * self.per_call_us / 1000
 
     def verify_gb(self, width: int) -> float:
         m = self.memory
@@ -231,8 +239,8 @@ class Prior:
 
     def draft_ms(self, steps: int) -> float:
         per_forward = self.memory["draft_gb"] / self.tp / self.memory["bandwidth_tb_s"]
-        extend, decode = self.calls("draft_extend"), self.calls("draft_decode")
-        return steps * per_forward + self.calls_ms(extend) + (steps - 1) * self.calls_ms(decode)
+        calls = self.calls("draft_extend") + (steps - 1) * self.calls("draft_decode")
+        return steps * per_forward + self.calls_ms(calls)
 
     def cycle_ms(self, steps: int, draft_tokens: int) -> float:
         return self.verify_ms(draft_tokens) + self.draft_ms(steps)
@@ -244,17 +252,13 @@ class Prior:
         return 1.0 + sum(self.acceptance[:steps])
 
 
-def prior(inputs: dict, collectives: dict, bound: str = "low") -> Prior:
-    """The prior from bench/inputs/cost-model.toml (`inputs`) and the collectives table, with each backend's
-    per-call latency at the low or high end of its [[setting]] row."""
+def prior(inputs: dict, cycle: dict, bound: str = "low") -> Prior:
+    """The prior from bench/inputs/cost-model.toml (`inputs`) and load_cycle(), every call at the low or high end of
+    the PCIe-IPC per-call latency ([per_call] pcie_ipc names its [[setting]] row)."""
     rows = {s["key"]: s for s in inputs.get("setting", [])}
-    per_call = {}
-    used = {b for st in collectives["stages"].values() for bs in st.values() for b, n in bs.items() if n}
-    for backend in sorted(used | set(inputs.get("per_call", {}))):
-        key = inputs.get("per_call", {}).get(backend)
-        if key not in rows:
-            raise UserError(f"cost-model.toml: no per-call latency for the {backend} collectives of "
-                            f"{COLLECTIVES.name}: add {backend} = \"<a [[setting]] key>\" to [per_call]")
-        per_call[backend] = rows[key][bound]
-    return Prior(collectives["stages"], collectives["tp"], per_call, inputs["memory"],
+    key = inputs.get("per_call", {}).get(BACKEND)
+    if key not in rows:
+        raise UserError(f"cost-model.toml: no per-call latency for the {BACKEND} collectives of {COLLECTIVES.name}: "
+                        f"add {BACKEND} = \"<a [[setting]] key>\" to [per_call]")
+    return Prior(cycle["stages"], cycle["tp"], rows[key][bound], inputs["memory"],
                  tuple(inputs["acceptance"]["per_position"]))

@@ -212,11 +212,18 @@ def _inputs() -> dict:
 
 
 def test_the_prior_counts_the_collectives_of_the_table_and_pays_for_each_verified_token():
-    table = spec_model.load_collectives()
-    assert table["tp"] == 8 and table["stages"]["target_verify"]["all_reduce"] == {"pcie_ipc": 123}
-    p = spec_model.prior(_inputs(), table)
-    # 3/1/4: 1 verify (123 + 1) + 1 draft extend (3 + 1) + 2 draft decode (3 + 1 each): 136, none on NCCL
-    assert p.cycle_calls(3) == {"pcie_ipc": 136} and p.cycle_calls(1) == {"pcie_ipc": 128}
+    cycle = spec_model.load_cycle()  # per forward; the table's draft_decode covers the profile's 2 draft forwards
+    assert (cycle["tp"], cycle["steps"]) == (8, 3)
+    assert cycle["stages"] == {"target_verify": {"all_reduce": 123, "all_gather": 1},
+                               "draft_decode": {"all_reduce": 3, "all_gather": 1},
+                               "draft_extend": {"all_reduce": 3, "all_gather": 1}}
+    p = spec_model.prior(_inputs(), cycle)
+    # 3/1/4: 1 verify + 1 draft extend + 2 draft decode forwards: the correctness review's 132 + 4 per cycle
+    assert p.cycle_calls(3) == {"all_reduce": 132, "all_gather": 4} and p.per_call_us == 15.3
+    assert p.cycle_calls(1) == {"all_reduce": 126, "all_gather": 2}
+    sampled = spec_model.prior(_inputs(), spec_model.load_cycle(mode="sampling"))
+    assert sampled.cycle_calls(3) == {"all_reduce": 132, "all_gather": 4, "broadcast": 1}
+    assert sampled.cycle_ms(3, 4) - p.cycle_ms(3, 4) == pytest.approx(0.0153)  # the packed broadcast, one call
     # the memory floor per GPU (anchors review, section 4): 1 token 6.0 GB, 4 tokens 10.3 GB / 5.8 ms, 8 15.6 GB;
     # the 5th verified token ~1.4 GB, ~0.75 ms
     assert p.verify_gb(1) == pytest.approx(6.03, abs=0.01) and p.verify_gb(4) == pytest.approx(10.31, abs=0.01)
@@ -235,7 +242,7 @@ def test_a_wider_verify_is_not_free_so_the_prior_peaks_at_a_short_chain():
     def best(p):
         return max(chains, key=lambda c: p.accept_length(c[0], 1) / p.cycle_ms(*c))
 
-    p = spec_model.prior(_inputs(), spec_model.load_collectives())
+    p = spec_model.prior(_inputs(), spec_model.load_cycle())
     assert best(p) == (2, 3)
 
     class FixedVerify(spec_model.Prior):
@@ -248,30 +255,29 @@ def test_a_wider_verify_is_not_free_so_the_prior_peaks_at_a_short_chain():
 def test_the_prior_follows_the_collectives_table_and_names_its_mistakes(tmp_path):
     text = spec_model.COLLECTIVES.read_text()
     f = tmp_path / "c.toml"
-    f.write_text(text.replace("[stages.target_verify.calls]\nall_reduce = { pcie_ipc = 123 }\nall_gather = { "
-                              "pcie_ipc = 1 }\nbroadcast = {}", "[stages.target_verify.calls]\nall_reduce = { pcie_ipc "
-                              "= 123 }\nall_gather = { pcie_ipc = 1 }\nbroadcast = { nccl = 1 }"))
+    f.write_text(text.replace("[per_forward.greedy]\ntarget_verify = { all_reduce = 123, all_gather = 1 }",
+                              "[per_forward.greedy]\ntarget_verify = { all_reduce = 124, all_gather = 1 }"))
     inp = _inputs()
-    base = spec_model.prior(inp, spec_model.load_collectives())
-    one = spec_model.prior(inp, spec_model.load_collectives(f))
-    assert one.cycle_calls(3) == {"pcie_ipc": 136, "nccl": 1}
-    assert one.cycle_ms(3, 4) - base.cycle_ms(3, 4) == pytest.approx(0.0482)  # one NCCL call at its 48.2 us
-    assert "1 on NCCL" in cost_model.settings_table(inp, spec_model.load_collectives(f))
-    f.write_text(text.replace("[stages.draft_extend.calls]", "[stages.draft_extnd.calls]"))
-    with pytest.raises(UserError, match=r"c.toml: needs tp = <int> and \[stages.draft_extend.calls\]"):
-        spec_model.load_collectives(f)
-    f.write_text(text.replace("all_reduce = { pcie_ipc = 3 }", "all_reduce = { pcie_ipc = -3 }", 1))
-    with pytest.raises(UserError, match=r"\[stages.draft_decode.calls\] all_reduce.pcie_ipc = -3"):
-        spec_model.load_collectives(f)
-    f.write_text(text.replace("all_gather = { pcie_ipc = 1 }", "all_gather = { trtllm = 1 }", 1))
-    with pytest.raises(UserError, match=r"no per-call latency for the trtllm collectives .* add trtllm = "):
-        spec_model.prior(inp, spec_model.load_collectives(f))
+    base, more = spec_model.prior(inp, spec_model.load_cycle()), spec_model.prior(inp, spec_model.load_cycle(f))
+    assert more.cycle_calls(3)["all_reduce"] == 133
+    assert more.cycle_ms(3, 4) - base.cycle_ms(3, 4) == pytest.approx(0.0153)  # one more call at 15.3 us
+    assert "| 133 all-reduce, 4 all-gather |" in cost_model.settings_table(inp, spec_model.load_cycle(f))
+    f.write_text(text.replace("draft_extend = { all_reduce = 3, all_gather = 1 }\n", "", 1))
+    with pytest.raises(UserError, match=r"c.toml: no \[per_forward.greedy\] draft_extend = "):
+        spec_model.load_cycle(f)
+    f.write_text(text.replace("draft_decode = { all_reduce = 6, all_gather = 2 }",
+                              "draft_decode = { all_reduce = 5, all_gather = 2 }", 1))
+    with pytest.raises(UserError, match=r"draft_decode: all_reduce = 5 \(not a multiple of its 2 forwards\)"):
+        spec_model.load_cycle(f)
+    with pytest.raises(UserError, match=r"no per-call latency for the pcie_ipc collectives .* add pcie_ipc = "):
+        spec_model.prior({**inp, "per_call": {}}, spec_model.load_cycle())
 
 
 def test_the_settings_table_is_model_output_for_the_sweep_s_settings():
     table = cost_model.settings_table(_inputs())
-    assert table.startswith("Model output, not a measurement") and "0 on NCCL" in table
+    assert table.startswith("Model output, not a measurement") and "every one on PCIe IPC, none on NCCL" in table
+    assert "A sampling batch adds 1 broadcast per cycle." in table
     rows = {ln.split("|")[1].strip(): ln for ln in table.splitlines()[4:]}
     assert list(rows) == ["1/1/2", "2/1/3 (model optimum)", "3/1/4", "4/1/5", "5/1/6", "3/4/8", "4/4/8"]
-    assert "| 10.3 | 7.66-8.24 | 136 pcie_ipc |" in rows["3/1/4"] and "| 2.28 |" in rows["3/1/4"]
+    assert "| 10.3 | 7.66-8.24 | 132 all-reduce, 4 all-gather |" in rows["3/1/4"] and "| 2.28 |" in rows["3/1/4"]
     assert "tree: measured only" in rows["3/4/8"]

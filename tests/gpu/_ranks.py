@@ -530,3 +530,37 @@ def eagle3_draft_embedding(r, replicate: bool):
     ids = torch.tensor([0, 1, vocab // 2 - 1, vocab // 2, vocab - 1])
     got = draft.model.embed_tokens(ids)
     return {"max_abs_err": float((got - full[ids]).abs().max()), "table": list(target.weight.shape)}
+
+
+def deferred_verify_logits(r, vocab: int):
+    """SGLang's LogitsProcessor of a target verify on CPU ranks over gloo, with its lm_head a real vocab-parallel
+    ParallelLMHead (vocab padded to 64, so the last shard holds padding): with defer_verify_gather set it returns
+    this rank's shard, and finish_deferred_gather / deferred_argmax give the same full logits and the same argmax
+    (ties to the lowest index across shards) as the processor without deferral."""
+    import types
+
+    import torch
+
+    sc.bring_up(r.rank, r.world, r.port, device="cpu")
+    from sglang.srt.layers.logits_processor import LogitsMetadata, LogitsProcessor
+    from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    hidden = 32
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(vocab, hidden, generator=g)
+    weight[vocab - 1] = weight[3]  # an exact tie between shard 0 (id 3) and the last shard (id vocab-1)
+    lm_head = ParallelLMHead(vocab, hidden, params_dtype=torch.float32)
+    lm_head.weight_loader(lm_head.weight, weight)
+    states = torch.randn(6, hidden, generator=g)
+    states[0] = weight[3] * 4  # row 0: ids 3 and vocab-1 tie for the maximum
+    config = types.SimpleNamespace(vocab_size=vocab, final_logit_softcapping=None)
+    meta = LogitsMetadata(forward_mode=ForwardMode.TARGET_VERIFY)
+    plain = LogitsProcessor(config)._get_logits(states, lm_head, meta)
+    deferring = LogitsProcessor(config)
+    deferring.defer_verify_gather = True
+    shard = deferring._get_logits(states, lm_head, meta)
+    return {"shard": list(shard.shape), "full": list(plain.shape),
+            "deferred_shard": deferring.is_deferred_shard(shard),
+            "finish_equal": bool(torch.equal(deferring.finish_deferred_gather(shard), plain)),
+            "argmax": deferring.deferred_argmax(shard).tolist(), "reference": plain.argmax(dim=-1).tolist()}
