@@ -388,9 +388,10 @@ def _transport_causes(f: Facts, t, bad: list, hung: bool) -> str:
                       "container with --ipc=host")
     if not causes and not hung:
         causes.append("the driver reports P2P OK for these pairs, so NCCL's own topology rule declined it (on Intel "
-                      "CPUs NCCL 2.29 takes P2P only through PCIe switches, src/graph/paths.cc): NCCL_P2P_LEVEL=SYS "
-                      "lets it cross the CPU; measure it with make bench-comm before keeping it (the patched "
-                      "launcher does not set it, since a level above what the topology carries can deadlock)")
+                      "CPUs NCCL takes P2P only up to a PCIe host bridge, in recent releases only through PCIe "
+                      "switches: src/graph/paths.cc): NCCL_P2P_LEVEL=SYS lets it cross the CPU; measure it with make "
+                      "bench-comm before keeping it (the patched launcher does not set it, since a level above what "
+                      "the topology carries can deadlock)")
     if not causes:
         causes.append("the host facts show no cause (HMM off, IOMMU not translating, P2P reported OK): run "
                       "NCCL_P2P_DISABLE=1 make doctor to see whether P2P is what hangs (it then reports SHM instead "
@@ -436,7 +437,9 @@ def nccl_transport(f: Facts) -> list[Finding]:
                         "hosts whose GPUs share PCIe switches, check the BIOS (ACS, IOMMU), and run make test-gpu")]
     if not t.links:
         return [Finding(TRANSPORT, "warn", f"{nccl} printed no transport line for the all-reduce over "
-                        f"{r.get('world')} GPUs{us}", "run it again with NCCL_DEBUG_SUBSYS=ALL")]
+                        f"{r.get('world')} GPUs{us}", "doctor --record DIR writes the probe's output to "
+                        "DIR/nccl-transport.txt: NCCL's 'Channel .. via ..' lines in a form this doctor does not read "
+                        "are a bug to report with that file")]
     return [Finding(TRANSPORT, "ok", f"{nccl} uses P2P between the TP group's {r.get('world')} GPUs "
                     f"({_links_text(t)}: {', '.join(sorted({x.via for x in t.links}))}){us}")]
 

@@ -7,8 +7,9 @@ directory that `load_capture()` reads back (doctor --record / --replay).
 
 "nccl-transport" is the one output that is a measurement: a short all-reduce over the TP group's GPUs with NCCL's
 INFO lines (scripts/host/nccl_transport.py), run by the interpreter under test when its torch sees 2 CUDA GPUs,
-else in `image` (`docker run --gpus all --ipc=host`, the caller's NCCL_*/CUDA_* variables passed) when the docker
-engine has it; otherwise its result line says why it was not measured.
+else in `image` (`docker run --gpus all --ipc=host -v sglang-flashinfer:/root/.cache/flashinfer`, as every run of
+the image, with the caller's NCCL_*/CUDA_* variables passed) when the docker engine has it; otherwise its result
+line says why it was not measured.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from ..lib.repo import REPO_ROOT
 from ..series.record import RECORD_NAME
 from . import nccl_transport as transport
 from .nccl import NCCL_PROBE
-from .route import image_ready, passed_env
+from .route import JIT_VOLUME, image_ready, passed_env
 from .sglang_pkg import find_sglang
 
 TARGET_REPO = "moonshotai/Kimi-K2.5"
@@ -162,8 +163,8 @@ class Probe:
             return Out(True, transport.unmeasured(here.text, f"here, {transport.parse(here.text).result['why']}; "
                                                              f"in the image: {why}"))
         env = [x for k in passed_env() for x in ("-e", k)]
-        return self.command(["docker", "run", "--rm", "--gpus", "all", "--ipc=host", *env, self.image, "python3",
-                             "-c", transport.source(self.ranks)], timeout=wait + 60)
+        return self.command(["docker", "run", "--rm", "--gpus", "all", "--ipc=host", "-v", JIT_VOLUME, *env, self.image,
+                             "python3", "-c", transport.source(self.ranks)], timeout=wait + 60)
 
     def _live(self, key: str) -> Out:
         if key in COMMANDS:

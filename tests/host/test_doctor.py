@@ -448,6 +448,15 @@ def test_a_hung_all_reduce_is_an_error_with_the_host_causes():
     assert "NCCL 2.30.4+cuda13.0 hangs on the first all-reduce between RTX PRO 6000 pairs" in f["nccl.transport"].fix
 
 
+def test_a_measured_all_reduce_without_transport_lines_is_a_warning():
+    rec = capture("pcie8x")
+    rec["nccl-transport"] = "\n".join(ln for ln in rec["nccl-transport"].splitlines() if " via " not in ln) + "\n"
+    f, _ = run(rec)
+    t = f["nccl.transport"]
+    assert t.severity == "warn" and "printed no transport line for the all-reduce over 8 GPUs" in t.message
+    assert "DIR/nccl-transport.txt" in t.fix
+
+
 def test_a_wrong_sum_is_an_error():
     f, _ = run(_result(capture("pcie8x"), sum_ok=False, sum=28.0))
     t = f["nccl.transport"]
