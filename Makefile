@@ -9,8 +9,8 @@ PYTEST_ARGS ?=
 IMAGE     ?=
 export SGLANG_BASE
 
-.PHONY: help setup apply export check-patches refresh test test-gpu prove-tests image lint-docker doctor bench bench-sweep \
-        bench-comm report docs clean
+.PHONY: help setup apply export check-patches refresh test test-gpu test-serve prove-tests image lint-docker doctor \
+        bench bench-sweep bench-comm report docs clean
 
 help:            ## list targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t16
@@ -43,6 +43,9 @@ test: setup apply  ## the whole check: pytest against build/sglang, series round
 test-gpu:        ## the patched collectives, fused op and decisions on >= 2 GPUs (here or in IMAGE) -> bench/results
 	$(PY) -m scripts.host.test_gpu $(if $(IMAGE),--image $(IMAGE)) $(TEST_GPU_ARGS)
 
+test-serve:      ## the patched server with EAGLE-3 on generated tiny models, on the GPUs (here or in IMAGE) -> bench/results
+	$(PY) -m scripts.host.serve_tier $(if $(IMAGE),--image $(IMAGE)) $(TEST_SERVE_ARGS)
+
 prove-tests: setup apply  ## show that every patch test fails on the unpatched base tree
 	$(VPY) -m scripts.series.prove_tests
 
@@ -64,7 +67,7 @@ bench-sweep:     ## drafters x speculative settings (bench/sweep.toml), each che
 bench-comm:      ## all-reduce / verify-shaped communication benchmark on >= 2 GPUs (here, or in the image IMAGE)
 	$(PY) -m scripts.bench.bench_comm $(if $(IMAGE),--image $(IMAGE)) $(BENCH_ARGS)
 
-report:          ## the box receipt: doctor, test-gpu, bench-comm, bench -> bench/receipts/<box>_<date>/ + .tar.gz (resumable; REPORT_ARGS)
+report:          ## the box receipt: test-serve, doctor, test-gpu, bench-comm, bench -> bench/receipts/<box>_<date>/ + .tar.gz (resumable; REPORT_ARGS)
 	$(PY) -m scripts.bench.receipt $(REPORT_ARGS)
 
 docs:            ## regenerate eagle-fast-verify.md's tables from bench/results and receipts (RECEIPT=<.tar.gz>: that one)

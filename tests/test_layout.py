@@ -61,7 +61,7 @@ def test_the_three_families_and_their_verbs():
     verbs = {v.split(".", 1)[1] for v in VERBS}
     assert verbs == {"series.apply", "series.export", "series.check_patches", "series.refresh", "series.prove_tests",
                      "host.doctor", "host.serve", "host.smoke", "host.image", "host.pcie_env", "host.test_gpu",
-                     "host.image_deps",
+                     "host.image_deps", "host.serve_tier",
                      "bench.bench", "bench.bench_comm", "bench.cost_model", "bench.receipt"}
     assert not [n for n in VERBS if n.startswith("scripts.lib")]
 
@@ -138,11 +138,11 @@ def test_nothing_names_a_path_outside_the_repository():
 
 
 def test_the_image_verbs_need_nothing_the_upstream_image_lacks():
-    """serve, doctor, smoke, pcie_env, test_gpu, bench_comm, image_deps, image and apply run on the upstream image's
-    python3, which has no tomlkit:
+    """serve, doctor, smoke, pcie_env, test_gpu, serve_tier, bench_comm, image_deps, image and apply run on the
+    upstream image's python3, which has no tomlkit:
     they import (and apply --help runs) with it blocked."""
     verbs = ["scripts.host.serve", "scripts.host.doctor", "scripts.host.smoke", "scripts.host.pcie_env",
-             "scripts.host.test_gpu", "scripts.bench.bench_comm", "scripts.host.image_deps",
+             "scripts.host.test_gpu", "scripts.host.serve_tier", "scripts.bench.bench_comm", "scripts.host.image_deps",
              "scripts.host.image", "scripts.series.apply"]
     code = ("import sys, importlib; sys.modules['tomlkit'] = None; "
             f"[importlib.import_module(m) for m in {verbs!r}]; "

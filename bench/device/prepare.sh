@@ -1,23 +1,27 @@
 #!/usr/bin/env bash
 # Build, on this (CPU) machine, everything a lent GPU machine needs to run `make test-gpu` and `make bench-comm`
 # against the patched SGLang, into .device/ (git-ignored; name it in the device call's `carry`):
-#   .device/sglang.tgz      the patched tree's python package (build/sglang/python/sglang: *.py, *.json, the record)
+#   .device/sglang.tgz      the patched tree's python package (build/sglang/python/sglang, no bytecode or .so)
 #   .device/flashinfer.tgz  flashinfer/ from the pinned flashinfer-python wheel, Python files only, plus its trtllm
 #                           comm, PCIe-IPC and norm modules compiled here for the target GPU (data/aot/<name>.so):
 #                           no JIT on the device (the trtllm module alone took 270-480 s to build)
 #   .device/whl/*.whl       the pure-Python / cp312 wheels listed in bench/device/wheels.txt
 # Needs: make apply (build/sglang), nvcc 13 (this machine has it), .venv (make setup: ninja, cuBLAS headers).
 #   bench/device/prepare.sh [ARCH]      ARCH: FlashInfer's arch list entry, default 9.0a (H200); 12.0a for SM120
+#   bench/device/prepare.sh --serve     wheels and the patched tree only: make test-serve and the tiny make bench
+#                                       run without FlashInfer on a lent GPU (scripts/host/serve_plan.py LENT)
+# Caches of an earlier run, carried back from its $OUT, go in as .device/jit-cache.tgz (SGLang's JIT kernels) and
+# .device/triton-cache.tgz (Triton's); run.sh unpacks them when present.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ARCH=${1:-9.0a}
+SERVE_ONLY=$([ "$ARCH" = --serve ] && echo 1 || true)
 DEV=.device
 FIWS=${FIWS:-$PWD/.device/fiws}  # FlashInfer JIT workspace (build cache); reuse one with FIWS=DIR
 FI_VERSION=0.7.2
 PY=.venv/bin/python
 mkdir -p "$DEV/whl" "$DEV/stage"
 [ -d build/sglang/python/sglang ] || { echo "build/sglang is missing: run make apply first" >&2; exit 2; }
-command -v nvcc >/dev/null || { echo "nvcc not found: the modules are compiled here (CUDA 13 toolkit)" >&2; exit 2; }
 
 echo "[prepare] wheels (cp312, manylinux x86_64) -> $DEV/whl"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -26,10 +30,18 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d "$DEV/whl" -r bench/device/wheels.txt
 
 echo "[prepare] patched SGLang -> $DEV/sglang.tgz"
-# Python and JSON files, the record, and the in-tree JIT headers/sources (sglang.kernels.jit refuses to import
-# without them, though nothing here compiles them)
-(cd build/sglang/python && { find sglang \( -name '*.py' -o -name '*.json' \) -print;
-  find sglang/kernels/jit/include sglang/kernels/jit/csrc -type f -print; } | tar czf - -T -) > "$DEV/sglang.tgz"
+# The package as the server reads it (sources, the record, data files, the JIT kernels' sources that SGLang compiles
+# on the device), without bytecode, compiled extensions (built for another torch; the Rust radix tree has a Python
+# twin), the diffusion package and SGLang's own test kit
+tar czf "$DEV/sglang.tgz" -C build/sglang/python --exclude='__pycache__' --exclude='*.pyc' --exclude='*.so' \
+  --exclude='sglang/multimodal_gen' --exclude='sglang/test' sglang
+
+if [ -n "$SERVE_ONLY" ]; then
+  du -sh "$DEV"/*.tgz "$DEV/whl" | sed 's/^/[prepare] /'
+  echo "[prepare] done (no FlashInfer): carry [\"$DEV\"], run bench/device/run.sh test-serve (or serve-all) there"
+  exit 0
+fi
+command -v nvcc >/dev/null || { echo "nvcc not found: the modules are compiled here (CUDA 13 toolkit)" >&2; exit 2; }
 
 echo "[prepare] FlashInfer $FI_VERSION modules for $ARCH (compiled here; minutes on 2 cores, cached in $DEV/fiws)"
 # The link wants libcuda (driver): a stub with the symbols the modules use, soname libcuda.so.1, so the real

@@ -4,29 +4,73 @@
 #   bench/device/run.sh bench-comm [ARGS]   bench-comm -> $OUT/bench-comm.json (+ .log)
 #   bench/device/run.sh both [ARGS]         both, test-gpu first
 #   bench/device/run.sh pytest [ARGS]       pytest tests/gpu ARGS directly (a subset, e.g. -k faults)
+#   bench/device/run.sh test-serve [ARGS]   make test-serve on its lent-GPU route (--standins) -> $OUT/test-serve.json
+#                                           (+ .log: the servers' logs, paths masked)
+#   bench/device/run.sh bench-tiny [ARGS]   the real make bench once, on the tiny models (bench/device/tiny-*.toml:
+#                                           local launcher, no docker) -> $OUT/bench-tiny.tgz (results, report, logs)
+#   bench/device/run.sh serve-all [ARGS]    test-serve (ARGS go to it) and bench-tiny at the same time, the bench
+#                                           within DEADLINE seconds of the start (default 360)
 # The machine has python3 with CUDA torch 2.11 and no network: the patched SGLang, FlashInfer (with its modules
-# compiled ahead by prepare.sh) and the missing wheels come from .device/; sgl-kernel is not carried (built for
-# another torch): tests/gpu/standin stands in for its imports only. NVLink multicast stays off (the machines'
-# rule: NCCL_NVLS_ENABLE=0 and friends are kept as the machine sets them).
+# compiled ahead by prepare.sh; not needed by test-serve and bench-tiny) and the missing wheels come from .device/;
+# sgl-kernel is not carried (built for another torch): tests/gpu/standin stands in for its imports. NVLink multicast
+# stays off (the machines' rule: NCCL_NVLS_ENABLE=0 and friends are kept as the machine sets them). SGLang's JIT and
+# Triton caches come from .device/{jit,triton}-cache.tgz when present and go back as $OUT/{jit,triton}-cache.tgz.
 set -euo pipefail
-what=${1:?test-gpu, bench-comm, both or pytest}
+what=${1:?test-gpu, bench-comm, both, pytest, test-serve, bench-tiny or serve-all}
 shift || true
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/site /tmp/sgl-tree/python
 t0=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .device/whl/*.whl
-tar xzf .device/flashinfer.tgz -C /tmp/site
+[ -f .device/flashinfer.tgz ] && tar xzf .device/flashinfer.tgz -C /tmp/site
 tar xzf .device/sglang.tgz -C /tmp/sgl-tree/python
 # tests/gpu/standin: the import-only sgl_kernel stand-in (the GPU tier adds it itself; bench-comm's SGLang rows need
 # it too, since argument resolution imports quantization modules that import sgl_kernel)
 export PYTHONPATH=/tmp/sgl-tree/python:/tmp/site:$PWD/tests/gpu/standin PYTHONUNBUFFERED=1 SGLANG_TREE=/tmp/sgl-tree
-export FLASHINFER_WORKSPACE_BASE=/tmp/fiws
+export FLASHINFER_WORKSPACE_BASE=/tmp/fiws SGLANG_JIT_CACHE_DIR=/tmp/sgljit TRITON_CACHE_DIR=/tmp/triton-cache
 export EAGLE_GIT_REV=${EAGLE_GIT_REV:-unknown}
+[ -f .device/jit-cache.tgz ] && tar xzf .device/jit-cache.tgz -C /tmp
+[ -f .device/triton-cache.tgz ] && tar xzf .device/triton-cache.tgz -C /tmp
 echo "[device] unpacked in $(( $(date +%s) - t0 )) s"
 nvidia-smi --query-gpu=index,name,pci.bus_id,driver_version,compute_cap --format=csv | tee "$OUT/gpus.csv"
-nvidia-smi -q -x > "$OUT/nvidia-smi-q.xml" 2>/dev/null || true
-nvidia-smi topo -m > "$OUT/topo-m.txt" 2>&1 || true
-python3 -c "import torch, flashinfer, sglang; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version(), 'gpus', torch.cuda.device_count(), 'flashinfer', flashinfer.__version__, 'sglang', sglang.__file__)"
+case $what in test-gpu|both|bench-comm|pytest)
+  nvidia-smi -q -x > "$OUT/nvidia-smi-q.xml" 2>/dev/null || true
+  nvidia-smi topo -m > "$OUT/topo-m.txt" 2>&1 || true;; esac
+python3 -c "import torch, sglang; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version(), 'gpus',
+  torch.cuda.device_count(), 'sglang', sglang.__file__)"
+
+test_serve() {  # the tier's own models and logs live in a temporary directory it removes once it has written
+  local rc=0
+  python3 -m scripts.host.serve_tier --standins --out "$OUT/test-serve.json" "$@" 2>&1 \
+    | tee "$OUT/test-serve.run.log" \
+    || rc=$?
+  [ -f "$OUT/test-serve.json" ] || tar czf "$OUT/test-serve-raw.tgz" -C /tmp $(cd /tmp && ls -d eagle-test-serve-*) || true
+  return $rc
+}
+bench_tiny() {  # A/B/A of the tiny pair without and with EAGLE-3: the route's env and flags from serve_plan.LENT
+  local models=/tmp/tiny-models res=/tmp/bench-tiny
+  python3 -c "import sys; from pathlib import Path; from scripts.host.tiny_models import write_pair
+write_pair(Path(sys.argv[1]), 'llama')" $models
+  eval "$(python3 -c "import shlex; from scripts.host.serve_plan import LENT
+print('export ' + ' '.join(f'{k}={shlex.quote(v)}' for k, v in LENT.env))
+print('export PYTHONPATH=' + ':'.join(map(str, LENT.paths)) + ':\$PYTHONPATH')
+print('ROUTE_FLAGS=' + shlex.quote(shlex.join(LENT.flags)))")"
+  rm -rf $res && mkdir -p $res
+  [ "${BENCH_BUDGET:-3600}" -gt 60 ] || { echo "[device] bench-tiny: no time left (${BENCH_BUDGET} s)"; return 1; }
+  timeout --signal=INT --kill-after=20 "${BENCH_BUDGET:-3600}" python3 -m scripts.bench.bench \
+    --variants-file bench/device/tiny-variants.toml --scenarios-file bench/device/tiny-scenarios.toml --repeats 2 \
+    --box H200-x1-lent --results-dir $res --model $models/llama/target --draft-model $models/llama/draft-pi \
+    --launch-timeout 240 "$@" -- $ROUTE_FLAGS \
+    2>&1 | tee $res/bench.run.log
+  local rc=${PIPESTATUS[0]}
+  # the files are committed: machine paths masked
+  local prefix
+  prefix=$(python3 -c 'import sys; print(sys.prefix)')
+  find $res -type f \( -name '*.jsonl' -o -name '*.md' -o -name '*.log' \) -exec sed -i -e "s#$PWD#<repo>#g" \
+    -e "s#$models#<models>#g" -e "s#/tmp/sgl-tree#<sgl-tree>#g" -e "s#/tmp/site#<site>#g" -e "s#$prefix#<python>#g" {} +
+  tar czf "$OUT/bench-tiny.tgz" -C /tmp bench-tiny
+  return $rc
+}
 rc=0
 if [ "$what" = test-gpu ] || [ "$what" = both ]; then
   python3 -m scripts.host.test_gpu --python python3 --out "$OUT/test-gpu.json" 2>&1 | tee "$OUT/test-gpu.log" || rc=$?
@@ -38,5 +82,19 @@ fi
 if [ "$what" = bench-comm ] || [ "$what" = both ]; then
   python3 -m scripts.bench.bench_comm --box H200 --out "$OUT/bench-comm.json" "$@" 2>&1 | tee "$OUT/bench-comm.log" || rc=$?
 fi
+[ "$what" = test-serve ] && { test_serve "$@" || rc=$?; }
+[ "$what" = bench-tiny ] && { bench_tiny "$@" || rc=$?; }
+if [ "$what" = serve-all ]; then
+  # both at once on the one GPU (one device call): the tier's servers and the tiny bench's share it, so their
+  # timings are each other's load as well (both are proxies; the tier's verify-graph vs eager rounds alternate, the
+  # bench's A/B/A too). The bench gets DEADLINE seconds (default 360) less 30 for the caches, then an interrupt (it
+  # stops its server and keeps the runs it finished).
+  test_serve "$@" & tier=$!
+  BENCH_BUDGET=$(( ${DEADLINE:-360} - ($(date +%s) - t0) - 30 )) bench_tiny || rc=$?
+  wait $tier || rc=$?
+fi
+case $what in test-serve|bench-tiny|serve-all)
+  tar czf "$OUT/jit-cache.tgz" -C /tmp sgljit 2>/dev/null || true
+  tar czf "$OUT/triton-cache.tgz" -C /tmp triton-cache 2>/dev/null || true;; esac
 echo "[device] done in $(( $(date +%s) - t0 )) s, rc=$rc"
 exit $rc

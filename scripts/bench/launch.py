@@ -13,11 +13,12 @@ from pathlib import Path
 from ..host.engine import cache_mounts, engine
 from ..lib import proc
 from ..lib.errors import UserError
+from ..lib.http import http_get
 from ..lib.progress import say
 from ..lib.repo import REPO_ROOT
 from . import config as cfg
 from .numbers import duration
-from .observe import http_get, patchset_of_image, patchset_of_python
+from .observe import patchset_of_image, patchset_of_python
 from .preflight import InfraError
 
 DOCKER_TIMEOUT = 600.0  # docker run -d / docker stop

@@ -1,6 +1,6 @@
 """What `make bench` reads from a running server (scripts/bench/launch.py starts and stops the servers).
 
-Reading (stdlib HTTP; /metrics parsed by prometheus_client):
+Reading (stdlib HTTP, scripts/lib/http.py; /metrics parsed by prometheus_client):
   * /server_info: internal_states[0] carries avg_spec_accept_length, last_gen_throughput and, on patched servers,
     spec_cuda_graph {stage: {graph, piecewise, eager, fallback_reasons}} (stages target_verify, draft_decode,
     draft_extend: the patched SGLang's SpecGraphStats.to_dict()); the server args say whether it speculates.
@@ -23,41 +23,14 @@ import re
 import statistics
 import threading
 import time
-import urllib.error
-import urllib.request
 
 from ..host.sglang_pkg import patch_record
 from ..lib import proc
 from ..lib.errors import UserError
+from ..lib.http import get_json, http_get
 
 PATCHSET_LABEL = "io.eagle-fast-verify.patchset"
 PATCHES_LABEL = "io.eagle-fast-verify.patches"
-
-
-# -------------------------------------------------------------------------------------------------------------
-# HTTP
-
-
-def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
-    """(status, body); status 0 when nothing answered."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read() if e.fp else b""
-    except (urllib.error.URLError, OSError, ValueError):
-        return 0, b""
-
-
-def get_json(url: str, timeout: float = 10.0) -> dict | None:
-    status, body = http_get(url, timeout)
-    if status != 200:
-        return None
-    try:
-        d = json.loads(body)
-    except ValueError:
-        return None
-    return d if isinstance(d, dict) else None
 
 
 # -------------------------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """`make report`: the box receipt - doctor, test-gpu, bench-comm and bench in one resumable run, written to one
 directory and one tarball that say whether the series pays off on this box and which defaults to keep.
 
-  python -m scripts.bench.receipt [--dir DIR] [--parts doctor,test-gpu,bench-comm,bench] [--image IMAGE]
+  python -m scripts.bench.receipt [--dir DIR] [--parts test-serve,doctor,test-gpu,bench-comm,bench] [--image IMAGE]
         [--box NAME] [--redo PART,..] [--dry-run] [-- BENCH_ARGS]
   python -m scripts.bench.receipt --assemble DIR [--doctor F] [--test-gpu F] [--bench-comm F] [--bench F.jsonl ..]
         a receipt from results made separately (each verb run by hand, or the committed H200 proxy results)
@@ -9,6 +9,9 @@ directory and one tarball that say whether the series pays off on this box and w
 
 The parts, in order, each one of the project's verbs run as its own process (they pick the host or the serving
 image themselves; --image names the image for those that take it):
+  test-serve  python -m scripts.host.serve_tier --out raw/test-serve.json    (the patched server on tiny models, at
+              TP = the GPU count; when it fails the report stops there, with its failed checks, before any part
+              that loads Kimi-K2.5)
   doctor      python -m scripts.host.doctor --json --record DIR/env/tools   -> raw/doctor.json, env/tools/
               (with NCCL's transport between the GPUs: P2P, or SHM / NET, an error finding; --image for its probe)
   test-gpu    python -m scripts.host.test_gpu --out raw/test-gpu.json        (the patched collectives on the GPUs)
@@ -48,7 +51,8 @@ from . import receipt_data as rd
 from .numbers import duration
 
 RECEIPTS = REPO_ROOT / "bench" / "receipts"
-ESTIMATE_S = {"doctor": 60, "test-gpu": 900, "bench-comm": 900, "bench": 4 * 3600}  # 8 GPUs; bench: 10 model loads
+ESTIMATE_S = {"test-serve": 600, "doctor": 60, "test-gpu": 900, "bench-comm": 900,
+              "bench": 4 * 3600}  # 8 GPUs; bench: 10 model loads
 
 
 def part_argv(part: str, d: Path, a: argparse.Namespace) -> list[str]:
@@ -57,7 +61,8 @@ def part_argv(part: str, d: Path, a: argparse.Namespace) -> list[str]:
         return py + ["scripts.bench.bench_comm", "--out", str(d / rd.alt_part_file(part.split("@", 1)[1])),
                      "--image", part.split("@", 1)[1]]
     image = ["--image", a.image] if a.image else []
-    return {"doctor": py + ["scripts.host.doctor", "--json", "--record", str(d / "env" / "tools"), *image],
+    return {"test-serve": py + ["scripts.host.serve_tier", "--out", str(d / rd.RAW["test-serve"]), *image],
+            "doctor": py + ["scripts.host.doctor", "--json", "--record", str(d / "env" / "tools"), *image],
             "test-gpu": py + ["scripts.host.test_gpu", "--out", str(d / rd.RAW["test-gpu"]), *image],
             "bench-comm": py + ["scripts.bench.bench_comm", "--out", str(d / rd.RAW["bench-comm"]), *image],
             "bench": py + ["scripts.bench.bench", "--results-dir", str(d / rd.RAW["bench"]), "--box", a.box,
@@ -72,6 +77,8 @@ def part_done(part: str, d: Path) -> bool:
     f = d / (rd.alt_part_file(part.split("@", 1)[1]) if "@" in part else rd.RAW[part])
     if part == "bench":
         return f.is_dir() and any(p.stat().st_size for p in f.glob("*.jsonl"))
+    if part == "test-serve":  # a run with a failed check is not done: the next report runs it again
+        return (_read_json(f) or {}).get("failed") == 0
     return f.is_file() and f.stat().st_size > 0
 
 
@@ -97,6 +104,17 @@ def run_part(part: str, d: Path, a: argparse.Namespace) -> dict:
         stdout_to.unlink()  # no file for a part that produced nothing
     status = "done" if rc == 0 else "done, with error findings" if ok else f"failed (exit {rc})"
     return {"command": argv, "status": status, "ok": ok, "seconds": seconds, "log": str(log_path.relative_to(d))}
+
+
+def serve_failure(d: Path) -> str:
+    """test-serve's failed checks from its result, else the last line of its log."""
+    doc = _read_json(d / rd.RAW["test-serve"])
+    if doc:
+        bad = [f"{c['phase']}: {c['name']}" for c in doc.get("checks", []) if not c["ok"]]
+        return f"{len(bad)} check(s) failed: " + "; ".join(bad[:5]) + (" ..." if len(bad) > 5 else "")
+    log = (d / "logs" / "test-serve.log").read_text(errors="replace").strip().splitlines() if (
+        d / "logs" / "test-serve.log").is_file() else []
+    return log[-1] if log else "no result and no output"
 
 
 def environment(d: Path, a: argparse.Namespace) -> dict:
@@ -165,6 +183,13 @@ def collect(d: Path, a: argparse.Namespace) -> int:
         left -= estimate(part)
         say(f"[{i}/{len(todo)}] {part}: {results[part]['status']} in {duration(results[part]['seconds'])} "
             f"({duration(time.monotonic() - t_all)} so far)")
+        if part == "test-serve" and not results[part]["ok"]:
+            why = serve_failure(d)
+            say(f"stopping: test-serve failed ({why}), so nothing that loads Kimi-K2.5 runs; fix that first "
+                f"(its result and log: {d / rd.RAW['test-serve']})")
+            for later, _ in todo[i:]:
+                results[later] = {"status": "not run: test-serve failed", "ok": False}
+            break
     write(d, results, environment(d, a))
     return 0 if all(r.get("ok") for r in results.values()) else 1
 

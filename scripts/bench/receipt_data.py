@@ -5,8 +5,9 @@ it says about every default of the series - used by `make report` (scripts/bench
 A receipt directory:
   receipt.json     schema, box, when, git revision, patch set, the parts (command, status, seconds, files), the
                    environment summary, the recommendations and the thresholds they used
-  raw/             doctor.json, test-gpu.json, bench-comm.json (+ .png), bench-comm@<image>.json (the same run
-                   from another image, e.g. one `make image NCCL=<version>` built: the NCCL-release axis),
+  raw/             test-serve.json (+ .log), doctor.json, test-gpu.json, bench-comm.json (+ .png),
+                   bench-comm@<image>.json (the same run from another image, e.g. one `make image NCCL=<version>`
+                   built: the NCCL-release axis),
                    bench/*.jsonl (+ .md, .png, logs)
   env/             the tools' raw outputs (doctor --record: nvidia-smi -q, topo -m / -p2p, numactl -H, lscpu, ...)
   summary.md       what a person reads first: environment, parts, recommendations, tables, plots
@@ -30,9 +31,9 @@ from .comm_report import record
 from .report import load_results, summarize
 
 SCHEMA = "eagle-receipt/1"
-PARTS = ("doctor", "test-gpu", "bench-comm", "bench")
-RAW = {"doctor": "raw/doctor.json", "test-gpu": "raw/test-gpu.json", "bench-comm": "raw/bench-comm.json",
-       "bench": "raw/bench"}
+PARTS = ("test-serve", "doctor", "test-gpu", "bench-comm", "bench")
+RAW = {"test-serve": "raw/test-serve.json", "doctor": "raw/doctor.json", "test-gpu": "raw/test-gpu.json",
+       "bench-comm": "raw/bench-comm.json", "bench": "raw/bench"}
 VERIFY_ROWS_C1 = 4  # batch 1 x 4 draft tokens (the shipped profile's chain drafting 3/1/4)
 THRESHOLDS = {
     # PCIe IPC stays the default for plain reductions when it is at least this much faster than SGLang's NCCL
@@ -78,12 +79,14 @@ def open_receipt(path: Path) -> tuple[Path, tempfile.TemporaryDirectory | None]:
 
 
 def load(d: Path) -> dict:
-    """receipt.json plus the parsed raw parts that exist: {"receipt", "doctor", "test_gpu", "bench_comm", "bench"}."""
+    """receipt.json plus the parsed raw parts that exist: {"receipt", "test_serve", "doctor", "test_gpu",
+    "bench_comm", "bench"}."""
     meta = json.loads((d / "receipt.json").read_text())
     if meta.get("schema") != SCHEMA:
         raise UserError(f"{d / 'receipt.json'} has schema {meta.get('schema')!r}, this tooling reads {SCHEMA}")
     out = {"receipt": meta, "dir": d}
-    for part, key in (("doctor", "doctor"), ("test-gpu", "test_gpu"), ("bench-comm", "bench_comm")):
+    for part, key in (("test-serve", "test_serve"), ("doctor", "doctor"), ("test-gpu", "test_gpu"),
+                      ("bench-comm", "bench_comm")):
         f = d / RAW[part]
         out[key] = json.loads(f.read_text()) if f.is_file() and f.stat().st_size else None
     out["bench_comm_alt"] = {f.stem.split("@", 1)[1]: json.loads(f.read_text())
@@ -380,6 +383,11 @@ def summary_markdown(data: dict, plot_files: list[str]) -> str:
               ""] + _md_table(["default", "verdict", "why", "threshold", "setting"], [
         [r["default"], r["verdict"], r["why"], r["threshold"], r["setting"] or "-"]
         for r in meta.get("recommendations", [])])
+    ts = data.get("test_serve")
+    if ts:
+        lines += ["", "## make test-serve", "", f"TP{ts.get('world')}: {ts.get('passed')} passed, {ts.get('failed')} "
+                  f"failed" + (f" ({ts['proxy']})" if ts.get("proxy") else "")]
+        lines += [f"- FAILED {c['phase']}: {c['name']}: {c['detail']}" for c in ts.get("checks", []) if not c["ok"]]
     tg = data.get("test_gpu")
     if tg:
         lines += ["", "## make test-gpu", "", f"world {tg.get('world')}: {tg.get('passed')} passed, "

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from pathlib import Path
 
 from ..lib import proc
@@ -70,6 +71,23 @@ def results_dir() -> Path:
                         f"-v \"$PWD/bench/results:{named}\" -v sglang-flashinfer:/root/.cache/flashinfer IMAGE ... (or set "
                         f"{RESULTS_VAR} to an existing directory)")
     return path
+
+
+def gpu_names() -> list[str]:
+    """Names of the NVIDIA GPUs this process may use (nvidia-smi -L, narrowed by CUDA_VISIBLE_DEVICES)."""
+    res = proc.run(["nvidia-smi", "-L"], timeout=30)
+    if not res.ok:
+        return []
+    names = [re.sub(r"^GPU \d+: (.*?)( \(UUID:.*)?$", r"\1", ln.strip()) for ln in res.stdout.splitlines()
+             if ln.startswith("GPU ")]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return names if visible is None else names[:len([v for v in visible.split(",") if v.strip()])]
+
+
+def gpu_slug(names: list[str]) -> str:
+    """H200 from 'NVIDIA H200', RTX-PRO-6000-Blackwell-Server-Edition from the box's cards (for file names)."""
+    name = re.sub(r"^NVIDIA\s+", "", names[0]) if names else "nogpu"
+    return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-")
 
 
 def probe_python(python: str) -> dict:
@@ -143,8 +161,8 @@ def choose(verb: str, here: str, why_not_here: str, image: str | None, here_only
         if partial_ok:
             return Route("here", f"{verb}: running here without {partial} (--here given; {why_not_here})",
                          partial=why_not_here)
-        raise UserError(f"{verb} cannot run here: {why_not_here}. Fix: run it where torch sees >= 2 CUDA GPUs, or "
-                        f"leave out --here to use the image")
+        raise UserError(f"{verb} cannot run here: {why_not_here}. Fix: run it where that is not so, or leave out "
+                        f"--here to use the image")
     name = image or default_image()
     ok, img_why = image_ready(name)
     because = "--image given" if image is not None else why_not_here

@@ -29,7 +29,6 @@ import argparse
 import datetime as _dt
 import json
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -39,23 +38,7 @@ from ..lib.errors import UserError
 from ..lib.progress import say
 from ..lib.repo import REPO_ROOT, revision
 from . import route
-
-
-def gpu_names() -> list[str]:
-    """Names of the NVIDIA GPUs this process may use (nvidia-smi -L, narrowed by CUDA_VISIBLE_DEVICES)."""
-    res = proc.run(["nvidia-smi", "-L"], timeout=30)
-    if not res.ok:
-        return []
-    names = [re.sub(r"^GPU \d+: (.*?)( \(UUID:.*)?$", r"\1", ln.strip()) for ln in res.stdout.splitlines()
-             if ln.startswith("GPU ")]
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return names if visible is None else names[:len([v for v in visible.split(",") if v.strip()])]
-
-
-def gpu_slug(names: list[str]) -> str:
-    """H200 from 'NVIDIA H200', RTX-PRO-6000-Blackwell-Server-Edition from the box's cards (for file names)."""
-    name = re.sub(r"^NVIDIA\s+", "", names[0]) if names else "nogpu"
-    return re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-")
+from .route import gpu_names, gpu_slug
 
 
 def why_not_here(python: str, info: dict) -> str:

@@ -118,6 +118,24 @@ def test_the_receipt_carries_nccls_transport_from_the_doctor(tmp_path, capsys):
     assert "- nccl.transport: NCCL 2.29.7+cuda13.0 does not use P2P" in summary and "GPU7->GPU0 SHM" in summary
 
 
+def test_report_starts_with_test_serve_and_stops_there_when_it_fails(tmp_path):
+    """No GPU here: test-serve fails, so doctor (and any part that would load Kimi-K2.5) is not run, and the
+    receipt says why; a failed test-serve counts as not done, so the next report runs it again."""
+    d = tmp_path / "box"
+    cp = _receipt("--dir", d, "--parts", ",".join(receipt_data.PARTS[:2]), "--box", "cpu-ci")
+    assert receipt_data.PARTS[:2] == ("test-serve", "doctor")
+    assert cp.returncode == 1 and "[1/2] test-serve" in cp.stderr and "[2/2]" not in cp.stderr, cp.stderr[-2000:]
+    assert "stopping: test-serve failed (" in cp.stderr and "no NVIDIA GPU visible here" in cp.stderr
+    meta = json.loads((d / "receipt.json").read_text())
+    assert not meta["parts"]["test-serve"]["ok"] and meta["parts"]["doctor"] == {
+        "status": "not run: test-serve failed", "ok": False}
+    assert not (d / "raw" / "doctor.json").exists()
+    (d / "raw" / "test-serve.json").write_text(json.dumps({"world": 8, "passed": 60, "failed": 1, "checks": []}))
+    again = _receipt("--dir", d, "--parts", "test-serve", "--dry-run")
+    assert "test-serve (run)" in again.stderr and again.stdout.startswith("run  ")
+    assert "scripts.host.serve_tier --out " + str(d / "raw" / "test-serve.json") in again.stdout
+
+
 def test_a_bad_receipt_is_named(tmp_path):
     bad = tmp_path / "r.tar.gz"
     bad.write_bytes(b"not a tarball")

@@ -452,6 +452,8 @@ def test_image_doctor_and_test_gpu_run_from_the_image_layout(image_site, image_h
     assert doc.returncode in (0, 1) and "nccl.version" in doc.stdout, doc.stderr[-2000:]
     gpu = _entrypoint(image_home, env, "test-gpu", cwd=tmp_path)  # no GPU here: the verb's own refusal, no traceback
     assert gpu.returncode == 2 and "NVIDIA GPU(s) visible here" in gpu.stderr and "Traceback" not in gpu.stderr
+    serve = _entrypoint(image_home, env, "test-serve", cwd=tmp_path)
+    assert serve.returncode == 2 and "no NVIDIA GPU visible here" in serve.stderr and "Traceback" not in serve.stderr
 
 
 # the docker engine, with a fake `docker` client that records its argv and answers like a real one without an engine
