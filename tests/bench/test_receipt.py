@@ -97,13 +97,42 @@ def test_report_resumes_and_records_a_failed_part(tmp_path):
     # doctor ran (no GPU here: error findings, recorded); test-gpu failed (no GPU, no docker) and left no file
     assert cp.returncode == 1, cp.stderr[-2000:]
     meta = json.loads((d / "receipt.json").read_text())
-    assert meta["parts"]["doctor"]["ok"] and json.loads((d / "raw" / "doctor.json").read_text())["findings"]
+    doc = json.loads((d / "raw" / "doctor.json").read_text())
+    assert meta["parts"]["doctor"]["ok"] and doc["findings"]
+    # the doctor's NCCL probe really ran here: no GPU, so "not measured" and why, in the receipt's environment too
+    transport = next(f for f in doc["findings"] if f["id"] == "nccl.transport")
+    assert transport["severity"] == "info" and "not measured: here, torch" in transport["message"]
+    assert "CUDA GPU(s), and the all-reduce needs 2" in transport["message"]
+    assert meta["environment"]["nccl_transport"]["measured"] is False
     assert not meta["parts"]["test-gpu"]["ok"] and "failed (exit 2)" in meta["parts"]["test-gpu"]["status"]
     assert not (d / "raw" / "test-gpu.json").exists() and (d / "logs" / "test-gpu.log").stat().st_size
     assert "about" in cp.stderr and "[2/2] test-gpu" in cp.stderr  # plan with an estimate, progress
     again = _receipt("--dir", d, "--parts", "doctor,test-gpu", "--dry-run")
     assert "skip " in again.stdout and "doctor (have it, skipped)" in again.stderr
     assert "run  " in again.stdout.split("skip")[1] or "test-gpu (run)" in again.stderr
+
+
+def test_the_receipt_carries_nccls_transport_from_the_doctor(tmp_path, capsys):
+    """A doctor run whose NCCL probe found SHM between the cross-socket GPUs (recorded output, pcie8x-cns): the
+    receipt's environment says which transport NCCL used per connection, and the summary names the pairs."""
+    from scripts.host import doctor
+
+    cap = tmp_path / "cap"
+    cap.mkdir()
+    for box in ("pcie8x", "pcie8x-cns"):
+        for f in (ROOT / "tests" / "fixtures" / "doctor" / box).iterdir():
+            shutil.copyfile(f, cap / f.name)
+    assert doctor.main(["--replay", str(cap), "--json"]) == 1
+    out = capsys.readouterr().out
+    (tmp_path / "doctor.json").write_text(out[out.index("{"):])
+    d = tmp_path / "box"
+    cp = _receipt("--assemble", d, "--doctor", tmp_path / "doctor.json", "--box", "pcie8x-cns")
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    env = json.loads((d / "receipt.json").read_text())["environment"]
+    assert env["nccl_transport"] == {"measured": True, "world": 8, "allreduce_us": 118.3, "sum_ok": True,
+                                     "links": {"P2P": 12, "SHM": 4}, "nccl": "2.29.7+cuda13.0"}
+    summary = (d / "summary.md").read_text()
+    assert "- nccl.transport: NCCL 2.29.7+cuda13.0 does not use P2P" in summary and "GPU7->GPU0 SHM" in summary
 
 
 def test_report_starts_with_test_serve_and_stops_there_when_it_fails(tmp_path):
