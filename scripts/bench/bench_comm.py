@@ -67,7 +67,7 @@ from ..lib.progress import say
 from ..lib.repo import revision
 from ..series.sglang_pkg import probe
 from .comm_report import plot, summarize, table
-from .kimi import CHAIN, LAYERS
+from ..lib.kimi import CHAIN, LAYERS
 
 ESTIMATE_S = 900  # every variant on 8 GPUs, the PCIe-IPC autotune included: an assumption until a box run times it
 VERIFY_ROWS = [1, 4, 8, 16, 32, 64]  # plain decode at batch 1; batch 1, 2, 4, 8, 16 x 4 draft tokens

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..lib.progress import say
-from .kimi import CHAIN, HIDDEN, LAYERS
+from ..lib.kimi import CHAIN, HIDDEN, LAYERS
 from .numbers import num
 
 BARS = {"graph_vs_eager_nccl": 1.8, "fused_graph_vs_nccl_eager_8rows": 3.0}

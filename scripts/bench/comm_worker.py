@@ -1,7 +1,7 @@
 """Per-rank measurement code for scripts/bench/bench_comm.py (one process per GPU, spawned by the parent).
 
 Everything a rank measures is appended to a list of plain dicts; rank 0 writes them to a JSON file the parent
-reads. Shapes are Kimi-K2.5 / DeepSeek-V3 at TP8 (scripts/bench/kimi.py): hidden 7168 bf16, and per-rank matmul
+reads. Shapes are Kimi-K2.5 / DeepSeek-V3 at TP8 (scripts/lib/kimi.py): hidden 7168 bf16, and per-rank matmul
 shapes of a TP8 layer, whatever the world size of the machine running it.
 """
 
@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 from types import SimpleNamespace
 
-from .kimi import ATTN_GEMMS, HIDDEN, MOE_GEMMS
+from ..lib.kimi import ATTN_GEMMS, HIDDEN, MOE_GEMMS
 
 EPS = 1e-6
 

@@ -20,6 +20,10 @@ Model of one speculative cycle on the box: draft + verify, verify = compute + 12
 with the draft time and the non-communication compute taken from the seed measurement (both assumed unchanged by
 these patches; CUDA graphs would shrink them too, so the estimate is conservative). tok/s = AL / cycle; the
 break-even accept length is the AL at which speculation matches the no-speculation baseline.
+The `settings` table is the speculative-setting model's prior (scripts/bench/spec_model.py) for every setting of
+bench/sweep.toml: per-cycle collectives from bench/inputs/collectives_kimi_tp8.toml at their backend's per-call
+latency, the verify's compute from the memory floor per verify width and the draft's per forward ([memory]), the
+chain AL from [acceptance]; model output, labelled so in the document.
 --write prints, per table, whether it changed and by how many lines (and writes nothing when none did).
 Exit status: 0 printed, written or current; 1 --check found the document out of date; 2 an input is missing.
 """
@@ -39,8 +43,9 @@ from ..lib.repo import REPO_ROOT
 from ..lib.tomlfile import load_toml
 from . import receipt_data as rd
 from . import report as rep
+from . import spec_model, sweep
 from .comm_report import record
-from .kimi import CHAIN, LAYERS
+from ..lib.kimi import CHAIN, LAYERS
 from .numbers import spread
 
 INPUTS = REPO_ROOT / "bench" / "inputs" / "cost-model.toml"
@@ -293,9 +298,58 @@ def box_measured(inp: dict, receipts: list[Path]) -> str:
     return "\n\n".join(blocks)
 
 
+def _span(lo: float, hi: float, digits: int) -> str:
+    a, b = f"{min(lo, hi):.{digits}f}", f"{max(lo, hi):.{digits}f}"
+    return a if a == b else f"{a}-{b}"
+
+
+def _sampling_extra() -> str:
+    """What a sampling batch's cycle issues beyond a greedy one's (the verify's packed broadcast)."""
+    greedy, sampling = spec_model.load_cycle(mode="greedy"), spec_model.load_cycle(mode="sampling")
+    more = {op: sum(sampling["stages"][st].get(op, 0) - greedy["stages"][st].get(op, 0) for st in spec_model.STAGES)
+            for op in spec_model.OPS}
+    return ", ".join(f"{n} {op.replace('_', '-')}" for op, n in more.items() if n) or "nothing"
+
+
+def settings_table(inp: dict, cycle: dict | None = None) -> str:
+    """The prior of scripts/bench/spec_model.py for the settings of bench/sweep.toml (model output): per cycle the
+    verify's memory floor, the collectives, the draft, and tok/s at the assumed chain AL, at the low and high
+    per-call latency of PCIe IPC."""
+    cycle = cycle or spec_model.load_cycle()
+    lo, hi = spec_model.prior(inp, cycle, "low"), spec_model.prior(inp, cycle, "high")
+    settings = sorted({p.setting for p in sweep.load().points}, key=lambda x: (x.topk, x.steps, x.draft_tokens))
+    base = (1000 / lo.verify_ms(1), 1000 / hi.verify_ms(1))
+    lines = [f"Model output, not a measurement: `scripts/bench/spec_model.py`'s prior for the settings of "
+             f"`bench/sweep.toml`, batch 1, {cycle['mode']} batches. Collectives per forward of each stage from "
+             f"`bench/inputs/{spec_model.COLLECTIVES.name}` (TP{cycle['tp']}; every one on PCIe IPC, none on NCCL), "
+             f"{_span(lo.per_call_us, hi.per_call_us, 1)} us per call; verify and draft compute from the memory "
+             f"floor of `bench/inputs/cost-model.toml` [memory] ({inp['memory']['bandwidth_tb_s']} TB/s); chain AL "
+             f"from [acceptance] ({inp['acceptance']['source']}). A floor: the tok/s are upper bounds, the ratio to "
+             f"no speculation is what to compare. No speculation: {_span(lo.verify_ms(1), hi.verify_ms(1), 2)} ms "
+             f"per token ({lo.verify_gb(1):.1f} GB per GPU), {_span(*base, 0)} tok/s. A sampling batch adds "
+             f"{_sampling_extra()} per cycle.", "",
+             "| steps/topk/draft tokens | verify GB per GPU | verify ms (floor + collectives) | collectives per cycle "
+             "| draft ms | cycle ms | AL (assumed) | tok/s (model) | x no speculation |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    best = max((x for x in settings if lo.accept_length(x.steps, x.topk)),
+               key=lambda x: lo.accept_length(x.steps, x.topk) / lo.cycle_ms(x.steps, x.draft_tokens), default=None)
+    for x in settings:
+        al = lo.accept_length(x.steps, x.topk)
+        cyc = (lo.cycle_ms(x.steps, x.draft_tokens), hi.cycle_ms(x.steps, x.draft_tokens))
+        tps = (1000 * al / cyc[0], 1000 * al / cyc[1]) if al else None
+        calls = lo.cycle_calls(x.steps)
+        per = ", ".join(f"{calls[op]} {op.replace('_', '-')}" for op in spec_model.OPS if calls.get(op))
+        lines.append(f"| {x.label}{' (model optimum)' if x == best else ''} | {lo.verify_gb(x.draft_tokens):.1f} | "
+                     f"{_span(lo.verify_ms(x.draft_tokens), hi.verify_ms(x.draft_tokens), 2)} | {per} | "
+                     f"{_span(lo.draft_ms(x.steps), hi.draft_ms(x.steps), 2)} | {_span(*cyc, 2)} | "
+                     f"{f'{al:.2f}' if al else 'tree: measured only'} | {_span(*tps, 0) if tps else '-'} | "
+                     f"{_span(tps[0] / base[0], tps[1] / base[1], 2) if tps else '-'} |")
+    return "\n".join(lines)
+
+
 def render(inp: dict, runs: list[dict], receipts: list[Path] | None = None) -> dict[str, str]:
-    return {"box": box_table(inp), "h200": h200_table(runs), "h200-sglang": sglang_table(runs),
-            "box-measured": box_measured(inp, receipts or [])}
+    return {"box": box_table(inp), "settings": settings_table(inp), "h200": h200_table(runs),
+            "h200-sglang": sglang_table(runs), "box-measured": box_measured(inp, receipts or [])}
 
 
 def splice(doc: str, blocks: dict[str, str]) -> str:

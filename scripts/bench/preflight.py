@@ -3,8 +3,10 @@
 Needs come from the launched variants' own command lines: the docker engine and each image (docker variants), and
 for every `serve` command (scripts.host.serve, or the image's serve entrypoint) the GPUs of its profile's tp-size
 (or a --tp-size after `--`) and the weights of its --model / --draft-model (or the profile's defaults). The checks
-run in that order, then free disk under the results directory; a real run stops at the first failure with one
-message naming the fix, before anything is written. The plan lists the model loads (one per server session) and
+run in that order, with NCCL's transport between those GPUs after the GPU count (the doctor's nccl.transport
+check: a short all-reduce in the serving image, or here when this python's torch sees the GPUs; SHM or NET fails),
+then free disk under the results directory; a real run stops at the first failure with one message naming the
+fix, before anything is written. The plan lists the model loads (one per server session) and
 an estimate per run and in total, from earlier results under the results directory where they exist, else from
 the stated assumptions.
 """
@@ -21,7 +23,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from ..host.checks import nccl_transport
 from ..host.engine import engine, image_id
+from ..host.facts import build_facts
+from ..host.tools import Probe
 from ..lib import proc
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
@@ -174,6 +179,20 @@ def weights_problem(repo: str, hf_cache: Path) -> str:
     return f"not in the HF cache ({snaps} has no complete snapshot)"
 
 
+def _transport(needs: list[Needs], done: list[Check]) -> list[Check]:
+    """NCCL's transport between the GPUs of the widest TP group, as the doctor checks it, measured in the serving
+    image the variants run (the series' own first) when this python's torch cannot; after the GPU check (`done`)."""
+    want = max((n.gpus for n in needs), default=0)
+    if want < 2:
+        return []
+    if not all(c.ok for c in done if c.name == "GPUs"):
+        return [Check("NCCL transport", True, "not measured: the GPUs are not there (see GPUs)")]
+    images = sorted({n.image for n in needs if n.image}, key=lambda i: ("eagle-fast-verify" not in i, i))
+    probe = Probe(image=images[0] if images else None, ranks=want)
+    f = nccl_transport(build_facts(probe, tp=want, need_gb=0))[0]
+    return [Check("NCCL transport", f.severity != "error", f.message, f.fix)]
+
+
 def _weights(needs: list[Needs], hf_cache: Path) -> Check:
     repos = sorted({w for n in needs for w in n.weights})
     problems = [f"{r}: {why}" for r in repos if (why := weights_problem(r, hf_cache))]
@@ -226,9 +245,10 @@ def _disk(results_dir: Path) -> Check:
 
 
 def checks(needs: list[Needs], hf_cache: Path, results_dir: Path, stop_at_first: bool = True) -> list[Check]:
-    """Engine, images, GPUs, weights, disk, in that order; with stop_at_first an InfraError at the first failure."""
+    """Engine, images, GPUs, NCCL transport, weights, disk, in that order; with stop_at_first an InfraError at the
+    first failure."""
     out: list[Check] = []
-    for step in (lambda: _docker(needs), lambda: _gpus(needs),
+    for step in (lambda: _docker(needs), lambda: _gpus(needs), lambda: _transport(needs, out),
                  lambda: [_weights(needs, hf_cache)] if any(n.weights for n in needs) else [],
                  lambda: [_disk(results_dir)]):
         for c in step():

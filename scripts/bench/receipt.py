@@ -14,6 +14,7 @@ image themselves; --image names the image for those that take it):
               TP = the GPU count; when it fails the report stops there, with its failed checks, before any part
               that loads Kimi-K2.5)
   doctor      python -m scripts.host.doctor --json --record DIR/env/tools   -> raw/doctor.json, env/tools/
+              (with NCCL's transport between the GPUs: P2P, or SHM / NET, an error finding; --image for its probe)
   test-gpu    python -m scripts.host.gpu_tier --out raw/test-gpu.json        (the patched collectives on the GPUs)
   bench-comm  python -m scripts.bench.bench_comm --out raw/bench-comm.json    (per-call latencies, NCCL variants)
   bench       python -m scripts.bench.bench --results-dir raw/bench --resume [BENCH_ARGS]   (stock vs patched A/B)
@@ -72,7 +73,7 @@ def part_argv(part: str, d: Path, a: argparse.Namespace) -> list[str]:
                      "--image", part.split("@", 1)[1]]
     image = ["--image", a.image] if a.image else []
     return {"test-serve": py + ["scripts.host.serve_tier", "--out", str(d / rd.RAW["test-serve"]), *image],
-            "doctor": py + ["scripts.host.doctor", "--json", "--record", str(d / "env" / "tools")],
+            "doctor": py + ["scripts.host.doctor", "--json", "--record", str(d / "env" / "tools"), *image],
             "test-gpu": py + ["scripts.host.gpu_tier", "--out", str(d / rd.RAW["test-gpu"]), *image],
             "bench-comm": py + ["scripts.bench.bench_comm", "--out", str(d / rd.RAW["bench-comm"]), *image],
             "bench": py + ["scripts.bench.bench", "--results-dir", str(d / rd.RAW["bench"]), "--box", a.box,
@@ -129,8 +130,8 @@ def serve_failure(d: Path) -> str:
 
 
 def environment(d: Path, a: argparse.Namespace) -> dict:
-    """What ran: host, git revision, patch set, pin, driver / GPUs / topology / NUMA from the doctor, NCCL from
-    bench-comm, the image digest."""
+    """What ran: host, git revision, patch set, pin, driver / GPUs / topology / NUMA and NCCL's transport between
+    the GPUs (its all-reduce probe) from the doctor, NCCL from bench-comm, the image digest."""
     env: dict = {"git_rev": revision(short=True)[0], "box": a.box}
     try:
         pin = load_pin()
@@ -142,6 +143,7 @@ def environment(d: Path, a: argparse.Namespace) -> dict:
     doc = _read_json(d / rd.RAW["doctor"])
     if doc:
         env["doctor"] = {f["id"]: f["message"] for f in doc.get("findings", [])}
+        env["nccl_transport"] = (doc.get("facts") or {}).get("nccl_transport")
     bc = _read_json(d / rd.RAW["bench-comm"])
     if bc:
         m = bc.get("meta", {})

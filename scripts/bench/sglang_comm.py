@@ -23,7 +23,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from ..series.record import read_record
-from .kimi import HIDDEN
+from ..lib.kimi import HIDDEN
 
 EPS = 1e-6
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures"

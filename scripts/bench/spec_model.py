@@ -1,6 +1,21 @@
-"""The cost model of a speculative setting, fitted to a sweep's measurements, and its predicted optimum.
+"""The cost model of a speculative setting: what it costs before anything is measured (the prior), and the same
+costs fitted to a sweep's measurements with its predicted optimum.
 
-One speculative cycle serves one stream AL tokens (accept length) in
+The prior (Prior, prior()): one cycle of steps/topk/draft tokens at batch 1 runs 1 target verify, 1 draft extend
+and steps - 1 draft decode forwards, each with the collectives per forward of its stage in the Kimi TP8 table
+(bench/inputs/collectives_kimi_tp8.toml, which tests/patches/test_cycle_collectives.py routes through the patched
+SGLang: all on PCIe IPC, none on NCCL), each call at PCIe IPC's per-call latency (bench/inputs/cost-model.toml
+[per_call] -> a [[setting]] row), plus the memory each forward must read:
+
+    verify_ms(w) = (non_routed_gb + routed_gb_per_expert * E * (1 - (1 - k / E)^w)) / bandwidth   (w = draft tokens)
+    draft_ms     = draft_gb / tp / bandwidth per draft forward                                       ([memory])
+
+so each extra verified token costs the routed experts it newly reaches (~1.4 GB, ~0.75 ms per GPU at w = 4): a
+wider verify is not free. AL of a chain comes from the per-position acceptance of [acceptance]; tree points
+(topk > 1) have no prior AL. It is a floor (no launch gaps, no KV reads, uniform routing): its tok/s are upper
+bounds, its ratios between settings are the point.
+
+The fitted model: one speculative cycle serves one stream AL tokens (accept length) in
 
     cycle_ms = t1 + verify_ms_per_token * (draft_tokens - 1) + draft_ms_per_step[drafter, quantization] * steps
 
@@ -19,6 +34,17 @@ off its CUDA graph costs more than the linear model allows: see the hit rate).
 from __future__ import annotations
 
 import dataclasses
+import tomllib
+from pathlib import Path
+
+from ..lib.errors import UserError
+from ..lib.repo import REPO_ROOT
+
+COLLECTIVES = REPO_ROOT / "bench" / "inputs" / "collectives_kimi_tp8.toml"
+PROFILE = REPO_ROOT / "docker" / "profiles" / "kimi-k25-eagle3-tp8.toml"  # the cycle that table counts
+STAGES = ("target_verify", "draft_decode", "draft_extend")
+BACKEND = "pcie_ipc"  # where the series routes every collective of that cycle
+OPS = ("all_reduce", "all_gather", "broadcast")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,3 +163,102 @@ def verdict(points: list[Measured], t1_ms: float | None = None) -> tuple[Verdict
     misses = sorted(((p, p.decode_tok_s / f.tok_s(p) - 1.0) for p in points), key=lambda x: -abs(x[1]))
     return Verdict(f, predicted, measured, predicted.name == measured.name, [m for m in misses[:3] if
                                                                                abs(m[1]) > 0.02]), ""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the prior: collective counts per stage and a memory floor per verify width
+
+
+def load_cycle(path: Path = COLLECTIVES, profile: Path = PROFILE, mode: str = "greedy") -> dict:
+    """The collectives table's counts for one kind of batch (greedy, sampling), per forward of each stage:
+    {"tp", "steps", "mode", "stages": {stage: {op: calls per forward}}}. The table counts a cycle of the shipped
+    profile (its draft_decode entry covers the steps - 1 draft forwards of one graph): the profile gives the steps
+    and the TP size."""
+    where = Path(path).name
+    try:
+        raw, prof = tomllib.loads(Path(path).read_text()), tomllib.loads(Path(profile).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise UserError(f"{e}: the cost model reads bench/inputs/collectives_kimi_tp8.toml and the profile it "
+                        f"describes, docker/profiles/kimi-k25-eagle3-tp8.toml") from e
+    args = prof.get("args", {})
+    steps, tp = args.get("speculative-num-steps"), args.get("tp-size")
+    if not (isinstance(steps, int) and steps >= 2 and isinstance(tp, int)):
+        raise UserError(f"{Path(profile).name}: needs tp-size and speculative-num-steps >= 2 under [args] (the "
+                        f"cycle {where} counts)")
+    counts = raw.get("per_forward", {}).get(mode)
+    missing = [st for st in STAGES if st not in (counts or {})]
+    if missing:
+        raise UserError(f"{where}: no [per_forward.{mode}] {missing[0]} = {{ op = count, ... }} (stages: "
+                        f"{', '.join(STAGES)}; kinds of batch: {', '.join(raw.get('per_forward', {})) or 'none'})")
+    out: dict = {}
+    for stage in STAGES:
+        bad = [f"{op} = {n!r}" for op, n in counts[stage].items() if op not in OPS or not isinstance(n, int) or n < 0]
+        forwards = steps - 1 if stage == "draft_decode" else 1
+        bad += [f"{op} = {n} (not a multiple of its {forwards} forwards)" for op, n in counts[stage].items()
+                if isinstance(n, int) and n % forwards]
+        if bad:
+            raise UserError(f"{where}: [per_forward.{mode}] {stage}: {', '.join(bad)}: operations are "
+                            f"{', '.join(OPS)}, counts whole numbers >= 0")
+        out[stage] = {op: n // forwards for op, n in counts[stage].items()}
+    return {"tp": tp, "steps": steps, "mode": mode, "stages": out}
+
+
+@dataclasses.dataclass(frozen=True)
+class Prior:
+    """The model of one cycle before measurement, at one per-call latency (us): every call of the table is on PCIe
+    IPC (tests/patches/test_cycle_collectives.py routes each through the real code)."""
+
+    stages: dict  # stage -> op -> calls per forward
+    tp: int
+    per_call_us: float
+    memory: dict  # bench/inputs/cost-model.toml [memory]
+    acceptance: tuple[float, ...]
+
+    def calls(self, stage: str) -> int:
+        return sum(self.stages[stage].values())
+
+    def cycle_calls(self, steps: int) -> dict[str, int]:
+        """Calls of one cycle by operation: 1 verify + 1 draft extend + (steps - 1) draft decode forwards."""
+        out: dict[str, int] = {}
+        for stage, times in (("target_verify", 1), ("draft_extend", 1), ("draft_decode", steps - 1)):
+            for op, n in self.stages[stage].items():
+                out[op] = out.get(op, 0) + n * times
+        return out
+
+    def calls_ms(self, n: int) -> float:
+        return n * self.per_call_us / 1000
+
+    def verify_gb(self, width: int) -> float:
+        m = self.memory
+        distinct = m["experts"] * (1 - (1 - m["experts_per_token"] / m["experts"]) ** width)
+        return m["non_routed_gb"] + m["routed_gb_per_expert"] * distinct
+
+    def verify_ms(self, width: int) -> float:
+        """Memory floor plus the verify's collectives: one target forward of `width` tokens."""
+        return self.verify_gb(width) / self.memory["bandwidth_tb_s"] + self.calls_ms(self.calls("target_verify"))
+
+    def draft_ms(self, steps: int) -> float:
+        per_forward = self.memory["draft_gb"] / self.tp / self.memory["bandwidth_tb_s"]
+        calls = self.calls("draft_extend") + (steps - 1) * self.calls("draft_decode")
+        return steps * per_forward + self.calls_ms(calls)
+
+    def cycle_ms(self, steps: int, draft_tokens: int) -> float:
+        return self.verify_ms(draft_tokens) + self.draft_ms(steps)
+
+    def accept_length(self, steps: int, topk: int) -> float | None:
+        """AL of a chain from the per-position acceptance; None for a tree or beyond the known positions."""
+        if topk != 1 or steps > len(self.acceptance):
+            return None
+        return 1.0 + sum(self.acceptance[:steps])
+
+
+def prior(inputs: dict, cycle: dict, bound: str = "low") -> Prior:
+    """The prior from bench/inputs/cost-model.toml (`inputs`) and load_cycle(), every call at the low or high end of
+    the PCIe-IPC per-call latency ([per_call] pcie_ipc names its [[setting]] row)."""
+    rows = {s["key"]: s for s in inputs.get("setting", [])}
+    key = inputs.get("per_call", {}).get(BACKEND)
+    if key not in rows:
+        raise UserError(f"cost-model.toml: no per-call latency for the {BACKEND} collectives of {COLLECTIVES.name}: "
+                        f"add {BACKEND} = \"<a [[setting]] key>\" to [per_call]")
+    return Prior(cycle["stages"], cycle["tp"], rows[key][bound], inputs["memory"],
+                 tuple(inputs["acceptance"]["per_position"]))

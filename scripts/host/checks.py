@@ -16,6 +16,7 @@ from ..series.record import RECORD_NAME
 from . import exposure
 from .facts import Facts
 from .nccl import EXPECTED_VAR, KNOWN_BAD_NCCL
+from .nccl_transport import ITERS
 from .parsers import version_tuple
 from .tools import TARGET_REPO
 from .topology import P2P_LEGEND
@@ -24,6 +25,7 @@ SEVERITIES = ("ok", "info", "warn", "error")
 MIN_NVCC = (12, 8)
 HMM_FIX = ("echo 'options nvidia_uvm uvm_disable_hmm=1' > /etc/modprobe.d/nvidia-uvm-hmm.conf, then reload "
            "nvidia_uvm (or reboot)")
+IOMMU_FIX = "add iommu=pt (or amd_iommu=off / intel_iommu=off) to GRUB_CMDLINE_LINUX, update-grub, reboot"
 
 
 @dataclasses.dataclass
@@ -226,46 +228,31 @@ def bar1(f: Facts) -> list[Finding]:
 
 @doctor_check
 def hmm(f: Facts) -> list[Finding]:
-    out = f.get("uvm-hmm")
+    on, how = f.hmm()
     why_bad = ", which locks up NCCL P2P on PCIe-only boxes"
-    if out.ok:
-        v = out.text.strip()
-        if v not in ("N", "0"):
-            return [Finding("host.hmm", "ok", f"nvidia_uvm uvm_disable_hmm={v} (HMM off)")]
-        return [Finding("host.hmm", "error" if f.pcie_only else "info", f"nvidia_uvm uvm_disable_hmm={v}: HMM is on"
+    if on is False:
+        return [Finding("host.hmm", "ok", f"{how} (HMM off)")]
+    if on:
+        return [Finding("host.hmm", "error" if f.pcie_only else "info", f"{how}: HMM is on"
                         + (why_bad if f.pcie_only else " (matters on PCIe-only boxes)"), HMM_FIX)]
-    if any(g.addressing_mode == "HMM" for g in f.gpus):
-        return [Finding("host.hmm", "error" if f.pcie_only else "info",
-                        "nvidia-smi reports Addressing Mode HMM: HMM is on" + (why_bad if f.pcie_only else ""),
-                        HMM_FIX)]
     if f.n:
-        return [Finding("host.hmm", "warn", f"nvidia_uvm HMM setting unknown: {out.why}",
+        return [Finding("host.hmm", "warn", f"nvidia_uvm HMM setting unknown: {how}",
                         "load nvidia_uvm (modprobe nvidia_uvm) and set options nvidia_uvm uvm_disable_hmm=1")]
     return []
 
 
 @doctor_check
 def iommu(f: Facts) -> list[Finding]:
-    cmd = f.get("cmdline")
-    if not cmd.ok:
-        return [Finding("host.iommu", "info", f"kernel command line unknown: {cmd.why}")] if f.n else []
-    toks = cmd.text.split()
-    off = [t for t in toks if t in ("iommu=off", "amd_iommu=off", "intel_iommu=off")]
-    grp = f.get("iommu-groups")
-    groups_n = int(grp.text.strip()) if grp.ok and grp.text.strip().isdigit() else None
-    if off:
-        out = [Finding("host.iommu", "ok", f"IOMMU off ({' '.join(off)})")]
-    elif "iommu=pt" in toks:
-        out = [Finding("host.iommu", "ok", "IOMMU in passthrough mode (iommu=pt): device DMA is not translated")]
-    elif groups_n == 0:
-        out = [Finding("host.iommu", "ok", "no IOMMU groups: IOMMU off")]
+    on, how = f.iommu()
+    if on is None:
+        return [Finding("host.iommu", "info", f"kernel command line unknown: {how}")] if f.n else []
+    if not on:
+        out = [Finding("host.iommu", "ok", how)]
     else:
-        why = f"{groups_n} IOMMU groups, " if groups_n else ""
         out = [Finding("host.iommu", "warn" if f.pcie_only is not False else "info",
-                       f"IOMMU translation likely on ({why}no iommu=off/pt on the kernel command line): GPU "
-                       "peer-to-peer DMA then goes through the IOMMU, and NCCL P2P can hang or crawl",
-                       "add iommu=pt (or amd_iommu=off / intel_iommu=off) to GRUB_CMDLINE_LINUX, update-grub, reboot")]
-    if f.pcie_only and "pcie_port_pm=off" not in toks:
+                       f"IOMMU translation likely on ({how}): GPU peer-to-peer DMA then goes through the IOMMU, and "
+                       "NCCL P2P can hang or crawl", IOMMU_FIX)]
+    if f.pcie_only and "pcie_port_pm=off" not in f.get("cmdline").text.split():
         out.append(Finding("host.pcie_pm", "info", "PCIe port power management is on (no pcie_port_pm=off)",
                            "peers running these boxes add pcie_port_pm=off to the kernel command line"))
     return out
@@ -327,6 +314,135 @@ def nccl_version(f: Facts) -> list[Finding]:
                     f"NCCL {version} ({src}) {bad}",
                     "NCCL_P2P_DISABLE=1, or another NCCL release: the image installs the one of patches/pin.toml "
                     f"[nccl]{f' ({expected})' if expected else ''} (make image; make image NCCL=<version> for another)")]
+
+
+# NCCL's transport between the TP group's GPUs (scripts/host/nccl_transport.py)
+
+NO_P2P_COST = ("without P2P, a kernel-side P2P all-reduce took 242 us instead of ~16 us at 114 KB on this box class "
+               "(rtx6kpro optimization/pcie-oneshot-allreduce.md)")
+FORCE_P2P = ("echo 'options nvidia NVreg_RegistryDwords=\"ForceP2P=0x11;RMForceP2PType=1;RMPcieP2PType=2;"
+             "GrdmaPciTopoCheckOverride=1;EnableResizableBar=1\"' > /etc/modprobe.d/nvidia-p2p-override.conf, then "
+             "update-initramfs -u and reboot (/proc/driver/nvidia/params then lists them under RegistryDwords; "
+             "rtx6kpro hardware/pcie-bandwidth.md: direct-attach hosts only, a host with PCIe switches needs none)")
+ACS_FIX = ("turn ACS off for the PCIe switch ports (BIOS: PCIe ACS / Access Control Services disabled; or at every "
+           "boot `setpci -s <port> ECAP_ACS+6.w=0000` on each switch downstream port that `lspci -vvv` shows with "
+           "ACSCtl ... ReqRedir+): with ACS on, peer traffic is redirected up to the root complex")
+SWITCHED = ("PIX", "PXB")  # nvidia-smi topo -m: the pair meets inside a PCIe switch
+TRANSPORT = "nccl.transport"
+
+
+def _env_causes(env: dict[str, str], net: bool, pinned: str) -> list[str]:
+    truthy = ("1", "true", "True", "yes")
+    names = [k for k in ("NCCL_P2P_DISABLE",) if env.get(k) in truthy]
+    names += [k for k in ("NCCL_P2P_LEVEL",) if k in env and env[k] not in ("SYS", "5")]
+    names += [k for k in ("NCCL_SHM_DISABLE",) if net and env.get(k) in truthy]
+    if not names:
+        return []
+    image = f"; the image runs NCCL {pinned}, outside the 2.30 line that hangs" if pinned else ""
+    return [f"the ranks ran with {', '.join(f'{k}={env[k]}' for k in names)}: unset {' '.join(names)} (P2P off was "
+            f"the workaround for NCCL 2.30.4's hang{image})"]
+
+
+def _p2p_status_causes(f: Facts, bad: list) -> list[str]:
+    """The pairs the driver reports without P2P (topo -p2p r), by whether they meet in a PCIe switch."""
+    pairs = sorted({(min(a, b), max(a, b)) for a, b in ((x.src_dev, x.dst_dev) for x in bad)
+                    if a is not None and b is not None})
+    no_p2p = [(a, b, (f.p2p_read or {}).get((a, b))) for a, b in pairs if (f.p2p_read or {}).get((a, b), "OK") != "OK"]
+    if not no_p2p:
+        return []
+    link = (lambda a, b: f.topo["links"].get((a, b), "?"))
+    direct = [f"GPU{a}-GPU{b} {s} ({link(a, b)})" for a, b, s in no_p2p if link(a, b) not in SWITCHED]
+    switched = [f"GPU{a}-GPU{b} {s} ({link(a, b)})" for a, b, s in no_p2p if link(a, b) in SWITCHED]
+    out = []
+    if direct:
+        dwords = f.nvidia_params().get("RegistryDwords")
+        said = f"RegistryDwords in /proc/driver/nvidia/params: {dwords!r}" if dwords is not None else \
+            f"/proc/driver/nvidia/params unread: {f.get('nvidia-params').why}"
+        if dwords and "ForceP2P" in dwords:
+            out.append(f"the driver reports no P2P between {', '.join(direct)}, which meet at the CPU, although its "
+                       f"P2P override is set ({said}): check the BIOS (PCIe peer-to-peer, ACS) and the IOMMU")
+        else:
+            out.append(f"the driver reports no P2P between {', '.join(direct)}, which meet at the CPU without a PCIe "
+                       f"switch, and its P2P override is not set ({said}): {FORCE_P2P}")
+    if switched:
+        out.append(f"the driver reports no P2P between {', '.join(switched)}, which share a PCIe switch: {ACS_FIX}")
+    return out
+
+
+def _transport_causes(f: Facts, t, bad: list, hung: bool) -> str:
+    """The fix that applies, by what the host facts show, most specific first."""
+    env = t.result.get("nccl_env")
+    env = env if env is not None else {k: v for k, v in f.env.items() if k.startswith("NCCL_")}
+    net = any(x.kind == "NET" for x in bad)
+    pinned = f.expected_nccl[0]
+    causes = _env_causes(env, net, pinned) + _p2p_status_causes(f, bad)
+    hmm_on, hmm_how = f.hmm()
+    iommu_on, iommu_how = f.iommu()
+    if hmm_on:
+        causes.append(f"HMM is on ({hmm_how}), which locks up NCCL P2P on PCIe-only boxes: {HMM_FIX}")
+    if iommu_on:
+        causes.append(f"the IOMMU translates peer DMA ({iommu_how}): {IOMMU_FIX}")
+    if hung and (t.version or "").split("+")[0] in KNOWN_BAD_NCCL:
+        causes.append(f"NCCL {t.version} {KNOWN_BAD_NCCL[t.version.split('+')[0]]}: use the image's pinned NCCL")
+    if net and not _env_causes(env, True, pinned):
+        causes.append("the ranks do not share /dev/shm (separate containers or IPC namespaces): run them in one "
+                      "container with --ipc=host")
+    if not causes and not hung:
+        causes.append("the driver reports P2P OK for these pairs, so NCCL's own topology rule declined it (on Intel "
+                      "CPUs NCCL takes P2P only up to a PCIe host bridge, in recent releases only through PCIe "
+                      "switches: src/graph/paths.cc): NCCL_P2P_LEVEL=SYS lets it cross the CPU; measure it with make "
+                      "bench-comm before keeping it (the patched launcher does not set it, since a level above what "
+                      "the topology carries can deadlock)")
+    if not causes:
+        causes.append("the host facts show no cause (HMM off, IOMMU not translating, P2P reported OK): run "
+                      "NCCL_P2P_DISABLE=1 make doctor to see whether P2P is what hangs (it then reports SHM instead "
+                      "of hanging), and try another NCCL release (make image NCCL=<version>)")
+    return "; ".join(causes)
+
+
+def _links_text(t) -> str:
+    kinds = t.kinds()
+    return ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + " connection(s)" if kinds else "no connection"
+
+
+@doctor_check
+def nccl_transport(f: Facts) -> list[Finding]:
+    """NCCL's transport between the TP group's GPUs: P2P, or SHM / NET (staged through host memory or the network,
+    an error for a single-node TP group), from NCCL's INFO lines of a short all-reduce."""
+    if f.tp < 2:
+        return [Finding(TRANSPORT, "info", f"TP{f.tp}: no NCCL group between GPUs to check")]
+    t = f.nccl_transport()
+    r = t.result
+    nccl = f"NCCL {t.version}" if t.version else "NCCL"
+    if r.get("hung"):
+        return [Finding(TRANSPORT, "error", f"{nccl}: {r['why']}; it had set up {_links_text(t)}",
+                        _transport_causes(f, t, t.by_kind("P2P"), hung=True))]
+    if not t.measured:
+        where = f.probe.image or "eagle-fast-verify/sglang:<tag> (make image)"
+        return [Finding(TRANSPORT, "warn" if f.n >= 2 else "info", f"NCCL transport not measured: {r.get('why')}",
+                        f"run the doctor where torch sees the GPUs: docker run --rm --gpus all --ipc=host {where} "
+                        f"doctor (or doctor --python <a python with CUDA torch>, or doctor --image <image>)")]
+    bad = t.by_kind("SHM") + t.by_kind("NET")
+    us = f"; one all-reduce of {r.get('bytes', 0) // 1024} KiB took {r['allreduce_us']} us (eager, mean of {ITERS})" \
+        if r.get("allreduce_us") is not None else ""
+    if bad:
+        shown = ", ".join(f"{x.pair} {x.via}" for x in bad[:8]) + (" ..." if len(bad) > 8 else "")
+        return [Finding(TRANSPORT, "error", f"{nccl} does not use P2P between every GPU pair of the TP group "
+                        f"({r.get('world')} ranks, {_links_text(t)}): {shown}{us}. SHM stages each transfer through "
+                        f"host memory, NET through the network stack; {NO_P2P_COST}",
+                        _transport_causes(f, t, bad, hung=False))]
+    if r.get("sum_ok") is False:
+        return [Finding(TRANSPORT, "error", f"{nccl}'s all-reduce over {r.get('world')} GPUs returned "
+                        f"{r.get('sum')} instead of {r.get('sum_expected')}: P2P moves wrong data",
+                        "remove a forced P2P override from the driver (/etc/modprobe.d, NVreg_RegistryDwords) on "
+                        "hosts whose GPUs share PCIe switches, check the BIOS (ACS, IOMMU), and run make test-gpu")]
+    if not t.links:
+        return [Finding(TRANSPORT, "warn", f"{nccl} printed no transport line for the all-reduce over "
+                        f"{r.get('world')} GPUs{us}", "doctor --record DIR writes the probe's output to "
+                        "DIR/nccl-transport.txt: NCCL's 'Channel .. via ..' lines in a form this doctor does not read "
+                        "are a bug to report with that file")]
+    return [Finding(TRANSPORT, "ok", f"{nccl} uses P2P between the TP group's {r.get('world')} GPUs "
+                    f"({_links_text(t)}: {', '.join(sorted({x.via for x in t.links}))}){us}")]
 
 
 @doctor_check

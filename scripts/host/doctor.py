@@ -1,6 +1,6 @@
 """`make doctor` (and `serve --check` in the image): preflight of the serving box.
 
-  python -m scripts.host.doctor [--tp N] [--model-dir DIR] [--need-gb N] [--python PY] [--json]
+  python -m scripts.host.doctor [--tp N] [--model-dir DIR] [--need-gb N] [--python PY] [--image IMAGE] [--json]
   python -m scripts.host.doctor --record DIR     also write every raw tool output to DIR (a bug report / fixture)
   python -m scripts.host.doctor --replay DIR     diagnose recorded outputs instead of this machine
 
@@ -21,6 +21,14 @@ severity (ok, info, warn, error), a message and a fix:
   nccl_version    nccl.version     the NCCL torch loaded (not only the one it was built with) is not a known-bad
                                    release (2.30.4 hangs on RTX PRO 6000 pairs); in the image, the one it was built
                                    to run (EAGLE_NCCL_VERSION), elsewhere compared with patches/pin.toml [nccl]
+  nccl_transport  nccl.transport   which transport NCCL picks between the TP group's GPUs, from NCCL's INFO lines
+                                   of a short all-reduce over the first --tp GPUs (scripts/host/nccl_transport.py):
+                                   P2P is ok; SHM or NET (staged through host memory or the network) is an error,
+                                   with the fix the host facts point to (NCCL_P2P_DISABLE in the ranks' environment,
+                                   the driver's P2P override where pairs meet at the CPU, ACS where they share a
+                                   switch, HMM, the IOMMU); a hang or a wrong sum is an error too. The all-reduce
+                                   runs with --python when its torch sees 2 CUDA GPUs, else in --image when docker
+                                   has it; where neither can, the finding says "not measured" and why
   environment     env.alloc, env.nccl   allocator settings that crash the PCIe all-reduce; NCCL_* overrides
   disk            disk.free        room for the model in the HF cache
   patchset        image.patchset   the installed sglang carries this series (sglang/_patchset.json)
@@ -50,6 +58,7 @@ from .checks import Finding, run_checks, table
 from .exposure import SGLANG_DEFAULT_HOST
 from .nccl import expected_nccl
 from .facts import build_facts, summary
+from .route import default_image
 from .tools import Probe, load_capture
 
 DEFAULT_NEED_GB = 700  # Kimi-K2.5 weights (~600 GB) + drafter + headroom; an estimate, override with --need-gb
@@ -65,6 +74,13 @@ def _pin_facts() -> tuple[str | None, tuple[int, int] | None]:
         return patchset_id(series_patches(pin)), pin.image_cuda
     except Exception:  # noqa: BLE001
         return None, pin.image_cuda
+
+
+def _default_image() -> str | None:
+    try:
+        return default_image()
+    except Exception:  # noqa: BLE001 - a doctor without the series still diagnoses the box
+        return None
 
 
 def diagnose(probe: Probe, *, tp: int = 8, need_gb: float = DEFAULT_NEED_GB, environ: dict | None = None,
@@ -87,6 +103,9 @@ def main(argv=None) -> int:
     ap.add_argument("--need-gb", type=float, default=DEFAULT_NEED_GB,
                     help=f"disk the model needs (default {DEFAULT_NEED_GB}, an estimate)")
     ap.add_argument("--python", default=sys.executable, help="interpreter whose torch/NCCL and sglang to check")
+    ap.add_argument("--image", default=None,
+                    help="where the NCCL transport all-reduce runs when --python's torch sees fewer than 2 CUDA GPUs "
+                         "(default: the pinned serving image, if docker has it)")
     ap.add_argument("--timeout", type=float, default=30.0, help="seconds each tool may take (default 30)")
     ap.add_argument("--json", action="store_true", help="machine-readable output")
     ap.add_argument("--listen-host", default=SGLANG_DEFAULT_HOST,
@@ -98,7 +117,7 @@ def main(argv=None) -> int:
     src.add_argument("--replay", type=Path, metavar="DIR", help="diagnose outputs recorded in DIR")
     a = ap.parse_args(argv)
     probe = Probe(load_capture(a.replay) if a.replay else None, python=a.python, model_dir=a.model_dir,
-                  timeout=a.timeout)
+                  timeout=a.timeout, image=a.image or _default_image(), ranks=a.tp)
     findings, facts = diagnose(probe, tp=a.tp, need_gb=a.need_gb, expected_patchset=_pin_facts()[0],
                                listen_host=a.listen_host, api_key_file=a.api_key_file)
     if a.record:

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 
+from . import nccl_transport
 from .exposure import SGLANG_DEFAULT_HOST
 from .parsers import (Gpu, GpuInventory, parse_df, parse_numactl, parse_nvcc, parse_nvlink, parse_p2p,
                       parse_query_csv, parse_smi_xml, parse_topo_m, to_int)
@@ -74,6 +75,50 @@ class Facts:
             return json.loads(out.text.strip().splitlines()[-1]) if out.ok else {}
         except (ValueError, IndexError):
             return {}
+
+    def nccl_transport(self) -> nccl_transport.Transport:
+        """NCCL's transport lines and the probe's result (scripts/host/nccl_transport.py); a result saying why when
+        the probe gave none (not recorded, or it could not run)."""
+        out = self.get("nccl-transport")
+        t = nccl_transport.parse(out.text)
+        if not t.result:
+            t.result = {"measured": False, "why": out.why or "the probe printed no result line"}
+        return t
+
+    def nvidia_params(self) -> dict[str, str]:
+        """/proc/driver/nvidia/params as {name: value} ({} when unreadable)."""
+        out = self.get("nvidia-params")
+        return {k.strip(): v.strip().strip('"') for k, _, v in (ln.partition(":") for ln in out.text.splitlines())
+                if k.strip()} if out.ok else {}
+
+    def hmm(self) -> tuple[bool | None, str]:
+        """(HMM on, how that is known): nvidia_uvm's uvm_disable_hmm, else nvidia-smi's addressing mode; None: unknown
+        (and why)."""
+        out = self.get("uvm-hmm")
+        if out.ok:
+            v = out.text.strip()
+            return v in ("N", "0"), f"nvidia_uvm uvm_disable_hmm={v}"
+        if any(g.addressing_mode == "HMM" for g in self.gpus):
+            return True, "nvidia-smi reports Addressing Mode HMM"
+        return None, out.why
+
+    def iommu(self) -> tuple[bool | None, str]:
+        """(the IOMMU translates device DMA, what says so): the kernel command line and the IOMMU groups; None when
+        the command line is unreadable (and why)."""
+        cmd = self.get("cmdline")
+        if not cmd.ok:
+            return None, cmd.why
+        toks = cmd.text.split()
+        off = [t for t in toks if t in ("iommu=off", "amd_iommu=off", "intel_iommu=off")]
+        grp = self.get("iommu-groups")
+        groups_n = int(grp.text.strip()) if grp.ok and grp.text.strip().isdigit() else None
+        if off:
+            return False, f"IOMMU off ({' '.join(off)})"
+        if "iommu=pt" in toks:
+            return False, "IOMMU in passthrough mode (iommu=pt): device DMA is not translated"
+        if groups_n == 0:
+            return False, "no IOMMU groups: IOMMU off"
+        return True, (f"{groups_n} IOMMU groups, " if groups_n else "") + "no iommu=off/pt on the kernel command line"
 
     def disk(self) -> dict | None:
         out = self.get("df")
@@ -175,6 +220,8 @@ def summary(f: Facts) -> dict:
                                 if "iommu" in t or t.startswith("pcie_port_pm")]
     info = f.nccl_info()
     out["nccl"] = info.get("nccl") or info.get("dist_version") or "unknown"
+    if f.tp > 1:
+        out["nccl_transport"] = f.nccl_transport().summary()
     d = f.disk()
     if d is not None:
         out["disk_free_gb"] = round(d["avail_kib"] * 1024 / 1e9, 1)

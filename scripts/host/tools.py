@@ -4,6 +4,12 @@ A `Probe` answers a key (CAPTURE_FILES) with an `Out`: ok and the text, or not o
 timed out, not recorded). Live, it runs the tool or reads the file; with `recorded`, it replays a dict of earlier
 outputs, which is how tests/fixtures/doctor/ feeds real captures to the doctor. `record()` writes what it read to a
 directory that `load_capture()` reads back (doctor --record / --replay).
+
+"nccl-transport" is the one output that is a measurement: a short all-reduce over the TP group's GPUs with NCCL's
+INFO lines (scripts/host/nccl_transport.py), run by the interpreter under test when its torch sees 2 CUDA GPUs,
+else in `image` (`docker run --gpus all --ipc=host -v sglang-flashinfer:/root/.cache/flashinfer`, as every run of
+the image, with the caller's NCCL_*/CUDA_* variables passed) when the docker engine has it; otherwise its result
+line says why it was not measured.
 """
 
 from __future__ import annotations
@@ -16,9 +22,12 @@ from pathlib import Path
 
 from ..lib import proc
 from ..lib.errors import UserError
+from ..lib.repo import REPO_ROOT
 from ..series.record import RECORD_NAME
 from ..series.sglang_pkg import find_sglang
+from . import nccl_transport as transport
 from .nccl import NCCL_PROBE
+from .route import JIT_VOLUME, image_ready, passed_env
 
 TARGET_REPO = "moonshotai/Kimi-K2.5"
 QUERY_FIELDS = "index,name,pci.bus_id,driver_version,memory.total,compute_cap"
@@ -40,6 +49,8 @@ CAPTURE_FILES = {
     "nccl": "nccl.json",
     "sglang": "sglang-path",
     "patchset": "patchset.json",
+    "nccl-transport": "nccl-transport.txt",
+    "nvidia-params": "proc-driver-nvidia-params",
 }
 COMMANDS = {  # key -> the tool command that answers it live
     "smi-xml": ["nvidia-smi", "-q", "-x"],
@@ -50,7 +61,8 @@ COMMANDS = {  # key -> the tool command that answers it live
     "nvlink-s": ["nvidia-smi", "nvlink", "-s"],
     "numactl": ["numactl", "-H"],
 }
-FILES = {"uvm-hmm": "/sys/module/nvidia_uvm/parameters/uvm_disable_hmm", "cmdline": "/proc/cmdline"}
+FILES = {"uvm-hmm": "/sys/module/nvidia_uvm/parameters/uvm_disable_hmm", "cmdline": "/proc/cmdline",
+         "nvidia-params": "/proc/driver/nvidia/params"}
 
 
 @dataclasses.dataclass
@@ -74,11 +86,13 @@ class Probe:
     """Runs the tools and reads the files, each with a timeout; or replays a dict of recorded outputs."""
 
     def __init__(self, recorded: dict[str, str] | None = None, *, python: str = sys.executable,
-                 model_dir: Path | None = None, timeout: float = 30.0):
+                 model_dir: Path | None = None, timeout: float = 30.0, image: str | None = None, ranks: int = 0):
         self.recorded = recorded
         self.python = python
         self.model_dir = Path(model_dir) if model_dir else default_model_dir()
         self.timeout = timeout
+        self.image = image  # where the NCCL transport probe runs when `python` cannot (None: nowhere else)
+        self.ranks = ranks  # GPUs of the TP group for that probe (0: every visible GPU)
         self.cache: dict[str, Out] = {}
 
     @property
@@ -139,6 +153,19 @@ class Probe:
         pkg = self.get("sglang")
         return self.read(str(Path(pkg.text.strip()) / RECORD_NAME)) if pkg.ok else Out(False, why=pkg.why)
 
+    def _nccl_transport(self) -> Out:
+        wait = transport.TIMEOUT_S + 60
+        here = self.command([self.python, "-c", transport.source(self.ranks, REPO_ROOT)], timeout=wait)
+        if not here.ok or not transport.parse(here.text).result.get("too_few_gpus") or not self.image:
+            return here
+        ok, why = image_ready(self.image)
+        if not ok:
+            return Out(True, transport.unmeasured(here.text, f"here, {transport.parse(here.text).result['why']}; "
+                                                             f"in the image: {why}"))
+        env = [x for k in passed_env() for x in ("-e", k)]
+        return self.command(["docker", "run", "--rm", "--gpus", "all", "--ipc=host", "-v", JIT_VOLUME, *env, self.image,
+                             "python3", "-c", transport.source(self.ranks)], timeout=wait + 60)
+
     def _live(self, key: str) -> Out:
         if key in COMMANDS:
             return self.command(COMMANDS[key])
@@ -147,7 +174,8 @@ class Probe:
         if key == "nccl":
             return self.command([self.python, "-c", NCCL_PROBE], timeout=max(self.timeout, 120))
         special = {"nvcc": self._nvcc, "iommu-groups": self._iommu_groups, "df": self._df,
-                   "model-present": self._model_present, "sglang": self._sglang, "patchset": self._patchset}
+                   "model-present": self._model_present, "sglang": self._sglang, "patchset": self._patchset,
+                   "nccl-transport": self._nccl_transport}
         if key not in special:
             raise KeyError(key)
         return special[key]()

@@ -712,7 +712,10 @@ down() {{
 case "$1" in
   version) echo 27.3.1 ;;
   image) echo sha256:0123456789abcdef0123 ;;
-  run) {on_run} ;;
+  run) case "$*" in
+         *scripts.host.nccl_transport*) cat "{transport}" ;;  # the preflight's NCCL probe: a recorded output
+         *) {on_run} ;;
+       esac ;;
 esac
 exit 0
 """
@@ -722,16 +725,21 @@ while [ $i -lt {n} ]; do echo "GPU $i: NVIDIA RTX PRO 6000 Blackwell Server Edit
 """
 
 
-def fake_box(tmp_path, monkeypatch, engine_up=True, gpus=8, on_run='touch "{state}/down"; down') -> dict:
+def fake_box(tmp_path, monkeypatch, engine_up=True, gpus=8, on_run='touch "{state}/down"; down',
+             transport="pcie8x") -> dict:
     """A PATH with a fake docker (argv recorded; no engine when engine_up is false, and the engine going away at
-    the first `docker run` by default) and a fake nvidia-smi, an HF cache holding the default model and drafter."""
+    the first `docker run` of a server by default; the preflight's NCCL transport probe answered with the recorded
+    output of tests/fixtures/doctor/<transport>/) and a fake nvidia-smi, an HF cache holding the default model and
+    drafter."""
     bin_, state = tmp_path / "bin", tmp_path / "state"
     bin_.mkdir()
     state.mkdir()
     if not engine_up:
         (state / "down").touch()
     log = tmp_path / "docker.log"
-    (bin_ / "docker").write_text(DOCKER.format(log=log, state=state, on_run=on_run.format(state=state)))
+    (bin_ / "docker").write_text(DOCKER.format(log=log, state=state, on_run=on_run.format(state=state),
+                                               transport=ROOT / "tests" / "fixtures" / "doctor" / transport /
+                                               "nccl-transport.txt"))
     (bin_ / "nvidia-smi").write_text(NVIDIA_SMI.format(n=gpus))
     for f in bin_.iterdir():
         f.chmod(0o755)
@@ -748,8 +756,10 @@ def fake_box(tmp_path, monkeypatch, engine_up=True, gpus=8, on_run='touch "{stat
     return {"log": log, "hf": hf, "res": tmp_path / "results"}
 
 
-def docker_calls(box: dict) -> list[str]:
-    return [ln.split()[0] for ln in box["log"].read_text().splitlines()] if box["log"].exists() else []
+def docker_calls(box: dict, probes: bool = False) -> list[str]:
+    """The docker commands run (the preflight's NCCL transport probe only with probes)."""
+    lines = box["log"].read_text().splitlines() if box["log"].exists() else []
+    return [ln.split()[0] for ln in lines if probes or "scripts.host.nccl_transport" not in ln]
 
 
 def test_bench_without_a_docker_engine_stops_with_one_message_and_writes_nothing(tmp_path, monkeypatch):
@@ -822,7 +832,24 @@ def test_engine_lost_mid_plan_stops_the_plan_without_empty_logs(tmp_path, monkey
                     "--repeats", "1"])
     assert "the plan stopped after 0 run(s)" in str(e.value) and "engine is not running" in str(e.value)
     assert docker_calls(box).count("run") == 1  # not one failed docker run per variant
+    assert docker_calls(box, probes=True).count("run") == 2  # and one NCCL transport probe before it
     assert not list(box["res"].glob("*.server-*.log"))  # no empty server log for a server that never ran
+
+
+def test_nccl_on_shm_between_the_gpus_stops_the_run_before_any_server(tmp_path, monkeypatch, capsys):
+    """The preflight runs the doctor's NCCL transport probe in the series' image (this python's torch sees no GPU)
+    and stops on SHM with the pairs and the fix, before any server starts; a dry run lists it as a failed check."""
+    box = fake_box(tmp_path, monkeypatch, transport="pcie8x-cns")
+    with pytest.raises(UserError) as e:
+        bench.main(["--results-dir", str(box["res"]), "--hf-cache", str(box["hf"]), "--scenarios", "C1"])
+    msg = str(e.value)
+    assert msg.startswith("make bench cannot start: NCCL 2.29.7+cuda13.0 does not use P2P between every GPU pair")
+    assert "GPU3->GPU4 SHM/direct/direct" in msg and "242 us instead of ~16 us at 114 KB" in msg and "Fix: " in msg
+    probe = [ln for ln in box["log"].read_text().splitlines() if "scripts.host.nccl_transport" in ln]
+    assert len(probe) == 1 and "--gpus all --ipc=host" in probe[0] and " eagle-fast-verify/sglang:" in probe[0]
+    assert docker_calls(box).count("run") == 0 and not box["res"].exists()
+    assert bench.main(["--results-dir", str(box["res"]), "--hf-cache", str(box["hf"]), "--dry-run"]) == 0
+    assert "FAIL NCCL transport: NCCL 2.29.7+cuda13.0 does not use P2P" in capsys.readouterr().out
 
 
 def test_estimates_come_from_earlier_results(tmp_path):

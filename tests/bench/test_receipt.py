@@ -154,6 +154,13 @@ def test_report_with_nothing_measured_writes_no_tarball_and_reruns_the_doctor(tm
     assert cp.returncode == 1, cp.stderr[-2000:]
     assert "no part measured anything" in cp.stderr and "attach .tar.gz" not in cp.stderr and ".tar.gz" not in cp.stderr
     assert (d / "receipt.json").is_file() and not d.with_name("box.tar.gz").exists()
+    meta = json.loads((d / "receipt.json").read_text())
+    doctor_doc = json.loads((d / "raw" / "doctor.json").read_text())
+    # the doctor's NCCL probe really ran here: no GPU, so "not measured" and why, in the receipt's environment too
+    transport = next(f for f in doctor_doc["findings"] if f["id"] == "nccl.transport")
+    assert transport["severity"] == "info" and "not measured: here, torch" in transport["message"]
+    assert "CUDA GPU(s), and the all-reduce needs 2" in transport["message"]
+    assert meta["environment"]["nccl_transport"]["measured"] is False
     again = _receipt("--dir", d, "--parts", "doctor", "--box", "cpu-ci", "--dry-run")
     assert again.returncode == 0 and "doctor (run, every time)" in again.stderr, again.stderr
     doc = tmp_path / "plan.md"
@@ -189,6 +196,29 @@ def test_make_docs_names_a_damaged_receipt_and_reads_the_others(proxy_receipt, t
     assert "skipping receipt shape.tar.gz: raw/bench-comm.json is not what its part writes (records" in cp.stderr
     assert "Traceback" not in cp.stderr and "/tmp" not in cp.stderr.split("skipping", 1)[1]
     assert "Receipt `h200-proxy.tar.gz`" in doc.read_text()
+
+
+def test_the_receipt_carries_nccls_transport_from_the_doctor(tmp_path, capsys):
+    """A doctor run whose NCCL probe found SHM between the cross-socket GPUs (recorded output, pcie8x-cns): the
+    receipt's environment says which transport NCCL used per connection, and the summary names the pairs."""
+    from scripts.host import doctor
+
+    cap = tmp_path / "cap"
+    cap.mkdir()
+    for box in ("pcie8x", "pcie8x-cns"):
+        for f in (ROOT / "tests" / "fixtures" / "doctor" / box).iterdir():
+            shutil.copyfile(f, cap / f.name)
+    assert doctor.main(["--replay", str(cap), "--json"]) == 1
+    out = capsys.readouterr().out
+    (tmp_path / "doctor.json").write_text(out[out.index("{"):])
+    d = tmp_path / "box"
+    cp = _receipt("--assemble", d, "--doctor", tmp_path / "doctor.json", "--box", "pcie8x-cns")
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    env = json.loads((d / "receipt.json").read_text())["environment"]
+    assert env["nccl_transport"] == {"measured": True, "world": 8, "allreduce_us": 118.3, "sum_ok": True,
+                                     "links": {"P2P": 12, "SHM": 4}, "nccl": "2.29.7+cuda13.0"}
+    summary = (d / "summary.md").read_text()
+    assert "- nccl.transport: NCCL 2.29.7+cuda13.0 does not use P2P" in summary and "GPU7->GPU0 SHM" in summary
 
 
 def test_report_starts_with_test_serve_and_stops_there_when_it_fails(tmp_path):

@@ -355,6 +355,8 @@ def test_the_doctor_docstring_lists_every_check_and_its_finding_ids():
     finding ids it can report (read from checks.py: the Finding ids of the check and of the helpers it calls)."""
     tree = ast.parse(inspect.getsource(checks))
     funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    consts = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+              for t in n.targets if isinstance(t, ast.Name)}
 
     def ids(name: str, seen: set[str]) -> set[str]:
         seen.add(name)
@@ -363,6 +365,8 @@ def test_the_doctor_docstring_lists_every_check_and_its_finding_ids():
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Name):
                 if n.func.id == "Finding" and n.args and isinstance(n.args[0], ast.Constant):
                     out.add(n.args[0].value)
+                elif n.func.id == "Finding" and n.args and isinstance(n.args[0], ast.Name):
+                    out.add(consts[n.args[0].id])
                 elif n.func.id in funcs and n.func.id not in seen:
                     out |= ids(n.func.id, seen)
         return out
@@ -371,3 +375,135 @@ def test_the_doctor_docstring_lists_every_check_and_its_finding_ids():
     assert [name for name, _ in rows] == [c.__name__ for c in checks.CHECKS]
     for name, listed in rows:
         assert set(listed.split(", ")) == ids(name, set()), name
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# nccl.transport: which transport NCCL picked between the TP group's GPUs (recorded probe outputs, NCCL's formats:
+# tests/fixtures/doctor/make_nccl_transport.py) and the fix the host facts point to
+
+
+def _result(rec: dict, **kw) -> dict:
+    """The recording with its probe result line changed (the NCCL lines kept)."""
+    lines = rec["nccl-transport"].splitlines()
+    res = json.loads(lines[-1][len("EAGLE_NCCL_TRANSPORT "):]) | kw
+    return {**rec, "nccl-transport": "\n".join(lines[:-1] + ["EAGLE_NCCL_TRANSPORT " + json.dumps(res)]) + "\n"}
+
+
+def test_nccl_on_p2p_between_every_pair_is_ok():
+    f, facts = run(capture("pcie8x"))
+    t = f["nccl.transport"]
+    assert t.severity == "ok" and "NCCL 2.29.7+cuda13.0 uses P2P between the TP group's 8 GPUs" in t.message
+    assert "16 P2P connection(s): P2P/CUMEM" in t.message and "112 KiB took 24.6 us" in t.message
+    assert facts["nccl_transport"] == {"measured": True, "world": 8, "allreduce_us": 24.6, "sum_ok": True,
+                                       "links": {"P2P": 16}, "nccl": "2.29.7+cuda13.0"}
+
+
+def test_shm_across_the_cpu_without_the_driver_override_names_the_override():
+    """pcie8x-cns: the driver reports CNS for the cross-socket pairs, NCCL puts those hops on SHM; the pairs meet
+    at the CPU (SYS) and /proc/driver/nvidia/params has no RegistryDwords: the fix is the driver's P2P override."""
+    f, facts = run(capture("pcie8x-cns"))
+    t = f["nccl.transport"]
+    assert t.severity == "error" and "does not use P2P between every GPU pair of the TP group" in t.message
+    assert "GPU3->GPU4 SHM/direct/direct, GPU7->GPU0 SHM/direct/direct" in t.message
+    assert "242 us instead of ~16 us at 114 KB" in t.message and "pcie-oneshot-allreduce.md" in t.message
+    assert "GPU0-GPU7 CNS (SYS), GPU3-GPU4 CNS (SYS), which meet at the CPU without a PCIe switch" in t.fix
+    assert "RegistryDwords in /proc/driver/nvidia/params: ''" in t.fix
+    assert "NVreg_RegistryDwords=\"ForceP2P=0x11;" in t.fix and "update-initramfs -u and reboot" in t.fix
+    assert "HMM" not in t.fix and "iommu" not in t.fix  # HMM off, iommu=off on this box
+    assert facts["nccl_transport"]["links"] == {"P2P": 12, "SHM": 4}
+    rec = capture("pcie8x-cns")
+    rec["nvidia-params"] = rec["nvidia-params"].replace('RegistryDwords: ""', 'RegistryDwords: "ForceP2P=0x11"')
+    f, _ = run(rec)
+    assert "although its P2P override is set" in f["nccl.transport"].fix
+    assert "ForceP2P=0x11;RMForceP2PType" not in f["nccl.transport"].fix
+
+
+def test_shm_inside_a_pcie_switch_names_acs():
+    rec = capture("pcie8x")
+    rows = rec["topo-p2p-r"].splitlines()
+    for i, ln in enumerate(rows):  # GPU0-GPU1 (PIX: one switch) without P2P
+        cells = ln.split("\t")
+        if cells[0].strip() in ("GPU0", "GPU1"):
+            cells[2 if cells[0].strip() == "GPU0" else 1] = "CNS"
+            rows[i] = "\t".join(cells)
+    rec["topo-p2p-r"] = "\n".join(rows) + "\n"
+    rec["nccl-transport"] = rec["nccl-transport"].replace("Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM",
+                                                          "Channel 00 : 0[0] -> 1[1] via SHM/direct/direct")
+    f, _ = run(rec)
+    t = f["nccl.transport"]
+    assert t.severity == "error" and "GPU0->GPU1 SHM/direct/direct" in t.message
+    assert "GPU0-GPU1 CNS (PIX), which share a PCIe switch" in t.fix and "ECAP_ACS+6.w=0000" in t.fix
+    assert "ForceP2P" not in t.fix
+
+
+def test_net_between_the_gpus_names_the_settings_the_ranks_ran_with():
+    f, facts = run(capture("pcie8x-net"))
+    t = f["nccl.transport"]
+    assert t.severity == "error" and "GPU3->GPU4 NET/Socket/0" in t.message and "1452.0 us" in t.message
+    assert t.fix.startswith("the ranks ran with NCCL_P2P_DISABLE=1, NCCL_SHM_DISABLE=1: unset NCCL_P2P_DISABLE "
+                            "NCCL_SHM_DISABLE")
+    assert "--ipc=host" not in t.fix
+    assert facts["nccl_transport"]["links"] == {"NET": 32}
+    # NET without those settings: the ranks do not share /dev/shm
+    f, _ = run(_result(capture("pcie8x-net"), nccl_env={}))
+    assert "do not share /dev/shm" in f["nccl.transport"].fix and "--ipc=host" in f["nccl.transport"].fix
+
+
+def test_shm_from_a_setting_or_from_ncclls_own_topology_rule():
+    rec = capture("pcie8x")
+    rec["nccl-transport"] = rec["nccl-transport"].replace("3[3] -> 4[4] via P2P/CUMEM",
+                                                          "3[3] -> 4[4] via SHM/direct/direct")
+    f, _ = run(_result(rec, nccl_env={"NCCL_P2P_DISABLE": "1"}))
+    assert f["nccl.transport"].fix.startswith("the ranks ran with NCCL_P2P_DISABLE=1: unset NCCL_P2P_DISABLE")
+    f, _ = run(rec)  # P2P reported OK for every pair, nothing set: NCCL's own rule, and the setting that lifts it
+    assert "NCCL's own topology rule declined it" in f["nccl.transport"].fix
+    assert "NCCL_P2P_LEVEL=SYS" in f["nccl.transport"].fix and "make bench-comm" in f["nccl.transport"].fix
+
+
+def test_a_hung_all_reduce_is_an_error_with_the_host_causes():
+    rec = capture("pcie8x-hmm-iommu")
+    rec["nccl-transport"] = (FIX / "pcie8x-hang" / "nccl-transport.txt").read_text()
+    f, facts = run(rec)
+    t = f["nccl.transport"]
+    assert t.severity == "error" and "did not finish within 120 s (the ranks were killed)" in t.message
+    assert "it had set up 16 P2P connection(s)" in t.message
+    assert "HMM is on (nvidia_uvm uvm_disable_hmm=N)" in t.fix and "uvm_disable_hmm=1" in t.fix
+    assert "iommu=pt" in t.fix and facts["nccl_transport"]["hung"] is True
+    rec = capture("pcie8x-hang")  # a healthy host: no cause in the facts, the next step to find it
+    f, _ = run(rec)
+    assert "NCCL_P2P_DISABLE=1 make doctor" in f["nccl.transport"].fix
+    rec["nccl-transport"] = rec["nccl-transport"].replace("NCCL version 2.29.7+cuda13.0",
+                                                          "NCCL version 2.30.4+cuda13.0")
+    f, _ = run(rec)
+    assert "NCCL 2.30.4+cuda13.0 hangs on the first all-reduce between RTX PRO 6000 pairs" in f["nccl.transport"].fix
+
+
+def test_a_measured_all_reduce_without_transport_lines_is_a_warning():
+    rec = capture("pcie8x")
+    rec["nccl-transport"] = "\n".join(ln for ln in rec["nccl-transport"].splitlines() if " via " not in ln) + "\n"
+    f, _ = run(rec)
+    t = f["nccl.transport"]
+    assert t.severity == "warn" and "printed no transport line for the all-reduce over 8 GPUs" in t.message
+    assert "DIR/nccl-transport.txt" in t.fix
+
+
+def test_a_wrong_sum_is_an_error():
+    f, _ = run(_result(capture("pcie8x"), sum_ok=False, sum=28.0))
+    t = f["nccl.transport"]
+    assert t.severity == "error" and "returned 28.0 instead of 36.0" in t.message and "make test-gpu" in t.fix
+
+
+def test_an_unmeasured_transport_says_why_and_never_passes():
+    rec = capture("pcie8x")
+    del rec["nccl-transport"]
+    f, facts = run(rec)
+    t = f["nccl.transport"]
+    assert t.severity == "warn" and t.message == "NCCL transport not measured: not recorded"
+    assert "docker run --rm --gpus all --ipc=host" in t.fix and facts["nccl_transport"]["measured"] is False
+    f, _ = run({"nccl-transport": "EAGLE_NCCL_TRANSPORT " + json.dumps(
+        {"measured": False, "too_few_gpus": True, "why": "torch 2.14.1+cu130 sees 0 CUDA GPU(s), and the all-reduce "
+                                                         "needs 2"}) + "\n"})
+    t = f["nccl.transport"]
+    assert t.severity == "info" and "not measured: torch 2.14.1+cu130 sees 0 CUDA GPU(s)" in t.message
+    f, _ = run(capture("pcie8x"), tp=1)
+    assert f["nccl.transport"].severity == "info" and "TP1" in f["nccl.transport"].message

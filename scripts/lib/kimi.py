@@ -1,4 +1,4 @@
-"""Kimi-K2.5 (DeepSeek-V3 text model) shapes the benchmarks use, defined once."""
+"""Kimi-K2.5 (DeepSeek-V3 text model) shapes the benchmarks and the host probes use, defined once."""
 
 HIDDEN = 7168  # hidden size: one all-reduce carries rows x HIDDEN bf16 values
 LAYERS = 61
