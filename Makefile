@@ -3,6 +3,9 @@
 PY        ?= python3
 VENV      ?= .venv
 VPY       := $(VENV)/bin/python
+# make bench / bench-sweep / report: .venv's python when it exists (it has prometheus_client and SGLang's client
+# requirements), else PY; bench_serving itself runs from .venv, PY or the serving image (scripts/bench/client.py)
+BPY       := $(if $(wildcard $(VPY)),$(VPY),$(PY))
 SGLANG_SRC ?=
 SGLANG_BASE ?= auto
 PYTEST_ARGS ?=
@@ -12,8 +15,25 @@ export SGLANG_BASE
 .PHONY: help setup apply export check-patches refresh test test-gpu test-serve prove-tests image lint-docker doctor \
         bench bench-sweep bench-comm report docs clean
 
-help:            ## list targets
+help:            ## list targets and the variables they take
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t16
+	@sed -n 's/^#: \{0,1\}//p' $(MAKEFILE_LIST)
+
+#: Variables (make TARGET VAR=value; the targets' help above names theirs):
+#:   SGLANG_BASE=clone|wheel  apply, check-patches, refresh: where the pristine base comes from (default auto)
+#:   SGLANG_WHEEL=FILE        apply: the pinned wheel from a file you have (checked against the pin)
+#:   SGLANG_SRC=DIR           apply: patch your own clean checkout of the tag instead of build/sglang
+#:   REBUILD=1                apply: build build/sglang again from a fresh base (drops commits not exported)
+#:   TO=TAG WHEEL=REQ WHEEL_FILE=FILE WRITE=1 RESUME=1 DROP="PATCH ..." SYNC=1   refresh (see its help line)
+#:   IMAGE=NAME:TAG           image, test-gpu, test-serve, bench-comm: another image name
+#:   NCCL=VERSION DRY_RUN=1   image: an NCCL variant (own tag); print the docker build instead of running it
+#:   BENCH_ARGS="..."         bench, bench-sweep, bench-comm: their options (make bench BENCH_ARGS=--dry-run)
+#:   TEST_GPU_ARGS="..."      test-gpu: its options (e.g. -- -k faults)
+#:   TEST_SERVE_ARGS="..."    test-serve: its options (e.g. --phases ..., --world N)
+#:   REPORT_ARGS="..."        report: its options (--dry-run, --redo PART, --nccl-image IMAGE, -- BENCH_ARGS)
+#:   RECEIPT=FILE             docs: ingest this receipt (.tar.gz or directory) only
+#:   PYTEST_ARGS="..."        test: pytest options
+#:   VENV=DIR PY=PYTHON       the test environment (default .venv) and the python for the host verbs (python3)
 
 setup: $(VENV)/.done   ## test environment: .venv with pinned torch 2.14.1 + sglang's deps (not sglang itself)
 $(VENV)/.done: requirements/test.in requirements/test.lock requirements/nodeps.txt
@@ -31,8 +51,10 @@ export: setup    ## regenerate patches/ from the commits of build/sglang
 check-patches: setup  ## lint the series, apply to a pristine base, re-export, fail on any difference
 	$(VPY) -m scripts.series.check_patches
 
-refresh: setup   ## move to a new upstream: TO=v0.5.24 (or WHEEL=sglang==0.5.24 [WHEEL_FILE=f]) [WRITE=1] [RESUME=1]; SYNC=1: pin copies
-	$(VPY) -m scripts.series.refresh $(if $(TO),--tag $(TO)) $(if $(WHEEL),--wheel $(WHEEL)) $(if $(WHEEL_FILE),--wheel-file $(WHEEL_FILE)) $(if $(WRITE),--write) $(if $(RESUME),--resume) $(if $(SYNC),--sync)
+refresh: setup   ## new upstream: TO=v0.5.24 or WHEEL=sglang==0.5.24 [WHEEL_FILE=f]; WRITE=1; RESUME=1 [DROP=p]; SYNC=1
+	$(VPY) -m scripts.series.refresh $(if $(TO),--tag $(TO)) $(if $(WHEEL),--wheel $(WHEEL)) \
+	    $(if $(WHEEL_FILE),--wheel-file $(WHEEL_FILE)) $(if $(WRITE),--write) $(if $(RESUME),--resume) \
+	    $(foreach p,$(DROP),--drop $(p)) $(if $(SYNC),--sync)
 
 test: setup apply  ## the whole check: pytest against build/sglang, series round trip, Dockerfile lint, prove-tests
 	$(VPY) -m pytest $(PYTEST_ARGS)
@@ -59,19 +81,19 @@ doctor:          ## preflight of this box (GPUs, NVLink/P2P, NUMA, driver, NCCL,
 	$(PY) -m scripts.host.doctor
 
 bench:           ## A/B regression benchmarks on the 8-GPU box (BENCH_ARGS="--variants ... --scenarios C1")
-	$(PY) -m scripts.bench.bench $(BENCH_ARGS)
+	$(BPY) -m scripts.bench.bench $(BENCH_ARGS)
 
 bench-sweep:     ## drafters x speculative settings (bench/sweep.toml), each checked against SGLang's rules first
-	$(PY) -m scripts.bench.bench --sweep $(BENCH_ARGS)
+	$(BPY) -m scripts.bench.bench --sweep $(BENCH_ARGS)
 
 bench-comm:      ## all-reduce / verify-shaped communication benchmark on >= 2 GPUs (here, or in the image IMAGE)
 	$(PY) -m scripts.bench.bench_comm $(if $(IMAGE),--image $(IMAGE)) $(BENCH_ARGS)
 
 report:          ## the box receipt: test-serve, doctor, test-gpu, bench-comm, bench -> bench/receipts/<box>_<date>/ + .tar.gz (resumable; REPORT_ARGS)
-	$(PY) -m scripts.bench.receipt $(REPORT_ARGS)
+	$(BPY) -m scripts.bench.receipt $(REPORT_ARGS)
 
 docs:            ## regenerate eagle-fast-verify.md's tables from bench/results and receipts (RECEIPT=<.tar.gz>: that one)
 	$(PY) -m scripts.bench.cost_model --write $(if $(RECEIPT),--receipt $(RECEIPT))
 
 clean:           ## remove the trees under build/ (keeps the wheel and base cache) and .venv
-	rm -rf build/sglang build/sglang-* build/wt-* build/image-context $(VENV)
+	rm -rf build/sglang build/sglang-* build/sglang.new build/wt-* build/image-context $(VENV)

@@ -9,6 +9,8 @@
         bench servers that are already running (patch set: as declared, else "unknown")
   python -m scripts.bench.bench --report RESULTS.jsonl   rebuild the .md/.png of a results file (and compare)
   python -m scripts.bench.bench --dry-run | --list       print the plan and commands / the scenarios and variants
+  python -m scripts.bench.bench --check [--resume]       the real run's checks, nothing started: one JSON line
+        {estimate_s, runs, runs_left} (make report's preflight); --resume skips the runs already in --results-dir
   any of them: [--baseline [FILE]] [--write-baseline [FILE]] (FILE defaults to bench/baselines/<box>.json)
 
 Each run is SGLang's own client, `python -m sglang.benchmark.serving --backend sglang` (random-ids dataset, fixed
@@ -44,6 +46,7 @@ import argparse
 import dataclasses
 import datetime as _dt
 import json
+import os
 import re
 import shlex
 import socket
@@ -56,12 +59,14 @@ from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.progress import say
 from ..lib.repo import revision
+from ..host.exposure import client_key
+from ..lib.http import use_api_key
 from ..series.sglang_pkg import package_or_tree
 from . import config as cfg
 from . import preflight
 from . import report as rep
 from . import sweep
-from .client import bench_serving_cmd, check_bench_args, resolve_client, run_bench_serving
+from .client import Client, bench_serving_cmd, check_bench_args, resolve_client, run_bench_serving
 from .launch import Server
 from .numbers import duration, num
 from .observe import Sampler, accept_length_from_metrics, internal_state, metrics_parser, take_snapshot, verify_delta
@@ -134,14 +139,14 @@ def one_line(rec: dict) -> str:
     return ", ".join(parts)
 
 
-def do_run(r: cfg.Run, total: int, target: Server, patch: dict, client: tuple[str, dict, str], opts: RunOptions,
+def do_run(r: cfg.Run, total: int, target: Server, patch: dict, client: Client, opts: RunOptions,
            meta: dict, tmpdir: Path, log_path: Path) -> tuple[dict | None, str]:
     """Run bench_serving once with the server observed around it. (record with "eagle", '') or (None, why)."""
-    py, env, _ = client
+    env = client.env
     out = tmpdir / f"run{r.index}.jsonl"
     tag = f"{r.scenario.name}/{r.variant.name}/r{r.repeat}"
-    cmd = bench_serving_cmd(py, target.url, r.scenario.bench_args(), out, tag, meta["tokenizer"], opts.client_model,
-                            opts.bench_args)
+    cmd = bench_serving_cmd(client.command(), target.url, r.scenario.bench_args(), out, tag, meta["tokenizer"],
+                            opts.client_model, opts.bench_args)
     started = utcnow()
     t0 = time.monotonic()
     before = take_snapshot(target.url)
@@ -285,9 +290,15 @@ def parse(argv: list[str] | None):
     g.add_argument("--tokenizer", help="tokenizer for bench_serving (default: the model for launched servers; the "
                                        "server's /model_info otherwise)")
     g.add_argument("--client-model", help="--model for bench_serving (default: asked from /v1/models)")
-    g.add_argument("--client-python", help="python that runs sglang.benchmark.serving (default: this one, then "
-                                           ".venv, with build/sglang/python when it has no sglang)")
+    g.add_argument("--client-python", help="python that runs sglang.benchmark.serving (default: .venv, then this "
+                                           "one, with build/sglang/python when it has no sglang, then the image)")
+    g.add_argument("--client-image", nargs="?", const="", metavar="IMAGE",
+                   help="run sglang.benchmark.serving from this image (default: the serving image) on the host's "
+                        "network")
     g.add_argument("--bench-args", help="extra bench_serving arguments, one shell-quoted string")
+    g.add_argument("--api-key-file", metavar="FILE",
+                   help="file holding the servers' API key (else $SGLANG_API_KEY, as serve reads it); the harness "
+                        "and bench_serving send it")
     g.add_argument("--sample-interval", type=float, default=1.0, help="seconds between server stats samples")
     g.add_argument("--run-timeout", type=float, default=3600, help="seconds one bench_serving may take")
     g = ap.add_argument_group("results")
@@ -303,6 +314,11 @@ def parse(argv: list[str] | None):
                    help="exit 1 when any verify forward ran off its CUDA graph (eager or piecewise)")
     g.add_argument("--report", metavar="RESULTS.jsonl", help="only rebuild report (and compare) for a results file")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and the commands; run nothing")
+    ap.add_argument("--check", action="store_true",
+                    help="run the real run's checks, start nothing, print {estimate_s, runs, runs_left} as JSON "
+                         "(make report's preflight); exit 2 naming the first gap")
+    ap.add_argument("--resume", action="store_true",
+                    help="skip the runs of the plan that a results file under --results-dir already holds")
     ap.add_argument("--list", action="store_true", help="list scenarios and variants")
     ap.add_argument("--verbose", "-v", action="store_true", help="echo bench_serving's output")
     a = ap.parse_args(argv)
@@ -363,19 +379,28 @@ def print_dry_run(plan: list[cfg.Run], sess: list, servers: dict[str, Server], r
     for s in sess:
         print(f"  session {s[0].variant.name} ({s[0].letter}): {servers[s[0].variant.name].describe()}")
         for r in s:
-            cmd = bench_serving_cmd("PYTHON", servers[r.variant.name].url, r.scenario.bench_args(),
+            cmd = bench_serving_cmd(["PYTHON"], servers[r.variant.name].url, r.scenario.bench_args(),
                                     Path("OUT.jsonl"), f"{r.scenario.name}/{r.variant.name}/r{r.repeat}",
                                     tokenizer, opts.client_model, opts.bench_args)
             print(f"    {r.label(len(plan))}: {shlex.join(cmd[1:])}")
 
 
-def check_scenarios(scenarios: list[cfg.Scenario], path: Path, client: tuple, tokenizer: str | None,
+def check_scenarios(scenarios: list[cfg.Scenario], path: Path, client: Client, tokenizer: str | None,
                     opts: RunOptions) -> None:
     """Every scenario's bench_serving command, judged by bench_serving itself (its parser, its dataset code) before
     any server starts; a UserError naming the scenario key (or option) to fix."""
-    cmds = {s.name: bench_serving_cmd("PY", "http://127.0.0.1:30000", s.bench_args(), Path("OUT.jsonl"), s.name,
+    cmds = {s.name: bench_serving_cmd(["PY"], "http://127.0.0.1:30000", s.bench_args(), Path("OUT.jsonl"), s.name,
                                       tokenizer, opts.client_model, opts.bench_args)[3:] for s in scenarios}
     refused = check_bench_args(client, cmds)
+    downloads = {n: said for n, (_, said) in refused.items() if said.startswith("downloads ")}
+    offline = preflight.hub_offline() if downloads else ""
+    for n, said in downloads.items():
+        del refused[n]
+        if offline:
+            refused[n] = ("", f"its dataset {said} when it runs, and this box cannot ({offline}): the run would "
+                              f"fail after the servers loaded")
+        else:
+            say(f"note: scenario {n}: its dataset {said} when it runs (the Hub answers here)")
     if not refused:
         return
     lines = []
@@ -383,6 +408,11 @@ def check_scenarios(scenarios: list[cfg.Scenario], path: Path, client: tuple, to
         if s.name not in refused:
             continue
         flag, said = refused[s.name]
+        if s.name in downloads:
+            lines.append(f"scenario {s.name}: {said}\n    Fix: download it where the Hub answers and pass it with "
+                         f"extra_args = [\"--dataset-path\", \"FILE\"] in [[scenario]] {s.name}, or set dataset_name "
+                         f"= \"random-ids\" (prompts made here)")
+            continue
         key = cfg.SCENARIO_FLAGS.get(flag)
         if key:
             fix = f"set {key} in [[scenario]] {s.name} (or [defaults]) to a value bench_serving's {flag} takes"
@@ -411,9 +441,10 @@ class Session:
     launch_s: list[float] = dataclasses.field(default_factory=list)
     run_estimates: dict[str, float] = dataclasses.field(default_factory=dict)  # scenario -> seconds
     load_estimate: float = preflight.ASSUMED_LOAD_S
+    earlier: list[dict] = dataclasses.field(default_factory=list)  # --resume: the plan's records from before
 
 
-def run_server_session(si: int, runs: list[cfg.Run], server: Server, st: Session, client: tuple, opts: RunOptions,
+def run_server_session(si: int, runs: list[cfg.Run], server: Server, st: Session, client: Client, opts: RunOptions,
                        meta: dict, tmp: Path, launch_timeout: float) -> None:
     """Start one server, run its consecutive runs (each record appended to the results as it ends), stop it."""
     total = len(st.plan)
@@ -435,7 +466,7 @@ def run_server_session(si: int, runs: list[cfg.Run], server: Server, st: Session
             + (f"; {patch['detail']}" if patch.get("detail") else ""))
         for r in runs:
             launches_left = sum(1 for x in st.sessions[si + 1:] if x[0].variant.launcher != "server")
-            left = [st.run_estimates.get(x.scenario.name, 0.0) for x in st.plan[r.index - 1:]]
+            left = [st.run_estimates.get(x.scenario.name, 0.0) for x in st.plan[st.plan.index(r):]]
             say(f"{r.label(total)}... {eta(st.durations, left, st.launch_s, launches_left, st.load_estimate)}")
             t1 = time.monotonic()
             rec, why = do_run(r, total, server, patch, client, opts, meta, tmp, st.client_log)
@@ -462,7 +493,7 @@ def finish(st: Session, stem_path: Path, meta: dict, opts: ReportOptions) -> int
         print(f"no run produced a result ({len(st.failures)} failed)", file=sys.stderr)
         return EXIT_RUNS_FAILED
     say(f"results: {st.results} ({len(st.records)} runs)")
-    status = write_reports(st.records, stem_path, meta, opts)
+    status = write_reports(st.earlier + st.records, stem_path, meta, opts)
     if st.failures:
         print(f"{len(st.failures)} run(s) produced no result:", file=sys.stderr)
         for f in st.failures:
@@ -492,10 +523,11 @@ def preflight_report(needs: dict, hf_cache: Path, results_dir: Path) -> None:
         print(f"  {'ok ' if c.ok else 'FAIL'} {c.name}: {c.detail}" + ("" if c.ok else f" -- fix: {c.fix}"))
 
 
-def run_plan(st: Session, servers: dict[str, Server], client: tuple, opts: RunOptions, meta: dict,
+def run_plan(st: Session, servers: dict[str, Server], client: Client, opts: RunOptions, meta: dict,
              launch_timeout: float) -> str:
     """Every server session in turn; '' or why the whole plan stopped (the box failed, not a variant)."""
     with tempfile.TemporaryDirectory(prefix="eagle-bench-") as tmp:
+        client.mounts.append(str(Path(tmp).resolve()))  # bench_serving's output file, also from the image
         for si, runs in enumerate(st.sessions):
             try:
                 run_server_session(si, runs, servers[runs[0].variant.name], st, client, opts, meta, Path(tmp),
@@ -505,6 +537,60 @@ def run_plan(st: Session, servers: dict[str, Server], client: tuple, opts: RunOp
                 st.failures += [f"{r.label(len(st.plan))}: not run (the plan stopped)" for r in left]
                 return str(e)
     return ""
+
+
+def resumed(plan: list[cfg.Run], results_dir: Path) -> tuple[list[cfg.Run], list[dict]]:
+    """--resume: (the runs of the plan that no results file in results_dir holds yet, the records it holds). A run
+    is held when a record has its scenario, variant and repeat with the same scenario and variant specs."""
+    records = [rec for f in sorted(results_dir.glob("*.jsonl")) if results_dir.is_dir()
+               for rec in rep.load_results(f)]
+    keys = {(r.scenario.name, r.variant.name, r.repeat): r for r in plan}
+    held = [rec for rec in records if (k := (rec["eagle"].get("scenario"), rec["eagle"].get("variant"),
+                                             rec["eagle"].get("repeat"))) in keys
+            and rec["eagle"].get("scenario_spec") == keys[k].scenario.to_dict()
+            and rec["eagle"].get("variant_spec") == keys[k].variant.to_dict()]
+    done = {(e["scenario"], e["variant"], e["repeat"]) for e in (rec["eagle"] for rec in held)}
+    left = [dataclasses.replace(r, index=i) for i, r in enumerate(
+        (r for r in plan if (r.scenario.name, r.variant.name, r.repeat) not in done), 1)]
+    if held:
+        say(f"resuming: {len(plan) - len(left)} of {len(plan)} run(s) already in {results_dir}, {len(left)} to go")
+    return left, held
+
+
+def setup_client(a: argparse.Namespace, vals: dict, tokenizer: str | None, launch_mode: bool) -> Client:
+    """Where bench_serving runs (client.resolve_client), with what it needs from here: the tokenizer's path or the
+    HF cache, the servers' API key. This python's own need (prometheus_client, for /metrics) goes in the same
+    message as the client's."""
+    try:
+        metrics_parser()
+        harness = ""
+    except UserError as e:
+        harness = str(e)
+    try:
+        client = resolve_client(a.client_python, a.client_image, vals["hf_cache"])
+    except UserError as e:
+        raise UserError(f"{e}" + (f"\nAnd this harness: {harness}" if harness else "")) from None
+    if harness:
+        raise UserError(harness)
+    client.mounts += [tokenizer] if tokenizer and Path(tokenizer).exists() else []
+    if launch_mode and not client.image and "HF_HOME" not in client.env and a.hf_cache:
+        client.env["HF_HOME"] = vals["hf_cache"]  # the client's tokenizer from the cache the servers use
+    announce([f"bench_serving runs from {client.note}"], a.dry_run)
+    send_api_key(a.api_key_file, client.env, a.dry_run)
+    return client
+
+
+def send_api_key(key_file: str | None, client_env: dict[str, str], dry_run: bool) -> None:
+    """The servers' API key from where serve reads it ($SGLANG_API_KEY or --api-key-file), sent by the harness's
+    requests and by bench_serving (its $OPENAI_API_KEY, in its environment only: on no command line, in no log)."""
+    key, source = client_key(dict(os.environ), key_file)
+    use_api_key(key, source)
+    if not key:
+        return
+    if client_env.get("OPENAI_API_KEY") not in (None, key):
+        say(f"note: OPENAI_API_KEY is set here; bench_serving gets the servers' key from {source} instead")
+    client_env["OPENAI_API_KEY"] = key
+    announce([f"API key: from {source}, sent with every request (the harness's and bench_serving's)"], dry_run)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -533,17 +619,33 @@ def main(argv: list[str] | None = None) -> int:
     stem_path = a.results_dir / stem
     launch_mode = not a.server_url
     tokenizer = a.tokenizer or vals.get("tokenizer") or (vals.get("model") if launch_mode else "") or None
+    if tokenizer and Path(tokenizer).exists():
+        tokenizer = str(Path(tokenizer).resolve())  # a local tokenizer: the same path in the client's image
     meta = {"stem": stem, "box": box, "git_rev": rev + ("-dirty" if dirty else ""), "git_dirty": dirty,
             "source": str(stem_path.with_suffix(".jsonl")), "tokenizer": tokenizer, "started_at": iso(started)}
+    plan, earlier = resumed(plan, a.results_dir) if a.resume else (plan, [])
+    if not plan:
+        if a.check:
+            print(json.dumps({"estimate_s": 0, "runs": len(earlier), "runs_left": 0}))
+        else:
+            say(f"every run of the plan is already in {a.results_dir} (--resume): nothing to run")
+        return 0
     st = Session(plan, cfg.sessions(plan), stem_path.with_suffix(".jsonl"),
-                 stem_path.with_name(f"{stem}.bench_serving.log"))
+                 stem_path.with_name(f"{stem}.bench_serving.log"), earlier=earlier)
     servers = {v.name: Server(v, vals, server_args if launch_mode else [],
                               stem_path.with_name(f"{stem}.server-{v.name}.log")) for v in variants}
-    client = resolve_client(a.client_python)
-    if launch_mode and "HF_HOME" not in client[1] and a.hf_cache:
-        client[1]["HF_HOME"] = vals["hf_cache"]  # the client's tokenizer from the cache the servers use
+    client = setup_client(a, vals, tokenizer, launch_mode)
     check_scenarios(scenarios, a.scenarios_file, client, tokenizer, run_opts)
     needs = {n: preflight.variant_needs(srv) for n, srv in servers.items() if srv.kind != "server"}
+    too_many = preflight.concurrency_problems(scenarios, needs)
+    if too_many:
+        raise UserError(f"{a.scenarios_file}: {len(too_many)} scenario(s) would not measure what they say:\n  "
+                        + "\n  ".join(too_many))
+    if a.check:  # make report's preflight: the real run's checks, nothing started; what is left, and its cost
+        preflight.checks(list(needs.values()), Path(vals["hf_cache"]), a.results_dir)
+        print(json.dumps({"estimate_s": round(preflight.plan_seconds(plan, st.sessions, a.results_dir)),
+                          "runs": len(plan) + len(st.earlier), "runs_left": len(plan)}))
+        return 0
     announce(preflight.plan_lines(plan, st.sessions, needs, a.results_dir), a.dry_run)
     if a.dry_run:
         print_dry_run(plan, st.sessions, servers, st.results, tokenizer, run_opts)
@@ -553,9 +655,8 @@ def main(argv: list[str] | None = None) -> int:
     st.run_estimates, st.load_estimate = preflight.estimates(plan, a.results_dir)
     if launch_mode and server_args:
         say(f"extra server arguments for every launched variant: {shlex.join(server_args)}")
-    metrics_parser()  # before any server starts: the runs read /metrics with it
     a.results_dir.mkdir(parents=True, exist_ok=True)
-    say(f"bench_serving runs from {client[2]}; results: {st.results}")
+    say(f"results: {st.results}")
     stopped = run_plan(st, servers, client, run_opts, meta, a.launch_timeout)
     status = finish(st, stem_path, {**meta, "box": box}, report_opts)
     if stopped:

@@ -35,7 +35,10 @@ image: $EAGLE_RESULTS, the mounted /results), prints a table and recommends the 
 (scripts/bench/comm_report.py). meta.nccl is the NCCL axis for comparing releases (the library torch loaded, the
 NCCL torch was built against, the one the image build or patches/pin.toml [nccl] means to run), meta.image the
 image it ran in (make image NCCL=<version> builds variants to compare).
-Exit status: 0 every variant ran and every reduction was correct; 1 a variant failed or a reduction was wrong;
+--check chooses the route and stops there (make report's preflight): one JSON line {estimate_s, route}, or the
+error a run would give.
+Exit status: 0 every variant ran and every reduction was correct (with --check: it can run); 1 a variant failed or
+a reduction was wrong;
 2 a usage problem (fewer than 2 GPUs and no image to run in, no torch, an unknown variant, no patched SGLang for
 pcie_defaults); in the image route, the container's status.
 """
@@ -66,6 +69,7 @@ from ..series.sglang_pkg import probe
 from .comm_report import plot, summarize, table
 from ..lib.kimi import CHAIN, LAYERS
 
+ESTIMATE_S = 900  # every variant on 8 GPUs, the PCIe-IPC autotune included: an assumption until a box run times it
 VERIFY_ROWS = [1, 4, 8, 16, 32, 64]  # plain decode at batch 1; batch 1, 2, 4, 8, 16 x 4 draft tokens
 PREFILL_ROWS = [512, 2048, 8192]
 DEFAULT_VARIANTS = "default,pcie_defaults,LL,LL128,SIMPLE,p2p_off"
@@ -155,6 +159,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     where.add_argument("--image", nargs="?", const="", default=None, metavar="IMAGE",
                        help="run inside the serving image (default eagle-fast-verify/sglang:<pinned tag>)")
     where.add_argument("--here", action="store_true", help="never use the image (the image's own entrypoint passes it)")
+    ap.add_argument("--check", action="store_true", help="only choose the route (and check the results directory); "
+                                                         "print {estimate_s, route} as JSON (make report)")
     ap.add_argument("--world", type=int, default=None, help="ranks (default: every visible GPU)")
     ap.add_argument("--variants", help=f"comma list (default {DEFAULT_VARIANTS})")
     ap.add_argument("--rows", default=",".join(map(str, VERIFY_ROWS)), help="verify row counts (batch x 4)")
@@ -330,6 +336,9 @@ def main(argv=None) -> int:
     if a.device == "cuda":
         where = pick_route(a)
         say(where.message)
+        if a.check:
+            print(json.dumps({"estimate_s": ESTIMATE_S, "route": where.message}))
+            return 0
         if where.where == "image":
             return run_in_image(where.image, given, a.out)
         a.without_sglang, ran = where.partial, where.message

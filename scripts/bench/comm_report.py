@@ -177,8 +177,7 @@ def _plot_allreduce(ax, s: dict, world: int) -> None:
         ax.plot(rows, [floor_us(n, world, s["peer_gbps_min"]) for n in rows], "k--", label="bandwidth floor")
     ax.set(xscale="log", yscale="log", xlabel=f"rows x {HIDDEN} bf16", ylabel="us per all-reduce (graph chain)",
            title="All-reduce per call")
-    if series:
-        ax.legend(fontsize=7)
+    finish_axes(ax, bool(series))
 
 
 def _plot_forward(ax, s: dict) -> None:
@@ -194,7 +193,24 @@ def _plot_forward(ax, s: dict) -> None:
     ax.set_xticks([k + 0.4 - w / 2 for k in range(len(rows))], [str(n) for n in rows])
     ax.set(xlabel="rows (batch x draft tokens)", ylabel="ms",
            title=f"verify-shaped forward, {_shape(s.get('layers'), LAYERS, 'layers')}")
-    ax.legend(fontsize=7)
+    finish_axes(ax, bool(vf))
+
+
+def finish_axes(ax, has_data: bool) -> None:
+    """Plain numbers on log axes (3, 10, 30, not 3x10^0), the legend beside the data (never over it), and a
+    "no data" note on a panel that has none."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    for axis, scale in ((ax.xaxis, ax.get_xscale()), (ax.yaxis, ax.get_yscale())):
+        if scale == "log":
+            axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            axis.set_minor_formatter(NullFormatter())
+    if not has_data:
+        ax.text(0.5, 0.5, "no data in this result", transform=ax.transAxes, ha="center", va="center", color="grey")
+        return
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
 
 
 def plot(result: dict, png: Path) -> bool:
@@ -209,10 +225,11 @@ def plot(result: dict, png: Path) -> bool:
         say("matplotlib is not installed: no plot (pip install matplotlib)")
         return False
     m = result["meta"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(16, 4.8))
     _plot_allreduce(left, result["summary"], m["world"])
     _plot_forward(right, result["summary"])
-    fig.suptitle(f"bench-comm: {m.get('gpu_name')} x{m.get('world')}, git {m.get('git_rev')}, {m.get('utc')}")
+    fig.suptitle(f"bench-comm: {m.get('world')}x {m.get('gpu_name')}, run from git {m.get('git_rev')} (the checkout "
+                 f"that ran), {m.get('utc')}")
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)

@@ -320,7 +320,12 @@ class Run:
 
 
 def letter(i: int) -> str:
-    return string.ascii_uppercase[i] if i < 26 else f"V{i + 1}"
+    """A, B, ..., Z, AA, AB, ...: the i-th variant's letter (0-based), never one an earlier variant has."""
+    out, n = "", i + 1
+    while n:
+        n, r = divmod(n - 1, 26)
+        out = string.ascii_uppercase[r] + out
+    return out
 
 
 def make_plan(scenarios: list[Scenario], variants: list[Variant], repeats: int, order: str = "aba") -> list[Run]:

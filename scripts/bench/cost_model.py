@@ -24,7 +24,9 @@ The `settings` table is the speculative-setting model's prior (scripts/bench/spe
 bench/sweep.toml: per-cycle collectives from bench/inputs/collectives_kimi_tp8.toml at their backend's per-call
 latency, the verify's compute from the memory floor per verify width and the draft's per forward ([memory]), the
 chain AL from [acceptance]; model output, labelled so in the document.
---write prints, per table, whether it changed and by how many lines (and writes nothing when none did).
+--write prints, per table, whether it changed and by how many lines (and writes nothing when none did), and draws
+both model tables' tok/s ranges into bench/results/cost-model.png (beside --doc when another document is named),
+which the document shows; --check compares the tables only.
 Exit status: 0 printed, written or current; 1 --check found the document out of date; 2 an input is missing.
 """
 
@@ -38,6 +40,7 @@ from pathlib import Path
 
 from ..lib.cli import run
 from ..lib.errors import UserError
+from ..lib.progress import say
 from ..lib.repo import REPO_ROOT
 from ..lib.tomlfile import load_toml
 from . import receipt_data as rd
@@ -240,8 +243,13 @@ def receipt_table(inp: dict, data: dict, name: str) -> str:
     best = spec["measured"].get("speculative") if spec["verdict"] != "inconclusive" else None
     al = best["accept_length"] if best and best.get("accept_length") else inp["box"]["accept_length"]
     env = data["receipt"].get("environment", {})
-    lines = [f"Receipt `{name}` (box {env.get('box')}, {data['receipt'].get('created')}, patch set "
-             f"{env.get('patchset')}): AL {al:.2f} ({'measured' if best else 'seed'}).", "",
+    cls = rd.box_class(data)
+    reasons = rd.proxy_reasons(cls)
+    proxy = (f"**A proxy, not the box** ({'; '.join(reasons)}): its numbers stand in for the box's, the "
+             f"verdicts on the box's defaults are inconclusive. ") if reasons else ""
+    lines = [f"{proxy}Receipt `{name}` (box {env.get('box')}: {rd.describe_box(cls)}; "
+             f"{data['receipt'].get('created')}, patch set {env.get('patchset')}): AL {al:.2f} "
+             f"({'measured' if best else 'seed'}).", "",
              f"| path, {rd.VERIFY_ROWS_C1} rows (C1 verify), graph chain | per call (us) | {n} x (ms) | "
              f"modelled verify (ms) | modelled tok/s |", "|---|---|---|---|---|"]
     bc = data.get("bench_comm")
@@ -263,14 +271,32 @@ def box_measured(inp: dict, receipts: list[Path]) -> str:
     if not receipts:
         return ("No box receipt ingested yet: run `make report` on the box, then `make docs RECEIPT=<the .tar.gz>` "
                 "(or commit it under bench/receipts/).")
-    blocks = []
+    blocks, skipped = [], []
     for path in receipts:
-        d, tmp = rd.open_receipt(path)
+        why = ""
         try:
-            blocks.append(receipt_table(inp, rd.load(d), Path(path).name))
+            d, tmp = rd.open_receipt(path)
+        except UserError as e:
+            d, tmp, why = None, None, str(e)
+        try:
+            data = rd.load(d) if d else None
+            parts = data["receipt"].get("parts", {}) if data else {}
+            if data and not any(r.get("ok") for p, r in parts.items() if p.split("@")[0] in rd.MEASURING):
+                why = ("no part measured anything ("
+                       + ", ".join(f"{p}: {r.get('status')}" for p, r in parts.items()) + ")")
+            elif data:
+                blocks.append(receipt_table(inp, data, Path(path).name))
+        except (UserError, ValueError, KeyError, TypeError, AttributeError) as e:  # a damaged receipt: name it
+            why = str(e) if isinstance(e, UserError) else f"a damaged file in it ({type(e).__name__}: {e})"
         finally:
             if tmp is not None:
                 tmp.cleanup()
+        if why:
+            skipped.append(f"{Path(path).name}: {why}")
+            say(f"skipping receipt {Path(path).name}: {why}")
+    if not blocks:
+        return ("No box receipt ingested yet: run `make report` on the box, then `make docs RECEIPT=<the .tar.gz>` "
+                "(or commit it under bench/receipts/).")
     return "\n\n".join(blocks)
 
 
@@ -321,6 +347,63 @@ def settings_table(inp: dict, cycle: dict | None = None) -> str:
                      f"{f'{al:.2f}' if al else 'tree: measured only'} | {_span(*tps, 0) if tps else '-'} | "
                      f"{_span(tps[0] / base[0], tps[1] / base[1], 2) if tps else '-'} |")
     return "\n".join(lines)
+
+
+def _ranges(table: str, column: str) -> list[tuple[str, float, float]]:
+    """(row label, low, high) of a numeric column ("186-196" or "155") of one rendered table; rows without a number
+    (a tree's "-") are left out. The plot reads the tables as the document prints them: one computation."""
+    lines = [ln for ln in table.splitlines() if ln.startswith("|")]
+    if len(lines) < 3 or column not in lines[0]:
+        return []
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    col, out = head.index(column), []
+    for ln in lines[2:]:
+        cells = [c.strip() for c in ln.strip("|").split("|")]
+        nums = cells[col].split("-")
+        try:
+            lo, hi = float(nums[0]), float(nums[-1])
+        except ValueError:
+            continue
+        out.append((cells[0], lo, hi))
+    return out
+
+
+def plot(blocks: dict[str, str], inp: dict, png: Path) -> bool:
+    """The model's tok/s per all-reduce backend (table box) and per speculative setting (table settings), ranges
+    as bars, with the goal and the measured no-speculation baseline; False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    panels = [("box", "tok/s at AL 2.0", "per-call all-reduce latency of each backend, seed box's other terms"),
+              ("settings", "tok/s (model)", "speculative settings of bench/sweep.toml, memory floor + collectives")]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    for ax, (name, column, what) in zip(axes, panels):
+        rows = _ranges(blocks.get(name, ""), column)
+        labels = [r[0] if len(r[0]) <= 44 else r[0][:42] + ".." for r in rows]
+        ax.barh(labels, [r[2] - r[1] or 1 for r in rows], left=[r[1] for r in rows], color="tab:blue",
+                label="model range (low-high per-call latency)")
+        ax.axvline(inp["box"]["baseline_tok_s"], color="grey", linestyle=":", label="no speculation, measured (seed)")
+        ax.axvline(170, color="red", linestyle="--", label="goal with EAGLE-3 (170)")
+        ax.invert_yaxis()
+        ax.set_xlim(left=0)
+        ax.set(xlabel=column, title=f"Model output, not a measurement:\n{what}")
+        ax.title.set_fontsize(9)
+        ax.tick_params(axis="y", labelsize=7)
+        if not rows:
+            ax.text(0.5, 0.5, "no data in this table", transform=ax.transAxes, ha="center", color="grey")
+    handles, names = axes[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=3, fontsize=8)  # below both panels, over no bar
+    fig.suptitle("Kimi-K2.5 TP8 on 8x RTX PRO 6000 (PCIe only): make docs' cost model (eagle-fast-verify.md)",
+                 fontsize=10)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=100, metadata={"Software": None})
+    plt.close(fig)
+    return True
 
 
 def render(inp: dict, runs: list[dict], receipts: list[Path] | None = None) -> dict[str, str]:
@@ -403,6 +486,8 @@ def main(argv=None) -> int:
         return 0
     if new != old:
         a.doc.write_text(new)
+    png = RESULTS / "cost-model.png" if a.doc.resolve() == DOC.resolve() else a.doc.with_name("cost-model.png")
+    report.append(f"plot {png.name}: " + ("drawn" if plot(blocks, inp, png) else "not drawn (no matplotlib)"))
     print(f"{a.doc}: {'wrote the cost-model tables' if new != old else 'up to date, nothing written'}\n  "
           + "\n  ".join(report))
     return 0

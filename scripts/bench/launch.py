@@ -11,9 +11,10 @@ import time
 from pathlib import Path
 
 from ..host.engine import cache_mounts, engine
+from ..host.exposure import KEY_VAR
 from ..lib import proc
 from ..lib.errors import UserError
-from ..lib.http import http_get
+from ..lib.http import API_KEY, http_get
 from ..lib.progress import say
 from ..lib.repo import REPO_ROOT
 from . import config as cfg
@@ -36,6 +37,15 @@ def tail(path: Path, n: int = 20) -> str:
     except OSError:
         return "(no log)"
     return "\n".join("  | " + line for line in lines[-n:])
+
+
+def unauthorized(url: str) -> str:
+    """Why a server answered 401, and the fix: the key the harness sends comes from where serve reads it."""
+    if API_KEY.key:
+        return (f"401 Unauthorized from {url}: the server refuses the API key from {API_KEY.source}; give "
+                f"the key it was started with ({KEY_VAR}, or --api-key-file FILE)")
+    return (f"401 Unauthorized from {url}: the server wants an API key; export {KEY_VAR}=<its key>, or pass "
+            f"--api-key-file FILE (the sources serve reads; the harness and bench_serving then send it)")
 
 
 class Server:
@@ -76,8 +86,12 @@ class Server:
 
     def start(self, timeout: float) -> None:
         if self.kind == "server":
-            if http_get(self.url + "/v1/models", 10)[0] != 200:
-                raise UserError(f"{self.variant.name}: no SGLang server answers at {self.url} (GET /v1/models)")
+            status = http_get(self.url + "/v1/models", 10)[0]
+            if status == 401:
+                raise UserError(f"{self.variant.name}: {unauthorized(self.url)}")
+            if status != 200:
+                raise UserError(f"{self.variant.name}: no SGLang server answers at {self.url} (GET /v1/models"
+                                + (f": HTTP {status})" if status else ")"))
             return
         port = self.url.rsplit(":", 1)[1]
         if port_open("127.0.0.1", int(port)):
@@ -121,9 +135,13 @@ class Server:
         next_note = t0 + every
         name = self.variant.name
         while True:
-            if http_get(self.url + "/health", 5)[0] == 200 and http_get(self.url + "/v1/models", 5)[0] == 200:
-                say(f"{name} is up on {self.url} after {duration(time.monotonic() - t0)}")
-                return
+            if http_get(self.url + "/health", 5)[0] == 200:
+                status = http_get(self.url + "/v1/models", 5)[0]
+                if status == 200:
+                    say(f"{name} is up on {self.url} after {duration(time.monotonic() - t0)}")
+                    return
+                if status == 401:
+                    raise UserError(f"{name}: {unauthorized(self.url)}")
             if not self.alive():
                 raise UserError(f"{name} exited while starting; see {self.log_path}:\n{tail(self.log_path)}")
             now = time.monotonic()

@@ -16,8 +16,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import shutil
 import statistics
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from ..host.checks import nccl_transport
@@ -53,6 +56,8 @@ class Needs:
     image: str = ""
     gpus: int = 0  # 0: not known (not a serve command, or its profile is not readable here)
     weights: tuple[str, ...] = ()
+    max_running: int = 0  # the server's max-running-requests (0: not set, SGLang picks)
+    profile: str = ""
     note: str = ""
 
 
@@ -93,12 +98,31 @@ def variant_needs(server) -> Needs:
     args, defaults = prof.get("args", {}), prof.get("defaults", {})
     tp = _value(extra, TP_FLAGS) or args.get("tp-size") or args.get("tensor-parallel-size") or 1
     needs.gpus = int(tp)
+    needs.profile = path.stem
+    needs.max_running = int(_value(extra, ("--max-running-requests",)) or args.get("max-running-requests") or 0)
     model = _value(extra, MODEL_FLAGS) or _value(own, ("--model",)) or defaults.get("model")
     draft = None
     if "speculative-algorithm" in args or _value(extra, ("--speculative-algorithm",)):
         draft = _value(extra, DRAFT_FLAGS) or _value(own, ("--draft-model",)) or defaults.get("draft_model")
     needs.weights = tuple(w for w in (model, draft) if w)
     return needs
+
+
+def concurrency_problems(scenarios: list[cfg.Scenario], needs: dict[str, Needs]) -> list[str]:
+    """Scenarios that ask for more concurrent requests than a launched server runs at once (its profile's
+    max-running-requests, or one given after --): the rest would queue, and the run would not measure that
+    concurrency."""
+    out = []
+    for s in scenarios:
+        low = sorted((n.max_running, n.variant, n.profile) for n in needs.values() if 0 < n.max_running <
+                     s.max_concurrency)
+        if low:
+            cap, variant, profile = low[0]
+            out.append(f"scenario {s.name}: max_concurrency {s.max_concurrency} is above max-running-requests "
+                       f"{cap} of {variant} (profile {profile}): the server would run {cap} at a time and queue the "
+                       f"rest. Fix: max_concurrency <= {cap} in [[scenario]] {s.name}, or raise the servers' limit "
+                       f"(make bench BENCH_ARGS=\"... -- --max-running-requests {s.max_concurrency}\")")
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -111,6 +135,22 @@ class Check:
     ok: bool
     detail: str
     fix: str = ""
+
+
+HUB_URL = "https://huggingface.co"
+
+
+def hub_offline(timeout: float = 5.0) -> str:
+    """'' when the Hugging Face Hub answers here; else why not ($HF_HUB_OFFLINE, or the request's failure)."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return f"HF_HUB_OFFLINE={os.environ['HF_HUB_OFFLINE']} is set"
+    try:
+        urllib.request.urlopen(urllib.request.Request(HUB_URL, method="HEAD"), timeout=timeout).close()
+        return ""
+    except urllib.error.HTTPError:
+        return ""  # it answered
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        return f"{HUB_URL} does not answer: {getattr(e, 'reason', e)}"
 
 
 def gpu_count() -> tuple[int | None, str]:
@@ -157,10 +197,11 @@ def _weights(needs: list[Needs], hf_cache: Path) -> Check:
     repos = sorted({w for n in needs for w in n.weights})
     problems = [f"{r}: {why}" for r in repos if (why := weights_problem(r, hf_cache))]
     if problems:
-        fix = "; ".join(f"huggingface-cli download {r} --cache-dir {hf_cache / 'hub'}"
+        fix = "; ".join(f"hf download {r} --cache-dir {hf_cache / 'hub'}"
                         for r in repos if weights_problem(r, hf_cache))
         return Check("weights", False, "; ".join(problems) + " (each server would download them first)",
-                     f"{fix} (or pass --hf-cache DIR where they are)")
+                     f"{fix} (hf: huggingface_hub's CLI, pip install huggingface_hub; or pass --hf-cache DIR where "
+                     f"they are)")
     return Check("weights", True, f"{', '.join(repos) or 'none needed'} in {hf_cache}")
 
 
@@ -254,6 +295,14 @@ def estimates(plan: list[cfg.Run], results_dir: Path) -> tuple[dict[str, float],
             statistics.median(loads) if loads else ASSUMED_LOAD_S)
 
 
+def plan_seconds(plan: list[cfg.Run], sessions: list[list[cfg.Run]], results_dir: Path) -> float:
+    """The plan's estimate: its model loads and its runs (from earlier results, else the assumptions)."""
+    walls, loads = history(results_dir)
+    load_s = statistics.median(loads) if loads else ASSUMED_LOAD_S
+    launched = [s for s in sessions if s[0].variant.launcher != "server"]
+    return len(launched) * load_s + sum(run_estimate(r.scenario, walls)[0] for r in plan)
+
+
 def plan_lines(plan: list[cfg.Run], sessions: list[list[cfg.Run]], needs: dict[str, Needs],
                results_dir: Path) -> list[str]:
     """The plan before it starts: loads per model, per-run estimates, the total."""
@@ -268,7 +317,7 @@ def plan_lines(plan: list[cfg.Run], sessions: list[list[cfg.Run]], needs: dict[s
         by_model[model] = by_model.get(model, 0) + 1
     scen = list(dict.fromkeys(r.scenario.name for r in plan))
     per = {r.scenario.name: run_estimate(r.scenario, walls) for r in plan}
-    total = len(launched) * load_s + sum(per[r.scenario.name][0] for r in plan)
+    total = plan_seconds(plan, sessions, results_dir)
     variants = list(dict.fromkeys(r.variant.name for r in plan))
     lines = [f"plan: {len(plan)} run(s) ({len(scen)} scenario(s) x {len(variants)} variant(s) x "
              f"{max(r.repeat for r in plan)} repeat(s)) in {len(sessions)} server session(s)"]

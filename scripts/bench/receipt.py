@@ -1,4 +1,4 @@
-"""`make report`: the box receipt - doctor, test-gpu, bench-comm and bench in one resumable run, written to one
+"""`make report`: the box receipt - test-serve, doctor, test-gpu, bench-comm and bench in one resumable run, written to one
 directory and one tarball that say whether the series pays off on this box and which defaults to keep.
 
   python -m scripts.bench.receipt [--dir DIR] [--parts test-serve,doctor,test-gpu,bench-comm,bench] [--image IMAGE]
@@ -17,15 +17,25 @@ image themselves; --image names the image for those that take it):
               (with NCCL's transport between the GPUs: P2P, or SHM / NET, an error finding; --image for its probe)
   test-gpu    python -m scripts.host.gpu_tier --out raw/test-gpu.json        (the patched collectives on the GPUs)
   bench-comm  python -m scripts.bench.bench_comm --out raw/bench-comm.json    (per-call latencies, NCCL variants)
-  bench       python -m scripts.bench.bench --results-dir raw/bench [BENCH_ARGS]   (stock vs patched serving A/B)
+  bench       python -m scripts.bench.bench --results-dir raw/bench --resume [BENCH_ARGS]   (stock vs patched A/B)
   bench-comm@IMAGE   bench-comm again from another image, per --nccl-image (e.g. `make image NCCL=2.30.7`'s tag):
               the NCCL-release axis
-Resumable: a part whose result exists is skipped (--redo PART runs it again); a failed part is recorded and the
-next one still runs. Then: receipt.json (parts, environment, recommendations computed once, with the thresholds
-used, scripts/bench/receipt_data.py), summary.md with plots, and DIR.tar.gz - the file to attach to an issue; `make docs
-RECEIPT=DIR.tar.gz` puts its numbers into eagle-fast-verify.md. DIR defaults to bench/receipts/<box>_<UTC date>.
+First every part to run is checked by its own verb (`--check`: the checks of a real run - route, engine, images,
+GPUs, weights, bench_serving's client and every scenario - nothing started, and its time estimate); one that
+cannot run stops the report with every problem and its fix, before anything runs or is written (--dry-run shows
+the same checks and the plan, and writes nothing). A new part adds its verb to part_argv and check_argv.
+Resumable: the doctor runs every time (a second); bench is done when its plan is (its --resume runs what
+raw/bench lacks); test-serve when none of its checks failed; another part when it succeeded and its result is
+there (--redo PART runs it again); a failed part is recorded and the next one still runs (but not after a failed
+test-serve). Then: receipt.json (parts, environment, recommendations computed once, with the thresholds used,
+scripts/bench/receipt_data.py), summary.md with plots, and, when a part measured something,
+DIR.tar.gz - the file to attach to an issue, without the host name, paths and raw tool outputs that identify the
+machine (scripts/bench/share.py); `make docs RECEIPT=DIR.tar.gz` puts its numbers into eagle-fast-verify.md. DIR
+defaults to this box's newest unfinished receipt (bench/receipts/<box>_*), else bench/receipts/<box>_<UTC date>;
+<box> is its GPUs' model and count unless --box names it.
 
-Exit status: 0 every part done; 1 a part failed (the receipt says which and why); 2 a usage problem.
+Exit status: 0 every part done; 1 a part failed (the receipt says which and why) or none measured anything (no
+tarball); 2 a part cannot run here (its check says why; nothing was run), or a usage problem.
 """
 
 from __future__ import annotations
@@ -33,13 +43,12 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import platform
 import shutil
 import sys
-import tarfile
 import time
 from pathlib import Path
 
+from ..host import route
 from ..lib import proc
 from ..lib.cli import run
 from ..lib.errors import UserError
@@ -49,14 +58,15 @@ from ..series.patchfile import series_patches
 from ..series.pin import load_pin
 from ..series.record import patchset_id
 from . import receipt_data as rd
+from . import share
 from .numbers import duration
 
 RECEIPTS = REPO_ROOT / "bench" / "receipts"
-ESTIMATE_S = {"test-serve": 600, "doctor": 60, "test-gpu": 900, "bench-comm": 900,
-              "bench": 4 * 3600}  # 8 GPUs; bench: 10 model loads
+DOCTOR_S = 5  # the doctor takes about a second; it runs every time (its findings are about the box now)
 
 
 def part_argv(part: str, d: Path, a: argparse.Namespace) -> list[str]:
+    """The part's command: one of the project's verbs, run as its own process. bench resumes what raw/bench holds."""
     py = [sys.executable, "-m"]
     if part.startswith("bench-comm@"):
         return py + ["scripts.bench.bench_comm", "--out", str(d / rd.alt_part_file(part.split("@", 1)[1])),
@@ -67,20 +77,20 @@ def part_argv(part: str, d: Path, a: argparse.Namespace) -> list[str]:
             "test-gpu": py + ["scripts.host.gpu_tier", "--out", str(d / rd.RAW["test-gpu"]), *image],
             "bench-comm": py + ["scripts.bench.bench_comm", "--out", str(d / rd.RAW["bench-comm"]), *image],
             "bench": py + ["scripts.bench.bench", "--results-dir", str(d / rd.RAW["bench"]), "--box", a.box,
-                           *a.bench_args]}[part]
+                           "--resume", *a.bench_args]}[part]
 
 
-def estimate(part: str) -> float:
-    return ESTIMATE_S[part.split("@", 1)[0]]
+def check_argv(part: str, d: Path, a: argparse.Namespace) -> list[str] | None:
+    """The part's own preflight (its verb's --check: the checks of a real run, nothing started, one JSON line with
+    its estimate); None for the doctor, which has none. A new part adds its verb here and in part_argv."""
+    if part == "doctor":
+        return None
+    argv = part_argv(part, d, a)
+    return argv[:3] + ["--check"] + argv[3:]
 
 
-def part_done(part: str, d: Path) -> bool:
-    f = d / (rd.alt_part_file(part.split("@", 1)[1]) if "@" in part else rd.RAW[part])
-    if part == "bench":
-        return f.is_dir() and any(p.stat().st_size for p in f.glob("*.jsonl"))
-    if part == "test-serve":  # a run with a failed check is not done: the next report runs it again
-        return (_read_json(f) or {}).get("failed") == 0
-    return f.is_file() and f.stat().st_size > 0
+def measures(part: str) -> bool:
+    return part.split("@", 1)[0] in rd.MEASURING
 
 
 def run_part(part: str, d: Path, a: argparse.Namespace) -> dict:
@@ -100,8 +110,9 @@ def run_part(part: str, d: Path, a: argparse.Namespace) -> dict:
             log.write(line)
         rc = p.wait()
     seconds = round(time.monotonic() - t0, 1)
-    ok = rc == 0 or (part == "doctor" and rc == 1 and part_done(part, d))  # doctor: 1 = error findings, recorded
-    if not ok and stdout_to and stdout_to.is_file() and not stdout_to.stat().st_size:
+    wrote = stdout_to is not None and stdout_to.is_file() and stdout_to.stat().st_size > 0
+    ok = rc == 0 or (part == "doctor" and rc == 1 and wrote)  # doctor: 1 = error findings, recorded
+    if not ok and stdout_to and stdout_to.is_file() and not wrote:
         stdout_to.unlink()  # no file for a part that produced nothing
     status = "done" if rc == 0 else "done, with error findings" if ok else f"failed (exit {rc})"
     return {"command": argv, "status": status, "ok": ok, "seconds": seconds, "log": str(log_path.relative_to(d))}
@@ -121,10 +132,11 @@ def serve_failure(d: Path) -> str:
 def environment(d: Path, a: argparse.Namespace) -> dict:
     """What ran: host, git revision, patch set, pin, driver / GPUs / topology / NUMA and NCCL's transport between
     the GPUs (its all-reduce probe) from the doctor, NCCL from bench-comm, the image digest."""
-    env: dict = {"host": platform.node(), "git_rev": revision(short=True)[0], "box": a.box}
+    env: dict = {"git_rev": revision(short=True)[0], "box": a.box}
     try:
         pin = load_pin()
-        env["pin"] = {"sglang": pin.version, "image": f"{pin.image_name}:{pin.image_tag}@{pin.image_digest}"}
+        env["pin"] = {"sglang": pin.version, "image": f"{pin.image_name}:{pin.image_tag}"
+                      + (f"@{pin.image_digest}" if pin.image_digest else " (no digest pinned)")}
         env["patchset"] = patchset_id(series_patches(pin))
     except Exception as e:  # noqa: BLE001 - a receipt without the series still records the box
         env["pin"] = f"unreadable: {e}"
@@ -152,36 +164,122 @@ def _read_json(f: Path) -> dict | None:
         return None
 
 
-def plan(parts: list[str], d: Path, redo: set[str]) -> list[tuple[str, bool]]:
-    todo = [(p, p in redo or not part_done(p, d)) for p in parts]
-    eta = sum(estimate(p) for p, run_it in todo if run_it)
-    say(f"receipt {d}: " + ", ".join(f"{p} ({'run' if r else 'have it, skipped'})" for p, r in todo) +
-        f"; about {duration(eta)} to go")
+def default_box() -> str:
+    """This box's name when --box is not given: its GPUs (model x count, from nvidia-smi -L), never the host name
+    (the receipt leaves the box)."""
+    names = route.gpu_names()
+    return f"{route.gpu_slug(names)}-x{len(names)}" if names else "nogpu"
+
+
+def receipt_ok(d: Path, parts: list[str]) -> bool:
+    """Every one of `parts` done in the receipt at d (the doctor counts when it ran)."""
+    done = (_read_json(d / "receipt.json") or {}).get("parts", {})
+    return all(done.get(p, {}).get("ok") for p in parts)
+
+
+def default_dir(box: str, parts: list[str], receipts: Path = RECEIPTS) -> Path:
+    """The newest receipt of this box that is not finished (a re-run after midnight resumes it), else a new one
+    for today's UTC date."""
+    mine = sorted((p for p in receipts.glob(f"{box}_*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    if mine and not receipt_ok(mine[-1], parts):
+        return mine[-1]
+    base = receipts / f"{box}_{_dt.datetime.now(_dt.timezone.utc):%Y%m%d}"
+    n = 2
+    while base.exists() and receipt_ok(base, parts):
+        base, n = receipts / f"{box}_{_dt.datetime.now(_dt.timezone.utc):%Y%m%d}-{n}", n + 1
+    return base
+
+
+def part_done(part: str, d: Path, old: dict, check: dict) -> bool:
+    """Done: the doctor never (it runs every time); bench when its plan has no run left (bench --check --resume
+    says so); another part when the receipt recorded it ok and its result file is there."""
+    if part == "doctor":
+        return False
+    if part == "bench":
+        return check.get("runs_left") == 0
+    f = d / (rd.alt_part_file(part.split("@", 1)[1]) if "@" in part else rd.RAW[part])
+    if part == "test-serve":  # a run with a failed check is not done: the next report runs it again
+        return (_read_json(f) or {}).get("failed") == 0
+    return bool(old.get(part, {}).get("ok")) and f.is_file() and f.stat().st_size > 0
+
+
+def preflight(parts: list[str], d: Path, a: argparse.Namespace, redo: set[str]) -> tuple[dict, list[str]]:
+    """Every part's own check, before anything runs: ({part: its JSON}, [the problems, each with its fix])."""
+    checks, problems = {}, []
+    for part in parts:
+        argv = check_argv(part, d, a)
+        if argv is None:
+            continue
+        if part == "bench" and part in redo:
+            argv = [x for x in argv if x != "--resume"]
+        say(f"checking {part}: {argv[2]} --check")
+        res = proc.run(argv, cwd=REPO_ROOT, timeout=900)
+        try:
+            checks[part] = json.loads(res.stdout.strip().splitlines()[-1]) if res.ok else {}
+        except (ValueError, IndexError):
+            checks[part] = {}
+        if not res.ok:
+            said = res.stderr[res.stderr.find("error: "):] if "error: " in res.stderr else res.output[-1500:]
+            problems.append(f"{part}: {said.strip().removeprefix('error: ')}")
+    return checks, problems
+
+
+def plan(parts: list[str], d: Path, old: dict, checks: dict, redo: set[str]) -> list[tuple[str, float | None]]:
+    """(part, the seconds it takes by its own estimate, or None: done, skipped) in order."""
+    todo = [(p, (DOCTOR_S if p == "doctor" else float(checks.get(p, {}).get("estimate_s", 0)))
+             if p in redo or not part_done(p, d, old, checks.get(p, {})) else None) for p in parts]
+    eta = sum(s for _, s in todo if s is not None)
+    bench = checks.get("bench", {})
+    notes = {"bench": f"run, {bench['runs_left']} of {bench['runs']} runs left" if bench.get("runs_left") else "run",
+             "doctor": "run, every time"}
+    say(f"receipt {d}: " + ", ".join(f"{p} ({notes.get(p, 'run') if s is not None else 'have it, skipped'})"
+                                     for p, s in todo) + f"; about {duration(eta)} to go")
     return todo
 
 
-def collect(d: Path, a: argparse.Namespace) -> int:
-    """Run the parts not yet done, then write the receipt."""
+def collect(d: Path | None, a: argparse.Namespace) -> int:
+    """Check every part, then run those not yet done, then write the receipt (and its tarball when a part
+    measured something)."""
     parts = [p.strip() for p in a.parts.split(",") if p.strip()] + [f"bench-comm@{i}" for i in a.nccl_image or []]
-    unknown = [p for p in parts if p not in rd.PARTS and not p.startswith("bench-comm@")]
-    if unknown:
-        raise UserError(f"unknown part(s) {', '.join(unknown)}: choose from {', '.join(rd.PARTS)}")
-    d.mkdir(parents=True, exist_ok=True)
-    old = _read_json(d / "receipt.json") or {}
-    results = dict(old.get("parts", {}))
-    todo = plan(parts, d, set(a.redo.split(",")) if a.redo else set())
+    redo = {p.strip() for p in (a.redo or "").split(",") if p.strip()}
+    for what, names in (("part", parts), ("--redo part", redo)):
+        unknown = [p for p in names if p not in rd.PARTS and not p.startswith("bench-comm@")]
+        if unknown:
+            raise UserError(f"unknown {what}(s) {', '.join(sorted(unknown))}: choose from {', '.join(rd.PARTS)}")
+    d = d or default_dir(a.box, parts)
+    old = (_read_json(d / "receipt.json") or {}).get("parts", {})
+    done = ", ".join(p for p, r in old.items() if r.get("ok"))
+    say(f"receipt {d} ({f'resuming: {done} done' if old else 'new'}); checking that every part can run here first")
+    checks, problems = preflight(parts, d, a, redo)
+    if problems:
+        msg = (f"make report cannot start: {len(problems)} part(s) cannot run here; nothing was run or written.\n  "
+               + "\n  ".join(p.replace("\n", "\n    ") for p in problems))
+        if a.dry_run:
+            print(msg)
+            return 2
+        raise UserError(msg)
+    todo = plan(parts, d, old, checks, redo)
     if a.dry_run:
-        for p, run_it in todo:
-            print(("run  " if run_it else "skip ") + " ".join(part_argv(p, d, a)))
+        for p, s in todo:
+            print(("run  " if s is not None else "skip ") + " ".join(part_argv(p, d, a)))
         return 0
-    t_all, left = time.monotonic(), sum(estimate(p) for p, r in todo if r)
-    for i, (part, run_it) in enumerate(todo, 1):
-        if not run_it:
-            results.setdefault(part, {"status": "done (earlier run)", "ok": True})
+    if "bench" in redo and (d / rd.RAW["bench"]).is_dir():
+        (d / rd.RAW["bench"]).rename(d / "raw" / f"bench-redone-{int(time.time())}")  # kept, no longer read
+    return run_parts(d, a, todo, old)
+
+
+def run_parts(d: Path, a: argparse.Namespace, todo: list[tuple[str, float | None]], old: dict) -> int:
+    """Run the parts to run in order (a failed one is recorded, the next still runs), then write the receipt."""
+    d.mkdir(parents=True, exist_ok=True)
+    results = dict(old)
+    t_all, left = time.monotonic(), sum(s for _, s in todo if s is not None)
+    for i, (part, seconds) in enumerate(todo, 1):
+        if seconds is None:
+            results[part] = {**results.get(part, {}), "status": "done (earlier run)", "ok": True}
             continue
-        say(f"[{i}/{len(todo)}] {part}: about {duration(estimate(part))}; {duration(left)} left in all")
+        say(f"[{i}/{len(todo)}] {part}: about {duration(seconds)}; {duration(left)} left in all")
         results[part] = run_part(part, d, a)
-        left -= estimate(part)
+        left -= seconds
         say(f"[{i}/{len(todo)}] {part}: {results[part]['status']} in {duration(results[part]['seconds'])} "
             f"({duration(time.monotonic() - t_all)} so far)")
         if part == "test-serve" and not results[part]["ok"]:
@@ -191,12 +289,14 @@ def collect(d: Path, a: argparse.Namespace) -> int:
             for later, _ in todo[i:]:
                 results[later] = {"status": "not run: test-serve failed", "ok": False}
             break
-    write(d, results, environment(d, a))
-    return 0 if all(r.get("ok") for r in results.values()) else 1
+    measured = [p for p, r in results.items() if measures(p) and r.get("ok")]
+    write(d, results, environment(d, a), tarball=bool(measured))
+    return 0 if measured and all(r.get("ok") for r in results.values()) else 1
 
 
-def write(d: Path, parts: dict, env: dict) -> Path:
-    """receipt.json (with the recommendations, computed once here), summary.md, plots, tarball."""
+def write(d: Path, parts: dict, env: dict, tarball: bool = True) -> Path | None:
+    """receipt.json (with the recommendations, computed once here), summary.md, plots, and (tarball: a part
+    measured something) the tarball to attach."""
     data = rd.raw_parts(d)
     meta = {"schema": rd.SCHEMA, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "parts": parts, "environment": env, "thresholds": rd.THRESHOLDS,
@@ -204,10 +304,15 @@ def write(d: Path, parts: dict, env: dict) -> Path:
     (d / "receipt.json").write_text(json.dumps(meta, indent=1, default=str) + "\n")
     plots = rd.plots(data, d / "plots")
     (d / "summary.md").write_text(rd.summary_markdown(data | {"receipt": meta}, plots))
+    if not tarball:
+        statuses = ", ".join(f"{p}: {r.get('status')}" for p, r in parts.items())
+        say(f"receipt: {d}/summary.md; no part measured anything ({statuses}), so there is no tarball to attach: "
+            f"fix what failed and run make report again (it resumes)")
+        return None
     tarball = d.with_name(d.name + ".tar.gz")
-    with tarfile.open(tarball, "w:gz") as tar:
-        tar.add(d, arcname=d.name)
-    say(f"receipt: {d}/summary.md; attach {tarball} to an issue (make docs RECEIPT={tarball} ingests it)")
+    left_out = share.pack(d, tarball)  # without what names the machine (scripts/bench/share.py)
+    say(f"receipt: {d}/summary.md; attach {tarball} to an issue (make docs RECEIPT={tarball} ingests it); it leaves "
+        f"out host name, paths and {len(left_out)} raw tool output(s) that stay in {d}")
     for r in meta["recommendations"]:
         say(f"  {r['verdict']:<12} {r['default']}: {r['why']}" + (f" -> {r['setting']}" if r["setting"] else ""))
     return tarball
@@ -247,7 +352,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--image", help="the serving image, for the parts that run from it (test-gpu, bench-comm)")
     ap.add_argument("--nccl-image", action="append", metavar="IMAGE",
                     help="run bench-comm from this image too (another NCCL release: make image NCCL=<version>)")
-    ap.add_argument("--box", default=platform.node(), help="name of this box (default: the host name)")
+    ap.add_argument("--box", help="name of this box (default: its GPUs, model and count, e.g. RTX-PRO-6000-Blackwell-"
+                                  "Server-Edition-x8; never the host name)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and the commands; run nothing")
     ap.add_argument("--summarize", type=Path, metavar="DIR", help="only derive summary/plots/tarball again")
     ap.add_argument("--assemble", type=Path, metavar="DIR", help="a receipt from results made separately")
@@ -267,10 +373,10 @@ def main(argv=None) -> int:
         old = json.loads((d / "receipt.json").read_text())
         write(d, old.get("parts", {}), old.get("environment", {}))
         return 0
+    a.box = a.box or ("box" if a.assemble else default_box())
     if a.assemble:
         return assemble(a.assemble, a)
-    d = a.dir or RECEIPTS / f"{a.box}_{_dt.datetime.now(_dt.timezone.utc):%Y%m%d}"
-    return collect(d, a)
+    return collect(a.dir, a)
 
 
 if __name__ == "__main__":

@@ -23,17 +23,24 @@ the summary and `make docs` read the stored ones, so a receipt's verdict does no
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import tarfile
 import tempfile
 from pathlib import Path
 
+from ..host.parsers import parse_topo_m
 from ..lib.errors import UserError
-from .comm_report import record
+from ..lib.repo import REPO_ROOT
+from ..lib.tomlfile import load_toml
+from .comm_report import finish_axes, record
 from .report import load_results, summarize
 
 SCHEMA = "eagle-receipt/1"
 PARTS = ("test-serve", "doctor", "test-gpu", "bench-comm", "bench")
+MEASURING = ("test-serve", "test-gpu", "bench-comm", "bench")  # parts whose result makes a receipt (not the doctor)
+PROFILE = "kimi-k25-eagle3-tp8"  # the shipped profile the recommendations are about
+PROFILES_DIR = REPO_ROOT / "docker" / "profiles"
 RAW = {"test-serve": "raw/test-serve.json", "doctor": "raw/doctor.json", "test-gpu": "raw/test-gpu.json",
        "bench-comm": "raw/bench-comm.json", "bench": "raw/bench"}
 VERIFY_ROWS_C1 = 4  # batch 1 x 4 draft tokens (the shipped profile's chain drafting 3/1/4)
@@ -80,30 +87,50 @@ def open_receipt(path: Path) -> tuple[Path, tempfile.TemporaryDirectory | None]:
     return found[0].parent, tmp
 
 
+def _json(d: Path, rel: str, shape: dict | None = None) -> dict | None:
+    """A JSON file of the receipt (None when absent or empty); a UserError naming it by its place in the receipt
+    when it is not JSON or not the object it should be (shape: key -> the type its value must have)."""
+    f = d / rel
+    if not (f.is_file() and f.stat().st_size):
+        return None
+    try:
+        doc = json.loads(f.read_text())
+    except ValueError as e:
+        raise UserError(f"{rel} is not JSON ({e})") from e
+    bad = [k for k, t in (shape or {}).items() if not isinstance(doc, dict) or not isinstance(doc.get(k), t)]
+    if not isinstance(doc, dict) or bad:
+        raise UserError(f"{rel} is not what its part writes (" + (f"{', '.join(bad)} missing or of the wrong type"
+                                                               if isinstance(doc, dict) else "not an object") + ")")
+    return doc
+
+
 def load(d: Path) -> dict:
     """receipt.json plus the parsed raw parts: {"receipt", "test_serve", "doctor", "test_gpu", "bench_comm",
-    "bench", ...}."""
-    meta = json.loads((d / "receipt.json").read_text())
+    "bench", ...}. A damaged file is a UserError that names it within the receipt."""
+    meta = _json(d, "receipt.json", {"parts": dict})
+    if meta is None:
+        raise UserError("receipt.json is empty")
     if meta.get("schema") != SCHEMA:
-        raise UserError(f"{d / 'receipt.json'} has schema {meta.get('schema')!r}, this tooling reads {SCHEMA}")
+        raise UserError(f"receipt.json has schema {meta.get('schema')!r}, this tooling reads {SCHEMA}")
     if "recommendations" not in meta or "thresholds" not in meta:
-        raise UserError(f"{d / 'receipt.json'} holds no recommendations: python -m scripts.bench.receipt "
-                        f"--summarize {d} derives them from its raw parts")
+        raise UserError(f"receipt.json holds no recommendations: python -m scripts.bench.receipt --summarize {d} "
+                        f"derives them from its raw parts")
     return {"receipt": meta} | raw_parts(d)
 
 
 def raw_parts(d: Path) -> dict:
     """The parsed raw parts that exist: {"test_serve", "doctor", "test_gpu", "bench_comm", "bench_comm_alt",
-    "bench"}."""
-    out = {}
-    for part, key in (("test-serve", "test_serve"), ("doctor", "doctor"), ("test-gpu", "test_gpu"),
-                      ("bench-comm", "bench_comm")):
-        f = d / RAW[part]
-        out[key] = json.loads(f.read_text()) if f.is_file() and f.stat().st_size else None
-    out["bench_comm_alt"] = {f.stem.split("@", 1)[1]: json.loads(f.read_text())
+    "bench"}; a damaged one is a UserError naming it within the receipt."""
+    out = {"dir": d, "test_serve": _json(d, RAW["test-serve"], {"checks": list}),
+           "doctor": _json(d, RAW["doctor"], {"findings": list}), "test_gpu": _json(d, RAW["test-gpu"]),
+           "bench_comm": _json(d, RAW["bench-comm"], {"records": list})}
+    out["bench_comm_alt"] = {f.stem.split("@", 1)[1]: _json(d, str(f.relative_to(d)), {"records": list})
                              for f in sorted((d / "raw").glob("bench-comm@*.json")) if f.stat().st_size}
     files = sorted((d / RAW["bench"]).glob("*.jsonl")) if (d / RAW["bench"]).is_dir() else []
-    out["bench"] = [r for f in files for r in load_results(f)]
+    try:
+        out["bench"] = [r for f in files for r in load_results(f)]
+    except UserError as e:
+        raise UserError(str(e).replace(str(d) + "/", "")) from e
     return out
 
 
@@ -153,7 +180,8 @@ def rec_pcie_ipc(bc: dict | None) -> dict:
 def rec_fusion(bc: dict | None) -> dict:
     th = THRESHOLDS["fusion_max_ratio"]
     world = (bc or {}).get("meta", {}).get("world")
-    name = f"FlashInfer all-reduce + RMSNorm fusion at TP{world or '?'} (patch flashinfer-allow-*; off at TP4/TP8)"
+    at = f"at TP{world}" if world else "at the TP measured (TP unknown: no bench-comm)"
+    name = f"FlashInfer all-reduce + RMSNorm fusion {at} (patch flashinfer-allow-*; off at TP4/TP8)"
     thr = f"verify forward over the fused op / over tp.all_reduce <= {th} (8 rows, graph)"
     fused, plain = (_vf(bc, "sglang_fused_op", 8), _vf(bc, "sglang_tp", 8)) if bc else (None, None)
     if fused is None or plain is None:
@@ -215,9 +243,9 @@ def rec_nccl_release(bc: dict | None, alts: dict[str, dict]) -> dict:
     name = "NCCL release the image runs (patches/pin.toml [nccl])"
     thr = f"another release's per-call latency / the image's <= {th} at 8 and 2048 rows (NCCL, default variant)"
     if not bc or not alts:
-        return _verdict(name, "inconclusive", "one NCCL measured: add another image (make image NCCL=<version>; "
-                                              "make report REPORT_ARGS='--nccl-image <tag>')",
-                        {"nccl": _nccl_of(bc) if bc else None}, thr)
+        how = "add another image (make image NCCL=<version>; make report REPORT_ARGS='--nccl-image <tag>')"
+        why = f"one NCCL measured: {how}" if bc else f"no NCCL measured (no bench-comm in the receipt): {how}"
+        return _verdict(name, "inconclusive", why, {"nccl": _nccl_of(bc) if bc else None}, thr)
     mine = {n: _ar(bc, "nccl", n) for n in (8, 2048)}
     table = {_nccl_of(bc): mine}
     better = []
@@ -266,17 +294,21 @@ def _c1(records: list[dict]) -> str | None:
 def rec_speculation(records: list[dict]) -> list[dict]:
     """EAGLE-3 on or off, and which speculative variant (drafter, steps/topk/draft tokens) to ship."""
     th, goal, scenario = THRESHOLDS["speculation_min_ratio"], THRESHOLDS["goal_tok_s"], _c1(records)
-    name = "EAGLE-3 in the shipped profile (kimi-k25-eagle3-tp8)"
-    thr = (f"best patched speculative / best non-speculative median decode tok/s at {scenario} >= {th} "
+    name = f"EAGLE-3 in the shipped profile ({PROFILE})"
+    thr = (f"best patched speculative / best non-speculative median decode tok/s at {scenario or 'C1'} >= {th} "
            f"(patched non-speculative when measured, else stock); goal {goal:.0f} tok/s")
     rows = [r for r in bench_rows(records) if r["scenario"] == scenario and r["tok_s"]]
     spec = _speculative(records)
     on = [r for r in rows if r["patched"] and spec.get(r["variant"]) and not r["eager_verifies"]]
     off = [r for r in rows if not spec.get(r["variant"])]
     off = [r for r in off if r["patched"]] or off
+    if scenario is None:
+        return [_verdict(name, "inconclusive", "no make bench results in the receipt", {}, thr)]
     if not on or not off:
-        return [_verdict(name, "inconclusive", f"make bench has no patched speculative run without eager verifies "
-                                               f"and no non-speculative run at {scenario}", {"rows": rows}, thr)]
+        lacks = [what for what, have in (("a patched speculative run without eager verifies", on),
+                                         ("a non-speculative run", off)) if not have]
+        return [_verdict(name, "inconclusive", f"make bench has no {' and no '.join(lacks)} at {scenario}",
+                         {"rows": rows}, thr)]
     best_on, best_off = max(on, key=lambda r: r["tok_s"]), max(off, key=lambda r: r["tok_s"])
     ratio = best_on["tok_s"] / best_off["tok_s"]
     measured = {"scenario": scenario, "speculative": best_on, "non_speculative": best_off, "ratio": round(ratio, 3),
@@ -290,7 +322,7 @@ def rec_speculation(records: list[dict]) -> list[dict]:
                     "" if ratio >= th else "serve --profile kimi-k25-tp8 (no speculation)")]
     ranked = sorted(on, key=lambda r: -r["tok_s"])
     shipped = ranked[0]["variant"] == "patched-eagle3"
-    out.append(_verdict("speculative settings and drafter (profile kimi-k25-eagle3-tp8)", "keep" if shipped else
+    out.append(_verdict(f"speculative settings and drafter (profile {PROFILE})", "keep" if shipped else
                         "change", f"fastest speculative variant at {scenario}: {ranked[0]['variant']}",
                         {"ranked": [(r["variant"], round(r["tok_s"], 1), r["accept_length"]) for r in ranked]},
                         "highest median decode tok/s among patched speculative variants with no eager verify",
@@ -298,10 +330,62 @@ def rec_speculation(records: list[dict]) -> list[dict]:
     return out
 
 
+def profile_tp(profile: str = PROFILE) -> int:
+    """The tensor-parallel size the shipped profile serves (its [args] tp-size)."""
+    args = load_toml(PROFILES_DIR / f"{profile}.toml", "profile").get("args", {})
+    return int(args.get("tp-size") or args.get("tensor-parallel-size") or 1)
+
+
+def box_class(data: dict) -> dict:
+    """What the receipt was measured on: GPU model, count and link (the doctor's facts, which apply the one
+    PCIe-only rule; else bench-comm's meta and its `nvidia-smi topo -m`, where NV# is an NVLink bond), and the TP
+    the shipped profile serves."""
+    facts = (data.get("doctor") or {}).get("facts") or {}
+    meta = (data.get("bench_comm") or {}).get("meta") or {}
+    tg = data.get("test_gpu") or {}
+    names = [g.get("name") for g in facts.get("gpus", []) if isinstance(g, dict)]
+    names = names or list((tg.get("meta") or {}).get("gpus") or [])
+    gpu = (names[0] if names else None) or meta.get("gpu_name")
+    count = len(names) or meta.get("world") or tg.get("world")
+    link = {True: "PCIe only", False: "NVLink"}.get(facts.get("pcie_only"), "")
+    if not link and meta.get("topo_m"):
+        cells = parse_topo_m(re.sub(r"\x1b\[[0-9;]*m", "", meta["topo_m"]))["links"].values()
+        link = "NVLink" if any(re.fullmatch(r"NV\d+", c) for c in cells) else "PCIe only" if cells else ""
+    return {"gpu": gpu or "GPU unknown", "count": count, "link": link or "link unknown", "tp": profile_tp()}
+
+
+def describe_box(cls: dict) -> str:
+    """'8x NVIDIA RTX PRO 6000 Blackwell Server Edition, PCIe only'."""
+    return f"{cls['count'] or '?'}x {cls['gpu']}, {cls['link']}"
+
+
+def proxy_reasons(cls: dict) -> list[str]:
+    """Why the receipt is not from the box the series is for (a PCIe-only box serving at the profile's TP); []
+    when it is (or cannot say)."""
+    out = []
+    if cls["count"] and cls["count"] != cls["tp"]:
+        out.append(f"{cls['count']} GPU(s), the profile serves TP{cls['tp']}")
+    if cls["link"] == "NVLink":
+        out.append("its GPUs have NVLink, the series' PCIe defaults are for PCIe-only boxes")
+    return out
+
+
+def judged_on(rec: dict, cls: dict, reasons: list[str]) -> dict:
+    """A verdict on a PCIe-only / TP default from another box class turns inconclusive, saying why."""
+    if not reasons or rec["verdict"] == "inconclusive":
+        return rec
+    return {**rec, "verdict": "inconclusive", "setting": "",
+            "why": f"measured on {describe_box(cls)} ({'; '.join(reasons)}), not on the box: {rec['why']}"}
+
+
 def recommendations(data: dict) -> list[dict]:
     bc = data.get("bench_comm")
-    return [rec_pcie_ipc(bc), rec_fusion(bc), rec_nccl_defaults(bc), rec_nccl_release(bc, data.get("bench_comm_alt")
-                                                                                             or {}),
+    cls = box_class(data)
+    reasons = proxy_reasons(cls)
+    world = (bc or {}).get("meta", {}).get("world")
+    tp_reason = [f"measured at TP{world}, the profile serves TP{cls['tp']}"] if world and world != cls["tp"] else []
+    return [judged_on(rec_pcie_ipc(bc), cls, reasons), judged_on(rec_fusion(bc), cls, tp_reason),
+            judged_on(rec_nccl_defaults(bc), cls, reasons), rec_nccl_release(bc, data.get("bench_comm_alt") or {}),
             *rec_speculation(data.get("bench") or [])]
 
 
@@ -344,12 +428,12 @@ def plots(data: dict, out: Path) -> list[str]:
     out.mkdir(parents=True, exist_ok=True)
     made = []
     if data.get("bench_comm"):
-        fig, ax = plt.subplots(figsize=(8, 5))
+        fig, ax = plt.subplots(figsize=(10, 5))
         for label, pts in _route_series(data["bench_comm"]).items():
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
         ax.set(xscale="log", yscale="log", xlabel="rows (batch x draft tokens)", ylabel="us per call (graph chain)",
-               title="Per-call reduction latency on this box")
-        ax.legend(fontsize=7)
+               title=f"Per-call reduction latency, {describe_box(box_class(data))}")
+        finish_axes(ax, True)
         fig.tight_layout()
         fig.savefig(out / "per_call.png", dpi=110)
         plt.close(fig)
@@ -362,8 +446,8 @@ def plots(data: dict, out: Path) -> list[str]:
                 xerr=[[max((r["tok_s"] or 0) - (r["tok_s_min"] or 0), 0) for r in rows],
                       [max((r["tok_s_max"] or 0) - (r["tok_s"] or 0), 0) for r in rows]])
         ax.axvline(THRESHOLDS["goal_tok_s"], color="red", linestyle="--", label="goal")
-        ax.set(xlabel="decode tok/s (median, min-max)", title="Serving A/B (make bench)")
-        ax.legend()
+        ax.set(xlabel="decode tok/s (median, min-max)", title=f"Serving A/B (make bench), {describe_box(box_class(data))}")
+        finish_axes(ax, True)
         fig.tight_layout()
         fig.savefig(out / "bench.png", dpi=110)
         plt.close(fig)
@@ -379,8 +463,12 @@ def _md_table(header: list[str], rows: list[list]) -> list[str]:
 def summary_markdown(data: dict, plot_files: list[str]) -> str:
     meta = data["receipt"]
     env = meta.get("environment", {})
-    lines = [f"# Box receipt: {env.get('box', '?')}", "", f"Made {meta.get('created')} at git {env.get('git_rev')}, "
-             f"patch set {env.get('patchset')}, pin {json.dumps(env.get('pin'))}.", "", "## Environment", ""]
+    cls = box_class(data)
+    reasons = proxy_reasons(cls)
+    lines = [f"# Box receipt: {env.get('box', '?')}", "", f"Measured on {describe_box(cls)}"
+             + (f": a proxy, not the box ({'; '.join(reasons)})." if reasons else "."), "",
+             f"Made {meta.get('created')} at git {env.get('git_rev')}, patch set {env.get('patchset')}, pin "
+             f"{json.dumps(env.get('pin'))}.", "", "## Environment", ""]
     for k, v in (env.get("doctor") or {}).items():
         lines.append(f"- {k}: {v}")
     if env.get("nccl"):

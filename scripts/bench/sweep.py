@@ -76,7 +76,7 @@ class Point:
 
     @property
     def name(self) -> str:
-        short = re.sub(r"[^A-Za-z0-9.+-]+", "-", self.drafter.split("/")[-1]).strip("-")
+        short = re.sub(r"[^A-Za-z0-9.+-]+", "-", self.drafter).strip("-")  # org/name: two orgs' drafters differ
         return f"sweep-{short}-{self.setting.label.replace('/', '-')}" + (f"-{self.quant}" if self.quant else "")
 
     def describe(self) -> dict:

@@ -112,6 +112,19 @@ def decide(host: str, environ: dict[str, str], key_file: str | None = None, cli_
     return out
 
 
+def client_key(environ: dict[str, str], key_file: str | None = None) -> tuple[str, str]:
+    """(key, where it came from) for a client of the server (make bench), from the sources serve reads:
+    $SGLANG_API_KEY or a file (--api-key-file); ('', '') when neither is set. The same UserErrors as serve for a
+    source that is set but unusable."""
+    listen = decide(SGLANG_DEFAULT_HOST, environ, key_file)
+    kind, _, ref = listen.key_spec.partition(":")
+    if kind == "env":
+        return environ[ref].strip(), listen.key_from
+    if kind == "file":
+        return Path(ref).read_text().strip(), listen.key_from
+    return "", ""
+
+
 def key_argv(python: str, key_spec: str, sglang_args: list[str]) -> list[str]:
     """The command that starts sglang with the key added inside the process (see KEY_SHIM)."""
     return [python, "-c", KEY_SHIM, key_spec, *sglang_args]

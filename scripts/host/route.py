@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shlex
 from pathlib import Path
 
 from ..lib import proc
@@ -51,10 +52,11 @@ def results_dir() -> Path:
         return REPO_ROOT / "bench" / "results"
     path = Path(named)
     if not path.is_dir():
+        image = os.environ.get("EAGLE_IMAGE") or default_image()
         raise UserError(f"{RESULTS_VAR}={named} does not exist, so the results would stay inside the container: "
-                        f"mount a host directory there, e.g. docker run --gpus all --ipc=host "
-                        f"-v \"$PWD/bench/results:{named}\" -v sglang-flashinfer:/root/.cache/flashinfer IMAGE ... (or set "
-                        f"{RESULTS_VAR} to an existing directory)")
+                        f"mount a host directory there, e.g. docker run --gpus all --ipc=host -v "
+                        f"\"$PWD/bench/results:{named}\" -v sglang-flashinfer:/root/.cache/flashinfer {image} ... "
+                        f"(or set {RESULTS_VAR} to an existing directory)")
     return path
 
 
@@ -150,9 +152,10 @@ def choose(verb: str, here: str, why_not_here: str, image: str | None, here_only
     if image is None and partial_ok:
         return Route("here", f"{verb}: running here without {partial} ({why_not_here}; the image would run them, "
                              f"but {img_why})", partial=why_not_here)
+    cmd = shlex.join(docker_run(name, verb, [], REPO_ROOT / "bench" / "results"))
     raise UserError(f"{verb} cannot run here ({because}) nor in the image ({img_why}). Fix: on the GPU box, either "
                     f"a python with CUDA torch and the patched SGLang (make apply), or docker with the image "
-                    f"(make image)")
+                    f"(make image), which runs it as: {cmd}")
 
 
 def passed_env(environ: dict[str, str] | None = None) -> list[str]:

@@ -334,6 +334,55 @@ def _check_speculation(profile: Profile, args: dict, extra: list[str], index: Fl
                     f"{profile.path.stem} --draft-model {draft} -- --speculative-algorithm EAGLE3")
 
 
+# Values sglang's parser takes by type but that fail only once the server starts (after the weights load): what
+# each must be. SGLang has no check of its own for these at parse time (mem-fraction-static sizes the KV pool
+# from 1 - fraction; topk 0 drafts nothing).
+VALUE_RULES = {
+    "mem_fraction_static": (lambda v: 0 < v < 1, "a fraction of GPU memory between 0 and 1 (e.g. 0.85)"),
+    "speculative_eagle_topk": (lambda v: v >= 1, "at least 1 (1: chain drafting)"),
+    "speculative_num_steps": (lambda v: v >= 1, "at least 1"),
+    "speculative_num_draft_tokens": (lambda v: v >= 1, "at least 1 (chain drafting: steps + 1)"),
+    "max_running_requests": (lambda v: v >= 1, "at least 1"),
+    "tp_size": (lambda v: v >= 1, "at least 1"),
+    "cuda_graph_max_bs": (lambda v: v >= 1, "at least 1"),
+}
+
+
+def _where(dest: str, args: dict, extra: list[str], index: FlagIndex, profile: Profile) -> str:
+    """Where the final command's value of `dest` comes from: after serve's `--`, or the profile's [args]."""
+    given = next((t.split("=", 1)[0] for t in extra if index.dest(t) == dest), None)
+    if given:
+        return f"{given} after -- on the command line"
+    key = next((k for k in args if index.dest(f"--{k}") == dest), dest.replace("_", "-"))
+    return f"{key} in [args] of profile {profile.path}"
+
+
+def _check_values(profile: Profile, args: dict, extra: list[str], index: FlagIndex, ns) -> None:
+    """Values sglang would fail on only after loading the model, refused now: the speculative algorithm by SGLang's
+    own name resolution (SpeculativeAlgorithm.from_string, as ServerArgs does), the VALUE_RULES ranges."""
+    if ns is None:
+        return
+    problems = []
+    algo = getattr(ns, "speculative_algorithm", None)
+    if algo is not None:
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        try:
+            SpeculativeAlgorithm.from_string(algo)
+        except ValueError as e:
+            names = ", ".join(a.name for a in SpeculativeAlgorithm if a.name != "NONE")
+            problems.append(f"{_where('speculative_algorithm', args, extra, index, profile)}: {e} (SGLang's own "
+                            f"names: {names})")
+    for dest, (ok, what) in VALUE_RULES.items():
+        v = getattr(ns, dest, None)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and not ok(v):
+            problems.append(f"{_where(dest, args, extra, index, profile)}: {v} would fail only after the model "
+                            f"loads; it must be {what}")
+    if problems:
+        raise UserError("sglang would start and then fail on:\n  " + "\n  ".join(problems)
+                        + "\nFix each where it is named (the profile's [args], or the flag after --)")
+
+
 def _listen(ns: argparse.Namespace | None, sgl_args: list[str], index: FlagIndex, environ: dict[str, str],
             key_file: str | None) -> exposure.Listen:
     """Where sglang will listen (its own parse when available, else the last --host given, else its default) and
@@ -370,6 +419,7 @@ def build_plan(profile: Profile, *, model: str | None = None, draft_model: str |
     _check_speculation(profile, args, extra, index, draft_model)
     sgl_args = argv_for(args) + extra
     ns = index.validate(sgl_args)
+    _check_values(profile, args, extra, index, ns)
     values = {**profile.defaults, **{CLI_VALUES[k][0]: v for k, v in cli.items() if v is not None}}
     env_set, env_kept = _environment(profile, values, environ)
     child_env = {**environ, **{k: v for k, (v, _) in env_set.items()}}

@@ -31,7 +31,9 @@ internal_states[0] as SGLang returns them, the metric samples, timings, the comm
 default bench/results/test-serve_<gpu>_x<N>_<UTC time>.json ($EAGLE_RESULTS in the image), the servers' logs with
 machine paths masked next to it (.log). It is the first part of the box receipt (make report).
 
-Exit status: 0 every check passed; 1 a check failed; 2 no GPU, no way to run, or a bad option.
+--check stops after the GPUs and the route (make report's preflight): one JSON line {estimate_s, route}.
+Exit status: 0 every check passed (--check: it can run); 1 a check failed; 2 no GPU, no way to run, or a bad
+option.
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ GENERATE = ("import sys; from pathlib import Path; from scripts.host.tiny_models
             "[write_pair(Path(sys.argv[1]), p) for p in sys.argv[2:]]")
 VERSIONS = ("import json, torch, triton, transformers; print(json.dumps({'torch': torch.__version__, "
             "'triton': triton.__version__, 'transformers': transformers.__version__}))")
+
+ESTIMATE_S = 600  # every phase's server at once on the tiny models: load, capture, workloads (the H200 run)
 
 
 class Server:
@@ -348,6 +352,8 @@ def parse(argv):
     where.add_argument("--image", nargs="?", const="", default=None, help="run inside the serving image (default "
                                                                          "eagle-fast-verify/sglang:<pinned tag>)")
     where.add_argument("--here", action="store_true", help="never fall back to the image")
+    ap.add_argument("--check", action="store_true", help="only check the GPUs and choose the route; print "
+                                                         "{estimate_s, route} as JSON (make report's preflight)")
     a = ap.parse_args(argv)
     a.argv = list(sys.argv[1:] if argv is None else argv)  # for the document
     if a.standins and a.image is not None:
@@ -368,6 +374,9 @@ def main(argv=None) -> int:
         (f"{a.python} (the lent-GPU route, --standins)", "") if a.standins else why_not_here(a))
     where = route.choose("test-serve", here, why, a.image, a.here)
     say(where.message)
+    if a.check:
+        print(json.dumps({"estimate_s": ESTIMATE_S, "route": where.message}))
+        return 0
     if where.where == "image":
         return run_in_image(where.image, out, a)
     check_ports(a, phases)

@@ -7,6 +7,12 @@ class UserError(Exception):
     exit_code = 2
 
 
+class Interrupted(UserError):
+    """Ctrl-C stopped the work; the message says what was left as it was."""
+
+    exit_code = 130
+
+
 class ConflictError(UserError):
     """A patch did not apply; the tree has been put back as it was."""
 

@@ -1,17 +1,38 @@
 """Talking to a running server over HTTP with the standard library: GET (status and body), JSON in and out.
-Nothing answering is a status of 0, never an exception."""
+Nothing answering is a status of 0, never an exception. Every request carries the API key use_api_key() set (a
+bearer token, as bench_serving sends $OPENAI_API_KEY), so a server started with a key can be read."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import urllib.error
 import urllib.request
 
 
+@dataclasses.dataclass
+class ApiKey:
+    """The API key every request sends, as a bearer token."""
+
+    key: str = ""
+    source: str = ""  # where it came from: "$SGLANG_API_KEY", "the file F"
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"} if self.key else {}
+
+
+API_KEY = ApiKey()
+
+
+def use_api_key(key: str, source: str) -> None:
+    """Send `key` with every request from here on ('' sends none)."""
+    API_KEY.key, API_KEY.source = key, source
+
+
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
     """(status, body); status 0 when nothing answered."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=API_KEY.headers()), timeout=timeout) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read() if e.fp else b""
@@ -32,7 +53,8 @@ def get_json(url: str, timeout: float = 10.0) -> dict | None:
 
 def post_json(url: str, payload: dict, timeout: float = 300.0) -> tuple[int, dict | str]:
     """(status, the JSON answer, or the body as text when it is not JSON); status 0 when nothing answered."""
-    req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url, data=json.dumps(payload).encode(),
+                                 headers={"Content-Type": "application/json", **API_KEY.headers()})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             status, body = r.status, r.read()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -54,6 +55,8 @@ def run(argv: list[str], *, timeout: float | None = DEFAULT_TIMEOUT, cwd: Path |
         return Result(False, why=f"`{shown}` did not answer within {timeout:.0f}s")
     except OSError as e:
         return Result(False, why=f"`{shown}` could not run: {e}")
+    if cp.returncode in (-signal.SIGINT, 128 + signal.SIGINT):
+        raise KeyboardInterrupt  # Ctrl-C reached the program too: the caller's cleanup and message, not its own
     out, err = cp.stdout or "", cp.stderr or ""
     if cp.returncode != 0:
         lines = (out + err).strip().splitlines()

@@ -15,7 +15,8 @@ the tree is built again. A new build/sglang (the first, --rebuild, or one that h
 beside the old one (build/sglang.new) and swapped in only when every patch applied: a failure leaves the old tree
 (or none) as it was, and never removes the base cache.
 Exit status: 0 applied or already applied; 2 a problem you can fix (dirty tree, wrong release, corrupt patch, pin
-out of sync: the message says how); 3 a patch does not apply (the tree is left as it was).
+out of sync: the message says how); 3 a patch does not apply (the tree is left as it was); 130 interrupted (Ctrl-C:
+the tree is left as it was; a build/sglang.new left by a killed run is removed by the next one).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from ..lib import git
 from ..lib.cli import run
-from ..lib.errors import UserError
+from ..lib.errors import Interrupted, UserError
 from ..lib.progress import say
 from ..lib.repo import BUILD_DIR
 from .patchfile import PatchInfo, series_patches
@@ -46,6 +47,7 @@ def build_tree(pin, patches: list[PatchInfo], dest: Path, source: str, rebuild: 
     A new tree is always built beside the old one (<dest>.new) and swapped in only when every patch applied, so a
     failure (no base, a patch that does not apply) leaves the old tree, or no tree, exactly as it was."""
     dest = Path(dest).resolve()
+    remove_leftover(dest)
     if dest.exists() and any(dest.iterdir()) and not rebuild:
         if not git.is_repo(dest):
             raise UserError(f"{dest} exists but is not a git checkout; move it away, or replace it with a fresh tree: "
@@ -81,12 +83,18 @@ def _why_rebuild(dest: Path, pin, patches: list[PatchInfo]) -> str | None:
             f"({patchset_changes(rec, patches)}): building {pin.tag} + the series beside it")
 
 
-def _build_beside(pin, patches: list[PatchInfo], dest: Path, source: str) -> str:
-    """Build the tree in <dest>.new and swap it in on success; on any failure remove it and leave dest alone."""
+def remove_leftover(dest: Path) -> None:
+    """<dest>.new, left by a make apply that was killed (kill -9, a power cut) while building beside the tree."""
     new = dest.with_name(dest.name + ".new")
     if new.exists():
         say(f"removing {new}, left by a make apply that did not finish")
         shutil.rmtree(new)
+
+
+def _build_beside(pin, patches: list[PatchInfo], dest: Path, source: str) -> str:
+    """Build the tree in <dest>.new and swap it in on success; on any failure, Ctrl-C included, remove it and
+    leave dest alone, and say so (not the message of the program the interrupt stopped)."""
+    new = dest.with_name(dest.name + ".new")
     kept = f"{dest} was left as it was." if dest.exists() else f"Nothing was written to {dest}."
     try:
         bare, info = ensure_base(pin, source, wheel_way="make apply SGLANG_BASE=wheel")
@@ -96,6 +104,9 @@ def _build_beside(pin, patches: list[PatchInfo], dest: Path, source: str) -> str
     except UserError as e:
         shutil.rmtree(new, ignore_errors=True)
         raise type(e)(f"{e}\n{kept}") from None
+    except KeyboardInterrupt:
+        shutil.rmtree(new, ignore_errors=True)
+        raise Interrupted(f"interrupted; {kept} Run make apply again to build it") from None
     except BaseException:
         shutil.rmtree(new, ignore_errors=True)
         raise

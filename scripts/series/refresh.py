@@ -4,6 +4,7 @@
   python -m scripts.series.refresh --wheel sglang==0.5.24 [--tag v0.5.24] [--wheel-file F]   from a PyPI wheel
   python -m scripts.series.refresh --sync                             only rewrite the pin's copies (the Dockerfile)
   python -m scripts.series.refresh --wheel ... --resume               write from the tree a conflicting refresh left
+  python -m scripts.series.refresh --wheel ... --resume --drop P      ... leaving out patch P on purpose
 
 Each patch is tried in order on a tree of the new base (build/sglang-refresh): `clean` (applies as is),
 `3-way` (needed git am's 3-way merge; re-export to refresh its context), or `conflict` (skipped; the patches
@@ -14,7 +15,10 @@ release from the pin. What only a person can move is printed as a list: the requ
 image digest, and every tracked file that still names the old release (claims about it, patch messages' line
 references), outside the records of what ran on it (bench/results, bench/receipts, tests/fixtures). After a
 conflict, port the skipped patches by hand in that tree and run the same refresh with --resume (make refresh ...
-RESUME=1): it writes from the tree as it is, without building it again. The old base honours SGLANG_BASE and SGLANG_WHEEL.
+RESUME=1): it writes from the tree as it is, without building it again, once the tree holds every patch of the
+series (a patch is matched by its Patch-Filename: line); a patch left out is named and refused, unless --drop
+names it (make refresh ... RESUME=1 DROP="<patch> ..."): dropping a patch is an explicit act. A wheel is the
+release its METADATA says. The old base honours SGLANG_BASE and SGLANG_WHEEL.
 Exit status: 0 every patch applied (and, with --write or --resume, moved); 1 some patch conflicts; 2 a usage problem.
 """
 
@@ -34,11 +38,12 @@ from ..lib.errors import UserError
 from ..lib.progress import say
 from ..lib.repo import BUILD_DIR, REPO_ROOT
 from .exporting import export
+from .headers import patch_filename
 from .patchfile import series_patches
 from .patching import am_failure, apply_git
 from .pin import Pin, load_pin, write_pin
 from .pin_copies import write_copies
-from .upstream import CACHE_DIR, clone_base, download_wheel, ensure_base, sha256_file
+from .upstream import CACHE_DIR, clone_base, download_wheel, ensure_base, sha256_file, wheel_release
 
 
 DEFAULT_DEST = BUILD_DIR / "sglang-refresh"
@@ -58,11 +63,12 @@ def again(a: argparse.Namespace, **change) -> str:
     if o["dest"] == DEFAULT_DEST and o["patches_dir"] is None and not o["image_tag"]:
         words = [f"{var}={o[key]}" for var, key in (("TO", "tag"), ("WHEEL", "wheel"), ("WHEEL_FILE", "wheel_file"))
                  if o[key]]
+        drop = [f'DROP="{" ".join(o["drop"])}"' if len(o["drop"]) > 1 else f"DROP={o['drop'][0]}"] if o["drop"] else []
         return " ".join(["make refresh", *words, *(["WRITE=1"] if o["write"] else []),
-                         *(["RESUME=1"] if o["resume"] else [])])
+                         *(["RESUME=1"] if o["resume"] else []), *drop])
     words = [f"--{key.replace('_', '-')} {o[key]}" for key in ("tag", "wheel", "wheel_file", "image_tag", "dest",
                                                                "patches_dir") if o[key]]
-    flags = [f"--{key}" for key in ("write", "resume") if o[key]]
+    flags = [f"--{key}" for key in ("write", "resume") if o[key]] + [f"--drop {d}" for d in o["drop"]]
     return " ".join(["python -m scripts.series.refresh", *words, *flags])
 
 
@@ -85,17 +91,37 @@ def wheel_spec(a: argparse.Namespace) -> dict:
             raise UserError(f"could not download {requirement} (or several wheels of it are in {CACHE_DIR}). "
                             f"Download the wheel yourself and name it: {again(a, wheel_file='<file.whl>')}")
     wheel_file = Path(wheel_file)
+    check_wheel_release(requirement, wheel_file, again(a, wheel=None, tag=None, wheel_file=wheel_file))
     return {"requirement": requirement, "filename": wheel_file.name, "sha256": sha256_file(wheel_file),
             "path": wheel_file}
 
 
+def project_key(name: str) -> str:
+    """A project name as PyPI compares them (PEP 503: Sglang_x == sglang-x)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def requirement_of(wheel_file: Path) -> str:
-    """name==version from a wheel's file name (sglang-0.5.24-cp311-...whl -> sglang==0.5.24)."""
-    m = re.match(r"^([A-Za-z0-9_.]+)-([^-]+)-.+\.whl$", Path(wheel_file).name)
-    if not m:
-        raise UserError(f"{wheel_file} is not named like a wheel (<name>-<version>-...whl): pass the requirement "
-                        f"too, e.g. make refresh WHEEL=sglang==<version> WHEEL_FILE={wheel_file}")
-    return f"{m.group(1).replace('_', '-')}=={m.group(2)}"
+    """name==version of a wheel, from its METADATA (as make apply reads SGLANG_WHEEL)."""
+    release = wheel_release(wheel_file) if Path(wheel_file).is_file() else "a file that does not exist"
+    if isinstance(release, str):
+        raise UserError(f"{wheel_file} (WHEEL_FILE, --wheel-file) is {release}: name an sglang wheel "
+                        f"(sglang-<version>-...whl, e.g. from pip download --no-deps sglang==<version>)")
+    return f"{release[0]}=={release[1]}"
+
+
+def check_wheel_release(requirement: str, wheel_file: Path, again_cmd: str) -> None:
+    """Refuse a wheel file whose METADATA is another project or release than the requirement names."""
+    got = requirement_of(wheel_file)
+    (want_name, _, want_version), (got_name, _, got_version) = requirement.partition("=="), got.partition("==")
+    named = re.match(r"^([A-Za-z0-9_.]+)-([^-]+)-.+\.whl$", Path(wheel_file).name)
+    if not named or project_key(named.group(1)) != project_key(got_name) or named.group(2) != got_version:
+        raise UserError(f"the wheel file {wheel_file} is {got} (its METADATA), but its name does not say so; the pin "
+                        f"records the file name, which pip and make apply look for: use the file as PyPI names it "
+                        f"(pip download --no-deps {got})")
+    if project_key(got_name) != project_key(want_name) or (want_version and got_version != want_version):
+        raise UserError(f"the wheel file {wheel_file} is {got} (its METADATA), not {requirement}: name the wheel of "
+                        f"{requirement}, or leave WHEEL= out to move to {got}: {again_cmd}")
 
 
 def _previous_series(pin: Pin, dest: Path, cache_dir: Path, wheel_way: str) -> None:
@@ -165,12 +191,49 @@ def conflict_advice(a: argparse.Namespace, pin: Pin, conflicts: list[dict], tag:
              f"there by hand (resolve, git -C {a.dest} add <files>, git -C {a.dest} am --continue after each):"]
     lines += [f"  git -C {a.dest} am -3 {(pin.patches_dir / r['patch']).resolve()}" for r in conflicts]  # -C: absolute
     lines += [f"If the order matters, git -C {a.dest} rebase -i {tag} restores it. Then write from that tree (the "
-              f"pin, patches/ and the pin's copies move to {tag}):", f"  {again(a, resume=True)}"]
+              f"pin, patches/ and the pin's copies move to {tag}; it refuses while a patch of the series is "
+              f"missing there, and names it):", f"  {again(a, resume=True)}"]
     return "\n".join(lines)
 
 
-def resume(dest: Path, tag: str, again_cmd: str) -> None:
-    """Check that the tree a conflicting refresh left at dest is ready to be written from."""
+def tree_patches(dest: Path, tag: str) -> list[str | None]:
+    """The patch file name of each commit tag..HEAD of a tree, oldest first (its Patch-Filename: line; None for a
+    commit without one, a new patch)."""
+    log = git.out(dest, "log", "--reverse", "--format=%x00%B", f"{tag}..HEAD")
+    return [patch_filename(body) for body in log.split("\0")[1:]]
+
+
+def check_ported(a: argparse.Namespace, pin: Pin, tag: str) -> list[str]:
+    """The series' patch names the tree at a.dest lacks, each named in --drop; a UserError naming those that are
+    neither in the tree nor dropped, with the commands that port them and the one that drops them."""
+    series = [p.path.name for p in series_patches(pin)]
+    drop = [d if d.endswith(".patch") else f"{d}.patch" for d in a.drop]
+    unknown = [d for d in drop if d not in series]
+    if unknown:
+        raise UserError(f"--drop (DROP=) names {', '.join(unknown)}, which is not in {pin.series_path}; the series "
+                        f"is: {', '.join(series)}")
+    have = tree_patches(a.dest, tag)
+    kept = [d for d in drop if d in have]
+    if kept:
+        raise UserError(f"--drop (DROP=) names {', '.join(kept)}, but {a.dest} holds it; drop the commit there "
+                        f"(git -C {a.dest} rebase -i {tag}) or leave it out of DROP, then {again(a)}")
+    missing = [n for n in series if n not in have and n not in drop]
+    if missing:
+        lines = [f"{len(missing)} patch(es) of the series are not in {a.dest}: {', '.join(missing)}. Writing now "
+                 f"would drop them from patches/. Port each there (resolve, git -C {a.dest} add <files>, "
+                 f"git -C {a.dest} am --continue):"]
+        lines += [f"  git -C {a.dest} am -3 {(pin.patches_dir / n).resolve()}" for n in missing]
+        lines += ["then run the same command again; or, to drop them from the series on purpose:",
+                  f"  {again(a, drop=[*a.drop, *missing])}"]
+        raise UserError("\n".join(lines))
+    return drop
+
+
+def resume(a: argparse.Namespace, pin: Pin, tag: str) -> list[str]:
+    """Check that the tree a conflicting refresh left at a.dest is ready to be written from: no git am in
+    progress, clean, on the new tag, holding every patch of the series that --drop does not name. Returns the
+    dropped patches."""
+    dest, again_cmd = a.dest, again(a)
     if not git.is_repo(dest):
         raise UserError(f"there is no refresh tree at {dest} to resume from: run the refresh without RESUME=1 "
                         f"(--resume) first")
@@ -185,7 +248,13 @@ def resume(dest: Path, tag: str, again_cmd: str) -> None:
     if git.tag_commit(dest, tag) is None:
         raise UserError(f"{dest} has no tag {tag}: it is not the tree of this refresh; run the refresh without "
                         f"RESUME=1 (--resume) first")
-    say(f"resuming from {dest}: {len(git.out(dest, 'rev-list', f'{tag}..HEAD').split())} commits on {tag}")
+    dropped = check_ported(a, pin, tag)
+    new = [c for c in tree_patches(dest, tag) if c is None]
+    say(f"resuming from {dest}: {len(git.out(dest, 'rev-list', f'{tag}..HEAD').split())} commits on {tag}"
+        + (f", {len(new)} of them new (no Patch-Filename: line; make export names them)" if new else ""))
+    for d in dropped:
+        say(f"DROPPED {d} (--drop): it leaves patches/ and the series")
+    return dropped
 
 
 def still_naming(version: str) -> list[str]:
@@ -228,6 +297,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--write", action="store_true", help="on success, move the pin, patches/ and the pin's copies")
     ap.add_argument("--resume", action="store_true",
                     help="write from the tree at --dest as it is (after resolving a conflict there by hand)")
+    ap.add_argument("--drop", action="append", default=[], metavar="PATCH",
+                    help="with --resume: leave this patch of the series out on purpose (repeatable; make: DROP=)")
     ap.add_argument("--sync", action="store_true", help="only rewrite the pin's copies from patches/pin.toml")
     return ap
 
@@ -247,8 +318,10 @@ def main(argv=None) -> int:
     version = a.wheel.split("==", 1)[1] if a.wheel and "==" in a.wheel else (a.tag or "").lstrip("v")
     tag = a.tag or f"v{version}"
     wheel = wheel_spec(a) if a.wheel else None
+    if a.drop and not a.resume:
+        raise UserError(f"--drop (DROP=) only applies with --resume (RESUME=1): {again(a, resume=True)}")
     if a.resume:
-        resume(a.dest, tag, again(a))
+        resume(a, pin, tag)
         write_moved(pin, a, tag, version, wheel)
         return 0
     name = re.split(r"[=<>!~ ]", pin.wheel_requirement, 1)[0]

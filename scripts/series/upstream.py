@@ -76,18 +76,37 @@ def download_wheel(requirement: str, dest: Path, filename: str | None = None, qu
     return found[0] if len(found) == 1 else None
 
 
-def wheel_metadata(path: Path) -> str:
-    """What a wheel file says it is ("sglang 0.5.22", from its .dist-info/METADATA), or why it says nothing."""
+def wheel_metadata_text(path: Path) -> str:
+    """The header of a wheel's .dist-info/METADATA ('' when it has none); OSError / BadZipFile when unreadable."""
+    with zipfile.ZipFile(path) as z:
+        meta = next((n for n in z.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")), None)
+        return z.read(meta).decode("utf-8", "replace").split("\n\n", 1)[0] if meta else ""
+
+
+def wheel_requires(path: Path) -> list[str] | None:
+    """The Requires-Dist lines of a wheel (None when it is not readable)."""
     try:
-        with zipfile.ZipFile(path) as z:
-            meta = next((n for n in z.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")), None)
-            text = z.read(meta).decode("utf-8", "replace") if meta else ""
+        return re.findall(r"^Requires-Dist: *(.+?) *$", wheel_metadata_text(path), re.M)
+    except (zipfile.BadZipFile, OSError):
+        return None
+
+
+def wheel_release(path: Path) -> tuple[str, str] | str:
+    """(name, version) a wheel file says it is (its .dist-info/METADATA), or why it says nothing."""
+    try:
+        text = wheel_metadata_text(path)
     except (zipfile.BadZipFile, OSError) as e:
         return f"not a readable wheel ({e})"
-    fields = dict(re.findall(r"^(Name|Version): *(.+?) *$", text.split("\n\n", 1)[0], re.M))
+    fields = dict(re.findall(r"^(Name|Version): *(.+?) *$", text, re.M))
     if not fields.get("Version"):
         return "a zip file without wheel metadata (no .dist-info/METADATA with a Version)"
-    return f"{fields.get('Name', '?')} {fields['Version']}"
+    return fields.get("Name", "?"), fields["Version"]
+
+
+def wheel_metadata(path: Path) -> str:
+    """What a wheel file says it is ("sglang 0.5.22", from its .dist-info/METADATA), or why it says nothing."""
+    release = wheel_release(path)
+    return release if isinstance(release, str) else " ".join(release)
 
 
 def _pinned(requirement: str, filename: str, sha256: str) -> str:

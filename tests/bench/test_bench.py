@@ -17,6 +17,8 @@ import copy
 import importlib.util
 import json
 import math
+import re
+import shlex
 import os
 import subprocess
 import sys
@@ -32,12 +34,14 @@ from scripts.bench import launch
 from scripts.bench import observe as bs
 from scripts.bench import report as rep
 from scripts.lib.errors import UserError
+from scripts.series.pin import load_pin
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "bench"
 TOKENIZER = FIX / "tokenizer"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 sys.path.insert(0, str(FIX))
+import _fake_docker  # noqa: E402
 import standin_server  # noqa: E402
 
 
@@ -182,7 +186,7 @@ def test_committed_scenarios_are_c1_c4_c16_on_the_offline_random_dataset():
 
 def test_every_flag_passed_to_bench_serving_exists_in_its_cli():
     src = (bc.TREE_PYTHON / "sglang" / "benchmark" / "serving.py").read_text()
-    cmd = bc.bench_serving_cmd("py", "http://h:1", cfg.load_scenarios(everything=True)[0].bench_args(),
+    cmd = bc.bench_serving_cmd(["py"], "http://h:1", cfg.load_scenarios(everything=True)[0].bench_args(),
                                Path("o.jsonl"), "t", tokenizer="tok", model="m")
     flags = [t for t in cmd if t.startswith("--")]
     assert len(flags) > 10
@@ -258,6 +262,9 @@ def test_aba_plan_alternates_direction_and_shares_servers():
     assert [[r.variant.name for r in s][0] for s in cfg.sessions(plan)] == ["stock", "patched", "stock", "patched"]
     three = cfg.make_plan([_s("C1")], [_v("a"), _v("b"), _v("c")], repeats=2)
     assert "".join(r.letter for r in three) == "ABCCBA"
+    # past Z the letters go on as columns do (AA, AB, ...): (V27) used to follow (Z), though (V) was taken
+    letters = [cfg.letter(i) for i in range(60)]
+    assert letters[25:28] == ["Z", "AA", "AB"] and len(set(letters)) == 60
     blocked = cfg.make_plan([_s("C1")], [_v("a"), _v("b")], repeats=2, order="blocked")
     assert [(r.letter, r.repeat) for r in blocked] == [("A", 1), ("A", 2), ("B", 1), ("B", 2)]
     assert len(cfg.sessions(blocked)) == 2
@@ -406,6 +413,68 @@ def test_client_resolution_names_what_is_missing(tmp_path, monkeypatch):
         bc.resolve_client(sys.executable)
 
 
+def test_a_python_without_sglangs_requirements_gets_every_one_named_at_once(tmp_path, monkeypatch, capsys):
+    """The dry run asks the client python to import bench_serving and, where it cannot, names every package of
+    SGLang's own requirements (the pinned wheel's Requires-Dist) that it lacks, by package name, in one message;
+    with no .venv and no image, each way out is named (issue 23 item 4)."""
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    for k, v in client_env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(bc, "VENV_PYTHON", tmp_path / "no-venv" / "bin" / "python")
+    monkeypatch.setenv("PATH", _fake_docker.path_with())  # no docker client
+    args = ["--server-url", "http://127.0.0.1:9", "--tokenizer", str(TOKENIZER), "--dry-run", "--results-dir",
+            str(tmp_path / "r")]
+    with pytest.raises(UserError) as e:
+        bench.main(args + ["--client-python", str(bare / "bin" / "python")])
+    msg = str(e.value)
+    assert f"--client-python {bare / 'bin' / 'python'} cannot run SGLang's bench_serving" in msg
+    lacks = re.search(r"lacks (\d+) of SGLang's requirements: ([^(]+)", msg)
+    assert lacks and int(lacks.group(1)) > 30, msg
+    named = lacks.group(2).split()
+    for package in ("torch", "apache-tvm-ffi", "pyzmq", "pillow", "psutil", "prometheus-client", "transformers"):
+        assert package in named, (package, named)  # pip's names, not module names (zmq, PIL, tvm_ffi)
+    monkeypatch.setattr(sys, "executable", str(bare / "bin" / "python"))
+    with pytest.raises(UserError) as e:
+        bench.main(args)
+    msg = str(e.value)
+    assert "no-venv/bin/python: not there (make setup makes it)" in msg
+    assert "the serving image: docker is not installed" in msg and "Fix: make setup" in msg
+    assert "make image" in msg and msg.count("lacks ") == 1
+
+
+def test_bench_serving_runs_from_the_serving_image(tmp_path):
+    """--client-image: the scenario check and every run go through `docker run --network host IMAGE python3 -m
+    sglang.benchmark.serving` (a fake docker that runs the image's entrypoint here), its output file and the
+    tokenizer mounted at their own paths, the API key passed by name (issue 23 item 4)."""
+    image = load_pin().serving_image
+    docker = _fake_docker.install(tmp_path, images=(image,), pythonpath=(bc.TREE_PYTHON, FIX / "client_stubs"))
+    server = standin_server.ServerThread("patched", api_key="k").start()
+    scen = tmp_path / "scenarios.toml"
+    scen.write_text('[defaults]\ninput_len = 16\noutput_len = 8\n'
+                    '[[scenario]]\nname = "C1"\nmax_concurrency = 1\nnum_prompts = 2\n')
+    try:
+        cp = subprocess.run([sys.executable, "-m", "scripts.bench.bench", "--server-url", f"img={server.url}",
+                             "--scenarios-file", str(scen), "--repeats", "1", "--results-dir", str(tmp_path / "r"),
+                             "--tokenizer", str(TOKENIZER), "--sample-interval", "0.05", "--client-image"], cwd=ROOT,
+                            env={**client_env(), "PATH": _fake_docker.path_with(docker.bindir), "SGLANG_API_KEY": "k"},
+                            capture_output=True, text=True, timeout=600)
+    finally:
+        server.stop()
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    assert f"bench_serving runs from the image {image} (" in cp.stderr
+    runs = docker.runs()
+    assert len(runs) == 2  # the scenario check, then the one run
+    for argv in runs:
+        assert argv[:2] == ["run", "--rm"] and ["--network", "host"] == argv[argv.index("--network"):][:2]
+        assert f"{TOKENIZER.resolve()}:{TOKENIZER.resolve()}" in argv and ["-e", "OPENAI_API_KEY"] in [
+            argv[i:i + 2] for i in range(len(argv))]
+        assert argv[argv.index(image) + 1] == "python3" and "k" not in argv
+    assert "-i" in runs[0] and runs[1][runs[1].index(image) + 1:][1:3] == ["-m", "sglang.benchmark.serving"]
+    recs = [json.loads(ln) for f in (tmp_path / "r").glob("*.jsonl") for ln in f.read_text().splitlines()]
+    assert len(recs) == 1 and recs[0]["completed"] == 2
+
+
 # -------------------------------------------------------------------------------------------------------------
 # launcher and end to end
 
@@ -499,6 +568,46 @@ def test_harness_end_to_end_against_standin_servers(standins, tmp_path):
     assert all(math.isfinite(e["output_tok_s"]) for e in base["entries"])
 
 
+def test_a_keyed_server_is_benchmarked_with_the_key_serve_reads(tmp_path):
+    """A server started with an API key (SGLang's own auth rule in the stand-in): without the key the harness says
+    401 and how to give it; with $SGLANG_API_KEY or --api-key-file (serve's sources) it and bench_serving send it,
+    and the key is in no printed line, log or result (issue 23 item 8)."""
+    key = "k3y-" + "5ecret" * 4
+    server = standin_server.ServerThread("patched", api_key=key).start()
+    scen = tmp_path / "scenarios.toml"
+    scen.write_text('[defaults]\ninput_len = 16\noutput_len = 8\n'
+                    '[[scenario]]\nname = "C1"\nmax_concurrency = 1\nnum_prompts = 2\n')
+
+    def bench_it(res: Path, *extra, **env) -> subprocess.CompletedProcess:
+        e = {k: v for k, v in client_env().items() if k not in ("SGLANG_API_KEY", "OPENAI_API_KEY")}
+        return subprocess.run([sys.executable, "-m", "scripts.bench.bench", "--server-url", f"keyed={server.url}",
+                               "--scenarios-file", str(scen), "--repeats", "1", "--results-dir", str(res),
+                               "--box", "test-box", "--tokenizer", str(TOKENIZER), "--sample-interval", "0.05",
+                               *extra], cwd=ROOT, env={**e, **env}, capture_output=True, text=True, timeout=300)
+    try:
+        no_key = bench_it(tmp_path / "none")
+        assert no_key.returncode == 4, no_key.stderr[-3000:]
+        assert "401 Unauthorized from " in no_key.stderr and "the server wants an API key" in no_key.stderr
+        assert "export SGLANG_API_KEY=<its key>, or pass --api-key-file FILE" in no_key.stderr
+        assert "no SGLang server answers" not in no_key.stderr
+        by_env = bench_it(tmp_path / "env", SGLANG_API_KEY=key, OPENAI_API_KEY="someone-elses")
+        assert by_env.returncode == 0, by_env.stderr[-3000:]
+        assert "API key: from $SGLANG_API_KEY" in by_env.stderr and "OPENAI_API_KEY is set here" in by_env.stderr
+        key_file = tmp_path / "key"
+        key_file.write_text(key + "\n")
+        by_file = bench_it(tmp_path / "file", "--api-key-file", str(key_file))
+        assert by_file.returncode == 0, by_file.stderr[-3000:]
+        assert f"API key: from the file {key_file}" in by_file.stderr
+    finally:
+        server.stop()
+    recs = [json.loads(ln) for f in (tmp_path / "env").glob("*.jsonl") for ln in f.read_text().splitlines()]
+    assert len(recs) == 1 and recs[0]["completed"] == 2 and recs[0]["eagle"]["decode_tok_s"] > 0
+    for cp in (no_key, by_env, by_file):
+        assert key not in cp.stdout + cp.stderr
+    for f in tmp_path.rglob("*"):
+        assert not f.is_file() or f == key_file or key not in f.read_text(errors="replace"), f
+
+
 # -------------------------------------------------------------------------------------------------------------
 # inputs judged by bench_serving itself before any server starts
 
@@ -534,6 +643,17 @@ name = "flag"
 max_concurrency = 2
 num_prompts = 8
 extra_args = ["--no-such-flag"]
+[[scenario]]
+name = "download"
+max_concurrency = 2
+num_prompts = 8
+dataset_name = "sharegpt"
+tokenize_prompt = false
+[[scenario]]
+name = "tokenized"
+max_concurrency = 2
+num_prompts = 8
+dataset_name = "sharegpt"
 """
 
 
@@ -549,15 +669,22 @@ def test_scenario_values_are_judged_by_bench_serving_before_any_server(tmp_path,
     base = ["--server-url", "http://127.0.0.1:9", "--scenarios-file", str(scen), "--tokenizer", str(TOKENIZER),
             "--results-dir", str(res), "--dry-run"]
     with pytest.raises(UserError) as e:
-        bench.main(base + ["--scenarios", "ok,fast,seed,ratio,dataset,flag"])
+        bench.main(base + ["--scenarios", "ok,fast,seed,ratio,dataset,flag,download,tokenized"])
     msg = str(e.value)
-    assert "5 scenario(s) would fail only after the servers loaded" in msg
+    assert "7 scenario(s) would fail only after the servers loaded" in msg
     assert "scenario fast: bench_serving refuses it: argument --request-rate: invalid float value: 'fast'" in msg
     assert "set request_rate in [[scenario]] fast (or [defaults])" in msg
     assert "argument --seed: invalid int value: '1.5'" in msg and "set seed in [[scenario]] seed" in msg
     assert "compute_random_lens" in msg and "set range_ratio in [[scenario]] ratio" in msg
     assert "argument --dataset-name: invalid choice: 'randm'" in msg and "'random-ids'" in msg
     assert "unrecognized arguments: --no-such-flag" in msg and "extra_args of [[scenario]] flag" in msg
+    # sharegpt is fetched from the Hub when the run starts (bench_serving's own loader, asked here with its
+    # download helpers limited to the local caches), and this box is offline (issue 23 item 9)
+    assert ("scenario download: its dataset downloads anon8231489123/ShareGPT_Vicuna_unfiltered/"
+            "ShareGPT_V3_unfiltered_cleaned_split.json from the Hugging Face Hub when it runs, and this box cannot "
+            "(HF_HUB_OFFLINE=1 is set)") in msg
+    assert 'extra_args = ["--dataset-path", "FILE"] in [[scenario]] download' in msg
+    assert "scenario tokenized: bench_serving refuses it: its dataset sharegpt (ShareGPTDataset) refuses" in msg
     assert "scenario ok:" not in msg and not res.exists()
     with pytest.raises(UserError, match="fix or remove --nope in --bench-args"):
         bench.main(base + ["--scenarios", "ok", "--bench-args", "--nope 1"])
@@ -663,14 +790,39 @@ def test_dry_run_prints_the_plan_its_cost_and_every_check(tmp_path, monkeypatch,
     assert "run" not in docker_calls(box) and not box["res"].exists()
 
 
+def test_concurrency_above_the_servers_limit_stops_the_dry_run(tmp_path, monkeypatch):
+    """max_concurrency 1000 against the profile's max-running-requests 16: refused before any load, in the dry run
+    too, naming both ways out; a limit raised after -- is the one that counts (issue 23 item 9)."""
+    box = fake_box(tmp_path, monkeypatch)
+    scen = tmp_path / "scenarios.toml"
+    scen.write_text('[defaults]\ninput_len = 32\noutput_len = 48\n'
+                    '[[scenario]]\nname = "C1000"\nmax_concurrency = 1000\nnum_prompts = 1000\n')
+    args = ["--results-dir", str(box["res"]), "--hf-cache", str(box["hf"]), "--scenarios-file", str(scen),
+            "--tokenizer", str(TOKENIZER), "--dry-run"]
+    with pytest.raises(UserError) as e:
+        bench.main(args)
+    msg = str(e.value)
+    assert "scenario C1000: max_concurrency 1000 is above max-running-requests 16 of " in msg
+    assert "(profile kimi-k25-eagle3-tp8)" in msg and "max_concurrency <= 16 in [[scenario]] C1000" in msg
+    assert docker_calls(box) == [] and not box["res"].exists()
+    assert bench.main(args + ["--", "--max-running-requests", "1000"]) == 0
+
+
 def test_missing_weights_stop_the_run_naming_the_download(tmp_path, monkeypatch):
     box = fake_box(tmp_path, monkeypatch)
     (next((box["hf"] / "hub").glob("models--moonshotai--*/snapshots/abc")) / "m-1.safetensors").unlink()
     with pytest.raises(UserError) as e:
         bench.main(["--results-dir", str(box["res"]), "--hf-cache", str(box["hf"]), "--variants", "patched-eagle3"])
     assert "1 of 1 weight shards missing" in str(e.value)
-    assert f"huggingface-cli download moonshotai/Kimi-K2.5 --cache-dir {box['hf'] / 'hub'}" in str(e.value)
+    assert f"hf download moonshotai/Kimi-K2.5 --cache-dir {box['hf'] / 'hub'}" in str(e.value)
     assert not box["res"].exists()
+    # The printed download runs as printed with the pinned huggingface_hub (offline here: it gets as far as asking
+    # the hub); `huggingface-cli download`, the fix printed before, exits 1 saying it no longer works.
+    for cmd in re.findall(r"hf download [^;(]+", str(e.value)):
+        argv = [str(Path(sys.executable).parent / "hf"), *shlex.split(cmd)[1:]]
+        cp = subprocess.run(argv, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        assert "offline mode is enabled" in cp.stdout + cp.stderr, cp.stdout + cp.stderr
 
 
 def test_engine_lost_mid_plan_stops_the_plan_without_empty_logs(tmp_path, monkeypatch):
@@ -710,3 +862,37 @@ def test_estimates_come_from_earlier_results(tmp_path):
     lines = "\n".join(bench.preflight.plan_lines(plan, cfg.sessions(plan), {}, res))
     assert "1 load(s) of the a server, ~6m40s each (median of 2 earlier load(s))" in lines
     assert "C1 ~1m50s (median of 3 earlier run(s))" in lines and "C9 ~0s (assumed 50 tok/s per stream)" in lines
+
+
+def test_resume_runs_only_what_the_results_lack(tmp_path):
+    """A plan that died after one of its two runs: --check --resume says one is left, --resume runs only that one,
+    and then none is left (make report's bench part is done only then; issue 23 item 3)."""
+    server = standin_server.ServerThread("stock").start()
+    scen = tmp_path / "scenarios.toml"
+    scen.write_text('[defaults]\ninput_len = 16\noutput_len = 8\n'
+                    '[[scenario]]\nname = "C1"\nmax_concurrency = 1\nnum_prompts = 2\n')
+    res = tmp_path / "r"
+
+    def bench_it(*extra) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "scripts.bench.bench", "--server-url", f"s={server.url}",
+                               "--scenarios-file", str(scen), "--repeats", "2", "--results-dir", str(res), "--box",
+                               "b", "--tokenizer", str(TOKENIZER), "--sample-interval", "0.05", *extra], cwd=ROOT,
+                              env=client_env(), capture_output=True, text=True, timeout=600)
+    try:
+        assert bench_it().returncode == 0
+        (first,) = res.glob("*.jsonl")
+        lines = first.read_text().splitlines()
+        first.write_text(lines[0] + "\n")  # the run that "died" wrote one of its two records
+        check = bench_it("--check", "--resume")
+        assert check.returncode == 0, check.stderr[-3000:]
+        assert json.loads(check.stdout.strip().splitlines()[-1])["runs_left"] == 1
+        again = bench_it("--resume")
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert "resuming: 1 of 2 run(s) already in" in again.stderr, again.stderr
+        assert "[1/1] C1 s repeat 2 (A)..." in again.stderr and "repeat 1 (A)..." not in again.stderr
+        done = bench_it("--check", "--resume")
+        assert json.loads(done.stdout.strip().splitlines()[-1]) == {"estimate_s": 0, "runs": 2, "runs_left": 0}
+    finally:
+        server.stop()
+    recs = [json.loads(ln) for f in res.glob("*.jsonl") for ln in f.read_text().splitlines()]
+    assert sorted(r["eagle"]["repeat"] for r in recs) == [1, 2]

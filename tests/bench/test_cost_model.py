@@ -61,3 +61,19 @@ def test_make_docs_says_what_it_wrote(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(cost_model, "render", lambda inp, runs, receipts=None: {"box": "| newer |", "h200": "| same |"})
     assert cost_model.main(["--check", "--doc", str(doc)]) == 1
     assert "out of date" in capsys.readouterr().out
+
+
+def test_make_docs_draws_the_model_tables_it_wrote(tmp_path, capsys):
+    """--write draws the tok/s ranges of the box and settings tables (as the document prints them) beside the
+    document; the trees, which the model does not rate, are left out of the plot (issue 23 item 10)."""
+    doc = tmp_path / "plan.md"
+    doc.write_text(cost_model.DOC.read_text())
+    assert cost_model.main(["--write", "--doc", str(doc)]) == 0
+    assert "plot cost-model.png: drawn" in capsys.readouterr().out
+    assert (tmp_path / "cost-model.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    settings = cost_model._ranges(cost_model.block(doc.read_text(), "settings"), "tok/s (model)")
+    assert [r[0].split(" ")[0] for r in settings] == ["1/1/2", "2/1/3", "3/1/4", "4/1/5", "5/1/6"]
+    assert all(0 < lo <= hi for _, lo, hi in settings)
+    box = cost_model._ranges(cost_model.block(doc.read_text(), "box"), "tok/s at AL 2.0")
+    assert box[0][1:] == (60.0, 60.0) and len(box) == 5
+    assert "](bench/results/cost-model.png)" in cost_model.DOC.read_text()

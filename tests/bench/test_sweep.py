@@ -85,8 +85,9 @@ def test_committed_sweep_becomes_checked_variants(rules):
                                               "lightseekorg/kimi-k2.5-eagle3-mla"}
     assert {p.quant for p in sw.points} == {"", "fp8"} and len(sw.points) == 42
     vs = sweep.variants(sw, cfg.load_variants(), rules, [])
-    assert [v.name for v in vs][:2] == ["patched-nospec", "sweep-Kimi-K25-eagle3-1-1-2"]
-    mla = next(v for v in vs if v.name == "sweep-kimi-k2.5-eagle3-mla-4-4-8-fp8")
+    # the names keep the drafter's org (two orgs' drafters of one name stay apart; issue 23 item 10)
+    assert [v.name for v in vs][:2] == ["patched-nospec", "sweep-AQ-MedAI-Kimi-K25-eagle3-1-1-2"]
+    mla = next(v for v in vs if v.name == "sweep-lightseekorg-kimi-k2.5-eagle3-mla-4-4-8-fp8")
     assert mla.to_dict()["setting"] == {"drafter": "lightseekorg/kimi-k2.5-eagle3-mla", "steps": 4, "topk": 4,
                                         "draft_tokens": 8, "draft_quantization": "fp8"}
     vals = cfg.placeholder_values(cfg.load_variants().defaults, {})
@@ -104,8 +105,8 @@ def test_sweep_file_mistakes_are_named_before_anything_runs(rules, tmp_path):
     with pytest.raises(UserError) as e:
         sweep.variants(sweep.load(f), cfg.load_variants(), rules, [])
     msg = str(e.value)
-    assert "point(s) SGLang" in msg and "sweep-b-3-1-5: 3/1/5: with topk 1" in msg and "'int3'" in msg
-    assert "sweep-b-4-4-8:" not in msg  # the valid points are not listed
+    assert "point(s) SGLang" in msg and "sweep-a-b-3-1-5: 3/1/5: with topk 1" in msg and "'int3'" in msg
+    assert "sweep-a-b-4-4-8:" not in msg  # the valid points are not listed
     f.write_text('base = "patched-nospec"\ndrafters = ["a/b"]\nsettings = ["3/1/4"]\n')
     with pytest.raises(UserError, match="takes no \\{draft_model\\}"):
         sweep.variants(sweep.load(f), cfg.load_variants(), rules, [])
@@ -117,7 +118,7 @@ def test_sweep_file_mistakes_are_named_before_anything_runs(rules, tmp_path):
 def test_bench_sweep_dry_run_and_what_it_refuses(sglang_tree, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(bench, "package_or_tree", lambda: sglang_tree / "python" / "sglang")
     monkeypatch.setattr(bench, "check_scenarios", lambda *a, **k: None)  # judged in test_bench.py
-    monkeypatch.setattr(bench, "resolve_client", lambda py: ("python", {}, "test"))
+    monkeypatch.setattr(bench, "resolve_client", lambda *a, **k: bench.Client("test", {}, python="python"))
     res = tmp_path / "res"
     base = ["--sweep", "--results-dir", str(res), "--hf-cache", str(tmp_path / "hf"), "--dry-run"]
     assert bench.main(base) == 0
@@ -125,7 +126,7 @@ def test_bench_sweep_dry_run_and_what_it_refuses(sglang_tree, tmp_path, monkeypa
     assert "plan: 86 run(s) (1 scenario(s) x 43 variant(s) x 2 repeat(s)) in 43 server session(s)" in out.out
     assert "43 load(s) of moonshotai/Kimi-K2.5" in out.out
     assert "repeats 2 from" in out.err and "order blocked from" in out.err
-    assert bench.main(base + ["--variants", "patched-nospec,sweep-kimi-k2.5-eagle3-mla-3-4-8", "--repeats", "1"]) == 0
+    assert bench.main(base + ["--variants", "patched-nospec,sweep-lightseekorg-kimi-k2.5-eagle3-mla-3-4-8", "--repeats", "1"]) == 0
     assert "plan: 2 run(s) (1 scenario(s) x 2 variant(s) x 1 repeat(s))" in capsys.readouterr().out
     with pytest.raises(UserError, match="a sweep's drafters are its own"):
         bench.main(base + ["--draft-model", "x/y"])
@@ -174,7 +175,7 @@ def test_cost_model_recovers_the_costs_and_agrees_with_a_consistent_sweep():
     assert v is not None, why
     assert v.fit.verify_ms_per_token == pytest.approx(V) and v.fit.draft_ms_per_step == pytest.approx(
         {"A/one (checkpoint)": 0.8, "B/two (checkpoint)": 1.4})
-    assert v.agrees and v.predicted.name == v.measured.name == "sweep-one-4-4-8"
+    assert v.agrees and v.predicted.name == v.measured.name == "sweep-A-one-4-4-8"
     md = report.markdown(rows, {"stem": "S"})
     assert "## Sweep: drafters and speculative settings (C1)" in md
     assert "| A/one | checkpoint | 4/4/8 | 2.900 | 134.9 | 100.0% | " in md and "The sweep agrees with the model." in md
@@ -182,16 +183,16 @@ def test_cost_model_recovers_the_costs_and_agrees_with_a_consistent_sweep():
 
 
 def test_a_point_off_its_verify_graph_makes_the_sweep_disagree(tmp_path, capsys):
-    recs = sweep_records(slow={"sweep-one-4-4-8": 1.3}, hit={"sweep-one-4-4-8": 0.35})
+    recs = sweep_records(slow={"sweep-A-one-4-4-8": 1.3}, hit={"sweep-A-one-4-4-8": 0.35})
     rows = report.summarize(recs)
     v, _ = spec_model.verdict(*report.sweep_points(rows, "C1"))
-    assert not v.agrees and v.predicted.name == "sweep-one-4-4-8" and v.measured.name != "sweep-one-4-4-8"
-    assert v.worst[0][0].name == "sweep-one-4-4-8" and v.worst[0][1] < -0.15
+    assert not v.agrees and v.predicted.name == "sweep-A-one-4-4-8" and v.measured.name != "sweep-A-one-4-4-8"
+    assert v.worst[0][0].name == "sweep-A-one-4-4-8" and v.worst[0][1] < -0.15
     results = tmp_path / "r.jsonl"
     results.write_text("".join(json.dumps(r) + "\n" for r in recs))
     assert cost_model.main(["--sweep", str(results)]) == 0  # make docs' cost model prints the same verdict
     out = capsys.readouterr().out
-    assert "does NOT agree with the model" in out and "sweep-one-4-4-8" in out and "(verify graph 35%)" in out
+    assert "does NOT agree with the model" in out and "sweep-A-one-4-4-8" in out and "(verify graph 35%)" in out
 
 
 def test_chain_points_alone_cannot_separate_verify_and_draft_costs():

@@ -17,28 +17,32 @@ from scripts.lib.errors import UserError
 from scripts.lib.repo import REPO_ROOT
 
 
-def test_without_gpus_it_says_so_and_exits_2():
+def test_without_gpus_it_says_why_for_both_routes_and_exits_2():
+    """As bench-comm: which route failed and why (here: torch sees no GPU; the image: no docker), and the docker run
+    that would run it there (tests/test_printed_fixes.py runs that command)."""
     cp = subprocess.run([sys.executable, "-m", "scripts.host.gpu_tier"], cwd=REPO_ROOT, capture_output=True,
                         text=True, timeout=120, env={"PATH": "/usr/bin:/bin"})
     assert cp.returncode == 2, cp.stderr
-    assert "0 NVIDIA GPU(s) visible here" in cp.stderr and "needs at least 2" in cp.stderr
-    assert "make test" in cp.stderr and "Traceback" not in cp.stderr
+    assert "test-gpu cannot run here (" in cp.stderr and "sees 0 CUDA GPU(s), and 2 are needed" in cp.stderr
+    assert "nor in the image (docker is not installed" in cp.stderr and "Traceback" not in cp.stderr
+    assert f"-v {REPO_ROOT / 'bench' / 'results'}:/results" in cp.stderr and route.default_image() in cp.stderr
 
 
 def test_one_gpu_is_not_enough(monkeypatch):
-    monkeypatch.setattr(gpu_tier, "gpu_names", lambda: ["NVIDIA H200"])
-    with pytest.raises(UserError, match="1 NVIDIA GPU"):
+    monkeypatch.setattr(route, "probe_python", lambda py: {"torch": "2.14.1", "gpus": 1})
+    monkeypatch.setattr(route, "image_ready", lambda image: (False, "docker is not installed"))
+    with pytest.raises(UserError, match=r"sees 1 CUDA GPU\(s\), and 2 are needed"):
         gpu_tier.main([])
 
 
 def test_result_file_is_named_after_the_gpus():
-    assert gpu_tier.gpu_slug(["NVIDIA H200", "NVIDIA H200"]) == "H200"
-    assert gpu_tier.gpu_slug(["NVIDIA RTX PRO 6000 Blackwell Server Edition"]) == \
+    assert route.gpu_slug(["NVIDIA H200", "NVIDIA H200"]) == "H200"
+    assert route.gpu_slug(["NVIDIA RTX PRO 6000 Blackwell Server Edition"]) == \
         "RTX-PRO-6000-Blackwell-Server-Edition"
 
 
 def test_no_usable_python_and_no_image_is_one_clear_error(monkeypatch, tmp_path):
-    monkeypatch.setattr(gpu_tier, "gpu_names", lambda: ["NVIDIA H200"] * 2)
+    monkeypatch.setattr(route, "gpu_names", lambda: ["NVIDIA H200"] * 2)
     monkeypatch.setattr(route, "probe_python", lambda py: {"torch": "2.14.1", "gpus": 0})
     monkeypatch.setattr(route, "image_ready", lambda image: (False, "docker is not installed"))
     with pytest.raises(UserError) as e:
@@ -65,7 +69,7 @@ def test_the_image_route_says_why_and_mounts_the_results(monkeypatch, tmp_path, 
                                    f"run) printf '%s\\n' \"$@\" > {log}; exit 0;; esac\nexit 3\n")
     (bindir / "docker").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
-    monkeypatch.setattr(gpu_tier, "gpu_names", lambda: ["NVIDIA H200"] * 2)
+    monkeypatch.setattr(route, "gpu_names", lambda: ["NVIDIA H200"] * 2)
     with pytest.raises(UserError, match="wrote no result document"):
         gpu_tier.main(["--out", str(tmp_path / "r" / "t.json"), "--", "-k", "faults"])
     err = capsys.readouterr().err

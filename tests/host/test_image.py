@@ -413,8 +413,9 @@ def test_image_doctor_and_test_gpu_run_from_the_image_layout(image_site, image_h
     _, env = image_site
     doc = _entrypoint(image_home, env, "doctor", "--replay", str(ROOT / "tests/fixtures/doctor/pcie8x"), cwd=tmp_path)
     assert doc.returncode in (0, 1) and "nccl.version" in doc.stdout, doc.stderr[-2000:]
-    gpu = _entrypoint(image_home, env, "test-gpu", cwd=tmp_path)  # no GPU here: the verb's own refusal, no traceback
-    assert gpu.returncode == 2 and "NVIDIA GPU(s) visible here" in gpu.stderr and "Traceback" not in gpu.stderr
+    gpu = _entrypoint(image_home, {**env, "EAGLE_RESULTS": str(tmp_path)}, "test-gpu", cwd=tmp_path)
+    # no GPU here: the verb's own refusal, no traceback
+    assert gpu.returncode == 2 and "test-gpu cannot run here: " in gpu.stderr and "Traceback" not in gpu.stderr
     serve = _entrypoint(image_home, env, "test-serve", cwd=tmp_path)
     assert serve.returncode == 2 and "no NVIDIA GPU visible here" in serve.stderr and "Traceback" not in serve.stderr
 
@@ -506,7 +507,7 @@ def documented_gpu_runs() -> list[tuple[str, str]]:
 def test_every_documented_docker_run_mounts_the_flashinfer_cache():
     runs = documented_gpu_runs()
     assert {f for f, _ in runs} >= {"README.md", "docker/README.md", "docker/Dockerfile", "bench/variants.toml",
-                                    "scripts/host/gpu_tier.py", "scripts/bench/bench_comm.py"}
+                                    "scripts/host/route.py", "scripts/bench/bench_comm.py"}
     missing = [f"{f}: {cmd}" for f, cmd in runs if ":/root/.cache/flashinfer" not in cmd]
     assert not missing, "\n".join(missing)
 

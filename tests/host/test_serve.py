@@ -515,3 +515,23 @@ def test_default_drafter_is_chosen_by_the_evidence_and_kept_in_step(sglang_tree)
     assert "GSM8K 3.20" in text and "make bench-sweep" in text and "AQ-MedAI/Kimi-K25-eagle3 (the previous" in text
     variants = tomllib.loads((ROOT / "bench" / "variants.toml").read_text())
     assert variants["defaults"]["draft_model"] == drafter
+
+
+def test_dry_run_refuses_values_sglang_would_fail_on_after_the_load(tmp_path, sglang_tree):
+    """mem-fraction-static 1.9, an unknown speculative algorithm and topk 0 pass sglang's parser (by type) and fail
+    only after the ~10 min weight load: the dry run names each, where it is set (issue 23 item 9). The algorithm
+    is judged by SGLang's own name resolution."""
+    text = DEFAULT.read_text().replace("mem-fraction-static = 0.9", "mem-fraction-static = 1.9")
+    text = text.replace('speculative-algorithm = "EAGLE3"', 'speculative-algorithm = "EAGLE9"')
+    (tmp_path / "bad.toml").write_text(text)
+    env = {**os.environ, "PYTHONPATH": str(sglang_tree / "python")}
+    cp = subprocess.run([sys.executable, "-m", "scripts.host.serve", "--profile", str(tmp_path / "bad.toml"),
+                         "--dry-run", "--", "--speculative-eagle-topk", "0"], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=300)
+    assert cp.returncode == 2, cp.stdout + cp.stderr
+    err = cp.stderr
+    assert f"mem-fraction-static in [args] of profile {tmp_path / 'bad.toml'}: 1.9 would fail" in err
+    assert "a fraction of GPU memory between 0 and 1" in err
+    assert "Unknown speculative algorithm name: EAGLE9 (SGLang's own names: " in err and "EAGLE3" in err
+    assert "--speculative-eagle-topk after -- on the command line: 0 would fail" in err
+    assert "Traceback" not in err and not cp.stdout

@@ -1,27 +1,20 @@
-"""Every piece of advice the series verbs print is a command that works as printed.
+"""Every piece of advice the series verbs print is a command that works as printed (the rules: tests/_advice.py).
 
-A `make <target> VAR=...` names a target of the Makefile, and each VAR is one its recipe passes on or one the
-target's verb reads from the environment (make exports command-line variables to its recipes). A `VAR=value` on
-its own is read by the verb that printed it (or its target's recipe uses it). A `--flag` is one of the printing
-verb's argparse options, and `python -m scripts.<verb> ...` names an existing verb with its own options; flags of
-other programs (git, pip, rm) are theirs. Checked on every string in scripts/series (make targets and variables)
-and on the real output of the failure paths of apply, refresh, check-patches and export (everything). The advice a
+Checked on every string in scripts/series (make targets and variables) and on the real output of the failure paths of apply, refresh, check-patches and export (everything). The advice a
 conflicting refresh prints (RESUME=1) is then followed, as printed.
 """
 
 from __future__ import annotations
 
-import ast
 import os
 import re
 import shutil
 import subprocess
 import sys
-from functools import cache
 from pathlib import Path
 
 import pytest
-from _releases import OTHER_REQUIREMENT, OTHER_TAG
+from _releases import OTHER, OTHER_FILENAME, OTHER_REQUIREMENT, OTHER_TAG
 
 from scripts.lib import git
 from scripts.series.lint import lint
@@ -29,157 +22,12 @@ from scripts.series.patchfile import series_patches
 from scripts.series.pin import load_pin
 from scripts.series.upstream import git_tree_from_wheel, sha256_file
 
-ROOT = Path(__file__).resolve().parents[2]
+from _advice import ROOT, advice_problems, closure, rendered_strings
+
 PIN = load_pin()
 PATCHES = series_patches(PIN)
 SERIES_VERBS = ["scripts.series.apply", "scripts.series.refresh", "scripts.series.check_patches",
                 "scripts.series.export", "scripts.series.prove_tests"]
-
-MAKE_RE = re.compile(r"\bmake ([a-z][a-z-]*)((?:[ \t]+(?:[A-Z][A-Z0-9_]*=[^\s,;)]*|\{\}))*)")
-VAR_RE = re.compile(r"(?<![\w./-])([A-Z][A-Z0-9_]+)=")
-PY_RE = re.compile(r"\bpython3? -m (scripts\.[\w.]+)([^\n;,)]*)")
-OTHER_CMD_RE = re.compile(r"\b(?:git|pip|rm)\b[^\n;,)]*")
-FLAG_RE = re.compile(r"(?<![\w-])--([a-z][a-z-]*)")
-QUOTED_TOOL_OUTPUT = re.compile(r"^--- git (?:am|apply) said.*", re.M | re.S)
-
-
-# ------------------------------------------------------------------------------------- what exists
-
-
-@cache
-def make_recipes() -> dict[str, str]:
-    """target -> its recipe lines, from the Makefile."""
-    recipes: dict[str, str] = {}
-    current = None
-    for line in (ROOT / "Makefile").read_text().splitlines():
-        m = re.match(r"^([a-z][a-z-]*):", line)
-        if m:
-            current = m.group(1)
-            recipes[current] = ""
-        elif line.startswith("\t") and current:
-            recipes[current] += line + "\n"
-        elif line.strip():
-            current = None
-    return recipes
-
-
-def module_path(name: str) -> Path | None:
-    base = ROOT / name.replace(".", "/")
-    return next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()), None)
-
-
-@cache
-def tree_of(name: str) -> ast.Module:
-    return ast.parse(module_path(name).read_text())
-
-
-@cache
-def imported(name: str) -> frozenset[str]:
-    """The scripts.* modules a module imports (relative imports resolved)."""
-    package = name if module_path(name).name == "__init__.py" else name.rsplit(".", 1)[0]
-    out = set()
-    for node in ast.walk(tree_of(name)):
-        if isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
-            out |= {m for m in [base, *(f"{base}.{a.name}" for a in node.names)] if m.startswith("scripts")}
-        elif isinstance(node, ast.Import):
-            out |= {a.name for a in node.names if a.name.startswith("scripts")}
-    return frozenset(m for m in out if module_path(m))
-
-
-@cache
-def closure(name: str) -> frozenset[str]:
-    seen, todo = set(), [name]
-    while todo:
-        m = todo.pop()
-        if m not in seen:
-            seen.add(m)
-            todo += imported(m)
-    return frozenset(seen)
-
-
-@cache
-def env_read(verb: str) -> frozenset[str]:
-    """Environment variables the verb (or a module it imports) reads: os.environ.get("X") or os.environ["X"]."""
-    names = set()
-    for m in closure(verb):
-        for node in ast.walk(tree_of(m)):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
-                    and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "environ"
-                    and node.args and isinstance(node.args[0], ast.Constant)):
-                names.add(node.args[0].value)
-            if (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Attribute)
-                    and node.value.attr == "environ" and isinstance(node.slice, ast.Constant)):
-                names.add(node.slice.value)
-    return frozenset(names)
-
-
-@cache
-def flags(verb: str) -> frozenset[str]:
-    """The --options the verb's argparse parser defines."""
-    return frozenset(a.value[2:] for node in ast.walk(tree_of(verb)) if isinstance(node, ast.Call)
-                     and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument"
-                     for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("--"))
-
-
-def target_verbs(target: str) -> list[str]:
-    return re.findall(r"-m (scripts\.[\w.]+)", make_recipes().get(target, ""))
-
-
-def verb_target(verb: str) -> str | None:
-    return next((t for t in make_recipes() if verb in target_verbs(t)), None)
-
-
-# ------------------------------------------------------------------------------------- the check
-
-
-def _make_problems(text: str) -> list[str]:
-    problems = []
-    for m in MAKE_RE.finditer(text):
-        target, recipe = m.group(1), make_recipes().get(m.group(1))
-        if recipe is None:
-            problems.append(f"`{m.group(0).strip()}`: the Makefile has no target {target}")
-            continue
-        read = set().union(*(env_read(v) for v in target_verbs(target)))
-        problems += [f"`{m.group(0).strip()}`: make {target} neither passes {var} on nor reads it"
-                     for var in VAR_RE.findall(m.group(2)) if f"$({var})" not in recipe and var not in read]
-    return problems
-
-
-def advice_problems(text: str, verb: str, check_flags: bool = True) -> list[str]:
-    """What in `text` (printed by `verb`) is not a command that works as printed."""
-    text = QUOTED_TOOL_OUTPUT.sub("", text)
-    problems = []
-    for m in PY_RE.finditer(text):
-        if module_path(m.group(1)) is None:
-            problems.append(f"`{m.group(0).strip()}`: no module {m.group(1)}")
-        else:
-            problems += [f"`{m.group(0).strip()}`: {m.group(1)} has no --{f}" for f in FLAG_RE.findall(m.group(2))
-                         if f not in flags(m.group(1))]
-    text = PY_RE.sub(" ", text)
-    problems += _make_problems(text)
-    text = MAKE_RE.sub(" ", text)
-    recipe = make_recipes().get(verb_target(verb) or "", "")
-    problems += [f"{var}= is neither read by {verb} nor passed by its make target" for var in VAR_RE.findall(text)
-                 if var not in env_read(verb) and f"$({var})" not in recipe]
-    if check_flags:
-        text = OTHER_CMD_RE.sub(" ", text)
-        problems += [f"--{f} is no option of {verb}" for f in FLAG_RE.findall(text) if f not in flags(verb)]
-    return problems
-
-
-def rendered_strings(name: str) -> list[tuple[int, str]]:
-    """Every string literal of a module, f-strings with {} for their fields."""
-    out = []
-    for node in ast.walk(tree_of(name)):
-        if isinstance(node, ast.JoinedStr):
-            out.append((node.lineno, "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)))
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            out.append((node.lineno, node.value))
-    return out
 
 
 def test_the_checker_catches_the_advice_the_review_found():
@@ -190,6 +38,7 @@ def test_the_checker_catches_the_advice_the_review_found():
     assert advice_problems("make no-such-target", "scripts.series.refresh")
     assert advice_problems("python -m scripts.series.refresh --no-such-flag", "scripts.series.apply")
     assert advice_problems("git -C x am --continue", "scripts.series.refresh") == []
+    assert advice_problems("make lint-docker VENV=/opt/venv", "scripts.host.image") == []  # VPY := $(VENV)/...
 
 
 def test_every_make_command_and_variable_in_the_series_code_exists():
@@ -257,19 +106,57 @@ def test_refresh_advice_works_as_printed(tmp_path, base_cache, pinned_wheel, oth
             print(f"=== {case}\n{out.strip()}")
     problems = [f"{case}: {p}" for case, out in outputs.items() for p in advice_problems(out, "scripts.series.refresh")]
     assert not problems, "\n".join(problems)
-    # Follow the conflict's advice as printed: here the operator drops the conflicting patches instead of porting
-    # them, and writes from the tree.
+    # Follow the conflict's advice as printed, porting nothing: the resume refuses, naming every patch the tree
+    # lacks (issue 23 item 1: it used to delete them from patches/), and patches/ is untouched.
     resume = re.search(r"^  (python -m scripts\.series\.refresh .*--resume)$", cp.stdout, re.M)
     assert resume, cp.stdout
-    argv = resume.group(1).split()
-    done = subprocess.run([sys.executable, *argv[1:]], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "SGLANG_PATCHES_CACHE": str(base_cache)})
+    before = {f.name: f.read_bytes() for f in patches_copy.iterdir()}
+    env = {"SGLANG_PATCHES_CACHE": str(base_cache)}
+    refused = subprocess.run([sys.executable, *resume.group(1).split()[1:]], cwd=ROOT, capture_output=True,
+                             text=True, env={**os.environ, **env})
+    out = failed(refused, "refresh --resume")
+    skipped = [r.split()[0] for r in cp.stdout.splitlines() if r.endswith(")") and " conflict " in r]
+    assert skipped and all(name in out for name in skipped), out
+    assert f"{len(skipped)} patch(es) of the series are not in {dest}" in out, out
+    assert {f.name: f.read_bytes() for f in patches_copy.iterdir()} == before
+    assert not advice_problems(out, "scripts.series.refresh"), advice_problems(out, "scripts.series.refresh")
+    # Dropping them is the explicit act the refusal prints (--drop per patch); followed as printed, it writes.
+    drop = re.search(r"^  (python -m scripts\.series\.refresh .*--resume( --drop \S+)+)$", out, re.M)
+    assert drop, out
+    done = subprocess.run([sys.executable, *drop.group(1).split()[1:]], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, **env})
     assert done.returncode == 0, done.stderr
+    assert all(f"DROPPED {name}" in done.stderr for name in skipped), done.stderr
     kept = git.out(dest, "log", "--reverse", "--format=%s", f"{OTHER_TAG}..HEAD").splitlines()
     moved = load_pin(patches_copy)
     assert (moved.tag, moved.wheel_sha256) == (OTHER_TAG, sha256_file(other_wheel))
-    assert [p.subject for p in series_patches(moved)] == kept and 0 < len(kept) < len(PATCHES)
+    assert [p.subject for p in series_patches(moved)] == kept and len(kept) == len(PATCHES) - len(skipped) > 0
     assert lint(patches_copy) == []
+
+
+def test_refresh_takes_the_release_from_the_wheels_metadata(tmp_path, other_wheel):
+    """A wheel file is the release its METADATA says, whatever it is called or WHEEL= claims (issue 23 item 7)."""
+    claimed = "9.9.9"  # a release the file is not
+    renamed = tmp_path / OTHER_FILENAME.replace(f"-{OTHER}-", f"-{claimed}-")
+    shutil.copy2(other_wheel, renamed)
+    (tmp_path / "text.whl").write_text("not a zip")
+    outputs = {
+        "claimed release": failed(run("refresh", "--wheel", f"sglang=={claimed}", "--wheel-file", other_wheel),
+                                  "refresh"),
+        "renamed file": failed(run("refresh", "--wheel", f"sglang=={claimed}", "--wheel-file", renamed), "refresh"),
+        "other project": failed(run("refresh", "--wheel", f"vllm=={OTHER}", "--wheel-file", other_wheel), "refresh"),
+        "not a wheel": failed(run("refresh", "--wheel-file", tmp_path / "text.whl"), "refresh"),
+    }
+    outputs["renamed, no WHEEL="] = failed(run("refresh", "--wheel-file", renamed), "refresh")
+    assert f"is {OTHER_REQUIREMENT} (its METADATA), not sglang=={claimed}" in outputs["claimed release"]
+    assert f"is {OTHER_REQUIREMENT} (its METADATA), not vllm=={OTHER}" in outputs["other project"]
+    assert f"make refresh WHEEL_FILE={other_wheel}" in outputs["claimed release"]  # the fix: its real release
+    # A file renamed to another release is refused by its name too (the pin records the file name pip looks for).
+    for case in ("renamed file", "renamed, no WHEEL="):
+        assert f"is {OTHER_REQUIREMENT} (its METADATA), but its name does not say so" in outputs[case], outputs[case]
+    assert "not a readable wheel" in outputs["not a wheel"], outputs["not a wheel"]
+    problems = [f"{case}: {p}" for case, out in outputs.items() for p in advice_problems(out, "scripts.series.refresh")]
+    assert not problems, "\n".join(problems)
 
 
 def _truncated(d: Path, index: int) -> Path:

@@ -320,3 +320,38 @@ def test_apply_on_a_patched_tree_compares_the_recorded_patch_set(tmp_path, pinne
     rec = read_record(dest / "python" / "sglang")
     assert rec["patchset"] == patchset_id(series_patches(load_pin(changed)))
     assert "(reworded)" in git.out(dest, "log", "--format=%B", f"{PIN.tag}..HEAD")
+
+
+def test_an_interrupted_apply_says_so_and_the_next_one_cleans_up(tmp_path, pinned_wheel):
+    """Ctrl-C (SIGINT to the group, as a terminal sends it) while the base is unpacked: apply's own message, not
+    git's, nothing written; a build/sglang.new left by a killed apply is removed by the next one, also when that
+    one has nothing to do (issue 23 item 10)."""
+    import signal
+
+    dest, cache = tmp_path / "sglang", tmp_path / "cache"
+    e = {**os.environ, "SGLANG_PATCHES_CACHE": str(cache), "SGLANG_WHEEL": str(pinned_wheel)}
+    e.pop("SGLANG_BASE", None)
+    p = subprocess.Popen([sys.executable, "-m", "scripts.series.apply", "--dest", str(dest), "--source", "wheel"],
+                         cwd=ROOT, env=e, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    seen = ""
+    for line in p.stderr:
+        seen += line
+        if "unpacking" in line or "committing the base tree" in line:
+            os.killpg(p.pid, signal.SIGINT)
+            break
+    seen += p.stderr.read()
+    assert p.wait(120) == 130, seen
+    assert f"interrupted; Nothing was written to {dest}. Run make apply again" in seen, seen
+    assert "fatal:" not in seen and "retry with" not in seen and "Traceback" not in seen
+    assert not dest.exists() and not dest.with_name("sglang.new").exists()
+    assert apply("--dest", dest, cache=cache, wheel=pinned_wheel).returncode == 0
+    left = dest.with_name("sglang.new")
+    (left / "python").mkdir(parents=True)
+    cp = apply("--dest", dest, cache=cache, wheel=pinned_wheel)
+    assert cp.returncode == 0 and f"removing {left}, left by a make apply that did not finish" in cp.stderr
+    assert not left.exists() and "nothing to do" in cp.stderr
+
+
+def test_make_clean_removes_what_a_killed_apply_left():
+    cp = subprocess.run(["make", "-n", "clean"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 0 and "build/sglang.new" in cp.stdout.split(), cp.stdout
