@@ -264,6 +264,44 @@ def test_spec_graph_forward_counts_every_target_verify_forward(published):
     assert draft.spec_graph_stats.to_dict()["target_verify"] == _graph()
 
 
+def test_eager_speculative_forwards_record_their_collectives(published):
+    """The real ModelRunner.forward: an eager target-verify forward, and a draft worker's eager decode and draft
+    extend forwards, record the collectives they issue as `<stage>_eager` (counted in forwards) for
+    /server_info's spec_collectives; a graph replay records nothing at replay (its capture did), and neither do a
+    non-speculative eager decode (issue 22 item 1)."""
+    import torch
+
+    from sglang.srt.distributed import collective_stats
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    def eager(fb, pp_proxy_tensors=None):  # what GroupCoordinator notes for one reduction of the batch's rows
+        collective_stats.note("all_reduce", "pcie_ipc", torch.empty(fb.input_ids.numel(), 8, dtype=torch.bfloat16))
+        return "eager"
+
+    collective_stats.reset()
+    mr = _model_runner(_runner())
+    mr.eager_runner.execute = eager
+    outs = [_forward(mr, fb) for fb in (_verify_batch(bs=2), _verify_batch(bs=MAX_BS + 1), _verify_batch(bs=1))]
+    assert [o.graph_outcome for o in outs] == ["graph", "eager", "graph"]
+    mr.decode_cuda_graph_runner = None
+    _forward(mr, _verify_batch(bs=1))  # no graph runner: eager, narrower than the widest recorded
+    _forward(mr, _verify_batch(bs=2, forward_mode=ForwardMode.DECODE, spec_info=None))  # plain decode
+    rows = (MAX_BS + 1) * WIDTH
+    assert collective_stats.snapshot() == {"target_verify_eager": {
+        "calls": {"all_reduce": {"pcie_ipc": 1}}, "bytes": {"all_reduce": rows * 8 * 2}, "forwards": 2}}
+
+    draft = _model_runner(None, is_draft_worker=True)
+    draft.eager_runner.execute = eager
+    _forward(draft, _verify_batch(bs=2, width=1, forward_mode=ForwardMode.DECODE))
+    _forward(draft, _verify_batch(bs=2, forward_mode=ForwardMode.DRAFT_EXTEND_V2))
+    got = collective_stats.snapshot()
+    assert got["draft_decode_eager"] == {"calls": {"all_reduce": {"pcie_ipc": 1}}, "bytes": {"all_reduce": 2 * 8 * 2},
+                                         "forwards": 1}
+    assert got["draft_extend_eager"]["forwards"] == 1 and set(got) == {
+        "target_verify_eager", "draft_decode_eager", "draft_extend_eager"}
+    collective_stats.reset()
+
+
 def test_spec_graph_elastic_ep_retry_counts_one_verify_once(published, monkeypatch):
     """An elastic-EP rank fault re-runs the verify forward; it is still one verify."""
     from sglang.srt.model_executor import model_runner as mr_mod
