@@ -265,10 +265,11 @@ def test_spec_graph_forward_counts_every_target_verify_forward(published):
 
 
 def test_eager_speculative_forwards_record_their_collectives(published):
-    """The real ModelRunner.forward: an eager target-verify forward, and a draft worker's eager decode and draft
-    extend forwards, record the collectives they issue as `<stage>_eager` (counted in forwards) for
-    /server_info's spec_collectives; a graph replay records nothing at replay (its capture did), and neither do a
-    non-speculative eager decode (issue 22 item 1)."""
+    """The real ModelRunner.forward: an eager target-verify forward and a draft worker's eager draft-extend forward
+    record the collectives they issue as `<stage>_eager` (counted in forwards) for /server_info's
+    spec_collectives; a graph replay records nothing at replay (its capture did), neither does a non-speculative
+    eager decode, and a draft model forward inside a graph's capture (the draft decode graph's) counts for that
+    graph, not as an eager forward (issue 22 item 1)."""
     import torch
 
     from sglang.srt.distributed import collective_stats
@@ -292,13 +293,16 @@ def test_eager_speculative_forwards_record_their_collectives(published):
 
     draft = _model_runner(None, is_draft_worker=True)
     draft.eager_runner.execute = eager
-    _forward(draft, _verify_batch(bs=2, width=1, forward_mode=ForwardMode.DECODE))
     _forward(draft, _verify_batch(bs=2, forward_mode=ForwardMode.DRAFT_EXTEND_V2))
+    with collective_stats.recording("draft_decode"):  # as FullCudaGraphBackend captures the draft decode graph
+        _forward(draft, _verify_batch(bs=2, width=1, forward_mode=ForwardMode.DECODE))
+        _forward(draft, _verify_batch(bs=2, width=1, forward_mode=ForwardMode.DRAFT_EXTEND_V2))
     got = collective_stats.snapshot()
-    assert got["draft_decode_eager"] == {"calls": {"all_reduce": {"pcie_ipc": 1}}, "bytes": {"all_reduce": 2 * 8 * 2},
-                                         "forwards": 1}
-    assert got["draft_extend_eager"]["forwards"] == 1 and set(got) == {
-        "target_verify_eager", "draft_decode_eager", "draft_extend_eager"}
+    assert got["draft_extend_eager"] == {"calls": {"all_reduce": {"pcie_ipc": 1}},
+                                         "bytes": {"all_reduce": 2 * WIDTH * 8 * 2}, "forwards": 1}
+    assert got["draft_decode"] == {"calls": {"all_reduce": {"pcie_ipc": 2}}, "bytes": {"all_reduce": 2 * 2 * 8 * 2},
+                                   "graphs": 1}
+    assert set(got) == {"target_verify_eager", "draft_extend_eager", "draft_decode"}
     collective_stats.reset()
 
 
@@ -409,13 +413,29 @@ def test_spec_graph_eagle_draft_decode_counted(monkeypatch):
     the runner's reason otherwise (here a batch above the captured maximum)."""
     from sglang.srt.speculative import eagle_worker_v2 as ew
 
+    import torch
+
+    from sglang.srt.distributed import collective_stats
+
     w, stats = _eagle_draft_worker(monkeypatch, _draft_runner(), None)
+
+    def draft_forward(fb):  # each of the 2 draft decode steps reduces the batch's rows once
+        for _ in range(w.speculative_num_steps - 1):
+            collective_stats.note("all_reduce", "pcie_ipc", torch.empty(fb.batch_size, 8, dtype=torch.bfloat16))
+        return None, None, None, None
+
+    w.draft_forward = draft_forward
+    collective_stats.reset()
     for bs in (4, MAX_BS + 1):
         fb = _draft_batch(bs=bs, mark_forward_metadata_ready=lambda: None)
         monkeypatch.setattr(ew, "prepare_for_draft",
                             lambda *a, fb=fb, **k: (fb, w.cuda_graph_runner.can_run_graph(fb), None))
         w.draft(SimpleNamespace(spec_info=SimpleNamespace(dsa_topk_indices=None)))
     assert stats.to_dict()["draft_decode"] == _graph(1, eager=1, batch_above_max_bs=1)
+    # the eager one's collectives, both steps as one forward (issue 22 item 1)
+    assert collective_stats.snapshot() == {"draft_decode_eager": {
+        "calls": {"all_reduce": {"pcie_ipc": 2}}, "bytes": {"all_reduce": 2 * (MAX_BS + 1) * 8 * 2}, "forwards": 1}}
+    collective_stats.reset()
 
 
 def test_spec_graph_eagle_draft_extend_counted(monkeypatch):
