@@ -145,6 +145,21 @@ def check_eager_counted(p: Phase, rec: dict) -> list[Check]:
     return [counted, said]
 
 
+def check_collectives_recorded(p: Phase, rec: dict, eager: bool) -> list[Check]:
+    """/server_info spec_collectives: per stage the graphs' capture record, or with decode graphs off the eager
+    forwards' record (as many forwards as spec_cuda_graph counts eager), never the other one."""
+    got, out = rec.get("spec", {}).get("spec_collectives") or {}, []
+    for stage in STAGES:
+        key, other = (f"{stage}_eager", stage) if eager else (stage, f"{stage}_eager")
+        r = got.get(key) or {}
+        n = r.get("forwards" if eager else "graphs", 0)
+        ok = n > 0 and other not in got and (not eager or n == _stage(rec, stage).get("eager"))
+        out.append(Check(p.name, f"spec_collectives records {key} only", ok, f"{key} {r or None}, {other} "
+                         f"{got.get(other)}" + (f", spec_cuda_graph eager {_stage(rec, stage).get('eager')}"
+                                                if eager else "")))
+    return out
+
+
 def check_cap(p: Phase, rec: dict) -> list[Check]:
     top = captured_max()
     text = f"max_running_requests is capped from {CAP_REQUESTS} to {top}"
@@ -175,8 +190,9 @@ def phase_checks(p: Phase, rec: dict, recs: dict, chains: dict) -> list[Check]:
     out.append(check_metric_agrees(p, rec))
     if "--disable-decode-cuda-graph" in p.flags:
         out.append(check_log(p, rec, EAGER_START, "eager verify announced at start"))
-        return out + check_eager_counted(p, rec) + [check_accept_length(p, rec, True)]
-    out += check_on_graph(p, rec)
+        return out + check_eager_counted(p, rec) + check_collectives_recorded(p, rec, True) + \
+            [check_accept_length(p, rec, True)]
+    out += check_on_graph(p, rec) + check_collectives_recorded(p, rec, False)
     out.append(check_accept_length(p, rec, p.drafter != "draft-random"))
     if "--max-running-requests" in p.flags:
         out += check_cap(p, rec)
