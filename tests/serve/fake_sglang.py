@@ -3,7 +3,7 @@
 It takes the sglang flags `serve` assembles and answers what scripts/host/serve_tier.py asks, in SGLang's shapes:
 /health, /model_info, POST /generate (input_ids -> output_ids: the continuation the tiny target's chain.json
 prescribes; meta_info with spec_accept_length 4 when a drafter is given), /server_info (max_running_requests,
-internal_states[0] with avg_spec_accept_length and the patched spec_cuda_graph counts) and /metrics (the patched
+internal_states[0] with avg_spec_accept_length, the patched spec_cuda_graph counts and spec_collectives) and /metrics (the patched
 sglang:spec_cuda_graph_forwards_total). With --disable-decode-cuda-graph every verify counts as eager
 (no_graph_runner), and it prints the patched SGLang's startup warnings for that and for a capped
 --max-running-requests. It proves nothing about SGLang: the tests that use it check the tier's processes, ports,
@@ -65,8 +65,12 @@ def main() -> None:
             if self.path in ("/health", "/model_info"):
                 return self.answer({"model_path": a.model_path})
             if self.path == "/server_info":
-                state = {"avg_spec_accept_length": 4.0, "spec_cuda_graph": {s: dict(stage) for s in
-                         ("target_verify", "draft_decode", "draft_extend")}} if spec else {}
+                stages = ("target_verify", "draft_decode", "draft_extend")
+                record = {"calls": {}, "bytes": {}}  # TP1: no collective to issue
+                collectives = {f"{s}_eager": {**record, "forwards": n} for s in stages} if outcome == "eager" \
+                    else {s: {**record, "graphs": 4} for s in stages}
+                state = {"avg_spec_accept_length": 4.0, "spec_cuda_graph": {s: dict(stage) for s in stages},
+                         "spec_collectives": collectives} if spec else {}
                 return self.answer({"max_running_requests": running, "internal_states": [state]})
             if self.path == "/metrics":
                 reason = "no_graph_runner" if outcome == "eager" else ""
