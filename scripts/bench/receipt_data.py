@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import re
-import statistics
 import tarfile
 import tempfile
 from pathlib import Path
@@ -132,11 +131,6 @@ def raw_parts(d: Path) -> dict:
     except UserError as e:
         raise UserError(str(e).replace(str(d) + "/", "")) from e
     return out
-
-
-def _median(xs):
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
 
 
 def _ar(bc: dict, impl: str, rows: int, variant: str = "default") -> float | None:

@@ -9,7 +9,6 @@ $ORIGIN/../../nvidia/nccl/lib. nccl_report() asks that library (ncclGetVersion) 
 
 from __future__ import annotations
 
-import importlib.metadata
 import inspect
 import os
 import re
@@ -23,7 +22,6 @@ KNOWN_BAD_NCCL = {
     "2.30.4": "hangs on the first all-reduce between RTX PRO 6000 pairs unless P2P is disabled "
               "(field report: local-inference-lab/rtx6kpro#15)",
 }
-NCCL_DISTS = ("nvidia-nccl-cu13", "nvidia-nccl-cu12")
 EXPECTED_VAR = "EAGLE_NCCL_VERSION"  # set in the image: the NCCL its build installed (docker/Dockerfile)
 RELEASE_RE = re.compile(r"^\d+\.\d+\.\d+(\.post\d+)?$")
 
@@ -94,13 +92,3 @@ def expected_nccl(environ: dict[str, str] | None = None) -> tuple[str, str]:
     except Exception as e:  # noqa: BLE001 - a copy of the tooling without the pin still reports what runs
         return "", f"no pin ({e})"
     return (version, "patches/pin.toml [nccl]") if version else ("", "patches/pin.toml has no [nccl]")
-
-
-def nccl_dist_version() -> tuple[str, str] | None:
-    """(distribution, version) of the pip NCCL this interpreter's torch loads, from package metadata."""
-    for dist in NCCL_DISTS:
-        try:
-            return dist, importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
