@@ -7,7 +7,8 @@
 - no function is longer than 80 lines;
 - only scripts/lib/proc.py imports subprocess (one helper, with timeouts, runs every program);
 - every verb's docstring says how to run it and lists its exit status;
-- the hidden size is defined once; no code or doc names a path outside the repository.
+- the hidden size is defined once; no code or doc names a path outside the repository;
+- no shell script under pipefail pipes into a reader that stops early (head, grep -q).
 """
 
 from __future__ import annotations
@@ -157,3 +158,24 @@ def test_the_image_verbs_need_nothing_the_upstream_image_lacks():
             "from scripts.series.apply import main; main(['--help'])")
     cp = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert cp.returncode == 0, cp.stderr[-2000:]
+
+
+# a reader that stops before its writer ends (head -N, grep -q/-m) kills the writer with SIGPIPE, which pipefail
+# turns into the script's exit status (141): CI once failed after 1 s on `make --version | head -1`
+EARLY_READER = re.compile(r"\|\s*(head\b|grep\s+(-\w*\s+)*-\w*[qm])")
+
+
+def test_no_pipefail_script_pipes_into_a_reader_that_stops_early():
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    bad = []
+    for f in tracked:
+        path = ROOT / f
+        if not (f.endswith(".sh") or f in (".ci/run", "docker/entrypoint")) or not path.is_file():
+            continue
+        text = path.read_text(errors="replace")
+        if "pipefail" not in text:
+            continue
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.lstrip().startswith("#") and EARLY_READER.search(line):
+                bad.append(f"{f}:{n}: {line.strip()[:100]}")
+    assert not bad, "\n".join(bad)
