@@ -268,10 +268,7 @@ def receipt_table(inp: dict, data: dict, name: str) -> str:
 
 
 def box_measured(inp: dict, receipts: list[Path]) -> str:
-    if not receipts:
-        return ("No box receipt ingested yet: run `make report` on the box, then `make docs RECEIPT=<the .tar.gz>` "
-                "(or commit it under bench/receipts/).")
-    blocks, skipped = [], []
+    blocks = []
     for path in receipts:
         why = ""
         try:
@@ -281,7 +278,7 @@ def box_measured(inp: dict, receipts: list[Path]) -> str:
         try:
             data = rd.load(d) if d else None
             parts = data["receipt"].get("parts", {}) if data else {}
-            if data and not any(r.get("ok") for p, r in parts.items() if p.split("@")[0] in rd.MEASURING):
+            if data and not any(r.get("ok") for p, r in parts.items() if rd.measures(p)):
                 why = ("no part measured anything ("
                        + ", ".join(f"{p}: {r.get('status')}" for p, r in parts.items()) + ")")
             elif data:
@@ -292,7 +289,6 @@ def box_measured(inp: dict, receipts: list[Path]) -> str:
             if tmp is not None:
                 tmp.cleanup()
         if why:
-            skipped.append(f"{Path(path).name}: {why}")
             say(f"skipping receipt {Path(path).name}: {why}")
     if not blocks:
         return ("No box receipt ingested yet: run `make report` on the box, then `make docs RECEIPT=<the .tar.gz>` "
@@ -387,7 +383,8 @@ def plot(blocks: dict[str, str], inp: dict, png: Path) -> bool:
         ax.barh(labels, [r[2] - r[1] or 1 for r in rows], left=[r[1] for r in rows], color="tab:blue",
                 label="model range (low-high per-call latency)")
         ax.axvline(inp["box"]["baseline_tok_s"], color="grey", linestyle=":", label="no speculation, measured (seed)")
-        ax.axvline(170, color="red", linestyle="--", label="goal with EAGLE-3 (170)")
+        goal = rd.THRESHOLDS["goal_tok_s"]
+        ax.axvline(goal, color="red", linestyle="--", label=f"goal with EAGLE-3 ({goal:.0f})")
         ax.invert_yaxis()
         ax.set_xlim(left=0)
         ax.set(xlabel=column, title=f"Model output, not a measurement:\n{what}")

@@ -29,12 +29,11 @@ from ..host.facts import build_facts
 from ..host.tools import Probe
 from ..lib import proc
 from ..lib.errors import UserError
-from ..lib.repo import REPO_ROOT
+from ..lib.repo import PROFILES_DIR, SHIPPED_PROFILE
 from ..lib.tomlfile import load_toml
 from . import config as cfg
 from .numbers import duration
 
-PROFILES_DIR = REPO_ROOT / "docker" / "profiles"
 MIN_FREE_GB = 2.0  # results, bench_serving and server logs of a whole session
 # Assumptions where no earlier result says better (each printed with the plan as an assumption).
 ASSUMED_LOAD_S = 600.0  # one Kimi-K2.5 TP8 server: weights from the page cache or NVMe, graphs, JIT (first: more)
@@ -88,7 +87,7 @@ def variant_needs(server) -> Needs:
         needs.note = "not a serve command: GPUs and weights not checked"
         return needs
     own, extra = (tokens[:tokens.index("--")], tokens[tokens.index("--") + 1:]) if "--" in tokens else (tokens, [])
-    name = _value(own, ("--profile",)) or "kimi-k25-eagle3-tp8"
+    name = _value(own, ("--profile",)) or SHIPPED_PROFILE
     path = Path(name) if name.endswith(".toml") else PROFILES_DIR / f"{name}.toml"
     try:
         prof = load_toml(path, "profile")
@@ -297,10 +296,9 @@ def estimates(plan: list[cfg.Run], results_dir: Path) -> tuple[dict[str, float],
 
 def plan_seconds(plan: list[cfg.Run], sessions: list[list[cfg.Run]], results_dir: Path) -> float:
     """The plan's estimate: its model loads and its runs (from earlier results, else the assumptions)."""
-    walls, loads = history(results_dir)
-    load_s = statistics.median(loads) if loads else ASSUMED_LOAD_S
+    per_run, load_s = estimates(plan, results_dir)
     launched = [s for s in sessions if s[0].variant.launcher != "server"]
-    return len(launched) * load_s + sum(run_estimate(r.scenario, walls)[0] for r in plan)
+    return len(launched) * load_s + sum(per_run[r.scenario.name] for r in plan)
 
 
 def plan_lines(plan: list[cfg.Run], sessions: list[list[cfg.Run]], needs: dict[str, Needs],

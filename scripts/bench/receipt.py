@@ -89,10 +89,6 @@ def check_argv(part: str, d: Path, a: argparse.Namespace) -> list[str] | None:
     return argv[:3] + ["--check"] + argv[3:]
 
 
-def measures(part: str) -> bool:
-    return part.split("@", 1)[0] in rd.MEASURING
-
-
 def run_part(part: str, d: Path, a: argparse.Namespace) -> dict:
     """Run one part, its output streamed to the terminal and kept in logs/<part>.log."""
     argv = part_argv(part, d, a)
@@ -289,7 +285,7 @@ def run_parts(d: Path, a: argparse.Namespace, todo: list[tuple[str, float | None
             for later, _ in todo[i:]:
                 results[later] = {"status": "not run: test-serve failed", "ok": False}
             break
-    measured = [p for p, r in results.items() if measures(p) and r.get("ok")]
+    measured = [p for p, r in results.items() if rd.measures(p) and r.get("ok")]
     write(d, results, environment(d, a), tarball=bool(measured))
     return 0 if measured and all(r.get("ok") for r in results.values()) else 1
 

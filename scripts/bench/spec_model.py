@@ -38,10 +38,10 @@ import tomllib
 from pathlib import Path
 
 from ..lib.errors import UserError
-from ..lib.repo import REPO_ROOT
+from ..lib.repo import PROFILES_DIR, REPO_ROOT, SHIPPED_PROFILE
 
 COLLECTIVES = REPO_ROOT / "bench" / "inputs" / "collectives_kimi_tp8.toml"
-PROFILE = REPO_ROOT / "docker" / "profiles" / "kimi-k25-eagle3-tp8.toml"  # the cycle that table counts
+PROFILE = PROFILES_DIR / f"{SHIPPED_PROFILE}.toml"  # the cycle that table counts
 STAGES = ("target_verify", "draft_decode", "draft_extend")
 BACKEND = "pcie_ipc"  # where the series routes every collective of that cycle
 OPS = ("all_reduce", "all_gather", "broadcast")

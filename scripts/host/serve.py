@@ -42,15 +42,14 @@ from pathlib import Path
 from ..lib.cli import run
 from ..lib.envfile import KEY_RE as ENV_KEY_RE
 from ..lib.errors import UserError
-from ..lib.repo import REPO_ROOT
+from ..lib.repo import PROFILES_DIR, REPO_ROOT, SHIPPED_PROFILE
 from ..lib.tomlfile import load_toml
 from ..series.sglang_pkg import probe
 from . import exposure
 from .drafters import claim
 from .pcie import AT_START, LauncherDecision, launcher_decision
 
-PROFILES_DIR = REPO_ROOT / "docker" / "profiles"
-DEFAULT_PROFILE = "kimi-k25-eagle3-tp8"
+DEFAULT_PROFILE = SHIPPED_PROFILE
 LAUNCH_MODULE = "sglang.launch_server"
 DOCTOR_MODULE = "scripts.host.doctor"
 PROFILE_KEYS = ("description", "defaults", "env", "args")

@@ -34,12 +34,12 @@ import random
 from pathlib import Path
 
 from ..lib.errors import UserError
-from ..lib.repo import REPO_ROOT
+from ..lib.repo import PROFILES_DIR, REPO_ROOT
 from ..lib.tomlfile import load_toml
 from .exposure import KEY_VAR
 from .tiny_models import SPECIALS, VOCAB
 
-PROFILES = REPO_ROOT / "docker" / "profiles" / "tiny"
+PROFILES = PROFILES_DIR / "tiny"
 EAGLE3_PROFILE, NOSPEC_PROFILE = PROFILES / "eagle3.toml", PROFILES / "nospec.toml"
 SERVE_MODULE = "scripts.host.serve"
 PROMPT_LENS = (12, 40, 100)

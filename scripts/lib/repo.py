@@ -9,6 +9,8 @@ from . import git
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_DIR = REPO_ROOT / "build"
+PROFILES_DIR = REPO_ROOT / "docker" / "profiles"  # the serving profiles (serve --profile NAME)
+SHIPPED_PROFILE = "kimi-k25-eagle3-tp8"  # the one serve starts by default; the plan and the receipt judge it
 GIT_REV_VAR = "EAGLE_GIT_REV"  # machines that get a copy of the tree without .git (the lent GPU machines)
 
 
