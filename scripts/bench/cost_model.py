@@ -1,7 +1,6 @@
 """`make docs`: regenerate the generated blocks of eagle-fast-verify.md and bench/results/cost-model.png.
 
   python -m scripts.bench.cost_model [--write | --check] [--doc FILE] [--receipt R ...]
-  python -m scripts.bench.cost_model --sweep RESULTS.jsonl     a sweep's tables and its fitted cost model's verdict
 
 The blocks between `<!-- cost-model:NAME -->` markers come from bench/inputs/ (the box model, spec_model.py), the
 H200 proxy's bench/results/bench-comm_H200_x2_*.json and box receipts (--receipt; default bench/receipts/*.tar.gz).
@@ -14,14 +13,14 @@ missing or damaged, or the model gives an impossible row.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import statistics
 import sys
 from pathlib import Path
 
 from ..lib.cli import run
 from ..lib.errors import UserError
-from ..lib.kimi import ATTN_GEMMS, CHAIN, LAYERS, MOE_GEMMS
+from ..lib.kimi import ATTN_GEMMS, LAYERS, MOE_GEMMS
 from ..lib.progress import say
 from ..lib.repo import REPO_ROOT
 from . import receipt_data as rd
@@ -63,7 +62,8 @@ class Box:
     def __init__(self, inp: dict, cyc: dict, over: dict | None = None, runs: list[dict] = ()):
         self.inp, self.cyc, self.over, self.runs = inp, cyc, over or {}, runs
         self.m = {c: sm.Model(inp, cyc, c, **self.over) for c in sm.CORNERS}
-        self.seed = {c: sm.Model(inp, cyc, c, drafter="seed", **self.over) for c in sm.CORNERS}
+        self.seed = {c: sm.Model(inp, cyc, c, **self.over | {"head_rows": inp["drafter"]["seed_head_rows"]})
+                     for c in sm.CORNERS}
         self.steps, self.al, self.goal = self.m[C].steps(), self.m[C].al(), rd.THRESHOLDS["goal_tok_s"]
         self.name, self.table = f"{self.steps}/1/{self.steps + 1}", self.rows()
 
@@ -230,76 +230,35 @@ def load_runs(pattern: str = "bench-comm_H200_x2_*.json") -> list[dict]:
     return runs
 
 
-def h200_table(runs: list[dict]) -> str:
-    """Each quantity through the patched SGLang (its rows' run) and with FlashInfer called directly (the earlier
-    runs), every ratio taken inside one run, median and range over the runs."""
-    def ar(r, v="default", impl="nccl", rows=8):
-        return _rec(r, kind="allreduce", variant=v, impl=impl, rows=rows, mode="graph")["us_per_call"]
+def _term(run: dict, q: dict, side: int):
+    """One term of a proxy row (bench/inputs/cost-model.toml [[proxy]]) in one run; side 0: through SGLang."""
+    if "path" in q:
+        return functools.reduce(lambda d, k: d[k], q["path"].split("."), run)
+    m = {k: v.split("|")[side] if k == "impl" and "|" in v else v for k, v in q.items() if k not in ("field", "sum")}
+    vals = [r[q["field"]] if "field" in q else r.get("us_per_call", r.get("us")) for r in run["records"]
+            if all(r.get(k) == v for k, v in m.items())]
+    return sum(vals) if q.get("sum") else vals[0]
 
-    def fu(r, impl, rows=8):
-        return _rec(r, kind="fused", impl=impl, rows=rows, mode="graph")["us_per_call"]
 
-    def vf(r, impl="nccl", rows=8, mode="graph"):
-        return _rec(r, kind="verify_forward", variant="default", impl=impl, rows=rows, mode=mode)["us"]
-
-    def pick(r, sglang, direct):
-        return sglang if "sglang" in r["_file"] else direct
-
-    def pdl(r, end):
-        return sum(x["bad_trials"] for x in r["records"] if x.get("kind") == "pdl_race" and x["trigger_at_end"] == end)
-
-    ipc = lambda r, n=8: ar(r, impl=pick(r, "sglang_tp_default", "fi_pcie_ipc"), rows=n)  # noqa: E731
-    fused = lambda r: pick(r, "sglang_fused_op", "fi_trtllm_fused")  # noqa: E731
-    specs = [*[(f"Verify-shaped forward ({LAYERS} layers, {n} rows), NCCL: eager / graph-replayed", "x",
-                lambda r, n=n: vf(r, rows=n, mode="eager") / vf(r, rows=n)) for n in (1, 4, 8)],
-             ("  4 rows over tp.all_reduce (PCIe IPC): eager / graph", "x",
-              lambda r: vf(r, "sglang_tp", 4, "eager") / vf(r, "sglang_tp", 4)),
-             ("NCCL + eager forward / fused AR+RMSNorm + graph (8 rows; issue bar >= 3x)", "x",
-              lambda r: vf(r, mode="eager") / vf(r, fused(r))),
-             ("Graph-replayed forward (8 rows): fused AR+RMSNorm / NCCL", "x", lambda r: vf(r, fused(r)) / vf(r)),
-             ("Graph-replayed forward (8 rows): PCIe IPC / NCCL", "x",
-              lambda r: vf(r, pick(r, "sglang_tp", "fi_pcie_ipc")) / vf(r)),
-             (f"Graph-replayed forward ({LAYERS} layers, 8 rows): NCCL", " ms", lambda r: vf(r) / 1e3),
-             *[(f"Per call, graph chain of {CHAIN}, {n} row(s): PCIe IPC", " us", lambda r, n=n: ipc(r, n))
-               for n in (1, 4, 8, 64)],
-             *[(f"  {n} rows: PCIe IPC / NCCL", "x", lambda r, n=n: ipc(r, n) / ar(r, rows=n)) for n in (4, 8)],
-             (f"Per call, graph chain of {CHAIN}, 8 rows: NCCL default (torch.distributed)", " us", ar),
-             ("  tp.all_reduce -> pynccl / -> FlashInfer allreduce-only, us", "",
-              lambda r: f"{ar(r, impl='sglang_tp_nccl'):.2f} / {ar(r, impl='sglang_tp_flashinfer'):.2f}"),
-             *[(f"  NCCL_PROTO={v} / default", "x", lambda r, v=v: ar(r, v.upper()) / ar(r))
-               for v in ("Simple", "LL", "LL128")],
-             ("  the launcher's PCIe defaults (NCCL_MIN_NCHANNELS=8) / default", "x",
-              lambda r: ar(r, "pcie_defaults") / ar(r)),
-             ("  NCCL_P2P_DISABLE=1 / default (host-staged, a rough PCIe stand-in)", "x",
-              lambda r: ar(r, "p2p_off") / ar(r)),
-             ("Fused AR+residual+RMSNorm per call, graph, 8 rows", " us", lambda r: fu(r, fused(r))),
-             ("  NCCL AR + fused add-RMSNorm, same", " us",
-              lambda r: fu(r, pick(r, "sglang_unfused_nccl", "nccl+fi_add_rmsnorm"))),
-             ("  cost of trigger_completion_at_end=True per call, median over 4-64 rows", " us",
-              lambda r: statistics.median(fu(r, "fi_trtllm_fused", n) - fu(r, "fi_trtllm_fused_early_trigger", n)
-                                          for n in (4, 8, 16, 32, 64))),
-             (f"  graph chain of {CHAIN} x (fused + PDL consumer), 4-16 rows: completion at end on / off", "x",
-              lambda r: statistics.median(x["graph_us"] / _rec(r, kind="pdl_race", rows=x["rows"], trigger_at_end=False)
-                                          ["graph_us"] for x in r["records"]
-                                          if x.get("kind") == "pdl_race" and x["trigger_at_end"])),
-             ("PDL race: bad trials, the op's default (completion at end) / the pre-fix False", "",
-              lambda r: f"{pdl(r, True)} / {pdl(r, False)}"),
-             ("Peer copy bandwidth, min over GPU pairs", " GB/s", lambda r: r["summary"]["peer_gbps_min"])]
+def h200_table(runs: list[dict], rows: list[dict]) -> str:
+    """Each row through the patched SGLang (its run) and with FlashInfer called directly (the earlier runs): every
+    ratio taken inside one run, median and range over the runs."""
     has = lambda r, pre: any(str(x.get("impl", "")).startswith(pre) for x in r["records"])  # noqa: E731
     groups = [[r for r in runs if has(r, "sglang_")], [r for r in runs if has(r, "fi_")]]
 
-    def cell(fn, unit, rs):
+    def cell(q: dict, side: int) -> str:
         vals = []
-        for r in rs:
+        for r in groups[side]:
             try:
-                vals.append(fn(r))
-            except (TypeError, KeyError, ZeroDivisionError, statistics.StatisticsError):
+                v = _term(r, q["num"], side) / (_term(r, q["den"], side) if "den" in q else 1)
+                vals.append((v - (_term(r, q["sub"], side) if "sub" in q else 0)) * q.get("scale", 1))
+            except (TypeError, KeyError, IndexError, ZeroDivisionError):
                 pass
-        return ", ".join(dict.fromkeys(vals)) if vals and isinstance(vals[0], str) else spread(vals, 2, unit, none="-")
+        return spread(vals, 0 if q["unit"] == "" else 2, q["unit"], none="-")
 
     return md_table(["H200 x2 proxy (NVLink: not the box)", "through SGLang: " + ", ".join(r["_file"] for r in groups[0]),
                      "FlashInfer called directly: " + ", ".join(r["_file"] for r in groups[1])],
-                    [[name, *(cell(fn, unit, rs) for rs in groups)] for name, unit, fn in specs])
+                    [[q["row"], cell(q, 0), cell(q, 1)] for q in rows])
 
 
 def read_receipts(paths: list[Path]) -> list[dict]:
@@ -435,7 +394,7 @@ def render(inp: dict, cyc: dict, runs: list[dict], receipts: list[dict]) -> tupl
     blocks = box.blocks()
     if fitted:
         blocks["backtest"] = f"Refitted from the profile of receipt `{fitted['name']}`.\n\n" + blocks["backtest"]
-    return blocks | {"h200": h200_table(runs), "box-measured": "\n\n".join(receipt_block(box, r) for r in receipts)
+    return blocks | {"h200": h200_table(runs, inp["proxy"]), "box-measured": "\n\n".join(receipt_block(box, r) for r in receipts)
                      or "No box receipt ingested yet: run `make report` on the box, then `make docs RECEIPT=<the "
                      ".tar.gz>` (or commit it under bench/receipts/)."}, box
 
@@ -449,14 +408,7 @@ def main(argv=None) -> int:
     ap.add_argument("--doc", type=Path, default=DOC)
     ap.add_argument("--receipt", type=Path, action="append", metavar="R",
                     help="a box receipt (make report's directory or .tar.gz; default: bench/receipts/*.tar.gz)")
-    ap.add_argument("--sweep", type=Path, metavar="RESULTS.jsonl", help="print a sweep's tables and verdict")
     a = ap.parse_args(argv)
-    if a.sweep:
-        from . import report
-
-        print("\n".join(report.sweep_markdown(report.summarize(report.load_results(a.sweep))))
-              or f"{a.sweep} holds no sweep points")
-        return 0
     inp, cyc = sm.load()
     receipts = read_receipts(a.receipt if a.receipt is not None else sorted(RECEIPTS.glob("*.tar.gz")))
     blocks, box = render(inp, cyc, load_runs(), receipts)

@@ -1,15 +1,14 @@
 """The box's cost model of a speculative cycle (Model), its refit from a receipt's profile (refit), and the fit of
 a sweep's measured cycles (verdict, for scripts/bench/report.py).
 
-Model, one chain cycle of s steps at batch 1 (w = s + 1 verified tokens), ms; inputs bench/inputs/cost-model.toml
-(each [band] unknown at its pessimistic, central or optimistic value), collectives per forward of each stage and
-their sizes bench/inputs/collectives_kimi_tp8.toml:
+Model, one chain cycle of s steps at batch 1 (w = s + 1 verified tokens), ms, at one corner of each [band] unknown
+of bench/inputs/cost-model.toml; collectives per forward and their sizes: bench/inputs/collectives_kimi_tp8.toml.
 
     B         = 1000 / seed decode tok/s - 124 a_seed / 1000      a 1-token target forward outside communication
     GB(w)     = non-routed + per expert x (8 + rho (384 (1 - (1 - 8/384)^w) - 8))                bytes per GPU
     verify(w) = B + (GB(w) - GB(1)) / (bandwidth eta) + its collectives, each at its backend's per-call latency
     draft(s)  = s ((layer + head GB) / (bandwidth eta) + kd) + fc / (bandwidth eta) + its collectives
-    cycle(s)  = verify(w) + draft(s) + E (eager glue);  tok/s = 1000 AL / cycle;  decode = verify(1)'s kind
+    cycle(s)  = verify(w) + draft(s) + E (eager glue);  tok/s = 1000 AL / cycle;  decode = verify(1), 1-row calls
     floor(w)  = GB(w) / bandwidth + the all-reduces at the one-shot egress floor ((tp - 1) x payload / egress)
 
 The sweep's fit: cycle = t1 + verify_ms_per_token (draft_tokens - 1) + draft_ms_per_step[drafter] x steps, least
@@ -69,14 +68,13 @@ def load(inputs: Path = INPUTS, collectives: Path = COLLECTIVES) -> tuple[dict, 
 class Model:
     """The box at one corner of the band, with knobs (levers) and measured values (refit) on top."""
 
-    def __init__(self, inp: dict, cyc: dict, corner: str = "central", drafter: str = "shipped", **over):
+    def __init__(self, inp: dict, cyc: dict, corner: str = "central", **over):
         if bad := set(over) - set(KNOBS) - set(inp["band"]):
             raise UserError(f"unknown model knob(s) {sorted(bad)} in bench/inputs/cost-model.toml: known {[*KNOBS]}")
         self.inp, self.cyc, self.m, self.tp = inp, cyc, inp["memory"], cyc["tp"]
         self.p = KNOBS | {k: v[CORNERS.index(corner)] for k, v in inp["band"].items()} | over
         self.eff = self.m["bandwidth_tb_s"] * self.p["eta"]  # GB per ms achieved
-        shipped = cyc["kib"]["draft_decode"]["all_gather"] * 512 * self.tp  # bf16 logits shard x TP
-        self.head_rows = self.p["head_rows"] or (inp["drafter"]["seed_head_rows"] if drafter == "seed" else shipped)
+        self.head_rows = self.p["head_rows"] or cyc["kib"]["draft_decode"]["all_gather"] * 512 * self.tp  # bf16 shard
 
     def non_routed(self, knobs: bool = True) -> float:
         gb = dict(self.m["non_routed_gb"])
