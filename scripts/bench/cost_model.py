@@ -90,13 +90,14 @@ class Box:
             us = rec["us"] / (LAYERS * (len(ATTN_GEMMS) + len(MOE_GEMMS) + 4))  # per launch, the proxy's eager forward
             k = self.inp["eager"]["kernels_per_forward"]
             rows.append(["Eager verify (4 tokens), ms", f"~{v:.0f}", f"input; cross-check: launch-bound, {us:.1f} us "
-                         f"per launch (H200 proxy) x {k} kernels (estimated)", f"{k * us / 1000:.1f}", err(k * us / 1000, v)])
+                         f"per launch (H200 proxy) x {k} kernels (estimated)", f"{k * us / 1e3:.1f}",
+                         err(k * us / 1e3, v)])
         rows += [["... in NCCL kernels, ms", f"~{s['verify_nccl_ms']:.0f}", "prediction", band(nccl),
                   err(nccl[C], s["verify_nccl_ms"])],
                  ["Verify share of the cycle", f"{100 * s['verify_share']:.0f} %", "prediction", band(share, 0, True),
                   err(share[C], s["verify_share"])]]
-        for name, tok, al in (("EAGLE-3", s["eagle_tok_s"], s["eagle_al"][0]),
-                              ("EAGLE-3", s["eagle_tok_s"], s["eagle_al"][1]), ("AQ-MedAI drafter", s["aq_tok_s"], s["aq_al"])):
+        for name, tok, al in (*(("EAGLE-3", s["eagle_tok_s"], a) for a in s["eagle_al"]),
+                              ("AQ-MedAI drafter", s["aq_tok_s"], s["aq_al"])):
             got = {c: 1000 * al / x for c, x in cyc.items()}
             rows.append([f"{name} at AL {al}, tok/s", f"{tok:.0f}", "prediction", band(got), err(got[C], tok)])
         be = v * s["decode_tok_s"] / 1000
@@ -151,7 +152,8 @@ class Box:
                         [[a, b, f"{lo:.0f} - {hi:.0f}", f"{abs(hi - lo):.0f}"]
                          for a, b, lo, hi in sorted(rows, key=lambda r: -abs(r[3] - r[2]))]) + \
             f"\n\nAt the central {t0:.0f} tok/s: every 1 ms of cycle is {t0 / c0:.1f} tok/s, every +0.1 AL " \
-            f"{0.1 * t0 / self.al:.1f} tok/s, every 1 us on each of the {calls} PCIe-IPC calls per cycle {us1:.1f} tok/s."
+            f"{0.1 * t0 / self.al:.1f} tok/s, every 1 us on each of the {calls} PCIe-IPC calls per cycle " \
+            f"{us1:.1f} tok/s."
 
     def levers(self) -> str:
         m0, rows = self.m[C], []
@@ -169,9 +171,11 @@ class Box:
         out = [[i + 1 if k > -1e8 else "x", lv["name"], lv["series"], *cells, plain, lv["effort"], lv["note"]]
                for i, (k, lv, cells, plain) in enumerate(sorted(rows, key=lambda r: -r[0]))]
         for st in self.inp["stack"]:
-            m = self.at(**{k: v for lv in self.inp["lever"] if lv["id"] in st["levers"] for k, v in lv["knobs"].items()})
-            out.append(["stack", st["name"], "-", f"{m.cycle_ms() - c0:+.2f}", f"{m.tok_s():.0f} ({m.tok_s() - t0:+.0f})",
-                        f"{1000 / m.decode_ms():.0f}", "-", f"AL for {self.goal:.0f}: {self.goal * m.cycle_ms() / 1e3:.2f}"])
+            m = self.at(**{k: v for lv in self.inp["lever"] if lv["id"] in st["levers"]
+                           for k, v in lv["knobs"].items()})
+            out.append(["stack", st["name"], "-", f"{m.cycle_ms() - c0:+.2f}", f"{m.tok_s():.0f} "
+                        f"({m.tok_s() - t0:+.0f})", f"{1000 / m.decode_ms():.0f}", "-",
+                        f"AL for {self.goal:.0f}: {self.goal * m.cycle_ms() / 1e3:.2f}"])
         return md_table(["#", "lever", "in the series?", "ms per cycle", f"tok/s at {self.name}, AL {self.al:.2f}",
                          "plain decode tok/s", "effort", "note"], out)
 
@@ -256,8 +260,8 @@ def h200_table(runs: list[dict], rows: list[dict]) -> str:
                 pass
         return spread(vals, 0 if q["unit"] == "" else 2, q["unit"], none="-")
 
-    return md_table(["H200 x2 proxy (NVLink: not the box)", "through SGLang: " + ", ".join(r["_file"] for r in groups[0]),
-                     "FlashInfer called directly: " + ", ".join(r["_file"] for r in groups[1])],
+    return md_table(["H200 x2 proxy (NVLink: not the box)", *(f"{w}: " + ", ".join(r["_file"] for r in g) for w, g
+                                                            in zip(("through SGLang", "FlashInfer directly"), groups))],
                     [[q["row"], cell(q, 0), cell(q, 1)] for q in rows])
 
 
@@ -278,7 +282,8 @@ def read_receipts(paths: list[Path]) -> list[dict]:
             profile = json.loads(prof.read_text()) if prof.is_file() else None
             parts = data["receipt"].get("parts", {})
             if not profile and not any(r.get("ok") for p, r in parts.items() if rd.measures(p)):
-                why = "no part measured anything (" + ", ".join(f"{p}: {r.get('status')}" for p, r in parts.items()) + ")"
+                why = "no part measured anything (" + ", ".join(f"{p}: {r.get('status')}" for p, r in
+                                                                parts.items()) + ")"
             else:
                 tp, want = (profile or {}).get("tp"), sm.load_cycle()["tp"]
                 out.append({"name": Path(path).name, "data": data, "profile": profile, "proxy": rd.proxy_reasons(
@@ -322,9 +327,11 @@ def receipt_block(box: Box, r: dict) -> str:
              ("cycle, ms", p["cycle_ms"], old.cycle_ms(s), new.cycle_ms(s)),
              ("tok/s at its AL", 1000 * p["accept_length"] / p["cycle_ms"], 1000 * p["accept_length"] / old.cycle_ms(s),
               new.tok_s(s))]
-        out += ["", f"Profile ({p['gpu']}, TP{p['tp']}, {s}/1/{s + 1}, AL {p['accept_length']:.2f}; B {new.B():.2f} ms, "
-                f"glue {new.p['glue_ms']:.2f} ms): " + ("shown, not applied (a proxy)." if r["proxy"] else
-                                                         "the model above is refitted from it."), "",
+        d = p["decode"]
+        out += ["", f"Profile ({p['gpu']}, TP{p['tp']}, {s}/1/{s + 1}, AL {p['accept_length']:.2f}; B {new.B():.2f} "
+                f"ms = {d['busy_ms']:.2f} kernel-busy + {d['gap_ms']:.2f} gaps over {d['kernels']} kernels; glue "
+                f"{new.p['glue_ms']:.2f} ms): " + ("shown, not applied (a proxy)." if r["proxy"] else
+                                                  "the model above is refitted from it."), "",
                 md_table(["quantity", "measured", "model before (seed-calibrated, central)", "model refitted"],
                          [[a, *(f"{v:.2f}" for v in vs)] for a, *vs in q])]
     if best:
@@ -351,7 +358,7 @@ def plot(box: Box, png: Path) -> str:
         ax.barh(names, [b - a for a, b in zip(lo, hi)], left=lo, color="tab:blue", alpha=0.4, label="model band")
         ax.plot([r["tok"][C] for r in rows], names, "o", color="tab:blue", label="model, central")
         for x, color, style, label in ((box.inp["seed"]["decode_tok_s"], "grey", ":", "seed, no speculation"),
-                                       (peer["tok_s"], "green", "-.", f"best 30-s peer, AL {peer['al']} (another host)"),
+                                       (peer["tok_s"], "green", "-.", f"best 30-s peer, AL {peer['al']} (other host)"),
                                        (box.goal, "red", "--", "goal with EAGLE-3")):
             ax.axvline(x, color=color, linestyle=style, label=label)
         ax.invert_yaxis()
@@ -394,9 +401,10 @@ def render(inp: dict, cyc: dict, runs: list[dict], receipts: list[dict]) -> tupl
     blocks = box.blocks()
     if fitted:
         blocks["backtest"] = f"Refitted from the profile of receipt `{fitted['name']}`.\n\n" + blocks["backtest"]
-    return blocks | {"h200": h200_table(runs, inp["proxy"]), "box-measured": "\n\n".join(receipt_block(box, r) for r in receipts)
-                     or "No box receipt ingested yet: run `make report` on the box, then `make docs RECEIPT=<the "
-                     ".tar.gz>` (or commit it under bench/receipts/)."}, box
+    return blocks | {"h200": h200_table(runs, inp["proxy"]),
+                     "box-measured": "\n\n".join(receipt_block(box, r) for r in receipts) or "No box receipt "
+                     "ingested yet: run `make report` on the box, then `make docs RECEIPT=<the .tar.gz>` (or commit "
+                     "it under bench/receipts/)."}, box
 
 
 def main(argv=None) -> int:

@@ -175,8 +175,10 @@ class Model:
         return out
 
 
-# A receipt's profile part (raw/profile.json), which refit() reads: per stage the median over the captured forwards
-# of the wall time, the time inside collective kernels, the kernel-busy time outside them, the gaps, the kernels.
+# A receipt's profile part (raw/profile.json), which refit() reads. Per stage, the median over the captured steps
+# of: the GPU time from its first kernel's start to its last kernel's end, the time in collective kernels, the
+# kernel-busy time outside them, the gaps, the kernel count. decode: one plain decode step; draft_decode: one
+# replay of the draft graph (its steps - 1 forwards together, as the collectives table counts them).
 PROFILE_STAGES = ("decode", *STAGES)
 PROFILE_FIELDS = {"gpu": str, "tp": int, "steps": int, "accept_length": float, "cycle_ms": float,
                   "nccl_graph_us": dict, "pcie_ipc_us": dict, **{s: dict for s in PROFILE_STAGES}}
@@ -185,7 +187,8 @@ STAGE_FIELDS = ("forward_ms", "comm_ms", "busy_ms", "gap_ms", "kernels")
 
 def refit(profile: dict, model: Model | None = None) -> dict:
     """Model knobs from a receipt's profile: B, the mean draft forward, the glue E, PCIe IPC per call by rows, the
-    AL, and the achieved bandwidth from the verify's extra over the decode. A UserError names what is missing."""
+    box's in-graph NCCL per call, the AL, the achieved bandwidth from the verify's extra over the decode. A
+    UserError names what is missing."""
     bad = [k for k, t in PROFILE_FIELDS.items() if not isinstance(profile.get(k), (t, int) if t is float else t)]
     bad += [f"{s}.{f}" for s in PROFILE_STAGES if isinstance(profile.get(s), dict) for f in STAGE_FIELDS
             if not isinstance(profile[s].get(f), (int, float))]
@@ -193,9 +196,8 @@ def refit(profile: dict, model: Model | None = None) -> dict:
         raise UserError(f"the receipt's profile lacks {', '.join(bad)}: re-run make report's profile part")
     model, s = model or Model(*load()), profile["steps"]
     out = {st: profile[st]["forward_ms"] - profile[st]["comm_ms"] for st in PROFILE_STAGES}
-    knobs = {"B_ms": out["decode"], "draft_fwd_ms": (out["draft_decode"] * (s - 1) + out["draft_extend"]) / s,
-             "glue_ms": max(0.0, profile["cycle_ms"] - sum(profile[st]["forward_ms"] * (s - 1 if st == "draft_decode"
-                                                                                         else 1) for st in STAGES)),
+    knobs = {"B_ms": out["decode"], "draft_fwd_ms": (out["draft_decode"] + out["draft_extend"]) / s,
+             "glue_ms": max(0.0, profile["cycle_ms"] - sum(profile[st]["forward_ms"] for st in STAGES)),
              "al": profile["accept_length"], "steps": s, "ipc_scale": 1.0,
              "a_seed_us": float(profile["nccl_graph_us"].get("1", model.p["a_seed_us"]))}
     if out["target_verify"] > out["decode"]:
