@@ -3,7 +3,7 @@
 PY        ?= python3
 VENV      ?= .venv
 VPY       := $(VENV)/bin/python
-# make bench / bench-sweep / report: .venv's python when it exists (it has prometheus_client and SGLang's client
+# make bench / bench-sweep / report / docs: .venv's python when it exists (it has prometheus_client and SGLang's client
 # requirements), else PY; bench_serving itself runs from .venv, PY or the serving image (scripts/bench/client.py)
 BPY       := $(if $(wildcard $(VPY)),$(VPY),$(PY))
 SGLANG_SRC ?=
@@ -92,8 +92,8 @@ bench-comm:      ## all-reduce / verify-shaped communication benchmark on >= 2 G
 report:          ## the box receipt: test-serve, doctor, test-gpu, bench-comm, bench -> bench/receipts/<box>_<date>/ + .tar.gz (resumable; REPORT_ARGS)
 	$(BPY) -m scripts.bench.receipt $(REPORT_ARGS)
 
-docs:            ## regenerate eagle-fast-verify.md's tables from bench/results and receipts (RECEIPT=<.tar.gz>: that one)
-	$(PY) -m scripts.bench.cost_model --write $(if $(RECEIPT),--receipt $(RECEIPT))
+docs:            ## regenerate eagle-fast-verify.md's tables and plot from bench/ and receipts (RECEIPT=<.tar.gz>: that one)
+	$(BPY) -m scripts.bench.cost_model --write $(if $(RECEIPT),--receipt $(RECEIPT))
 
 clean:           ## remove the trees under build/ (keeps the wheel and base cache) and .venv
 	rm -rf build/sglang build/sglang-* build/sglang.new build/wt-* build/image-context $(VENV)

@@ -1,492 +1,443 @@
-"""`make docs`: regenerate the cost-model tables of eagle-fast-verify.md from committed files.
+"""`make docs`: regenerate the generated blocks of eagle-fast-verify.md and bench/results/cost-model.png.
 
-  python -m scripts.bench.cost_model [--write | --check] [--doc eagle-fast-verify.md] [--receipt R ..]
-  python -m scripts.bench.cost_model --sweep RESULTS.jsonl    the sweep's verdict: the speculative-setting cost
-        model (scripts/bench/spec_model.py) fitted to a `make bench --sweep` results file, its predicted optimum
-        and whether the measured one agrees
+  python -m scripts.bench.cost_model [--write | --check] [--doc FILE] [--receipt R ...]
 
-Inputs: bench/inputs/cost-model.toml (the seed box's numbers and published per-call latencies, each with its
-source) and bench/results/bench-comm_H200_x2_*.json (our H200 x2 proxy runs). The tables go between the
-`<!-- cost-model:NAME -->` / `<!-- /cost-model:NAME -->` markers of the document, so every number there comes from
-a file. `--check` fails if the document is out of date.
-
-Box receipts (`make report` on the box: a directory or its .tar.gz, given with --receipt, by default every
-bench/receipts/*.tar.gz) fill the box section: the box's measured per-call latencies at the C1 verify width put
-into the same model (its compute and draft terms from the seed, the accept length measured by the receipt's
-`make bench` where it has one), next to the tok/s the box served, and the recommendations the receipt stored
-(with the thresholds of the day it was made; they are not recomputed here).
-
-Model of one speculative cycle on the box: draft + verify, verify = compute + 122 x per-call all-reduce latency,
-with the draft time and the non-communication compute taken from the seed measurement (both assumed unchanged by
-these patches; CUDA graphs would shrink them too, so the estimate is conservative). tok/s = AL / cycle; the
-break-even accept length is the AL at which speculation matches the no-speculation baseline.
-The `settings` table is the speculative-setting model's prior (scripts/bench/spec_model.py) for every setting of
-bench/sweep.toml: per-cycle collectives from bench/inputs/collectives_kimi_tp8.toml at their backend's per-call
-latency, the verify's compute from the memory floor per verify width and the draft's per forward ([memory]), the
-chain AL from [acceptance]; model output, labelled so in the document.
---write prints, per table, whether it changed and by how many lines (and writes nothing when none did), and draws
-both model tables' tok/s ranges into bench/results/cost-model.png (beside --doc when another document is named),
-which the document shows; --check compares the tables only.
-Exit status: 0 printed, written or current; 1 --check found the document out of date; 2 an input is missing.
+The blocks between `<!-- cost-model:NAME -->` markers come from bench/inputs/ (the box model, spec_model.py), the
+H200 proxy's bench/results/bench-comm_H200_x2_*.json and box receipts (--receipt; default bench/receipts/*.tar.gz).
+A box receipt's profile part (raw/profile.json, spec_model.PROFILE_FIELDS) refits the model. Every modelled forward
+is checked against its physical floor and against the decode it contains.
+Exit status: 0 printed, written or current; 1 --check found the document out of date; 2 an input or a receipt is
+missing or damaged, or the model gives an impossible row.
 """
 
 from __future__ import annotations
 
 import argparse
-import difflib
+import functools
 import json
-import statistics
+import sys
 from pathlib import Path
 
 from ..lib.cli import run
 from ..lib.errors import UserError
+from ..lib.kimi import ATTN_GEMMS, LAYERS, MOE_GEMMS
 from ..lib.progress import say
 from ..lib.repo import REPO_ROOT
-from ..lib.tomlfile import load_toml
 from . import receipt_data as rd
-from . import report as rep
-from . import spec_model, sweep
-from .comm_report import record
-from ..lib.kimi import CHAIN, LAYERS
+from . import spec_model as sm
 from .numbers import spread
 
-INPUTS = REPO_ROOT / "bench" / "inputs" / "cost-model.toml"
-RESULTS = REPO_ROOT / "bench" / "results"
-DOC = REPO_ROOT / "eagle-fast-verify.md"
+RESULTS, RECEIPTS = REPO_ROOT / "bench" / "results", REPO_ROOT / "bench" / "receipts"
+DOC, C = REPO_ROOT / "eagle-fast-verify.md", "central"
+UNKNOWN = {"a_seed_us": "the box's NCCL per call in a graph, us (sets B)", "eta": "achieved / spec bandwidth",
+           "rho": "routing correlation of the verified tokens", "ipc_scale": "PCIe IPC per call / the docstring's",
+           "kd_ms": "draft kernel chain per forward, ms", "glue_ms": "eager glue per cycle, ms"}
+EFFORT = {"S": 1, "S-M": 2, "M": 3, "M-L": 6, "L": 9}
+
+
+def md_table(header: list, rows: list[list]) -> str:
+    """The one table writer here until scripts/lib/table.py's md_table lands."""
+    return "\n".join("| " + " | ".join(map(str, r)) + " |" for r in [header, ["---"] * len(header), *rows])
+
+
+def band(vals: dict, d: int = 1, pct: bool = False) -> str:
+    """'central (low-high)' of {corner: value}."""
+    f = (lambda x: f"{100 * x:.{d}f} %") if pct else (lambda x: f"{x:.{d}f}")
+    lo, hi = f(min(vals.values())), f(max(vals.values()))
+    return f(vals[C]) if lo == hi else f"{f(vals[C])} ({lo}-{hi})"
+
+
+def err(got: float, lo: float, hi: float | None = None) -> str:
+    hi = lo if hi is None else hi
+    return "within" if lo < hi and lo <= got <= hi else f"{100 * (got / min(max(got, lo), hi) - 1):+.0f} %"
+
+
+def _rec(run: dict, **match) -> dict | None:
+    return next((r for r in run["records"] if all(r.get(k) == v for k, v in match.items())), None)
+
+
+class Box:
+    """The model at the three corners (a receipt's refit on top), and every model table."""
+
+    def __init__(self, inp: dict, cyc: dict, over: dict | None = None, runs: list[dict] = ()):
+        self.inp, self.cyc, self.over, self.runs = inp, cyc, over or {}, runs
+        self.m = {c: sm.Model(inp, cyc, c, **self.over) for c in sm.CORNERS}
+        self.seed = {c: sm.Model(inp, cyc, c, **self.over | {"head_rows": inp["drafter"]["seed_head_rows"]})
+                     for c in sm.CORNERS}
+        self.steps, self.al, self.goal = self.m[C].steps(), self.m[C].al(), rd.THRESHOLDS["goal_tok_s"]
+        self.name, self.table = f"{self.steps}/1/{self.steps + 1}", self.rows()
+
+    def each(self, fn, seed: bool = False) -> dict:
+        return {c: fn(m) for c, m in (self.seed if seed else self.m).items()}
+
+    def at(self, **knobs) -> sm.Model:
+        return sm.Model(self.inp, self.cyc, C, **(self.over | knobs))
+
+    def backtest(self) -> str:
+        s, v = self.inp["seed"], self.inp["seed"]["verify_eager_ms"]
+        cyc = self.each(lambda m: m.cycle_ms(self.steps, "nccl", v), True)
+        nccl = self.each(lambda m: v - m.gb(self.steps + 1) / m.eff, True)
+        share, be2 = {c: v / x for c, x in cyc.items()}, {c: x * s["decode_tok_s"] / 1000 for c, x in cyc.items()}
+        n = sum(self.cyc["stages"]["target_verify"].values())
+        peer_b = [1000 / p["nospec"] - n * p["ar_us"] / 1000 for p in self.inp["peer"] if "ar_us" in p]
+        lo, hi = (a * s["decode_tok_s"] / s["eagle_tok_s"] for a in s["eagle_al"])
+        rows = [["Plain decode, tok/s", f"{s['decode_tok_s']:.0f}", "input (calibrates B)",
+                 band(self.each(lambda m: 1000 / m.decode_ms("nccl"), True)), "0 % (by construction)"],
+                ["B, ms", f"peers {min(peer_b):.1f}-{max(peer_b):.1f}", "cross-check (peers)",
+                 band(self.each(lambda m: m.B(), True), 2), err(self.m[C].B(), min(peer_b), max(peer_b))]]
+        run_ = next((r for r in self.runs if r["_file"] == self.inp["eager"]["proxy_run"]), None)
+        if rec := run_ and _rec(run_, kind="verify_forward", impl="nccl", rows=4, mode="eager"):
+            us = rec["us"] / (LAYERS * (len(ATTN_GEMMS) + len(MOE_GEMMS) + 4))  # per launch, the proxy's eager forward
+            k = self.inp["eager"]["kernels_per_forward"]
+            rows.append(["Eager verify (4 tokens), ms", f"~{v:.0f}", f"input; cross-check: launch-bound, {us:.1f} us "
+                         f"per launch (H200 proxy) x {k} kernels (estimated)", f"{k * us / 1e3:.1f}",
+                         err(k * us / 1e3, v)])
+        rows += [["... in NCCL kernels, ms", f"~{s['verify_nccl_ms']:.0f}", "prediction", band(nccl),
+                  err(nccl[C], s["verify_nccl_ms"])],
+                 ["Verify share of the cycle", f"{100 * s['verify_share']:.0f} %", "prediction", band(share, 0, True),
+                  err(share[C], s["verify_share"])]]
+        for name, tok, al in (*(("EAGLE-3", s["eagle_tok_s"], a) for a in s["eagle_al"]),
+                              ("AQ-MedAI drafter", s["aq_tok_s"], s["aq_al"])):
+            got = {c: 1000 * al / x for c, x in cyc.items()}
+            rows.append([f"{name} at AL {al}, tok/s", f"{tok:.0f}", "prediction", band(got), err(got[C], tok)])
+        be = v * s["decode_tok_s"] / 1000
+        rows += [["Break-even AL, verify / decode", f"{s['break_even']:.2f}", "from two inputs", f"{be:.2f}",
+                  err(be, s["break_even"])],
+                 ["Break-even AL, cycle / decode", f"{lo:.2f}-{hi:.2f} (AL x 82 / 60)", "prediction", band(be2, 2),
+                  err(be2[C], lo, hi)]]
+        return md_table(["seed number", "seed (box)", "role", "model: central (band)", "error"], rows)
+
+    def physics(self) -> str:
+        m, kib = self.m[C], self.cyc["kib"]["target_verify"]["all_reduce"]
+        fwd = lambda x, w: x.verify_ms(w) if w > 1 else x.decode_ms()  # noqa: E731
+        rows = [[w, f"{m.non_routed():.2f} + {m.gb(w) - m.non_routed():.2f} = {m.gb(w):.2f}",
+                 f"{m.gb(w) / m.m['bandwidth_tb_s']:.2f}", f"{m.oneshot_us(w):.1f} ({2 * m.oneshot_us(w) / m.tp:.1f})",
+                 band(self.each(lambda x: x.lat("pcie_ipc", w * kib))), f"{m.floor_ms(w):.2f}",
+                 band(self.each(lambda x: fwd(x, w)), 2), f"{fwd(m, w) / m.floor_ms(w):.1f}x"] for w in (1, 4, 8)]
+        return md_table(["tokens", "GB per GPU: non-routed + routed = total", "bytes at 1.792 TB/s, ms",
+                         "all-reduce egress floor per call, one-shot (two-shot), us", "PCIe IPC per call, modelled, us",
+                         f"floor: bytes + {self.cyc['stages']['target_verify']['all_reduce']} all-reduces at the "
+                         "one-shot floor, ms", "modelled forward (PCIe IPC), ms", "modelled / floor"], rows)
+
+    def rows(self) -> dict[str, list[dict]]:
+        """The series' steps at the patched setting, and every chain setting: verify, cycle, tok/s per corner."""
+        v, st, out = self.inp["seed"]["verify_eager_ms"], self.steps, {"series": [], "settings": []}
+        for step in self.inp["step"]:
+            seed, b = step["backend"] == "seed", "nccl" if step["backend"] == "seed" else step["backend"]
+            cyc = self.each(lambda m: m.cycle_ms(st, b, v if seed else None), seed)
+            out["series"].append({"name": step["name"], "cycle": cyc, "tok2": {c: 2000 / x for c, x in cyc.items()},
+                                  "verify": self.each(lambda m: v if seed else m.verify_ms(st + 1, b)),
+                                  "decode": self.each(lambda m: 1000 / m.decode_ms(b), seed),
+                                  "tok": {c: 1000 * self.al / x for c, x in cyc.items()}})
+        for s in range(1, len(self.inp["acceptance"]["per_position"]) + 1):
+            cyc = self.each(lambda m: m.cycle_ms(s))
+            out["settings"].append({"name": f"{s}/1/{s + 1}", "al": self.m[C].al(s), "cycle": cyc,
+                                    "verify": self.each(lambda m: m.verify_ms(s + 1)),
+                                    "tok": self.each(lambda m: m.tok_s(s)),
+                                    "ratio": self.each(lambda m: m.cycle_ms(s) / m.decode_ms()),
+                                    "need": [{c: g * x / 1000 for c, x in cyc.items()}
+                                             for g in (self.goal, self.inp["goals"]["stretch_tok_s"])]})
+        return out
+
+    def sensitivity(self) -> str:
+        t0, c0, ipc = self.m[C].tok_s(), self.m[C].cycle_ms(), self.inp["per_call"]["pcie_ipc"]
+        rows = [[UNKNOWN.get(k, k), f"{v[0]} -> {v[2]}", *(self.at(**{k: v[i]}).tok_s() for i in (0, 2))]
+                for k, v in self.inp["band"].items()]
+        rows.append(["accept length", f"{self.al - 0.3:.2f} -> {self.al + 0.3:.2f}",
+                     *(self.at(al_delta=d).tok_s() for d in (-0.3, 0.3))])
+        us1 = t0 - self.at(ipc_us=[[x, y * self.m[C].p["ipc_scale"] + 1] for x, y in ipc]).tok_s()
+        calls = sum(sum(v.values()) * (self.steps - 1 if k == "draft_decode" else 1)
+                    for k, v in self.cyc["stages"].items())
+        return md_table(["unknown", "pessimistic -> optimistic", f"tok/s at {self.name}", "span"],
+                        [[a, b, f"{lo:.0f} - {hi:.0f}", f"{abs(hi - lo):.0f}"]
+                         for a, b, lo, hi in sorted(rows, key=lambda r: -abs(r[3] - r[2]))]) + \
+            f"\n\nAt the central {t0:.0f} tok/s: every 1 ms of cycle is {t0 / c0:.1f} tok/s, every +0.1 AL " \
+            f"{0.1 * t0 / self.al:.1f} tok/s, every 1 us on each of the {calls} PCIe-IPC calls per cycle " \
+            f"{us1:.1f} tok/s."
+
+    def levers(self) -> str:
+        m0, rows = self.m[C], []
+        c0, t0, d0 = m0.cycle_ms(), m0.tok_s(), 1000 / m0.decode_ms()
+        for lv in self.inp["lever"]:
+            m = self.at(**lv["knobs"]) if "knobs" in lv else None
+            dc, dt = (m.cycle_ms() - c0, m.tok_s() - t0) if m else (0.0, 0.0)
+            cells = ["not modelled", "-"] if not m else [f"{dc:+.2f}", f"{m.tok_s():.0f} ({dt:+.0f}, {dt / t0:+.1%})"]
+            if lv.get("guard"):
+                cells = [f"0 (a sync: {dc:+.2f})", f"0 (protects {dt:+.0f}, {dt / t0:+.0%})"]
+            plain = f"{1000 / m.decode_ms():.0f}" if m and abs(1000 / m.decode_ms() - d0) > 0.5 else "-"
+            key = -1e9 + dt if lv["series"] in ("rejected", "already in SGLang") else \
+                1e9 if lv.get("first") else dt / EFFORT.get(lv["effort"], 1)
+            rows.append((key, lv, cells, plain))
+        out = [[i + 1 if k > -1e8 else "x", lv["name"], lv["series"], *cells, plain, lv["effort"], lv["note"]]
+               for i, (k, lv, cells, plain) in enumerate(sorted(rows, key=lambda r: -r[0]))]
+        for st in self.inp["stack"]:
+            m = self.at(**{k: v for lv in self.inp["lever"] if lv["id"] in st["levers"]
+                           for k, v in lv["knobs"].items()})
+            out.append(["stack", st["name"], "-", f"{m.cycle_ms() - c0:+.2f}", f"{m.tok_s():.0f} "
+                        f"({m.tok_s() - t0:+.0f})", f"{1000 / m.decode_ms():.0f}", "-",
+                        f"AL for {self.goal:.0f}: {self.goal * m.cycle_ms() / 1e3:.2f}"])
+        return md_table(["#", "lever", "in the series?", "ms per cycle", f"tok/s at {self.name}, AL {self.al:.2f}",
+                         "plain decode tok/s", "effort", "note"], out)
+
+    def problems(self) -> list[str]:
+        return [f"{c}, {b}: {p}" for c, m in self.m.items() for b in ("pcie_ipc", "nccl", "nccl_xml")
+                for p in m.problems(b)] + [f"lever {lv['id']}: {p}" for lv in self.inp["lever"] if "knobs" in lv
+                                           for p in self.at(**lv["knobs"]).problems()]
+
+    def goals(self) -> str:
+        sets, g, plain = self.table["settings"], self.inp["goals"], self.each(lambda m: 1000 / m.decode_ms())
+        d, best = next(r for r in sets if r["name"] == self.name), max(sets, key=lambda r: r["tok"][C])
+        met = ", ".join(r["name"] for r in sets if r["ratio"][C] <= g["cycle_ratio"]) or "none"
+        return md_table(["goal", "model at the patched defaults", "accept length", "verdict"], [
+            [f">= {self.goal:.0f} tok/s with EAGLE-3", f"{band(d['tok'], 0)} at {self.name}; the best setting, "
+             f"{best['name']}: {band(best['tok'], 0)}", f"prior {d['al']:.2f}; {self.goal:.0f} needs "
+             f"{band(d['need'][0], 2)} ({best['name']}: {band(best['need'][0], 2)}); {g['stretch_tok_s']:.0f} needs "
+             f"{band(d['need'][1], 2)}", "expected" if d["tok"][C] >= self.goal else "not at the prior AL (central); "
+             "in the band's optimistic half, or with a higher AL"],
+            [f">= {g['plain_tok_s']:.0f} tok/s without speculation", band(plain, 0), "plays no part",
+             "expected" if plain[C] >= g["plain_tok_s"] else f"not expected ({plain[C] / g['plain_tok_s'] - 1:+.0%} "
+             "central)"],
+            [f"spec cycle <= {g['cycle_ratio']}x the plain step", "; ".join(f"{r['name']} {band(r['ratio'], 2)}"
+                                                                         for r in sets),
+             "any (the ratio does not depend on it)", f"{'met' if d['ratio'][C] <= g['cycle_ratio'] else 'missed'} "
+             f"at {self.name} (central); met at {met}"]])
+
+    def blocks(self) -> dict[str, str]:
+        t, g = self.table, self.inp["goals"]
+        has = lambda p, *k: set(k) <= set(p)  # noqa: E731
+        peers = [[p["stack"], f"{p.get('tok_s', '-')} / {p.get('nospec', '-')}", p.get("al", "n/a"),
+                  f"{1000 * p['al'] / p['tok_s']:.1f}" if has(p, "al", "tok_s") else "-",
+                  f"{1000 / p['nospec']:.1f}" if has(p, "nospec") else "-",
+                  f"{p['al'] * p['nospec'] / p['tok_s']:.2f}" if has(p, "al", "tok_s", "nospec") else "-",
+                  p["window"], p["date"], p["source"]] for p in self.inp["peer"]]
+        return {"backtest": self.backtest(), "physics": self.physics(), "goals": self.goals(),
+                "series": md_table([f"step ({self.name}, batch 1)", "verify ms", "cycle ms", "tok/s at AL 2.0",
+                                    f"tok/s at AL {self.al:.2f}", "plain decode tok/s, same backend"],
+                                   [[r["name"], band(r["verify"]), band(r["cycle"], 2), band(r["tok2"], 0),
+                                     band(r["tok"], 0), band(r["decode"], 0)] for r in t["series"]]),
+                "settings": md_table(["steps/topk/draft tokens", "AL (prior)", "verify ms", "cycle ms",
+                                      "tok/s central (pessimistic-optimistic)", "cycle / plain step",
+                                      f"AL for {self.goal:.0f} tok/s", f"AL for {g['stretch_tok_s']:.0f} tok/s"],
+                                     [[r["name"], f"{r['al']:.2f}", band(r["verify"]), band(r["cycle"], 2),
+                                       band(r["tok"], 0), band(r["ratio"], 2), *(band(x, 2) for x in r["need"])]
+                                      for r in t["settings"]]),
+                "sensitivity": self.sensitivity(), "levers": self.levers(),
+                "peers": md_table(["peer stack (someone else's 8x RTX PRO 6000)", "tok/s spec / none", "AL",
+                                   "cycle ms (1000 AL / tok/s)", "plain step ms", "cycle / plain", "window", "date",
+                                   "source"], peers)}
 
 
 def load_runs(pattern: str = "bench-comm_H200_x2_*.json") -> list[dict]:
     runs = [json.loads(p.read_text()) | {"_file": p.name} for p in sorted(RESULTS.glob(pattern))]
     if not runs:
-        raise UserError(f"no {pattern} under {RESULTS}: run make bench-comm on a GPU box first")
+        raise UserError(f"no {pattern} under {RESULTS}: restore bench/results from git")
     return runs
 
 
-def _vals(runs, fn) -> list[float]:
+def _term(run: dict, q: dict, side: int):
+    """One term of a proxy row (bench/inputs/cost-model.toml [[proxy]]) in one run; side 0: through SGLang."""
+    if "path" in q:
+        return functools.reduce(lambda d, k: d[k], q["path"].split("."), run)
+    m = {k: v.split("|")[side] if k == "impl" and "|" in v else v for k, v in q.items() if k not in ("field", "sum")}
+    vals = [r[q["field"]] if "field" in q else r.get("us_per_call", r.get("us")) for r in run["records"]
+            if all(r.get(k) == v for k, v in m.items())]
+    return sum(vals) if q.get("sum") else vals[0]
+
+
+def h200_table(runs: list[dict], rows: list[dict]) -> str:
+    """Each row through the patched SGLang (its run) and with FlashInfer called directly (the earlier runs): every
+    ratio taken inside one run, median and range over the runs."""
+    has = lambda r, pre: any(str(x.get("impl", "")).startswith(pre) for x in r["records"])  # noqa: E731
+    groups = [[r for r in runs if has(r, "sglang_")], [r for r in runs if has(r, "fi_")]]
+
+    def cell(q: dict, side: int) -> str:
+        vals = []
+        for r in groups[side]:
+            try:
+                v = _term(r, q["num"], side) / (_term(r, q["den"], side) if "den" in q else 1)
+                vals.append((v - (_term(r, q["sub"], side) if "sub" in q else 0)) * q.get("scale", 1))
+            except (TypeError, KeyError, IndexError, ZeroDivisionError):
+                pass
+        return spread(vals, 0 if q["unit"] == "" else 2, q["unit"], none="-")
+
+    return md_table(["H200 x2 proxy (NVLink: not the box)", *(f"{w}: " + ", ".join(r["_file"] for r in g) for w, g
+                                                            in zip(("through SGLang", "FlashInfer directly"), groups))],
+                    [[q["row"], cell(q, 0), cell(q, 1)] for q in rows])
+
+
+def read_receipts(paths: list[Path]) -> list[dict]:
+    """Each receipt as {"name", "data", "profile", "proxy"}. One that cannot be opened (a typo, a corrupt download)
+    is a UserError with the fix; one whose contents are damaged or measure nothing is named and skipped."""
     out = []
-    for r in runs:
-        try:
-            v = fn(r)
-        except (TypeError, KeyError, ZeroDivisionError):
-            v = None
-        if v is not None:
-            out.append(v)
-    return out
-
-
-def ar_us(run, variant="default", impl="nccl", rows=8, mode="graph"):
-    return record(run, kind="allreduce", variant=variant, impl=impl, rows=rows, mode=mode)["us_per_call"]
-
-
-def fused_us(run, impl, rows=8, mode="graph"):
-    return record(run, kind="fused", impl=impl, rows=rows, mode=mode)["us_per_call"]
-
-
-def vf_us(run, variant="default", impl="nccl", rows=8, mode="graph"):
-    return record(run, kind="verify_forward", variant=variant, impl=impl, rows=rows, mode=mode)["us"]
-
-
-def _has_impl(run: dict, prefix: str) -> bool:
-    return any(str(r.get("impl", "")).startswith(prefix) for r in run["records"])
-
-
-def h200_table(runs: list[dict]) -> str:
-    """Ratios measured side by side in each run (median and range over the runs) of the runs that called
-    FlashInfer's kernels directly (bench-comm before its rows went through SGLang)."""
-    runs = [r for r in runs if _has_impl(r, "fi_")]
-    n = len(runs)
-    rows = [
-        (f"Verify-shaped forward ({LAYERS} layers, 8 rows), NCCL: eager / graph-replayed", "x",
-         _vals(runs, lambda r: vf_us(r, mode="eager") / vf_us(r))),
-        ("Same, 4 rows (batch 1)", "x", _vals(runs, lambda r: vf_us(r, rows=4, mode="eager") / vf_us(r, rows=4))),
-        ("NCCL + eager forward / fused trtllm + graph (8 rows; issue bar >= 3x)", "x",
-         _vals(runs, lambda r: vf_us(r, mode="eager") / vf_us(r, impl="fi_trtllm_fused"))),
-        ("Graph-replayed forward: fused trtllm / NCCL (8 rows)", "x",
-         _vals(runs, lambda r: vf_us(r, impl="fi_trtllm_fused") / vf_us(r))),
-        ("Graph-replayed forward: PCIe IPC / NCCL (8 rows)", "x",
-         _vals(runs, lambda r: vf_us(r, impl="fi_pcie_ipc") / vf_us(r))),
-        (f"Per call, graph chain of {CHAIN}, 8 rows: NCCL default", " us", _vals(runs, lambda r: ar_us(r))),
-        ("  NCCL_PROTO=Simple / default", "x", _vals(runs, lambda r: ar_us(r, "SIMPLE") / ar_us(r))),
-        ("  NCCL_PROTO=LL / default", "x", _vals(runs, lambda r: ar_us(r, "LL") / ar_us(r))),
-        ("  NCCL_PROTO=LL128 / default", "x", _vals(runs, lambda r: ar_us(r, "LL128") / ar_us(r))),
-        ("  PCIe defaults patch (its _PCIE_NCCL_DEFAULTS) / default", "x",
-         _vals(runs, lambda r: ar_us(r, "pcie_defaults") / ar_us(r))),
-        ("  NCCL_P2P_DISABLE=1 / default (host-staged, a rough PCIe stand-in)", "x",
-         _vals(runs, lambda r: ar_us(r, "p2p_off") / ar_us(r))),
-        ("  FlashInfer PCIe IPC / NCCL default", "x",
-         _vals(runs, lambda r: ar_us(r, impl="fi_pcie_ipc") / ar_us(r))),
-        ("Fused AR+residual+RMSNorm per call, graph, 8 rows", " us",
-         _vals(runs, lambda r: fused_us(r, "fi_trtllm_fused"))),
-        ("  NCCL AR + FlashInfer fused add-RMSNorm, same", " us",
-         _vals(runs, lambda r: fused_us(r, "nccl+fi_add_rmsnorm"))),
-        ("  cost of trigger_completion_at_end=True (completion at kernel end), per call", " us",
-         _vals(runs, lambda r: fused_us(r, "fi_trtllm_fused") - fused_us(r, "fi_trtllm_fused_early_trigger"))),
-        ("  same, median over 4-64 rows", " us",
-         _vals(runs, lambda r: statistics.median(
-             fused_us(r, "fi_trtllm_fused", rows=n) - fused_us(r, "fi_trtllm_fused_early_trigger", rows=n)
-             for n in (4, 8, 16, 32, 64)))),
-        (f"  graph chain of {CHAIN} x (fused + consumer), 4-16 rows: completion at end on / off", "x",
-         [x["graph_us"] / record(r, kind="pdl_race", rows=x["rows"], trigger_at_end=False)["graph_us"]
-          for r in runs for x in r["records"] if x.get("kind") == "pdl_race" and x["trigger_at_end"]]),
-        ("PDL race check: bad trials with trigger_completion_at_end=False (of trials x row counts)", "",
-         _vals(runs, lambda r: sum(x["bad_trials"] for x in r["records"]
-                                   if x.get("kind") == "pdl_race" and not x["trigger_at_end"]))),
-        ("Peer copy bandwidth, min over GPU pairs", " GB/s", _vals(runs, lambda r: r["summary"]["peer_gbps_min"])),
-    ]
-    lines = [f"| H200 x2 proxy, {n} run(s): {', '.join(r['_file'] for r in runs)} | value |", "|---|---|"]
-    for name, unit, vals in rows:
-        digits = 0 if unit.strip() == "" and vals and float(vals[0]).is_integer() else 2
-        lines.append(f"| {name} | {spread(vals, digits, unit)} |")
-    return "\n".join(lines)
-
-
-def _route_us(run, path, rows=8):
-    return record(run, kind="allreduce", impl=f"sglang_tp_{path}", rows=rows, mode="graph")["us_per_call"]
-
-
-def sglang_table(runs: list[dict]) -> str:
-    """The same quantities through the patched SGLang's own code (bench-comm's SGLang rows: tp.all_reduce per
-    route, the registered fused op, the verify-shaped forward over them), each ratio taken inside one run, and
-    next to them the medians of the earlier runs that called FlashInfer directly."""
-    new = [r for r in runs if _has_impl(r, "sglang_")]
-    old = [r for r in runs if _has_impl(r, "fi_")]
-    if not new:
-        return "No bench-comm run with SGLang rows under bench/results yet."
-
-    def med(vals):
-        return statistics.median(vals) if vals else None
-
-    def old_med(fn):
-        v = med(_vals(old, fn))
-        return "-" if v is None else f"{v:.2f}"
-
-    rows = [
-        ("Per call, graph chain of 122, 1 row: tp.all_reduce -> PCIe IPC (seed policy)", " us",
-         _vals(new, lambda r: _route_us(r, "default", 1)), old_med(lambda r: ar_us(r, impl="fi_pcie_ipc", rows=1))),
-        ("  8 rows: tp.all_reduce -> PCIe IPC", " us", _vals(new, lambda r: _route_us(r, "default")),
-         old_med(lambda r: ar_us(r, impl="fi_pcie_ipc"))),
-        ("  64 rows: tp.all_reduce -> PCIe IPC", " us", _vals(new, lambda r: _route_us(r, "default", 64)),
-         old_med(lambda r: ar_us(r, impl="fi_pcie_ipc", rows=64))),
-        ("  8 rows: tp.all_reduce -> FlashInfer allreduce-only", " us", _vals(new, lambda r: _route_us(r, "flashinfer")),
-         "-"),
-        ("  8 rows: tp.all_reduce -> pynccl", " us", _vals(new, lambda r: _route_us(r, "nccl")), "-"),
-        ("  8 rows: raw NCCL (torch.distributed), same processes", " us", _vals(new, lambda r: ar_us(r)),
-         old_med(lambda r: ar_us(r))),
-        ("  8 rows: PCIe IPC / raw NCCL", "x", _vals(new, lambda r: _route_us(r, "default") / ar_us(r)),
-         old_med(lambda r: ar_us(r, impl="fi_pcie_ipc") / ar_us(r))),
-        ("Fused op (SGLang's flashinfer_allreduce_residual_rmsnorm), per call, graph, 8 rows", " us",
-         _vals(new, lambda r: fused_us(r, "sglang_fused_op")), old_med(lambda r: fused_us(r, "fi_trtllm_fused"))),
-        ("  tp.all_reduce (pynccl) + FlashInfer fused add-RMSNorm, same", " us",
-         _vals(new, lambda r: fused_us(r, "sglang_unfused_nccl")), old_med(lambda r: fused_us(r, "nccl+fi_add_rmsnorm"))),
-        ("  fused / unfused over NCCL", "x",
-         _vals(new, lambda r: fused_us(r, "sglang_fused_op") / fused_us(r, "sglang_unfused_nccl")),
-         old_med(lambda r: fused_us(r, "fi_trtllm_fused") / fused_us(r, "nccl+fi_add_rmsnorm"))),
-        (f"Verify-shaped forward ({LAYERS} layers, 8 rows, graph): raw NCCL", " ms",
-         _vals(new, lambda r: vf_us(r) / 1e3), old_med(lambda r: vf_us(r) / 1e3)),
-        ("  over the fused op / raw NCCL", "x", _vals(new, lambda r: vf_us(r, impl="sglang_fused_op") / vf_us(r)),
-         old_med(lambda r: vf_us(r, impl="fi_trtllm_fused") / vf_us(r))),
-        ("  over tp.all_reduce (PCIe IPC) / raw NCCL", "x", _vals(new, lambda r: vf_us(r, impl="sglang_tp") / vf_us(r)),
-         old_med(lambda r: vf_us(r, impl="fi_pcie_ipc") / vf_us(r))),
-        ("PDL race, fused op + PDL consumer: bad trials with the op's default (all rows x trials)", "",
-         _vals(new, lambda r: sum(x["bad_trials"] for x in r["records"]
-                                  if x.get("kind") == "pdl_race" and x["trigger_at_end"])), "-"),
-    ]
-    lines = [f"| H200 x2 proxy through SGLang, {len(new)} run(s): {', '.join(r['_file'] for r in new)} | value | "
-             f"FlashInfer called directly, median of {len(old)} earlier run(s) |", "|---|---|---|"]
-    for name, unit, vals, before in rows:
-        digits = 0 if unit.strip() == "" and vals and float(vals[0]).is_integer() else 2
-        lines.append(f"| {name} | {spread(vals, digits, unit)} | {before} |")
-    return "\n".join(lines)
-
-
-def box_table(inp: dict) -> str:
-    box = inp["box"]
-    n = box["allreduces"]
-    compute_ms = box["verify_ms"] - box["verify_allreduce_ms"]
-    draft_ms = 1000 * box["accept_length"] / box["eagle_tok_s"] - box["verify_ms"]
-    base_ms = 1000 / box["baseline_tok_s"]
-    al = box["accept_length"]
-    lines = [f"Model inputs (seed box): verify compute {compute_ms:.1f} ms, draft {draft_ms:.2f} ms per cycle, "
-             f"no-speculation {box['baseline_tok_s']:.0f} tok/s ({base_ms:.1f} ms/token), AL {al:.1f}, "
-             f"{n} all-reduces per verify; peers reach {box['peer_eagle_tok_s'][0]:.0f}-"
-             f"{box['peer_eagle_tok_s'][1]:.0f} tok/s at the same AL.", "",
-             "| setting | per all-reduce (us) | 122 x all-reduce (ms) | verify (ms) | tok/s at AL 2.0 | break-even AL | source |",
-             "|---|---|---|---|---|---|---|"]
-    for s in inp["setting"]:
-        def cyc(us):
-            return draft_ms + compute_ms + n * us / 1000
-
-        lo, hi = s["low"], s["high"]
-        ar = f"{lo:.0f}" if lo == hi else f"{lo:.1f}-{hi:.1f}"
-        tot = f"{n * lo / 1000:.2f}" if lo == hi else f"{n * lo / 1000:.2f}-{n * hi / 1000:.2f}"
-        ver = f"{compute_ms + n * lo / 1000:.1f}" if lo == hi else \
-            f"{compute_ms + n * lo / 1000:.1f}-{compute_ms + n * hi / 1000:.1f}"
-        tps = f"{1000 * al / cyc(lo):.0f}" if lo == hi else f"{1000 * al / cyc(hi):.0f}-{1000 * al / cyc(lo):.0f}"
-        be = f"{cyc(lo) / base_ms:.2f}" if lo == hi else f"{cyc(lo) / base_ms:.2f}-{cyc(hi) / base_ms:.2f}"
-        lines.append(f"| {s['name']} | {ar} | {tot} | {ver} | {tps} | {be} | {s['source']} |")
-    return "\n".join(lines)
-
-
-def _model(inp: dict) -> tuple[float, float, float]:
-    """(verify compute ms, draft ms per cycle, no-speculation ms per token) from the seed box's numbers."""
-    box = inp["box"]
-    compute_ms = box["verify_ms"] - box["verify_allreduce_ms"]
-    return compute_ms, 1000 * box["accept_length"] / box["eagle_tok_s"] - box["verify_ms"], 1000 / box["baseline_tok_s"]
-
-
-def receipt_table(inp: dict, data: dict, name: str) -> str:
-    """One receipt: measured per-call latencies refitted into the cycle model, measured serving, recommendations."""
-    compute_ms, draft_ms, _ = _model(inp)
-    n = inp["box"]["allreduces"]
-    recs = data["receipt"]["recommendations"]  # as the receipt stored them, with the thresholds of its day
-    spec = [r for r in recs if r["default"].startswith("EAGLE-3")][0]
-    best = spec["measured"].get("speculative") if spec["verdict"] != "inconclusive" else None
-    al = best["accept_length"] if best and best.get("accept_length") else inp["box"]["accept_length"]
-    env = data["receipt"].get("environment", {})
-    cls = rd.box_class(data)
-    reasons = rd.proxy_reasons(cls)
-    proxy = (f"**A proxy, not the box** ({'; '.join(reasons)}): its numbers stand in for the box's, the "
-             f"verdicts on the box's defaults are inconclusive. ") if reasons else ""
-    lines = [f"{proxy}Receipt `{name}` (box {env.get('box')}: {rd.describe_box(cls)}; "
-             f"{data['receipt'].get('created')}, patch set {env.get('patchset')}): AL {al:.2f} "
-             f"({'measured' if best else 'seed'}).", "",
-             f"| path, {rd.VERIFY_ROWS_C1} rows (C1 verify), graph chain | per call (us) | {n} x (ms) | "
-             f"modelled verify (ms) | modelled tok/s |", "|---|---|---|---|---|"]
-    bc = data.get("bench_comm")
-    for label, us in (rd.per_call_latencies(bc) if bc else {}).items():
-        verify = compute_ms + n * us / 1000
-        lines.append(f"| {label} | {us:.1f} | {n * us / 1000:.2f} | {verify:.1f} | "
-                     f"{1000 * al / (draft_ms + verify):.0f} |")
-    if not bc:
-        lines.append("| (no bench-comm in this receipt) | - | - | - | - |")
-    if best:
-        lines += ["", f"Served (make bench, {spec['measured']['scenario']}): {spec['why']}."]
-    lines += ["", "| default of the series | verdict | measured | setting |", "|---|---|---|---|"]
-    for r in recs:
-        lines.append(f"| {r['default']} | {r['verdict']} | {r['why']} | {r['setting'] or '-'} |")
-    return "\n".join(lines)
-
-
-def box_measured(inp: dict, receipts: list[Path]) -> str:
-    blocks = []
-    for path in receipts:
-        why = ""
+    for path in paths:
         try:
             d, tmp = rd.open_receipt(path)
         except UserError as e:
-            d, tmp, why = None, None, str(e)
+            have = ", ".join(p.name for p in sorted(RECEIPTS.glob("*.tar.gz"))) or "none"
+            raise UserError(f"{e}. Name a .tar.gz that make report wrote: make docs RECEIPT=<file> (bench/receipts "
+                            f"has: {have})") from e
+        why = ""
         try:
-            data = rd.load(d) if d else None
-            parts = data["receipt"].get("parts", {}) if data else {}
-            if data and not any(r.get("ok") for p, r in parts.items() if rd.measures(p)):
-                why = ("no part measured anything ("
-                       + ", ".join(f"{p}: {r.get('status')}" for p, r in parts.items()) + ")")
-            elif data:
-                blocks.append(receipt_table(inp, data, Path(path).name))
-        except (UserError, ValueError, KeyError, TypeError, AttributeError) as e:  # a damaged receipt: name it
-            why = str(e) if isinstance(e, UserError) else f"a damaged file in it ({type(e).__name__}: {e})"
+            data, prof = rd.load(d), d / "raw" / "profile.json"
+            profile = json.loads(prof.read_text()) if prof.is_file() else None
+            parts = data["receipt"].get("parts", {})
+            if not profile and not any(r.get("ok") for p, r in parts.items() if rd.measures(p)):
+                why = "no part measured anything (" + ", ".join(f"{p}: {r.get('status')}" for p, r in
+                                                                parts.items()) + ")"
+            else:
+                tp, want = (profile or {}).get("tp"), sm.load_cycle()["tp"]
+                out.append({"name": Path(path).name, "data": data, "profile": profile, "proxy": rd.proxy_reasons(
+                    rd.box_class(data)) + ([f"its profile ran at TP{tp}, the model at TP{want}"] if tp and tp != want
+                                           else [])})
+        except UserError as e:
+            why = str(e)
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            why = f"a damaged file in it ({type(e).__name__}: {e})"
         finally:
             if tmp is not None:
                 tmp.cleanup()
         if why:
             say(f"skipping receipt {Path(path).name}: {why}")
-    if not blocks:
-        return ("No box receipt ingested yet: run `make report` on the box, then `make docs RECEIPT=<the .tar.gz>` "
-                "(or commit it under bench/receipts/).")
-    return "\n\n".join(blocks)
-
-
-def _span(lo: float, hi: float, digits: int) -> str:
-    a, b = f"{min(lo, hi):.{digits}f}", f"{max(lo, hi):.{digits}f}"
-    return a if a == b else f"{a}-{b}"
-
-
-def _sampling_extra() -> str:
-    """What a sampling batch's cycle issues beyond a greedy one's (the verify's packed broadcast)."""
-    greedy, sampling = spec_model.load_cycle(mode="greedy"), spec_model.load_cycle(mode="sampling")
-    more = {op: sum(sampling["stages"][st].get(op, 0) - greedy["stages"][st].get(op, 0) for st in spec_model.STAGES)
-            for op in spec_model.OPS}
-    return ", ".join(f"{n} {op.replace('_', '-')}" for op, n in more.items() if n) or "nothing"
-
-
-def settings_table(inp: dict, cycle: dict | None = None) -> str:
-    """The prior of scripts/bench/spec_model.py for the settings of bench/sweep.toml (model output): per cycle the
-    verify's memory floor, the collectives, the draft, and tok/s at the assumed chain AL, at the low and high
-    per-call latency of PCIe IPC."""
-    cycle = cycle or spec_model.load_cycle()
-    lo, hi = spec_model.prior(inp, cycle, "low"), spec_model.prior(inp, cycle, "high")
-    settings = sorted({p.setting for p in sweep.load().points}, key=lambda x: (x.topk, x.steps, x.draft_tokens))
-    base = (1000 / lo.verify_ms(1), 1000 / hi.verify_ms(1))
-    lines = [f"Model output, not a measurement: `scripts/bench/spec_model.py`'s prior for the settings of "
-             f"`bench/sweep.toml`, batch 1, {cycle['mode']} batches. Collectives per forward of each stage from "
-             f"`bench/inputs/{spec_model.COLLECTIVES.name}` (TP{cycle['tp']}; every one on PCIe IPC, none on NCCL), "
-             f"{_span(lo.per_call_us, hi.per_call_us, 1)} us per call; verify and draft compute from the memory "
-             f"floor of `bench/inputs/cost-model.toml` [memory] ({inp['memory']['bandwidth_tb_s']} TB/s); chain AL "
-             f"from [acceptance] ({inp['acceptance']['source']}). A floor: the tok/s are upper bounds, the ratio to "
-             f"no speculation is what to compare. No speculation: {_span(lo.verify_ms(1), hi.verify_ms(1), 2)} ms "
-             f"per token ({lo.verify_gb(1):.1f} GB per GPU), {_span(*base, 0)} tok/s. A sampling batch adds "
-             f"{_sampling_extra()} per cycle.", "",
-             "| steps/topk/draft tokens | verify GB per GPU | verify ms (floor + collectives) | collectives per cycle "
-             "| draft ms | cycle ms | AL (assumed) | tok/s (model) | x no speculation |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    best = max((x for x in settings if lo.accept_length(x.steps, x.topk)),
-               key=lambda x: lo.accept_length(x.steps, x.topk) / lo.cycle_ms(x.steps, x.draft_tokens), default=None)
-    for x in settings:
-        al = lo.accept_length(x.steps, x.topk)
-        cyc = (lo.cycle_ms(x.steps, x.draft_tokens), hi.cycle_ms(x.steps, x.draft_tokens))
-        tps = (1000 * al / cyc[0], 1000 * al / cyc[1]) if al else None
-        calls = lo.cycle_calls(x.steps)
-        per = ", ".join(f"{calls[op]} {op.replace('_', '-')}" for op in spec_model.OPS if calls.get(op))
-        lines.append(f"| {x.label}{' (model optimum)' if x == best else ''} | {lo.verify_gb(x.draft_tokens):.1f} | "
-                     f"{_span(lo.verify_ms(x.draft_tokens), hi.verify_ms(x.draft_tokens), 2)} | {per} | "
-                     f"{_span(lo.draft_ms(x.steps), hi.draft_ms(x.steps), 2)} | {_span(*cyc, 2)} | "
-                     f"{f'{al:.2f}' if al else 'tree: measured only'} | {_span(*tps, 0) if tps else '-'} | "
-                     f"{_span(tps[0] / base[0], tps[1] / base[1], 2) if tps else '-'} |")
-    return "\n".join(lines)
-
-
-def _ranges(table: str, column: str) -> list[tuple[str, float, float]]:
-    """(row label, low, high) of a numeric column ("186-196" or "155") of one rendered table; rows without a number
-    (a tree's "-") are left out. The plot reads the tables as the document prints them: one computation."""
-    lines = [ln for ln in table.splitlines() if ln.startswith("|")]
-    if len(lines) < 3 or column not in lines[0]:
-        return []
-    head = [c.strip() for c in lines[0].strip("|").split("|")]
-    col, out = head.index(column), []
-    for ln in lines[2:]:
-        cells = [c.strip() for c in ln.strip("|").split("|")]
-        nums = cells[col].split("-")
-        try:
-            lo, hi = float(nums[0]), float(nums[-1])
-        except ValueError:
-            continue
-        out.append((cells[0], lo, hi))
     return out
 
 
-def plot(blocks: dict[str, str], inp: dict, png: Path) -> bool:
-    """The model's tok/s per all-reduce backend (table box) and per speculative setting (table settings), ranges
-    as bars, with the goal and the measured no-speculation baseline; False without matplotlib."""
+def receipt_block(box: Box, r: dict) -> str:
+    data, m = r["data"], box.m[C]
+    recs = data["receipt"]["recommendations"]  # as the receipt stored them, with the thresholds of its day
+    spec = next(x for x in recs if x["default"].startswith("EAGLE-3"))
+    best = spec["measured"].get("speculative") if spec["verdict"] != "inconclusive" else None
+    al = best["accept_length"] if best and best.get("accept_length") else m.al()
+    env, n = data["receipt"].get("environment", {}), m.cyc["stages"]["target_verify"]["all_reduce"]
+    out = [("**A proxy, not the box** (" + "; ".join(r["proxy"]) + "): its numbers stand in for the box's, the "
+            "verdicts on the box's defaults are inconclusive. " if r["proxy"] else "") + f"Receipt `{r['name']}` (box "
+           f"{env.get('box')}: {rd.describe_box(rd.box_class(data))}; {data['receipt'].get('created')}, patch set "
+           f"{env.get('patchset')}): AL {al:.2f} ({'measured' if best else 'prior'}).", ""]
+    rows = []
+    for label, us in (rd.per_call_latencies(data["bench_comm"]) if data.get("bench_comm") else {}).items():
+        x = box.at(ipc_us=[[0.0, us], [1e6, us]])
+        rows.append([label, f"{us:.1f}", f"{n * us / 1000:.2f}", f"{x.verify_ms(box.steps + 1):.1f}",
+                     f"{1000 * al / x.cycle_ms():.0f}"])
+    out.append(md_table([f"path, {rd.VERIFY_ROWS_C1} rows (C1 verify), graph chain", "per call (us)", f"{n} x (ms)",
+                         "modelled verify (ms)", "modelled tok/s"], rows or [["(no bench-comm in it)", *"----"]]))
+    if p := r["profile"]:
+        old, s = sm.Model(box.inp, box.cyc), p["steps"]
+        new = sm.Model(box.inp, box.cyc, **sm.refit(p, old))
+        q = [("plain decode, ms", p["decode"]["forward_ms"], old.decode_ms(), new.decode_ms()),
+             ("verify, ms", p["target_verify"]["forward_ms"], old.verify_ms(s + 1), new.verify_ms(s + 1)),
+             ("cycle, ms", p["cycle_ms"], old.cycle_ms(s), new.cycle_ms(s)),
+             ("tok/s at its AL", 1000 * p["accept_length"] / p["cycle_ms"], 1000 * p["accept_length"] / old.cycle_ms(s),
+              new.tok_s(s))]
+        d = p["decode"]
+        out += ["", f"Profile ({p['gpu']}, TP{p['tp']}, {s}/1/{s + 1}, AL {p['accept_length']:.2f}; B {new.B():.2f} "
+                f"ms = {d['busy_ms']:.2f} kernel-busy + {d['gap_ms']:.2f} gaps over {d['kernels']} kernels; glue "
+                f"{new.p['glue_ms']:.2f} ms): " + ("shown, not applied (a proxy)." if r["proxy"] else
+                                                  "the model above is refitted from it."), "",
+                md_table(["quantity", "measured", "model before (seed-calibrated, central)", "model refitted"],
+                         [[a, *(f"{v:.2f}" for v in vs)] for a, *vs in q])]
+    if best:
+        out += ["", f"Served (make bench, {spec['measured']['scenario']}): {spec['why']}."]
+    return "\n".join(out + ["", md_table(["default of the series", "verdict", "measured", "setting"],
+                                         [[x["default"], x["verdict"], x["why"], x["setting"] or "-"] for x in recs])])
+
+
+def plot(box: Box, png: Path) -> str:
+    """tok/s bands of the series' steps and the settings (the rows of those tables), the goal, the seed, a peer."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return False
-    panels = [("box", "tok/s at AL 2.0", "per-call all-reduce latency of each backend, seed box's other terms"),
-              ("settings", "tok/s (model)", "speculative settings of bench/sweep.toml, memory floor + collectives")]
+        return f"not drawn: {sys.executable} has no matplotlib; run make docs PY=.venv/bin/python (make setup makes it)"
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
-    for ax, (name, column, what) in zip(axes, panels):
-        rows = _ranges(blocks.get(name, ""), column)
-        labels = [r[0] if len(r[0]) <= 44 else r[0][:42] + ".." for r in rows]
-        ax.barh(labels, [r[2] - r[1] or 1 for r in rows], left=[r[1] for r in rows], color="tab:blue",
-                label="model range (low-high per-call latency)")
-        ax.axvline(inp["box"]["baseline_tok_s"], color="grey", linestyle=":", label="no speculation, measured (seed)")
-        goal = rd.THRESHOLDS["goal_tok_s"]
-        ax.axvline(goal, color="red", linestyle="--", label=f"goal with EAGLE-3 ({goal:.0f})")
+    peer = box.inp["peer"][0]
+    for ax, key, what in zip(axes, ("series", "settings"), ("the series' steps", "speculative settings")):
+        rows = box.table[key]
+        names = [r["name"] if len(r["name"]) <= 44 else r["name"][:42] + ".." for r in rows]
+        lo, hi = [min(r["tok"].values()) for r in rows], [max(r["tok"].values()) for r in rows]
+        ax.barh(names, [b - a for a, b in zip(lo, hi)], left=lo, color="tab:blue", alpha=0.4, label="model band")
+        ax.plot([r["tok"][C] for r in rows], names, "o", color="tab:blue", label="model, central")
+        for x, color, style, label in ((box.inp["seed"]["decode_tok_s"], "grey", ":", "seed, no speculation"),
+                                       (peer["tok_s"], "green", "-.", f"best 30-s peer, AL {peer['al']} (other host)"),
+                                       (box.goal, "red", "--", "goal with EAGLE-3")):
+            ax.axvline(x, color=color, linestyle=style, label=label)
         ax.invert_yaxis()
         ax.set_xlim(left=0)
-        ax.set(xlabel=column, title=f"Model output, not a measurement:\n{what}")
+        ax.set(xlabel=f"tok/s at AL {box.al:.2f}" if key == "series" else "tok/s at each setting's AL prior",
+               title=f"Model output, not a measurement: {what}")
         ax.title.set_fontsize(9)
         ax.tick_params(axis="y", labelsize=7)
-        if not rows:
-            ax.text(0.5, 0.5, "no data in this table", transform=ax.transAxes, ha="center", color="grey")
-    handles, names = axes[0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="lower center", ncol=3, fontsize=8)  # below both panels, over no bar
-    fig.suptitle("Kimi-K2.5 TP8 on 8x RTX PRO 6000 (PCIe only): make docs' cost model (eagle-fast-verify.md)",
-                 fontsize=10)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=5, fontsize=8)
+    fig.suptitle("Kimi-K2.5 TP8 on 8x RTX PRO 6000 (PCIe only): the cost model of eagle-fast-verify.md", fontsize=10)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=100, metadata={"Software": None})
     plt.close(fig)
-    return True
-
-
-def render(inp: dict, runs: list[dict], receipts: list[Path] | None = None) -> dict[str, str]:
-    return {"box": box_table(inp), "settings": settings_table(inp), "h200": h200_table(runs),
-            "h200-sglang": sglang_table(runs), "box-measured": box_measured(inp, receipts or [])}
-
-
-def splice(doc: str, blocks: dict[str, str]) -> str:
-    for name, body in blocks.items():
-        start, end = f"<!-- cost-model:{name} -->", f"<!-- /cost-model:{name} -->"
-        if start not in doc or end not in doc:
-            raise UserError(f"{DOC.name} lacks the markers {start} ... {end}")
-        head, rest = doc.split(start, 1)
-        _, tail = rest.split(end, 1)
-        doc = f"{head}{start}\n{body}\n{end}{tail}"
-    return doc
+    return "drawn"
 
 
 def block(doc: str, name: str) -> str | None:
-    """The text between the markers of table `name`, None without them."""
     start, end = f"<!-- cost-model:{name} -->", f"<!-- /cost-model:{name} -->"
-    if start not in doc or end not in doc:
-        return None
-    return doc.split(start, 1)[1].split(end, 1)[0].strip("\n")
+    return doc.split(start, 1)[1].split(end, 1)[0].strip("\n") if start in doc and end in doc else None
 
 
-def changes(old: str, new: str, names: list[str]) -> list[str]:
-    """One line per table: unchanged, or how many of its lines the new text changes (and its new size)."""
-    out = []
-    for name in names:
-        before, after = (block(old, name) or "").splitlines(), (block(new, name) or "").splitlines()
-        if before == after:
-            out.append(f"table {name}: unchanged ({len(after)} lines)")
-            continue
-        diff = [d for d in difflib.ndiff(before, after) if d[:1] in "+-"]
-        added, removed = sum(d[0] == "+" for d in diff), sum(d[0] == "-" for d in diff)
-        out.append(f"table {name}: rewritten, {added} line(s) new, {removed} line(s) gone ({len(after)} lines now)")
-    return out
+def splice(doc: str, blocks: dict[str, str], where: str = DOC.name) -> str:
+    for name, body in blocks.items():
+        start, end = f"<!-- cost-model:{name} -->", f"<!-- /cost-model:{name} -->"
+        if block(doc, name) is None:
+            raise UserError(f"{where} lacks the markers {start} ... {end}: add them where the block goes")
+        head, rest = doc.split(start, 1)
+        doc = f"{head}{start}\n{body}\n{end}{rest.split(end, 1)[1]}"
+    return doc
 
 
-def sweep_prediction(results: Path) -> str:
-    """The sweep tables and the cost model's verdict per scenario of a make bench --sweep results file."""
-    rows = rep.summarize(rep.load_results(results))
-    lines = rep.sweep_markdown(rows)
-    if not lines:
-        raise UserError(f"{results} holds no sweep points (run make bench-sweep, or bench --sweep)")
-    return "\n".join(lines)
+def render(inp: dict, cyc: dict, runs: list[dict], receipts: list[dict]) -> tuple[dict[str, str], Box]:
+    """The blocks, from the model refitted by the newest box receipt with a profile (a proxy's is not applied)."""
+    fitted = next((r for r in reversed(receipts) if r["profile"] and not r["proxy"]), None)
+    box = Box(inp, cyc, sm.refit(fitted["profile"], sm.Model(inp, cyc)) if fitted else {}, runs)
+    if bad := box.problems():
+        raise UserError("the model gives an impossible row: " + "; ".join(bad[:4]) + ". Fix bench/inputs/"
+                        "cost-model.toml" + (f" or the profile of receipt {fitted['name']}" if fitted else ""))
+    blocks = box.blocks()
+    if fitted:
+        blocks["backtest"] = f"Refitted from the profile of receipt `{fitted['name']}`.\n\n" + blocks["backtest"]
+    return blocks | {"h200": h200_table(runs, inp["proxy"]),
+                     "box-measured": "\n\n".join(receipt_block(box, r) for r in receipts) or "No box receipt "
+                     "ingested yet: run `make report` on the box, then `make docs RECEIPT=<the .tar.gz>` (or commit "
+                     "it under bench/receipts/)."}, box
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="scripts.bench.cost_model", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     g = ap.add_mutually_exclusive_group()
-    g.add_argument("--write", action="store_true", help="rewrite the tables in eagle-fast-verify.md")
-    g.add_argument("--check", action="store_true", help="fail if eagle-fast-verify.md is out of date")
+    g.add_argument("--write", action="store_true", help="rewrite the document's generated blocks and the plot")
+    g.add_argument("--check", action="store_true", help="exit 1 if the document is out of date")
     ap.add_argument("--doc", type=Path, default=DOC)
     ap.add_argument("--receipt", type=Path, action="append", metavar="R",
                     help="a box receipt (make report's directory or .tar.gz; default: bench/receipts/*.tar.gz)")
-    ap.add_argument("--sweep", type=Path, metavar="RESULTS.jsonl", help="print the sweep verdict of a results file")
     a = ap.parse_args(argv)
-    if a.sweep:
-        print(sweep_prediction(a.sweep))
-        return 0
-    inp = load_toml(INPUTS)
-    receipts = a.receipt if a.receipt is not None else sorted((REPO_ROOT / "bench" / "receipts").glob("*.tar.gz"))
-    if receipts:
-        print("box receipts: " + ", ".join(str(r) for r in receipts))
-    blocks = render(inp, load_runs(), receipts)
+    inp, cyc = sm.load()
+    receipts = read_receipts(a.receipt if a.receipt is not None else sorted(RECEIPTS.glob("*.tar.gz")))
+    blocks, box = render(inp, cyc, load_runs(), receipts)
     if not (a.write or a.check):
-        for body in blocks.values():
-            print(body + "\n")
+        print("\n\n".join(blocks.values()))
         return 0
-    old = a.doc.read_text()
-    new = splice(old, blocks)
-    report = changes(old, new, list(blocks))
+    try:
+        old = a.doc.read_text()
+    except OSError as e:
+        raise UserError(f"{a.doc}: {e.strerror}; name the plan with --doc or restore it from git") from e
+    new = splice(old, blocks, a.doc.name)
+    changed = [n for n in blocks if block(old, n) != block(new, n)]
     if a.check:
-        if new != old:
-            print(f"{a.doc} is out of date with bench/: run make docs\n  " + "\n  ".join(report))
-            return 1
-        return 0
-    if new != old:
+        if changed:
+            print(f"{a.doc} is out of date with its inputs ({', '.join(changed)}): run make docs")
+        return int(bool(changed))
+    if changed:
         a.doc.write_text(new)
     png = RESULTS / "cost-model.png" if a.doc.resolve() == DOC.resolve() else a.doc.with_name("cost-model.png")
-    report.append(f"plot {png.name}: " + ("drawn" if plot(blocks, inp, png) else "not drawn (no matplotlib)"))
-    print(f"{a.doc}: {'wrote the cost-model tables' if new != old else 'up to date, nothing written'}\n  "
-          + "\n  ".join(report))
+    print(f"{a.doc}: " + (f"rewrote {', '.join(changed)}" if changed else "up to date, nothing written")
+          + f"; plot {png.name}: {plot(box, png)}")
     return 0
 
 

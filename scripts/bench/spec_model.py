@@ -1,52 +1,214 @@
-"""The cost model of a speculative setting: what it costs before anything is measured (the prior), and the same
-costs fitted to a sweep's measurements with its predicted optimum.
+"""The box's cost model of a speculative cycle (Model), its refit from a receipt's profile (refit), and the fit of
+a sweep's measured cycles (verdict, for scripts/bench/report.py).
 
-The prior (Prior, prior()): one cycle of steps/topk/draft tokens at batch 1 runs 1 target verify, 1 draft extend
-and steps - 1 draft decode forwards, each with the collectives per forward of its stage in the Kimi TP8 table
-(bench/inputs/collectives_kimi_tp8.toml, which tests/patches/test_cycle_collectives.py routes through the patched
-SGLang: all on PCIe IPC, none on NCCL), each call at PCIe IPC's per-call latency (bench/inputs/cost-model.toml
-[per_call] -> a [[setting]] row), plus the memory each forward must read:
+Model, one chain cycle of s steps at batch 1 (w = s + 1 verified tokens), ms, at one corner of each [band] unknown
+of bench/inputs/cost-model.toml; collectives per forward and their sizes: bench/inputs/collectives_kimi_tp8.toml.
 
-    verify_ms(w) = (non_routed_gb + routed_gb_per_expert * E * (1 - (1 - k / E)^w)) / bandwidth   (w = draft tokens)
-    draft_ms     = draft_gb / tp / bandwidth per draft forward                                       ([memory])
+    B         = 1000 / seed decode tok/s - 124 a_seed / 1000      a 1-token target forward outside communication
+    GB(w)     = non-routed + per expert x (8 + rho (384 (1 - (1 - 8/384)^w) - 8))                bytes per GPU
+    verify(w) = B + (GB(w) - GB(1)) / (bandwidth eta) + its collectives, each at its backend's per-call latency
+    draft(s)  = s ((layer + head GB) / (bandwidth eta) + kd) + fc / (bandwidth eta) + its collectives
+    cycle(s)  = verify(w) + draft(s) + E (eager glue);  tok/s = 1000 AL / cycle;  decode = verify(1), 1-row calls
+    floor(w)  = GB(w) / bandwidth + the all-reduces at the one-shot egress floor ((tp - 1) x payload / egress)
 
-so each extra verified token costs the routed experts it newly reaches (~1.4 GB, ~0.75 ms per GPU at w = 4): a
-wider verify is not free. AL of a chain comes from the per-position acceptance of [acceptance]; tree points
-(topk > 1) have no prior AL. It is a floor (no launch gaps, no KV reads, uniform routing): its tok/s are upper
-bounds, its ratios between settings are the point.
-
-The fitted model: one speculative cycle serves one stream AL tokens (accept length) in
-
-    cycle_ms = t1 + verify_ms_per_token * (draft_tokens - 1) + draft_ms_per_step[drafter, quantization] * steps
-
-t1: one forward of the target with one token per stream, measured by the reference run without speculation
-(1000 / its decode tok/s at the same concurrency: a decode step is a verify of one token); fitted with the rest
-when the sweep has no reference. verify_ms_per_token: what each further verified token adds to the verify
-forward; draft_ms_per_step: one draft step of that drafter. Both are least-squares fits over the measured cycle
-times (1000 * AL / decode tok/s) of every point, so they are measured, not assumed. Chain points alone (draft
-tokens = steps + 1) cannot tell the two apart; tree points (topk > 1) can.
-
-The model then predicts every point's tok/s from its measured AL (AL / model cycle) and picks the optimum; the
-report says whether the measured optimum is the same point, and which points the model misses most (a verify
-off its CUDA graph costs more than the linear model allows: see the hit rate).
+The sweep's fit: cycle = t1 + verify_ms_per_token (draft_tokens - 1) + draft_ms_per_step[drafter] x steps, least
+squares over the measured cycles, t1 from a run without speculation; chain points alone cannot separate the slopes.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import tomllib
+import math
 from pathlib import Path
 
 from ..lib.errors import UserError
-from ..lib.repo import PROFILES_DIR, REPO_ROOT, SHIPPED_PROFILE
+from ..lib.repo import REPO_ROOT
+from ..lib.tomlfile import load_toml
 
+INPUTS = REPO_ROOT / "bench" / "inputs" / "cost-model.toml"
 COLLECTIVES = REPO_ROOT / "bench" / "inputs" / "collectives_kimi_tp8.toml"
-PROFILE = PROFILES_DIR / f"{SHIPPED_PROFILE}.toml"  # the cycle that table counts
 STAGES = ("target_verify", "draft_decode", "draft_extend")
-BACKEND = "pcie_ipc"  # where the series routes every collective of that cycle
 OPS = ("all_reduce", "all_gather", "broadcast")
+CORNERS = ("pessimistic", "central", "optimistic")
+BYTES = {"bfloat16": 2, "float32": 4, "int32": 4}
+KNOBS = {"draft_scale": 1.0, "head_rows": None, "fp8_linears": False, "shard_qa": False, "extra_gb": 0.0,
+         "gap_ms": 0.0, "overlap": 0.0, "payload_scale": 1.0, "embed_ar": 1, "sync_ms": 0.0, "rs_ag": False,
+         "draft_tp1": False, "steps": None, "al_delta": 0.0, "al_scale": 1.0,
+         "B_ms": None, "draft_fwd_ms": None, "ipc_us": None, "al": None}  # the last four: measured (refit)
 
 
+def load_cycle(path: Path = COLLECTIVES, mode: str = "greedy") -> dict:
+    """{"tp", "steps", "stages": {stage: {op: calls per forward}}, "kib": {stage: {op: KiB per rank and row}},
+    "logits_kib": the target's logits shard per row}."""
+    raw, where = load_toml(Path(path), "collectives table"), Path(path).name
+    cyc, counts = raw.get("cycle", {}), raw.get("per_forward", {}).get(mode, {})
+    if not (isinstance(cyc.get("tp"), int) and isinstance(cyc.get("steps"), int) and cyc["steps"] >= 2):
+        raise UserError(f"{where}: needs [cycle] tp = <int> and steps = <int >= 2> (the cycle it counts)")
+    out = {"tp": cyc["tp"], "steps": cyc["steps"], "stages": {}, "kib": {}}
+    for st in STAGES:
+        n = cyc["steps"] - 1 if st == "draft_decode" else 1
+        bad = [f"{op} = {c!r}" for op, c in counts.get(st, {}).items()
+               if op not in OPS or not isinstance(c, int) or c < 0 or c % n]
+        if st not in counts or bad:
+            raise UserError(f"{where}: [per_forward.{mode}] {st} = {{ op = count, ... }} " + (
+                f"has {', '.join(bad)}: ops are {', '.join(OPS)}, whole counts, a multiple of its {n} forward(s)"
+                if bad else "is missing"))
+        out["stages"][st] = {op: c // n for op, c in counts[st].items()}
+        sites = [s for s in raw.get("stages", {}).get(st, []) if s.get("when", "always") in ("always", mode)]
+        out["kib"][st] = {s["op"]: BYTES[s["dtype"]] * math.prod(s["shape"][1:] or s["shape"]) / 1024 for s in sites}
+    out["logits_kib"] = max(BYTES[s["dtype"]] * math.prod(s["shape"][1:]) / 1024
+                            for s in raw["stages"]["target_verify"] if s["op"] == "all_gather")
+    return out
+
+
+def load(inputs: Path = INPUTS, collectives: Path = COLLECTIVES) -> tuple[dict, dict]:
+    return load_toml(Path(inputs), "cost-model inputs"), load_cycle(collectives)
+
+
+class Model:
+    """The box at one corner of the band, with knobs (levers) and measured values (refit) on top."""
+
+    def __init__(self, inp: dict, cyc: dict, corner: str = "central", **over):
+        if bad := set(over) - set(KNOBS) - set(inp["band"]):
+            raise UserError(f"unknown model knob(s) {sorted(bad)} in bench/inputs/cost-model.toml: known {[*KNOBS]}")
+        self.inp, self.cyc, self.m, self.tp = inp, cyc, inp["memory"], cyc["tp"]
+        self.p = KNOBS | {k: v[CORNERS.index(corner)] for k, v in inp["band"].items()} | over
+        self.eff = self.m["bandwidth_tb_s"] * self.p["eta"]  # GB per ms achieved
+        self.head_rows = self.p["head_rows"] or cyc["kib"]["draft_decode"]["all_gather"] * 512 * self.tp  # bf16 shard
+
+    def non_routed(self, knobs: bool = True) -> float:
+        gb = dict(self.m["non_routed_gb"])
+        if knobs and self.p["shard_qa"]:
+            gb["q_a_kv_a"] /= self.tp
+        if knobs and self.p["fp8_linears"]:
+            gb |= {k: gb[k] / 2 for k in self.m["fp8_parts"]}
+        return sum(gb.values()) + (self.p["extra_gb"] if knobs else 0.0)
+
+    def gb(self, w: int) -> float:
+        k, e = self.m["experts_per_token"], self.m["experts"]
+        return self.non_routed() + self.m["routed_gb_per_expert"] * (k + self.p["rho"] * (e - e * (1 - k / e) ** w - k))
+
+    def oneshot_us(self, rows: float) -> float:
+        """Egress floor of a one-shot all-reduce: every rank pushes its payload to tp - 1 peers over its link."""
+        return (self.tp - 1) * rows * self.cyc["kib"]["target_verify"]["all_reduce"] * 1.024 / self.m["egress_gb_s"]
+
+    def floor_ms(self, w: int) -> float:
+        return self.gb(w) / self.m["bandwidth_tb_s"] + self.cyc["stages"]["target_verify"]["all_reduce"] * \
+            self.oneshot_us(w) / 1000
+
+    def lat(self, backend: str, kib: float) -> float:
+        """Per-call us of one collective moving `kib` KiB per rank."""
+        if backend in ("nccl", "nccl_xml"):
+            return self.p["a_seed_us"] if backend == "nccl" else self.inp["per_call"]["nccl_xml_us"]
+        pts = sorted(self.p["ipc_us"] or self.inp["per_call"]["pcie_ipc"])
+        j = max(0, min(len(pts) - 2, sum(x <= kib for x, _ in pts) - 1))
+        (x0, y0), (x1, y1) = pts[j], pts[j + 1]
+        return (y0 if kib <= x0 else y0 + (y1 - y0) * (kib - x0) / (x1 - x0)) * \
+            (1.0 if self.p["ipc_us"] else self.p["ipc_scale"])
+
+    def comm_ms(self, stage: str, rows: int, backend: str) -> float:
+        """The collectives of one forward of `stage` ("decode": plain decode) with `rows` rows on `backend`."""
+        st, p = "target_verify" if stage == "decode" else stage, self.p
+        calls, kib = self.cyc["stages"][st], self.cyc["kib"][st]
+        a = rows * kib["all_reduce"] * p["payload_scale"]
+        us = (calls["all_reduce"] - 1 + p["embed_ar"]) * (2 * self.lat(backend, a / 2) if p["rs_ag"] and
+                                                          st == "target_verify" else self.lat(backend, a))
+        g = self.cyc["logits_kib"] if stage == "decode" else rows * kib.get("all_gather", 0) \
+            if st == "target_verify" else self.head_rows / self.tp / 512  # the draft's logits: one row at bs 1
+        us += calls.get("all_gather", 0) * self.lat(backend, g) + calls.get("broadcast", 0) * \
+            self.lat(backend, kib.get("broadcast", 0))
+        if st == "target_verify" and p["shard_qa"]:  # one q_a/kv_a all-gather per layer
+            us += (calls["all_reduce"] - 1) // 2 * self.lat(backend, rows * self.m["qa_gather_kib"])
+        return us / 1000
+
+    def B(self) -> float:
+        n = sum(self.cyc["stages"]["target_verify"].values())
+        b = self.p["B_ms"] if self.p["B_ms"] is not None else \
+            1000 / self.inp["seed"]["decode_tok_s"] - n * self.p["a_seed_us"] / 1000
+        return b - (self.non_routed(False) - self.non_routed()) / self.eff - self.p["gap_ms"]
+
+    def decode_ms(self, backend: str = "pcie_ipc") -> float:
+        return self.B() + self.comm_ms("decode", 1, backend)
+
+    def verify_ms(self, w: int, backend: str = "pcie_ipc") -> float:
+        return self.B() + (self.gb(w) - self.gb(1)) / self.eff + \
+            self.comm_ms("target_verify", w, backend) * (1 - self.p["overlap"])
+
+    def draft_ms(self, s: int, backend: str = "pcie_ipc") -> float:
+        """s draft forwards (s - 1 decodes + 1 extend) with the extend's fc, and their collectives."""
+        p, d = self.p, self.inp["drafter"]
+        comm = 0.0 if p["draft_tp1"] else \
+            (s - 1) * self.comm_ms("draft_decode", 1, backend) + self.comm_ms("draft_extend", s + 1, backend)
+        if p["draft_fwd_ms"] is not None:
+            return s * p["draft_fwd_ms"] + comm
+        gb = (d["layer_gb"] + self.head_rows * 7168 * 2 / self.tp / 1e9) * p["draft_scale"]
+        fwd = gb * (self.tp if p["draft_tp1"] else 1) / self.eff + p["kd_ms"]
+        return s * fwd + d["fc_gb"] * p["draft_scale"] / self.eff + comm
+
+    def steps(self) -> int:
+        return self.p["steps"] or self.cyc["steps"]
+
+    def cycle_ms(self, steps: int | None = None, backend: str = "pcie_ipc", verify_ms: float | None = None) -> float:
+        """One cycle; verify_ms replaces the modelled verify (the seed's eager one)."""
+        s = steps or self.steps()
+        return (self.verify_ms(s + 1, backend) if verify_ms is None else verify_ms) + self.draft_ms(s, backend) + \
+            self.p["glue_ms"] + self.p["sync_ms"]
+
+    def al(self, steps: int | None = None) -> float:
+        s, p = steps or self.steps(), self.p
+        base = p["al"] if p["al"] is not None and s == self.steps() else \
+            1 + sum(self.inp["acceptance"]["per_position"][:s])
+        return base * p["al_scale"] + p["al_delta"]
+
+    def tok_s(self, steps: int | None = None, backend: str = "pcie_ipc") -> float:
+        return 1000 * self.al(steps) / self.cycle_ms(steps, backend)
+
+    def problems(self, backend: str = "pcie_ipc", widths=range(1, 9)) -> list[str]:
+        """Modelled forwards below their physical floor, or a verify faster than the decode it contains."""
+        out, dec = [], self.decode_ms(backend)
+        for w in widths:
+            got = dec if w == 1 else self.verify_ms(w, backend)
+            if got < self.floor_ms(w):
+                out.append(f"{w}-token forward {got:.2f} ms < its floor {self.floor_ms(w):.2f} ms")
+            if got < dec:
+                out.append(f"{w}-token verify {got:.2f} ms < the 1-token decode {dec:.2f} ms it contains")
+        return out
+
+
+# A receipt's profile part (raw/profile.json), which refit() reads. Per stage, the median over the captured steps
+# of: the GPU time from its first kernel's start to its last kernel's end, the time in collective kernels, the
+# kernel-busy time outside them, the gaps, the kernel count. decode: one plain decode step; draft_decode: one
+# replay of the draft graph (its steps - 1 forwards together, as the collectives table counts them).
+PROFILE_STAGES = ("decode", *STAGES)
+PROFILE_FIELDS = {"gpu": str, "tp": int, "steps": int, "accept_length": float, "cycle_ms": float,
+                  "nccl_graph_us": dict, "pcie_ipc_us": dict, **{s: dict for s in PROFILE_STAGES}}
+STAGE_FIELDS = ("forward_ms", "comm_ms", "busy_ms", "gap_ms", "kernels")
+
+
+def refit(profile: dict, model: Model | None = None) -> dict:
+    """Model knobs from a receipt's profile: B, the mean draft forward, the glue E, PCIe IPC per call by rows, the
+    box's in-graph NCCL per call, the AL, the achieved bandwidth from the verify's extra over the decode. A
+    UserError names what is missing."""
+    bad = [k for k, t in PROFILE_FIELDS.items() if not isinstance(profile.get(k), (t, int) if t is float else t)]
+    bad += [f"{s}.{f}" for s in PROFILE_STAGES if isinstance(profile.get(s), dict) for f in STAGE_FIELDS
+            if not isinstance(profile[s].get(f), (int, float))]
+    if bad:
+        raise UserError(f"the receipt's profile lacks {', '.join(bad)}: re-run make report's profile part")
+    model, s = model or Model(*load()), profile["steps"]
+    out = {st: profile[st]["forward_ms"] - profile[st]["comm_ms"] for st in PROFILE_STAGES}
+    knobs = {"B_ms": out["decode"], "draft_fwd_ms": (out["draft_decode"] + out["draft_extend"]) / s,
+             "glue_ms": max(0.0, profile["cycle_ms"] - sum(profile[st]["forward_ms"] for st in STAGES)),
+             "al": profile["accept_length"], "steps": s, "ipc_scale": 1.0,
+             "a_seed_us": float(profile["nccl_graph_us"].get("1", model.p["a_seed_us"]))}
+    if out["target_verify"] > out["decode"]:
+        knobs["eta"] = (model.gb(s + 1) - model.gb(1)) / model.m["bandwidth_tb_s"] / \
+            (out["target_verify"] - out["decode"])
+    kib = model.cyc["kib"]["target_verify"]["all_reduce"]
+    ipc = sorted([int(r) * kib, float(us)] for r, us in profile["pcie_ipc_us"].items())
+    return knobs | ({"ipc_us": ipc} if len(ipc) >= 2 else {})
+
+
+# ---------------------------------------------------------------------------------------------------- the sweep
 @dataclasses.dataclass(frozen=True)
 class Measured:
     """One sweep point at one scenario: the setting and what the runs measured (medians over repeats)."""
@@ -60,14 +222,8 @@ class Measured:
     accept_length: float
     decode_tok_s: float
     hit_rate: float | None = None
-
-    @property
-    def group(self) -> str:
-        return f"{self.drafter} ({self.quant})"
-
-    @property
-    def cycle_ms(self) -> float:
-        return 1000.0 * self.accept_length / self.decode_tok_s
+    group = property(lambda self: f"{self.drafter} ({self.quant})")
+    cycle_ms = property(lambda self: 1000.0 * self.accept_length / self.decode_tok_s)
 
 
 @dataclasses.dataclass
@@ -87,43 +243,33 @@ class Fit:
 
 def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
     """x with a x = b (Gaussian elimination, partial pivoting); None when a is singular."""
-    n = len(b)
-    m = [row[:] + [b[i]] for i, row in enumerate(a)]
+    n, m = len(b), [row[:] + [b[i]] for i, row in enumerate(a)]
     for c in range(n):
         piv = max(range(c, n), key=lambda r: abs(m[r][c]))
         if abs(m[piv][c]) < 1e-9 * max(1.0, max(abs(x) for row in m for x in row[:n])):
             return None
         m[c], m[piv] = m[piv], m[c]
-        for r in range(n):
-            if r != c:
-                f = m[r][c] / m[c][c]
-                m[r] = [x - f * y for x, y in zip(m[r], m[c])]
+        for r in (r for r in range(n) if r != c):
+            m[r] = [x - m[r][c] / m[c][c] * y for x, y in zip(m[r], m[c])]
     return [m[i][n] / m[i][i] for i in range(n)]
 
 
 def fit(points: list[Measured], t1_ms: float | None = None) -> tuple[Fit | None, str]:
     """Least squares of the cycle times; (None, why) when the points cannot determine the model."""
-    groups = sorted({p.group for p in points})
-    free_t1 = t1_ms is None
-    cols = (["t1"] if free_t1 else []) + ["verify"] + groups
-    if len(points) < len(cols) + 1:
-        return None, f"{len(points)} point(s) for {len(cols)} unknowns: the sweep needs more points"
-
-    def row(p: Measured) -> list[float]:
-        return ([1.0] if free_t1 else []) + [p.draft_tokens - 1.0] + [float(p.steps) if g == p.group else 0.0
-                                                                      for g in groups]
-
-    rows = [row(p) for p in points]
-    ys = [p.cycle_ms - (0.0 if free_t1 else t1_ms) for p in points]
-    ata = [[sum(r[i] * r[j] for r in rows) for j in range(len(cols))] for i in range(len(cols))]
-    aty = [sum(r[i] * y for r, y in zip(rows, ys)) for i in range(len(cols))]
-    x = _solve(ata, aty)
+    groups, free = sorted({p.group for p in points}), t1_ms is None
+    n = int(free) + 1 + len(groups)
+    if len(points) < n + 1:
+        return None, f"{len(points)} point(s) for {n} unknowns: the sweep needs more points"
+    rows = [[1.0] * free + [p.draft_tokens - 1.0] + [float(p.steps) * (g == p.group) for g in groups] for p in points]
+    ys = [p.cycle_ms - (0.0 if free else t1_ms) for p in points]
+    x = _solve([[sum(r[i] * r[j] for r in rows) for j in range(n)] for i in range(n)],
+               [sum(r[i] * y for r, y in zip(rows, ys)) for i in range(n)])
     if x is None:
         return None, ("the points cannot separate the verify cost per token from the draft cost per step (chain "
                       "points only: draft tokens - 1 = steps); add tree points (topk > 1)")
-    t1 = x.pop(0) if free_t1 else t1_ms
-    source = "fitted (no reference run without speculation)" if free_t1 else "measured by the reference run"
-    return Fit(t1, source, x[0], dict(zip(groups, x[1:])), points), ""
+    t1 = x.pop(0) if free else t1_ms
+    return Fit(t1, "fitted (no reference run without speculation)" if free else "measured by the reference run",
+               x[0], dict(zip(groups, x[1:])), points), ""
 
 
 @dataclasses.dataclass
@@ -135,22 +281,18 @@ class Verdict:
     worst: list[tuple[Measured, float]]  # points the model misses most: (point, measured / predicted tok/s - 1)
 
     def lines(self) -> list[str]:
-        f = self.fit
-        draft = ", ".join(f"{g} {v:.2f} ms" for g, v in f.draft_ms_per_step.items())
-        gap = 100 * (1 - self.predicted.decode_tok_s / self.measured.decode_tok_s)
-        out = [f"Cost model over {len(f.points)} point(s): cycle = {f.t1_ms:.2f} ms (t1, {f.t1_source}) + "
-               f"{f.verify_ms_per_token:.3f} ms per verified token beyond the first + per draft step: {draft}.",
-               f"Predicted optimum: {self.predicted.name} ({f.tok_s(self.predicted):.1f} tok/s predicted, "
-               f"{self.predicted.decode_tok_s:.1f} measured). Measured optimum: {self.measured.name} "
-               f"({self.measured.decode_tok_s:.1f} tok/s). "
-               + ("The sweep agrees with the model." if self.agrees else
-                  f"The sweep does NOT agree with the model (the predicted point measured {gap:.1f}% below the "
-                  f"best): the linear costs miss something at one of them (look at its verify graph hit rate).")]
-        if self.worst:
-            out.append("Largest misses (measured vs predicted tok/s): " + ", ".join(
+        f, pr, me = self.fit, self.predicted, self.measured
+        return [f"Cost model over {len(f.points)} point(s): cycle = {f.t1_ms:.2f} ms (t1, {f.t1_source}) + "
+                f"{f.verify_ms_per_token:.3f} ms per verified token beyond the first + per draft step: "
+                + ", ".join(f"{g} {v:.2f} ms" for g, v in f.draft_ms_per_step.items()) + ".",
+                f"Predicted optimum: {pr.name} ({f.tok_s(pr):.1f} tok/s predicted, {pr.decode_tok_s:.1f} measured). "
+                f"Measured optimum: {me.name} ({me.decode_tok_s:.1f} tok/s). " + (
+                    "The sweep agrees with the model." if self.agrees else "The sweep does NOT agree with the model "
+                    f"(the predicted point measured {100 * (1 - pr.decode_tok_s / me.decode_tok_s):.1f}% below the "
+                    "best): the linear costs miss something at one of them (look at its verify graph hit rate).")] + (
+            ["Largest misses (measured vs predicted tok/s): " + ", ".join(
                 f"{p.name} {100 * d:+.1f}%" + (f" (verify graph {100 * p.hit_rate:.0f}%)" if p.hit_rate is not None
-                                               else "") for p, d in self.worst))
-        return out
+                                               else "") for p, d in self.worst)] if self.worst else [])
 
 
 def verdict(points: list[Measured], t1_ms: float | None = None) -> tuple[Verdict | None, str]:
@@ -158,107 +300,6 @@ def verdict(points: list[Measured], t1_ms: float | None = None) -> tuple[Verdict
     f, why = fit(points, t1_ms)
     if f is None:
         return None, why
-    predicted = max(points, key=f.tok_s)
-    measured = max(points, key=lambda p: p.decode_tok_s)
+    pred, meas = max(points, key=f.tok_s), max(points, key=lambda p: p.decode_tok_s)
     misses = sorted(((p, p.decode_tok_s / f.tok_s(p) - 1.0) for p in points), key=lambda x: -abs(x[1]))
-    return Verdict(f, predicted, measured, predicted.name == measured.name, [m for m in misses[:3] if
-                                                                               abs(m[1]) > 0.02]), ""
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# the prior: collective counts per stage and a memory floor per verify width
-
-
-def load_cycle(path: Path = COLLECTIVES, profile: Path = PROFILE, mode: str = "greedy") -> dict:
-    """The collectives table's counts for one kind of batch (greedy, sampling), per forward of each stage:
-    {"tp", "steps", "mode", "stages": {stage: {op: calls per forward}}}. The table counts a cycle of the shipped
-    profile (its draft_decode entry covers the steps - 1 draft forwards of one graph): the profile gives the steps
-    and the TP size."""
-    where = Path(path).name
-    try:
-        raw, prof = tomllib.loads(Path(path).read_text()), tomllib.loads(Path(profile).read_text())
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        raise UserError(f"{e}: the cost model reads bench/inputs/collectives_kimi_tp8.toml and the profile it "
-                        f"describes, docker/profiles/kimi-k25-eagle3-tp8.toml") from e
-    args = prof.get("args", {})
-    steps, tp = args.get("speculative-num-steps"), args.get("tp-size")
-    if not (isinstance(steps, int) and steps >= 2 and isinstance(tp, int)):
-        raise UserError(f"{Path(profile).name}: needs tp-size and speculative-num-steps >= 2 under [args] (the "
-                        f"cycle {where} counts)")
-    counts = raw.get("per_forward", {}).get(mode)
-    missing = [st for st in STAGES if st not in (counts or {})]
-    if missing:
-        raise UserError(f"{where}: no [per_forward.{mode}] {missing[0]} = {{ op = count, ... }} (stages: "
-                        f"{', '.join(STAGES)}; kinds of batch: {', '.join(raw.get('per_forward', {})) or 'none'})")
-    out: dict = {}
-    for stage in STAGES:
-        bad = [f"{op} = {n!r}" for op, n in counts[stage].items() if op not in OPS or not isinstance(n, int) or n < 0]
-        forwards = steps - 1 if stage == "draft_decode" else 1
-        bad += [f"{op} = {n} (not a multiple of its {forwards} forwards)" for op, n in counts[stage].items()
-                if isinstance(n, int) and n % forwards]
-        if bad:
-            raise UserError(f"{where}: [per_forward.{mode}] {stage}: {', '.join(bad)}: operations are "
-                            f"{', '.join(OPS)}, counts whole numbers >= 0")
-        out[stage] = {op: n // forwards for op, n in counts[stage].items()}
-    return {"tp": tp, "steps": steps, "mode": mode, "stages": out}
-
-
-@dataclasses.dataclass(frozen=True)
-class Prior:
-    """The model of one cycle before measurement, at one per-call latency (us): every call of the table is on PCIe
-    IPC (tests/patches/test_cycle_collectives.py routes each through the real code)."""
-
-    stages: dict  # stage -> op -> calls per forward
-    tp: int
-    per_call_us: float
-    memory: dict  # bench/inputs/cost-model.toml [memory]
-    acceptance: tuple[float, ...]
-
-    def calls(self, stage: str) -> int:
-        return sum(self.stages[stage].values())
-
-    def cycle_calls(self, steps: int) -> dict[str, int]:
-        """Calls of one cycle by operation: 1 verify + 1 draft extend + (steps - 1) draft decode forwards."""
-        out: dict[str, int] = {}
-        for stage, times in (("target_verify", 1), ("draft_extend", 1), ("draft_decode", steps - 1)):
-            for op, n in self.stages[stage].items():
-                out[op] = out.get(op, 0) + n * times
-        return out
-
-    def calls_ms(self, n: int) -> float:
-        return n * self.per_call_us / 1000
-
-    def verify_gb(self, width: int) -> float:
-        m = self.memory
-        distinct = m["experts"] * (1 - (1 - m["experts_per_token"] / m["experts"]) ** width)
-        return m["non_routed_gb"] + m["routed_gb_per_expert"] * distinct
-
-    def verify_ms(self, width: int) -> float:
-        """Memory floor plus the verify's collectives: one target forward of `width` tokens."""
-        return self.verify_gb(width) / self.memory["bandwidth_tb_s"] + self.calls_ms(self.calls("target_verify"))
-
-    def draft_ms(self, steps: int) -> float:
-        per_forward = self.memory["draft_gb"] / self.tp / self.memory["bandwidth_tb_s"]
-        calls = self.calls("draft_extend") + (steps - 1) * self.calls("draft_decode")
-        return steps * per_forward + self.calls_ms(calls)
-
-    def cycle_ms(self, steps: int, draft_tokens: int) -> float:
-        return self.verify_ms(draft_tokens) + self.draft_ms(steps)
-
-    def accept_length(self, steps: int, topk: int) -> float | None:
-        """AL of a chain from the per-position acceptance; None for a tree or beyond the known positions."""
-        if topk != 1 or steps > len(self.acceptance):
-            return None
-        return 1.0 + sum(self.acceptance[:steps])
-
-
-def prior(inputs: dict, cycle: dict, bound: str = "low") -> Prior:
-    """The prior from bench/inputs/cost-model.toml (`inputs`) and load_cycle(), every call at the low or high end of
-    the PCIe-IPC per-call latency ([per_call] pcie_ipc names its [[setting]] row)."""
-    rows = {s["key"]: s for s in inputs.get("setting", [])}
-    key = inputs.get("per_call", {}).get(BACKEND)
-    if key not in rows:
-        raise UserError(f"cost-model.toml: no per-call latency for the {BACKEND} collectives of {COLLECTIVES.name}: "
-                        f"add {BACKEND} = \"<a [[setting]] key>\" to [per_call]")
-    return Prior(cycle["stages"], cycle["tp"], rows[key][bound], inputs["memory"],
-                 tuple(inputs["acceptance"]["per_position"]))
+    return Verdict(f, pred, meas, pred.name == meas.name, [m for m in misses[:3] if abs(m[1]) > 0.02]), ""

@@ -1,79 +1,137 @@
-"""eagle-fast-verify.md's tables are generated from committed files (scripts/bench/cost_model.py)."""
+"""make docs (scripts/bench/cost_model.py) and the box model (scripts/bench/spec_model.py): the back-test against
+the seed box, the physical floors it refuses to go below, the refit from a receipt's profile, the operator's
+mistakes."""
 
-from scripts.bench import cost_model
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from scripts.bench import cost_model as cm
+from scripts.bench import receipt_data as rd
+from scripts.bench import spec_model as sm
+from scripts.lib.errors import UserError
+
+INP, CYC = sm.load()
 
 
-def test_cost_model_doc_is_current():
-    assert cost_model.main(["--check"]) == 0
+def test_the_document_is_current():
+    assert cm.main(["--check"]) == 0
 
 
-def test_cost_model_tracks_its_inputs():
-    """Change one measured number in a copy of a result file: the rendered proxy table changes with it."""
-    runs = cost_model.load_runs()
-    before = cost_model.h200_table(runs)
+def test_the_back_test_predicts_every_seed_number_within_10_percent():
+    table = cm.Box(INP, CYC, runs=cm.load_runs()).backtest()
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in table.splitlines()[2:]]
+    assert {r[0] for r in rows} >= {"Plain decode, tok/s", "EAGLE-3 at AL 2.0, tok/s", "AQ-MedAI drafter at AL 1.5, "
+                                    "tok/s", "Break-even AL, verify / decode", "Break-even AL, cycle / decode"}
+    for name, _, role, _, error in rows:
+        assert error.startswith(("within", "0 %")) or abs(float(error.split()[0])) <= 10, (name, error)
+    assert next(r for r in rows if r[0].startswith("Plain"))[3] == "82.0"  # the calibration input, reproduced
+
+
+def test_the_calibrated_model_gives_the_review_s_box_numbers():
+    """CAL of the perf review (appendix): 3/1/4 13.93 ms, 164 tok/s at AL 2.28 (band 121-225), plain 117 tok/s."""
+    m = {c: sm.Model(INP, CYC, c) for c in sm.CORNERS}
+    assert m["central"].B() == pytest.approx(7.855, abs=0.01)
+    assert 1000 / m["central"].decode_ms() == pytest.approx(117, abs=1)
+    assert [round(m["central"].cycle_ms(s), 2) for s in range(1, 6)] == [10.69, 12.31, 13.92, 15.51, 17.08]
+    assert [round(m[c].tok_s()) for c in sm.CORNERS] == [121, 164, 225]
+    assert sm.Model(INP, CYC, head_rows=32000).cycle_ms(3, "nccl", 30.0) == pytest.approx(31.8, abs=0.05)
+
+
+def test_bytes_and_floors():
+    m = sm.Model(INP, CYC)
+    assert [round(m.gb(w), 2) for w in (1, 4, 8)] == [6.03, 10.31, 15.61]
+    assert [round(m.oneshot_us(r), 1) for r in (1, 4, 8)] == [1.9, 7.6, 15.1]  # 7 x rows x 14 KiB at 53 GB/s
+    assert m.floor_ms(1) == pytest.approx(6.03 / 1.792 + 123 * 1.89e-3, abs=0.01) and m.problems() == []
+
+
+def test_make_docs_refuses_a_row_below_its_floor_or_a_verify_faster_than_its_decode(monkeypatch):
+    fast = json.loads(json.dumps(INP))
+    fast["seed"]["decode_tok_s"] = 400.0  # B = 2.5 - 124 a_seed: a decode below its bytes
+    monkeypatch.setattr(sm, "load", lambda: (fast, CYC))
+    with pytest.raises(UserError, match=r"impossible row: pessimistic, pcie_ipc: 1-token forward .* < its floor"):
+        cm.main(["--check"])
+    odd = sm.Model(INP, CYC, rho=-1.0)  # fewer experts for more tokens: the verify reads less than the decode
+    assert any("4-token verify" in p and "< the 1-token decode" in p for p in odd.problems())
+
+
+def _profile(**over) -> dict:
+    def stage(f, c):
+        return {"forward_ms": f, "comm_ms": c, "busy_ms": f - c - 1, "gap_ms": 1.0, "kernels": 1500}
+
+    return {"gpu": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "tp": 8, "steps": 3, "accept_length": 2.5,
+            "cycle_ms": 17.0, "nccl_graph_us": {"1": 30.0, "4": 32.0}, "pcie_ipc_us": {"1": 6.0, "4": 11.0, "8": 17.0},
+            "decode": stage(10.0, 1.0), "target_verify": stage(14.0, 1.5), "draft_decode": stage(0.6, 0.05),
+            "draft_extend": stage(0.8, 0.08)} | over
+
+
+def test_refit_takes_what_the_profile_measured():
+    m = sm.Model(INP, CYC, **sm.refit(_profile()))
+    assert m.B() == pytest.approx(9.0) and m.p["a_seed_us"] == 30.0 and m.lat("pcie_ipc", 56.0) == pytest.approx(11.0)
+    assert m.verify_ms(4) - m.comm_ms("target_verify", 4, "pcie_ipc") == pytest.approx(12.5)  # non-communication
+    assert m.p["glue_ms"] == pytest.approx(17.0 - 14.0 - 0.6 - 0.8) and m.al() == 2.5  # draft graph: 2 forwards
+    assert m.p["draft_fwd_ms"] == pytest.approx((0.55 + 0.72) / 3) and m.tok_s() == pytest.approx(2500 / m.cycle_ms())
+    with pytest.raises(UserError, match=r"profile lacks .*cycle_ms.*target_verify.comm_ms"):
+        sm.refit(_profile(cycle_ms=None, target_verify={"forward_ms": 1.0}))
+
+
+def _receipt(tmp_path, profile: dict):
+    d = tmp_path / "box"
+    (d / "raw").mkdir(parents=True)
+    rec = {"default": "EAGLE-3 in the shipped profile", "verdict": "inconclusive", "why": "no bench", "measured": {},
+           "threshold": "", "setting": ""}
+    (d / "receipt.json").write_text(json.dumps({"schema": rd.SCHEMA, "parts": {}, "recommendations": [rec],
+                                                "thresholds": rd.THRESHOLDS, "environment": {"box": "box"}}))
+    (d / "raw" / "profile.json").write_text(json.dumps(profile))
+    return d
+
+
+def test_make_docs_refits_the_model_from_a_box_receipt_s_profile_not_a_proxy_s(tmp_path, capsys):
+    doc = tmp_path / "plan.md"
+    doc.write_text(cm.DOC.read_text())
+    assert cm.main(["--write", "--doc", str(doc), "--receipt", str(_receipt(tmp_path, _profile()))]) == 0
+    text = doc.read_text()
+    assert cm.block(text, "backtest").startswith("Refitted from the profile of receipt `box`.")
+    assert "the model above is refitted from it." in cm.block(text, "box-measured")
+    assert "| plain decode, ms | 10.00 |" in cm.block(text, "box-measured")
+    assert cm.block(text, "settings") != cm.block(cm.DOC.read_text(), "settings")
+    assert "plot cost-model.png: drawn" in capsys.readouterr().out and (tmp_path / "cost-model.png").stat().st_size
+    proxy = _receipt(tmp_path / "h200", _profile(gpu="NVIDIA H200", tp=1))  # the lent H200: shown, not applied
+    assert cm.main(["--write", "--doc", str(doc), "--receipt", str(proxy)]) == 0
+    assert "shown, not applied (a proxy)" in doc.read_text() and "Refitted" not in cm.block(doc.read_text(), "backtest")
+
+
+def test_a_typo_or_a_corrupt_receipt_exits_2_with_the_fix(tmp_path):
+    (tmp_path / "bad.tar.gz").write_bytes(b"not a tarball")
+    for path in (tmp_path / "nope.tar.gz", tmp_path / "bad.tar.gz"):
+        cp = subprocess.run([sys.executable, "-m", "scripts.bench.cost_model", "--check", "--receipt", str(path)],
+                            cwd=cm.REPO_ROOT, capture_output=True, text=True, timeout=120)
+        assert cp.returncode == 2 and "make docs RECEIPT=<file>" in cp.stderr and "Traceback" not in cp.stderr
+
+
+def test_without_matplotlib_the_plot_names_the_fix(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    got = cm.plot(cm.Box(INP, CYC), tmp_path / "p.png")
+    assert "has no matplotlib; run make docs PY=.venv/bin/python" in got and not (tmp_path / "p.png").exists()
+
+
+def test_the_proxy_table_follows_its_result_files():
+    runs = cm.load_runs()
+    before = cm.h200_table(runs, INP["proxy"])
     rec = next(r for r in runs[0]["records"] if r.get("kind") == "allreduce" and r.get("variant") == "SIMPLE"
                and r.get("rows") == 8 and r.get("mode") == "graph")
     rec["us_per_call"] *= 10
-    after = cost_model.h200_table(runs)
-    assert before != after
-    line = next(l for l in after.splitlines() if "Simple / default" in l)
-    assert "x" in line
+    assert before != cm.h200_table(runs, INP["proxy"]) and "NVLink: not the box" in before.splitlines()[0]
 
 
-def test_cost_model_box_rows_follow_the_model():
-    import tomllib
-
-    inp = tomllib.loads(cost_model.INPUTS.read_text())
-    table = cost_model.box_table(inp)
-    seed = next(l for l in table.splitlines() if l.startswith("| Seed"))
-    # 205 us x 122 = 25.0 ms -> verify 30 ms -> AL 2.0 / (30 + 3.33 ms) = 60 tok/s; break-even 33.3 / 12.2 = 2.73
-    assert "| 205 | 25.01 | 30.0 | 60 | 2.73 |" in seed
-
-
-def test_sglang_rows_get_their_own_table_next_to_the_direct_flashinfer_runs():
-    from scripts.bench import cost_model
-
-    runs = cost_model.load_runs()
-    direct, through = cost_model.h200_table(runs), cost_model.sglang_table(runs)
-    assert "sglang1" not in direct.splitlines()[0] and "run1" in direct.splitlines()[0]
-    assert "bench-comm_H200_x2_sglang1.json" in through.splitlines()[0]
-    # every row of the SGLang table has a measured value (no empty spread) from the committed run
-    for line in through.splitlines()[2:]:
-        assert line.split("|")[2].strip() not in ("", "-"), line
-
-
-def test_make_docs_says_what_it_wrote(tmp_path, monkeypatch, capsys):
-    """`make docs` (cost_model --write) prints, per table, whether it changed, and writes nothing when none did."""
-    doc = tmp_path / "doc.md"
-    doc.write_text("# t\n<!-- cost-model:box -->\n| old | row |\n<!-- /cost-model:box -->\n"
-                   "<!-- cost-model:h200 -->\n| same |\n<!-- /cost-model:h200 -->\n")
-    monkeypatch.setattr(cost_model, "load_runs", lambda: [])
-    monkeypatch.setattr(cost_model, "render", lambda inp, runs, receipts=None: {"box": "| new | row |\n| two |", "h200": "| same |"})
-    assert cost_model.main(["--write", "--doc", str(doc)]) == 0
-    out = capsys.readouterr().out
-    assert f"{doc}: wrote the cost-model tables" in out
-    assert "table box: rewritten, 2 line(s) new, 1 line(s) gone (2 lines now)" in out
-    assert "table h200: unchanged (1 lines)" in out
-    assert "| two |" in doc.read_text()
-    mtime = doc.stat().st_mtime_ns
-    assert cost_model.main(["--write", "--doc", str(doc)]) == 0
-    assert "up to date, nothing written" in capsys.readouterr().out and doc.stat().st_mtime_ns == mtime
-    monkeypatch.setattr(cost_model, "render", lambda inp, runs, receipts=None: {"box": "| newer |", "h200": "| same |"})
-    assert cost_model.main(["--check", "--doc", str(doc)]) == 1
-    assert "out of date" in capsys.readouterr().out
-
-
-def test_make_docs_draws_the_model_tables_it_wrote(tmp_path, capsys):
-    """--write draws the tok/s ranges of the box and settings tables (as the document prints them) beside the
-    document; the trees, which the model does not rate, are left out of the plot (issue 23 item 10)."""
-    doc = tmp_path / "plan.md"
-    doc.write_text(cost_model.DOC.read_text())
-    assert cost_model.main(["--write", "--doc", str(doc)]) == 0
-    assert "plot cost-model.png: drawn" in capsys.readouterr().out
-    assert (tmp_path / "cost-model.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    settings = cost_model._ranges(cost_model.block(doc.read_text(), "settings"), "tok/s (model)")
-    assert [r[0].split(" ")[0] for r in settings] == ["1/1/2", "2/1/3", "3/1/4", "4/1/5", "5/1/6"]
-    assert all(0 < lo <= hi for _, lo, hi in settings)
-    box = cost_model._ranges(cost_model.block(doc.read_text(), "box"), "tok/s at AL 2.0")
-    assert box[0][1:] == (60.0, 60.0) and len(box) == 5
-    assert "](bench/results/cost-model.png)" in cost_model.DOC.read_text()
+def test_levers_rank_the_unbuilt_ones_and_reject_with_a_reason():
+    table = cm.Box(INP, CYC).levers()
+    rows = {ln.split("|")[2].strip(): ln for ln in table.splitlines()[2:]}
+    assert rows["Draft on one GPU (TP1)"].startswith("| x |") and "rejected" in rows["Two-batch overlap"]
+    fp8 = next(v for k, v in rows.items() if k.startswith("FP8 (W8A16)"))
+    assert "| -1.38 |" in fp8 and "| 140 |" in fp8  # 2.1 GB fewer bytes per forward; plain decode 117 -> 140
+    assert "| 193 (+30) |" in rows["FP8 drafter + FP8 non-expert linears + sharded q_a/kv_a"]

@@ -5,7 +5,6 @@ they become, and the predicted optimum against the measured one on synthetic res
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -14,7 +13,7 @@ import pytest
 
 from scripts.bench import bench
 from scripts.bench import config as cfg
-from scripts.bench import cost_model, launch, report, spec_model, sweep
+from scripts.bench import launch, report, spec_model, sweep
 from scripts.lib.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -182,16 +181,13 @@ def test_cost_model_recovers_the_costs_and_agrees_with_a_consistent_sweep():
     assert "0.900 ms per verified token beyond the first" in md and "t1, measured by the reference run" in md
 
 
-def test_a_point_off_its_verify_graph_makes_the_sweep_disagree(tmp_path, capsys):
+def test_a_point_off_its_verify_graph_makes_the_sweep_disagree():
     recs = sweep_records(slow={"sweep-A-one-4-4-8": 1.3}, hit={"sweep-A-one-4-4-8": 0.35})
     rows = report.summarize(recs)
     v, _ = spec_model.verdict(*report.sweep_points(rows, "C1"))
     assert not v.agrees and v.predicted.name == "sweep-A-one-4-4-8" and v.measured.name != "sweep-A-one-4-4-8"
     assert v.worst[0][0].name == "sweep-A-one-4-4-8" and v.worst[0][1] < -0.15
-    results = tmp_path / "r.jsonl"
-    results.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    assert cost_model.main(["--sweep", str(results)]) == 0  # make docs' cost model prints the same verdict
-    out = capsys.readouterr().out
+    out = "\n".join(report.sweep_markdown(rows))  # what make bench's report prints
     assert "does NOT agree with the model" in out and "sweep-A-one-4-4-8" in out and "(verify graph 35%)" in out
 
 
@@ -200,85 +196,3 @@ def test_chain_points_alone_cannot_separate_verify_and_draft_costs():
     v, why = spec_model.verdict(*report.sweep_points(report.summarize(recs), "C1"))
     assert v is None and "add tree points (topk > 1)" in why
     assert "No cost-model verdict: the points cannot separate" in report.markdown(report.summarize(recs), {})
-
-
-# -------------------------------------------------------------------------------------------------------------
-# the prior: per-cycle collectives from the collectives table, the verify's compute from a memory floor per width
-
-
-def _inputs() -> dict:
-    import tomllib
-
-    return tomllib.loads(cost_model.INPUTS.read_text())
-
-
-def test_the_prior_counts_the_collectives_of_the_table_and_pays_for_each_verified_token():
-    cycle = spec_model.load_cycle()  # per forward; the table's draft_decode covers the profile's 2 draft forwards
-    assert (cycle["tp"], cycle["steps"]) == (8, 3)
-    assert cycle["stages"] == {"target_verify": {"all_reduce": 123, "all_gather": 1},
-                               "draft_decode": {"all_reduce": 3, "all_gather": 1},
-                               "draft_extend": {"all_reduce": 3, "all_gather": 1}}
-    p = spec_model.prior(_inputs(), cycle)
-    # 3/1/4: 1 verify + 1 draft extend + 2 draft decode forwards: the correctness review's 132 + 4 per cycle
-    assert p.cycle_calls(3) == {"all_reduce": 132, "all_gather": 4} and p.per_call_us == 15.3
-    assert p.cycle_calls(1) == {"all_reduce": 126, "all_gather": 2}
-    sampled = spec_model.prior(_inputs(), spec_model.load_cycle(mode="sampling"))
-    assert sampled.cycle_calls(3) == {"all_reduce": 132, "all_gather": 4, "broadcast": 1}
-    assert sampled.cycle_ms(3, 4) - p.cycle_ms(3, 4) == pytest.approx(0.0153)  # the packed broadcast, one call
-    # the memory floor per GPU (anchors review, section 4): 1 token 6.0 GB, 4 tokens 10.3 GB / 5.8 ms, 8 15.6 GB;
-    # the 5th verified token ~1.4 GB, ~0.75 ms
-    assert p.verify_gb(1) == pytest.approx(6.03, abs=0.01) and p.verify_gb(4) == pytest.approx(10.31, abs=0.01)
-    assert p.verify_gb(8) == pytest.approx(15.62, abs=0.01)
-    assert p.verify_gb(4) / 1.79 == pytest.approx(5.76, abs=0.01)
-    assert p.verify_ms(5) - p.verify_ms(4) == pytest.approx(0.76, abs=0.02)
-    assert p.accept_length(3, 1) == pytest.approx(2.278) and p.accept_length(3, 4) is None
-
-
-def test_a_wider_verify_is_not_free_so_the_prior_peaks_at_a_short_chain():
-    """With the memory floor per verify width the best chain is 2/1/3; with a verify that reads the same at every
-    width (the old fixed-compute assumption, here the 4-token floor), each step would only add draft time and a
-    wider chain would win."""
-    chains = [(s, s + 1) for s in range(1, 6)]
-
-    def best(p):
-        return max(chains, key=lambda c: p.accept_length(c[0], 1) / p.cycle_ms(*c))
-
-    p = spec_model.prior(_inputs(), spec_model.load_cycle())
-    assert best(p) == (2, 3)
-
-    class FixedVerify(spec_model.Prior):
-        def verify_gb(self, width: int) -> float:
-            return super().verify_gb(4)
-
-    assert best(FixedVerify(**{f.name: getattr(p, f.name) for f in dataclasses.fields(p)})) >= (4, 5)
-
-
-def test_the_prior_follows_the_collectives_table_and_names_its_mistakes(tmp_path):
-    text = spec_model.COLLECTIVES.read_text()
-    f = tmp_path / "c.toml"
-    f.write_text(text.replace("[per_forward.greedy]\ntarget_verify = { all_reduce = 123, all_gather = 1 }",
-                              "[per_forward.greedy]\ntarget_verify = { all_reduce = 124, all_gather = 1 }"))
-    inp = _inputs()
-    base, more = spec_model.prior(inp, spec_model.load_cycle()), spec_model.prior(inp, spec_model.load_cycle(f))
-    assert more.cycle_calls(3)["all_reduce"] == 133
-    assert more.cycle_ms(3, 4) - base.cycle_ms(3, 4) == pytest.approx(0.0153)  # one more call at 15.3 us
-    assert "| 133 all-reduce, 4 all-gather |" in cost_model.settings_table(inp, spec_model.load_cycle(f))
-    f.write_text(text.replace("draft_extend = { all_reduce = 3, all_gather = 1 }\n", "", 1))
-    with pytest.raises(UserError, match=r"c.toml: no \[per_forward.greedy\] draft_extend = "):
-        spec_model.load_cycle(f)
-    f.write_text(text.replace("draft_decode = { all_reduce = 6, all_gather = 2 }",
-                              "draft_decode = { all_reduce = 5, all_gather = 2 }", 1))
-    with pytest.raises(UserError, match=r"draft_decode: all_reduce = 5 \(not a multiple of its 2 forwards\)"):
-        spec_model.load_cycle(f)
-    with pytest.raises(UserError, match=r"no per-call latency for the pcie_ipc collectives .* add pcie_ipc = "):
-        spec_model.prior({**inp, "per_call": {}}, spec_model.load_cycle())
-
-
-def test_the_settings_table_is_model_output_for_the_sweep_s_settings():
-    table = cost_model.settings_table(_inputs())
-    assert table.startswith("Model output, not a measurement") and "every one on PCIe IPC, none on NCCL" in table
-    assert "A sampling batch adds 1 broadcast per cycle." in table
-    rows = {ln.split("|")[1].strip(): ln for ln in table.splitlines()[4:]}
-    assert list(rows) == ["1/1/2", "2/1/3 (model optimum)", "3/1/4", "4/1/5", "5/1/6", "3/4/8", "4/4/8"]
-    assert "| 10.3 | 7.66-8.24 | 132 all-reduce, 4 all-gather |" in rows["3/1/4"] and "| 2.28 |" in rows["3/1/4"]
-    assert "tree: measured only" in rows["3/4/8"]
