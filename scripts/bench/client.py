@@ -29,7 +29,7 @@ from ..lib.repo import REPO_ROOT
 from ..lib.tomlfile import load_toml
 from ..series.pin import load_pin
 from ..series.sglang_pkg import probe
-from ..series.upstream import CACHE_DIR, wheel_requires
+from ..series.base import CACHE_DIR, wheel_metadata
 
 CLIENT_MODULE = "sglang.benchmark.serving"
 TREE_PYTHON = REPO_ROOT / "build" / "sglang" / "python"
@@ -114,7 +114,7 @@ def tree_requirements() -> list[str] | None:
     if pyproject.is_file():
         return list(load_toml(pyproject, "SGLang's pyproject").get("project", {}).get("dependencies", []))
     wheel = CACHE_DIR / load_pin().wheel_filename
-    return wheel_requires(wheel) if wheel.is_file() else None
+    return re.findall(r"^Requires-Dist: *(.+?) *$", wheel_metadata(wheel), re.M) if wheel.is_file() else None
 
 
 def missing_for_client(py: str, env: dict[str, str], requirements: list[str] | None) -> dict | None:

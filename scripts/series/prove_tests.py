@@ -25,8 +25,8 @@ from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.progress import say
 from ..lib.repo import BUILD_DIR, REPO_ROOT
+from .base import clone_base, ensure_base
 from .pin import load_pin
-from .upstream import clone_base, ensure_base
 
 DEFAULT_TESTS = ["tests/patches"]
 PYTEST_TIMEOUT = 3600.0
@@ -39,8 +39,7 @@ def base_tree(pin, dest: Path) -> Path:
             return dest
         raise UserError(f"{dest} is not the pristine {pin.tag} any more; remove it (rm -rf {dest}: the tool made "
                         f"it from the base cache) and retry")
-    bare, _ = ensure_base(pin, os.environ.get("SGLANG_BASE") or "auto", wheel_way="make prove-tests SGLANG_BASE=wheel")
-    clone_base(bare, dest, pin.tag)
+    clone_base(ensure_base(pin, os.environ.get("SGLANG_BASE") or "auto")[0], dest, pin.tag)
     git.git(dest, "checkout", "-q", "--detach", pin.tag)
     return dest
 
