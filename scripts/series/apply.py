@@ -3,14 +3,12 @@
   python -m scripts.series.apply [--dest build/sglang] [--rebuild]   the pinned base (a clone of the tag, else the
                                                                      pinned PyPI wheel) + the series
   python -m scripts.series.apply --src DIR                           a clean checkout of the pinned tag
-  python -m scripts.series.apply --python PY                         the sglang PY imports (the image: python3): its
-                                                                     git checkout, or its installed package
-  options: --patches-dir DIR, --source auto|clone|wheel (env SGLANG_BASE); env SGLANG_WHEEL=FILE, SGLANG_REPO=URL
-
-A tree that holds the series is left alone; build/sglang holding another patch set is built again beside itself
-(build/sglang.new, swapped in when every patch applied), unless it has commits not in patches/ (make export first).
-Exit status: 0 applied or already applied; 2 a problem you can fix (the message says how); 3 a patch does not apply
-(the tree is as it was); 130 interrupted (the tree is as it was).
+  python -m scripts.series.apply --python PY                         the sglang PY imports (its git checkout, or its
+                                                                     installed package); the image: --python python3
+Also --patches-dir DIR; the base: SGLANG_BASE=auto|clone|wheel, SGLANG_WHEEL=FILE, SGLANG_REPO=URL. build/sglang
+holding another patch set is built again beside itself, unless it has commits not in patches/. Exit status: 0 applied
+or already applied; 2 a problem you can fix (the message says how); 3 a patch does not apply; 130 interrupted (3 and
+130: the tree is as it was).
 """
 
 from __future__ import annotations
@@ -25,14 +23,10 @@ from ..lib.cli import run
 from ..lib.errors import Interrupted, UserError
 from ..lib.progress import say
 from ..lib.repo import BUILD_DIR
-from .am import APPLIED, apply_checkout, apply_installed, dirty
-from .base import SOURCES, clone_base, ensure_base, replace_dir
-from .pin import UPSTREAM_HEAD, applied_patchset, load_pin, patchset_id, series_patches
-from .sglang_pkg import sglang_of
-
-
-def rev(repo: Path, ref: str) -> str | None:
-    return git.git(repo, "rev-parse", "-q", "--verify", ref, check=False).stdout.strip() or None
+from .am import APPLIED, apply_tree, dirty
+from .base import clone_base, ensure_base, replace_dir
+from .pin import UPSTREAM_HEAD, applied_patchset, load_pin, patchset_id, rev, series_patches
+from .sglang_pkg import find_sglang
 
 
 def build_tree(pin, patches, dest: Path, source: str, rebuild: bool) -> str:
@@ -60,15 +54,13 @@ def build_tree(pin, patches, dest: Path, source: str, rebuild: bool) -> str:
     try:
         bare, _ = ensure_base(pin, source)
         clone_base(bare, new, pin.tag)
-        apply_checkout(new, pin, patches)
-    except KeyboardInterrupt:
+        apply_tree(new, pin, patches)
+    except BaseException as e:
         shutil.rmtree(new, ignore_errors=True)
-        raise Interrupted(f"interrupted; {kept} To build it, run {again} again") from None
-    except UserError as e:
-        shutil.rmtree(new, ignore_errors=True)
-        raise type(e)(f"{e}\n{kept}") from None
-    except BaseException:
-        shutil.rmtree(new, ignore_errors=True)
+        if isinstance(e, KeyboardInterrupt):
+            raise Interrupted(f"interrupted; {kept} To build it, run {again} again") from None
+        if isinstance(e, UserError):
+            raise type(e)(f"{e}\n{kept}") from None
         raise
     replace_dir(new, dest)
     say(f"{dest} holds {pin.tag} + the series")
@@ -77,13 +69,15 @@ def build_tree(pin, patches, dest: Path, source: str, rebuild: bool) -> str:
 
 def apply_python(python: str, pin, patches) -> str:
     """The sglang `python` imports: in a checkout (python/sglang) git am there, else in its installed package."""
-    pkg = sglang_of(python).resolve()
+    pkg, why = find_sglang(python)
+    if pkg is None:
+        raise UserError(f"{why}: install sglang for {python} first")
     top = git.git(pkg, "rev-parse", "--show-toplevel", check=False).stdout.strip()
-    if top and pkg == Path(top).resolve() / "python" / "sglang":
+    if top and pkg.resolve() == Path(top).resolve() / "python" / "sglang":
         say(f"{python} imports sglang from the git checkout {top}")
-        return apply_checkout(Path(top), pin, patches)
+        return apply_tree(Path(top), pin, patches)
     say(f"{python} imports the installed sglang at {pkg}")
-    return apply_installed(pkg.parent, pin, patches)
+    return apply_tree(pkg.resolve().parent, pin, patches, installed=True)
 
 
 def main(argv=None) -> int:
@@ -93,7 +87,6 @@ def main(argv=None) -> int:
     where.add_argument("--src", type=Path, help="a clean SGLang checkout of the pinned tag (make apply SGLANG_SRC=)")
     where.add_argument("--python", help="apply to the sglang this interpreter imports")
     ap.add_argument("--dest", type=Path, default=BUILD_DIR / "sglang")
-    ap.add_argument("--source", choices=SOURCES, default=os.environ.get("SGLANG_BASE") or "auto")
     ap.add_argument("--patches-dir", type=Path)
     ap.add_argument("--rebuild", action="store_true", help="build --dest again from the base (make apply REBUILD=1)")
     a = ap.parse_args(argv)
@@ -101,15 +94,14 @@ def main(argv=None) -> int:
         raise UserError("REBUILD=1 (--rebuild) rebuilds build/sglang (--dest), not SGLANG_SRC or --python: drop one")
     pin = load_pin(a.patches_dir)
     patches = series_patches(pin)
+    if a.src and not git.is_repo(a.src.resolve()):
+        raise UserError(f"{a.src} is not the top of a git checkout: git clone --branch {pin.tag} {pin.repository}")
     if a.src:
-        if not git.is_repo(a.src.resolve()):
-            raise UserError(f"{a.src} is not the top of a git checkout: clone it (git clone --branch {pin.tag} "
-                            f"{pin.repository}), or leave SGLANG_SRC out to build build/sglang")
-        apply_checkout(a.src.resolve(), pin, patches)
+        apply_tree(a.src.resolve(), pin, patches)
     elif a.python:
         apply_python(a.python, pin, patches)
     else:
-        build_tree(pin, patches, a.dest.resolve(), a.source, a.rebuild)
+        build_tree(pin, patches, a.dest.resolve(), os.environ.get("SGLANG_BASE") or "auto", a.rebuild)
     return 0
 
 

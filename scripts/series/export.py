@@ -1,6 +1,6 @@
 """`make export`: patches/ (*.patch and the series file) from the commits of build/sglang after its base.
 
-  python -m scripts.series.export [--tree build/sglang] [--patches-dir patches] [--out DIR]
+  python -m scripts.series.export [--tree build/sglang] [--patches-dir patches]
 
 A commit keeps its file name through its `Patch-Filename:` line; a new commit is named from its subject and gets the
 line. Exit status: 0 exported; 2 the tree is not a linear series on its base (the message says what to do).
@@ -24,13 +24,11 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tree", type=Path, default=BUILD_DIR / "sglang")
     ap.add_argument("--patches-dir", type=Path)
-    ap.add_argument("--out", type=Path, help="write here instead of the patches directory")
     a = ap.parse_args(argv)
     pin = load_pin(a.patches_dir)
-    names = export_series(a.tree, pin, a.out or pin.patches_dir)
-    if not a.out:
-        git.git(a.tree, "update-ref", APPLIED, "HEAD")  # the tree and patches/ agree again
-    say(f"exported {len(names)} patches to {a.out or pin.patches_dir}")
+    names = export_series(a.tree, pin, pin.patches_dir)
+    git.git(a.tree, "update-ref", APPLIED, "HEAD")  # the tree and patches/ agree again
+    say(f"exported {len(names)} patches to {pin.patches_dir}")
     return 0
 
 

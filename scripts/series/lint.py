@@ -4,9 +4,8 @@
   series     the series file and the *.patch files agree (none missing, none listed twice, none left out)
   readable   git reads each patch as `git am` would (`git apply --numstat`, `git mailinfo`), with full blob ids
   headers    the message's header lines (docs/maintaining.md "Patch headers"): Why, Measured, Retire-When;
-             Forwarded (DEP-3: no, not-needed or a URL); Bug (an issue URL) and/or Origin (upstream|backport|
-             vendor|other[, URL or commit]); Last-Update YYYY-MM-DD; Patch-Filename naming the file, the last line;
-             and a real author in From:
+             Forwarded (DEP-3: no, not-needed or a URL); Bug (a URL) and/or Origin; Last-Update YYYY-MM-DD;
+             Patch-Filename naming the file, the last line; and a real author in From:
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from ..lib.errors import UserError
 from .pin import Pin, load_pin, parse_patch
 
 REQUIRED = ("Why", "Measured", "Retire-When", "Forwarded", "Last-Update", "Patch-Filename")
-ORIGINS = ("upstream", "backport", "vendor", "other")
 URL = re.compile(r"^https?://\S+$")
 
 
@@ -68,16 +66,8 @@ def header_problems(message: str, author: str, filename: str) -> list[str]:
     if forwarded and forwarded not in ("no", "not-needed") and not URL.match(forwarded):
         out.append(f"Forwarded: {forwarded} is not no, not-needed or a URL")
     if not lines.get("Bug") and not lines.get("Origin"):
-        out.append("no Bug: <issue URL> and no Origin: <upstream|backport|vendor|other>[, <URL or commit>]")
-    for bug in lines.get("Bug", []):
-        if not URL.match(bug) or re.search(r"/(pull|merge_requests)/\d+", bug):
-            out.append(f"Bug: {bug} is not the URL of an issue (name a pull request in Why:)")
-    for origin in lines.get("Origin", []):
-        kind, _, ref = (x.strip() for x in origin.partition(","))
-        if kind not in ORIGINS or (ref and not (URL.match(ref) or re.fullmatch(r"[0-9a-f]{7,40}", ref))) or \
-                (kind in ("upstream", "backport") and not ref):
-            out.append(f"Origin: {origin} is not {'|'.join(ORIGINS)}[, <URL or commit>] (upstream and backport "
-                       f"need the URL or commit)")
+        out.append("no Bug: <URL> and no Origin: <upstream|backport|vendor|other>[, <URL or commit>] (DEP-3)")
+    out += [f"Bug: {bug} is not a URL" for bug in lines.get("Bug", []) if not URL.match(bug)]
     updated = (lines.get("Last-Update") or [""])[0]
     if updated and not is_date(updated):
         out.append(f"Last-Update: {updated} is not a date YYYY-MM-DD")

@@ -1,9 +1,9 @@
-"""The pin (patches/pin.toml: the release only) and the series (patches/series, *.patch), and what derives from them.
+"""The pin (patches/pin.toml: the release only), the series (patches/series, *.patch) and what derives from them.
 
-`load_pin()` is the one reader of pin.toml (standard library: the image's python3 runs it). The blob ids of every
-file the series touches, before and after, come from the patches' own `index <base>..<patched>` lines
-(`series_blobs`). `patchset_id()` names a series by its files' bytes; `applied_patchset(path)` names the one a tree
-holds, from git alone: the commits after `refs/patches/upstream-head`, exported as `make export` does.
+`load_pin()` is the one reader of pin.toml (standard library: the image's python3 runs it). Blob ids come from the
+patches' own `index <base>..<patched>` lines (`base_blobs`). `patchset_id()` names a series by its files' bytes;
+`applied_patchset(path)` names the one a tree holds, from git alone: its commits after refs/patches/upstream-head,
+formatted as `make export` writes them.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ SERVING_IMAGE = "eagle-fast-verify/sglang"  # the image `make image` builds; its
 UPSTREAM_HEAD = "refs/patches/upstream-head"  # the pristine base under a patched tree's commits (Electron's name)
 FORMAT_PATCH = ["format-patch", "--full-index", "--no-signature", "--zero-commit", "--no-numbered", "--no-stat",
                 "--no-renames", "--encode-email-headers", "--filename-max-length=100"]
-_INDEX = re.compile(r"^diff --git a/\S+ b/(\S+)\n(?:(?!diff --git).*\n)*?index ([0-9a-f]+)\.\.([0-9a-f]+)", re.M)
+INDEX = re.compile(r"^diff --git a/\S+ b/(\S+)\n(?:(?!diff --git).*\n)*?index ([0-9a-f]+)\.\.([0-9a-f]+)", re.M)
 
 
 @dataclasses.dataclass
@@ -51,12 +51,12 @@ class Pin:
     def path(self) -> Path:
         return self.patches_dir / "pin.toml"
 
-    @property
-    def series_path(self) -> Path:
-        return self.patches_dir / self.series_file
-
     def series(self) -> list[Path]:
-        return read_series(self.series_path)
+        """The patch files the series file lists, in order."""
+        f = self.patches_dir / self.series_file
+        if not f.is_file():
+            raise UserError(f"the series file {f} is missing: restore it (git checkout -- patches/)")
+        return [self.patches_dir / n for n in (ln.split("#", 1)[0].strip() for ln in f.read_text().splitlines()) if n]
 
     @property
     def upstream_image(self) -> str:
@@ -75,18 +75,11 @@ class Pin:
     @property
     def nccl_requirement(self) -> str:
         """package==version of [nccl]; a UserError when the package does not fit the base image's CUDA major."""
-        want = f"nvidia-nccl-cu{self.image_cuda[0]}" if self.image_cuda else None
-        if not self.nccl_package or not self.nccl_version or (want and self.nccl_package != want):
+        want = f"nvidia-nccl-cu{self.image_cuda[0]}" if self.image_cuda else self.nccl_package
+        if not self.nccl_package or not self.nccl_version or self.nccl_package != want:
             raise UserError(f"{self.path} [nccl] must name package = \"{want}\" (the base image's CUDA major) and a "
                             f"version from `pip index versions {want}`")
         return f"{self.nccl_package}=={self.nccl_version}"
-
-
-def read_series(series_path: Path) -> list[Path]:
-    if not series_path.is_file():
-        raise UserError(f"series file {series_path} is missing: restore it (git checkout -- patches/)")
-    lines = (raw.split("#", 1)[0].strip() for raw in series_path.read_text().splitlines())
-    return [series_path.parent / line for line in lines if line]
 
 
 def load_pin(patches_dir: Path | None = None) -> Pin:
@@ -106,12 +99,9 @@ def write_pin(pin: Pin) -> None:
     import tomlkit
 
     doc = tomlkit.parse(pin.path.read_text())
-    for table, values in (("upstream", {"tag": pin.tag, "version": pin.version}),
-                          ("wheel", {"requirement": pin.wheel_requirement, "filename": pin.wheel_filename,
-                                     "sha256": pin.wheel_sha256}),
-                          ("image", {"tag": pin.image_tag, "digest": pin.image_digest})):
-        for key, value in values.items():
-            doc[table][key] = value
+    doc["upstream"].update(tag=pin.tag, version=pin.version)
+    doc["wheel"].update(requirement=pin.wheel_requirement, filename=pin.wheel_filename, sha256=pin.wheel_sha256)
+    doc["image"].update(tag=pin.image_tag, digest=pin.image_digest)
     pin.path.write_text(tomlkit.dumps(doc))
 
 
@@ -127,13 +117,12 @@ class PatchInfo:
 def parse_patch(path: Path) -> PatchInfo:
     """Subject, author, message and per-file blob ids of a `git format-patch --full-index` file."""
     if not path.is_file():
-        raise UserError(f"the series lists {path.name}, but {path} does not exist: restore it (git checkout -- "
-                        f"patches/) or drop it from the series file")
-    text = path.read_text()
-    mail, _, diff = text.partition("\ndiff --git ")
+        raise UserError(f"the series lists {path.name}, but there is no {path}: restore it (git checkout -- "
+                        f"patches/), or take it out of the series file")
+    mail, _, diff = path.read_text().partition("\ndiff --git ")
     msg = email.parser.HeaderParser(policy=email.policy.default).parsestr(mail.split("\n", 1)[-1] + "\n")
     subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", " ".join(str(msg.get("Subject", "")).split()))
-    files = {m[0]: (m[1], m[2]) for m in _INDEX.findall("diff --git " + diff)} if diff else {}
+    files = {m[0]: (m[1], m[2]) for m in INDEX.findall("diff --git " + diff)} if diff else {}
     return PatchInfo(path, subject, str(msg.get("From", "")), str(msg.get_payload()).strip(), files)
 
 
@@ -145,35 +134,30 @@ def touched_files(patches: list[PatchInfo]) -> list[str]:
     return list(dict.fromkeys(f for p in patches for f in p.files))
 
 
-def series_blobs(patches: list[PatchInfo]) -> tuple[dict[str, str], dict[str, str]]:
-    """(base, patched): each touched file's first pre-image and last post-image blob id, from the index lines."""
-    base: dict[str, str] = {}
-    patched: dict[str, str] = {}
-    for p in patches:
-        for f, (pre, post) in p.files.items():
-            if len(pre) != 40 or len(post) != 40:
-                raise UserError(f"{p.path.name} has abbreviated blob ids (not --full-index): run make export")
-            base.setdefault(f, pre)
-            patched[f] = post
-    return base, patched
+def base_blobs(patches: list[PatchInfo]) -> dict[str, str]:
+    """Each touched file's blob id at the base: its first pre-image in the patches' index lines."""
+    return {f: pre for p in reversed(patches) for f, (pre, _) in p.files.items()}
+
+
+def rev(repo: Path, ref: str) -> str | None:
+    """The commit `ref` names in repo, or None."""
+    res = git.git(repo, "rev-parse", "-q", "--verify", f"{ref}^{{commit}}", check=False, timeout=30)
+    return res.stdout.strip() or None
 
 
 def _id(named: list[tuple[str, bytes]]) -> str:
-    h = hashlib.sha256()
-    for name, data in named:
-        h.update(name.encode() + b"\0" + data)
-    return h.hexdigest()[:12]
+    return hashlib.sha256(b"".join(name.encode() + b"\0" + data for name, data in named)).hexdigest()[:12]
 
 
 def patchset_id(patches: list | None = None) -> str:
     """The id of a series (default patches/): a hash of its files' names and bytes, in order (the image label)."""
-    paths = [getattr(p, "path", p) for p in patches] if patches is not None else load_pin().series()
-    return _id([(Path(p).name, Path(p).read_bytes()) for p in paths])
+    paths = [Path(getattr(p, "path", p)) for p in patches] if patches is not None else load_pin().series()
+    return _id([(p.name, p.read_bytes()) for p in paths])
 
 
 def format_series(repo: Path, base: str, prefix: str = "") -> list[tuple[str, str]]:
-    """(file name, text) of each commit base..HEAD as `make export` writes it: stable `format-patch` output (no
-    Date, no signature, zero commit id, full blob ids, the user's git configuration ignored), named by its
+    """(file name, text) of each commit base..HEAD as `make export` writes it: stable format-patch output (no Date,
+    no signature, zero commit id, full blob ids; the user's git configuration ignored), named by its
     `Patch-Filename:` line, or from its subject with that line added. prefix: the repository path of the tree's
     root (python/ for an installed package made a repository)."""
     env = {**git.git_env(), "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
@@ -184,51 +168,28 @@ def format_series(repo: Path, base: str, prefix: str = "") -> list[tuple[str, st
             raise UserError(f"git format-patch failed in {repo}: {res.stderr.strip() or res.why}")
         out = []
         for f in sorted(Path(tmp).glob("*.patch")):
-            head, sep, rest = f.read_text().partition("\n\n")
-            text = "\n".join(ln for ln in head.split("\n") if not ln.startswith("Date: ")) + sep + rest
-            given = re.findall(r"^Patch-Filename: *(\S+)$", text.partition("\ndiff --git ")[0], re.M)
-            name = given[-1] if given else re.sub(r"^\d{4}-", "", f.name)
-            if not given:
-                cut = text.index("\ndiff --git ")
-                text = f"{text[:cut].rstrip()}\n\nPatch-Filename: {name}\n{text[cut:]}"
-            out.append((name, text))
+            head, _, rest = f.read_text().partition("\n\n")
+            message, _, diff = rest.partition("\ndiff --git ")
+            named = re.findall(r"^Patch-Filename: *(\S+)$", message, re.M)
+            name = named[-1] if named else re.sub(r"^\d{4}-", "", f.name)
+            message = message if named else f"{message.rstrip()}\n\nPatch-Filename: {name}\n"
+            head = "\n".join(ln for ln in head.split("\n") if not ln.startswith("Date: "))
+            out.append((name, f"{head}\n\n{message}\ndiff --git {diff}"))
         return out
 
 
-def tree_root(path: Path) -> tuple[Path, str] | None:
-    """(top of the patched git tree holding `path`, its repository prefix), or None when it is not one."""
-    path = Path(path)
-    res = git.git(path if path.is_dir() else path.parent, "rev-parse", "--show-toplevel", check=False, timeout=30)
-    if not res.ok or not git.git(Path(res.stdout.strip()), "rev-parse", "-q", "--verify", UPSTREAM_HEAD,
-                                 check=False, timeout=30).ok:
-        return None
-    top = Path(res.stdout.strip())
-    return top, "" if (top / "python" / "sglang").is_dir() else "python/"
-
-
-def applied_patchset(path: Path) -> str | None:
-    """The patchset_id of the series a tree (or its sglang package directory) holds: the commits after
-    refs/patches/upstream-head, exported as make export does; None when it is not a patched tree."""
-    found = tree_root(path)
-    if found is None:
-        return None
-    named = format_series(found[0], UPSTREAM_HEAD, found[1])
-    return _id([(n, t.encode()) for n, t in named]) if named else None
-
-
 def export_series(tree: Path, pin: Pin, out: Path) -> list[str]:
-    """Write the commits after the tree's base as *.patch files and the series file into `out` (old *.patch files
-    there are removed); the file names."""
+    """The commits after the tree's base as *.patch files and the series file in `out` (its old *.patch removed)."""
     if not git.is_repo(tree):
         raise UserError(f"{tree} is not a git checkout: make apply first")
-    base = UPSTREAM_HEAD if git.git(tree, "rev-parse", "-q", "--verify", UPSTREAM_HEAD, check=False).ok else pin.tag
+    base = UPSTREAM_HEAD if rev(tree, UPSTREAM_HEAD) else pin.tag
     if git.out(tree, "rev-list", "--merges", f"{base}..HEAD"):
         raise UserError(f"{tree} has merge commits after {base}: a series is linear (git rebase {base} first)")
     named = format_series(tree, base)
     names = [n for n, _ in named]
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise UserError(f"two commits make the patch {twice[0]}: reword a subject or fix its Patch-Filename: line")
+    if len(set(names)) < len(names):
+        raise UserError(f"two commits make one patch file name ({', '.join(names)}): reword a subject, or fix its "
+                        f"Patch-Filename: line")
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*.patch"):
         old.unlink()
@@ -237,3 +198,15 @@ def export_series(tree: Path, pin: Pin, out: Path) -> list[str]:
     (out / pin.series_file).write_text(f"# Patch series against SGLang {pin.tag}, applied in this order (make "
                                        f"apply).\n" + "".join(n + "\n" for n in names))
     return names
+
+
+def applied_patchset(path: Path) -> str | None:
+    """The patchset_id of the series a tree (or its sglang package directory) holds: its commits after
+    refs/patches/upstream-head, formatted as make export writes them; None when it is not a patched tree."""
+    path = Path(path)
+    res = git.git(path if path.is_dir() else path.parent, "rev-parse", "--show-toplevel", check=False, timeout=30)
+    top = Path(res.stdout.strip())
+    if not res.ok or not rev(top, UPSTREAM_HEAD):
+        return None
+    named = format_series(top, UPSTREAM_HEAD, "" if (top / "python" / "sglang").is_dir() else "python/")
+    return _id([(n, t.encode()) for n, t in named]) if named else None

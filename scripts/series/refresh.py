@@ -26,22 +26,21 @@ from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.progress import say
 from ..lib.repo import BUILD_DIR
-from .am import apply_checkout
-from .base import CACHE_DIR, clone_base, ensure_base, pick_source, pip_download, sha256_file, wheel_version
-from .pin import UPSTREAM_HEAD, export_series, load_pin, series_patches, write_pin
+from .am import apply_tree
+from .base import CACHE_DIR, clone_base, ensure_base, pick_source, pip_download, sha256_file
+from .pin import UPSTREAM_HEAD, export_series, load_pin, rev, series_patches, write_pin
 
-BY_HAND = ("requirements/: what the new release requires (its pyproject.toml), then make setup",
-           "patches/pin.toml [nccl]: start again from the NCCL the new torch pins",
-           "patches/pin.toml [image] digest: make image prints how to read it on the box")
+BY_HAND = ("requirements/ (what the new release requires, then make setup); pin.toml [nccl] (from the NCCL the new "
+           "torch pins); pin.toml [image] digest (make image says how to read it on the box)")
 
 
 def new_wheel(pin, version: str, given: Path | None) -> Path:
-    """The new release's wheel: the file given (its METADATA must say `version`), the cache's, or pip's download."""
+    """The new release's wheel: the file given (named as PyPI names it), the cache's, or pip's download."""
     name = pin.wheel_requirement.split("==")[0]
     if given is not None:
-        if wheel_version(given) != version:
-            raise UserError(f"WHEEL={given} is sglang {wheel_version(given)}, not {version}: name the {version} "
-                            f"wheel, or leave WHEEL out")
+        if not given.is_file() or not given.name.startswith(f"{name}-{version}-"):
+            raise UserError(f"WHEEL={given} is not a {name}-{version}-*.whl file: name the {version} wheel as PyPI "
+                            f"names it, or leave WHEEL out")
         return given
     found = sorted(CACHE_DIR.glob(f"{name}-{version}-*.whl"))
     if not found:
@@ -70,7 +69,7 @@ def start(pin, a, version: str) -> int:
     clone_base(bare, a.dest, a.to)
     with tempfile.TemporaryDirectory() as tmp:  # the old series' blobs, for git am's 3-way merges
         clone_base(ensure_base(pin, os.environ.get("SGLANG_BASE") or "auto")[0], Path(tmp) / "old", pin.tag)
-        apply_checkout(Path(tmp) / "old", pin, series_patches(pin))
+        apply_tree(Path(tmp) / "old", pin, series_patches(pin))
         git.git(a.dest, "fetch", "-q", "--no-tags", str(Path(tmp) / "old"), "HEAD:refs/patches/previous")
     say(f"git am -3 of {len(pin.series())} patches onto {a.to} in {a.dest}")
     return proc.run(["git", "-C", str(a.dest), "am", "-3", "--no-gpg-sign", *[str(p.resolve()) for p in pin.series()]],
@@ -79,17 +78,14 @@ def start(pin, a, version: str) -> int:
 
 def write(pin, a, version: str) -> None:
     """Move the pin to the new release and export patches/ from the refresh tree."""
-    wheel = new_wheel(pin, version, a.wheel)
-    image_tag = pin.image_tag.replace(pin.tag, a.to).replace(pin.version, version)
-    new = dataclasses.replace(pin, tag=a.to, version=version, wheel_requirement=pin.wheel_requirement.split("==")[0] +
-                              "==" + version, wheel_filename=wheel.name, wheel_sha256=sha256_file(wheel), image_tag=image_tag,
-                              image_digest=pin.image_digest if image_tag == pin.image_tag else "")
-    write_pin(new)
+    wheel, image_tag = new_wheel(pin, version, a.wheel), pin.image_tag.replace(pin.version, version)
+    write_pin(new := dataclasses.replace(
+        pin, tag=a.to, version=version, wheel_requirement=f"{pin.wheel_requirement.split('==')[0]}=={version}",
+        wheel_filename=wheel.name, wheel_sha256=sha256_file(wheel), image_tag=image_tag, image_digest=""))
     names = export_series(a.dest, new, pin.patches_dir)
-    say(f"patches/ ({len(names)} patches) and pin.toml now target {a.to}: review with git diff, then make apply "
+    say(f"patches/ ({len(names)} patches) and pin.toml now target {a.to}: review them (git diff), then make apply "
         f"REBUILD=1 and make test")
-    print("left to you:\n" + "".join(f"  - {x}\n" for x in BY_HAND) +
-          f"  - what else names {pin.version}: git grep -n '{pin.version}' -- ':!bench/results' ':!bench/receipts'")
+    print(f"left to you: {BY_HAND}; what else names {pin.version}: git grep -n '{pin.version}' -- ':!bench/results'")
 
 
 def main(argv=None) -> int:
@@ -104,24 +100,22 @@ def main(argv=None) -> int:
     pin = load_pin(a.patches_dir)
     if not a.to:
         raise UserError("name the release: make refresh TO=v<version> (PyPI's: pip index versions sglang)")
-    version, a.dest = a.to.removeprefix("v"), a.dest.resolve()
     if a.to == pin.tag:
         say(f"patches/pin.toml already pins {a.to}: nothing to move. To check the series on it: make check-patches")
         return 0
+    version, a.dest = a.to.removeprefix("v"), a.dest.resolve()
     again = f"make refresh TO={a.to}" + (f" WHEEL={a.wheel}" if a.wheel else "")
-    if git.is_repo(a.dest) and stopped(a.dest):
+    ours = git.is_repo(a.dest) and git.tag_commit(a.dest, a.to) is not None
+    if ours and stopped(a.dest):
         raise UserError(f"git am is stopped in {a.dest}: resolve, git -C {a.dest} add <files>, git -C {a.dest} am "
                         f"--continue (or --skip to drop that patch; --abort to give up), then {again} again")
-    if git.is_repo(a.dest) and git.tag_commit(a.dest, a.to) and \
-            git.tag_commit(a.dest, a.to) == git.git(a.dest, "rev-parse", UPSTREAM_HEAD, check=False).stdout.strip():
+    if ours and git.tag_commit(a.dest, a.to) == rev(a.dest, UPSTREAM_HEAD):
         say(f"going on from {a.dest} as you left it (rm -rf {a.dest} to start again)")
     elif start(pin, a, version):
         print(f"git am stopped at a conflict in {a.dest} (git's words above). Resolve the files it names, then\n"
               f"  git -C {a.dest} add <files> && git -C {a.dest} am --continue\n"
               f"or drop that patch from the series: git -C {a.dest} am --skip\nThen: {again} WRITE=1")
         return 1
-    if stopped(a.dest):
-        raise UserError(f"git am is stopped in {a.dest}: git -C {a.dest} am --continue (or --skip), then {again}")
     if a.write:
         write(pin, a, version)
     else:

@@ -1,10 +1,7 @@
-"""The one sglang locator: which sglang package an interpreter would import, found without importing it (no torch,
-no GPU), and which patch set it holds (git: scripts.series.pin.applied_patchset).
-
-`probe(python)` asks another interpreter in a subprocess, `probe()` this one; both answer {"sglang": the package
-directory or None, "patched": the patch set id or None, "missing": the asked-for modules it cannot import}, with
-torch=True also {"torch", "gpus"} or {"torch_error"}, and from a subprocess that did not answer only {"failed": why}.
-"""
+"""The one sglang locator: which sglang package an interpreter would import, found without importing it, and the
+patch set it holds (from git). `probe(python)` asks another interpreter, `probe()` this one: {"sglang": its
+directory or None, "patched": patch set id or None, "missing": asked-for modules it cannot import}; from a
+subprocess that did not answer only {"failed": why}."""
 
 from __future__ import annotations
 
@@ -14,12 +11,11 @@ import sys
 from pathlib import Path
 
 from ..lib import proc
-from ..lib.errors import UserError
 from ..lib.repo import BUILD_DIR
 from .pin import applied_patchset
 
 
-def facts(modules: tuple = (), torch: bool = False) -> dict:
+def facts(modules: tuple = ()) -> dict:
     """What this interpreter imports (standard library only: it is also the body of the subprocess probe)."""
     import importlib.util
     import os
@@ -31,26 +27,17 @@ def facts(modules: tuple = (), torch: bool = False) -> dict:
             return False
 
     spec = importlib.util.find_spec("sglang")
-    r = {"sglang": os.path.dirname(spec.origin) if spec and spec.origin else None,
-         "missing": [m for m in modules if not importable(m)]}
-    if torch:
-        try:
-            import torch as t
-
-            r["torch"], r["gpus"] = t.__version__, t.cuda.device_count() if t.cuda.is_available() else 0
-        except Exception as e:  # noqa: BLE001 - why torch does not import is the answer
-            r["torch_error"] = f"{type(e).__name__}: {e}"
-    return r
+    return {"sglang": os.path.dirname(spec.origin) if spec and spec.origin else None,
+            "missing": [m for m in modules if not importable(m)]}
 
 
-def probe(python: str | None = None, modules=(), *, torch: bool = False, env: dict[str, str] | None = None,
-          timeout: float | None = None) -> dict:
+def probe(python: str | None = None, modules=(), *, env: dict[str, str] | None = None, timeout: float = 60) -> dict:
     """facts() of `python` (a subprocess with `env`), or of this interpreter when python is None, plus "patched"."""
     if python is None:
-        r = facts(tuple(modules), torch)
+        r = facts(tuple(modules))
     else:
-        code = f"{inspect.getsource(facts)}\nimport json\nprint(json.dumps(facts({tuple(modules)!r}, {torch!r})))"
-        res = proc.run([python, "-c", code], env=env, timeout=timeout or (180 if torch else 60))
+        code = f"{inspect.getsource(facts)}\nimport json\nprint(json.dumps(facts({tuple(modules)!r})))"
+        res = proc.run([python, "-c", code], env=env, timeout=timeout)
         try:
             r = json.loads(res.stdout.strip().splitlines()[-1]) if res.ok else {"failed": res.why}
         except (ValueError, IndexError):
@@ -66,13 +53,6 @@ def find_sglang(python: str = sys.executable, timeout: float = 60.0) -> tuple[Pa
     if info.get("failed"):
         return None, info["failed"]
     return (Path(info["sglang"]), "") if info["sglang"] else (None, f"{python} has no sglang installed")
-
-
-def sglang_of(python: str) -> Path:
-    pkg, why = find_sglang(python)
-    if pkg is None:
-        raise UserError(f"{why}: install sglang for {python} first")
-    return pkg
 
 
 def patch_record(python: str = sys.executable) -> dict:
