@@ -49,7 +49,7 @@ def am(repo: Path, patches: list[PatchInfo], strip: int = 1) -> None:
     back to HEAD, and a ConflictError names the patch, the files and git's words."""
     orig = git.head(repo)
     git.git(repo, "update-ref", UPSTREAM_HEAD, orig)
-    say(f"git am -3 of {len(patches)} patches in {repo}: {', '.join(p.path.name for p in patches)}")
+    say(f"git am -3 of {len(patches)} patches in {repo}")
     try:
         res = git.git(repo, "am", "-3", "--no-gpg-sign", f"-p{strip}", *[str(p.path) for p in patches], check=False)
     except BaseException:

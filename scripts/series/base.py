@@ -34,15 +34,15 @@ def pip_download(requirement: str, dest: Path, sha256: str = "", like: str = "")
     """pip download one wheel into dest, its progress on the terminal; with sha256, pip refuses any other file
     (--require-hashes); like: a wheel file name whose interpreter and platform to download for."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", str(dest)]
-    py, _, plat = like.removesuffix(".whl").split("-")[-3:] if like.count("-") >= 4 else ("", "", "")
+    py, _, platforms = like.removesuffix(".whl").split("-")[-3:] if like.count("-") >= 4 else ("", "", "")
     if py.startswith("cp"):
-        cmd += ["--python-version", py[2:], "--implementation", "cp", *sum([["--platform", p] for p in
-                                                                             plat.split(".")], [])]
+        cmd += ["--python-version", py[2:], "--implementation", "cp"]
+        cmd += [arg for platform in platforms.split(".") for arg in ("--platform", platform)]
     with tempfile.NamedTemporaryFile("w", suffix=".txt") as req:
         req.write(f"{requirement} --hash=sha256:{sha256}\n" if sha256 else f"{requirement}\n")
         req.flush()
-        return proc.run(cmd + ["--require-hashes"] * bool(sha256) + ["-r", req.name], timeout=NETWORK_TIMEOUT,
-                        capture=False)
+        hashes = ["--require-hashes"] if sha256 else []
+        return proc.run([*cmd, *hashes, "-r", req.name], timeout=NETWORK_TIMEOUT, capture=False)
 
 
 def pinned_wheel(pin: Pin, cache_dir: Path) -> Path:

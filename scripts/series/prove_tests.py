@@ -4,8 +4,8 @@
 
 Runs the patch tests (default tests/patches) against the patched tree and against a pristine checkout of the pinned
 base (build/sglang-base, cloned from the base cache): every test passes on the patched tree and fails on the base,
-except those marked `unchanged` (guards of upstream behaviour the patches must keep), which pass on both. Exit
-status: 0 every test follows the rule; 1 some test breaks it (named, with its outcomes) or none was collected;
+except those marked `unchanged` (guards of upstream behaviour the patches must keep), which pass on both.
+Exit status: 0 every test follows the rule; 1 some test breaks it (named, with its outcomes) or none was collected;
 2 the base tree cannot be made (the message says why).
 """
 
