@@ -42,6 +42,7 @@ def build_tree(pin, patches, dest: Path, source: str, rebuild: bool) -> str:
             git.git(dest, "update-ref", UPSTREAM_HEAD, f"refs/tags/{pin.tag}")  # a tree made before the ref
         have, want = applied_patchset(dest), patchset_id(patches)
         if have == want:
+            git.git(dest, "update-ref", APPLIED, "HEAD")  # in step with patches/
             say(f"{dest} already holds this series ({want}); nothing to do")
             return "already"
         dirty(dest)
