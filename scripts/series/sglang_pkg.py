@@ -1,7 +1,8 @@
 """The one sglang locator: which sglang package an interpreter would import, found without importing it, and the
 patch set it holds (from git). `probe(python)` asks another interpreter, `probe()` this one: {"sglang": its
 directory or None, "patched": patch set id or None, "missing": asked-for modules it cannot import}; from a
-subprocess that did not answer only {"failed": why}."""
+subprocess that did not answer only {"failed": why}. torch=True (host/route.py's, going with it): also "torch" and
+"gpus", or "torch_error"."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from ..lib.repo import BUILD_DIR
 from .pin import applied_patchset
 
 
-def facts(modules: tuple = ()) -> dict:
+def facts(modules: tuple = (), torch: bool = False) -> dict:
     """What this interpreter imports (standard library only: it is also the body of the subprocess probe)."""
     import importlib.util
     import os
@@ -27,17 +28,26 @@ def facts(modules: tuple = ()) -> dict:
             return False
 
     spec = importlib.util.find_spec("sglang")
-    return {"sglang": os.path.dirname(spec.origin) if spec and spec.origin else None,
-            "missing": [m for m in modules if not importable(m)]}
+    r = {"sglang": os.path.dirname(spec.origin) if spec and spec.origin else None,
+         "missing": [m for m in modules if not importable(m)]}
+    if torch:
+        try:
+            import torch as t
+
+            r["torch"], r["gpus"] = t.__version__, t.cuda.device_count() if t.cuda.is_available() else 0
+        except Exception as e:  # noqa: BLE001 - why torch does not import is the answer
+            r["torch_error"] = f"{type(e).__name__}: {e}"
+    return r
 
 
-def probe(python: str | None = None, modules=(), *, env: dict[str, str] | None = None, timeout: float = 60) -> dict:
+def probe(python: str | None = None, modules=(), *, torch: bool = False, env: dict[str, str] | None = None,
+          timeout: float = 60) -> dict:
     """facts() of `python` (a subprocess with `env`), or of this interpreter when python is None, plus "patched"."""
     if python is None:
-        r = facts(tuple(modules))
+        r = facts(tuple(modules), torch)
     else:
-        code = f"{inspect.getsource(facts)}\nimport json\nprint(json.dumps(facts({tuple(modules)!r})))"
-        res = proc.run([python, "-c", code], env=env, timeout=timeout)
+        code = f"{inspect.getsource(facts)}\nimport json\nprint(json.dumps(facts({tuple(modules)!r}, {torch!r})))"
+        res = proc.run([python, "-c", code], env=env, timeout=max(timeout, 180) if torch else timeout)
         try:
             r = json.loads(res.stdout.strip().splitlines()[-1]) if res.ok else {"failed": res.why}
         except (ValueError, IndexError):
