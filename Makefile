@@ -13,7 +13,7 @@ IMAGE     ?=
 export SGLANG_BASE
 
 .PHONY: help setup apply export check-patches refresh test test-gpu test-serve prove-tests image lint-docker doctor \
-        bench bench-sweep bench-comm report docs clean
+        bench bench-sweep bench-comm report docs clean distclean
 
 help:            ## list targets and the variables they take
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t16
@@ -24,7 +24,7 @@ help:            ## list targets and the variables they take
 #:   SGLANG_WHEEL=FILE        apply: the pinned wheel from a file you have (checked against the pin)
 #:   SGLANG_SRC=DIR           apply: patch your own clean checkout of the tag instead of build/sglang
 #:   REBUILD=1                apply: build build/sglang again from a fresh base (drops commits not exported)
-#:   TO=TAG WHEEL=REQ WHEEL_FILE=FILE WRITE=1 RESUME=1 DROP="PATCH ..." SYNC=1   refresh (see its help line)
+#:   TO=TAG WHEEL=FILE WRITE=1  refresh: the new release, its wheel if you have it, move the pin and patches/
 #:   IMAGE=NAME:TAG           image, test-gpu, test-serve, bench-comm: another image name
 #:   NCCL=VERSION DRY_RUN=1   image: an NCCL variant (own tag); print the docker build instead of running it
 #:   BENCH_ARGS="..."         bench, bench-sweep, bench-comm: their options (make bench BENCH_ARGS=--dry-run)
@@ -35,26 +35,27 @@ help:            ## list targets and the variables they take
 #:   PYTEST_ARGS="..."        test: pytest options
 #:   VENV=DIR PY=PYTHON       the test environment (default .venv) and the python for the host verbs (python3)
 
-setup: $(VENV)/.done   ## test environment: .venv with pinned torch 2.14.1 + sglang's deps (not sglang itself)
+setup: $(VENV)/.done   ## test environment: .venv with pinned torch 2.14.1 + sglang's deps (not sglang itself), ~6 GB
 $(VENV)/.done: requirements/test.in requirements/test.lock requirements/nodeps.txt
+	@$(PY) -c 'import scripts'
+	@echo "make setup: $(VENV) gets torch 2.14.1 and SGLang's dependencies, about 6 GB to download and install:" \
+	     "about 2 minutes on a fast link, much longer on a slow one (pip shows each package)"
 	$(PY) -m venv $(VENV)
-	$(VPY) -m pip install -q --progress-bar on -r requirements/test.in -c requirements/test.lock
-	$(VPY) -m pip install -q --no-deps -r requirements/nodeps.txt
+	$(VPY) -m pip install --progress-bar on -r requirements/test.in -c requirements/test.lock
+	$(VPY) -m pip install --no-deps -r requirements/nodeps.txt
 	touch $@
 
-apply:           ## patched SGLang tree at build/sglang (or SGLANG_SRC=<checkout>); base from git or the pinned wheel
+apply:           ## build/sglang: the pinned base (a clone, else the pinned wheel) + git am of the series (SGLANG_SRC=DIR)
 	$(PY) -m scripts.series.apply $(if $(SGLANG_SRC),--src $(SGLANG_SRC)) $(if $(REBUILD),--rebuild)
 
-export: setup    ## regenerate patches/ from the commits of build/sglang
-	$(VPY) -m scripts.series.export
+export:          ## patches/ (*.patch, series) from the commits of build/sglang (git format-patch)
+	$(PY) -m scripts.series.export
 
-check-patches: setup  ## lint the series, apply to a pristine base, re-export, fail on any difference
-	$(VPY) -m scripts.series.check_patches
+check-patches:   ## lint the series, git am it onto a pristine base, re-export, fail on any difference
+	$(PY) -m scripts.series.check_patches
 
-refresh: setup   ## new upstream: TO=v0.5.24 or WHEEL=sglang==0.5.24 [WHEEL_FILE=f]; WRITE=1; RESUME=1 [DROP=p]; SYNC=1
-	$(VPY) -m scripts.series.refresh $(if $(TO),--tag $(TO)) $(if $(WHEEL),--wheel $(WHEEL)) \
-	    $(if $(WHEEL_FILE),--wheel-file $(WHEEL_FILE)) $(if $(WRITE),--write) $(if $(RESUME),--resume) \
-	    $(foreach p,$(DROP),--drop $(p)) $(if $(SYNC),--sync)
+refresh: setup   ## the series onto a new release with git am -3: TO=v0.5.24 [WHEEL=FILE]; WRITE=1 moves the pin + patches/
+	$(VPY) -m scripts.series.refresh $(if $(TO),--to $(TO)) $(if $(WHEEL),--wheel $(WHEEL)) $(if $(WRITE),--write)
 
 test: setup apply  ## the whole check: pytest against build/sglang, series round trip, Dockerfile lint, prove-tests
 	$(VPY) -m pytest $(PYTEST_ARGS)
@@ -95,5 +96,8 @@ report:          ## the box receipt: test-serve, doctor, test-gpu, bench-comm, b
 docs:            ## regenerate eagle-fast-verify.md's tables and plot from bench/ and receipts (RECEIPT=<.tar.gz>: that one)
 	$(BPY) -m scripts.bench.cost_model --write $(if $(RECEIPT),--receipt $(RECEIPT))
 
-clean:           ## remove the trees under build/ (keeps the wheel and base cache) and .venv
-	rm -rf build/sglang build/sglang-* build/sglang.new build/wt-* build/image-context $(VENV)
+clean:           ## remove the trees under build/ (keeps the wheel and base cache, and .venv)
+	rm -rf build/sglang build/sglang-* build/sglang.new build/wt-* build/image-context
+
+distclean: clean ## also remove .venv (make setup again: ~6 GB) and build/cache
+	rm -rf $(VENV) build/cache

@@ -18,6 +18,7 @@ import re
 import sys
 import threading
 import time
+import zipfile
 from pathlib import Path
 from typing import Callable
 
@@ -29,7 +30,7 @@ from ..lib.repo import REPO_ROOT
 from ..lib.tomlfile import load_toml
 from ..series.pin import load_pin
 from ..series.sglang_pkg import probe
-from ..series.upstream import CACHE_DIR, wheel_requires
+from ..series.base import CACHE_DIR
 
 CLIENT_MODULE = "sglang.benchmark.serving"
 TREE_PYTHON = REPO_ROOT / "build" / "sglang" / "python"
@@ -114,7 +115,11 @@ def tree_requirements() -> list[str] | None:
     if pyproject.is_file():
         return list(load_toml(pyproject, "SGLang's pyproject").get("project", {}).get("dependencies", []))
     wheel = CACHE_DIR / load_pin().wheel_filename
-    return wheel_requires(wheel) if wheel.is_file() else None
+    if not wheel.is_file():
+        return None
+    with zipfile.ZipFile(wheel) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        return re.findall(r"^Requires-Dist: *(.+?) *$", z.read(meta).decode("utf-8", "replace"), re.M)
 
 
 def missing_for_client(py: str, env: dict[str, str], requirements: list[str] | None) -> dict | None:

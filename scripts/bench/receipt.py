@@ -54,9 +54,7 @@ from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.progress import say
 from ..lib.repo import REPO_ROOT, revision
-from ..series.patchfile import series_patches
-from ..series.pin import load_pin
-from ..series.record import patchset_id
+from ..series.pin import load_pin, patchset_id, series_patches
 from . import receipt_data as rd
 from . import share
 from .numbers import duration

@@ -12,7 +12,6 @@ import textwrap
 from typing import Callable
 
 from ..lib.errors import UserError
-from ..series.record import RECORD_NAME
 from . import exposure
 from .facts import Facts
 from .nccl import EXPECTED_VAR, KNOWN_BAD_NCCL
@@ -495,7 +494,7 @@ def patchset(f: Facts) -> list[Finding]:
                         "preflight", "run `serve --check` in the image to check its patch set")]
     pkg, rec = sg.text.strip(), f.record()
     if rec is None:
-        return [Finding("image.patchset", "error", f"sglang at {pkg} is not patched (no {RECORD_NAME})",
+        return [Finding("image.patchset", "error", f"sglang at {pkg} is not patched (its git history holds no patch set)",
                         "python3 -m scripts.series.apply --python python3, or use the image built by `make image`")]
     if f.expected_patchset and rec.get("patchset") != f.expected_patchset:
         return [Finding("image.patchset", "warn", f"sglang at {pkg} carries patch set {rec.get('patchset')}, but "

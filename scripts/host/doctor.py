@@ -31,7 +31,7 @@ severity (ok, info, warn, error), a message and a fix:
                                    has it; where neither can, the finding says "not measured" and why
   environment     env.alloc, env.nccl   allocator settings that crash the PCIe all-reduce; NCCL_* overrides
   disk            disk.free        room for the model in the HF cache
-  patchset        image.patchset   the installed sglang carries this series (sglang/_patchset.json)
+  patchset        image.patchset   the installed sglang holds this series (its git history)
   listen          serve.listen     who can reach the server: "listening on 127.0.0.1 only", "listening on 0.0.0.0
                                    with an API key from $SGLANG_API_KEY", or serve's refusal (a host beyond
                                    loopback without a key: an error); --listen-host / --api-key-file say where
@@ -51,9 +51,7 @@ import sys
 from pathlib import Path
 
 from ..lib.cli import run
-from ..series.patchfile import series_patches
-from ..series.pin import load_pin
-from ..series.record import patchset_id
+from ..series.pin import load_pin, patchset_id, series_patches
 from .checks import Finding, run_checks, table
 from .exposure import SGLANG_DEFAULT_HOST
 from .nccl import expected_nccl

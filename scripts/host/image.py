@@ -35,10 +35,7 @@ from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.progress import say
 from ..lib.repo import BUILD_DIR, REPO_ROOT, revision, source_url
-from ..series.patchfile import series_patches
-from ..series.pin import Pin, load_pin
-from ..series.pin_copies import dockerfile_args
-from ..series.record import patchset_id
+from ..series.pin import Pin, load_pin, patchset_id, series_patches
 from .nccl import nccl_release
 from .engine import engine
 
@@ -94,12 +91,14 @@ def default_tag(pin: Pin, nccl: str) -> str:
 
 
 def build_args(pin: Pin, tag: str, nccl: str) -> dict[str, str]:
-    """The build arguments: the Dockerfile's ARG defaults from the pin (series/pin_copies.py) and this build's own."""
+    """The build arguments: the pin's values for the Dockerfile's ARGs, and this build's own."""
     patches = series_patches(pin)
     return {
         "IMAGE_TAG": tag,
         "NCCL_VERSION": nccl,
-        **dockerfile_args(pin),
+        "BASE": pin.upstream_image + (f"@{pin.image_digest}" if pin.image_digest else ""),
+        "BASE_IMAGE": pin.image_name, "BASE_TAG": pin.image_tag, "BASE_DIGEST": pin.image_digest,
+        "SGLANG_VERSION": pin.version,
         "PATCHSET": patchset_id(patches),
         "PATCHES": ",".join(p.path.name for p in patches),
         "REVISION": image_revision(),

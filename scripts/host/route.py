@@ -23,7 +23,6 @@ from ..lib import proc
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
 from ..series.pin import load_pin
-from ..series.record import RECORD_NAME
 from ..series.sglang_pkg import probe
 from .engine import FLASHINFER_CACHE_IN_IMAGE, FLASHINFER_VOLUME, diagnose
 from .exposure import KEY_VAR
@@ -97,7 +96,7 @@ def sglang_why(python: str, info: dict, flashinfer: bool = True) -> str:
     if not info.get("sglang"):
         return f"{python} cannot import sglang (make apply, then PYTHONPATH=build/sglang/python)"
     if not info.get("patched"):
-        return f"the sglang {python} imports ({info['sglang']}) is not patched (no {RECORD_NAME})"
+        return f"the sglang {python} imports ({info['sglang']}) is not patched (its git history holds no patch set)"
     if flashinfer and "flashinfer" in info.get("missing", ["flashinfer"]):
         return f"{python} cannot import flashinfer"
     return ""

@@ -3,9 +3,9 @@
   python -m scripts.host.smoke                         check the sglang this interpreter imports
   python -m scripts.host.smoke --site-packages DIR     ... the one in DIR (DIR holds sglang/), e.g. an unpacked wheel
 
-The module list comes from the series itself (scripts.series.patchfile touched_files): python/sglang/a/b.py
+The module list comes from the series itself (scripts.series.pin touched_files): python/sglang/a/b.py
 is sglang.a.b, python/sglang/a/__init__.py is sglang.a; other files (C++, JSON, tests outside python/) are listed
-and skipped. Before importing, the package's sglang/_patchset.json must name this series (so the check cannot pass
+and skipped. Before importing, the package's git history must hold this series (so the check cannot pass
 on an unpatched tree), and each module's source must compile. One line per module: ok, FAIL or skip. Exits 1 on
 any FAIL. docker/Dockerfile runs this after `scripts.series.apply` (the build fails on a FAIL). Exit status: 0 every
 module imports; 1 a FAIL (or the package is not this series); 2 a usage problem.
@@ -30,9 +30,7 @@ import traceback
 from pathlib import Path
 
 from ..lib.cli import run
-from ..series.patchfile import series_patches, touched_files
-from ..series.pin import load_pin
-from ..series.record import RECORD_NAME, patchset_id, read_record
+from ..series.pin import applied_patchset, load_pin, patchset_id, series_patches, touched_files
 from ..series.sglang_pkg import probe
 from .nccl import KNOWN_BAD_NCCL, expected_nccl, nccl_report
 
@@ -187,9 +185,9 @@ def main(argv=None) -> int:
     report["sglang"] = str(pkg_dir)
     out(f"sglang at {pkg_dir}; series patch set {pid}")
 
-    rec = read_record(pkg_dir)
-    if rec is None:
-        out(f"FAIL  {pkg_dir} carries no {RECORD_NAME}: the series was not applied "
+    rec = {"patchset": applied_patchset(pkg_dir)}
+    if rec["patchset"] is None:
+        out(f"FAIL  {pkg_dir} holds no patch set in git: the series was not applied "
             f"(run python3 -m scripts.series.apply --python {Path(sys.executable).name} first)")
         return finish(1)
     if rec.get("patchset") != pid:

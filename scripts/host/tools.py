@@ -15,6 +15,7 @@ line says why it was not measured.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import sys
@@ -23,7 +24,7 @@ from pathlib import Path
 from ..lib import proc
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
-from ..series.record import RECORD_NAME
+from ..series.pin import applied_patchset
 from ..series.sglang_pkg import find_sglang
 from . import nccl_transport as transport
 from .nccl import NCCL_PROBE
@@ -151,7 +152,8 @@ class Probe:
 
     def _patchset(self) -> Out:
         pkg = self.get("sglang")
-        return self.read(str(Path(pkg.text.strip()) / RECORD_NAME)) if pkg.ok else Out(False, why=pkg.why)
+        pid = applied_patchset(Path(pkg.text.strip())) if pkg.ok else None
+        return Out(True, json.dumps({"patchset": pid})) if pid else Out(False, why=pkg.why or "no patch set in git")
 
     def _nccl_transport(self) -> Out:
         wait = transport.TIMEOUT_S + 60

@@ -1,123 +1,96 @@
-"""The series lint (like ungoogled-chromium's check_patch_files): small registered checks over one `Series`.
+"""The series lint (ungoogled-chromium's check_patch_files shape): three checks over patches/, each a list of
+"<file>: <problem>" lines.
 
-Each check is a function registered with @lint_check that takes the Series and returns its problems (strings that
-name the file and the fix); `lint()` runs them in order. Checks:
-
-  series-file     every listed file exists, none is listed twice, no *.patch is left out of the series
-  format          every patch parses fully as stable `git format-patch --full-index` output: mail headers, each
-                  file's header lines, each hunk's line counts against its @@ header, a proper end (else "corrupt
-                  patch <file>, line N: <what>" and how to restore it); no Date header, no version signature; a
-                  subject; at least one changed file
-  headers         the message's header lines follow README "Patch headers" (scripts/series/headers.py): Why,
-                  Measured, Retire-When, Forwarded (DEP-3), Bug/Origin, Last-Update,
-                  Patch-Filename naming the file, and a real author
-  pin-blobs       patches/pin.toml's [base_blobs] and [patched_blobs] agree with the patches' blob ids
-  pin-copies      the files that repeat a pinned fact (the Dockerfile's ARG defaults) agree with the pin
+  series     the series file and the *.patch files agree (none missing, none listed twice, none left out)
+  readable   git reads each patch as `git am` would (`git apply --numstat`, `git mailinfo`), with full blob ids
+  headers    the message's header lines (docs/maintaining.md "Patch headers"): Why, Measured, Retire-When;
+             Forwarded (DEP-3: no, not-needed or a URL); Bug (a URL) and/or Origin; Last-Update YYYY-MM-DD;
+             Patch-Filename naming the file, the last line; and a real author in From:
 """
 
 from __future__ import annotations
 
-import dataclasses
+import datetime
+import email.utils
+import os
 import re
 from pathlib import Path
-from typing import Callable
 
+from ..lib import git
 from ..lib.errors import UserError
-from .headers import check_author, check_message
-from .patchfile import PatchInfo, expected_blobs, parse_patch
-from .pin import Pin, load_pin, read_series
-from .pin_copies import stale_copies
+from .pin import Pin, load_pin, parse_patch
+
+REQUIRED = ("Why", "Measured", "Retire-When", "Forwarded", "Last-Update", "Patch-Filename")
+URL = re.compile(r"^https?://\S+$")
 
 
-@dataclasses.dataclass
-class Series:
-    pin: Pin
-    listed: list[Path]  # as the series file lists them (may name missing files)
-    patches: list[PatchInfo]  # the listed files that parse
-    unparsable: list[str]  # problems of the files that do not
+def check_series(pin: Pin) -> list[str]:
+    listed = [p.name for p in pin.series()]
+    problems = [f"{n}: listed twice in {pin.series_file}" for n in sorted({n for n in listed if listed.count(n) > 1})]
+    problems += [f"{n}: listed in {pin.series_file}, but there is no such file" for n in listed
+                 if not (pin.patches_dir / n).is_file()]
+    return problems + [f"{f.name}: not in {pin.series_file} (add it there, or delete it)"
+                       for f in sorted(pin.patches_dir.glob("*.patch")) if f.name not in listed]
 
 
-LintCheck = Callable[[Series], list[str]]
-CHECKS: list[tuple[str, LintCheck]] = []
-
-
-def lint_check(name: str) -> Callable[[LintCheck], LintCheck]:
-    def register(fn: LintCheck) -> LintCheck:
-        CHECKS.append((name, fn))
-        return fn
-    return register
-
-
-@lint_check("series-file")
-def series_file(s: Series) -> list[str]:
-    names = [p.name for p in s.listed]
-    problems = [f"series lists {n} more than once" for n in sorted({n for n in names if names.count(n) > 1})]
-    problems += [f"series lists {p.name}, which does not exist in {s.pin.patches_dir}" for p in s.listed
-                 if not p.is_file()]
-    problems += [f"{f.name} is not in the series file ({s.pin.series_file}): add it or delete it"
-                 for f in sorted(s.pin.patches_dir.glob("*.patch")) if f.name not in names]
+def check_readable(path: Path) -> list[str]:
+    text = path.read_text()
+    res = git.git(path.parent, "apply", "--numstat", input=text, check=False)
+    if not res.ok:
+        return [f"{path.name}: git apply cannot read it ({(res.stderr.strip().splitlines() or [res.why])[0]}): "
+                f"restore it (git checkout -- patches/{path.name}) or make export"]
+    info = git.git(path.parent, "mailinfo", os.devnull, os.devnull, input=text, check=False).stdout
+    fields = dict(row.split(": ", 1) for row in info.splitlines() if ": " in row)
+    problems = [f"{path.name}: git mailinfo finds no {k} in the mail headers" for k in ("Author", "Subject")
+                if not fields.get(k, "").strip()]
+    if re.search(r"^index [0-9a-f]{1,39}\.\.", text, re.M):
+        problems.append(f"{path.name}: abbreviated blob ids (not format-patch --full-index): make export")
     return problems
 
 
-@lint_check("format")
-def stable_format(s: Series) -> list[str]:
-    problems = list(s.unparsable)
-    for p in s.patches:
-        text = p.path.read_text()
-        if not p.subject:
-            problems.append(f"{p.path.name}: no Subject line")
-        if re.search(r"^Date: ", text.partition("\n\n")[0], re.M):
-            problems.append(f"{p.path.name}: has a Date header (not a stable export: run make export)")
-        if re.search(r"^-- \n\d+\.\d+", text, re.M):
-            problems.append(f"{p.path.name}: ends with a git version signature (not a stable export: run make export)")
-        if not p.files:
-            problems.append(f"{p.path.name}: changes no file")
-    return problems
+def is_date(text: str) -> bool:
+    try:
+        return bool(re.fullmatch(r"\d{4}-\d\d-\d\d", text)) and bool(datetime.date.fromisoformat(text))
+    except ValueError:
+        return False
 
 
-@lint_check("headers")
-def headers(s: Series) -> list[str]:
-    return [f"{p.path.name}: {problem}" for p in s.patches
-            for problem in check_message(p.message, p.path.name) + check_author(p.author)]
-
-
-@lint_check("pin-blobs")
-def pin_blobs(s: Series) -> list[str]:
-    if not s.patches or s.unparsable:
-        return []
-    base, final = expected_blobs(s.patches)
-    problems = []
-    if base != s.pin.base_blobs:
-        problems.append("pin.toml [base_blobs] disagrees with the patches' pre-image blob ids: run make export")
-    if final != s.pin.patched_blobs:
-        problems.append("pin.toml [patched_blobs] disagrees with the patches' post-image blob ids: run make export")
-    return problems
-
-
-@lint_check("pin-copies")
-def pin_copies(s: Series) -> list[str]:
-    return [f"{c}: run make refresh SYNC=1 to rewrite it from the pin"
-            for c in stale_copies(s.pin)]
-
-
-def load_series(patches_dir: Path | None = None) -> Series:
-    pin = load_pin(patches_dir)
-    listed = read_series(pin.series_path)
-    patches, unparsable = [], []
-    for p in listed:
-        if not p.is_file():
-            continue
-        try:
-            patches.append(parse_patch(p))
-        except UserError as e:
-            unparsable.append(str(e))
-    return Series(pin, listed, patches, unparsable)
+def header_problems(message: str, author: str, filename: str) -> list[str]:
+    """What is wrong with one patch message's header lines (empty: nothing)."""
+    lines: dict[str, list[str]] = {}
+    for key, value in re.findall(r"^([A-Z][A-Za-z-]*):[ \t]*(.*)$", message, re.M):
+        lines.setdefault(key, []).append(value.strip())
+    out = [f"no '{k}:' line" for k in REQUIRED if not any(lines.get(k, []))]
+    out += [f"'{k}:' appears {len(lines[k])} times" for k in REQUIRED if len(lines.get(k, [])) > 1]
+    forwarded = (lines.get("Forwarded") or [""])[0]
+    if forwarded and forwarded not in ("no", "not-needed") and not URL.match(forwarded):
+        out.append(f"Forwarded: {forwarded} is not no, not-needed or a URL")
+    if not lines.get("Bug") and not lines.get("Origin"):
+        out.append("no Bug: <URL> and no Origin: <upstream|backport|vendor|other>[, <URL or commit>] (DEP-3)")
+    out += [f"Bug: {bug} is not a URL" for bug in lines.get("Bug", []) if not URL.match(bug)]
+    updated = (lines.get("Last-Update") or [""])[0]
+    if updated and not is_date(updated):
+        out.append(f"Last-Update: {updated} is not a date YYYY-MM-DD")
+    if lines.get("Patch-Filename") and lines["Patch-Filename"][-1] != filename:
+        out.append(f"Patch-Filename: {lines['Patch-Filename'][-1]} does not name this file")
+    if lines.get("Patch-Filename") and message.rstrip().splitlines()[-1] != f"Patch-Filename: {filename}":
+        out.append("Patch-Filename: is not the message's last line")
+    name, addr = email.utils.parseaddr(author)
+    if not name or "@" not in addr or addr == git.TOOL_IDENT["GIT_AUTHOR_EMAIL"] or addr.endswith("@localhost"):
+        out.append(f"From: {author} is not a real author (commit with your identity: git commit --amend "
+                   f"--reset-author, then make export)")
+    return out
 
 
 def lint(patches_dir: Path | None = None) -> list[str]:
-    """Every problem of the series, check after check (an empty list: the series is healthy)."""
+    """Every problem of the series, check after check (empty: healthy)."""
     try:
-        series = load_series(patches_dir)
+        pin = load_pin(patches_dir)
+        problems = check_series(pin)
     except UserError as e:
         return [str(e)]
-    return [problem for _, check in CHECKS for problem in check(series)]
+    for path in [p for p in pin.series() if p.is_file()]:
+        readable = check_readable(path)
+        p = parse_patch(path)
+        problems += readable + [f"{path.name}: {x}" for x in header_problems(p.message, p.author, path.name)]
+    return problems

@@ -1,27 +1,34 @@
-"""The pin (patches/pin.toml): the one source of the release, the wheel and the upstream image.
+"""The pin (patches/pin.toml: the release only), the series (patches/series, *.patch) and what derives from them.
 
-It records what can be verified from a machine without GitHub: the upstream tag, the PyPI wheel of the same release
-with its sha256, the upstream serving image, the NCCL the image runs, and the git blob ids of every file the series touches, before (base)
-and after (patched). Everything else that names the release derives from here (scripts/series/pin_copies.py).
-
-Reading uses the standard library (tomllib), so the image's python3 can run apply, smoke and doctor; writing edits
-the file in place with tomlkit, which keeps its comments (export and refresh run on the host's .venv).
+`load_pin()` is the one reader of pin.toml (standard library: the image's python3 runs it). Blob ids come from the
+patches' own `index <base>..<patched>` lines (`base_blobs`). `patchset_id()` names a series by its files' bytes;
+`applied_patchset(path)` names the one a tree holds, from git alone: its commits after refs/patches/upstream-head,
+formatted as `make export` writes them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import email.parser
+import email.policy
+import hashlib
+import os
 import re
+import tempfile
 from pathlib import Path
 
+from ..lib import git, proc
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
 from ..lib.tomlfile import load_toml
 
 DEFAULT_PATCHES_DIR = REPO_ROOT / "patches"
-PIN_FILE = "pin.toml"
 NULL_BLOB = "0" * 40
 SERVING_IMAGE = "eagle-fast-verify/sglang"  # the image `make image` builds; its tag is the pinned release tag
+UPSTREAM_HEAD = "refs/patches/upstream-head"  # the pristine base under a patched tree's commits (Electron's name)
+FORMAT_PATCH = ["format-patch", "--full-index", "--no-signature", "--zero-commit", "--no-numbered", "--no-stat",
+                "--no-renames", "--encode-email-headers", "--filename-max-length=100"]
+INDEX = re.compile(r"^diff --git a/\S+ b/(\S+)\n(?:(?!diff --git).*\n)*?index ([0-9a-f]+)\.\.([0-9a-f]+)", re.M)
 
 
 @dataclasses.dataclass
@@ -30,7 +37,6 @@ class Pin:
     repository: str
     tag: str
     version: str
-    commit: str
     wheel_requirement: str
     wheel_filename: str
     wheel_sha256: str
@@ -38,47 +44,27 @@ class Pin:
     image_tag: str
     image_digest: str
     series_file: str
-    base_blobs: dict[str, str]
-    patched_blobs: dict[str, str]
-    nccl_package: str = ""  # [nccl]: the pip NCCL the image installs where torch loads it
+    nccl_package: str = ""
     nccl_version: str = ""
 
     @property
     def path(self) -> Path:
-        return self.patches_dir / PIN_FILE
-
-    @property
-    def series_path(self) -> Path:
-        return self.patches_dir / self.series_file
+        return self.patches_dir / "pin.toml"
 
     def series(self) -> list[Path]:
-        return read_series(self.series_path)
-
-    def describe(self) -> str:
-        return f"SGLang {self.tag} (wheel {self.wheel_requirement})"
+        """The patch files the series file lists, in order."""
+        f = self.patches_dir / self.series_file
+        if not f.is_file():
+            raise UserError(f"the series file {f} is missing: restore it (git checkout -- patches/)")
+        return [self.patches_dir / n for n in (ln.split("#", 1)[0].strip() for ln in f.read_text().splitlines()) if n]
 
     @property
     def upstream_image(self) -> str:
-        """name:tag of the upstream serving image (without the digest)."""
         return f"{self.image_name}:{self.image_tag}"
 
     @property
     def serving_image(self) -> str:
-        """name:tag of the image `make image` builds from this pin."""
         return f"{SERVING_IMAGE}:{self.tag}"
-
-    @property
-    def nccl_requirement(self) -> str:
-        """package==version of [nccl]; a UserError when the package does not fit the base image's CUDA major."""
-        cuda = self.image_cuda
-        want = f"nvidia-nccl-cu{cuda[0]}" if cuda else None
-        if not self.nccl_package or not self.nccl_version:
-            raise UserError(f"{self.path} has no [nccl] package and version: add them (package = \"{want}\", "
-                            f"version = \"<a release from pip index versions {want}>\")")
-        if want and self.nccl_package != want:
-            raise UserError(f"{self.path} [nccl] package {self.nccl_package} does not fit the base image "
-                            f"{self.upstream_image} (CUDA {cuda[0]}.{cuda[1]}): set package = \"{want}\"")
-        return f"{self.nccl_package}=={self.nccl_version}"
 
     @property
     def image_cuda(self) -> tuple[int, int] | None:
@@ -86,64 +72,141 @@ class Pin:
         m = re.search(r"cu(\d+)(\d)$", self.image_tag)
         return (int(m.group(1)), int(m.group(2))) if m else None
 
-
-def read_series(series_path: Path) -> list[Path]:
-    if not series_path.is_file():
-        raise UserError(f"series file {series_path} is missing")
-    out = []
-    for raw in series_path.read_text().splitlines():
-        line = raw.split("#", 1)[0].strip()
-        if line:
-            out.append(series_path.parent / line)
-    return out
+    @property
+    def nccl_requirement(self) -> str:
+        """package==version of [nccl]; a UserError when the package does not fit the base image's CUDA major."""
+        want = f"nvidia-nccl-cu{self.image_cuda[0]}" if self.image_cuda else self.nccl_package
+        if not self.nccl_package or not self.nccl_version or self.nccl_package != want:
+            raise UserError(f"{self.path} [nccl] must name package = \"{want}\" (the base image's CUDA major) and a "
+                            f"version from `pip index versions {want}`")
+        return f"{self.nccl_package}=={self.nccl_version}"
 
 
 def load_pin(patches_dir: Path | None = None) -> Pin:
     patches_dir = Path(patches_dir or DEFAULT_PATCHES_DIR)
-    path = patches_dir / PIN_FILE
-    if not path.is_file():
-        raise UserError(f"no pin file at {path}: the patches directory must hold {PIN_FILE} and a series file")
-    d = load_toml(path)
+    d = load_toml(patches_dir / "pin.toml", "pin", "restore it: git checkout -- patches/pin.toml")
     try:
-        up, wh, im, nc = d["upstream"], d["wheel"], d.get("image", {}), d.get("nccl", {})
-        return Pin(patches_dir=patches_dir, repository=up["repository"], tag=up["tag"], version=up["version"],
-                   commit=up.get("commit", ""), wheel_requirement=wh["requirement"], wheel_filename=wh["filename"],
-                   wheel_sha256=wh["sha256"], image_name=im.get("name", ""), image_tag=im.get("tag", ""),
-                   image_digest=im.get("digest", ""), series_file=d["series"]["file"],
-                   base_blobs=dict(d.get("base_blobs", {})), patched_blobs=dict(d.get("patched_blobs", {})),
-                   nccl_package=nc.get("package", ""), nccl_version=nc.get("version", ""))
+        up, wh, im, nc = d["upstream"], d["wheel"], d["image"], d.get("nccl", {})
+        return Pin(patches_dir, up["repository"], up["tag"], up["version"], wh["requirement"], wh["filename"],
+                   wh["sha256"], im["name"], im["tag"], im.get("digest", ""), d["series"]["file"],
+                   nc.get("package", ""), nc.get("version", ""))
     except KeyError as e:
-        raise UserError(f"{path} lacks the key {e}; compare with the repository's patches/pin.toml (README "
-                        f"'Layout' says what each table holds)") from e
+        raise UserError(f"{patches_dir / 'pin.toml'} lacks the key {e}: compare with git show HEAD:patches/pin.toml")
 
 
-def _set_table(table, values: dict[str, str]) -> None:
-    """Replace a table's keys (sorted) and keep its comments."""
-    for key in list(table.keys()):
-        del table[key]
-    for key, value in sorted(values.items()):
-        table[key] = value
-
-
-def write_pin(pin: Pin, dest: Path | None = None, template: Path | None = None) -> Path:
-    """Write the pin to dest (default pin.path), editing the file there (or the template, or the repository's pin)
-    in place: comments and layout stay, values and blob tables change. Needs tomlkit (the host's .venv)."""
+def write_pin(pin: Pin) -> None:
+    """Edit pin.toml in place (comments kept): release, wheel and image values. Needs tomlkit (the host's .venv)."""
     import tomlkit
 
-    dest = Path(dest or pin.path)
-    source = dest if dest.is_file() else Path(template or DEFAULT_PATCHES_DIR / PIN_FILE)
-    doc = tomlkit.parse(source.read_text())
-    for table, values in (("upstream", {"repository": pin.repository, "tag": pin.tag, "version": pin.version,
-                                        "commit": pin.commit}),
-                          ("wheel", {"requirement": pin.wheel_requirement, "filename": pin.wheel_filename,
-                                     "sha256": pin.wheel_sha256}),
-                          ("image", {"name": pin.image_name, "tag": pin.image_tag, "digest": pin.image_digest}),
-                          ("series", {"file": pin.series_file})):
-        for key, value in values.items():
-            doc[table][key] = value
-    if "nccl" in doc and pin.nccl_version:
-        doc["nccl"]["package"], doc["nccl"]["version"] = pin.nccl_package, pin.nccl_version
-    _set_table(doc["base_blobs"], pin.base_blobs)
-    _set_table(doc["patched_blobs"], pin.patched_blobs)
-    dest.write_text(tomlkit.dumps(doc))
-    return dest
+    doc = tomlkit.parse(pin.path.read_text())
+    doc["upstream"].update(tag=pin.tag, version=pin.version)
+    doc["wheel"].update(requirement=pin.wheel_requirement, filename=pin.wheel_filename, sha256=pin.wheel_sha256)
+    doc["image"].update(tag=pin.image_tag, digest=pin.image_digest)
+    pin.path.write_text(tomlkit.dumps(doc))
+
+
+@dataclasses.dataclass
+class PatchInfo:
+    path: Path
+    subject: str
+    author: str  # the From: header, "Name <email>"
+    message: str  # the commit message after the subject
+    files: dict[str, tuple[str, str]]  # repository path -> (pre-image blob, post-image blob), in patch order
+
+
+def parse_patch(path: Path) -> PatchInfo:
+    """Subject, author, message and per-file blob ids of a `git format-patch --full-index` file."""
+    if not path.is_file():
+        raise UserError(f"the series lists {path.name}, but there is no {path}: restore it (git checkout -- "
+                        f"patches/), or take it out of the series file")
+    mail, _, diff = path.read_text().partition("\ndiff --git ")
+    msg = email.parser.HeaderParser(policy=email.policy.default).parsestr(mail.split("\n", 1)[-1] + "\n")
+    subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", " ".join(str(msg.get("Subject", "")).split()))
+    files = {m[0]: (m[1], m[2]) for m in INDEX.findall("diff --git " + diff)} if diff else {}
+    return PatchInfo(path, subject, str(msg.get("From", "")), str(msg.get_payload()).strip(), files)
+
+
+def series_patches(pin: Pin | None = None) -> list[PatchInfo]:
+    return [parse_patch(p) for p in (pin or load_pin()).series()]
+
+
+def touched_files(patches: list[PatchInfo]) -> list[str]:
+    return list(dict.fromkeys(f for p in patches for f in p.files))
+
+
+def base_blobs(patches: list[PatchInfo]) -> dict[str, str]:
+    """Each touched file's blob id at the base: its first pre-image in the patches' index lines."""
+    return {f: pre for p in reversed(patches) for f, (pre, _) in p.files.items()}
+
+
+def rev(repo: Path, ref: str) -> str | None:
+    """The commit `ref` names in repo, or None."""
+    res = git.git(repo, "rev-parse", "-q", "--verify", f"{ref}^{{commit}}", check=False, timeout=30)
+    return res.stdout.strip() or None
+
+
+def _id(named: list[tuple[str, bytes]]) -> str:
+    return hashlib.sha256(b"".join(name.encode() + b"\0" + data for name, data in named)).hexdigest()[:12]
+
+
+def patchset_id(patches: list | None = None) -> str:
+    """The id of a series (default patches/): a hash of its files' names and bytes, in order (the image label)."""
+    paths = [Path(getattr(p, "path", p)) for p in patches] if patches is not None else load_pin().series()
+    return _id([(p.name, p.read_bytes()) for p in paths])
+
+
+def format_series(repo: Path, base: str, prefix: str = "") -> list[tuple[str, str]]:
+    """(file name, text) of each commit base..HEAD as `make export` writes it: stable format-patch output (no Date,
+    no signature, zero commit id, full blob ids; the user's git configuration ignored), named by its
+    `Patch-Filename:` line, or from its subject with that line added. prefix: the repository path of the tree's
+    root (python/ for an installed package made a repository)."""
+    env = {**git.git_env(), "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
+    with tempfile.TemporaryDirectory() as tmp:
+        res = proc.run(["git", "-C", str(repo), *FORMAT_PATCH, f"--src-prefix=a/{prefix}", f"--dst-prefix=b/{prefix}",
+                        "-o", tmp, f"{base}..HEAD"], env=env, timeout=git.TIMEOUT)
+        if not res.ok:
+            raise UserError(f"git format-patch failed in {repo}: {res.stderr.strip() or res.why}")
+        out = []
+        for f in sorted(Path(tmp).glob("*.patch")):
+            head, _, rest = f.read_text().partition("\n\n")
+            message, _, diff = rest.partition("\ndiff --git ")
+            named = re.findall(r"^Patch-Filename: *(\S+)$", message, re.M)
+            name = named[-1] if named else re.sub(r"^\d{4}-", "", f.name)
+            message = message if named else f"{message.rstrip()}\n\nPatch-Filename: {name}\n"
+            head = "\n".join(ln for ln in head.split("\n") if not ln.startswith("Date: "))
+            out.append((name, f"{head}\n\n{message}\ndiff --git {diff}"))
+        return out
+
+
+def export_series(tree: Path, pin: Pin, out: Path) -> list[str]:
+    """The commits after the tree's base as *.patch files and the series file in `out` (its old *.patch removed)."""
+    if not git.is_repo(tree):
+        raise UserError(f"{tree} is not a git checkout: make apply first")
+    base = UPSTREAM_HEAD if rev(tree, UPSTREAM_HEAD) else pin.tag
+    if git.out(tree, "rev-list", "--merges", f"{base}..HEAD"):
+        raise UserError(f"{tree} has merge commits after {base}: a series is linear (git rebase {base} first)")
+    named = format_series(tree, base)
+    names = [n for n, _ in named]
+    if len(set(names)) < len(names):
+        raise UserError(f"two commits make one patch file name ({', '.join(names)}): reword a subject, or fix its "
+                        f"Patch-Filename: line")
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("*.patch"):
+        old.unlink()
+    for name, text in named:
+        (out / name).write_text(text)
+    (out / pin.series_file).write_text(f"# Patch series against SGLang {pin.tag}, applied in this order (make "
+                                       f"apply).\n" + "".join(n + "\n" for n in names))
+    return names
+
+
+def applied_patchset(path: Path) -> str | None:
+    """The patchset_id of the series a tree (or its sglang package directory) holds: its commits after
+    refs/patches/upstream-head, formatted as make export writes them; None when it is not a patched tree."""
+    path = Path(path)
+    res = git.git(path if path.is_dir() else path.parent, "rev-parse", "--show-toplevel", check=False, timeout=30)
+    top = Path(res.stdout.strip())
+    if not res.ok or not rev(top, UPSTREAM_HEAD):
+        return None
+    named = format_series(top, UPSTREAM_HEAD, "" if (top / "python" / "sglang").is_dir() else "python/")
+    return _id([(n, t.encode()) for n, t in named]) if named else None
