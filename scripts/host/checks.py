@@ -313,7 +313,7 @@ def nccl_transport(f: Facts) -> list[Finding]:
     r, text = f.probe_result("nccl-transport")
     version, links = nccl.transport_links(text)
     r["nccl"] = version
-    kinds = nccl.kinds(links)
+    kinds = collections.Counter(x["kind"] for x in links)
     setup = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + " connection(s)" if kinds else "no connection"
     name = f"NCCL {version}" if version else "NCCL"
     if r.get("hung"):
@@ -435,8 +435,9 @@ def disk(f: Facts) -> list[Finding]:
         return [Finding("disk.free", "warn", f"{where} is the container's own disk, not the host's cache: the weights "
                         "there are lost with the container", f"mount the host's cache: {image_doctor(image)}")]
     there = f.get("model-present").text.strip() == "yes"
-    need, what = (50, f"{TARGET_REPO} is there; the drafter and JIT caches") if there else (f.need_gb, TARGET_REPO)
-    msg = f"{free:.0f} GB free at {where} (filesystem {d['mount']}); {what} need about {need:.0f} GB"
+    need, what = (50, f"{TARGET_REPO} is there; the drafter and JIT caches need") if there else \
+        (f.need_gb, f"{TARGET_REPO} needs")
+    msg = f"{free:.0f} GB free at {where} (filesystem {d['mount']}); {what} about {need:.0f} GB"
     return [Finding("disk.free", "ok" if free >= need else "warn" if there else "error", msg,
                     "" if free >= need else "free space there, or put the cache on a bigger disk: export HF_HOME="
                     "/big/disk/huggingface (make serve, make bench and make report mount $HF_HOME at "

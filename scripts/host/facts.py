@@ -123,7 +123,8 @@ class Probe:
             if "torch" in info else f"no usable torch for {self.python} ({info.get('error') or self.get('nccl').why})"
         if info.get("gpus", 0) >= 2:
             if key != "pcie-ipc-smoke" or self.get("sglang").ok:
-                return nccl.watch([self.python, "-c", nccl.source(key, self.ranks, timeout, REPO_ROOT)], timeout + 30)
+                src = nccl.source(key, self.ranks, timeout, REPO_ROOT)
+                return nccl.watch([self.python, "-c", src], timeout + 30, f"{nccl.WHAT[key]} with {self.python}")
             why = f"{self.python} has no sglang ({self.get('sglang').why})"
         if not self.image:
             return nccl.unmeasured(why)
@@ -134,7 +135,7 @@ class Probe:
         env = [x for k in sorted(os.environ) if k.startswith(PASSED_ENV) for x in ("-e", k)]
         return nccl.watch(["docker", "run", "--rm", "--gpus", "all", "--ipc=host", "-v", f"{FLASHINFER_VOLUME}:"
                            f"{FLASHINFER_CACHE_IN_IMAGE}", *env, self.image, "python3", "-c",
-                           nccl.source(key, self.ranks, timeout)], timeout + 60)
+                           nccl.source(key, self.ranks, timeout)], timeout + 60, f"{nccl.WHAT[key]} in {self.image}")
 
     def record(self, dest: Path) -> list[str]:
         """Write every output read so far (the ok ones) to `dest`, one file each."""

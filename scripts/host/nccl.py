@@ -124,9 +124,11 @@ def unmeasured(why: str, text: str = "", **extra) -> str:
         {"measured": False, **extra, "why": why}) + "\n"
 
 
-def watch(argv: list[str], timeout: float) -> str:
+def watch(argv: list[str], timeout: float, what: str = "") -> str:
     """Run a probe's process (in its own process group) with a watchdog: its output, ending in a result line; when
-    it runs past `timeout` the group is killed and the result says hung."""
+    it runs past `timeout` the group is killed and the result says hung. `what` is said first, as progress."""
+    if what:
+        say(f"doctor: {what}; at most {timeout:.0f} s")
     try:
         p = proc.spawn(argv, stdout=proc.PIPE, stderr=proc.STDOUT, text=True, start_new_session=True)
     except OSError as e:
@@ -294,15 +296,11 @@ def transport_links(text: str) -> tuple[str, list[dict]]:
     return version, links
 
 
-def kinds(links: list[dict]) -> dict[str, int]:
-    return dict(collections.Counter(x["kind"] for x in links))
-
-
 def transport_summary(r: dict, text: str) -> dict:
     """The transport probe as plain data (doctor --json facts.nccl_transport; the receipt's environment)."""
     version, links = transport_links(text)
-    out = {k: r[k] for k in TRANSPORT_KEYS if k in r}
-    return {**out, "links": kinds(links), **({"nccl": version} if version else {})}
+    out = {k: r[k] for k in TRANSPORT_KEYS if k in r} | {"links": dict(collections.Counter(x["kind"] for x in links))}
+    return out | ({"nccl": version} if version else {})
 
 
 def _smoke_rank(rank: int, world: int, port: int, phase, device: str, tune_dir: str) -> dict:
