@@ -1,8 +1,6 @@
 """A faked pynvml for the tests that ask NVML about GPU topology: the patched launcher's probe
-(tests/patches/test_pcie_nccl.py) and the host's live reader (tests/host/test_topology.py) answer the same calls.
-
-Imported as `_fake_nvml` (tests/ is on sys.path through tests/conftest.py, as tests/gpu's `_harness` is).
-"""
+(tests/patches/test_pcie_nccl.py) and serve's dry run (tests/host/test_serve.py). Imported as `_fake_nvml` (tests/
+is on sys.path through tests/conftest.py)."""
 
 from __future__ import annotations
 

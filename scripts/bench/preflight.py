@@ -25,8 +25,7 @@ from pathlib import Path
 
 from ..host.checks import nccl_transport
 from ..host.engine import engine, image_id
-from ..host.facts import build_facts
-from ..host.tools import Probe
+from ..host.facts import Probe, build_facts
 from ..lib import proc
 from ..lib.errors import UserError
 from ..lib.repo import PROFILES_DIR, SHIPPED_PROFILE

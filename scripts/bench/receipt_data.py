@@ -28,7 +28,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from ..host.parsers import parse_topo_m
+from ..host.facts import parse_topo_m
 from ..lib.errors import UserError
 from ..lib.repo import PROFILES_DIR, SHIPPED_PROFILE
 from ..lib.tomlfile import load_toml

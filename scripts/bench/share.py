@@ -18,11 +18,11 @@ import re
 import tarfile
 from pathlib import Path
 
-from ..host.tools import CAPTURE_FILES
+from ..host.facts import CAPTURE_FILES
 from ..lib.repo import REPO_ROOT
 
-SHARED_TOOLS = frozenset(CAPTURE_FILES[k] for k in ("smi-query", "topo-m", "topo-p2p-r", "topo-p2p-n", "nvlink-s",
-                                                    "nvcc", "numactl", "uvm-hmm", "iommu-groups", "nccl",
+SHARED_TOOLS = frozenset(CAPTURE_FILES[k] for k in ("smi-query", "topo-m", "topo-p2p-r", "topo-p2p-n",
+                                                    "uvm-hmm", "iommu-groups", "nccl",
                                                     "patchset"))
 TOOLS_DIR = Path("env") / "tools"
 HOST = "<host>"

@@ -713,7 +713,7 @@ case "$1" in
   version) echo 27.3.1 ;;
   image) echo sha256:0123456789abcdef0123 ;;
   run) case "$*" in
-         *scripts.host.nccl_transport*) cat "{transport}" ;;  # the preflight's NCCL probe: a recorded output
+         *scripts.host.nccl*) cat "{transport}" ;;  # the preflight's NCCL probe: a recorded output
          *) {on_run} ;;
        esac ;;
 esac
@@ -759,7 +759,7 @@ def fake_box(tmp_path, monkeypatch, engine_up=True, gpus=8, on_run='touch "{stat
 def docker_calls(box: dict, probes: bool = False) -> list[str]:
     """The docker commands run (the preflight's NCCL transport probe only with probes)."""
     lines = box["log"].read_text().splitlines() if box["log"].exists() else []
-    return [ln.split()[0] for ln in lines if probes or "scripts.host.nccl_transport" not in ln]
+    return [ln.split()[0] for ln in lines if probes or "scripts.host.nccl" not in ln]
 
 
 def test_bench_without_a_docker_engine_stops_with_one_message_and_writes_nothing(tmp_path, monkeypatch):
@@ -845,7 +845,7 @@ def test_nccl_on_shm_between_the_gpus_stops_the_run_before_any_server(tmp_path, 
     msg = str(e.value)
     assert msg.startswith("make bench cannot start: NCCL 2.29.7+cuda13.0 does not use P2P between every GPU pair")
     assert "GPU3->GPU4 SHM/direct/direct" in msg and "242 us instead of ~16 us at 114 KB" in msg and "Fix: " in msg
-    probe = [ln for ln in box["log"].read_text().splitlines() if "scripts.host.nccl_transport" in ln]
+    probe = [ln for ln in box["log"].read_text().splitlines() if "scripts.host.nccl" in ln]
     assert len(probe) == 1 and "--gpus all --ipc=host" in probe[0] and " eagle-fast-verify/sglang:" in probe[0]
     assert docker_calls(box).count("run") == 0 and not box["res"].exists()
     assert bench.main(["--results-dir", str(box["res"]), "--hf-cache", str(box["hf"]), "--dry-run"]) == 0

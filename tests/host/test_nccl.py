@@ -1,92 +1,151 @@
-"""The NCCL the image runs: the pin (patches/pin.toml [nccl]), the verb that installs it (scripts/host/image_deps.py),
-and how the tooling tells which NCCL torch loaded (scripts/host/nccl.py).
-
-torch.cuda.nccl.version() is the NCCL torch was *built* against (NCCL's headers at torch's build), not the library it
-loads; the tests load another release in torch's place and check that the tooling reports the loaded one.
-"""
+"""scripts/host/nccl.py: which NCCL torch loaded, NCCL's transport lines, and the GPU probes' machinery through fake
+runners (a child that hangs, ranks that hang, fail or sum wrong), the PCIe-IPC smoke's bring-up through the real
+patched SGLang on CPU ranks, and the probes' route into the image through a fake docker."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-import re
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
-import pytest
-
+from scripts.host import facts as F
 from scripts.host import nccl
-from scripts.lib.errors import UserError
 from scripts.series.pin import load_pin
 
 ROOT = Path(__file__).resolve().parents[2]
 PIN = load_pin()
 
 
-def test_the_pin_names_the_nccl_of_the_base_images_cuda():
-    assert PIN.image_cuda == (13, 0) and PIN.nccl_package == "nvidia-nccl-cu13"  # a cu130 base: the cu13 wheel
-    assert re.match(r"^\d+\.\d+\.\d+$", PIN.nccl_version) and PIN.nccl_version not in nccl.KNOWN_BAD_NCCL
-    assert PIN.nccl_requirement == f"nvidia-nccl-cu13=={PIN.nccl_version}"
-    wrong = dataclasses.replace(PIN, nccl_package="nvidia-nccl-cu12")
-    with pytest.raises(UserError, match="nvidia-nccl-cu13"):
-        _ = wrong.nccl_requirement
-
-
-def _unpacked(nccl_wheels: Path, tmp_path: Path) -> Path:
+def test_the_probe_reports_the_nccl_torch_loaded_not_the_one_it_was_built_with(nccl_wheels, tmp_path):
+    """The pinned wheel first on sys.path: torch preloads its libnccl.so.2, the library every NCCL call then uses."""
+    assert PIN.nccl_version not in nccl.KNOWN_BAD_NCCL and {"2.26.2", "2.30.4"} <= set(nccl.KNOWN_BAD_NCCL)
     wheel = next(nccl_wheels.glob(f"{PIN.nccl_package.replace('-', '_')}-{PIN.nccl_version}-*.whl"))
     with zipfile.ZipFile(wheel) as z:
         z.extractall(tmp_path / "site")
-    return tmp_path / "site"
-
-
-def test_the_probe_reports_the_nccl_torch_loaded_not_the_one_it_was_built_with(nccl_wheels, tmp_path):
-    """The pinned wheel first on sys.path: torch preloads its libnccl.so.2 (torch/__init__.py, _preload_cuda_deps),
-    so that is the library every NCCL call of this process goes to."""
-    site = _unpacked(nccl_wheels, tmp_path)
-    env = {**os.environ, "PYTHONPATH": str(site)}
-    cp = subprocess.run([sys.executable, "-c", nccl.NCCL_PROBE], capture_output=True, text=True, env=env, timeout=120)
+    cp = subprocess.run([sys.executable, "-c", nccl.NCCL_PROBE], capture_output=True, text=True, timeout=120,
+                        env={**os.environ, "PYTHONPATH": str(tmp_path / "site")})
     info = json.loads(cp.stdout.strip().splitlines()[-1])
     import torch
 
     built = ".".join(map(str, torch.cuda.nccl.version()[:3]))
-    assert info["nccl"] == PIN.nccl_version != built and info["nccl_build"] == built
-    assert info["nccl_lib"].startswith(str(site))
+    assert info["nccl"] == PIN.nccl_version != built and info["nccl_build"] == built and info["gpus"] == 0
+    assert info["nccl_lib"].startswith(str(tmp_path / "site"))
 
 
-def test_image_deps_prints_what_it_would_install(capsys):
-    lock = (ROOT / "requirements" / "test.lock").read_text()
-    pytest_pin = re.search(r"^pytest==(\S+)$", lock, re.M).group(1)
-    cp = subprocess.run([sys.executable, "-m", "scripts.host.image_deps", "--python", sys.executable, "--dry-run"],
-                        cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert cp.returncode == 0, cp.stderr
-    assert f"pip install --no-deps --no-cache-dir {PIN.nccl_requirement}" in cp.stdout
-    assert f"pytest=={pytest_pin}" in cp.stdout and "requirements/test.lock" in cp.stdout
-    variant = subprocess.run([sys.executable, "-m", "scripts.host.image_deps", "--python", sys.executable,
-                              "--dry-run", "--nccl", "2.30.7"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert variant.returncode == 0 and "nvidia-nccl-cu13==2.30.7" in variant.stdout
-    assert "variant" in variant.stderr and PIN.nccl_version in variant.stderr
-    bad = subprocess.run([sys.executable, "-m", "scripts.host.image_deps", "--dry-run", "--nccl", "latest"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "not a release number" in bad.stderr
+def test_nccl_transport_lines_in_their_spellings():
+    text = "\n".join([
+        "h:1:2 [0] NCCL INFO NCCL version 2.29.7+cuda13.0",
+        "h:1:2 [0] NCCL INFO Channel 03/0 : 0[0] -> 1[1] via P2P/IPC/read",
+        "[2026-12-01 10:00:00] h:1:2 [1] NCCL INFO Channel 00/1 : 1[1] -> 0[0] via P2P/CUMEM/CE",
+        "h:1:2 [1] NCCL INFO Channel 05 : 11[3e000] -> 9[1b000] via P2P/direct pointer",  # older NCCL: bus ids
+        "h:1:2 [3] NCCL INFO Channel 00/0 : 3[3] -> 4[4] [send] via NET/Socket/0",
+        "h:1:2 [3] NCCL INFO Channel 00/0 : 3[3] -> 4[4] [receive] via NET/Socket/0",
+        "not an NCCL line: Channel 00 : 0[0] -> 1[1] via SHM/direct/direct",
+    ])
+    version, links = nccl.transport_links(text)
+    assert version == "2.29.7+cuda13.0" and [x["kind"] for x in links] == ["P2P"] * 3 + ["NET"] * 2
+    assert [x["via"] for x in links][:3] == ["P2P/IPC/read", "P2P/CUMEM/CE", "P2P/direct pointer"]
+    assert links[2]["pair"] == "rank 11->rank 9" and links[3]["pair"] == "GPU3->GPU4"
 
 
-def test_make_image_nccl_builds_a_distinct_variant():
-    def dry(*extra):
-        cp = subprocess.run(["make", "-s", "image", "DRY_RUN=1", f"PY={sys.executable}", *extra], cwd=ROOT,
-                            capture_output=True, text=True, timeout=120)
-        assert cp.returncode == 0, cp.stderr
-        cmd = cp.stdout.strip().splitlines()[-1].split()
-        pairs = dict(cmd[i + 1].split("=", 1) for i, t in enumerate(cmd) if t in ("--build-arg", "--label"))
-        return cmd[cmd.index("-t") + 1], pairs, cp.stderr
+def test_the_watchdog_kills_a_probe_that_hangs_and_says_so():
+    """A fake probe child that starts a grandchild and then hangs: both are killed at the deadline, the output so
+    far is kept, and the result line says hung (the doctor's error and fix: tests/host/test_doctor.py)."""
+    code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            "print('bring-up done', flush=True); time.sleep(60)")
+    t0 = time.monotonic()
+    out = nccl.watch([sys.executable, "-c", code], timeout=3)
+    assert time.monotonic() - t0 < 20 and out.startswith("bring-up done\n")
+    assert nccl.result(out) == {"measured": False, "hung": True, "why": "no answer within 3 s (the probe was killed)"}
+    out = nccl.watch([sys.executable, "-c", "import sys; print('Traceback: boom'); sys.exit(3)"], timeout=30)
+    assert nccl.result(out)["why"] == "the probe exited 3 without a result: Traceback: boom"
+    assert "could not run" in nccl.result(nccl.watch(["/no/such/python"], 5))["why"]
 
-    tag, pairs, _ = dry()
-    assert tag == PIN.serving_image and pairs["NCCL_VERSION"] == PIN.nccl_version
-    assert pairs["io.eagle-fast-verify.nccl"] == PIN.nccl_requirement
-    tag, pairs, err = dry("NCCL=2.30.7")
-    assert tag == f"{PIN.serving_image}-nccl2.30.7" and pairs["NCCL_VERSION"] == "2.30.7"
-    assert pairs["io.eagle-fast-verify.nccl"] == "nvidia-nccl-cu13==2.30.7" and pairs["IMAGE_TAG"] == tag
-    _, _, err = dry("NCCL=2.30.4")
-    assert "2.30.4" in err and "hangs" in err  # a known-bad release builds (to reproduce), with a warning
+
+def _hanging_rank(rank, world, port, phase, *_):
+    phase("workspace")
+    time.sleep(0.5)
+    phase(f"iterate {8}x7168")
+    time.sleep(0 if rank else 60)  # rank 0 spins on its peers' flags forever
+    return {"engaged": True, "bad": 0, "us": {}}
+
+
+def _failing_rank(rank, world, port, phase, *_):
+    if rank == 1:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    time.sleep(60)  # waits for the peer in a collective that never comes
+
+
+def _summing_rank(rank, world, port, phase, *_):
+    phase("iterate 4x7168")
+    return {"engaged": True, "bad": 57344 if rank == 1 else 0, "us": {"4": None, "8": None}}
+
+
+def test_ranks_that_hang_fail_or_sum_wrong(monkeypatch):
+    """The smoke's rank machinery with fake ranks: a rank stuck in an iterate phase past STALL, one that raises
+    (its peer, left waiting, is killed at once), wrong sums on one rank, and a healthy group."""
+    monkeypatch.setattr(nccl, "STALL", 2.0)
+    r = nccl.pcie_ipc_smoke(2, 120, device="cpu", rank_fn=_hanging_rank)
+    assert r["hung"] and r["measured"] is False and r["phase"] == "ranks 0,1: iterate 8x7168"
+    assert r["why"] == "no progress within 2 s (ranks 0,1: iterate 8x7168); the ranks were killed"
+    t0 = time.monotonic()
+    r = nccl.pcie_ipc_smoke(2, 120, device="cpu", rank_fn=_failing_rank)
+    assert r["why"] == "a rank failed: rank 1: RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert time.monotonic() - t0 < 30
+    r = nccl.pcie_ipc_smoke(2, 120, device="cpu", rank_fn=_summing_rank)
+    assert r["measured"] is True and r["sum_ok"] is False and r["wrong"] == {"1": 57344}
+    assert r["rows"] == [4, 8] and r["iters"] == 300
+
+
+def test_the_smoke_brings_up_sglangs_own_tp_group(sglang_tree):
+    """The real rank code on a CPU rank over gloo, through the patched SGLang's init_distributed_environment,
+    publish_build_topology and initialize_model_parallel with SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1: SGLang builds no
+    PCIe-IPC all-reduce for one CPU rank, and the smoke says so (on GPUs this is the path the kernels run on)."""
+    r = nccl.pcie_ipc_smoke(1, 300, device="cpu")
+    assert r == {"measured": False, "world": 1, "engaged": False, "why": "SGLang built no PCIe-IPC all-reduce for its "
+                 "tp group of 1 cpu rank(s) (FlashInfer's kernels serve 2, 4 or 8 CUDA GPUs)"}, r
+
+
+DOCKER = """#!{python}
+import json, os, subprocess, sys
+argv = sys.argv[1:]
+with open({log!r}, "a") as f:
+    f.write(json.dumps(argv) + "\\n")
+if argv[:2] == ["image", "inspect"]:
+    sys.exit(print("sha256:0123456789abcdef0123") or 0)
+i = argv.index({image!r})
+env = {{k: os.environ[k] for k in ("PATH", "HOME")}} | {{"EAGLE_HOME": {root!r}}}
+env |= {{argv[j + 1]: os.environ[argv[j + 1]] for j in range(i) if argv[j] == "-e" and argv[j + 1] in os.environ}}
+sys.exit(subprocess.run([{python!r}, *argv[i + 2:]], env=env, cwd="/").returncode)
+"""
+
+
+def test_without_gpus_here_the_probes_run_in_the_image(tmp_path, monkeypatch):
+    """This python's torch sees no GPU (its NCCL probe says so), so each probe runs in the image: `docker run --gpus
+    all --ipc=host`, FlashInfer's cache volume, the caller's NCCL_* variables by name, the code found through the
+    image's $EAGLE_HOME; a fake docker runs that command with this interpreter, so the code printed is what runs."""
+    log, image = tmp_path / "docker.log", "eagle-fast-verify/sglang:test"
+    (tmp_path / "docker").write_text(DOCKER.format(python=sys.executable, log=str(log), image=image, root=str(ROOT)))
+    (tmp_path / "docker").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("NCCL_P2P_DISABLE", "1")
+    probe = F.Probe(python=sys.executable, image=image, ranks=8)
+    probe.cache["nccl"] = F.Out(True, json.dumps({"torch": "2.14.1+cu130", "gpus": 0}))  # what this python says
+    for key in ("peer-bandwidth", "nccl-transport"):
+        r = nccl.result(probe.get(key).text)  # what the image's python said: no GPU there either (this machine)
+        assert r["measured"] is False and "sees 0 CUDA GPU(s)" in r["why"], r
+    run = [c for c in map(json.loads, log.read_text().splitlines()) if c[0] == "run"][-1]
+    assert run[:5] == ["run", "--rm", "--gpus", "all", "--ipc=host"]
+    assert "sglang-flashinfer:/root/.cache/flashinfer" in run
+    assert run[run.index("NCCL_P2P_DISABLE") - 1] == "-e" and run[run.index(image) + 1:run.index(image) + 3] == \
+        ["python3", "-c"]
+    assert "os.environ['EAGLE_HOME']" in run[-1] and "run('nccl-transport', 8, 120.0)" in run[-1]
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no docker client at all
+    probe.cache.pop("nccl-transport")
+    why = nccl.result(probe.get("nccl-transport").text)["why"]
+    assert why == ("here, torch 2.14.1+cu130 sees 0 CUDA GPU(s), and the all-reduce needs 2; in the image: docker is "
+                   "not installed (no docker client on PATH)")
