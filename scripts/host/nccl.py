@@ -21,6 +21,7 @@ from ..series.pin import Pin, load_pin
 KNOWN_BAD_NCCL = {
     "2.30.4": "hangs on the first all-reduce between RTX PRO 6000 pairs unless P2P is disabled "
               "(field report: local-inference-lab/rtx6kpro#15)",
+    "2.26.2": "hits an illegal memory access in all-reduces of 512 KiB and more on RTX PRO 6000 pairs (NVIDIA/nccl#2418)",
 }
 EXPECTED_VAR = "EAGLE_NCCL_VERSION"  # set in the image: the NCCL its build installed (docker/Dockerfile)
 RELEASE_RE = re.compile(r"^\d+\.\d+\.\d+(\.post\d+)?$")
