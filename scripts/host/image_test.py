@@ -19,7 +19,6 @@ import os
 import runpy
 import shlex
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -78,7 +77,7 @@ class Engine:
     def __init__(self, work: Path):
         self.run_dir = Path(tempfile.mkdtemp(prefix="eft-docker-"))  # short: unix socket paths are limited
         self.host = f"unix://{self.run_dir}/docker.sock"
-        self.data, self.before, self.pid = work / "data", self.network(), None
+        self.data, self.before, self.dockerd = work / "data", self.network(), None
 
     @staticmethod
     def network() -> dict:
@@ -88,22 +87,23 @@ class Engine:
 
     def start(self) -> None:
         log = (self.run_dir / "dockerd.log").open("w")
-        self.pid = proc.spawn(["dockerd", "-H", self.host, "--data-root", str(self.data), "--exec-root",
-                               str(self.run_dir / "exec")], stdout=log, stderr=log, start_new_session=True).pid
+        self.dockerd = proc.spawn(["dockerd", "-H", self.host, "--data-root", str(self.data), "--exec-root",
+                                   str(self.run_dir / "exec"), "--pidfile", str(self.run_dir / "pid")],
+                                  stdout=log, stderr=log, start_new_session=True)
         os.environ["DOCKER_HOST"] = self.host  # this process, make image and docker run use this engine only
         for _ in range(60):
             if proc.run(["docker", "version", "--format", "{{.Server.Version}}"]).ok:
-                return say(f"dockerd pid {self.pid} on {self.host}")
+                return say(f"dockerd pid {self.dockerd.pid} on {self.host}")
             time.sleep(1)
         raise UserError(f"dockerd did not answer in 60 s: {(self.run_dir / 'dockerd.log').read_text()[-2000:]}")
 
     def stop(self) -> None:
-        for sig in (signal.SIGTERM,) * 60 + (signal.SIGKILL,) if self.pid else ():
+        if self.dockerd:  # one SIGTERM: dockerd takes a third signal as "force shutdown", leaving its mounts
+            self.dockerd.terminate()
             try:
-                os.kill(self.pid, sig)
-                time.sleep(0.5)
-            except ProcessLookupError:  # gone
-                break
+                self.dockerd.wait(timeout=60)
+            except proc.TimeoutExpired:
+                self.dockerd.kill()
         now = self.network()
         for table, rules in now["tables"].items():  # its rules, then its chains, then the policies it changed
             old = self.before["tables"][table]
