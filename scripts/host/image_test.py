@@ -155,7 +155,7 @@ def standin(tag: str) -> str:
     say("docker import of the stand-in (45-135 s)")
     sh(f"tar --numeric-owner -C {shlex.quote(str(rootfs))} -cf - . | docker import --change 'CMD [\"python3\"]' "
        f"--change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' --change "
-       f"'LABEL io.eagle-fast-verify.standin=Debian bookworm stand-in for {pin.upstream_image}' - {tag}")
+       f"'LABEL io.eagle-fast-verify.standin=\"Debian bookworm stand-in for {pin.upstream_image}\"' - {tag}")
     shutil.rmtree(rootfs)
     return site
 
