@@ -126,3 +126,12 @@ def test_the_entrypoint_verbs(tmp_path):
     assert run("echo", "hi").stdout == "hi\n"  # any other command runs as is
     assert run("serve", "--bad").returncode == run("--bad").returncode == 2  # "-..." goes to serve
     assert "--draft-model" in run("serve", "--help").stdout
+
+
+@pytest.mark.parametrize("typo, right", [("DRYRUN=1", "DRY_RUN"), ("dry-run=1", "DRY_RUN"), ("BENCH_ARG=x", "BENCH_ARGS"),
+                                         ("TEST_SERVE_ARG=x", "TEST_SERVE_ARGS"), ("SERVE_ARG=x", "SERVE_ARGS")])
+def test_a_make_variable_that_looks_like_ours_stops_make_with_its_name(typo, right):
+    cp = subprocess.run(["make", "-n", "image", typo], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 2 and f"did you mean {right}?" in cp.stderr and not cp.stdout
+    assert subprocess.run(["make", "-n", "image", "DRY_RUN=1", "UNRELATED=1"], cwd=ROOT, capture_output=True,
+                          timeout=60).returncode == 0
