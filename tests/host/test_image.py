@@ -128,8 +128,9 @@ def test_the_entrypoint_verbs(tmp_path):
     assert "--draft-model" in run("serve", "--help").stdout
 
 
-@pytest.mark.parametrize("typo, right", [("DRYRUN=1", "DRY_RUN"), ("dry-run=1", "DRY_RUN"), ("BENCH_ARG=x", "BENCH_ARGS"),
-                                         ("TEST_SERVE_ARG=x", "TEST_SERVE_ARGS"), ("SERVE_ARG=x", "SERVE_ARGS")])
+@pytest.mark.parametrize("typo, right", [("DRYRUN=1", "DRY_RUN"), ("dry-run=1", "DRY_RUN"),
+                                         ("BENCH_ARG=x", "BENCH_ARGS"), ("TEST_SERVE_ARG=x", "TEST_SERVE_ARGS"),
+                                         ("SERVE_ARG=x", "SERVE_ARGS")])
 def test_a_make_variable_that_looks_like_ours_stops_make_with_its_name(typo, right):
     cp = subprocess.run(["make", "-n", "image", typo], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert cp.returncode == 2 and f"did you mean {right}?" in cp.stderr and not cp.stdout
