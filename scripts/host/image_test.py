@@ -78,6 +78,7 @@ class Engine:
         self.run_dir = Path(tempfile.mkdtemp(prefix="eft-docker-"))  # short: unix socket paths are limited
         self.host = f"unix://{self.run_dir}/docker.sock"
         self.data, self.before, self.dockerd = work / "data", self.network(), None
+        self.etc = Path("/etc/docker").exists()  # dockerd leaves its key.json there
 
     @staticmethod
     def network() -> dict:
@@ -114,7 +115,8 @@ class Engine:
         for link in set(now["links"]) - set(self.before["links"]):
             proc.run(["ip", "link", "delete", link])
         proc.run(["sysctl", "-qw", f"net.ipv4.ip_forward={self.before['forward']}"])
-        shutil.rmtree(self.run_dir, ignore_errors=True)
+        for path in [self.run_dir] + ([] if self.etc else [Path("/etc/docker")]):
+            shutil.rmtree(path, ignore_errors=True)
         say("engine stopped; its network changes undone")
 
 
@@ -166,12 +168,11 @@ class Checks(list):
         say(f"{'ok  ' if ok else 'FAIL'} {name}" + (f": {detail}" if detail else ""))
 
 
-def make_image(checks: Checks, name: str, base: str, tag: str, want_ok: bool, repo: Path = REPO_ROOT) -> None:
+def make_image(checks: Checks, name: str, base: str, tag: str, ok: bool, repo: Path = REPO_ROOT) -> None:
     t = time.monotonic()
-    res = proc.run(["make", "-C", str(repo), "image", f"BASE={base}", f"IMAGE={tag}"], timeout=3600,
-                   capture=not want_ok)
+    res = proc.run(["make", "-C", str(repo), "image", f"BASE={base}", f"IMAGE={tag}"], timeout=3600, capture=not ok)
     left = sh(["docker", "ps", "-aq"]).stdout.split()  # --force-rm: a failed RUN leaves no container
-    checks.add(f"{name} ({time.monotonic() - t:.0f} s)", res.ok == want_ok and not left,
+    checks.add(f"{name} ({time.monotonic() - t:.0f} s)", res.ok == ok and not left,
                f"make image exit {res.returncode}" + (f", {len(left)} container(s) left" if left else ""))
 
 
@@ -195,8 +196,7 @@ def failures(checks: Checks, standin_tag: str, site: str) -> None:
 
 
 def verbs(checks: Checks, image: str) -> None:
-    results = WORK / "results"
-    results.mkdir(exist_ok=True)
+    (results := WORK / "results").mkdir(exist_ok=True)
     comm = ["--device", "cpu", "--variants", "default", "--rows", "4", "--prefill-rows", "", "--layers", "2",
             "--chain", "4", "--iters", "2", "--reps", "2", "--race-rows", ""]
     for args, want in ((["serve", "--dry-run"], 0), (["smoke"], 0), (["doctor"], 1), (["test-serve"], 2),
