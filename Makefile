@@ -12,8 +12,21 @@ PYTEST_ARGS ?=
 IMAGE     ?=
 export SGLANG_BASE
 
+# A command-line variable this Makefile does not read but that looks like one it does (DRYRUN or dry-run for
+# DRY_RUN, BENCH_ARG for BENCH_ARGS) stops make with the right name: else a dry run quietly becomes a real build.
+CLI_VARS  := $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $(v))),$(v)))
+ifneq ($(CLI_VARS),)
+LP        := (
+OUR_VARS  := $(sort $(shell grep -ohE '[$$][$(LP)][A-Z][A-Z0-9_]*|[A-Z][A-Z0-9_]*=' $(MAKEFILE_LIST) | tr -d '$$$(LP)='))
+LOOKALIKE := $(shell $(PY) -c 'import difflib, sys; n = lambda s: s.upper().replace("-", "").replace("_", "").rstrip("S"); \
+    i = sys.argv.index("--"); ours = sys.argv[i + 1:]; print(*[f"{v} is not a variable of this Makefile: did you \
+    mean {m[0]}?" for v in sys.argv[1:i] for m in [[o for o in ours if n(o) == n(v)] or difflib.get_close_matches(v.upper(), \
+    ours, 1, 0.8)] if m], sep="; ")' $(filter-out $(OUR_VARS),$(CLI_VARS)) -- $(OUR_VARS))
+$(if $(LOOKALIKE),$(error $(LOOKALIKE)))
+endif
+
 .PHONY: help setup apply export check-patches refresh test test-gpu test-serve prove-tests image lint-docker doctor \
-        bench bench-sweep bench-comm report docs clean distclean
+        serve test-image bench bench-sweep bench-comm report docs clean distclean
 
 help:            ## list targets and the variables they take
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t16
@@ -25,8 +38,10 @@ help:            ## list targets and the variables they take
 #:   SGLANG_SRC=DIR           apply: patch your own clean checkout of the tag instead of build/sglang
 #:   REBUILD=1                apply: build build/sglang again from a fresh base (drops commits not exported)
 #:   TO=TAG WHEEL=FILE WRITE=1  refresh: the new release, its wheel if you have it, move the pin and patches/
-#:   IMAGE=NAME:TAG           image, test-gpu, test-serve, bench-comm: another image name
+#:   IMAGE=NAME:TAG           image, serve, test-gpu, test-serve, bench-comm: another image name
 #:   NCCL=VERSION DRY_RUN=1   image: an NCCL variant (own tag); print the docker build instead of running it
+#:   BASE=REF ALLOW_BAD_NCCL=1  image: FROM another base (labels name it); build an NCCL known to fail, on purpose
+#:   SERVE_ARGS="..."         serve: its options (--dry-run, --draft-model D, --host 0.0.0.0 --api-key-file F, -- ARGS)
 #:   BENCH_ARGS="..."         bench, bench-sweep, bench-comm: their options (make bench BENCH_ARGS=--dry-run)
 #:   TEST_GPU_ARGS="..."      test-gpu: its options (e.g. -- -k faults)
 #:   TEST_SERVE_ARGS="..."    test-serve: its options (e.g. --phases ..., --world N)
@@ -63,7 +78,7 @@ test: setup apply  ## the whole check: pytest against build/sglang, series round
 	$(VPY) -m scripts.host.image --lint-only
 	$(VPY) -m scripts.series.prove_tests
 
-test-gpu:        ## the patched collectives, fused op and decisions on >= 2 GPUs (here or in IMAGE) -> bench/results
+test-gpu:        ## the patched collectives, fused op and decisions on >= 2 GPUs, in the image -> bench/results
 	$(PY) -m scripts.host.gpu_tier $(if $(IMAGE),--image $(IMAGE)) $(TEST_GPU_ARGS)
 
 test-serve:      ## the patched server with EAGLE-3 on generated tiny models, on the GPUs (here or in IMAGE) -> bench/results
@@ -72,11 +87,18 @@ test-serve:      ## the patched server with EAGLE-3 on generated tiny models, on
 prove-tests: setup apply  ## show that every patch test fails on the unpatched base tree
 	$(VPY) -m scripts.series.prove_tests
 
-image:           ## the serving image FROM the pinned upstream image (DRY_RUN=1: print the command; NCCL=<version>)
-	$(PY) -m scripts.host.image $(if $(IMAGE),--tag $(IMAGE)) $(if $(NCCL),--nccl $(NCCL)) $(if $(DRY_RUN),--dry-run)
+image:           ## the serving image FROM the pinned upstream image (DRY_RUN=1: print the command; NCCL=, BASE=)
+	$(PY) -m scripts.host.image $(if $(IMAGE),--tag $(IMAGE)) $(if $(NCCL),--nccl $(NCCL)) $(if $(BASE),--base \
+	    $(BASE)) $(if $(ALLOW_BAD_NCCL),--allow-known-bad-nccl) $(if $(DRY_RUN),--dry-run)
 
 lint-docker:     ## hadolint docker/Dockerfile
 	$(VPY) -m scripts.host.image --lint-only
+
+serve:           ## serve Kimi-K2.5 with EAGLE-3 from the image (the docker run is printed first; SERVE_ARGS)
+	$(PY) -m scripts.host.serve --image=$(IMAGE) $(SERVE_ARGS)
+
+test-image:      ## build docker/Dockerfile on a local stand-in base and run its verbs (root, ~8 GB, 3-7 min)
+	$(PY) -m scripts.host.image_test
 
 doctor:          ## preflight of this box (GPUs, NVLink/P2P, NUMA, driver, NCCL, host settings)
 	$(PY) -m scripts.host.doctor

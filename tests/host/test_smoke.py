@@ -1,172 +1,89 @@
-"""scripts/host/smoke.py: the import smoke check the image build runs after applying the series.
-
-Synthetic series (real `git format-patch` files and a pin) applied with the real apply core to a small fake sglang
-package keep these fast; tests/host/test_image.py runs the same verb against the real wheel.
-"""
+"""scripts/host/smoke.py, the image build's import smoke: on the patched tree under test, and on generated packages
+that fail the ways the image build can (the package itself, a driver-only import, a missing dependency)."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 from scripts.host import smoke
-from scripts.lib import git
-from scripts.series.patchfile import expected_blobs, parse_patch
-from scripts.series.pin import load_pin, write_pin
 
 ROOT = Path(__file__).resolve().parents[2]
-PY = sys.executable
-
-FAKE_BASE = {
-    "python/sglang/__init__.py": "",
-    "python/sglang/launch_server.py": "",
-    "python/sglang/srt/__init__.py": "",
-    "python/sglang/srt/server_args.py": "FLAGS = []\n",
-    "python/sglang/srt/layers/__init__.py": "",
-    "python/sglang/srt/layers/comm.py": "def all_reduce(x):\n    return x\n",
-    "python/sglang/srt/kernels.cu": "// not python\n",
-}
 
 
-def make_series(tmp: Path, base: dict[str, str], changes: list[tuple[str, dict[str, str]]], *,
-                digest: str = "") -> Path:
-    """A patches directory (format-patch files, series, pin.toml) that turns `base` (repo path -> text) into the
-    result of each (subject, {repo path: new text}) commit in order. Blob ids come from the patches themselves."""
-    repo = tmp / "series-src"
-    repo.mkdir(parents=True)
-    git.git(repo, "init", "-q", "-b", "main")
-    for path, text in base.items():
-        (repo / path).parent.mkdir(parents=True, exist_ok=True)
-        (repo / path).write_text(text)
-    git.git(repo, "add", "-A")
-    git.git(repo, "commit", "-q", "-m", "base", fixed_date=True)
-    for subject, files in changes:
-        for path, text in files.items():
-            (repo / path).parent.mkdir(parents=True, exist_ok=True)
-            (repo / path).write_text(text)
-        git.git(repo, "add", "-A")
-        git.git(repo, "commit", "-q", "-m", subject, fixed_date=True)
-    pdir = tmp / "patches"
-    pdir.mkdir()
-    git.git(repo, "format-patch", "-q", "--full-index", "--no-signature", "-o", str(pdir),
-                f"HEAD~{len(changes)}")
-    names = sorted(p.name for p in pdir.glob("*.patch"))
-    (pdir / "series").write_text("".join(n + "\n" for n in names))
-    b, f = expected_blobs([parse_patch(pdir / n) for n in names])
-    pin = dataclasses.replace(load_pin(), patches_dir=pdir, base_blobs=b, patched_blobs=f, image_digest=digest)
-    write_pin(pin, pdir / "pin.toml")
-    return pdir
+def run_smoke(pythonpath: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(pythonpath)}
+    return subprocess.run([sys.executable, "-m", "scripts.host.smoke", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
 
 
-def fake_site(tmp: Path, base: dict[str, str] = FAKE_BASE) -> Path:
-    site = tmp / "site"
-    for path, text in base.items():
-        if path.startswith("python/"):
-            dest = site / path[len("python/"):]
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_text(text)
-    return site
+def counts(out: str) -> tuple[int, int, int]:
+    return tuple(map(int, re.search(r"(\d+) import, (\d+) compiled only .*?, (\d+) failed", out).groups()))
 
 
-def run_verb(module: str, *args: str, site: Path | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
-    return subprocess.run([PY, "-m", f"scripts.{module}", *args], cwd=ROOT, capture_output=True, text=True, env=env,
-                          timeout=300)
+def fake_sglang(tmp: Path, bodies: dict[str, str]) -> Path:
+    """A package tree with every module the smoke imports; `bodies` replaces some modules' source."""
+    mods = ["sglang", *smoke.ENTRY, *smoke.series_modules()]
+    for mod in mods:
+        parts = mod.split(".")
+        for i in range(1, len(parts)):
+            tmp.joinpath(*parts[:i]).mkdir(exist_ok=True)
+            tmp.joinpath(*parts[:i], "__init__.py").touch()
+        path = tmp.joinpath(*parts)
+        target = path / "__init__.py" if any(m.startswith(mod + ".") for m in mods) else path.with_suffix(".py")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(bodies.get(mod, ""))
+    return tmp
 
 
-def applied_fake(tmp: Path, comm_text: str) -> tuple[Path, Path]:
-    pdir = make_series(tmp, FAKE_BASE, [("patch comm", {"python/sglang/srt/layers/comm.py": comm_text,
-                                                         "python/sglang/srt/kernels.cu": "// changed\n"})])
-    site = fake_site(tmp)
-    cp = run_verb("series.apply", "--site-packages", str(site), "--patches-dir", str(pdir))
-    assert cp.returncode == 0, cp.stderr
-    return pdir, site
+def test_the_series_modules_are_the_patched_trees(sglang_tree):
+    mods = smoke.series_modules()
+    assert "sglang.srt.speculative.eagle_worker_v2" in mods and len(mods) == len(set(mods))
+    for mod in mods:
+        path = sglang_tree / "python" / Path(*mod.split("."))
+        assert path.with_suffix(".py").is_file() or (path / "__init__.py").is_file(), mod
 
 
-def test_module_names_from_repo_paths():
-    assert smoke.module_for("python/sglang/srt/layers/comm.py") == ("sglang.srt.layers.comm", "")
-    assert smoke.module_for("python/sglang/srt/layers/__init__.py") == ("sglang.srt.layers", "")
-    assert smoke.module_for("python/sglang/srt/kernels.cu")[0] is None
-    assert smoke.module_for("test/registered/test_x.py")[0] is None
-    assert smoke.module_for("python/sglang/srt/bad-name.py")[0] is None
+def test_the_patched_tree_imports_and_loads_the_nccl_torch_runs(sglang_tree):
+    from scripts.host.nccl import nccl_report
+
+    nccl = nccl_report()["nccl"]
+    cp = run_smoke(sglang_tree / "python", "--expect-nccl", nccl)
+    assert cp.returncode == 0, cp.stdout[-3000:]
+    assert counts(cp.stdout) == (len(set([*smoke.ENTRY, *smoke.series_modules()])), 0, 0)
 
 
-def test_plan_follows_the_series(tmp_path):
-    pdir = make_series(tmp_path, FAKE_BASE, [
-        ("one", {"python/sglang/srt/layers/comm.py": "X = 1\n"}),
-        ("two", {"python/sglang/srt/server_args.py": "FLAGS = [1]\n", "python/sglang/srt/new_mod.py": "Y = 2\n"}),
-    ])
-    pid, rows = smoke.plan(pdir)
-    mods = [m for _, m, _ in rows if m]
-    assert mods == ["sglang.srt.layers.comm", "sglang.srt.new_mod", "sglang.srt.server_args"]  # series order
-    assert len(pid) == 12
+def test_a_failing_package_is_named_once(tmp_path):
+    site = fake_sglang(tmp_path, {"sglang": "import a_dependency_that_is_not_installed\n"})
+    cp = run_smoke(site)
+    assert cp.returncode == 1 and cp.stdout.count("FAIL") == 1 and "a_dependency_that_is_not_installed" in cp.stdout
+    assert "KeyError" not in cp.stdout
 
 
-def test_smoke_passes_on_a_patched_package(tmp_path):
-    pdir, site = applied_fake(tmp_path, "def all_reduce(x):\n    return x * 1\n")
-    cp = run_verb("host.smoke", "--site-packages", str(site), "--patches-dir", str(pdir), "--json")
-    rep = json.loads(cp.stdout)
-    assert cp.returncode == 0 and rep["ok"], cp.stdout + cp.stderr
-    mods = {r["module"]: r["status"] for r in rep["modules"]}
-    assert mods == {"sglang": "ok", "sglang.srt.server_args": "ok", "sglang.launch_server": "ok",
-                    "sglang.srt.layers.comm": "ok"}
-    assert any("kernels.cu" in ln and ln.startswith("skip") for ln in rep["lines"])
-
-
-def test_smoke_fails_on_a_module_that_does_not_import(tmp_path):
-    pdir, site = applied_fake(tmp_path, "def all_reduce(x):\n    return x +\n")  # syntax error from the patch
-    cp = run_verb("host.smoke", "--site-packages", str(site), "--patches-dir", str(pdir))
-    assert cp.returncode == 1
-    assert "FAIL  sglang.srt.layers.comm" in cp.stdout and "SyntaxError" in cp.stdout
-
-
-def test_smoke_refuses_an_unpatched_or_foreign_tree(tmp_path):
-    pdir = make_series(tmp_path, FAKE_BASE, [("p", {"python/sglang/srt/layers/comm.py": "X = 1\n"})])
-    site = fake_site(tmp_path)
-    cp = run_verb("host.smoke", "--site-packages", str(site), "--patches-dir", str(pdir))
-    assert cp.returncode == 1 and "was not applied" in cp.stdout
-    (site / "sglang" / "_patchset.json").write_text(json.dumps({"patchset": "0123456789ab"}))
-    cp = run_verb("host.smoke", "--site-packages", str(site), "--patches-dir", str(pdir))
-    assert cp.returncode == 1 and "holds patch set 0123456789ab" in cp.stdout
-
-
-def test_expect_patchset_guards_stale_build_args(tmp_path):
-    pdir, site = applied_fake(tmp_path, "X = 3\n")
-    pid, _ = smoke.plan(pdir)
-    ok = run_verb("host.smoke", "--site-packages", str(site), "--patches-dir", str(pdir), "--expect-patchset", pid)
-    bad = run_verb("host.smoke", "--site-packages", str(site), "--patches-dir", str(pdir), "--expect-patchset",
-                   "ffffffffffff")
-    assert ok.returncode == 0, ok.stdout
-    assert bad.returncode == 1 and "stale build argument" in bad.stdout
-
-
-def test_no_driver_tolerance_is_narrow(tmp_path):
+def test_driver_only_failures_are_counted_apart_from_imports(tmp_path):
     no_driver = "raise OSError('libcuda.so.1: cannot open shared object file: No such file or directory')\n"
-    pdir, site = applied_fake(tmp_path, no_driver)
-    strict = run_verb("host.smoke", "--site-packages", str(site), "--patches-dir", str(pdir))
-    lenient = run_verb("host.smoke", "--site-packages", str(site), "--patches-dir", str(pdir), "--tolerate-no-driver")
-    assert strict.returncode == 1 and "FAIL  sglang.srt.layers.comm" in strict.stdout
-    assert lenient.returncode == 0 and "needs the NVIDIA driver" in lenient.stdout
+    site = fake_sglang(tmp_path, {"sglang.launch_server": no_driver})
+    strict, lenient = run_smoke(site), run_smoke(site, "--tolerate-no-driver")
+    total = len(set([*smoke.ENTRY, *smoke.series_modules()]))
+    assert strict.returncode == 1 and counts(strict.stdout) == (total - 1, 0, 1)
+    assert lenient.returncode == 0 and counts(lenient.stdout) == (total - 1, 1, 0)
+    other = run_smoke(site, "--tolerate-no-driver", "--expect-nccl", "2.0.0")  # not what torch loads
+    assert other.returncode == 1 and re.search(r"^FAIL\s+NCCL", other.stdout, re.M)
 
 
-def test_no_driver_tolerance_does_not_hide_other_errors(tmp_path):
-    pdir, site = applied_fake(tmp_path, "import a_module_that_does_not_exist_anywhere\n")
-    cp = run_verb("host.smoke", "--site-packages", str(site), "--patches-dir", str(pdir), "--tolerate-no-driver")
-    assert cp.returncode == 1 and "a_module_that_does_not_exist_anywhere" in cp.stdout
+def test_the_tolerance_does_not_hide_other_failures(tmp_path):
+    site = fake_sglang(tmp_path, {"sglang.launch_server": "raise ValueError('libcuda.so.1: cannot open')\n",
+                                  "sglang.srt.server_args": "import a_module_that_does_not_exist\n"})
+    cp = run_smoke(site, "--tolerate-no-driver")
+    assert cp.returncode == 1 and counts(cp.stdout)[2] == 2
 
 
-def test_check_reports_imports_from_elsewhere(tmp_path, monkeypatch):
-    pkg = tmp_path / "p"
-    (pkg / "sglang_elsewhere_probe").mkdir(parents=True)
-    (pkg / "sglang_elsewhere_probe" / "__init__.py").write_text("")
-    other = tmp_path / "other"
-    other.mkdir()
-    monkeypatch.syspath_prepend(str(pkg))
-    lines: list[str] = []
-    res = smoke.check(other, ["sglang_elsewhere_probe"], False, lines.append)
-    assert res[0]["status"] == "fail"
+def test_modules_come_from_the_patches(tmp_path):
+    (tmp_path / "series").write_text("# a comment\n0001-a.patch\n")
+    (tmp_path / "0001-a.patch").write_text("".join(f"diff --git a/{f} b/{f}\n" for f in (
+        "python/sglang/srt/x.py", "python/sglang/srt/pkg/__init__.py", "python/sglang/srt/k.cu", "test/t.py",
+        "python/sglang/srt/x.py")))
+    assert smoke.series_modules(tmp_path) == ["sglang.srt.x", "sglang.srt.pkg"]

@@ -434,7 +434,7 @@ def test_pcie_ipc_allreduce_stays_off_on_nvlink_sm120(launch, kimi_tp8, monkeypa
 # Routing in GroupCoordinator.all_reduce
 
 
-PROFILE = REPO / "docker" / "profiles" / "kimi-k25-eagle3-tp8.toml"
+PROFILE = REPO / "docker" / "profiles" / "kimi-k25-eagle3-tp8.yaml"
 RTX_PRO_6000_MIB = 97887
 # Profile keys that name files or the HTTP front end rather than how the model runs.
 NOT_SERVER_SHAPE = {"model-path", "speculative-draft-model-path", "host", "port", "tool-call-parser",
@@ -445,12 +445,12 @@ NOT_SERVER_SHAPE = {"model-path", "speculative-draft-model-path", "host", "port"
 def kimi_profile_args():
     """ServerArgs resolved from the shipped serving profile's [args] (Kimi-K2.5, TP8, EAGLE-3 3/1/4, 16 running
     requests, decode graphs up to bs 16) on a faked SM120 box with 96 GB GPUs."""
-    import tomllib
     from unittest import mock
 
+    import yaml
     from sglang.srt.arg_groups import memory_hook
 
-    args = tomllib.loads(PROFILE.read_text())["args"]
+    args = yaml.safe_load(PROFILE.read_text())
     kw = {k.replace("-", "_"): v for k, v in args.items() if k not in NOT_SERVER_SHAPE and v is not False}
     kw.pop("tp_size")
     with mock.patch.object(memory_hook, "get_device_memory_capacity", lambda device=None: RTX_PRO_6000_MIB):

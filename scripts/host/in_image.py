@@ -1,0 +1,44 @@
+"""Run one of the serving image's verbs on this machine's GPUs: make test-serve (and any verb by hand).
+
+  python -m scripts.host.in_image [--image IMAGE] VERB [ARGS...]
+
+The docker run (scripts/host/docker_run.py: the GPUs, the host's IPC, bench/results mounted at /results, the HF
+cache, FlashInfer's cache, the CUDA/NCCL/SGLang variables by name) is printed first, then this process becomes it.
+Exit status: the verb's; 2 when the docker engine or the image is missing (named with the fix).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ..lib.cli import run
+from ..lib.errors import UserError
+from ..lib.repo import REPO_ROOT
+from ..series.pin import load_pin
+from .docker_run import docker_run, hf_cache_dir, shown
+from .engine import image_id
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="scripts.host.in_image", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--image", help="the image (default: the one make image builds)")
+    ap.add_argument("verb", help="test-serve, test-gpu, bench-comm, doctor, ...")
+    ap.add_argument("args", nargs=argparse.REMAINDER, help="the verb's arguments")
+    a = ap.parse_args(argv)
+    image = a.image or load_pin().serving_image
+    found, why = image_id(image)
+    if found is None:
+        raise UserError(f"{a.verb} runs in the serving image: {why}")
+    results = REPO_ROOT / "bench" / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    cmd = docker_run(image, [a.verb, *a.args], results=results, hf_cache=hf_cache_dir())
+    print(shown(cmd), file=sys.stderr, flush=True)
+    os.execvp(cmd[0], cmd)
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    run(main)
