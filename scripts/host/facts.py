@@ -8,6 +8,7 @@ import dataclasses
 import itertools
 import json
 import os
+import shlex
 import re
 import sys
 import xml.etree.ElementTree as ET
@@ -19,7 +20,7 @@ from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
 from ..series.sglang_pkg import find_sglang
 from . import nccl
-from .docker_run import docker_run, hf_cache_dir, shown
+from .docker_run import docker_run, hf_cache_dir
 from .engine import image_id
 from .exposure import SGLANG_DEFAULT_HOST
 
@@ -44,7 +45,7 @@ P2P_LEGEND = {"OK": "ok", "CNS": "chipset not supported", "GNS": "GPU not suppor
 
 def image_doctor(image: str) -> str:
     """The doctor in the image, with the GPUs, the host's IPC namespace and the caches mounted as serve mounts them."""
-    cmd = shown(docker_run(image, ["doctor"], hf_cache="HF_CACHE"))
+    cmd = shlex.join(docker_run(image, ["doctor"], hf_cache="HF_CACHE"))
     return cmd.replace("HF_CACHE:", '"${HF_HOME:-$HOME/.cache/huggingface}":')
 
 

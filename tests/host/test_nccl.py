@@ -115,6 +115,8 @@ import json, os, subprocess, sys
 argv = sys.argv[1:]
 with open({log!r}, "a") as f:
     f.write(json.dumps(argv) + "\\n")
+if argv[:1] == ["version"]:
+    sys.exit(print("28.2.2") or 0)
 if argv[:2] == ["image", "inspect"]:
     sys.exit(print("sha256:0123456789abcdef0123") or 0)
 i = argv.index({image!r})
