@@ -30,6 +30,11 @@ tar xzf .device/sglang.tgz -C /tmp/sgl-tree/python
 export PYTHONPATH=/tmp/sgl-tree/python:/tmp/site:$PWD/tests/gpu/standin PYTHONUNBUFFERED=1 SGLANG_TREE=/tmp/sgl-tree
 export FLASHINFER_WORKSPACE_BASE=/tmp/fiws SGLANG_JIT_CACHE_DIR=/tmp/sgljit TRITON_CACHE_DIR=/tmp/triton-cache
 export EAGLE_GIT_REV=${EAGLE_GIT_REV:-unknown}
+# the patched SGLang is a tree on PYTHONPATH here, without its console script (sglang.cli.main:main), which
+# test-serve's servers start by (SGLang's popen_launch_server runs `sglang serve`)
+mkdir -p /tmp/bin && export PATH=/tmp/bin:$PATH
+printf '#!/bin/sh\nexec python3 -c "import sys; from sglang.cli.main import main; sys.argv[0] = \x27sglang\x27; main()" "$@"\n' \
+  > /tmp/bin/sglang && chmod +x /tmp/bin/sglang
 [ -f .device/jit-cache.tgz ] && tar xzf .device/jit-cache.tgz -C /tmp
 [ -f .device/triton-cache.tgz ] && tar xzf .device/triton-cache.tgz -C /tmp
 echo "[device] unpacked in $(( $(date +%s) - t0 )) s"

@@ -13,8 +13,6 @@ import dataclasses
 import json
 import os
 import random
-import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -65,7 +63,6 @@ LENT_ENV = {"SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1", "SGLANG_FORCE_FUSED_OP_
             "SGLANG_IS_FLASHINFER_AVAILABLE": "false", "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": "python"}
 LENT_FLAGS = ("--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "xgrammar")
 LENT_PATHS = (HERE.parent / "standin", HERE / "plugin")
-SHIM = '#!/bin/sh\nexec "{}" -c "import sys; from sglang.cli.main import main; sys.argv[0] = \'sglang\'; main()" "$@"\n'
 
 
 def prompts(seed: int = 1, lens: tuple[int, ...] = (12, 40, 100)) -> list[list[int]]:
@@ -74,7 +71,7 @@ def prompts(seed: int = 1, lens: tuple[int, ...] = (12, 40, 100)) -> list[list[i
     return [[rng.randrange(len(SPECIALS), VOCAB) for _ in range(n)] for n in lens]
 
 
-def server_env(standins: bool, work: Path) -> tuple[dict, dict]:
+def server_env(standins: bool) -> tuple[dict, dict]:
     """(the servers' environment, the route values the environment already had and kept)."""
     env = dict(os.environ, SGLANG_RECORD_SPEC_COLLECTIVES="1")
     kept = {k: env[k] for k in LENT_ENV if standins and k in env and env[k] != LENT_ENV[k]}
@@ -83,11 +80,6 @@ def server_env(standins: bool, work: Path) -> tuple[dict, dict]:
         env.update({k: v for k, v in LENT_ENV.items() if k not in env})
         paths = [str(p) for p in LENT_PATHS]
     env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [os.environ.get("PYTHONPATH")] if p])
-    if shutil.which("sglang", path=env.get("PATH")) is None:  # a tree on PYTHONPATH has no console script
-        (work / "bin").mkdir(exist_ok=True)
-        (work / "bin" / "sglang").write_text(SHIM.format(sys.executable))
-        (work / "bin" / "sglang").chmod(0o755)
-        env["PATH"] = f"{work / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     return env, kept
 
 

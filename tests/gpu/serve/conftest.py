@@ -19,6 +19,7 @@ import io
 import json
 import os
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -62,6 +63,8 @@ def why_not(standins: bool) -> str:
         return f"cannot import sglang.test.test_utils ({e}): install the patched SGLang or put its tree on PYTHONPATH"
     if not standins and importlib.util.find_spec("sgl_kernel") is None:
         return "sgl_kernel cannot be imported, so no server can start: on a lent GPU machine add --standins"
+    if not shutil.which("sglang"):  # popen_launch_server runs `sglang serve`
+        return "no `sglang` command on PATH: install the patched SGLang (a tree on PYTHONPATH has no console script)"
     return ""
 
 
@@ -72,7 +75,7 @@ def server(request, tmp_path_factory):
     opt = request.config.getoption
     why = why_not(opt("--standins"))
     if why:
-        (pytest.fail if opt("--serve-out") else pytest.skip)(why)
+        pytest.fail(why, pytrace=False) if opt("--serve-out") else pytest.skip(why)
     import torch
 
     tiny_models, gpus = request.getfixturevalue("tiny_models"), torch.cuda.device_count()
@@ -87,7 +90,7 @@ def server(request, tmp_path_factory):
     if world > gpus or busy:
         pytest.fail(f"--serve-world {world}, but {gpus} GPU(s) are visible" if world > gpus else
                     f"port(s) {busy} in use: stop what listens there or pass --serve-port BASE")
-    env, kept = sv.server_env(opt("--standins"), work)
+    env, kept = sv.server_env(opt("--standins"))
     RUN.update(servers=servers, world=world, kept=kept, tmp=tmp_path_factory.getbasetemp(), t0=time.monotonic(),
                gpus=[torch.cuda.get_device_name(i) for i in range(gpus)])
     guard = {"EAGLE_SYNC_GUARD": str(work / sv.GUARD_FILE)}

@@ -4,8 +4,7 @@ never puts this directory on sys.path; tests/gpu/_harness.py appends it where `i
 test-serve's lent-GPU route (tests/gpu/serve/_servers.py LENT_PATHS) names it.
 
 `stand_in(__name__, ops)` in a package's __init__ makes it and every submodule importable. A name found in `ops`
-(by its last part) is that function; any other is a falsy placeholder that works in module-level code (as a
-decorator it returns the function; attribute chains, subscripts, type unions, base classes) and raises
+(by its last part) is that function; any other is a falsy placeholder (its attributes too) that raises
 NotImplementedError when called, so a kernel that would really run cannot pass on a fake.
 """
 
@@ -27,25 +26,9 @@ class Placeholder:
         return Placeholder(f"{self._name}.{attr}")
 
     def __call__(self, *args, **kwargs):
-        if len(args) == 1 and not kwargs and callable(args[0]) and not isinstance(args[0], Placeholder):
-            return args[0]  # used as a decorator
         raise NotImplementedError(f"{self._name} belongs to a package this machine lacks and this is an import-only "
                                   "stand-in (tests/gpu/standin): run where the real package is installed (the "
                                   "serving image)")
-
-    def __getitem__(self, key) -> "Placeholder":
-        return Placeholder(f"{self._name}[...]")
-
-    def __or__(self, other) -> "Placeholder":  # type unions in annotations: Float32 | None
-        return self
-
-    __ror__ = __or__
-
-    def __mro_entries__(self, bases):
-        return (object,)
-
-    def __iter__(self):
-        return iter(())
 
     def __bool__(self) -> bool:
         return False

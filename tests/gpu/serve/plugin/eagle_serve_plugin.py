@@ -1,6 +1,6 @@
 """test-serve's instrumentation, an SGLang general plugin (entry point group sglang.srt.plugins; SGLang loads it in
-every server process whose path has this directory: tests/gpu/serve/_servers.py puts it there). Each hook is off
-unless the server's environment asks for it:
+every server process whose path has this directory: tests/gpu/serve/_servers.py puts it there). Each hook acts
+only where its condition holds:
 
 keep_moe_dispatch (the lent-GPU route, SGLANG_FORCE_FUSED_OP_BACKEND set): the route runs the fused ops on their
   torch reference because sgl-kernel cannot load there; the unquantized fused MoE's reference copies expert counts
