@@ -58,7 +58,9 @@ import sys, time
 from flashinfer.jit.comm import gen_pcie_ipc_comm_module, gen_trtllm_comm_module
 from flashinfer.jit.norm import gen_norm_module
 from flashinfer.jit.sampling import gen_sampling_module
-gens = (gen_sampling_module,) + (() if sys.argv[1] else (gen_pcie_ipc_comm_module, gen_norm_module, gen_trtllm_comm_module))
+gens = [gen_sampling_module]
+if not sys.argv[1]:  # not --serve
+    gens += [gen_pcie_ipc_comm_module, gen_norm_module, gen_trtllm_comm_module]
 for gen in gens:
     t = time.time()
     gen().build()
@@ -70,9 +72,11 @@ rm -rf "$DEV/stage/fi" && mkdir -p "$DEV/stage/fi"
 python3 -m pip download -q --no-deps --only-binary=:all: -d "$DEV/stage" "flashinfer-python==$FI_VERSION"
 (cd "$DEV/stage/fi" && unzip -q ../flashinfer_python-$FI_VERSION-*.whl 'flashinfer/*.py' 'flashinfer/*.json' \
    'flashinfer/py.typed' 'flashinfer/data/include/*' 'flashinfer/data/spdlog/include/*' 2>/dev/null || true)
-# MoE kernel-selection tables (~16 MB) the comm, norm and sampling paths never read; the header directories SGLang's
-# JIT checks for (kernels/jit/utils/deps.py), which the sampling kernel does not include
-rm -rf "$DEV/stage/fi/flashinfer/fused_moe/backends/cudnn_frost/artifacts"
+# Not read on the device: MoE kernel-selection tables (~16 MB), the Python and JSON files of the kernel sources
+# (data/csrc, data/cutlass, data/cccl: the modules come compiled). SGLang's JIT checks that the header directories
+# exist (kernels/jit/utils/deps.py); the sampling kernel includes data/include only.
+rm -rf "$DEV/stage/fi/flashinfer/fused_moe/backends/cudnn_frost/artifacts" \
+  "$DEV"/stage/fi/flashinfer/data/{csrc,cutlass,cccl}
 mkdir -p "$DEV"/stage/fi/flashinfer/data/{csrc,cutlass/include,cutlass/tools/util/include}
 for so in $(find "$FIWS" -name '*.so' -path '*cached_ops*'); do
   n=$(basename "$so" .so); mkdir -p "$DEV/stage/fi/flashinfer/data/aot/$n"; cp "$so" "$DEV/stage/fi/flashinfer/data/aot/$n/"
@@ -81,4 +85,4 @@ tar czf "$DEV/flashinfer.tgz" -C "$DEV/stage/fi" flashinfer
 du -sh "$DEV"/*.tgz "$DEV/whl" | sed 's/^/[prepare] /'
 carry=$(for f in sglang.tgz flashinfer.tgz whl jit-cache.tgz triton-cache.tgz; do
   [ ! -e "$DEV/$f" ] || printf '"%s/%s", ' "$DEV" "$f"; done)
-echo "[prepare] done: carry [${carry%, }] in the device call (not $DEV/stage or $DEV/fiws), run bench/device/run.sh there"
+echo "[prepare] done: carry [${carry%, }] in the device call (not $DEV/stage, $DEV/fiws), run bench/device/run.sh"
