@@ -143,8 +143,10 @@ def pytest_sessionfinish(session):
                   lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]", text)
     logs = "".join(f"===== {n}: {' '.join(s.command)}\n{s.log.read_text(errors='replace') if s.log.is_file() else ''}"
                    for n, s in RUN["servers"].items())
-    for path, mask in ((RUN.get("tmp"), "<tmp>"), (sv.HERE.parents[2], "<repo>"), (sys.prefix, "<python>")):
-        text, logs = (t.replace(str(path), mask) if path else t for t in (text, logs))
+    masks = {str(p): m for p, m in ((Path.home(), "~"), (sys.prefix, "<python>"), (sv.HERE.parents[2], "<repo>"),
+                                    (out.parent.resolve(), "<results>"), (RUN.get("tmp"), "<tmp>")) if p}
+    for path in sorted(masks, key=len, reverse=True):  # no path of the machine that ran it
+        text, logs = text.replace(path, masks[path]), logs.replace(path, masks[path])
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text + "\n")
     out.with_suffix(".log").write_text(logs)
