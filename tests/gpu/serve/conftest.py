@@ -175,7 +175,7 @@ def document(config) -> dict:
                                         for n, s in RUN["servers"].items()},
            "route_env": sv.LENT_ENV if standins else {}, "kept_env": RUN.get("kept", {}), "proxy": None}
     if standins and RUN["gpus"]:
-        doc["proxy"] = (f"proxy: torch {versions['torch']}, stand-ins sgl_kernel, cutlass, flash_mla, "
+        doc["proxy"] = (f"proxy: torch {versions['torch']}, stand-ins sgl_kernel, flash_mla, "
                         f"{' '.join(sv.LENT_FLAGS)}; {RUN['gpus'][0]} x{RUN['world']} at TP{RUN['world']}, not the "
                         f"box's SM120 GPUs, kernels or collectives")
     return doc
