@@ -5,7 +5,8 @@
 #   bench/device/run.sh both [ARGS]         both, test-gpu first
 #   bench/device/run.sh pytest [ARGS]       pytest tests/gpu ARGS directly (a subset, e.g. -k faults)
 #   bench/device/run.sh test-serve [ARGS]   make test-serve on its lent-GPU route: pytest tests/gpu/serve --standins
-#                                           ARGS -> $OUT/test-serve.json (+ .log: the servers' logs, paths masked)
+#                                           ARGS -> $OUT/test-serve.json (+ .log: the servers' logs, paths masked),
+#                                           interrupted after SERVE_BUDGET seconds (default 480)
 #   bench/device/run.sh bench-tiny [ARGS]   the real make bench once, on the tiny models (bench/device/tiny-*.toml:
 #                                           local launcher, no docker) -> $OUT/bench-tiny.tgz (results, report, logs)
 #   bench/device/run.sh serve-all [ARGS]    test-serve (ARGS go to it) and bench-tiny at the same time, the bench
@@ -45,10 +46,10 @@ case $what in test-gpu|both|bench-comm|pytest)
 python3 -c "import torch, sglang; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version(), 'gpus',
   torch.cuda.device_count(), 'sglang', sglang.__file__)"
 
-test_serve() {
+test_serve() {  # interrupted after SERVE_BUDGET seconds (default 480): it still stops its servers and writes
   local rc=0
-  python3 -m pytest -v -p no:cacheprovider tests/gpu/serve --standins --serve-out "$OUT/test-serve.json" "$@" 2>&1 \
-    | tee "$OUT/test-serve.run.log" || rc=$?
+  timeout --signal=INT --kill-after=60 "${SERVE_BUDGET:-480}" python3 -m pytest -v -p no:cacheprovider tests/gpu/serve \
+    --standins --serve-out "$OUT/test-serve.json" "$@" 2>&1 | tee "$OUT/test-serve.run.log" || rc=$?
   return $rc
 }
 bench_tiny() {  # A/B/A of the tiny pair without and with EAGLE-3: the route's env and flags from test-serve's LENT_*

@@ -129,6 +129,7 @@ def pytest_runtest_makereport(item, call):
     return report
 
 
+@pytest.hookimpl(trylast=True)  # after pytest's own teardown (an interrupted run stops its servers there)
 def pytest_sessionfinish(session):
     out = session.config.getoption("--serve-out")
     if out is None and not RUN["servers"]:
