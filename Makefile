@@ -44,7 +44,7 @@ help:            ## list targets and the variables they take
 #:   SERVE_ARGS="..."         serve: its options (--dry-run, --draft-model D, --host 0.0.0.0 --api-key-file F, -- ARGS)
 #:   BENCH_ARGS="..."         bench, bench-sweep, bench-comm: their options (make bench BENCH_ARGS=--dry-run)
 #:   TEST_GPU_ARGS="..."      test-gpu: its options (e.g. -- -k faults)
-#:   TEST_SERVE_ARGS="..."    test-serve: its options (e.g. --phases ..., --world N)
+#:   TEST_SERVE_ARGS="..."    test-serve: pytest options for tests/gpu/serve (e.g. -k client, --serve-world 2)
 #:   REPORT_ARGS="..."        report: its options (--dry-run, --redo PART, --nccl-image IMAGE, -- BENCH_ARGS)
 #:   RECEIPT=FILE             docs: ingest this receipt (.tar.gz or directory) only
 #:   PYTEST_ARGS="..."        test: pytest options
@@ -81,8 +81,8 @@ test: setup apply  ## the whole check: pytest against build/sglang, series round
 test-gpu:        ## the patched collectives, fused op and decisions on >= 2 GPUs, in the image -> bench/results
 	$(PY) -m scripts.host.gpu_tier $(if $(IMAGE),--image $(IMAGE)) $(TEST_GPU_ARGS)
 
-test-serve:      ## the patched server with EAGLE-3 on generated tiny models, on the GPUs (here or in IMAGE) -> bench/results
-	$(PY) -m scripts.host.serve_tier $(if $(IMAGE),--image $(IMAGE)) $(TEST_SERVE_ARGS)
+test-serve:      ## the patched server with EAGLE-3 on generated tiny models, in IMAGE on this machine's GPUs -> bench/results
+	$(PY) -m scripts.host.in_image $(if $(IMAGE),--image $(IMAGE)) test-serve $(TEST_SERVE_ARGS)
 
 prove-tests: setup apply  ## show that every patch test fails on the unpatched base tree
 	$(VPY) -m scripts.series.prove_tests

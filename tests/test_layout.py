@@ -63,7 +63,7 @@ def test_the_three_families_and_their_verbs():
     verbs = {v.split(".", 1)[1] for v in VERBS}
     assert verbs == {"series.apply", "series.export", "series.check_patches", "series.refresh", "series.prove_tests",
                      "host.doctor", "host.serve", "host.smoke", "host.image", "host.gpu_tier",
-                     "host.image_test", "host.in_image", "host.serve_tier",
+                     "host.image_test", "host.in_image",
                      "bench.bench", "bench.bench_comm", "bench.cost_model", "bench.receipt"}
     assert not [n for n in VERBS if n.startswith("scripts.lib")]
 
@@ -147,11 +147,10 @@ def test_nothing_names_a_path_outside_the_repository():
 
 
 def test_the_image_verbs_need_nothing_the_upstream_image_lacks():
-    """serve, doctor, smoke, gpu_tier, serve_tier, bench_comm, image and apply run on the upstream image's
-    python3, which has no tomlkit:
-    they import (and apply --help runs) with it blocked."""
+    """serve, doctor, smoke, gpu_tier, in_image, bench_comm, image and apply run on the upstream image's python3,
+    which has no tomlkit: they import (and apply --help runs) with it blocked."""
     verbs = ["scripts.host.serve", "scripts.host.doctor", "scripts.host.smoke", "scripts.host.gpu_tier",
-             "scripts.host.serve_tier", "scripts.bench.bench_comm", "scripts.host.image", "scripts.series.apply"]
+             "scripts.host.in_image", "scripts.bench.bench_comm", "scripts.host.image", "scripts.series.apply"]
     code = ("import sys, importlib; sys.modules['tomlkit'] = None; "
             f"[importlib.import_module(m) for m in {verbs!r}]; "
             "from scripts.series.apply import main; main(['--help'])")

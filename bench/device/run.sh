@@ -4,14 +4,16 @@
 #   bench/device/run.sh bench-comm [ARGS]   bench-comm -> $OUT/bench-comm.json (+ .log)
 #   bench/device/run.sh both [ARGS]         both, test-gpu first
 #   bench/device/run.sh pytest [ARGS]       pytest tests/gpu ARGS directly (a subset, e.g. -k faults)
-#   bench/device/run.sh test-serve [ARGS]   make test-serve on its lent-GPU route (--standins) -> $OUT/test-serve.json
-#                                           (+ .log: the servers' logs, paths masked)
+#   bench/device/run.sh test-serve [ARGS]   make test-serve on its lent-GPU route: pytest tests/gpu/serve --standins
+#                                           ARGS -> $OUT/test-serve.json (+ .log: the servers' logs, paths masked),
+#                                           interrupted after SERVE_BUDGET seconds (default 480)
 #   bench/device/run.sh bench-tiny [ARGS]   the real make bench once, on the tiny models (bench/device/tiny-*.toml:
 #                                           local launcher, no docker) -> $OUT/bench-tiny.tgz (results, report, logs)
 #   bench/device/run.sh serve-all [ARGS]    test-serve (ARGS go to it) and bench-tiny at the same time, the bench
 #                                           within DEADLINE seconds of the start (default 360)
 # The machine has python3 with CUDA torch 2.11 and no network: the patched SGLang, FlashInfer (with its modules
-# compiled ahead by prepare.sh; not needed by test-serve and bench-tiny) and the missing wheels come from .device/;
+# compiled ahead by prepare.sh; test-serve's sampled verify needs its sampling module) and the missing wheels come
+# from .device/;
 # sgl-kernel is not carried (built for another torch): tests/gpu/standin stands in for its imports. NVLink multicast
 # stays off (the machines' rule: NCCL_NVLS_ENABLE=0 and friends are kept as the machine sets them). SGLang's JIT and
 # Triton caches come from .device/{jit,triton}-cache.tgz when present and go back as $OUT/{jit,triton}-cache.tgz.
@@ -29,6 +31,11 @@ tar xzf .device/sglang.tgz -C /tmp/sgl-tree/python
 export PYTHONPATH=/tmp/sgl-tree/python:/tmp/site:$PWD/tests/gpu/standin PYTHONUNBUFFERED=1 SGLANG_TREE=/tmp/sgl-tree
 export FLASHINFER_WORKSPACE_BASE=/tmp/fiws SGLANG_JIT_CACHE_DIR=/tmp/sgljit TRITON_CACHE_DIR=/tmp/triton-cache
 export EAGLE_GIT_REV=${EAGLE_GIT_REV:-unknown}
+# the patched SGLang is a tree on PYTHONPATH here, without its console script (sglang.cli.main:main), which
+# test-serve's servers start by (SGLang's popen_launch_server runs `sglang serve`)
+mkdir -p /tmp/bin && export PATH=/tmp/bin:$PATH
+printf '#!/bin/sh\nexec python3 -c "import sys; from sglang.cli.main import main; sys.argv[0] = \x27sglang\x27; main()" "$@"\n' \
+  > /tmp/bin/sglang && chmod +x /tmp/bin/sglang
 [ -f .device/jit-cache.tgz ] && tar xzf .device/jit-cache.tgz -C /tmp
 [ -f .device/triton-cache.tgz ] && tar xzf .device/triton-cache.tgz -C /tmp
 echo "[device] unpacked in $(( $(date +%s) - t0 )) s"
@@ -39,22 +46,20 @@ case $what in test-gpu|both|bench-comm|pytest)
 python3 -c "import torch, sglang; print('torch', torch.__version__, 'nccl', torch.cuda.nccl.version(), 'gpus',
   torch.cuda.device_count(), 'sglang', sglang.__file__)"
 
-test_serve() {  # the tier's own models and logs live in a temporary directory it removes once it has written
+test_serve() {  # interrupted after SERVE_BUDGET seconds (default 480): it still stops its servers and writes
   local rc=0
-  python3 -m scripts.host.serve_tier --standins --out "$OUT/test-serve.json" "$@" 2>&1 \
-    | tee "$OUT/test-serve.run.log" \
-    || rc=$?
-  [ -f "$OUT/test-serve.json" ] || tar czf "$OUT/test-serve-raw.tgz" -C /tmp $(cd /tmp && ls -d eagle-test-serve-*) || true
+  timeout --signal=INT --kill-after=60 "${SERVE_BUDGET:-480}" python3 -m pytest -v -p no:cacheprovider tests/gpu/serve \
+    --standins --serve-out "$OUT/test-serve.json" "$@" 2>&1 | tee "$OUT/test-serve.run.log" || rc=$?
   return $rc
 }
-bench_tiny() {  # A/B/A of the tiny pair without and with EAGLE-3: the route's env and flags from serve_plan.LENT
+bench_tiny() {  # A/B/A of the tiny pair without and with EAGLE-3: the route's env and flags from test-serve's LENT_*
   local models=/tmp/tiny-models res=/tmp/bench-tiny
-  python3 -c "import sys; from pathlib import Path; from scripts.host.tiny_models import write_pair
-write_pair(Path(sys.argv[1]), 'llama')" $models
-  eval "$(python3 -c "import shlex; from scripts.host.serve_plan import LENT
-print('export ' + ' '.join(f'{k}={shlex.quote(v)}' for k, v in LENT.env))
-print('export PYTHONPATH=' + ':'.join(map(str, LENT.paths)) + ':\$PYTHONPATH')
-print('ROUTE_FLAGS=' + shlex.quote(shlex.join(LENT.flags)))")"
+  eval "$(PYTHONPATH=tests/gpu/serve:$PYTHONPATH python3 -c "import shlex, sys; from pathlib import Path
+from _servers import LENT_ENV, LENT_FLAGS, LENT_PATHS; from tiny_models import write_pair
+write_pair(Path(sys.argv[1]), 'llama')
+print('export ' + ' '.join(f'{k}={shlex.quote(v)}' for k, v in LENT_ENV.items()))
+print('export PYTHONPATH=' + ':'.join(map(str, LENT_PATHS)) + ':\$PYTHONPATH')
+print('ROUTE_FLAGS=' + shlex.quote(shlex.join(LENT_FLAGS)))" $models)"
   rm -rf $res && mkdir -p $res
   [ "${BENCH_BUDGET:-3600}" -gt 60 ] || { echo "[device] bench-tiny: no time left (${BENCH_BUDGET} s)"; return 1; }
   timeout --signal=INT --kill-after=20 "${BENCH_BUDGET:-3600}" python3 -m scripts.bench.bench \
@@ -85,9 +90,9 @@ fi
 [ "$what" = test-serve ] && { test_serve "$@" || rc=$?; }
 [ "$what" = bench-tiny ] && { bench_tiny "$@" || rc=$?; }
 if [ "$what" = serve-all ]; then
-  # both at once on the one GPU (one device call): the tier's servers and the tiny bench's share it, so their
-  # timings are each other's load as well (both are proxies; the tier's verify-graph vs eager rounds alternate, the
-  # bench's A/B/A too). The bench gets DEADLINE seconds (default 360) less 30 for the caches, then an interrupt (it
+  # both at once on the one GPU (one device call): test-serve's servers and the tiny bench's share it, so their
+  # timings are each other's load as well (both are proxies; test-serve's verify-graph vs eager rounds alternate,
+  # the bench's A/B/A too). The bench gets DEADLINE seconds (default 360) less 30 for the caches, then an interrupt (it
   # stops its server and keeps the runs it finished).
   test_serve "$@" & tier=$!
   BENCH_BUDGET=$(( ${DEADLINE:-360} - ($(date +%s) - t0) - 30 )) bench_tiny || rc=$?

@@ -25,6 +25,7 @@ from _harness import gpu_count
 
 _RECORDS: dict = {}
 _TESTS: list = []
+collect_ignore = ["serve"] if os.environ.get("EAGLE_GPU_RESULTS") else []  # test-serve's suite is make test-serve's
 
 
 def _env_int(name: str) -> int | None:

@@ -1,4 +1,4 @@
-"""Tiny generated models for `make test-serve`: target + EAGLE-3 drafter pairs SGLang loads with its own loaders.
+"""Tiny generated models for test-serve: target + EAGLE-3 drafter pairs SGLang loads with its own loaders.
 
 Every target is built so that its greedy next token is a fixed permutation `chain` of the current token, with a
 clear logit margin (the residual stream is dominated by the token embedding: embeddings are random unit rows
@@ -27,6 +27,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+
 VOCAB = 2048
 WIDTH = 512  # hidden size of every tiny model
 SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")  # ids 0..3, fixed points of the chain
@@ -36,12 +38,6 @@ CHAIN_FILE = "chain.json"
 # MLA per-head dims of DeepSeek-V3 / Kimi-K2.5 (SGLang's triton MLA decode kernel takes kv_lora + rope = 576)
 MLA = {"q_lora_rank": 128, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
 HEADS, HEAD_DIM, INTER = 8, 64, 1408
-
-
-def _torch():
-    import torch
-
-    return torch
 
 
 def write_tokenizer(d: Path) -> None:
@@ -62,7 +58,6 @@ def write_tokenizer(d: Path) -> None:
 
 def make_chain(g) -> tuple[list[int], object]:
     """(chain, chain^-1): one cycle over the non-special ids; the specials map to themselves."""
-    torch = _torch()
     n = len(SPECIALS)
     order = torch.randperm(VOCAB - n, generator=g) + n
     nxt = torch.arange(VOCAB)
@@ -74,14 +69,13 @@ def make_chain(g) -> tuple[list[int], object]:
 
 def _orthonormal_rows(g, rows: int, cols: int):
     """rows x cols with orthonormal rows (rows <= cols)."""
-    q, _ = _torch().linalg.qr(_torch().randn(cols, rows, generator=g))
+    q, _ = torch.linalg.qr(torch.randn(cols, rows, generator=g))
     return q.T.contiguous()
 
 
 def _save(d: Path, weights: dict, config: dict) -> None:
     from safetensors.torch import save_file
 
-    torch = _torch()
     keep_fp32 = ("e_score_correction_bias",)  # as HF DeepSeek-V3 checkpoints store it
     out = {k: (t.to(torch.bfloat16) if t.is_floating_point() and not k.endswith(keep_fp32) else t).contiguous()
            for k, t in weights.items()}
@@ -97,7 +91,6 @@ def _common(extra: dict) -> dict:
 
 def _readout(g, inv) -> tuple[object, dict]:
     """Unit embedding rows U, and the embedding / lm_head / final norm every target shares."""
-    torch = _torch()
     u = torch.randn(VOCAB, WIDTH, generator=g)
     u = u / u.norm(dim=1, keepdim=True)
     return u, {"model.embed_tokens.weight": u * WIDTH ** 0.5, "lm_head.weight": 0.5 * u[inv],
@@ -105,7 +98,6 @@ def _readout(g, inv) -> tuple[object, dict]:
 
 
 def llama_target(g, inv, out_std: float = 0.004) -> tuple[object, dict, dict]:
-    torch = _torch()
     u, w = _readout(g, inv)
     layers = 4
     for i in range(layers):
@@ -127,7 +119,6 @@ def llama_target(g, inv, out_std: float = 0.004) -> tuple[object, dict, dict]:
 
 def kimi_target(g, inv, out_std: float = 0.02) -> tuple[object, dict, dict]:
     """Kimi-K2.5's text model (DeepseekV3ForCausalLM, model_type kimi_k2) at hidden 512, 3 layers."""
-    torch = _torch()
     u, w = _readout(g, inv)
     layers, experts, moe_inter, nh = 3, 16, 256, HEADS
     qr, kvr, nope, rope, vd = (MLA[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
@@ -183,14 +174,12 @@ def _eagle_config(extra: dict) -> dict:
 
 def _pi_tail(u, inv, s_draft: float = 40.0, w_final: float = 0.01) -> dict:
     """fc = 0, the chain readout over the whole vocabulary (d2t = 0), a tiny final norm (with norm_output)."""
-    torch = _torch()
     return {"fc.weight": torch.zeros(WIDTH, len(AUX_LAYERS) * WIDTH), "norm.weight": torch.full((WIDTH,), w_final),
             "lm_head.weight": s_draft * u[inv], "d2t": torch.zeros(VOCAB, dtype=torch.int64),
             "t2d": torch.ones(VOCAB, dtype=torch.bool)}
 
 
 def _dense_mlp(g, p: str) -> dict:
-    torch = _torch()
     return {p + "mlp.gate_proj.weight": torch.randn(INTER, WIDTH, generator=g) * 0.02,
             p + "mlp.up_proj.weight": torch.randn(INTER, WIDTH, generator=g) * 0.02,
             p + "mlp.down_proj.weight": torch.zeros(WIDTH, INTER),
@@ -200,7 +189,6 @@ def _dense_mlp(g, p: str) -> dict:
 
 def llama_pi_drafter(g, u, inv, beta: float = 4.0) -> tuple[dict, dict]:
     """LlamaForCausalLMEagle3 proposing chain(token): q_h = k_h = beta * P_h n(embed), v = n(embed), o = I."""
-    torch = _torch()
     proj = torch.cat([_orthonormal_rows(g, HEAD_DIM, WIDTH) for _ in range(HEADS)])  # [H, H]
     zero = torch.zeros(WIDTH, WIDTH)
     qk = torch.cat([beta * proj, zero], 1)  # reads the embedding half of [embed, hidden]
@@ -214,7 +202,6 @@ def llama_pi_drafter(g, u, inv, beta: float = 4.0) -> tuple[dict, dict]:
 
 
 def llama_random_drafter(g) -> tuple[dict, dict]:
-    torch = _torch()
     dv = VOCAB // 2
     p = "midlayer."
     w = {"fc.weight": torch.randn(WIDTH, len(AUX_LAYERS) * WIDTH, generator=g) * 0.02,
@@ -234,7 +221,6 @@ def mla_pi_drafter(g, u, inv, beta: float = 2.0) -> tuple[dict, dict]:
     is n(embed); q_a and every head's k_nope read one random 128-dim projection P of it (q_b / kv_b rotate it by
     an orthonormal R_h, scaled by beta), rope parts are zero; head h's v takes latent dims [64h, 64h+64) and o_proj
     puts them back, so attention on the token's own position returns n(embed)."""
-    torch = _torch()
     qr, kvr, nope, rope, vd = (MLA[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
                                                  "qk_rope_head_dim", "v_head_dim"))
     proj = _orthonormal_rows(g, qr, WIDTH)  # P: [q_lora, H]
@@ -261,11 +247,8 @@ def mla_pi_drafter(g, u, inv, beta: float = 2.0) -> tuple[dict, dict]:
                              "num_key_value_heads": HEADS, **MLA, "norm_output": True})
 
 
-def write_pair(out: Path, pair: str, seed: int = 0) -> dict:
-    """out/<pair>/{target, draft-*}/ and out/<pair>/chain.json; returns what was written."""
-    torch = _torch()
-    if pair not in PAIRS:
-        raise ValueError(f"unknown pair {pair!r}; known: {', '.join(PAIRS)}")
+def write_pair(out: Path, pair: str, seed: int = 0) -> None:
+    """out/<pair>/{target, draft-*}/ and out/<pair>/chain.json (pair: PAIRS)."""
     g = torch.Generator().manual_seed(seed)
     chain, inv = make_chain(g)
     base = Path(out) / pair
@@ -279,8 +262,6 @@ def write_pair(out: Path, pair: str, seed: int = 0) -> dict:
     for name, (w, cfg) in drafters.items():
         _save(base / name, w, cfg)
     (base / CHAIN_FILE).write_text(json.dumps({"next": chain, "specials": len(SPECIALS)}) + "\n")
-    return {"pair": pair, "dir": str(base), "target": tcfg["architectures"][0],
-            "drafters": {n: c["architectures"][0] for n, (_, c) in drafters.items()}}
 
 
 def load_chain(pair_dir: Path) -> list[int]:

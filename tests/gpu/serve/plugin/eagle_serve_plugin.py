@@ -1,0 +1,89 @@
+"""test-serve's instrumentation, an SGLang general plugin (entry point group sglang.srt.plugins; SGLang loads it in
+every server process whose path has this directory: tests/gpu/serve/_servers.py puts it there). Each hook acts
+only where its condition holds:
+
+keep_moe_dispatch (the lent-GPU route, SGLANG_FORCE_FUSED_OP_BACKEND set): the route runs the fused ops on their
+  torch reference because sgl-kernel cannot load there; the unquantized fused MoE's reference copies expert counts
+  to the host (moe_forward_native: tokens_per_expert.cpu()), which CUDA graph capture refuses, so that one op keeps
+  the dispatch it has without the switch (forward_cuda: SGLang's Triton fused MoE).
+no_dual_gemm (no nvidia-cutlass-dsl, as on the lent GPUs): SGLang's Llama MLP imports its SM100 CuTe-DSL dual GEMM
+  module to choose it, and below SM100 never does; without the package nothing is chosen, and nothing imported.
+sync_guard (EAGLE_SYNC_GUARD=FILE): every speculative decode cycle (EAGLEWorkerV2.forward_batch_generation) runs
+  under torch.cuda.set_sync_debug_mode("warn"), except the first SKIP of each kind of batch (greedy or not, top-p,
+  top-k, min-p: a first call may compile or allocate); each guarded cycle appends one JSON line to FILE:
+  {"cycle", "greedy", "syncs": [{"at", "stack"}]}, each synchronisation with where it happened.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import traceback
+import warnings
+
+KEEP_DISPATCH = ("UnquantizedFusedMoEMethod",)
+GUARDED = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation"
+DUAL_GEMM = "sglang.srt.layers.dual_gemm.DualGemm._select_mode"
+SKIP = 8
+KIND = ("is_all_greedy", "need_top_p_sampling", "need_top_k_sampling", "need_min_p_sampling")
+_cycles: dict = {}
+
+
+def install() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    if os.environ.get("SGLANG_FORCE_FUSED_OP_BACKEND"):
+        keep_moe_dispatch()
+    if importlib.util.find_spec("cutlass") is None:
+        HookRegistry.register(DUAL_GEMM, lambda original, *args, **kwargs: None, HookType.AROUND)
+    if os.environ.get("EAGLE_SYNC_GUARD"):
+        HookRegistry.register(GUARDED, sync_guard, HookType.AROUND)
+
+
+def keep_moe_dispatch() -> None:
+    from sglang.kernels.fused_op import BaseFusedOp
+
+    forward = BaseFusedOp.forward
+    if getattr(forward, "eagle_keeps_dispatch", False):
+        return
+
+    def keep_dispatch(self, *args, backend=None, **kwargs):
+        if backend is None and type(self).__name__ in KEEP_DISPATCH:
+            if self._forward_method is None:
+                self._forward_method = self._resolve_forward_method()
+            return self._forward_method(*args, **kwargs)
+        return forward(self, *args, backend=backend, **kwargs)
+
+    keep_dispatch.eagle_keeps_dispatch = True
+    BaseFusedOp.forward = keep_dispatch
+
+
+def sync_guard(original, self, batch, *args, **kwargs):
+    mode, info = getattr(batch, "forward_mode", None), getattr(batch, "sampling_info", None)
+    kind = tuple(getattr(info, k, None) for k in KIND)
+    decode = mode is not None and mode.is_decode()
+    if decode:
+        _cycles[kind] = _cycles.get(kind, 0) + 1
+    if not decode or _cycles[kind] <= SKIP:
+        return original(self, batch, *args, **kwargs)
+    import torch
+
+    syncs = []
+
+    def seen(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" in str(message):
+            stack = traceback.extract_stack()[:-1]
+            syncs.append({"at": f"{filename}:{lineno}", "stack": [f"{f.filename}:{f.lineno} {f.name}"
+                                                                   for f in stack if "sglang" in f.filename][-8:]})
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = seen
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            return original(self, batch, *args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+            with open(os.environ["EAGLE_SYNC_GUARD"], "a") as f:
+                f.write(json.dumps({"cycle": sum(_cycles.values()), "greedy": kind[0], "syncs": syncs}) + "\n")

@@ -1,0 +1,63 @@
+"""Sampled requests with EAGLE-3 (temperature > 0, top-p, top-k, seeds, n > 1) on a server whose drafter is always
+right (llama-sampled): each completes with accept length above 1 (the tiny target puts ~97% of its probability on
+the chain's token) and the server stays up. The same server runs under the sync guard (plugin/): no speculative
+decode cycle after warm-up, greedy or sampled, makes a host synchronisation."""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures as cf
+import json
+
+import pytest
+
+import _servers as sv
+from tiny_models import VOCAB, greedy_chain, load_chain
+
+PHASE = "sampled"
+N = 48
+SAMPLED = {"temperature": {"temperature": 0.8}, "top-p": {"temperature": 1.0, "top_p": 0.9},
+           "top-k": {"temperature": 0.8, "top_k": 20}, "min-p": {"temperature": 0.7, "top_p": 0.95, "min_p": 0.05},
+           "seed": {"temperature": 0.8, "sampling_seed": 1234}, "n-3": {"temperature": 0.8, "n": 3}}
+
+
+@pytest.fixture(scope="module")
+def guarded(server):
+    return server(sv.GUARDED)
+
+
+def check(result: dict | list) -> list[float]:
+    """Each output has N ids of the vocabulary; their accept lengths."""
+    outs = result if isinstance(result, list) else [result]
+    assert all(len(o["output_ids"]) == N and all(0 <= t < VOCAB for t in o["output_ids"]) for o in outs), outs
+    return [o["meta_info"]["spec_accept_length"] for o in outs]
+
+
+def test_greedy_requests_on_the_guarded_server_follow_the_chain(guarded, tiny_models):
+    chain = load_chain(tiny_models / "llama")
+    for p in sv.prompts()[:2]:  # also the guard's warm-up: 16 decode cycles each
+        assert guarded.generate(p, 64)["output_ids"] == greedy_chain(chain, p, 64)
+
+
+@pytest.mark.parametrize("kind", list(SAMPLED))
+def test_a_sampled_request_completes_with_accept_length_above_1(guarded, kind, record_property):
+    lengths = check(guarded.generate(sv.prompts()[2], N, **SAMPLED[kind]))
+    record_property("detail", f"spec_accept_length {lengths}")
+    assert len(lengths) == SAMPLED[kind].get("n", 1) and min(lengths) > 1
+
+
+def test_sampled_and_greedy_requests_at_once_complete_and_the_server_stays_up(guarded):
+    kinds = [*SAMPLED.values(), {}] * 2
+    with cf.ThreadPoolExecutor(len(kinds)) as ex:
+        results = list(ex.map(lambda k: guarded.generate(sv.prompts()[0], N, **k), kinds))
+    assert all(min(check(r)) > 1 for r in results) and guarded.healthy()
+
+
+def test_the_speculative_cycle_makes_no_host_synchronisation(guarded, record_property):
+    cycles = [json.loads(ln) for ln in (guarded.log.parent / sv.GUARD_FILE).read_text().splitlines()]
+    syncs = [s for c in cycles for s in c["syncs"]]
+    where = collections.Counter(s["at"] for s in syncs)
+    record_property("detail", f"{len(cycles)} guarded cycles ({sum(not c['greedy'] for c in cycles)} sampled), "
+                              f"{len(syncs)} synchronisations: {dict(where)}")
+    assert {c["greedy"] for c in cycles} == {True, False}, "the guard saw no greedy or no sampled cycle"
+    assert not syncs, f"host synchronisation in the cycle at {dict(where)}; first: {syncs[0]['stack']}"

@@ -1,0 +1,154 @@
+"""What the series promises a speculative server, each phase over one workload: 3 fixed prompts x 128 greedy tokens
+one after another and all at once (and a burst above the captured batch size for llama-cap), then /server_info and
+/metrics. The expected log lines are the patched SGLang's own messages (patches/ spec-*)."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import re
+import statistics
+import time
+
+import pytest
+
+import _servers as sv
+from tiny_models import greedy_chain, load_chain
+
+PHASE = "timing"  # of the test without a phase parameter
+MAX_NEW, BURST, TIMED_TOKENS = 128, 64, 256
+SPEC = [n for n, p in sv.PHASES.items() if p.reference]
+NOSPEC = sorted({sv.PHASES[n].reference for n in SPEC})
+ON_GRAPH = [n for n in SPEC if n != "llama-eager"]
+STAGES = ("target_verify", "draft_decode", "draft_extend")
+EAGER_START = "runs with the target's decode CUDA graphs disabled (--disable-decode-cuda-graph)"
+EAGER_FORWARD = re.compile(r"Speculative (\w+) forward \(bs=\d+\) ran eagerly, not on its CUDA graph, reason=(\w+)")
+
+
+def workload(s: sv.Server) -> None:
+    prompts = sv.prompts()
+    seq = [s.generate(p, MAX_NEW) for p in prompts]
+    with cf.ThreadPoolExecutor(len(prompts)) as ex:
+        conc = list(ex.map(lambda p: s.generate(p, MAX_NEW), prompts))
+    s.report["outputs"] = {"seq": [r["output_ids"] for r in seq], "conc": [r["output_ids"] for r in conc]}
+    s.report["meta"] = [{k: r["meta_info"].get(k) for k in ("completion_tokens", "spec_accept_length")} for r in seq]
+    if "--max-running-requests" in s.phase.flags:
+        with cf.ThreadPoolExecutor(sv.CAP) as ex:
+            burst = list(ex.map(lambda i: s.generate(prompts[i % 3], BURST), range(sv.CAP)))
+        s.report["burst"] = {"requests": sv.CAP, "completed": sum(len(r["output_ids"]) == BURST for r in burst)}
+    s.snapshot()
+
+
+@pytest.fixture(scope="module")
+def served(server):
+    """served(phase) -> what its server reported after its workload (every phase's at once, on first use)."""
+    errors = {}
+
+    def run(name):
+        try:
+            workload(server(name))
+        except Exception as e:  # noqa: BLE001 - the phase's tests fail with it
+            errors[name] = f"{name}'s workload failed: {type(e).__name__}: {e}"
+
+    with cf.ThreadPoolExecutor(len(SPEC) + len(NOSPEC)) as ex:
+        list(ex.map(run, SPEC + NOSPEC))
+
+    def get(name):
+        assert name not in errors, errors[name]
+        return server(name).report
+    return get
+
+
+def stage(r: dict, name: str) -> dict:
+    return (r["spec"].get("spec_cuda_graph") or {}).get(name) or {}
+
+
+def nonzero(counts: dict) -> dict:
+    return {st: {k: v for k, v in c.items() if v} for st, c in counts.items() if any(c.values())}
+
+
+@pytest.mark.parametrize("phase", list(sv.PHASES))
+def test_the_server_starts_and_answers(server, phase, record_property):
+    record_property("detail", f"ready in {server(phase).report['ready_s']} s")
+
+
+@pytest.mark.parametrize("phase", NOSPEC)
+def test_greedy_output_follows_the_targets_chain(served, tiny_models, phase):
+    chain = load_chain(tiny_models / sv.PHASES[phase].pair)
+    want = [greedy_chain(chain, p, MAX_NEW) for p in sv.prompts()]
+    assert served(phase)["outputs"] == {"seq": want, "conc": want}
+
+
+@pytest.mark.parametrize("phase", SPEC)
+def test_greedy_output_equals_the_reference_token_for_token(served, phase):
+    got, want = served(phase)["outputs"], served(sv.PHASES[phase].reference)["outputs"]
+    for step in ("seq", "conc"):
+        for i, (a, b) in enumerate(zip(got[step], want[step])):
+            k = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
+            assert a == b, f"{step}: prompt {i} first differs at token {k} ({len(a)} vs {len(b)} tokens)"
+
+
+@pytest.mark.parametrize("phase", ON_GRAPH)
+def test_every_speculative_stage_runs_on_its_cuda_graph(served, phase, record_property):
+    r = served(phase)
+    record_property("detail", str({st: stage(r, st) for st in STAGES}))
+    for st in STAGES:
+        c = stage(r, st)
+        assert c.get("graph", 0) > 0 and not c.get("eager") and not c.get("piecewise"), f"{st}: {c}"
+
+
+@pytest.mark.parametrize("phase", SPEC)
+def test_the_metric_counts_equal_server_info(served, phase):
+    r = served(phase)
+    info, metric = nonzero(r["spec"].get("spec_cuda_graph") or {}), nonzero(r["metric"] or {})
+    assert info and info == metric, f"/server_info {info}, sglang:cuda_graph_passes_total {metric}"
+
+
+@pytest.mark.parametrize("phase", SPEC)
+def test_accept_length_is_the_drafters(served, phase, record_property):
+    r = served(phase)
+    avg, per = r["spec"].get("avg_spec_accept_length"), [m["spec_accept_length"] for m in r["meta"]]
+    record_property("detail", f"avg_spec_accept_length {avg}, per request {per}")
+    if sv.PHASES[phase].drafter == "draft-random":
+        assert avg is not None and avg < 1.5, "a drafter that is almost never right"
+    else:
+        assert all(abs(x - sv.DRAFT_TOKENS) < 0.01 for x in [avg, *per]), "every draft token accepted"
+
+
+@pytest.mark.parametrize("phase", SPEC)
+def test_spec_collectives_records_the_graphs_or_the_eager_forwards(served, phase):
+    r, eager = served(phase), phase == "llama-eager"
+    got = r["spec"].get("spec_collectives") or {}
+    for st in STAGES:
+        key, other = (f"{st}_eager", st) if eager else (st, f"{st}_eager")
+        n = (got.get(key) or {}).get("forwards" if eager else "graphs", 0)
+        assert n > 0 and other not in got, f"{key}: {got.get(key)}, {other}: {got.get(other)}"
+        assert not eager or n == stage(r, st).get("eager"), f"{key} {n} forwards, spec_cuda_graph {stage(r, st)}"
+
+
+@pytest.mark.parametrize("phase", ["llama-cap"])
+def test_max_running_requests_above_the_captured_batches_is_capped_at_start(served, server, phase):
+    r, text = served(phase), f"max_running_requests is capped from {sv.CAP} to {sv.CAPTURED_MAX}"
+    assert text in server(phase).log.read_text(), f"no log line says {text!r}"
+    assert r["max_running_requests"] == sv.CAPTURED_MAX and r["burst"]["completed"] == sv.CAP, r["burst"]
+
+
+@pytest.mark.parametrize("phase", ["llama-eager"])
+def test_without_decode_graphs_every_verify_is_eager_counted_and_announced(served, server, phase):
+    c, log = stage(served(phase), "target_verify"), server(phase).log.read_text()
+    assert c.get("eager", 0) > 0 and not c.get("graph") and c.get("fallback_reasons") == {
+        "no_graph_runner": c["eager"]}, c
+    assert EAGER_START in log, "the eager verify is not announced at start"
+    assert ("target_verify", "no_graph_runner") in set(EAGER_FORWARD.findall(log)), "first eager forward not logged"
+
+
+def test_the_verify_graph_is_at_least_twice_as_fast_as_eager(served, server, record_property):
+    """bs-1 tok/s, alternating rounds (graph, eager; eager, graph; ...), the other servers idle."""
+    pair = [server("llama-graph"), server("llama-eager")]
+    for r in range(3):
+        for s in pair if r % 2 == 0 else pair[::-1]:
+            t0 = time.monotonic()
+            n = s.generate(sv.prompts()[0], TIMED_TOKENS)["meta_info"]["completion_tokens"]
+            s.report.setdefault("timing", []).append(round(n / (time.monotonic() - t0), 1))
+    graph, eager = (statistics.median(s.report["timing"]) for s in pair)
+    record_property("detail", f"median {graph:.0f} vs {eager:.0f} tok/s = {graph / eager:.2f}x")
+    assert graph >= 2 * eager

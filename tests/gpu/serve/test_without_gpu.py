@@ -1,0 +1,85 @@
+"""test-serve's parts that need no GPU (they run in make test): the tiny models and profiles, as SGLang reads them;
+the bad-request list; the suite itself on a machine without a GPU: every server test skips with one reason, and
+with --serve-out fails into the result document, which says so for each."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import _servers as sv
+import tiny_models as tm
+from test_bad_requests import BAD
+
+PHASE = "suite"
+
+
+def test_every_tiny_model_loads_in_sglangs_config_classes(tiny_models):
+    from sglang.srt.configs.model_config import AttentionArch, ModelConfig
+
+    for pair, dirs in tm.PAIRS.items():
+        for name in dirs:
+            mc = ModelConfig(str(tiny_models / pair / name), is_draft_model=name != "target")
+            assert (mc.hf_config.vocab_size, mc.hf_config.hidden_size) == (tm.VOCAB, tm.WIDTH), (pair, name)
+            assert (mc.attention_arch == AttentionArch.MLA) == (pair == "kimi" and name != "draft-pi"), (pair, name)
+    fixture = json.loads((sv.HERE.parents[1] / "fixtures" / "kimi-k25" / "config.json").read_text())["text_config"]
+    ours = json.loads((tiny_models / "kimi" / "target" / "config.json").read_text())
+    assert not sorted(set(fixture) - set(ours) - {"quantization_config"}), "Kimi-K2.5 text_config keys it lacks"
+
+
+@pytest.mark.parametrize("profile", ["eagle3.yaml", "nospec.yaml"])
+def test_the_tiny_profiles_are_sglang_config_files(profile):
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    argv = ConfigArgumentMerger(parser).merge_config_with_args(["--model-path", "m", "--config",
+                                                                str(sv.PROFILES / profile)])
+    a = parser.parse_args(argv + ["--max-running-requests", "16"])  # the command line wins, as llama-cap's does
+    assert a.max_running_requests == 16 and a.cuda_graph_bs_decode == [1, 2, 4, sv.CAPTURED_MAX]
+    assert a.speculative_num_draft_tokens == (sv.DRAFT_TOKENS if profile == "eagle3.yaml" else None)
+
+
+def test_the_bad_request_list_is_well_formed():
+    def ids(body) -> list[int]:  # every token id a body names
+        if isinstance(body, dict):
+            keys = [int(k) for k in body.get("logit_bias", {})]
+            return keys + [i for k, v in body.items() if k in ("input_ids", "prompt", "token_ids_logprob",
+                                                                "stop_token_ids", "sampling_params") for i in ids(v)]
+        return [i for v in body for i in ids(v)] if isinstance(body, list) else [body] if type(body) is int else []
+
+    assert len({b[0] for b in BAD}) == len(BAD) and {b[1] for b in BAD} == {"/generate", "/v1/completions"}
+    for name, _, body in BAD:
+        if isinstance(body, bytes):
+            with pytest.raises(ValueError):
+                json.loads(body)
+            continue
+        assert ("oov" in name or "prompt-id" in name) == any(not 0 <= i < tm.VOCAB for i in ids(body)), name
+    assert sum("oov" not in b[0] and "prompt-id" not in b[0] for b in BAD) == 10  # the ten malformed requests
+
+
+def suite(tmp_path, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", str(sv.HERE),
+                           "--ignore", __file__, *args], cwd=sv.HERE.parents[2], capture_output=True, text=True,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, timeout=600)
+
+
+def test_without_a_gpu_the_server_tests_skip_with_one_reason(tmp_path):
+    cp = suite(tmp_path)
+    reasons = {ln.split(": ", 1)[1] for ln in cp.stdout.splitlines() if ln.startswith("SKIPPED")}
+    assert cp.returncode == 0 and len(reasons) == 1 and "torch sees none here" in reasons.pop(), cp.stdout[-3000:]
+
+
+def test_with_serve_out_they_fail_and_the_document_says_each(tmp_path):
+    cp = suite(tmp_path, "--serve-out", str(tmp_path))
+    doc = json.loads(next(tmp_path.glob("test-serve_none_x0_*.json")).read_text())
+    assert cp.returncode == 1 and doc["passed"] == 0 and doc["failed"] == len(doc["checks"]) > 40, cp.stdout[-2000:]
+    assert {"llama-graph", "client", "sampled", "bad-requests", "timing"} <= {c["phase"] for c in doc["checks"]}
+    assert all("torch sees none here" in c["detail"] and c["name"] for c in doc["checks"]), doc["checks"][:3]
