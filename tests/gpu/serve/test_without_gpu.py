@@ -77,9 +77,8 @@ def test_without_a_gpu_the_server_tests_skip_with_one_reason(tmp_path):
     assert cp.returncode == 0 and len(reasons) == 1 and "torch sees none here" in reasons.pop(), cp.stdout[-3000:]
 
 
-def test_with_serve_out_they_fail_and_the_document_says_each(tmp_path):
+def test_with_serve_out_it_refuses_once_and_the_document_says_why(tmp_path):
     cp = suite(tmp_path, "--serve-out", str(tmp_path))
     doc = json.loads(next(tmp_path.glob("test-serve_none_x0_*.json")).read_text())
-    assert cp.returncode == 1 and doc["passed"] == 0 and doc["failed"] == len(doc["checks"]) > 40, cp.stdout[-2000:]
-    assert {"llama-graph", "client", "sampled", "bad-requests", "timing"} <= {c["phase"] for c in doc["checks"]}
-    assert all("torch sees none here" in c["detail"] and c["name"] for c in doc["checks"]), doc["checks"][:3]
+    assert cp.returncode == 2 and doc["passed"] == 0 and doc["failed"] == len(doc["checks"]) == 1, cp.stdout[-2000:]
+    assert "torch sees none here" in doc["checks"][0]["detail"]
