@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from ..series.record import read_record
 from ..lib.kimi import HIDDEN
 
 EPS = 1e-6
@@ -296,7 +295,9 @@ def versions() -> dict:
     import sglang
 
     out["sglang"] = str(Path(sglang.__file__).parent)
-    out["patchset"] = (read_record(Path(sglang.__file__).parent) or {}).get("patchset")
+    from .servers import here_patchset
+
+    out["patchset"] = here_patchset()
     out["env"] = {k: v for k, v in os.environ.items()
                   if k.startswith(("NCCL_", "SGLANG_ENABLE_PCIE", "SGLANG_SM120", "CUDA_VISIBLE"))}
     return out
