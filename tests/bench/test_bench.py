@@ -216,7 +216,7 @@ def test_concurrency_above_max_running_requests_stops_before_anything(box, tmp_p
     scen = tmp_path / "big.toml"
     scen.write_text('[[scenario]]\nname = "C1000"\nmax_concurrency = 1000\nnum_prompts = 1000\ninput_len = 8\n'
                     'output_len = 8\n')
-    with pytest.raises(UserError, match="max_concurrency 1000 is above max-running-requests 16 of nospec"):
+    with pytest.raises(UserError, match="max_concurrency 1000 is above max-running-requests 16 of eagle3"):
         bench.main([*box["args"], "--scenarios-file", str(scen), "--dry-run"])
     assert bench.main([*box["args"], "--scenarios-file", str(scen), "--dry-run", "--", "--max-running-requests",
                        "1000"]) == 0

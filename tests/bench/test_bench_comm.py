@@ -35,7 +35,7 @@ def bench_comm(*args, path: str, **env) -> subprocess.CompletedProcess:
 
 def fake_docker(tmp_path, state="present") -> tuple[Path, Path]:
     bindir, log = tmp_path / "bin", tmp_path / "docker-run.argv"
-    bindir.mkdir()
+    bindir.mkdir(parents=True)
     (bindir / "docker").write_text(FAKE_DOCKER.format(state=state, log=log))
     (bindir / "docker").chmod(0o755)
     return bindir, log
@@ -43,8 +43,8 @@ def fake_docker(tmp_path, state="present") -> tuple[Path, Path]:
 
 def test_bench_comm_end_to_end_on_cpu_ranks(tmp_path):
     out = tmp_path / "bc.json"
-    cp = bench_comm("--device", "cpu", "--variants", "default,LL", "--rows", "4,8", "--prefill-rows", "64",
-                    "--layers", "2", "--chain", "4", "--iters", "3", "--reps", "2", "--out", str(out),
+    cp = bench_comm("--device", "cpu", "--variants", "default,LL", "--rows", "4", "--prefill-rows", "64",
+                    "--layers", "1", "--chain", "4", "--iters", "3", "--reps", "1", "--out", str(out),
                     path=os.environ["PATH"], PYTHONPATH=str(TREE))
     assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-3000:]
     res = json.loads(out.read_text())
@@ -53,10 +53,10 @@ def test_bench_comm_end_to_end_on_cpu_ranks(tmp_path):
     assert "host" not in meta and meta["sglang_rows"] == {"server_args": None, "skipped": "--device cpu"}
     assert meta["nccl"]["expected"] == load_pin().nccl_version and meta["nccl"]["torch_build"]
     ar = [r for r in recs if r.get("kind") == "allreduce" and r.get("impl") == "nccl"]
-    assert {(r["rows"], r["mode"]) for r in ar} >= {(4, "eager"), (8, "eager_single"), (64, "eager")}
+    assert {(r["rows"], r["mode"]) for r in ar} >= {(4, "eager"), (4, "eager_single"), (64, "eager")}
     assert all(r["max_rel_err"] < 0.02 and not r["nan"] for r in ar) and res["summary"]["correctness"]["ok"]
-    assert {r["rows"] for r in recs if r.get("kind") == "verify_forward"} == {4, 8}
-    assert "[2/2] variant LL done" in cp.stderr and "Verify-shaped forward, 2 layers (ms):" in cp.stdout
+    assert {r["rows"] for r in recs if r.get("kind") == "verify_forward"} == {4}
+    assert "[2/2] variant LL done" in cp.stderr and "Verify-shaped forward, 1 layers (ms):" in cp.stdout
     assert "| variant | impl | rows |" in cp.stdout and out.with_suffix(".png").stat().st_size > 1000
 
 
@@ -64,7 +64,7 @@ def test_bench_comm_runs_in_the_serving_image(tmp_path):
     bindir, log = fake_docker(tmp_path)
     out = tmp_path / "res" / "bc.json"
     args = ["--variants", "default,LL", "--rows", "4", "--out", str(out)]
-    dry = bench_comm(*args, "--dry-run", path=f"{bindir}{os.pathsep}/usr/bin:/bin")
+    dry = bench_comm(*args, "--dry-run", path=f"{bindir}{os.pathsep}/usr/bin:/bin", NCCL_DEBUG="WARN")
     assert dry.returncode == 0 and not log.exists() and not out.parent.exists()  # printed, nothing run or written
     cp = bench_comm(*args, path=f"{bindir}{os.pathsep}/usr/bin:/bin", NCCL_DEBUG="WARN")
     assert cp.returncode == 0, cp.stderr
