@@ -1,24 +1,19 @@
 """`make bench-comm`: what the communication of one EAGLE verify forward costs on this box, per setting.
 
   python -m scripts.bench.bench_comm [--variants default,LL,...] [--world N] [--dry-run] ...   in the serving image
-  python -m scripts.bench.bench_comm --here ...          here: the image's own verb, a lent GPU (the patched SGLang)
+  python -m scripts.bench.bench_comm --here ...          here (the image's own verb; a lent GPU with the patched SGLang)
   python -m scripts.bench.bench_comm --plot RESULT.json  only the table and the PNG of a result file
 
-Without --here it runs `bench-comm --here ARGS` in the serving image (scripts/host/docker_run.py; --image IMAGE, else
-the pin's), the results directory mounted at /results; --dry-run prints that command (with --here: the variants,
-ranks and time) and runs and writes nothing. Needs >= 2 GPUs (or --device cpu: gloo ranks, to test the harness),
-no weights. Per NCCL environment variant (as is; NCCL_PROTO=LL / LL128 / Simple; NCCL_P2P_DISABLE=1), one process
-per GPU, ranks brought up by SGLang's own init_distributed_environment, at Kimi-K2.5 shapes ([rows x 7168] bf16):
-NCCL all-reduce per call (one call; a chain of 122 eager and CUDA-graph-replayed), and a 61-layer verify-shaped
-forward eager vs graph; in the first variant, where FlashInfer imports, the paths the server runs, through SGLang's
-own code (scripts/bench/sglang_comm.py, shared with make test-gpu): tp.all_reduce per backend (PCIe IPC, FlashInfer,
-NCCL), the fused all-reduce + RMSNorm op, the forward over each, a PDL-race stress. Every reduction is checked
-against an fp32 reference; peer copy bandwidth per GPU pair is the floor.
+Without --here: `bench-comm --here ARGS` in the serving image (--image, else the pin's), the results directory at
+/results; --dry-run prints that command (with --here: the variants, ranks and time) and runs and writes nothing.
+Per NCCL environment variant (VARIANTS), one process per GPU brought up by SGLang's init_distributed_environment, at
+Kimi-K2.5 shapes: NCCL all-reduce per call (one call; a 122-call chain eager and graph-replayed) and a 61-layer
+verify-shaped forward; in the first variant, through SGLang's own code (sglang_comm.py), tp.all_reduce per backend
+(PCIe IPC, FlashInfer, NCCL), the fused all-reduce + RMSNorm op and a PDL-race stress. Every reduction is checked
+against an fp32 reference. Writes bench-comm_<GPU model>_x<n>_<UTC time>.json and .png (no host name).
 
-Writes bench-comm_<GPU model>_x<n>_<UTC time>.json (records, meta, the command; no host name) and its .png, prints
-the table (scripts/bench/comm_report.py).
 Exit status: 0 every variant ran and every reduction was correct; 1 a variant failed or a reduction was wrong; 2 a
-usage problem (fewer than 2 GPUs, no image, no patched SGLang here, an unknown variant); in the image: its status.
+usage problem (no image, fewer than 2 GPUs, no patched SGLang here, an unknown variant); in the image: its status.
 """
 
 from __future__ import annotations
@@ -48,7 +43,7 @@ from ..series.pin import load_pin
 from .comm_report import plot, summarize, table
 from .numbers import duration
 
-ESTIMATE_S = 150  # per variant on 8 GPUs (the first: + the PCIe-IPC autotune); an assumption until a box times it
+ESTIMATE_S = 150  # per variant on 8 GPUs (the first: + 600 s PCIe-IPC autotune); an assumption until timed
 VERIFY_ROWS = [1, 4, 8, 16, 32, 64]  # plain decode at batch 1; batch 1, 2, 4, 8, 16 x 4 draft tokens
 PREFILL_ROWS = [512, 2048, 8192]
 VARIANTS = {"default": {}, "LL": {"NCCL_PROTO": "LL"}, "LL128": {"NCCL_PROTO": "LL128"},

@@ -30,6 +30,7 @@ from .report import load_results, summarize
 
 SCHEMA = "eagle-receipt/1"
 VERIFY_ROWS_C1 = 4  # batch 1 x 4 draft tokens (the shipped profile's chain drafting 3/1/4)
+COMM_S = 5 * 150 + 600  # bench-comm: its five variants and the PCIe-IPC autotune (its ESTIMATE_S)
 THRESHOLDS = {
     "pcie_ipc_max_ratio": 0.90,  # PCIe IPC / the best other backend, per call at a size, for PCIe IPC to take it
     "fusion_max_ratio": 0.97,  # verify-shaped forward over the fused op / over tp.all_reduce
@@ -71,7 +72,7 @@ PARTS = {p.name: p for p in (
     Part("test-gpu", "raw/test-gpu.json",
          lambda d, a: _verb("scripts.host.gpu_tier", "--out", d / "raw/test-gpu.json", *_image(a)), 600),
     Part("bench-comm", "raw/bench-comm.json",
-         lambda d, a: _verb("scripts.bench.bench_comm", "--out", d / "raw/bench-comm.json", *_image(a)), 900),
+         lambda d, a: _verb("scripts.bench.bench_comm", "--out", d / "raw/bench-comm.json", *_image(a)), COMM_S),
     Part("bench", "raw/bench", lambda d, a: _verb("scripts.bench.bench", "--results-dir", d / "raw/bench", "--box",
                                                   a.box, "--resume", *_image(a), *a.bench_args), 0),
     # next: Part("profile", "raw/profile.json", lambda d, a: _verb("scripts.bench.profile", "--out",
@@ -87,7 +88,7 @@ def alt_part_file(image: str) -> str:
 def alt_comm(image: str) -> Part:
     """bench-comm again from another image (`make image NCCL=<version>`'s tag): --nccl-image."""
     return Part(f"bench-comm@{image}", alt_part_file(image), lambda d, a: _verb(
-        "scripts.bench.bench_comm", "--out", d / alt_part_file(image), "--image", image), 900)
+        "scripts.bench.bench_comm", "--out", d / alt_part_file(image), "--image", image), COMM_S)
 
 
 def measures(part: str) -> bool:
