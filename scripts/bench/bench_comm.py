@@ -230,6 +230,11 @@ def main(argv=None) -> int:
               f"{a.world or 'every visible GPU'}; about {duration(ESTIMATE_S * len(vmap) + 600)}; results under "
               f"{a.out or a.results_dir}")
         return 0
+    out_dir = a.out.parent if a.out else a.results_dir
+    if os.environ.get("EAGLE_RESULTS") and not out_dir.is_dir():  # in the image, without the results mount
+        raise UserError(f"{out_dir} does not exist, so the results would stay inside the container: mount a host "
+                        f"directory there (docker run ... -v \"$PWD/bench/results:{out_dir}\" ...), or run make "
+                        f"bench-comm")
     meta: dict = {"command": "python -m scripts.bench.bench_comm " + shlex.join(given),
                   "git_rev": revision(short=True)[0], "utc": f"{_dt.datetime.now(_dt.timezone.utc):%Y%m%dT%H%M%SZ}",
                   "python": sys.version.split()[0], "layers": a.layers, "variants": vmap,
