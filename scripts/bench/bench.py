@@ -227,14 +227,12 @@ def session(st: Session, si: int, runs: list[pl.Run], server: Server) -> None:
 
 
 # --------------------------------------------------------------------------------------------- checks, dry run
-def box_checks(p: pl.Plan, servers: dict[str, Server]) -> list[preflight.Check]:
+def box_checks(p: pl.Plan) -> list[preflight.Check]:
     """The box's checks for this plan (scripts/bench/preflight.py)."""
-    images = [] if p.args.here else [s.image for s in servers.values() if s.image] + [p.client_image()]
-    out = preflight.docker_checks(images) + [preflight.writable_check(p.args.results_dir)]
+    out = preflight.docker_checks(p.images()) + [preflight.writable_check(p.args.results_dir)]
     if p.launched:
-        tp = max((pl.profile_int(v.profile, "tp-size", (*v.args, *p.server_args)) for v in p.variants), default=0)
-        out += preflight.gpu_checks(tp, idle=not p.args.here) + [preflight.port_check(p.port())]
-        out.append(preflight.weights_check([p.model()] + [p.drafter(v) for v in p.variants if v.speculative]))
+        out += preflight.gpu_checks(p.gpus(), idle=not p.args.here) + [preflight.port_check(p.port())]
+        out.append(preflight.weights_check(p.weights()))
     return out
 
 
@@ -360,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = a.tokenizer or (p.model() if p.launched else None)
     tokenizer = str(Path(tokenizer).resolve()) if tokenizer and Path(tokenizer).exists() else tokenizer
     servers = {v.name: make_server(p, v, stem.with_name(f"{stem.name}.server-{v.name}.log")) for v in p.variants}
-    checks = box_checks(p, servers)
+    checks = box_checks(p)
     checks += serve_checks(p, servers, {c.name[6:] for c in checks if c.ok and c.name.startswith("image ")})
     if a.dry_run:
         print_plan(p, servers, stem.with_suffix(".jsonl"), tokenizer)

@@ -316,6 +316,18 @@ class Plan:
         """The serving image: bench_serving runs from it (its bench-client verb)."""
         return self.args.image or load_pin().serving_image
 
+    def images(self) -> list[str]:
+        """The images the plan runs: its servers' and the client's (none with --here)."""
+        return [] if self.args.here else [*(self.image(v) for v in self.variants if not v.url), self.client_image()]
+
+    def gpus(self) -> int:
+        """The GPUs its launched servers need: the widest tp-size."""
+        return max((profile_int(v.profile, "tp-size", (*v.args, *self.server_args)) for v in self.variants
+                    if self.launched), default=0)
+
+    def weights(self) -> list[str]:
+        return [self.model(), *(self.drafter(v) for v in self.variants if v.speculative)] if self.launched else []
+
     def serve_args(self, v: Variant) -> list[str]:
         """serve's command line for variant v (contract 1)."""
         a = ["--profile", v.profile, "--model", self.model(), "--port", str(self.port())]

@@ -100,16 +100,12 @@ def bench_plan(d: Path, a: argparse.Namespace, redo: bool) -> pl.Plan:
 def checks(todo: list[rd.Part], d: Path, a: argparse.Namespace, bp: pl.Plan | None) -> list[preflight.Check]:
     """What the parts to run need from the box, each with its fix."""
     gpu_parts = [p for p in todo if p.name != "doctor"]
-    images = [a.image or load_pin().serving_image] * bool(gpu_parts) + [p.name.split("@", 1)[1] for p in todo
-                                                                        if "@" in p.name]
-    images += [bp.image(v) for v in bp.variants if not v.url] + [bp.client_image()] if bp and not bp.args.here else []
+    images = [a.image or load_pin().serving_image] * bool(gpu_parts) + [
+        p.name.split("@", 1)[1] for p in todo if "@" in p.name] + (bp.images() if bp else [])
     out = preflight.docker_checks(images) + [preflight.writable_check(d)]
-    if gpu_parts:
-        tp = max([pl.profile_int(v.profile, "tp-size") for v in bp.variants] if bp else [], default=0)
-        out += preflight.gpu_checks(max(tp, 2)) + [preflight.port_check(bp.port() if bp else 30000)]
-    if bp and bp.launched:
-        out.append(preflight.weights_check([bp.model()] + [bp.drafter(v) for v in bp.variants if v.speculative]))
-    return out
+    if gpu_parts:  # the bench's port, or serve's default: a resident server is found there
+        out += preflight.gpu_checks(max(bp.gpus() if bp else 0, 2)) + [preflight.port_check(bp.port() if bp else 30000)]
+    return out + ([preflight.weights_check(bp.weights())] if bp and bp.launched else [])
 
 
 def collect(a: argparse.Namespace) -> int:
@@ -120,7 +116,8 @@ def collect(a: argparse.Namespace) -> int:
     todo = [p for p in parts if p.name in a.redo or not done(p, d, old)]
     bp = bench_plan(d, a, "bench" in a.redo) if any(p.name == "bench" for p in todo) else None
     seconds = {p.name: bp.seconds() if p.name == "bench" and bp else p.estimate_s for p in todo}
-    print(f"receipt {d} ({'resuming: ' + ', '.join(p for p, r in old.items() if r.get('ok')) + ' done' if old else 'new'})")
+    have = ", ".join(p for p, r in old.items() if r.get("ok"))
+    print(f"receipt {d} ({f'resuming: {have} done' if old else 'new'})")
     print(md_table(["part", "", "time", "command"], [
         [p.name, "run" if p in todo else "have it, skipped", f"~{duration(seconds[p.name])}" if p in todo else "",
          f"`{' '.join(p.command(d, a))}`"] for p in parts], "llrl"))

@@ -217,9 +217,8 @@ def rec_fusion(bc: dict | None) -> dict:
     fused, plain = (_vf(bc, "sglang_fused_op", 8), _vf(bc, "sglang_tp", 8)) if bc else (None, None)
     if fused is None or plain is None:
         return _verdict(name, "inconclusive", "no verify-forward rows through SGLang in bench-comm", {}, thr)
-    measured, on = {"fused_ms": round(fused, 3), "unfused_ms": round(plain, 3), "ratio": round(fused / plain, 3)}, \
-        world == 2
-    gain = fused / plain <= th
+    measured = {"fused_ms": round(fused, 3), "unfused_ms": round(plain, 3), "ratio": round(fused / plain, 3)}
+    on, gain = world == 2, fused / plain <= th  # the series turns it on at TP2 only
     why = f"fused forward {fused:.2f} vs {plain:.2f} ms" + ("" if gain else ": no gain at this TP")
     setting = "" if gain == on else f"SGLANG_SM120_ALLREDUCE_FUSION={int(gain)}"
     return _verdict(name, "keep" if gain == on else "change", why, measured, thr, setting)
@@ -272,8 +271,8 @@ def rec_nccl_release(bc: dict | None, alts: dict[str, dict]) -> dict:
         return _verdict(name, "keep", f"NCCL {_nccl_of(bc)} is as fast as the others measured",
                         {"us_per_call_by_release": table}, thr)
     _, image, version = min(better)
-    return _verdict(name, "change", f"NCCL {version} ({image}) is faster at both widths",
-                    {"us_per_call_by_release": table}, thr, f"make image NCCL={version} (and pin it in patches/pin.toml)")
+    return _verdict(name, "change", f"NCCL {version} ({image}) is faster at both widths", {
+        "us_per_call_by_release": table}, thr, f"make image NCCL={version} (and pin it in patches/pin.toml)")
 
 
 def bench_rows(recs: list[dict]) -> list[dict]:
@@ -316,7 +315,7 @@ def rec_speculation(recs: list[dict]) -> list[dict]:
     ranked = sorted(on, key=lambda r: -r["tok_s"])
     return [_verdict(name, "keep" if ratio >= th else "change", why, {
         "scenario": scenario, "speculative": b_on, "non_speculative": b_off, "ratio": round(ratio, 3),
-        "goal_met": b_on["tok_s"] >= goal}, thr, "" if ratio >= th else "serve --profile kimi-k25-tp8 (no speculation)"),
+        "goal_met": b_on["tok_s"] >= goal}, thr, "" if ratio >= th else "serve --profile kimi-k25-tp8"),
         _verdict(f"speculative settings and drafter (profile {SHIPPED_PROFILE})", "keep" if ranked[0]["variant"] ==
                  "patched-eagle3" else "change", f"fastest speculative variant at {scenario}: {ranked[0]['variant']}",
                  {"ranked": [(r["variant"], round(r["tok_s"], 1), r["accept_length"]) for r in ranked]},

@@ -124,7 +124,8 @@ def test_bench_sweep_dry_run_and_what_it_refuses(sglang_tree, tmp_path, monkeypa
     out = capsys.readouterr()
     assert "plan: 86 run(s) (1 scenario(s) x 43 variant(s) x 2 repeat(s)) in 43 server session(s)" in out.out
     assert "43 load(s) of moonshotai/Kimi-K2.5" in out.out and "FAIL docker engine" in out.out
-    assert bench.main(base + ["--variants", "patched-nospec,sweep-lightseekorg-kimi-k2.5-eagle3-mla-3-4-8", "--repeats", "1"]) == 0
+    picked = "patched-nospec,sweep-lightseekorg-kimi-k2.5-eagle3-mla-3-4-8"
+    assert bench.main(base + ["--variants", picked, "--repeats", "1"]) == 0
     assert "plan: 2 run(s) (1 scenario(s) x 2 variant(s) x 1 repeat(s))" in capsys.readouterr().out
     with pytest.raises(UserError, match="a sweep's drafters are its own"):
         bench.main(base + ["--draft-model", "x/y"])
