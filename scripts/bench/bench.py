@@ -25,6 +25,7 @@ import dataclasses
 import datetime as _dt
 import json
 import os
+import re
 import shlex
 import sys
 import tempfile
@@ -63,7 +64,7 @@ def make_server(p: pl.Plan, v: pl.Variant, log: Path) -> Server:
     url = f"http://127.0.0.1:{p.port()}"
     if p.args.here:
         return Server(v.name, "here", url, log, serve_args=p.serve_args(v), env=dict(v.env))
-    name = f"eagle-bench-{v.name}-{os.getpid()}-{int(time.time())}"
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", f"eagle-bench-{v.name}-{os.getpid()}-{int(time.time())}")
     image, cmd, extra = launch_of(p, v)
     argv = docker_run(image, [*cmd, *p.serve_args(v)], hf_cache=hf_cache_dir(), network_host=True, detach=True,
                       name=name, extra=[*(x for k, val in v.env for x in ("-e", f"{k}={val}")), *extra])
@@ -250,7 +251,7 @@ def serve_checks(p: pl.Plan, servers: dict[str, Server], image_ok: set[str]) -> 
             image, cmd, extra = launch_of(p, v)
             res = proc.run(docker_run(image, [*cmd, *args], gpus=False, hf_cache=hf_cache_dir(), extra=extra),
                            timeout=600)
-        said = (res.stderr.strip().splitlines() or [res.why])[-1].removeprefix("error: ")
+        said = res.stderr[res.stderr.find("error: ") + 7:].strip() if "error: " in res.stderr else res.why
         out.append(preflight.Check(f"serve {v.name}", res.ok, "serve accepts its arguments" if res.ok else said,
                                    "fix the variant's args in bench/variants.toml or the arguments after --"))
     return out

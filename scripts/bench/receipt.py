@@ -3,9 +3,8 @@ directory and one tarball that say whether the series pays off on this box and w
 
   python -m scripts.bench.receipt [--dir DIR] [--parts a,b] [--redo PART,..] [--image IMAGE] [--nccl-image IMAGE]
         [--box NAME] [--dry-run] [-- BENCH_ARGS]
-  python -m scripts.bench.receipt --assemble DIR [--doctor F] [--test-gpu F] [--bench-comm F] [--bench F.jsonl ..]
-        a receipt from results made separately
-  python -m scripts.bench.receipt --summarize DIR   derive summary, plots, recommendations and tarball again
+  python -m scripts.bench.receipt --summarize DIR   derive summary, plots, recommendations and tarball again (a
+        receipt directory, or results put under DIR/raw/ by hand with a receipt.json naming the parts)
 
 The parts (scripts/bench/receipt_data.py PARTS) run in order, each its own verb as a process (--nccl-image adds
 bench-comm from another image: the NCCL-release axis). Before anything runs, one preflight of what the parts to run
@@ -28,7 +27,6 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -289,23 +287,6 @@ def write(d: Path, parts: dict, env: dict, tarball: bool = True) -> None:
         say(f"  {r['verdict']:<12} {r['default']}: {r['why']}" + (f" -> {r['setting']}" if r["setting"] else ""))
 
 
-def assemble(d: Path, a: argparse.Namespace) -> int:
-    """A receipt from result files made separately."""
-    given = {"doctor": a.doctor, "test-gpu": a.test_gpu, "bench-comm": a.bench_comm}
-    if not any(given.values()) and not a.bench:
-        raise UserError("--assemble needs at least one of --doctor, --test-gpu, --bench-comm, --bench")
-    (d / rd.PARTS["bench"].result).mkdir(parents=True, exist_ok=True)
-    parts = {}
-    for part, src in [*((p, s) for p, s in given.items() if s), *(("bench", s) for s in a.bench or [])]:
-        if not Path(src).is_file():
-            raise UserError(f"--{part} {src}: no such file")
-        dest = d / rd.PARTS[part].result
-        shutil.copyfile(src, dest / Path(src).name if dest.is_dir() else dest)
-        parts[part] = {"status": f"assembled from {Path(src).name}", "ok": True}
-    write(d, parts, environment(d, a))
-    return 0
-
-
 def parse_args(argv: list[str]) -> argparse.Namespace:
     i = argv.index("--") if "--" in argv else len(argv)
     ap = argparse.ArgumentParser(prog="scripts.bench.receipt", allow_abbrev=False)
@@ -318,10 +299,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--box", help="this box's name (default: its GPUs' model and count; never the host name)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and the checks; run and write nothing")
     ap.add_argument("--summarize", type=Path, metavar="DIR", help="only derive summary, plots and tarball again")
-    ap.add_argument("--assemble", type=Path, metavar="DIR", help="a receipt from results made separately")
-    for part in ("doctor", "test-gpu", "bench-comm"):
-        ap.add_argument(f"--{part}", help=f"--assemble: the {part} result")
-    ap.add_argument("--bench", action="append", help="--assemble: a make bench results JSONL (repeatable)")
     a = ap.parse_args(argv[:i])
     a.bench_args, a.redo = argv[i + 1:], {p.strip() for p in a.redo.split(",") if p.strip()}
     return a
@@ -334,8 +311,8 @@ def main(argv=None) -> int:
         old = json.loads((d / "receipt.json").read_text())
         write(d, old.get("parts", {}), old.get("environment", {}))
         return 0
-    a.box = a.box or ("box" if a.assemble else preflight.default_box())
-    return assemble(a.assemble, a) if a.assemble else collect(a)
+    a.box = a.box or preflight.default_box()
+    return collect(a)
 
 
 if __name__ == "__main__":
