@@ -1,11 +1,6 @@
 """What `make bench` will run: its options, scenarios (bench/scenarios.toml), variants (bench/variants.toml, or a
-sweep's points), the A/B/A order, the server sessions, what is left of it (--resume) and what it costs. The verb
-(scripts/bench/bench.py) runs it; `make report` builds the same plan to show and check its bench part.
-
-A scenario is one bench_serving workload; a variant one server: its image ("patched": the serving image, "stock":
-the upstream image running this checkout's serve, or an image name), its serving profile, whether it speculates,
-its environment and SGLang arguments. Repeats go round the variants forward then backward (A B, B A, ...), so drift
-weighs on every variant alike; adjacent runs of a variant share one server.
+sweep's points), the A/B/A order (drift weighs on every variant alike), the server sessions (adjacent runs of a
+variant share one server), what --resume leaves and what it costs. bench.py runs it; make report shows and checks it.
 """
 
 from __future__ import annotations

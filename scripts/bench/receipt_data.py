@@ -1,12 +1,7 @@
-"""The box receipt as data: its parts (PARTS, the registry `make report` runs in order: a new part is one entry),
-reading a receipt (a directory or its tarball), and what it says about every default of the series - used by
-`make report` (scripts/bench/receipt.py) and `make docs` (scripts/bench/cost_model.py).
-
-A receipt directory: receipt.json (parts, environment, the recommendations and the thresholds they used, computed
-once when it is written), raw/ (each part's result: test-serve.json, doctor.json, test-gpu.json, bench-comm.json,
-bench-comm@<image>.json, bench/*.jsonl), env/ (the tools' raw outputs), logs/, summary.md, plots/; and <dir>.tar.gz.
-Each recommendation carries the numbers it read, the threshold it applied and a verdict: keep, change (with the
-setting that does it) or inconclusive (with what is missing).
+"""The box receipt as data: its parts (PARTS, the registry make report runs in order: a new part is one entry), reading
+a receipt (a directory or its tarball), and its recommendations - one per default of the series, with the numbers it
+read, the threshold it applied and a verdict (keep, change with the setting, inconclusive with what is missing),
+computed once when the receipt is written. Used by make report (receipt.py) and make docs (cost_model.py).
 """
 
 from __future__ import annotations
@@ -23,7 +18,6 @@ from pathlib import Path
 from ..host.parsers import parse_topo_m
 from ..lib.errors import UserError
 from ..lib.repo import SHIPPED_PROFILE
-from ..lib.table import md_table
 from .comm_report import record, records
 from .plan import profile_int
 from .report import load_results, summarize

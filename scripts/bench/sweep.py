@@ -1,20 +1,13 @@
-"""The drafter and speculative-settings sweep of `make bench` (bench/sweep.toml; `make bench-sweep`).
+"""The drafter and speculative-settings sweep of `make bench` (bench/sweep.toml; `make bench-sweep`): one server per
+(drafter, draft quantization, steps/topk/draft tokens) point, each the speculative base variant with the point's
+drafter and settings (after serve's `--`, where they replace the profile's), plus reference variants.
 
-tok/s = accept length / cycle time, and the drafter sets the accept length: the sweep runs one server per
-(drafter, draft quantization, steps/topk/draft tokens) point, each a variant derived from a speculative base variant
-of bench/variants.toml (its drafter set, the settings appended after serve's `--`, where they replace the
-profile's), plus reference variants (the same server without speculation).
-
-Every point is checked before anything runs against the rules of the SGLang that serves it, read from its source
-(the sglang package the bench imports, else build/sglang): a rule's anchor text must still be where SGLang keeps
-it, else the check says the rule may have moved instead of passing silently.
-  * speculative_hook.py (_handle_eagle_family): with topk 1 SGLang replaces num_draft_tokens by num_steps + 1 (a
-    warning only), so a chain point must say steps + 1 itself; topk > 1 with page_size > 1 needs an attention
-    backend of _PAGE_TREE_SPEC_BACKENDS; trtllm_mha and --speculative-use-rejection-sampling need topk 1.
-  * speculative/eagle_utils.py (organize_draft_results): the draft tree offers topk + (steps - 1) * topk^2
-    candidates, of which torch.topk keeps num_draft_tokens - 1.
-  * arg_groups/choices.py: the draft quantization must be one of QUANTIZATION_CHOICES.
-  * srt/models: the drafter's architecture must be registered (scripts/host/drafters.py).
+Every point is checked first against the rules of the SGLang that serves it, read from its source (the sglang this
+python imports, else build/sglang): a rule's anchor text must still be where SGLang keeps it, else the check says
+the rule may have moved: chains (topk 1) get draft tokens = steps + 1 (speculative_hook.py); a tree offers
+topk + (steps - 1) * topk^2 candidates (eagle_utils.py); topk > 1 needs a page-tree backend with page_size > 1, and
+not trtllm_mha or rejection sampling; the draft quantization is one of QUANTIZATION_CHOICES; the drafter's
+architecture is registered (scripts/host/drafters.py).
 """
 
 from __future__ import annotations
