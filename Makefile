@@ -3,8 +3,8 @@
 PY        ?= python3
 VENV      ?= .venv
 VPY       := $(VENV)/bin/python
-# make bench / bench-sweep / report / docs: .venv's python when it exists (it has prometheus_client and SGLang's client
-# requirements), else PY; bench_serving itself runs from .venv, PY or the serving image (scripts/bench/client.py)
+# make bench / bench-sweep / report: .venv's python when it exists (prometheus_client, matplotlib), else PY; their
+# servers and bench_serving run in the serving image
 BPY       := $(if $(wildcard $(VPY)),$(VPY),$(PY))
 SGLANG_SRC ?=
 SGLANG_BASE ?= auto
@@ -38,14 +38,15 @@ help:            ## list targets and the variables they take
 #:   SGLANG_SRC=DIR           apply: patch your own clean checkout of the tag instead of build/sglang
 #:   REBUILD=1                apply: build build/sglang again from a fresh base (drops commits not exported)
 #:   TO=TAG WHEEL=FILE WRITE=1  refresh: the new release, its wheel if you have it, move the pin and patches/
-#:   IMAGE=NAME:TAG           image, serve, test-gpu, test-serve, bench-comm: another image name
+#:   IMAGE=NAME:TAG           image, serve, test-gpu, test-serve, bench, bench-sweep, bench-comm, report: another image
 #:   NCCL=VERSION DRY_RUN=1   image: an NCCL variant (own tag); print the docker build instead of running it
 #:   BASE=REF ALLOW_BAD_NCCL=1  image: FROM another base (labels name it); build an NCCL known to fail, on purpose
 #:   SERVE_ARGS="..."         serve: its options (--dry-run, --draft-model D, --host 0.0.0.0 --api-key-file F, -- ARGS)
-#:   BENCH_ARGS="..."         bench, bench-sweep, bench-comm: their options (make bench BENCH_ARGS=--dry-run)
+#:   BENCH_ARGS="..."         bench, bench-sweep, bench-comm: their options (BENCH_ARGS=--dry-run: the plan only)
 #:   TEST_GPU_ARGS="..."      test-gpu: its options (e.g. -- -k faults)
 #:   TEST_SERVE_ARGS="..."    test-serve: pytest options for tests/gpu/serve (e.g. -k client, --serve-world 2)
-#:   REPORT_ARGS="..."        report: its options (--dry-run, --redo PART, --nccl-image IMAGE, -- BENCH_ARGS)
+#:   REPORT_ARGS="..."        report: its options (--dry-run: the plan only, --redo PART, --nccl-image IMAGE,
+#:                            -- BENCH_ARGS)
 #:   RECEIPT=FILE             docs: ingest this receipt (.tar.gz or directory) only
 #:   PYTEST_ARGS="..."        test: pytest options
 #:   VENV=DIR PY=PYTHON       the test environment (default .venv) and the python for the host verbs (python3)
@@ -103,17 +104,17 @@ test-image:      ## build docker/Dockerfile on a local stand-in base and run its
 doctor:          ## preflight of this box (GPUs, NVLink/P2P, NUMA, driver, NCCL, host settings)
 	$(PY) -m scripts.host.doctor
 
-bench:           ## A/B regression benchmarks on the 8-GPU box (BENCH_ARGS="--variants ... --scenarios C1")
-	$(BPY) -m scripts.bench.bench $(BENCH_ARGS)
+bench:           ## A/B serving benchmarks, servers and client in the serving image (BENCH_ARGS="--variants ... --scenarios C1")
+	$(BPY) -m scripts.bench.bench $(if $(IMAGE),--image $(IMAGE)) $(BENCH_ARGS)
 
 bench-sweep:     ## drafters x speculative settings (bench/sweep.toml), each checked against SGLang's rules first
-	$(BPY) -m scripts.bench.bench --sweep $(BENCH_ARGS)
+	$(BPY) -m scripts.bench.bench --sweep $(if $(IMAGE),--image $(IMAGE)) $(BENCH_ARGS)
 
-bench-comm:      ## all-reduce / verify-shaped communication benchmark on >= 2 GPUs (here, or in the image IMAGE)
+bench-comm:      ## all-reduce / verify-shaped communication benchmark on >= 2 GPUs, in the serving image
 	$(PY) -m scripts.bench.bench_comm $(if $(IMAGE),--image $(IMAGE)) $(BENCH_ARGS)
 
 report:          ## the box receipt: test-serve, doctor, test-gpu, bench-comm, bench -> bench/receipts/<box>_<date>/ + .tar.gz (resumable; REPORT_ARGS)
-	$(BPY) -m scripts.bench.receipt $(REPORT_ARGS)
+	$(BPY) -m scripts.bench.receipt $(if $(IMAGE),--image $(IMAGE)) $(REPORT_ARGS)
 
 docs:            ## regenerate eagle-fast-verify.md's tables and plot from bench/ and receipts (RECEIPT=<.tar.gz>: that one)
 	$(BPY) -m scripts.bench.cost_model --write $(if $(RECEIPT),--receipt $(RECEIPT))

@@ -1,5 +1,6 @@
-"""Reading bench-comm results (bench/results/bench-comm_*.json): the summary, the table and the plot that
-`make bench-comm` prints and draws, and the record lookups `make docs` (the cost model) builds its tables from."""
+"""The one reader of bench-comm results (bench/results/bench-comm_*.json, a receipt's raw/bench-comm.json): the
+record lookups the receipt and `make docs` (the cost model) read, and the summary whose rows `make bench-comm`
+prints as tables and draws as plots."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 from ..lib.progress import say
 from ..lib.kimi import CHAIN, HIDDEN, LAYERS
+from ..lib.table import md_table
 from .numbers import num
 
 BARS = {"graph_vs_eager_nccl": 1.8, "fused_graph_vs_nccl_eager_8rows": 3.0}
@@ -128,40 +130,33 @@ def _f(x, d=1) -> str:
     return num(x, d, none="-")
 
 
-def _fused_table(fused: list[dict]) -> list[str]:
-    lines = ["", "Fused all-reduce + residual + RMSNorm vs NCCL + add-RMSNorm (us per call):",
-             f"  {'impl':<32}{'rows':>6}{'eager1':>9}{'eager':>9}{'graph':>9}"]
-    by: dict = {}
-    for r in fused:
-        by.setdefault((r["impl"], r["rows"]), {})[r["mode"]] = r["us_per_call"]
-    for (impl, rows), m in sorted(by.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        cells = "".join(f"{_f(m.get(mode)):>9}" for mode in ("eager_single", "eager", "graph"))
-        lines.append(f"  {impl:<32}{rows:>6}{cells}")
-    return lines
-
-
 def table(summary: dict) -> str:
-    """The summary as text; layer and chain counts are the measured ones (the records'), not the defaults."""
+    """The summary as markdown tables (the plot draws the same rows); layer and chain counts are the measured ones."""
+    ar = sorted(summary["allreduce"], key=lambda r: (r["rows"], r["impl"], r["variant"]))
     lines = ["", f"All-reduce per call, graph-replayed chain of {_shape(summary.get('chain'), CHAIN, 'calls')} (us):",
-             f"  {'variant':<14}{'impl':<14}{'rows':>6}{'us/call':>10}{'floor':>8}{'x floor':>9}{'x nccl':>8}"]
-    for r in sorted(summary["allreduce"], key=lambda r: (r["rows"], r["impl"], r["variant"])):
-        lines.append(f"  {r['variant']:<14}{r['impl']:<14}{r['rows']:>6}{_f(r['us_per_call']):>10}"
-                     f"{_f(r['floor_us']):>8}{_f(r['x_floor'], 2):>9}{_f(r['x_nccl_default'], 2):>8}")
-    lines += _fused_table(summary["fused"]) if summary["fused"] else []
-    lines += ["", f"Verify-shaped forward, {_shape(summary.get('layers'), LAYERS, 'layers')} (ms):",
-              f"  {'variant':<14}{'impl':<18}{'rows':>6}{'eager':>9}{'graph':>9}{'speedup':>9}"]
-    for r in summary["verify_forward"]:
-        lines.append(f"  {r['variant']:<14}{r['impl']:<18}{r['rows']:>6}{_f(r['eager_ms'], 2):>9}"
-                     f"{_f(r['graph_ms'], 2):>9}{_f(r['graph_speedup'], 2):>9}")
-    lines += ["", f"Peer bandwidth (min over pairs): {_f(summary['peer_gbps_min'])} GB/s"]
-    for name, b in summary["bars"].items():
-        lines.append(f"Bar {name}: {b['ratio']:.2f}x (need >= {b['bar']}x): {'PASS' if b['pass'] else 'FAIL'}")
+             "", md_table(["variant", "impl", "rows", "us/call", "floor", "x floor", "x nccl"], [
+                 [r["variant"], r["impl"], r["rows"], _f(r["us_per_call"]), _f(r["floor_us"]), _f(r["x_floor"], 2),
+                  _f(r["x_nccl_default"], 2)] for r in ar], "llrrrrr")]
+    by: dict = {}
+    for r in summary["fused"]:
+        by.setdefault((r["rows"], r["impl"]), {})[r["mode"]] = r["us_per_call"]
+    if by:
+        lines += ["", "Fused all-reduce + residual + RMSNorm vs NCCL + add-RMSNorm (us per call):", "", md_table(
+            ["impl", "rows", "eager1", "eager", "graph"], [[impl, rows, *(_f(m.get(k)) for k in (
+                "eager_single", "eager", "graph"))] for (rows, impl), m in sorted(by.items())], "lrrrr")]
+    lines += ["", f"Verify-shaped forward, {_shape(summary.get('layers'), LAYERS, 'layers')} (ms):", "", md_table(
+        ["variant", "impl", "rows", "eager", "graph", "speedup"], [
+            [r["variant"], r["impl"], r["rows"], _f(r["eager_ms"], 2), _f(r["graph_ms"], 2),
+             _f(r["graph_speedup"], 2)] for r in summary["verify_forward"]], "llrrrr"), ""]
+    lines.append(f"Peer bandwidth (min over pairs): {_f(summary['peer_gbps_min'])} GB/s")
+    lines += [f"Bar {n}: {b['ratio']:.2f}x (need >= {b['bar']}x): {'PASS' if b['pass'] else 'FAIL'}"
+              for n, b in summary["bars"].items()]
     c = summary["correctness"]
     lines.append("Correctness: " + ("all reductions match the fp32 reference" if c["ok"] else
                                     f"PROBLEMS in {len(c['problems'])} record(s): {c['problems'][:5]}"))
     lines.append("Recommendation (fastest correct graph-replayed verify forward):")
-    for rows, v in summary["recommendation"].items():
-        lines.append(f"  {rows:>4} rows: {v['impl']} with NCCL variant '{v['variant']}' ({v['graph_ms']:.2f} ms)")
+    lines += [f"  {rows:>4} rows: {v['impl']} with NCCL variant '{v['variant']}' ({v['graph_ms']:.2f} ms)"
+              for rows, v in summary["recommendation"].items()]
     return "\n".join(lines)
 
 

@@ -28,7 +28,7 @@ def _log(rank: int, msg: str) -> None:
 
 class ResidualChain:
     """One residual buffer per reduction of a forward (the fused kernel writes the next residual out of place);
-    `advance()` hands out (residual in, its index) in order, `reset()` starts a forward again."""
+    `advance()` hands out the index of the residual in, `reset()` starts a forward again."""
 
     def __init__(self, x0, reductions: int):
         self.x0, self.bufs, self.i = x0, [x0.clone() for _ in range(reductions + 1)], 0
@@ -53,19 +53,20 @@ class RankSession:
 
         from .sglang_comm import Tensors, Timer
 
-        self.torch, self.dist = torch, dist
-        self.rank, self.world, self.cfg = rank, world, cfg
-        self.cpu = cfg["device"] == "cpu"
+        self.torch, self.dist, self.rank, self.world, self.cfg = torch, dist, rank, world, cfg
+        self.cpu, self.variant, self.sc, self.sa = cfg["device"] == "cpu", cfg["variant"], sc, sa
         self.dev = torch.device("cpu") if self.cpu else torch.device("cuda", rank)
         self.records: list[dict] = []
         self.t = Tensors(rank, world, self.dev)
         self.timer = Timer(cfg["device"], in_sglang=sc is not None)  # every rank lined up around each launch
-        self.variant = cfg["variant"]
-        self.fi = None
-        self.fi_norm = None
-        self.fi_reason = "not requested"
-        self.sc, self.sa = sc, sa
-        self.sc_reason = "" if sc is not None else "not requested"
+        self.fi_norm, self.fi_reason = None, "cpu run" if self.cpu else "disabled (--no-flashinfer)"
+        if not self.cpu and cfg.get("flashinfer"):
+            try:
+                from flashinfer.norm import fused_add_rmsnorm
+
+                self.fi_norm, self.fi_reason = fused_add_rmsnorm, ""
+            except Exception as e:  # noqa: BLE001 - not installed, or its JIT failed: torch's add-RMSNorm
+                self.fi_reason = f"flashinfer unavailable: {type(e).__name__}: {e}"
 
     # ------------------------------------------------------------------ helpers
     def rec(self, **kw) -> None:
@@ -121,22 +122,6 @@ class RankSession:
         r = residual.float()
         x.copy_((r * torch.rsqrt(r.pow(2).mean(-1, keepdim=True) + EPS) * gamma.float()).to(x.dtype))
 
-    # ------------------------------------------------------------------ FlashInfer
-    def load_flashinfer(self) -> None:
-        if self.cpu or not self.cfg.get("flashinfer"):
-            self.fi_reason = "cpu run" if self.cpu else "disabled (--no-flashinfer)"
-            return
-        try:
-            import flashinfer.comm as fic
-            from flashinfer.norm import fused_add_rmsnorm
-
-            self.fi = fic
-            self.fi_norm = fused_add_rmsnorm
-            self.fi_reason = ""
-        except Exception as e:  # not installed, or JIT failed
-            self.fi_reason = f"flashinfer unavailable: {type(e).__name__}: {e}"
-            _log(self.rank, self.fi_reason)
-
     # ------------------------------------------------------------------ measurements
     def allreduce_sizes(self) -> None:
         """NCCL all-reduce per call at verify and prefill row counts: eager (one call) and graph (a chain)."""
@@ -167,10 +152,6 @@ class RankSession:
         communicator and both fusion workspaces prepared by BaseRunner's methods; per row count, tp.all_reduce's
         route and result, the fused all-reduce + residual + RMSNorm op's result; per-call timings of those paths in
         graph-replayed chains (sglang_comm.path_timings); the PDL race stress of the fused op."""
-        if self.sc is None:
-            for kind, impl in (("allreduce", "sglang_pcie_ipc"), ("fused", "sglang_fused_op")):
-                self.rec(kind=kind, impl=impl, skipped=self.sc_reason)
-            return
         torch, sc, rows = self.torch, self.sc, self.cfg["rows"]
         self.rec(kind="workspace", impl="sglang_pcie_ipc", **sc.prepare_pcie_ipc(self.sa))
         self.rec(kind="workspace", impl="sglang_fused_op", **sc.prepare_fusion(torch.bfloat16))
@@ -268,9 +249,6 @@ class RankSession:
             x0 = self.t.randn(rows, seed=4000 + rows, rank=0)
             outputs = {}
             for impl in impls:
-                if impl.startswith("sglang") and self.sc is None:
-                    self.rec(kind="verify_forward", impl=impl, rows=rows, skipped=self.sc_reason)
-                    continue
                 forward = self._forward(x0, impl, gamma, (attn_w, moe_w))
                 out = forward()
                 self.timer.sync()
@@ -327,24 +305,22 @@ def worker(rank: int, world: int, cfg: dict, out_path: str) -> None:
     bench = None
     try:
         sc = sa = None
-        if cfg["device"] == "cpu":
-            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=rank, world_size=world)
-        elif cfg.get("sglang"):
+        if cfg["device"] != "cpu":
+            torch.cuda.set_device(rank)
+        if cfg.get("sglang"):
             # SGLang's distributed state, brought up as the model runner brings it up (it creates the default
             # NCCL group the raw rows use too); PCIe IPC on unless the caller's environment says otherwise
             from . import sglang_comm as sc
 
-            torch.cuda.set_device(rank)
             os.environ.setdefault("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE", "1")
             sa = sc.bring_up(rank, world, cfg["port"], **cfg["sglang"])
-        else:
-            torch.cuda.set_device(rank)
-            dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=rank,
-                                    world_size=world, device_id=torch.device("cuda", rank))
+        else:  # the world group only, as SGLang's own benchmark_all_reduce brings it up
+            from sglang.srt.distributed.parallel_state import init_distributed_environment
+
+            init_distributed_environment(world_size=world, rank=rank, local_rank=rank,
+                                         distributed_init_method=f"tcp://127.0.0.1:{cfg['port']}",
+                                         backend="gloo" if cfg["device"] == "cpu" else "nccl")
         bench = RankSession(rank, world, cfg, sc, sa)
-        bench.load_flashinfer()
-        if sc is None and "sglang" in cfg["steps"]:
-            bench.sc_reason = cfg.get("sglang_reason") or "SGLang not brought up"
         steps = cfg["steps"]
         if "allreduce" in steps:
             bench.allreduce_sizes()
@@ -355,7 +331,7 @@ def worker(rank: int, world: int, cfg: dict, out_path: str) -> None:
         dist.barrier()
         # torch's build-time NCCL; the library it loaded is the parent's meta.nccl (bench_comm.nccl_axis)
         meta = {"nccl_torch_build": ".".join(map(str, torch.cuda.nccl.version())) if not bench.cpu else None,
-                "torch": torch.__version__, "flashinfer_reason": bench.fi_reason, "sglang_reason": bench.sc_reason}
+                "torch": torch.__version__, "flashinfer_reason": bench.fi_reason}
         if sc is not None:
             meta["sglang"] = {**sc.versions(), "server_args": cfg["sglang"]}
         if rank == 0:

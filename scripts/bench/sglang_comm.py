@@ -1,17 +1,8 @@
-"""The patched SGLang's own collectives, one rank's side: bring-up, routed all-reduce, PCIe IPC, fused op, timing.
-
-Used by the GPU test tier (tests/gpu, `make test-gpu`) and by bench-comm's SGLang rows, so that both exercise
-exactly what the server runs:
-  - bring_up(): ServerArgs for the Kimi-K2.5 config resolved on this device and published as the scheduler
-    publishes them, then `distributed.bootstrap.init_parallel_runtime`, the model runner's own entry (custom
-    all-reduce / FlashInfer allreduce-only flags, device, NCCL + gloo groups, tagging, DP attention);
-  - RouteLog: which backend GroupCoordinator.all_reduce handed each TP reduction to (ca, pcie_ipc, pynccl,
-    flashinfer, torch.distributed, ...), recorded at SGLang's own dispatch methods;
-  - prepare_pcie_ipc() / prepare_fusion(): the PCIe-IPC workspace and the FlashInfer fusion workspaces, prepared
-    by BaseRunner's own methods with the widths the server would use;
-  - fused_allreduce_rmsnorm(): SGLang's registered op flashinfer_allreduce_residual_rmsnorm;
-  - Timer: eager and CUDA-graph chains (captured inside SGLang's graph_capture()), ranks lined up.
-Runs on CUDA ranks, and on CPU ranks over gloo (SGLang's CPU engine) where a test only needs the routing.
+"""The patched SGLang's own collectives, one rank's side, shared by make test-gpu (tests/gpu) and bench-comm's SGLang
+rows so both exercise what the server runs: bring_up() (the model runner's own init_parallel_runtime), RouteLog
+(which backend each TP all_reduce reached, at SGLang's dispatch methods), prepare_pcie_ipc() / prepare_fusion()
+(BaseRunner's own workspace methods), fused_allreduce_rmsnorm() (SGLang's op), Timer (eager and CUDA-graph chains
+captured in SGLang's graph_capture()). CUDA ranks, or CPU ranks over gloo where a test only needs the routing.
 """
 
 from __future__ import annotations
@@ -28,8 +19,7 @@ from ..lib.kimi import HIDDEN
 EPS = 1e-6
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
 KIMI_CONFIG = FIXTURES / "kimi-k25"  # config.json of Kimi-K2.5 (no weights)
-# The shipped profile (docker/profiles/kimi-k25-eagle3-tp8.toml): EAGLE-3 chain drafting 3/1/4 with a draft head
-# config, decode graphs up to 16 requests x 4 draft tokens per verify.
+# The shipped profile (kimi-k25-eagle3-tp8): EAGLE-3 chain drafting 3/1/4, decode graphs up to 16 x 4 rows.
 PROFILE_SERVER_ARGS = dict(cuda_graph_max_bs_decode=16, max_running_requests=16, speculative_algorithm="EAGLE3",
                            speculative_draft_model_path=str(FIXTURES / "kimi-k25-eagle3"), speculative_num_steps=3,
                            speculative_eagle_topk=1, speculative_num_draft_tokens=4)

@@ -1,13 +1,7 @@
-"""What of a box receipt leaves the box: the tarball `make report` writes for an issue.
-
-The tarball holds the receipt directory as the recommendations and `make docs` read it (receipt.json, summary.md,
-raw/, plots/, logs/), less what would identify the machine or its owner:
-  - env/tools/ keeps only the tool outputs about the GPUs, their links and NUMA (SHARED_TOOLS). nvidia-smi -q (GPU
-    serial numbers and UUIDs), the whole kernel command line (its IOMMU parameters, all the recommendations read
-    from it, are in raw/doctor.json as facts.cmdline_iommu), df and the install paths stay on the box;
-  - in every text file, the receipt directory's path becomes its name, this checkout's path <repo>, the home
-    directory ~ and this host's name <host>.
-The receipt directory itself keeps everything.
+"""What of a box receipt leaves the box: the tarball `make report` writes for an issue. It holds the receipt as the
+recommendations and `make docs` read it, less what identifies the machine: of env/tools/ only the outputs about the
+GPUs, their links and NUMA (SHARED_TOOLS; not nvidia-smi -q's serials, the kernel command line, df); in every text
+file the receipt's path becomes its name, this checkout's <repo>, the home ~ and the host name <host>.
 """
 
 from __future__ import annotations

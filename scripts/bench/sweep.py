@@ -1,20 +1,13 @@
-"""The drafter and speculative-settings sweep of `make bench` (bench/sweep.toml; `make bench-sweep`).
+"""The drafter and speculative-settings sweep of `make bench` (bench/sweep.toml; `make bench-sweep`): one server per
+(drafter, draft quantization, steps/topk/draft tokens) point, each the speculative base variant with the point's
+drafter and settings (after serve's `--`, where they replace the profile's), plus reference variants.
 
-tok/s = accept length / cycle time, and the drafter sets the accept length: the sweep runs one server per
-(drafter, draft quantization, steps/topk/draft tokens) point, each a variant derived from a base variant of
-bench/variants.toml (its command with the drafter filled in and the settings appended after serve's `--`, where
-they replace the profile's), plus reference variants (the same server without speculation).
-
-Every point is checked before anything runs against the rules of the SGLang that serves it, read from its source
-(the sglang package the bench imports, else build/sglang): a rule's anchor text must still be where SGLang keeps
-it, else the check says the rule may have moved instead of passing silently.
-  * speculative_hook.py (_handle_eagle_family): with topk 1 SGLang replaces num_draft_tokens by num_steps + 1 (a
-    warning only), so a chain point must say steps + 1 itself; topk > 1 with page_size > 1 needs an attention
-    backend of _PAGE_TREE_SPEC_BACKENDS; trtllm_mha and --speculative-use-rejection-sampling need topk 1.
-  * speculative/eagle_utils.py (organize_draft_results): the draft tree offers topk + (steps - 1) * topk^2
-    candidates, of which torch.topk keeps num_draft_tokens - 1.
-  * arg_groups/choices.py: the draft quantization must be one of QUANTIZATION_CHOICES.
-  * srt/models: the drafter's architecture must be registered (scripts/host/drafters.py).
+Every point is checked first against the rules of the SGLang that serves it, read from its source (the sglang this
+python imports, else build/sglang): a rule's anchor text must still be where SGLang keeps it, else the check says
+the rule may have moved: chains (topk 1) get draft tokens = steps + 1 (speculative_hook.py); a tree offers
+topk + (steps - 1) * topk^2 candidates (eagle_utils.py); topk > 1 needs a page-tree backend with page_size > 1, and
+not trtllm_mha or rejection sampling; the draft quantization is one of QUANTIZATION_CHOICES; the drafter's
+architecture is registered (scripts/host/drafters.py).
 """
 
 from __future__ import annotations
@@ -24,12 +17,13 @@ import dataclasses
 import re
 from pathlib import Path
 
-from ..host.drafters import claim
+from ..host.docker_run import hf_cache_dir
 from ..lib.errors import UserError
 from ..lib.tomlfile import load_toml
-from . import config as cfg
+from ..series.sglang_pkg import package_or_tree
+from . import plan as pl
 
-SWEEP_FILE = cfg.BENCH_DIR / "sweep.toml"
+SWEEP_FILE = pl.BENCH_DIR / "sweep.toml"
 KEYS = {"base", "reference", "drafters", "draft_quantization", "settings", "scenarios", "repeats", "order",
         "description"}
 SETTING_RE = re.compile(r"^(\d+)/(\d+)/(\d+)$")
@@ -132,9 +126,6 @@ class Rules:
         if p.quant and p.quant not in self.quant_choices:
             out.append(f"draft quantization {p.quant!r} is not one of SGLang's QUANTIZATION_CHOICES "
                        f"(arg_groups/choices.py): {', '.join(self.quant_choices)}")
-        c = claim(p.drafter, self.pkg, self.hub)
-        if c is not None and c.loads is False:
-            out.append(f"drafter {p.drafter}: {c.text}")
         return out
 
     def _server_arg_problems(self, s: Setting, server_args: list[str]) -> list[str]:
@@ -196,29 +187,32 @@ def load(path: Path = SWEEP_FILE) -> Sweep:
                  ",".join(scen) if scen else None, d.get("repeats"), d.get("order"), str(d.get("description", "")))
 
 
-def variants(sw: Sweep, vset: cfg.VariantSet, rules: Rules, server_args: list[str]) -> list[cfg.Variant]:
-    """The reference variants, then one variant per point (the base's command, drafter filled in, settings
-    appended); UserError listing every point SGLang would refuse or change."""
+def variants(sw: Sweep, vset: pl.VariantSet, server_args: list[str], rules: Rules | None = None) -> list[pl.Variant]:
+    """The reference variants, then one variant per point (the base with the point's drafter and settings);
+    UserError listing every point SGLang would refuse or change. rules: the serving SGLang's (default: the sglang
+    this python imports, else build/sglang)."""
     by_name = {v.name: v for v in vset.variants}
     for n in [sw.base, *sw.reference]:
         if n not in by_name:
             raise UserError(f"{sw.path}: variant {n!r} is not in {vset.path} ({', '.join(by_name)})")
     base = by_name[sw.base]
-    if not any("{draft_model}" in t for t in base.command + base.extra_args):
-        raise UserError(f"{sw.path}: base variant {base.name} takes no {{draft_model}}, so the sweep cannot set "
-                        f"the drafter; pick an EAGLE-3 variant such as patched-eagle3")
-    bad = []
-    out = [dataclasses.replace(by_name[n], default=True) for n in sw.reference]
+    if not base.speculative:
+        raise UserError(f"{sw.path}: base variant {base.name} does not speculate, so the sweep cannot set its "
+                        f"drafter; pick an EAGLE-3 variant such as patched-eagle3")
+    if rules is None:
+        pkg = package_or_tree()
+        if not (pkg / "srt").is_dir():
+            raise UserError(f"--sweep checks every point against SGLang's own rules, read from its source, and "
+                            f"finds none at {pkg}: run make apply (build/sglang), or run where sglang is installed")
+        rules = Rules(pkg, Path(hf_cache_dir()) / "hub")
+    bad, out = [], [dataclasses.replace(by_name[n], default=True) for n in sw.reference]
     for p in sw.points:
         extra = p.setting.args() + (["--speculative-draft-model-quantization", p.quant] if p.quant else [])
-        why = rules.problems(p, [*base.extra_args, *extra, *server_args])
-        bad += [f"{p.name}: {w}" for w in why]
+        bad += [f"{p.name}: {w}" for w in rules.problems(p, [*base.args, *extra, *server_args])]
         out.append(dataclasses.replace(
-            base, name=p.name, default=True, speculative=True,
+            base, name=p.name, default=True, draft_model=p.drafter, args=(*base.args, *extra),
             description=f"{base.description}; drafter {p.drafter}, {p.setting.label}"
-                        + (f", draft {p.quant}" if p.quant else ""),
-            command=tuple(t.replace("{draft_model}", p.drafter) for t in base.command),
-            extra_args=(*base.extra_args, *extra), setting=tuple(p.describe().items())))
+                        + (f", draft {p.quant}" if p.quant else ""), setting=tuple(p.describe().items())))
     if bad:
         raise UserError(f"{sw.path}: {len(bad)} point(s) SGLang ({rules.pkg}) would refuse or change:\n  "
                         + "\n  ".join(bad))

@@ -1,6 +1,6 @@
 """Run one of the serving image's verbs on this machine's GPUs: make test-serve (and any verb by hand).
 
-  python -m scripts.host.in_image [--image IMAGE] VERB [ARGS...]
+  python -m scripts.host.in_image [--image IMAGE] [--results DIR] VERB [ARGS...]
 
 The docker run (scripts/host/docker_run.py: the GPUs, the host's IPC, bench/results mounted at /results, the HF
 cache, FlashInfer's cache, the CUDA/NCCL/SGLang variables by name) is printed first, then this process becomes it.
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from ..lib.cli import run
 from ..lib.errors import UserError
@@ -25,6 +26,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="scripts.host.in_image", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--image", help="the image (default: the one make image builds)")
+    ap.add_argument("--results", type=Path, default=REPO_ROOT / "bench" / "results",
+                    help="the host directory mounted at /results (default bench/results)")
     ap.add_argument("verb", help="test-serve, test-gpu, bench-comm, doctor, ...")
     ap.add_argument("args", nargs=argparse.REMAINDER, help="the verb's arguments")
     a = ap.parse_args(argv)
@@ -32,7 +35,7 @@ def main(argv=None) -> int:
     found, why = image_id(image)
     if found is None:
         raise UserError(f"{a.verb} runs in the serving image: {why}")
-    results = REPO_ROOT / "bench" / "results"
+    results = a.results.resolve()
     results.mkdir(parents=True, exist_ok=True)
     cmd = docker_run(image, [a.verb, *a.args], results=results, hf_cache=hf_cache_dir())
     print(shown(cmd), file=sys.stderr, flush=True)

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 
-from scripts.bench import bench
-from scripts.bench import config as cfg
-from scripts.bench import launch, report, spec_model, sweep
+from scripts.bench import bench, cost_model, report, spec_model, sweep
+from scripts.bench import plan as pl
 from scripts.lib.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,14 +83,14 @@ def test_committed_sweep_becomes_checked_variants(rules):
     assert {p.drafter for p in sw.points} == {"AQ-MedAI/Kimi-K25-eagle3", "lightseekorg/kimi-k2.5-eagle3",
                                               "lightseekorg/kimi-k2.5-eagle3-mla"}
     assert {p.quant for p in sw.points} == {"", "fp8"} and len(sw.points) == 42
-    vs = sweep.variants(sw, cfg.load_variants(), rules, [])
+    plan = pl.build(*pl.parse(["--sweep", "--", "--log-level", "info"]))
+    vs = plan.variants
     # the names keep the drafter's org (two orgs' drafters of one name stay apart; issue 23 item 10)
     assert [v.name for v in vs][:2] == ["patched-nospec", "sweep-AQ-MedAI-Kimi-K25-eagle3-1-1-2"]
     mla = next(v for v in vs if v.name == "sweep-lightseekorg-kimi-k2.5-eagle3-mla-4-4-8-fp8")
     assert mla.to_dict()["setting"] == {"drafter": "lightseekorg/kimi-k2.5-eagle3-mla", "steps": 4, "topk": 4,
                                         "draft_tokens": 8, "draft_quantization": "fp8"}
-    vals = cfg.placeholder_values(cfg.load_variants().defaults, {})
-    argv = launch.Server(mla, vals, ["--log-level", "info"], Path("/tmp/x.log")).argv
+    argv = plan.serve_args(mla)
     after = argv[argv.index("--") + 1:]  # after serve's --: sglang flags that replace the profile's
     assert after == ["--speculative-num-steps", "4", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens",
                      "8", "--speculative-draft-model-quantization", "fp8", "--log-level", "info"]
@@ -101,31 +101,30 @@ def test_sweep_file_mistakes_are_named_before_anything_runs(rules, tmp_path):
     f = tmp_path / "s.toml"
     f.write_text('base = "patched-eagle3"\ndrafters = ["a/b"]\nsettings = ["3/1/5", "4/4/8"]\n'
                  'draft_quantization = ["", "int3"]\n')
+    variants = pl.load_variants(pl.BENCH_DIR / "variants.toml")
     with pytest.raises(UserError) as e:
-        sweep.variants(sweep.load(f), cfg.load_variants(), rules, [])
+        sweep.variants(sweep.load(f), variants, [], rules)
     msg = str(e.value)
     assert "point(s) SGLang" in msg and "sweep-a-b-3-1-5: 3/1/5: with topk 1" in msg and "'int3'" in msg
     assert "sweep-a-b-4-4-8:" not in msg  # the valid points are not listed
     f.write_text('base = "patched-nospec"\ndrafters = ["a/b"]\nsettings = ["3/1/4"]\n')
-    with pytest.raises(UserError, match="takes no \\{draft_model\\}"):
-        sweep.variants(sweep.load(f), cfg.load_variants(), rules, [])
+    with pytest.raises(UserError, match="does not speculate"):
+        sweep.variants(sweep.load(f), variants, [], rules)
     f.write_text('base = "x"\ndrafters = ["a/b"]\nsettings = ["3-1-4"]\n')
     with pytest.raises(UserError, match="not steps/topk/draft_tokens"):
         sweep.load(f)
 
 
 def test_bench_sweep_dry_run_and_what_it_refuses(sglang_tree, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(bench, "package_or_tree", lambda: sglang_tree / "python" / "sglang")
-    monkeypatch.setattr(bench, "check_scenarios", lambda *a, **k: None)  # judged in test_bench.py
-    monkeypatch.setattr(bench, "resolve_client", lambda *a, **k: bench.Client("test", {}, python="python"))
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}/usr/bin:/bin")  # no docker, no GPU here
     res = tmp_path / "res"
-    base = ["--sweep", "--results-dir", str(res), "--hf-cache", str(tmp_path / "hf"), "--dry-run"]
+    base = ["--sweep", "--results-dir", str(res), "--dry-run"]
     assert bench.main(base) == 0
     out = capsys.readouterr()
     assert "plan: 86 run(s) (1 scenario(s) x 43 variant(s) x 2 repeat(s)) in 43 server session(s)" in out.out
-    assert "43 load(s) of moonshotai/Kimi-K2.5" in out.out
-    assert "repeats 2 from" in out.err and "order blocked from" in out.err
-    assert bench.main(base + ["--variants", "patched-nospec,sweep-lightseekorg-kimi-k2.5-eagle3-mla-3-4-8", "--repeats", "1"]) == 0
+    assert "43 load(s) of moonshotai/Kimi-K2.5" in out.out and "FAIL docker engine" in out.out
+    picked = "patched-nospec,sweep-lightseekorg-kimi-k2.5-eagle3-mla-3-4-8"
+    assert bench.main(base + ["--variants", picked, "--repeats", "1"]) == 0
     assert "plan: 2 run(s) (1 scenario(s) x 2 variant(s) x 1 repeat(s))" in capsys.readouterr().out
     with pytest.raises(UserError, match="a sweep's drafters are its own"):
         bench.main(base + ["--draft-model", "x/y"])

@@ -1,0 +1,413 @@
+"""What `make bench` will run: its options, scenarios (bench/scenarios.toml), variants (bench/variants.toml, or a
+sweep's points), the A/B/A order (drift weighs on every variant alike), the server sessions (adjacent runs of a
+variant share one server), what --resume leaves and what it costs. bench.py runs it; make report shows and checks it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import re
+import string
+from pathlib import Path
+
+from ..lib.errors import UserError
+from ..lib.repo import PROFILES_DIR, REPO_ROOT
+from ..lib.tomlfile import load_toml
+from ..series.pin import load_pin
+
+BENCH_DIR = REPO_ROOT / "bench"
+RESULTS_DIR = BENCH_DIR / "results"
+BASELINES_DIR = BENCH_DIR / "baselines"
+ORDERS = ("aba", "blocked")
+ASSUMED_LOAD_S = 600.0  # one Kimi-K2.5 TP8 server: weights from the page cache or NVMe, graphs, JIT
+ASSUMED_STREAM_TOK_S = 50.0  # decode tok/s per stream (the seed box: 82 without speculation, 60 with EAGLE-3)
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+
+
+def _keys(where: str, d: dict, allowed: set[str]) -> None:
+    unknown = sorted(set(d) - allowed)
+    if unknown:
+        raise UserError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+
+
+def _pick(items: list, names: str | None, what: str, path: Path) -> list:
+    """Items named in a comma list (in that order), or those marked default."""
+    if not names:
+        return [i for i in items if i.default] or _fail(f"{path} marks no {what} as default; pick with --{what}s")
+    by_name, out = {i.name: i for i in items}, []
+    for n in [n.strip() for n in names.split(",") if n.strip()]:
+        if n not in by_name:
+            raise UserError(f"unknown {what} {n!r}; {path} has: {', '.join(by_name)}")
+        out += [by_name[n]] if by_name[n] not in out else []
+    return out or _fail(f"--{what}s selected nothing")
+
+
+def _fail(msg: str):
+    raise UserError(msg)
+
+
+# bench_serving flag -> the scenario key that gives its value
+SCENARIO_FLAGS = {"--dataset-name": "dataset_name", "--num-prompts": "num_prompts", "--random-input-len": "input_len",
+                  "--random-output-len": "output_len", "--random-range-ratio": "range_ratio",
+                  "--max-concurrency": "max_concurrency", "--seed": "seed", "--warmup-requests": "warmup_requests",
+                  "--request-rate": "request_rate"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    """One workload; bench_serving judges its values (a bad one fails the first run, named)."""
+
+    name: str
+    max_concurrency: int
+    num_prompts: int
+    input_len: int
+    output_len: int
+    dataset_name: str = "random-ids"
+    range_ratio: float = 1.0
+    seed: int = 1
+    warmup_requests: int = 0  # 0: as many as max_concurrency
+    request_rate: float | str = "inf"
+    tokenize_prompt: bool = True
+    flush_cache: bool = True
+    extra_args: tuple[str, ...] = ()
+    description: str = ""
+    default: bool = True
+
+    def bench_args(self) -> list[str]:
+        d = {**dataclasses.asdict(self), "warmup_requests": self.warmup_requests or self.max_concurrency}
+        a = [x for flag, key in SCENARIO_FLAGS.items() if not (key == "request_rate" and str(d[key]) == "inf")
+             for x in (flag, str(d[key]))]
+        return a + ["--tokenize-prompt"] * self.tokenize_prompt + ["--flush-cache"] * self.flush_cache + list(
+            self.extra_args)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.pop("default")
+        rate = "inf" if str(self.request_rate) == "inf" else self.request_rate
+        return {**d, "extra_args": list(self.extra_args), "request_rate": rate}
+
+    def seconds(self) -> float:
+        """The estimate of one run: its waves of requests (and the warmup's) at ASSUMED_STREAM_TOK_S."""
+        return (math.ceil(self.num_prompts / self.max_concurrency) + 1) * self.output_len / ASSUMED_STREAM_TOK_S
+
+
+def load_scenarios(path: Path, names: str | None = None, everything: bool = False) -> list[Scenario]:
+    d = load_toml(path, "scenarios file")
+    _keys(str(path), d, {"defaults", "scenario"})
+    fields = {f.name for f in dataclasses.fields(Scenario)}
+    _keys(f"{path} [defaults]", d.get("defaults", {}), fields - {"name"})
+    out: list[Scenario] = []
+    for i, s in enumerate(d.get("scenario") or _fail(f"{path} defines no [[scenario]]")):
+        where = f"{path} scenario #{i + 1} ({s.get('name', '?')})"
+        _keys(where, s, fields)
+        m = {**d.get("defaults", {}), **s}
+        if not _NAME.match(str(m.get("name", ""))):
+            raise UserError(f"{where}: name must be letters, digits, '.', '_', '+' or '-'")
+        for k in ("max_concurrency", "num_prompts", "input_len", "output_len"):
+            if not isinstance(m.get(k), int) or m[k] < 1:
+                raise UserError(f"{where}: {k} must be a positive integer, not {m.get(k)!r}")
+        for k in ("tokenize_prompt", "flush_cache", "default"):
+            if not isinstance(m.get(k, True), bool):
+                raise UserError(f"{where}: {k} must be true or false, not {m[k]!r}")
+        m["extra_args"] = tuple(str(x) for x in m.get("extra_args", ()))
+        if any(o.name == m["name"] for o in out):
+            raise UserError(f"{path}: scenario {m['name']} is defined twice")
+        out.append(Scenario(**m))
+    return out if everything else _pick(out, names, "scenario", path)
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    name: str
+    image: str = "patched"  # patched | stock | an image name
+    profile: str = ""
+    speculative: bool = False
+    draft_model: str = ""  # "": [defaults] draft_model (a sweep point sets its own)
+    env: tuple[tuple[str, str], ...] = ()
+    args: tuple[str, ...] = ()  # SGLang arguments after serve's --
+    description: str = ""
+    default: bool = True
+    url: str = ""  # a server someone else runs (--server-url)
+    patchset: str = ""  # its declared patch set (--patchset)
+    setting: tuple[tuple[str, object], ...] = ()  # a sweep point's drafter and settings
+
+    def to_dict(self) -> dict:
+        d = {**dataclasses.asdict(self), "env": dict(self.env), "args": list(self.args), "setting": dict(self.setting)}
+        d.pop("default")
+        return {k: v for k, v in d.items() if v not in ("", [], {}, None) or k == "speculative"}
+
+
+@dataclasses.dataclass
+class VariantSet:
+    variants: list[Variant]
+    defaults: dict
+    path: Path
+
+
+def load_variants(path: Path) -> VariantSet:
+    d = load_toml(path, "variants file")
+    _keys(str(path), d, {"defaults", "variant"})
+    defaults = d.get("defaults", {})
+    _keys(f"{path} [defaults]", defaults, {"model", "draft_model", "port"})
+    allowed = {f.name for f in dataclasses.fields(Variant)} - {"url", "patchset", "setting"}
+    out: list[Variant] = []
+    for i, v in enumerate(d.get("variant") or _fail(f"{path} defines no [[variant]]")):
+        where = f"{path} variant #{i + 1} ({v.get('name', '?')})"
+        _keys(where, v, allowed)
+        if not _NAME.match(str(v.get("name", ""))) or not v.get("profile"):
+            raise UserError(f"{where}: needs a name (letters, digits, '.', '_', '+', '-') and a profile")
+        if not isinstance(v.get("env", {}), dict) or not isinstance(v.get("args", []), list):
+            raise UserError(f"{where}: env is a table of NAME = \"value\", args a list of SGLang arguments")
+        if any(o.name == v["name"] for o in out):
+            raise UserError(f"{path}: variant {v['name']} is defined twice")
+        out.append(Variant(**{**v, "env": tuple((str(k), str(x)) for k, x in v.get("env", {}).items()),
+                              "args": tuple(str(x) for x in v.get("args", ()))}))
+    return VariantSet(out, defaults, Path(path))
+
+
+def server_variants(specs: list[str], patchsets: list[str]) -> list[Variant]:
+    """Variants for servers already running: --server-url [NAME=]URL, --patchset [NAME=]ID."""
+    out: list[Variant] = []
+    for i, spec in enumerate(specs):
+        name, sep, url = spec.partition("=")
+        if not sep or "://" in name:
+            name, url = ("server" if len(specs) == 1 else f"server{i + 1}"), spec
+        if not _NAME.match(name) or not re.match(r"^https?://[^/]+", url) or any(v.name == name for v in out):
+            raise UserError(f"--server-url {spec}: give NAME=URL with a new name, e.g. a=http://127.0.0.1:30000")
+        out.append(Variant(name=name, url=url.rstrip("/"), description="running server"))
+    declared = dict(p.partition("=")[::2] for p in patchsets)
+    unknown = set(declared) - {v.name for v in out}
+    if unknown:
+        raise UserError(f"--patchset {', '.join(unknown)}: write NAME=ID with the NAME of a --server-url")
+    return [dataclasses.replace(v, patchset=declared.get(v.name, "unknown")) for v in out]
+
+
+def profile_path(profile: str) -> Path:
+    """A profile by name (docker/profiles/NAME.yaml) or by path."""
+    if "/" in profile or profile.endswith((".yaml", ".toml")):
+        return Path(profile) if Path(profile).is_absolute() else REPO_ROOT / profile
+    named = [PROFILES_DIR / f"{profile}.{ext}" for ext in ("yaml", "toml")]  # .toml: until the YAML profiles land
+    return next((p for p in named if p.is_file()), named[0])
+
+
+def profile_int(profile: str, key: str, args: tuple[str, ...] | list[str] = ()) -> int:
+    """An integer SGLang setting of a variant: the last `--key N` in its arguments, else the profile's (0: unset)."""
+    flag = f"--{key}"
+    given = [args[i + 1] for i, a in enumerate(args[:-1]) if a == flag]
+    given += [a.split("=", 1)[1] for a in args if a.startswith(flag + "=")]
+    if given:
+        return int(given[-1])
+    path = profile_path(profile)
+    text = path.read_text(errors="replace") if path.is_file() else ""
+    found = re.search(rf"^\s*{key.replace('-', '[-_]')}\s*[:=]\s*(\d+)", text, re.M)
+    return int(found.group(1)) if found else 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    index: int  # 1-based position in the plan
+    scenario: Scenario
+    variant: Variant
+    repeat: int
+    letter: str  # the variant's A, B, C ... in selection order
+    round: int
+
+    def label(self, total: int) -> str:
+        return f"[{self.index}/{total}] {self.scenario.name} {self.variant.name} repeat {self.repeat} ({self.letter})"
+
+    def key(self) -> tuple:
+        return self.scenario.name, self.variant.name, self.repeat
+
+
+def letter(i: int) -> str:
+    out, n = "", i + 1
+    while n:
+        n, r = divmod(n - 1, 26)
+        out = string.ascii_uppercase[r] + out
+    return out
+
+
+def make_plan(scenarios: list[Scenario], variants: list[Variant], repeats: int, order: str = "aba") -> list[Run]:
+    """aba: odd rounds visit the variants forward, even rounds backward; blocked: every repeat of A, then of B."""
+    if repeats < 1 or order not in ORDERS:
+        raise UserError(f"repeats must be at least 1 and order one of {', '.join(ORDERS)}")
+    seq = [(r, v) for v in variants for r in range(repeats)] if order == "blocked" else [
+        (r, v) for r in range(repeats) for v in (variants if r % 2 == 0 else variants[::-1])]
+    letters = {v.name: letter(i) for i, v in enumerate(variants)}
+    runs: list[Run] = []
+    for r, v in seq:
+        runs += [Run(len(runs) + 1 + i, s, v, r + 1, letters[v.name], r + 1) for i, s in enumerate(scenarios)]
+    return runs
+
+
+def sessions(runs: list[Run]) -> list[list[Run]]:
+    """Consecutive runs of one variant: one server each."""
+    out: list[list[Run]] = []
+    for run in runs:
+        if out and out[-1][-1].variant.name == run.variant.name:
+            out[-1].append(run)
+        else:
+            out.append([run])
+    return out
+
+
+def held(runs: list[Run], results_dir: Path) -> tuple[list[Run], list[dict]]:
+    """--resume: (the runs no results file under results_dir holds yet, renumbered; the records it holds). A run is
+    held when a record has its scenario, variant and repeat with the same scenario and variant specs."""
+    want = {r.key(): r for r in runs}
+    records = []
+    for f in sorted(results_dir.glob("*.jsonl")) if results_dir.is_dir() else []:
+        for line in f.read_text(errors="replace").splitlines():
+            e = json.loads(line).get("eagle", {}) if line.strip() else {}
+            r = want.get((e.get("scenario"), e.get("variant"), e.get("repeat")))
+            if r and e.get("scenario_spec") == r.scenario.to_dict() and e.get("variant_spec") == r.variant.to_dict():
+                records.append(json.loads(line))
+    done = {(x["eagle"]["scenario"], x["eagle"]["variant"], x["eagle"]["repeat"]) for x in records}
+    left = [r for r in runs if r.key() not in done]
+    return [dataclasses.replace(r, index=i) for i, r in enumerate(left, 1)], records
+
+
+@dataclasses.dataclass
+class Plan:
+    """The runs to make (after --resume), their sessions and the variants' servers."""
+
+    args: argparse.Namespace
+    server_args: list[str]
+    scenarios: list[Scenario]
+    variants: list[Variant]
+    runs: list[Run]
+    earlier: list[dict]
+    defaults: dict
+
+    @property
+    def sessions(self) -> list[list[Run]]:
+        return sessions(self.runs)
+
+    @property
+    def launched(self) -> bool:
+        return not self.args.server_url
+
+    def seconds(self) -> float:
+        """runs x their duration + loads x ASSUMED_LOAD_S."""
+        return sum(r.scenario.seconds() for r in self.runs) + ASSUMED_LOAD_S * len(self.sessions) * self.launched
+
+    def model(self) -> str:
+        return self.args.model or self.defaults.get("model", "")
+
+    def drafter(self, v: Variant) -> str:
+        return v.draft_model or self.args.draft_model or self.defaults.get("draft_model", "")
+
+    def port(self) -> int:
+        return int(self.args.port or self.defaults.get("port", 30000))
+
+    def image(self, v: Variant) -> str:
+        pin = load_pin()
+        return {"patched": self.args.image or pin.serving_image, "stock": pin.upstream_image}.get(v.image, v.image)
+
+    def client_image(self) -> str:
+        """The serving image: bench_serving runs from it (its bench-client verb)."""
+        return self.args.image or load_pin().serving_image
+
+    def images(self) -> list[str]:
+        """The images the plan runs: its servers' and the client's (none with --here)."""
+        return [] if self.args.here else [*(self.image(v) for v in self.variants if not v.url), self.client_image()]
+
+    def gpus(self) -> int:
+        """The GPUs its launched servers need: the widest tp-size."""
+        return max((profile_int(v.profile, "tp-size", (*v.args, *self.server_args)) for v in self.variants
+                    if self.launched), default=0)
+
+    def weights(self) -> list[str]:
+        return [self.model(), *(self.drafter(v) for v in self.variants if v.speculative)] if self.launched else []
+
+    def serve_args(self, v: Variant) -> list[str]:
+        """serve's command line for variant v (contract 1)."""
+        a = ["--profile", v.profile, "--model", self.model(), "--port", str(self.port())]
+        rest = [*v.args, *self.server_args]
+        return a + ["--draft-model", self.drafter(v)] * v.speculative + (["--", *rest] if rest else [])
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="scripts.bench.bench", allow_abbrev=False)
+    add = ap.add_argument
+    add("--scenarios", help="comma list of scenario names (default: those marked default)")
+    add("--variants", help="comma list of variant names, in A, B, C order (default: those marked default)")
+    add("--repeats", type=int, help="runs per scenario x variant (default 3, or the sweep file's)")
+    add("--scenarios-file", type=Path, default=BENCH_DIR / "scenarios.toml")
+    add("--variants-file", type=Path, default=BENCH_DIR / "variants.toml")
+    add("--sweep", nargs="?", const=str(BENCH_DIR / "sweep.toml"), metavar="FILE", help="the drafter x settings sweep")
+    add("--server-url", action="append", metavar="[NAME=]URL", help="bench a server that runs already")
+    add("--patchset", action="append", default=[], metavar="NAME=ID", help="the patch set of a --server-url server")
+    add("--here", action="store_true", help="servers and client from the SGLang this python imports, not docker")
+    add("--image", help="the serving image: patched variants and the client (default: the pin's)")
+    add("--model", help="the target model (default: [defaults] model)")
+    add("--draft-model", help="the speculative variants' drafter (default: [defaults] draft_model)")
+    add("--port", type=int, help="port of launched servers (default: [defaults] port)")
+    add("--launch-timeout", type=float, default=3600, help="seconds to wait for a server to answer")
+    add("--tokenizer", help="bench_serving's tokenizer (default: the model)")
+    add("--bench-args", default="", help="more bench_serving arguments, one shell-quoted string")
+    add("--api-key-file", metavar="FILE", help="the servers' API key (else $SGLANG_API_KEY, as serve reads it)")
+    add("--sample-interval", type=float, default=1.0, help="seconds between the server's decode tok/s samples")
+    add("--box", help="box name in file names and records (default: the GPUs' model and count)")
+    add("--results-dir", type=Path, default=RESULTS_DIR)
+    add("--resume", action="store_true", help="skip the runs a results file there holds already")
+    add("--baseline", nargs="?", const="", metavar="FILE", help="compare (default bench/baselines/<box>.json)")
+    add("--write-baseline", nargs="?", const="", metavar="FILE", help="write this run's medians as a baseline")
+    add("--max-tok-s-drop", type=float, help="allowed tok/s drop in %% (default: the baseline's, else 5)")
+    add("--max-accept-drop", type=float, help="allowed accept length drop (default: the baseline's, else 0.05)")
+    add("--fail-on-eager", action="store_true", help="exit 1 when a verify forward ran off its CUDA graph")
+    add("--report", metavar="RESULTS.jsonl", help="only rebuild the report of a results file (and compare)")
+    add("--dry-run", action="store_true", help="print the plan, its checks and every command; run nothing")
+    return ap
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """(options, SGLang arguments after --)."""
+    i = argv.index("--") if "--" in argv else len(argv)
+    return parser().parse_args(argv[:i]), argv[i + 1:]
+
+
+def build(a: argparse.Namespace, server_args: list[str]) -> Plan:
+    """The plan of these options: scenarios, variants (the sweep's, or --server-url's), runs, --resume."""
+    from . import sweep  # sweep builds on this module's variants
+
+    if a.server_url and (a.variants or a.sweep or server_args):
+        raise UserError("--server-url benches servers that run already: drop --variants, --sweep and -- ARGS")
+    if a.sweep and a.draft_model:
+        raise UserError("--draft-model sets the variants' drafter, but a sweep's drafters are its own (drafters = "
+                        "[...] in the sweep file): drop --draft-model")
+    vset = VariantSet([], {}, a.variants_file) if a.server_url else load_variants(a.variants_file)
+    order = None
+    if a.sweep:
+        sw = sweep.load(Path(a.sweep))
+        a.scenarios, a.repeats, order = a.scenarios or sw.scenarios, a.repeats or sw.repeats, sw.order
+        vset = VariantSet(sweep.variants(sw, vset, server_args), vset.defaults, sw.path)
+    variants = server_variants(a.server_url, a.patchset) if a.server_url else _pick(
+        vset.variants, a.variants, "variant", vset.path)
+    if a.here and any(v.image == "stock" for v in variants):
+        raise UserError("--here serves with the SGLang this python imports, so a stock variant would not be stock: "
+                        "pick patched variants (--variants patched-nospec,patched-eagle3)")
+    scenarios = load_scenarios(a.scenarios_file, a.scenarios)
+    runs = make_plan(scenarios, variants, a.repeats or 3, order or "aba")
+    runs, earlier = held(runs, a.results_dir) if a.resume else (runs, [])
+    return Plan(a, server_args, scenarios, variants, runs, earlier, vset.defaults)
+
+
+def concurrency_problems(p: Plan) -> list[str]:
+    """Scenarios asking more concurrent requests than a launched server runs at once (its max-running-requests):
+    the rest would queue, and the run would not measure that concurrency."""
+    out = []
+    for s in p.scenarios:
+        caps = sorted((cap, v.name, v.profile) for v in p.variants if p.launched
+                      and 0 < (cap := profile_int(v.profile, "max-running-requests", (*v.args, *p.server_args)))
+                      < s.max_concurrency)
+        if caps:
+            cap, name, profile = caps[0]
+            out.append(f"scenario {s.name}: max_concurrency {s.max_concurrency} is above max-running-requests {cap} "
+                       f"of {name} (profile {profile}): {cap} would run at a time. Fix: max_concurrency <= {cap} in "
+                       f"[[scenario]] {s.name}, or make bench BENCH_ARGS=\"... -- --max-running-requests "
+                       f"{s.max_concurrency}\"")
+    return out
