@@ -64,7 +64,8 @@ def test_the_three_families_and_their_verbs():
     assert verbs == {"series.apply", "series.export", "series.check_patches", "series.refresh", "series.prove_tests",
                      "host.doctor", "host.serve", "host.smoke", "host.image", "host.gpu_tier",
                      "host.image_test", "host.in_image",
-                     "bench.bench", "bench.bench_comm", "bench.cost_model", "bench.receipt"}
+                     "bench.bench", "bench.bench_comm", "bench.cost_model", "bench.receipt",
+                     "bench.profile"}
     assert not [n for n in VERBS if n.startswith("scripts.lib")]
 
 

@@ -125,7 +125,7 @@ def test_the_dry_run_shows_the_plan_and_total_when_the_box_cannot_run_it(tmp_pat
         cp = _receipt("--dir", d, "--box", "cpu-ci", *extra, env=env)
         assert cp.returncode == 2 and "Traceback" not in cp.stderr, cp.stderr[-3000:]
         out = cp.stdout + cp.stderr
-        for part in ("test-serve", "doctor", "test-gpu", "bench-comm", "bench"):
+        for part in ("test-serve", "doctor", "test-gpu", "bench-comm", "bench", "profile"):
             assert re.search(rf"\| {part} \| run \| ~\S+ \| `", out), part
         assert "bench: 36 run(s) in 10 server session(s) to go" in out and "total: ~" in out
         assert "FAIL docker engine: the docker engine is missing here" in out and "FAIL GPUs: no NVIDIA GPU" in out
