@@ -275,18 +275,23 @@ def tune_cache_save_fails(rank, world, port):
     tp = _up(rank, world, port, disable_flashinfer_autotune=False)
     blocker = Path(tempfile.mkdtemp(), "a-file")
     blocker.write_text("")
+    broken = []
 
     class Tuned(AllReduce):
         def tune(self, hiddens, tune_group=None, **kw):
             dist.barrier(group=self.group)
             if rank == 0:
                 AutoTuner.get().save_configs(str(blocker / "tactics.json"))
-            dist.barrier(group=self.group)
+            try:  # a peer that left tune() early breaks this barrier (or never arrives: a hang)
+                dist.barrier(group=self.group)
+            except Exception as e:
+                broken.append(repr(e))
+                raise
             return {(hiddens[0], 8): "config"}
 
     comm = _pcie_ipc(tp, Tuned)
     comm.prepare(hidden=64, max_rows=8)
-    return {"disabled": comm.disabled}
+    return {"disabled": comm.disabled, "barrier_broken": broken}
 
 
 # ------------------------------------------------------------------------------------------------------------------
