@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import _gloo
 from _sgl import platform, resolved, server_args
 
 unchanged = pytest.mark.unchanged
@@ -472,3 +473,10 @@ def test_fusion_workspace_preflight_gets_the_workspace_comm_backend(fcf, monkeyp
     manager.initialize(world_size=8, rank=0, max_token_num=256, hidden_dim=7168, backend="trtllm",
                        dtype=torch.bfloat16, device_group=gloo_group, cpu_group=gloo_group)
     assert seen["comm_backend"] is seen["backend"] and not manager.initialized
+
+
+def test_fusion_handle_exchange_failing_before_its_first_collective_is_joint():
+    """Two CPU ranks, FlashInfer's real handle exchange over a group of its own (as the device group is): rank 1
+    cannot make the exchange's temporary socket directory, before the exchange's one collective. It still enters
+    that collective, with nothing to share, so rank 0 leaves the exchange too, and both skip the fusion."""
+    assert _gloo.run("fusion_exchange_fails_early", timeout=400, bad_rank=1) == [{"proceed": False}] * 2

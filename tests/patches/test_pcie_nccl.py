@@ -1,10 +1,11 @@
-"""PCIe-only defaults: NCCL variables and the PCIe-IPC all-reduce set by the launcher, and the all-reduce routing.
+"""PCIe-only hosts: the launcher's NCCL default, the PCIe-IPC all-reduce (on by default, its group decisions, its
+routing ahead of FlashInfer's allreduce-only path, its rank -> NUMA log).
 
-The launcher tests run the real `_set_envs_and_config` (entrypoints/engine.py) on resolved Kimi-K2.5 TP8 server
-arguments, with NVML faked through the pynvml functions SGLang calls; multiprocessing.set_start_method,
-signal.signal and set_ulimit are stubbed, and the environment is restored after each test. The routing tests call
-the real `GroupCoordinator.all_reduce` on a coordinator built with __new__, with meta tensors (not CPU, so the
-GPU path is taken) and the real `PcieIpcCommunicator.should_pcie_ipc_ar` over a fake FlashInfer workspace.
+The launcher tests run the real `_set_envs_and_config` (entrypoints/engine.py) on resolved Kimi-K2.5 server
+arguments, with NVML faked through the pynvml functions SGLang calls (tests/_fake_nvml.py); multiprocessing,
+signal and ulimit calls are stubbed and the environment is restored after each test. The routing tests call the
+real `GroupCoordinator.all_reduce` on a coordinator built with __new__, with meta tensors (so the GPU path is
+taken), and the real `PcieIpcCommunicator` over a stand-in of FlashInfer's workspace.
 """
 
 from __future__ import annotations
@@ -14,29 +15,29 @@ import logging
 import multiprocessing
 import os
 import signal
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+import _gloo
 from _fake_nvml import BUS, FakeNvml
 from _sgl import platform, server_args
 
 REPO = Path(__file__).resolve().parents[2]
 HIDDEN = 7168  # Kimi-K2.5 / DeepSeek-V3
-DECODE_ROWS = 48 * 4  # max_bs x draft tokens: the decode-sized PCIe-IPC workspace
-# Variables the launcher may touch for these tests; cleared before each run so the host's environment
-# cannot leak in, and put back afterwards.
-WATCHED = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NCCL_MAX_CTAS", "NCCL_MIN_CTAS", "NCCL_MAX_NRINGS",
-           "NCCL_MIN_NRINGS", "SGLANG_PCIE_NCCL_DEFAULTS", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE",
-           "SGLANG_ENABLE_DETERMINISTIC_INFERENCE", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_PROTO",
-           "NCCL_ALGO", "NCCL_P2P_LEVEL", "NCCL_IB_DISABLE", "NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE",
-           "NCCL_GRAPH_MIXING_SUPPORT")
-# What upstream's launcher itself sets among NCCL_* on one node without symm-mem/DCP (engine.py:1898-1915).
-UPSTREAM_NCCL = {"NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE"}
-LOGGER = "sglang.srt.entrypoints.pcie_defaults"
+# Variables the launcher may touch; cleared before each test so the host's environment cannot leak in.
+WATCHED = ("CUDA_VISIBLE_DEVICES", "SGLANG_PCIE_NCCL_DEFAULTS", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE",
+           "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_MIN_NRINGS", "NCCL_MAX_NRINGS", "NCCL_MIN_CTAS",
+           "NCCL_MAX_CTAS", "NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE", "NCCL_GRAPH_MIXING_SUPPORT")
+# What upstream's launcher itself sets among NCCL_* on one node (engine.py _set_envs_and_config).
+UPSTREAM_NCCL = {"NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE", "NCCL_MNNVL_ENABLE"}
+SET_LINE = "No NVLink between the visible GPUs: set NCCL_MIN_NCHANNELS=8 (SGLANG_PCIE_NCCL_DEFAULTS=0 skips this)."
+
+
+def all_pairs(indices) -> set:
+    return {frozenset(p) for p in itertools.combinations(indices, 2)}
 
 
 @pytest.fixture(scope="module")
@@ -44,39 +45,14 @@ def kimi_tp8():
     return server_args(12)
 
 
-@pytest.fixture(scope="module")
-def kimi_tp1():
-    return server_args(12, tp=1)
+def nvml(monkeypatch, **kw) -> FakeNvml:
+    """FakeNvml, also where SGLang's NVML helpers (custom_all_reduce_utils) import pynvml only on a CUDA build."""
+    import pynvml
 
+    from sglang.srt.distributed.device_communicators import custom_all_reduce_utils
 
-@pytest.fixture(scope="module")
-def kimi_two_nodes():
-    return server_args(12, nnodes=2)
-
-
-def env_file_values() -> dict[str, str]:
-    """What the patched launcher sets on a PCIe-only host in a clean environment (its own nccl_defaults)."""
-    from sglang.srt.entrypoints.pcie_defaults import nccl_defaults
-
-    return nccl_defaults({})[0]
-
-
-def all_pairs(indices) -> set:
-    return {frozenset(p) for p in itertools.combinations(indices, 2)}
-
-
-@pytest.fixture
-def numa(tmp_path, monkeypatch):
-    """numa(nodes): sysfs numa_node files for BUS (one node per GPU), read by the launcher instead of /sys."""
-    from sglang.srt.entrypoints import pcie_defaults
-
-    def make(nodes):
-        for bus, node in zip(BUS, nodes):
-            (tmp_path / bus).mkdir(exist_ok=True)
-            (tmp_path / bus / "numa_node").write_text(f"{node}\n")
-
-    monkeypatch.setattr(pcie_defaults, "_SYSFS_PCI_DEVICES", str(tmp_path))
-    return make
+    monkeypatch.setattr(custom_all_reduce_utils, "pynvml", pynvml, raising=False)
+    return FakeNvml(monkeypatch, **kw)
 
 
 @pytest.fixture
@@ -92,7 +68,7 @@ def launch(monkeypatch, caplog):
         raise AssertionError("the launcher must not initialise CUDA (it would poison the scheduler spawn)")
 
     monkeypatch.setattr(torch.cuda, "_lazy_init", no_cuda_context)
-    caplog.set_level(logging.INFO, logger=LOGGER)
+    caplog.set_level(logging.INFO, logger="sglang.srt.entrypoints.engine")
     saved = dict(os.environ)
     for k in WATCHED:
         monkeypatch.delenv(k, raising=False)
@@ -111,350 +87,186 @@ def launch(monkeypatch, caplog):
     os.environ.update(saved)
 
 
-def pcie_log(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == LOGGER]
-
-
-def pcie_ipc_on() -> bool:
-    from sglang.srt.distributed.device_communicators.pcie_ipc_ar import eligible_group
-
-    return eligible_group(group_name="tp", world_size=8, deterministic=False)
+def launcher_log(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "sglang.srt.entrypoints.engine"
+            and ("NVLink" in r.getMessage() or "NCCL defaults" in r.getMessage())]
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# NCCL defaults
+# The launcher's NCCL default
 
 
-def test_pcie_nccl_defaults_applied_without_nvlink(launch, kimi_tp8, monkeypatch, caplog):
-    FakeNvml(monkeypatch)
+def test_pcie_nccl_default_applied_without_nvlink(launch, kimi_tp8, monkeypatch, caplog):
+    nvml(monkeypatch)
     changed = launch(kimi_tp8)
-    assert env_file_values() == {"NCCL_MIN_NCHANNELS": "8"}
-    for k, v in env_file_values().items():
-        assert changed.get(k) == v, k
-    assert not ({"NCCL_PROTO", "NCCL_ALGO", "NCCL_P2P_LEVEL", "NCCL_IB_DISABLE", "NCCL_MAX_NCHANNELS"} & set(changed))
-    applied = [m for m in pcie_log(caplog) if "NCCL defaults for PCIe applied" in m]
-    assert len(applied) == 1 and "NCCL_MIN_NCHANNELS" in applied[0]
-
-
-def test_pcie_nccl_defaults_keep_user_values(launch, kimi_tp8, monkeypatch, caplog):
-    from sglang.srt.entrypoints.pcie_defaults import _PCIE_NCCL_DEFAULTS
-
-    FakeNvml(monkeypatch)
-    user = {k: f"{v}-user" for k, v in _PCIE_NCCL_DEFAULTS.items()}
-    launch(kimi_tp8, **user)
-    assert {k: os.environ[k] for k in user} == user
-    (line,) = [m for m in pcie_log(caplog) if "NCCL defaults for PCIe applied" in m]
-    assert "kept" in line and all(k in line for k in user)
-
-
-def test_pcie_nccl_defaults_opt_out(launch, kimi_tp8, monkeypatch, caplog):
-    from sglang.srt.environ import envs
-
-    FakeNvml(monkeypatch)
-    changed = launch(kimi_tp8, SGLANG_PCIE_NCCL_DEFAULTS="0")
-    assert envs.SGLANG_PCIE_NCCL_DEFAULTS.get() is False
-    assert not (set(env_file_values()) & set(changed))
-    assert any("SGLANG_PCIE_NCCL_DEFAULTS=0" in m for m in pcie_log(caplog))
+    assert changed["NCCL_MIN_NCHANNELS"] == "8" and {k for k in changed if k.startswith("NCCL_")} <= \
+        UPSTREAM_NCCL | {"NCCL_MIN_NCHANNELS"}
+    assert launcher_log(caplog) == [SET_LINE]
 
 
 def test_pcie_nccl_notsupported_pair_counts_as_no_nvlink(launch, kimi_tp8, monkeypatch):
     import pynvml
 
-    FakeNvml(monkeypatch, pair_error=pynvml.NVML_ERROR_NOT_SUPPORTED)
-    changed = launch(kimi_tp8)
-    assert set(env_file_values()) <= set(changed)
+    nvml(monkeypatch, pair_error=pynvml.NVML_ERROR_NOT_SUPPORTED)
+    assert launch(kimi_tp8)["NCCL_MIN_NCHANNELS"] == "8"
 
 
-def test_pcie_nccl_maps_cuda_visible_devices_to_nvml(launch, kimi_tp8, monkeypatch):
-    # GPUs 0-1 share NVLink, but this server sees 4-7 only: PCIe-only for it.
-    nvml = FakeNvml(monkeypatch, nvlink=[(0, 1)])
-    changed = launch(server_args(12, tp=4), CUDA_VISIBLE_DEVICES="4,5,6,7", CUDA_DEVICE_ORDER="PCI_BUS_ID")
-    assert nvml.pairs == all_pairs([4, 5, 6, 7])
-    assert set(env_file_values()) <= set(changed)
+def test_pcie_nccl_probes_the_visible_gpus(launch, monkeypatch):
+    """GPUs 0-1 share NVLink, but this server sees 4-7 only (CUDA_VISIBLE_DEVICES numbers are NVML indices)."""
+    fake = nvml(monkeypatch, nvlink=[(0, 1)])
+    changed = launch(server_args(12, tp=4), CUDA_VISIBLE_DEVICES="4,5,6,7")
+    assert fake.pairs == all_pairs([4, 5, 6, 7]) and changed["NCCL_MIN_NCHANNELS"] == "8"
 
 
-@pytest.mark.parametrize("kw, gpus, pcie_only", [
-    (dict(), [0, 1, 2, 3], True),                       # GPUs 0-3: no NVLink among them
-    (dict(base_gpu_id=4), [4, 5, 6, 7], False),         # GPUs 4-7 include the NVLink pair 6-7
-    (dict(gpu_id_step=2), [0, 2, 4, 6], True),          # every other GPU: 6 without its NVLink peer 7
-    (dict(base_gpu_id=1, gpu_id_step=2), [1, 3, 5, 7], True),
-])
-def test_pcie_nccl_probes_exactly_the_tp_group(launch, monkeypatch, kw, gpus, pcie_only):
-    """A TP4 server on an 8-GPU host where only GPUs 6 and 7 share an NVLink bridge: the probe covers the GPUs
-    the engine will place the TP ranks on (--base-gpu-id, --gpu-id-step, --tp-size), nothing else."""
-    nvml = FakeNvml(monkeypatch, nvlink=[(6, 7)])
-    changed = launch(server_args(12, tp=4, **kw), CUDA_DEVICE_ORDER="PCI_BUS_ID")
-    assert nvml.pairs == all_pairs(gpus)
-    assert (set(env_file_values()) <= set(changed)) is pcie_only
-    assert ("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" in changed) is pcie_only
+@pytest.mark.parametrize("user", [{"NCCL_MIN_NCHANNELS": "4"}, {"NCCL_MAX_NCHANNELS": "16"},
+                                  {"NCCL_MIN_NRINGS": "2"}, {"NCCL_MAX_CTAS": "8"}, {"NCCL_MIN_CTAS": "1"}])
+def test_pcie_nccl_default_never_overrides_a_channel_setting(launch, kimi_tp8, monkeypatch, caplog, user):
+    """NCCL runs max(floor, min(found, ceiling)) channels: a floor would override any channel setting of the
+    user's, so none is set then, and the log says which setting kept it off."""
+    nvml(monkeypatch)
+    changed = launch(kimi_tp8, **user)
+    assert "NCCL_MIN_NCHANNELS" not in changed and {k: os.environ[k] for k in user} == user
+    assert launcher_log(caplog) == [f"NCCL defaults for PCIe not applied: {next(iter(user))} set."]
 
 
-# NVML enumerates the GPUs in another order than PCI bus order (index 0 is the GPU on the highest bus).
-SCRAMBLED = list(reversed(BUS))
+def test_pcie_nccl_default_opt_out(launch, kimi_tp8, monkeypatch, caplog):
+    from sglang.srt.environ import envs
+
+    fake = nvml(monkeypatch)
+    changed = launch(kimi_tp8, SGLANG_PCIE_NCCL_DEFAULTS="0")
+    assert envs.SGLANG_PCIE_NCCL_DEFAULTS.get() is False
+    assert "NCCL_MIN_NCHANNELS" not in changed and fake.inits == 0 and launcher_log(caplog) == []
 
 
-def test_pcie_nccl_maps_cuda_ordinals_in_pci_bus_order(launch, monkeypatch):
-    """CUDA numbers GPUs in PCI bus order (CUDA_DEVICE_ORDER=PCI_BUS_ID, or identical GPUs); NVML indices carry
-    no order. CUDA GPUs 0-1 are the two lowest buses (NVML 7 and 6), not NVML indices 0-1 (joined by NVLink)."""
-    nvml = FakeNvml(monkeypatch, nvlink=[(0, 1)], buses=SCRAMBLED)
-    changed = launch(server_args(12, tp=2), CUDA_DEVICE_ORDER="PCI_BUS_ID", CUDA_VISIBLE_DEVICES="0,1")
-    assert nvml.pairs == {frozenset((7, 6))}
-    assert set(env_file_values()) <= set(changed)
-
-
-def test_pcie_nccl_maps_cuda_visible_devices_uuids(launch, monkeypatch):
-    """GPU UUIDs (unique prefixes, as CUDA accepts them) are matched against NVML's UUIDs."""
-    nvml = FakeNvml(monkeypatch, nvlink=[(0, 1)])
-    uuids = ",".join(FakeNvml.uuid(i)[:8] for i in (5, 2))
-    changed = launch(server_args(12, tp=2), CUDA_VISIBLE_DEVICES=uuids)
-    assert nvml.pairs == {frozenset((5, 2))}
-    assert set(env_file_values()) <= set(changed)
-
-
-def test_pcie_nccl_mixed_gpus_need_pci_bus_order(launch, monkeypatch, caplog):
-    """With different GPU models CUDA's default order puts the fastest first: CUDA ordinals cannot be mapped to
-    PCI devices without CUDA_DEVICE_ORDER=PCI_BUS_ID, so the topology is unknown and nothing is set."""
-    names = ["NVIDIA RTX PRO 6000 Blackwell Server Edition"] * 6 + ["NVIDIA RTX 5090"] * 2
-    FakeNvml(monkeypatch, names=names)
-    changed = launch(server_args(12, tp=2))
-    assert not (set(env_file_values()) & set(changed))
-    (line,) = [m for m in pcie_log(caplog) if "topology unknown" in m]
-    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in line
-
-
-def test_pcie_nccl_fastest_first_subset_is_unknown(launch, monkeypatch, caplog):
-    """CUDA's default order (FASTEST_FIRST) leaves the order of GPUs unspecified (CUDA Programming Guide, "CUDA
-    Environment Variables"), so CUDA ordinals that pick a subset cannot be matched to NVML devices: the topology of
-    a TP4 group on an 8-GPU host is unknown without CUDA_DEVICE_ORDER=PCI_BUS_ID, and nothing is set."""
-    FakeNvml(monkeypatch)
-    changed = launch(server_args(12, tp=4))
-    assert not (set(env_file_values()) & set(changed)) and "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" not in changed
-    (line,) = [m for m in pcie_log(caplog) if "topology unknown" in m]
-    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in line
-
-
-def test_pcie_nccl_fastest_first_all_gpus_decides_without_a_rank_map(launch, kimi_tp8, monkeypatch, caplog, numa):
-    """A TP8 group on all 8 GPUs: whatever CUDA's order, the group's set of GPUs is known, so the NVLink question
-    is answered; which GPU (and NUMA node) each rank gets is not, so no rank map and no island warning, and the log
-    names the fix."""
-    numa([0, 1, 0, 1, 0, 1, 0, 1])
-    FakeNvml(monkeypatch)
-    changed = launch(kimi_tp8)
-    assert set(env_file_values()) <= set(changed)
-    log = pcie_log(caplog)
-    assert not [m for m in log if m.startswith("PCIe-only TP group")]
-    assert not [r for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING]
-    assert any("Rank -> NUMA map not logged" in m and "CUDA_DEVICE_ORDER=PCI_BUS_ID" in m for m in log)
-
-
-@pytest.mark.parametrize("nodes, warned", [([0, 0, 0, 0, 1, 1, 1, 1], []),
-                                           ([0, 1, 0, 1, 0, 1, 0, 1], ["0-3", "4-7"]),
-                                           ([0, 0, 0, 1, 1, 1, 1, 1], ["0-3"])])
-def test_pcie_nccl_logs_rank_numa_map_and_warns_on_split_islands(launch, kimi_tp8, monkeypatch, caplog, numa,
-                                                                 nodes, warned):
-    """On a two-NUMA 8-GPU host the launcher logs which NUMA node each TP rank's GPU sits on, and warns when a
-    PCIe-IPC island (ranks 0-3, 4-7) spans both nodes."""
-    numa(nodes)
-    FakeNvml(monkeypatch)
-    launch(kimi_tp8, CUDA_DEVICE_ORDER="PCI_BUS_ID")
-    (rank_map,) = [m for m in pcie_log(caplog) if m.startswith("PCIe-only TP group")]
-    for rank, (bus, node) in enumerate(zip(BUS, nodes)):
-        assert f"rank {rank}: GPU {rank} {bus} NUMA {node}" in rank_map
-    warnings = [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno == logging.WARNING]
-    assert [w.split("TP ranks ")[1].split(" ")[0] for w in warnings] == warned
-    assert all("CUDA_VISIBLE_DEVICES" in w for w in warnings)
-
-
-@pytest.mark.parametrize("failure", ["init", "pair", "import", "mig", "too_few"])
+@pytest.mark.parametrize("failure", ["init", "pair", "uuid"])
 def test_pcie_nccl_unknown_topology_changes_nothing_and_says_so(launch, kimi_tp8, monkeypatch, caplog, failure):
     import pynvml
 
     env = {}
     if failure == "init":
-        FakeNvml(monkeypatch, init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+        nvml(monkeypatch, init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
     elif failure == "pair":
-        FakeNvml(monkeypatch, pair_error=pynvml.NVML_ERROR_UNKNOWN)
-    elif failure == "import":
-        monkeypatch.setitem(sys.modules, "pynvml", None)
-    elif failure == "mig":
-        FakeNvml(monkeypatch)
-        env["CUDA_VISIBLE_DEVICES"] = "MIG-0e1f2a3b-4c5d-6e7f-8091-a2b3c4d5e6f7"
-    else:  # the TP8 group needs 8 GPUs, 4 are visible
-        FakeNvml(monkeypatch)
-        env["CUDA_VISIBLE_DEVICES"] = "0,1,2,3"
+        nvml(monkeypatch, pair_error=pynvml.NVML_ERROR_UNKNOWN)
+    else:  # GPU UUIDs in CUDA_VISIBLE_DEVICES: not NVML indices
+        nvml(monkeypatch)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(FakeNvml.uuid(i) for i in range(8))
     changed = launch(kimi_tp8, **env)
     assert {k for k in changed if k.startswith("NCCL_")} <= UPSTREAM_NCCL
-    assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" not in changed
-    assert len([m for m in pcie_log(caplog) if "topology unknown" in m]) == 1
-
-
-@pytest.mark.parametrize("user, kept_floor", [
-    ({"NCCL_MAX_NCHANNELS": "4"}, False), ({"NCCL_MAX_CTAS": "2"}, False), ({"NCCL_MAX_NRINGS": "4"}, False),
-    ({"NCCL_MIN_CTAS": "1"}, False), ({"NCCL_MAX_NCHANNELS": "16"}, True), ({"NCCL_MAX_CTAS": "8"}, True),
-    # NCCL_MIN_NCHANNELS replaces the legacy NCCL_MIN_NRINGS whenever both are set (graph/connect.cc
-    # ncclMinNchannels): any NCCL_MIN_NRINGS is the user's floor, above 8 too.
-    ({"NCCL_MIN_NRINGS": "16"}, False), ({"NCCL_MIN_NRINGS": "2"}, False),
-])
-def test_pcie_nccl_channel_floor_never_overrides_a_user_setting(launch, kimi_tp8, monkeypatch, caplog, user,
-                                                                kept_floor):
-    """NCCL runs max(floor, min(found, ceiling)) channels (graph/connect.cc), so NCCL_MIN_NCHANNELS=8 would raise
-    a user's ceiling (NCCL_MAX_NCHANNELS/NRINGS/CTAS) or floor below 8: then it is not set, and the log says why."""
-    FakeNvml(monkeypatch)
-    changed = launch(kimi_tp8, **user)
-    assert ("NCCL_MIN_NCHANNELS" in changed) is kept_floor
-    assert {k: os.environ[k] for k in user} == user
-    (line,) = [m for m in pcie_log(caplog) if "NCCL defaults for PCIe applied" in m]
-    if not kept_floor:
-        assert f"{next(iter(user))}={next(iter(user.values()))}" in line
-
-
-def test_pcie_defaults_of_an_earlier_launch_are_defaults_again(launch, kimi_tp8, monkeypatch, caplog):
-    """Two launches in one process (sgl.Engine twice, notebooks, tests): what the first set is not the user's value
-    for the second. --disable-custom-all-reduce then keeps PCIe IPC off, and the NCCL floor is applied, not kept."""
-    FakeNvml(monkeypatch)
-    first = launch(kimi_tp8)
-    assert first["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"] == "1" and first["NCCL_MIN_NCHANNELS"] == "8"
-    caplog.clear()
-    launch(server_args(12, disable_custom_all_reduce=True))
-    assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" not in os.environ and not pcie_ipc_on()
-    (line,) = [m for m in pcie_log(caplog) if "NCCL defaults for PCIe applied" in m]
-    assert "applied {'NCCL_MIN_NCHANNELS': '8'}" in line and "kept none" in line
-    assert os.environ["NCCL_MIN_NCHANNELS"] == "8"
-
-
-def test_pcie_defaults_a_value_changed_after_a_launch_is_the_users(launch, kimi_tp8, monkeypatch, caplog):
-    """A value the user puts in the environment between two launches wins, even under a name the launcher set."""
-    FakeNvml(monkeypatch)
-    launch(kimi_tp8)
-    caplog.clear()
-    launch(kimi_tp8, NCCL_MIN_NCHANNELS="4", SGLANG_ENABLE_PCIE_IPC_ALLREDUCE="0")
-    assert os.environ["NCCL_MIN_NCHANNELS"] == "4" and not pcie_ipc_on()
-    (line,) = [m for m in pcie_log(caplog) if "NCCL defaults for PCIe applied" in m]
-    assert "kept {'NCCL_MIN_NCHANNELS': '4'}" in line
+    (line,) = launcher_log(caplog)
+    assert line.startswith("NCCL defaults for PCIe not applied: topology unknown (")
 
 
 @pytest.mark.unchanged
-def test_pcie_nccl_nvlink_host_unchanged(launch, kimi_tp8, monkeypatch):
-    FakeNvml(monkeypatch, nvlink=[(0, 1)])
-    changed = launch(kimi_tp8)
+@pytest.mark.parametrize("shape", ["nvlink", "tp1", "two_nodes"])
+def test_pcie_nccl_nvlink_tp1_and_multi_node_unchanged(launch, monkeypatch, shape):
+    fake = nvml(monkeypatch, nvlink=[(2, 5)] if shape == "nvlink" else ())
+    sa = {"nvlink": server_args(12), "tp1": server_args(12, tp=1), "two_nodes": server_args(12, nnodes=2)}[shape]
+    changed = launch(sa)
     assert {k for k in changed if k.startswith("NCCL_")} <= UPSTREAM_NCCL
     assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" not in changed
-
-
-@pytest.mark.unchanged
-@pytest.mark.parametrize("shape", ["tp1", "two_nodes"])
-def test_pcie_nccl_single_node_tp_only(launch, request, monkeypatch, shape):
-    nvml = FakeNvml(monkeypatch)
-    sa = request.getfixturevalue("kimi_tp1" if shape == "tp1" else "kimi_two_nodes")
-    changed = launch(sa)
-    assert {k for k in changed if k.startswith("NCCL_")} <= UPSTREAM_NCCL | {"NCCL_MNNVL_ENABLE"}
-    assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" not in changed
-    assert nvml.inits == 0
+    assert shape == "nvlink" or fake.inits == 0
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# PCIe-IPC all-reduce on by default on PCIe-only SM120
+# PCIe IPC on by default on PCIe-only SM120 (pcie_ipc_ar.eligible_group, every rank voting on the host group)
 
 
-def test_pcie_ipc_allreduce_default_on_pcie_only_sm120(launch, kimi_tp8, monkeypatch, caplog):
-    FakeNvml(monkeypatch)
-    launch(kimi_tp8)
-    assert pcie_ipc_on()
-    assert any("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0" in m for m in pcie_log(caplog))
+@pytest.fixture
+def published(kimi_tp8):
+    from sglang.srt import runtime_context as rc
+
+    with rc.use_context(rc.create_context(kimi_tp8, role="scheduler")):
+        yield kimi_tp8
 
 
-def test_pcie_ipc_allreduce_default_is_independent_of_the_nccl_opt_out(launch, kimi_tp8, monkeypatch):
-    FakeNvml(monkeypatch)
-    changed = launch(kimi_tp8, SGLANG_PCIE_NCCL_DEFAULTS="0")
-    assert "NCCL_MIN_NCHANNELS" not in changed
-    assert pcie_ipc_on()
+def eligible(world=8, major=12, deterministic=False, **kw):
+    """pcie_ipc_ar.eligible_group for the TP group (kw: custom_allreduce, cpu_group) on a faked GPU."""
+    from sglang.srt.distributed.device_communicators.pcie_ipc_ar import eligible_group
+
+    with platform(major):
+        return eligible_group(group_name="tp", world_size=world, deterministic=deterministic, **kw)
 
 
-@pytest.mark.parametrize("value, on", [
-    pytest.param("0", False, marks=pytest.mark.unchanged, id="opt-out"),
-    pytest.param("1", True, marks=pytest.mark.unchanged, id="explicit-on"),
-])
-def test_pcie_ipc_allreduce_explicit_value_wins(launch, kimi_tp8, monkeypatch, value, on):
-    FakeNvml(monkeypatch)
-    launch(kimi_tp8, SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=value)
-    assert os.environ["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"] == value
-    assert pcie_ipc_on() is on
+def test_pcie_ipc_allreduce_default_on_pcie_only_sm120(published, monkeypatch, caplog):
+    nvml(monkeypatch)
+    with caplog.at_level(logging.INFO):
+        assert eligible() and eligible(world=4)
+    assert any("Set SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0 to keep it off" in r.getMessage() for r in caplog.records)
 
 
-def test_pcie_ipc_allreduce_default_needs_sm120_but_nccl_defaults_do_not(launch, kimi_tp8, monkeypatch):
-    # A PCIe-only Hopper host (H100 PCIe): NCCL defaults yes, PCIe-IPC stays upstream's opt-in.
-    FakeNvml(monkeypatch)
-    changed = launch(kimi_tp8, major=9)
-    assert set(env_file_values()) <= set(changed)
-    assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" not in changed and not pcie_ipc_on()
+@pytest.mark.parametrize("case", ["nvlink", "sm90", "tp2", "no_custom_all_reduce", "deterministic", "nvml_error"])
+def test_pcie_ipc_allreduce_default_stays_off(published, monkeypatch, case):
+    """Where another all-reduce serves the group (NVLink; TP2, where the custom all-reduce takes PCIe hosts), on
+    other GPUs, with --disable-custom-all-reduce (PCIe IPC is a custom all-reduce), with deterministic inference
+    (its tactic follows the shape), or when NVML cannot answer. The same host with NVLink-free SM120 GPUs at TP8
+    turns it on."""
+    import pynvml
+
+    nvml(monkeypatch, nvlink=[(2, 5)] if case == "nvlink" else (),
+         init_error=pynvml.NVML_ERROR_UNKNOWN if case == "nvml_error" else None)
+    kw = {"sm90": dict(major=9), "tp2": dict(world=2), "no_custom_all_reduce": dict(custom_allreduce=False),
+          "deterministic": dict(deterministic=True)}.get(case, {})
+    assert not eligible(**kw)
+    nvml(monkeypatch)
+    assert eligible()
 
 
-def test_pcie_ipc_allreduce_default_respects_disable_custom_all_reduce(launch, monkeypatch, caplog):
-    """PCIe IPC is a custom all-reduce: --disable-custom-all-reduce keeps the default off (the NCCL defaults still
-    apply), and the log says why and how to enable it anyway."""
-    FakeNvml(monkeypatch)
-    changed = launch(server_args(12, disable_custom_all_reduce=True))
-    assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" not in changed and not pcie_ipc_on()
-    assert set(env_file_values()) <= set(changed)
-    assert any("--disable-custom-all-reduce" in m for m in pcie_log(caplog))
+def test_pcie_ipc_allreduce_default_is_a_group_vote(published, monkeypatch):
+    """Every rank asks NVML; a rank whose answer differs (here: another rank answered no) is outvoted on the host
+    group, so no rank builds a backend its peers skip."""
+    import torch.distributed as dist
 
+    nvml(monkeypatch)
+    votes = []
 
-def test_pcie_ipc_allreduce_default_stays_off_in_deterministic_inference(launch, monkeypatch, caplog):
-    """Deterministic inference pins the reduction order; PCIe IPC picks a tactic per shape, so the launcher leaves
-    it off (the NCCL defaults still apply) and says why."""
-    FakeNvml(monkeypatch)
-    changed = launch(server_args(12, enable_deterministic_inference=True))
-    assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" not in changed and not pcie_ipc_on()
-    assert any("deterministic inference" in m for m in pcie_log(caplog))
+    def another_rank_says_no(flag, op, group):
+        votes.append((int(flag.item()), op, group))
+        flag.zero_()
 
-
-def test_pcie_ipc_allreduce_default_starts_at_tp4(launch, monkeypatch, caplog):
-    """At TP2 on PCIe SGLang's custom all-reduce takes every size first, so PCIe IPC would be built and tuned
-    for nothing (or, with the fusion, displace it unmeasured): not a default there; =1 still enables it."""
-    FakeNvml(monkeypatch)
-    changed = launch(server_args(12, tp=2), CUDA_DEVICE_ORDER="PCI_BUS_ID")
-    assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" not in changed and not pcie_ipc_on()
-    assert set(env_file_values()) <= set(changed)
-    assert any("left off at TP2" in m for m in pcie_log(caplog))
-    launch(server_args(12, tp=2), CUDA_DEVICE_ORDER="PCI_BUS_ID", SGLANG_ENABLE_PCIE_IPC_ALLREDUCE="1")
-    assert pcie_ipc_on()
-    monkeypatch.delenv("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE")
-    changed = launch(server_args(12, tp=4), CUDA_DEVICE_ORDER="PCI_BUS_ID")
-    assert changed["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"] == "1" and pcie_ipc_on()
+    monkeypatch.setattr(dist, "all_reduce", another_rank_says_no)
+    assert not eligible(cpu_group="host-group")
+    assert votes == [(1, dist.ReduceOp.MIN, "host-group")]
 
 
 @pytest.mark.unchanged
-def test_pcie_ipc_allreduce_stays_off_on_nvlink_sm120(launch, kimi_tp8, monkeypatch):
-    FakeNvml(monkeypatch, nvlink=[(2, 5)])
-    launch(kimi_tp8)
-    assert not pcie_ipc_on()
+@pytest.mark.parametrize("value, on", [("0", False), ("1", True)])
+def test_pcie_ipc_allreduce_explicit_value_wins(published, monkeypatch, value, on):
+    nvml(monkeypatch, nvlink=[(2, 5)])
+    monkeypatch.setenv("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE", value)
+    assert eligible() is on
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Routing in GroupCoordinator.all_reduce
+# Routing in GroupCoordinator.all_reduce, with the workspaces the shipped profile gives
 
 
-PROFILE = REPO / "docker" / "profiles" / "kimi-k25-eagle3-tp8.yaml"
+PROFILES = REPO / "docker" / "profiles"
 RTX_PRO_6000_MIB = 97887
 # Profile keys that name files or the HTTP front end rather than how the model runs.
-NOT_SERVER_SHAPE = {"model-path", "speculative-draft-model-path", "host", "port", "tool-call-parser",
-                    "reasoning-parser", "trust-remote-code", "enable-metrics"}
+NOT_SERVER_SHAPE = {"model_path", "speculative_draft_model_path", "host", "port", "tool_call_parser",
+                    "reasoning_parser", "trust_remote_code", "enable_metrics"}
+
+
+def profile_args() -> dict:
+    """The shipped serving profile's SGLang arguments (its --config YAML)."""
+    import yaml
+
+    args = yaml.safe_load((PROFILES / "kimi-k25-eagle3-tp8.yaml").read_text())
+    return {k.replace("-", "_"): v for k, v in args.items()}
 
 
 @pytest.fixture(scope="module")
 def kimi_profile_args():
-    """ServerArgs resolved from the shipped serving profile's [args] (Kimi-K2.5, TP8, EAGLE-3 3/1/4, 16 running
-    requests, decode graphs up to bs 16) on a faked SM120 box with 96 GB GPUs."""
+    """ServerArgs resolved from the shipped serving profile (Kimi-K2.5, TP8, EAGLE-3 3/1/4, 16 running requests,
+    decode graphs up to bs 16) on a faked SM120 box with 96 GB GPUs."""
     from unittest import mock
 
-    import yaml
     from sglang.srt.arg_groups import memory_hook
 
-    args = yaml.safe_load(PROFILE.read_text())
-    kw = {k.replace("-", "_"): v for k, v in args.items() if k not in NOT_SERVER_SHAPE and v is not False}
-    kw.pop("tp_size")
+    kw = {k: v for k, v in profile_args().items() if k not in NOT_SERVER_SHAPE and v is not False}
+    tp = kw.pop("tp_size")
     with mock.patch.object(memory_hook, "get_device_memory_capacity", lambda device=None: RTX_PRO_6000_MIB):
-        return server_args(12, tp=args["tp-size"], **kw)
+        return server_args(12, tp=tp, **kw)
 
 
 @pytest.fixture
@@ -481,17 +293,23 @@ def widest_decode_rows(sa, pool: int | None = None) -> int:
 
 
 class PcieIpcWorkspace:
-    """Stands in for flashinfer.comm.PcieIpcAllReduceWorkspace (needs GPUs): built with the max_numel SGLang asks
-    for, and, like FlashInfer's, it cannot take more elements than that."""
+    """Stands in for FlashInfer's PcieIpcAllReduceWorkspace and PcieIpcAllGatherWorkspace (GPUs only): built with
+    the max_numel SGLang asks for, and, like FlashInfer's, it cannot take more elements than that."""
 
     built: list = []
 
-    def __init__(self, group, max_numel, dtype, tune_batches, tune_cache):
-        self.max_numel, self.tune_batches = max_numel, tune_batches
+    def __init__(self, group, max_numel, dtype, tune_batches=(), tune_cache=None):
+        self.max_numel, self.tune_batches, self.destroyed = max_numel, tune_batches, False
         PcieIpcWorkspace.built.append(self)
 
     def supports(self, t):
         return t.numel() <= self.max_numel
+
+    def tune(self, hiddens, **kw):
+        return {}
+
+    def destroy(self):
+        self.destroyed = True
 
 
 GIB = 1 << 30
@@ -501,24 +319,34 @@ GIB = 1 << 30
 def device_memory(monkeypatch):
     """set(free_bytes): what torch.cuda.mem_get_info answers (no GPU here), and FlashInfer's JIT module's
     workspace_size (2 bytes x max_numel x 2 stages here; the real one is compiled CUDA code)."""
+    import flashinfer.comm as fi_comm
     import flashinfer.comm.pcie_ipc_ar as fi_ar
 
     state = {"free": 80 * GIB}
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (state["free"], 96 * GIB))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(fi_ar, "get_pcie_ipc_comm_module",
                         lambda: SimpleNamespace(workspace_size=lambda world, numel, elem, blocks: 2 * numel * elem))
+    monkeypatch.setattr(fi_comm, "PcieIpcAllGatherWorkspace", PcieIpcWorkspace, raising=False)
+    PcieIpcWorkspace.built = []
     return lambda free: state.__setitem__("free", free)
 
 
-def prepared_pcie_ipc(max_rows, disabled=False):
-    """SGLang's PcieIpcCommunicator for a TP8 group, prepared as BaseRunner._pre_initialize_pcie_ipc_workspace does
-    (prepare(hidden, max_rows)), with FlashInfer's workspace class replaced (no GPU)."""
+def communicator(disabled=False, **attrs):
+    """SGLang's PcieIpcCommunicator for a TP8 group (its constructor needs a CUDA device); FlashInfer's workspace
+    class replaced."""
     from sglang.srt.distributed.device_communicators.pcie_ipc_ar import PcieIpcCommunicator
 
     c = PcieIpcCommunicator.__new__(PcieIpcCommunicator)
-    vars(c).update(disabled=disabled, max_numel=0, _workspace=None, _bound_stream=None, _cpu_group=None,
-                   _max_rows=None, _group=None, _device=torch.device("meta"), _world_size=8,
-                   _workspace_cls=PcieIpcWorkspace, _build_failed=False)
+    vars(c).update(dict(disabled=disabled, max_numel=0, _workspace=None, _bound_stream=None, _cpu_group=None,
+                        _max_rows=None, _group=None, _device=torch.device("meta"), _world_size=8,
+                        _workspace_cls=PcieIpcWorkspace, _build_failed=False), **attrs)
+    return c
+
+
+def prepared_pcie_ipc(max_rows, disabled=False):
+    """As BaseRunner._pre_initialize_pcie_ipc_workspace prepares it (prepare(hidden, max_rows))."""
+    c = communicator(disabled)
     c.prepare(hidden=HIDDEN, max_rows=max_rows)
     return c
 
@@ -586,21 +414,18 @@ def route(make, calls, n, **kw) -> str:
 
 
 SM120_FUSION_CAP = 256  # SGLANG_SM120_ALLREDUCE_FUSION_MAX_TOKENS default: sizes the FlashInfer workspace
+U = pytest.mark.unchanged
 
 
-@pytest.mark.unchanged
+@U
 def test_pcie_ipc_workspace_is_sized_from_the_profile(published_profile):
     """The shipped profile (16 running requests, decode graphs to bs 16, 4 draft tokens) gives a 64-row PCIe-IPC
     workspace: the widest verify batch, not the 192-row default of an unconfigured server."""
-    PcieIpcWorkspace.built.clear()
     max_rows = widest_decode_rows(published_profile)
     prepared_pcie_ipc(max_rows)
     assert max_rows == 64
     (ws,) = PcieIpcWorkspace.built
     assert ws.max_numel == 64 * HIDDEN and max(ws.tune_batches) == 64
-
-
-U = pytest.mark.unchanged
 
 
 @pytest.mark.parametrize("n, fusion_on, want", [
@@ -625,24 +450,7 @@ def test_pcie_ipc_routing_from_the_profile_sizes(published_profile, coordinator,
     assert route(make, calls, n, pcie_ipc=pcie_ipc, fi=fusion_on) == want
 
 
-def test_pcie_ipc_short_of_memory_stays_off_with_a_reason(published_profile, coordinator, fusion_workspace,
-                                                          device_memory, caplog):
-    """A rank that cannot allocate the workspace (FlashInfer's cudaMalloc comes before its handle exchange) does
-    not enter the build: the communicator is disabled, says why, and reductions keep the FlashInfer/NCCL route.
-    (The group agreement itself is tested on two CPU ranks in tests/gpu/test_harness.py.)"""
-    make, calls = coordinator
-    fusion_workspace(SM120_FUSION_CAP)
-    PcieIpcWorkspace.built.clear()
-    device_memory(1 << 20)
-    with caplog.at_level(logging.WARNING):
-        pcie_ipc = prepared_pcie_ipc(widest_decode_rows(published_profile))
-    assert pcie_ipc.disabled and PcieIpcWorkspace.built == []
-    assert any("this rank (it has 1048576 bytes free" in r.getMessage() and "could not allocate it" in r.getMessage()
-               for r in caplog.records)
-    assert route(make, calls, 8, pcie_ipc=pcie_ipc) == "flashinfer"
-
-
-@pytest.mark.unchanged
+@U
 def test_pcie_ipc_absent_disabled_or_refusing_keeps_flashinfer(published_profile, coordinator, fusion_workspace):
     make, calls = coordinator
     fusion_workspace(SM120_FUSION_CAP)
@@ -654,7 +462,26 @@ def test_pcie_ipc_absent_disabled_or_refusing_keeps_flashinfer(published_profile
     assert calls == ["flashinfer"]
 
 
-def test_pcie_ipc_size_that_cannot_be_computed_is_no_refusal(published_profile, device_memory, monkeypatch, caplog):
+# ---------------------------------------------------------------------------------------------------------------
+# Building the workspaces: every group decision taken together, the first prepare() wins
+
+
+def test_pcie_ipc_short_of_memory_stays_off_with_a_reason(published_profile, coordinator, fusion_workspace,
+                                                          device_memory, caplog):
+    """A rank that cannot allocate the workspace (FlashInfer's cudaMalloc comes before its handle exchange) does
+    not enter the build: the communicator is disabled, says why, and reductions keep the FlashInfer/NCCL route."""
+    make, calls = coordinator
+    fusion_workspace(SM120_FUSION_CAP)
+    device_memory(1 << 20)
+    with caplog.at_level(logging.WARNING):
+        pcie_ipc = prepared_pcie_ipc(widest_decode_rows(published_profile))
+    assert pcie_ipc.disabled and PcieIpcWorkspace.built == []
+    assert any("this rank (it has 1048576 bytes free" in r.getMessage() and "could not allocate it" in r.getMessage()
+               for r in caplog.records)
+    assert route(make, calls, 8, pcie_ipc=pcie_ipc) == "flashinfer"
+
+
+def test_pcie_ipc_size_that_cannot_be_computed_is_no_refusal(published_profile, monkeypatch, caplog):
     """Where FlashInfer cannot compute the workspace size (no module for this GPU, as on a CPU runner), the
     free-memory check is skipped with a note, not turned into a silent "off": the constructor decides."""
     import flashinfer.comm.pcie_ipc_ar as fi_ar
@@ -663,30 +490,73 @@ def test_pcie_ipc_size_that_cannot_be_computed_is_no_refusal(published_profile, 
         raise RuntimeError("FlashInfer requires GPUs with sm75 or higher")
 
     monkeypatch.setattr(fi_ar, "get_pcie_ipc_comm_module", no_module)
-    PcieIpcWorkspace.built.clear()
     with caplog.at_level(logging.INFO):
         pcie_ipc = prepared_pcie_ipc(64)
     assert not pcie_ipc.disabled and pcie_ipc.max_numel == 64 * HIDDEN and len(PcieIpcWorkspace.built) == 1
     assert any("workspace size unknown" in r.getMessage() for r in caplog.records)
 
 
-def test_pcie_ipc_prepare_resizes_a_workspace_built_before_it(published_profile, monkeypatch):
+def test_pcie_ipc_prepare_resizes_a_workspace_built_before_it(published_profile):
     """A reduction before warmup builds the workspace from the configured decode max_bs (16 x 4 = 64 rows for the
     profile); the capture list can be narrower (here the request pool holds 8 requests, as when the KV pool is
-    small: 32 rows), and prepare() rebuilds the workspace to the captured width, so the runner's derivation is the
-    one that sizes it and nothing wider reaches PCIe IPC."""
-    from sglang.srt.distributed.device_communicators.pcie_ipc_ar import PcieIpcCommunicator
-
-    destroyed = []
-    monkeypatch.setattr(PcieIpcWorkspace, "destroy", lambda self: destroyed.append(self.max_numel), raising=False)
-    PcieIpcWorkspace.built.clear()
-    c = PcieIpcCommunicator.__new__(PcieIpcCommunicator)
-    vars(c).update(disabled=False, max_numel=0, _workspace=None, _bound_stream=None, _cpu_group=None,
-                   _max_rows=None, _group=None, _device=torch.device("meta"), _world_size=8,
-                   _workspace_cls=PcieIpcWorkspace, _build_failed=False)
+    small: 32 rows), and the first prepare() rebuilds it to the captured width."""
+    c = communicator()
     c.should_pcie_ipc_ar(rows(4))  # the lazy build: sized from the resolved decode config
-    lazy = c.max_numel
+    lazy = PcieIpcWorkspace.built[0]
     c.prepare(hidden=HIDDEN, max_rows=widest_decode_rows(published_profile, pool=8))
-    assert lazy == 64 * HIDDEN and destroyed == [lazy]
-    assert c.max_numel == 32 * HIDDEN and [w.max_numel for w in PcieIpcWorkspace.built] == [lazy, 32 * HIDDEN]
+    assert lazy.max_numel == 64 * HIDDEN and lazy.destroyed
+    assert c.max_numel == 32 * HIDDEN and [w.max_numel for w in PcieIpcWorkspace.built] == [lazy.max_numel,
+                                                                                            32 * HIDDEN]
     assert not c.should_pcie_ipc_ar(rows(33)) and c.should_pcie_ipc_ar(rows(32))
+
+
+def test_pcie_ipc_the_first_prepare_wins(published_profile):
+    """The target's runner prepares first and captures its graphs with those workspaces; the draft's runner
+    prepares next with its own width, rows and vocab shard (here a 4096-wide STANDALONE draft). Nothing the target's
+    graphs captured is destroyed or replaced (FlashInfer: keep a workspace alive while a graph may replay it); the
+    draft's wider reductions fall back by size."""
+    c = communicator()
+    c.prepare(hidden=HIDDEN, max_rows=64, gather_width=20480)
+    target = list(PcieIpcWorkspace.built)
+    c.prepare(hidden=4096, max_rows=16, gather_width=4000)
+    assert [w.max_numel for w in target] == [64 * HIDDEN, 64 * 20480]
+    assert PcieIpcWorkspace.built == target and not any(w.destroyed for w in target)
+    assert c._workspace is target[0] and c._gather_workspace is target[1]
+
+
+def test_pcie_ipc_tune_cache_save_failing_on_rank_0_is_no_hang():
+    """Two CPU ranks: FlashInfer's tune() saves its cache on rank 0 between two device-group barriers; a save that
+    fails there (for real: the cache path is under a regular file) is recorded, rank 0 reaches the second barrier,
+    and both ranks keep PCIe IPC with the measured tactics."""
+    assert _gloo.run("tune_cache_save_fails", timeout=400) == [{"disabled": False, "barrier_broken": []}] * 2
+
+
+def test_pcie_ipc_logs_each_ranks_numa_node_and_warns_on_a_split_island(published_profile, monkeypatch, tmp_path,
+                                                                       caplog):
+    """On a two-NUMA 8-GPU host the first build logs each rank's GPU and NUMA node (from CUDA's PCI address and
+    sysfs) and warns for an island of the 8-rank schedule (ranks 0-3, 4-7) on both nodes. The host-group
+    collectives are stood in by what 8 ranks would exchange: each rank's answer from the same code."""
+    import torch.distributed as dist
+
+    from sglang.srt.distributed.device_communicators import pcie_ipc_ar
+
+    nodes = [0, 0, 0, 1, 1, 1, 1, 1]  # GPU 3 sits on the other node: ranks 0-3 span both
+    for bus, node in zip(BUS, nodes):
+        (tmp_path / bus).mkdir()
+        (tmp_path / bus / "numa_node").write_text(f"{node}\n")
+    monkeypatch.setattr(pcie_ipc_ar, "_SYSFS_PCI_DEVICES", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(
+        pci_domain_id=0, pci_bus_id=int(BUS[d.index or 0].split(":")[1], 16), pci_device_id=0))
+    monkeypatch.setattr(dist, "all_reduce", lambda flag, op, group: None)  # every rank agrees
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
+    monkeypatch.setattr(dist, "all_gather_object", lambda out, obj, group: out.__setitem__(
+        slice(None), [pcie_ipc_ar._gpu_placement(torch.device("cuda", r)) for r in range(8)]))
+    monkeypatch.setenv("FLASHINFER_AUTOTUNE_DIR", str(tmp_path / "tune"))
+    c = communicator(_cpu_group="host-group", _tune=lambda hidden: None)
+    with caplog.at_level(logging.INFO):
+        c.prepare(hidden=HIDDEN, max_rows=64)
+    (ranks,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("FlashInfer PCIe-IPC ranks")]
+    for rank, (bus, node) in enumerate(zip(BUS, nodes)):
+        assert f"rank {rank}: GPU {bus} NUMA {node}" in ranks
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert [w.split(" span")[0] for w in warned] == ["TP ranks 0-3"] and "CUDA_VISIBLE_DEVICES" in warned[0]

@@ -264,7 +264,7 @@ def test_spec_graph_forward_counts_every_target_verify_forward(published):
     assert draft.spec_graph_stats.to_dict()["target_verify"] == _graph()
 
 
-def test_eager_speculative_forwards_record_their_collectives(published):
+def test_eager_speculative_forwards_record_their_collectives(published, monkeypatch):
     """The real ModelRunner.forward: an eager target-verify forward and a draft worker's eager draft-extend forward
     record the collectives they issue as `<stage>_eager` (counted in forwards) for /server_info's
     spec_collectives; a graph replay records nothing at replay (its capture did), neither does a non-speculative
@@ -279,6 +279,7 @@ def test_eager_speculative_forwards_record_their_collectives(published):
         collective_stats.note("all_reduce", "pcie_ipc", torch.empty(fb.input_ids.numel(), 8, dtype=torch.bfloat16))
         return "eager"
 
+    monkeypatch.setenv("SGLANG_RECORD_SPEC_COLLECTIVES", "1")
     collective_stats.reset()
     mr = _model_runner(_runner())
     mr.eager_runner.execute = eager
@@ -425,6 +426,7 @@ def test_spec_graph_eagle_draft_decode_counted(monkeypatch):
         return None, None, None, None
 
     w.draft_forward = draft_forward
+    monkeypatch.setenv("SGLANG_RECORD_SPEC_COLLECTIVES", "1")
     collective_stats.reset()
     for bs in (4, MAX_BS + 1):
         fb = _draft_batch(bs=bs, mark_forward_metadata_ready=lambda: None)
@@ -516,12 +518,17 @@ def test_spec_graph_counts_in_prometheus_metrics(published):
             stats.record(stage, outcome, reason)
         reporter.report_decode_stats(True, running_batch=batch, num_generated_tokens=len(step))
 
-    samples = {(s.labels["stage"], s.labels["outcome"], s.labels["reason"]): s.value
-               for metric in registry.collect() if metric.name == "sglang:spec_cuda_graph_forwards"
+    collector.increment_decode_cuda_graph_pass(True)  # upstream's per-batch count keeps its modes
+    collector.increment_prefill_cuda_graph_pass(False)
+    samples = {(s.labels["mode"], s.labels["stage"], s.labels["outcome"], s.labels["reason"]): s.value
+               for metric in registry.collect() if metric.name == "sglang:cuda_graph_passes"
                for s in metric.samples if s.name.endswith("_total")}
-    assert samples == {("target_verify", "graph", ""): 3.0, ("target_verify", "eager", "batch_above_max_bs"): 1.0,
-                       ("draft_decode", "graph", ""): 1.0}
-    assert "sglang:spec_cuda_graph_forwards_total{" in generate_latest(registry).decode()
+    assert samples == {("target_verify_cuda_graph", "target_verify", "graph", ""): 3.0,
+                       ("target_verify_none", "target_verify", "eager", "batch_above_max_bs"): 1.0,
+                       ("draft_decode_cuda_graph", "draft_decode", "graph", ""): 1.0,
+                       ("decode_cuda_graph", "decode", "graph", ""): 1.0,
+                       ("prefill_none", "prefill", "eager", ""): 1.0}
+    assert "spec_cuda_graph_forwards" not in generate_latest(registry).decode()
 
 
 # ---------------------------------------------------------------------------------------------------------------

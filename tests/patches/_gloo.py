@@ -1,0 +1,351 @@
+"""Scenarios on CPU ranks over gloo, one fresh process each, driving the SGLang tree under test.
+
+    ranks = run("gather_semantics", world=2, timeout=240)  # one dict per rank; fails the test on an error or hang
+
+Each rank brings SGLang's distributed state up as the model runner does (ServerArgs for the Kimi-K2.5 fixture,
+published, `bootstrap.init_parallel_runtime`) on SGLang's CPU engine, then runs one scenario function below. A
+group that waits on a rank that went elsewhere hangs; the parent kills it at `timeout` and the test fails naming
+the ranks still running. Only what needs a GPU is stood in, each stand-in following the contract of the FlashInfer
+call it replaces.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import multiprocessing as mp
+import os
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+TESTS = Path(__file__).resolve().parents[1]
+KIMI = TESTS / "fixtures" / "kimi-k25"
+STANDIN = TESTS / "gpu" / "standin"  # import-only sgl_kernel: any op it would reach raises
+CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "SGLANG_NCCL_SO_PATH": "/nonexistent/libnccl.so.2"}
+
+
+def run(scenario: str, world: int = 2, timeout: float = 240, **params) -> list:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory() as out:
+        procs = [ctx.Process(target=_child, args=(scenario, r, world, port, params, out)) for r in range(world)]
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and any(p.is_alive() for p in procs):
+            time.sleep(0.2)
+        hung = [r for r, p in enumerate(procs) if p.is_alive()]
+        for p in procs:
+            p.kill() if p.is_alive() else None
+            p.join(5)
+        got = [json.loads(f.read_text()) if (f := Path(out) / f"{r}.json").is_file() else None
+               for r in range(world)]
+    if hung:
+        pytest.fail(f"{scenario}: ranks {hung} still waiting after {timeout:.0f} s (a hang); the others: {got}")
+    errors = [g["error"] if g else f"rank {r} exited without a result" for r, g in enumerate(got)
+              if g is None or "error" in g]
+    if errors:
+        pytest.fail(f"{scenario} failed:\n" + "\n".join(errors))
+    return [g["result"] for g in got]
+
+
+def _child(scenario, rank, world, port, params, out):
+    os.environ.update(CPU_ENV, SGLANG_CPU_OMP_THREADS_BIND="|".join(str(i % (os.cpu_count() or 1))
+                                                                    for i in range(world)),
+                      FLASHINFER_AUTOTUNE_DIR=tempfile.mkdtemp())
+    if importlib.util.find_spec("sgl_kernel") is None:
+        sys.path.append(str(STANDIN))
+    try:
+        doc = {"result": globals()[scenario](rank, world, port, **params)}
+    except BaseException:  # noqa: BLE001 - what a rank hits is the evidence
+        doc = {"error": f"rank {rank}: {traceback.format_exc()}"}
+    Path(out, f"{rank}.json").write_text(json.dumps(doc, default=str))
+    os._exit(0)  # a peer that died must not hold this rank in process-group teardown
+
+
+def _up(rank, world, port, **server_args):
+    """SGLang's TP group on this rank, as the model runner brings it up (no GPU: CUDA probes answer as idle)."""
+    import torch
+
+    from _sgl import EAGLE3_CHAIN
+    from sglang.srt.distributed import get_tp_group
+    from sglang.srt.distributed.bootstrap import init_parallel_runtime
+    from sglang.srt.runtime_context import SpawnRanks, publish
+    from sglang.srt.server_args import ServerArgs
+
+    sa = ServerArgs(model_path=str(KIMI), tp_size=world, device="cpu", **{**EAGLE3_CHAIN, **server_args})
+    sa.resolve_once()
+    publish(sa, role="scheduler", ranks=SpawnRanks(world_rank=rank, gpu_id=rank))
+    init_parallel_runtime(server_args=sa, device="cpu", dist_port=port)
+    torch.cuda.is_current_stream_capturing = lambda: False
+    torch.cuda.current_stream = lambda device=None: None
+    torch.cuda.mem_get_info = lambda device=None: (80 << 30, 96 << 30)
+    return get_tp_group()
+
+
+def _pcie_ipc(tp, workspace_cls):
+    """SGLang's PcieIpcCommunicator on the real TP group (its constructor stops at the missing CUDA device)."""
+    import torch
+
+    from sglang.srt.distributed.device_communicators.pcie_ipc_ar import PcieIpcCommunicator
+
+    comm = PcieIpcCommunicator.__new__(PcieIpcCommunicator)
+    vars(comm).update(disabled=False, max_numel=0, _workspace=None, _bound_stream=None, _cpu_group=tp.cpu_group,
+                      _max_rows=None, _group=tp.device_group, _device=torch.device("cpu"),
+                      _world_size=tp.world_size, _workspace_cls=workspace_cls, _build_failed=False)
+    tp.pcie_ipc_comm = comm
+    return comm
+
+
+class AllReduce:
+    """FlashInfer's PcieIpcAllReduceWorkspace as far as building and sizing go (no reduction runs here)."""
+
+    def __init__(self, group, max_numel, **kw):
+        self.group, self.max_numel = group, max_numel
+
+    def supports(self, t):
+        return t.numel() <= self.max_numel
+
+    def destroy(self):
+        pass
+
+
+# ------------------------------------------------------------------------------------------------------------------
+def gather_semantics(rank, world, port):
+    """PCIe-IPC all-gathers and broadcasts through the real GroupCoordinator and PcieIpcCommunicator, with FlashInfer's
+    PcieIpcAllGatherWorkspace stood in by a gloo gather under its contract (rank-major [world * rows, width] bf16
+    output, refusing an output that overlaps the input): every dtype bit-exact, broadcast from either source, the
+    packed verify broadcast, and an in-place gather that must fall back to the device group's own gather."""
+    import flashinfer.comm as fi_comm
+    import torch
+    import torch.distributed as dist
+
+    from sglang.srt.speculative.eagle_utils import broadcast_packed
+
+    tp = _up(rank, world, port, disable_flashinfer_autotune=True)
+    calls = []
+
+    class Gather:
+        def __init__(self, group, max_numel, **kw):
+            self.group, self.max_numel = group, max_numel
+
+        def supports(self, t):
+            return t.dtype is torch.bfloat16 and t.dim() == 2 and 0 < t.numel() <= self.max_numel
+
+        def rebind_stream(self):
+            pass
+
+        def all_gather(self, inp, out):
+            assert out.dtype is torch.bfloat16 and tuple(out.shape) == (inp.shape[0] * world, inp.shape[1])
+            if max(inp.data_ptr(), out.data_ptr()) < min(inp.data_ptr() + inp.nbytes, out.data_ptr() + out.nbytes):
+                raise ValueError("input and output must not overlap or alias")
+            calls.append(tuple(inp.shape))
+            dist.all_gather(list(out.chunk(world)), inp, group=self.group)
+
+    fi_comm.PcieIpcAllGatherWorkspace = Gather
+    _pcie_ipc(tp, AllReduce).prepare(hidden=64, max_rows=8, gather_width=64)
+
+    def data(r, dtype, n=32):  # each rank's own bit patterns; NaN, -0.0 and inf among the floats
+        x = torch.arange(n, dtype=torch.float32) * (r + 1) - 7
+        if dtype.is_floating_point:
+            x[:3] = torch.tensor([float("nan"), -0.0, float("inf")])
+        return x.to(dtype).view(4, n // 4) if dtype != torch.uint8 else (x.abs() * 3).to(torch.uint8).view(4, -1)
+
+    result = {}
+    for dtype in (torch.int32, torch.float32, torch.bfloat16, torch.uint8):
+        out = torch.empty((4 * world, 8), dtype=dtype)
+        tp.all_gather_into_tensor(out, data(rank, dtype))
+        want = torch.cat([data(r, dtype) for r in range(world)])
+        result[str(dtype)] = bool(torch.equal(out.view(torch.uint8), want.view(torch.uint8)))
+    for src in range(world):
+        x = data(rank, torch.int32)
+        tp.broadcast(x, src=src)
+        result[f"broadcast_src{src}"] = bool(torch.equal(x, data(src, torch.int32)))
+    parts = [torch.arange(6, dtype=torch.int32) + rank, torch.arange(4, dtype=torch.int32).view(2, 2) * (rank + 2),
+             torch.full((3,), rank, dtype=torch.int32)]  # 13 values, padded to 16
+    want = [torch.arange(6, dtype=torch.int32), torch.arange(4, dtype=torch.int32).view(2, 2) * 2,
+            torch.zeros(3, dtype=torch.int32)]
+    broadcast_packed(tp, parts)
+    result["packed"] = all(torch.equal(a, b) for a, b in zip(parts, want))
+    result["pcie_ipc_calls"] = len(calls)
+    out = torch.empty((4 * world, 8), dtype=torch.int32)
+    out[4 * rank: 4 * rank + 4] = data(rank, torch.int32)
+    tp.all_gather_into_tensor(out, out[4 * rank: 4 * rank + 4])  # in place: FlashInfer refuses it
+    result["in_place"] = bool(torch.equal(out, torch.cat([data(r, torch.int32) for r in range(world)])))
+    result["in_place_on_pcie_ipc"] = len(calls) > result["pcie_ipc_calls"]
+    return result
+
+
+# ------------------------------------------------------------------------------------------------------------------
+class _Stop(Exception):
+    pass
+
+
+def verify_wiring(rank, world, port, vocab):
+    """EAGLEWorkerV2.verify, run_eagle_verify, _finish_deferred_verify_logits and eagle_sample as the server runs
+    them, with the target's real LogitsProcessor and vocab-parallel ParallelLMHead (vocab padded to 64, so the last
+    shard holds padding) armed by defer_target_verify_gather. Stood in: the verify forward's preparation and the
+    target model body (hidden states are given), and verify_tree_greedy_func, which records the target's greedy
+    tokens. Returns them, per batch kind, with the argmax of the undeferred full logits."""
+    import contextlib
+
+    import torch
+
+    from sglang.srt.layers.logits_processor import LogitsMetadata, LogitsProcessor, LogitsProcessorOutput
+    from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+    from sglang.srt.speculative import eagle_utils, eagle_worker_common as ewc
+    from sglang.srt.speculative.eagle_worker_common import defer_target_verify_gather
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    _up(rank, world, port)
+    hidden, bs, width = 32, 3, 4
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(vocab, hidden, generator=g)
+    weight[vocab - 1] = weight[3]  # ids 3 (shard 0) and vocab-1 (the last shard) tie in row 0
+    lm_head = ParallelLMHead(vocab, hidden, params_dtype=torch.float32)
+    lm_head.weight_loader(lm_head.weight, weight)
+    states = torch.randn(bs * width, hidden, generator=g)
+    states[0] = weight[3] * 4
+    states[1] = weight[vocab - 2] * 4  # a row whose maximum lies in the last shard
+    config = SimpleNamespace(vocab_size=vocab, final_logit_softcapping=None)
+    meta = LogitsMetadata(forward_mode=ForwardMode.TARGET_VERIFY)
+    reference = LogitsProcessor(config)._get_logits(states, lm_head, meta).argmax(dim=-1).tolist()
+    model = torch.nn.Module()
+    model.logits_processor = LogitsProcessor(config)
+    runner = SimpleNamespace(model=model, watermark_state=None, attn_backend=SimpleNamespace(verify_mask=None))
+    outputs = []
+
+    def forward(**kw):  # the target's verify forward: its logits processor on the given hidden states
+        outputs.append(LogitsProcessorOutput(next_token_logits=model.logits_processor._get_logits(
+            states, lm_head, meta), hidden_states=None))
+        return SimpleNamespace(logits_output=outputs[-1])
+
+    target = SimpleNamespace(model_runner=runner, forward_batch_generation=forward)
+    seen = []
+
+    def greedy(**kw):
+        seen.append(kw["target_predict"].flatten().tolist())
+        raise _Stop
+
+    eagle_utils.verify_tree_greedy_func = greedy
+    ewc.eagle_prepare_for_verify = lambda *a, **k: (None, False)
+    ewc.record_stream_for_v2_verify = ewc.record_stream_each = lambda *a, **k: None
+    worker = EAGLEWorkerV2.__new__(EAGLEWorkerV2)
+    vars(worker).update(_target_worker=target, req_to_token_pool=None, token_to_kv_pool_allocator=None,
+                        plan_stream=None, plan_stream_ctx=contextlib.nullcontext(), topk=1,
+                        speculative_num_draft_tokens=width, device="cpu",
+                        _target_logits_processor=defer_target_verify_gather(target))
+    tree = torch.zeros(bs * width, dtype=torch.long)
+    verify_input = SimpleNamespace(draft_token=tree, draft_token_num=width, max_tree_depth=width, tree_topk=1,
+                                   retrieve_index=tree, retrieve_next_token=tree, retrieve_next_sibling=tree)
+    out = {"reference": reference, "deferred": worker._target_logits_processor is not None}
+    for kind, bias in (("greedy", None), ("logit_bias", torch.zeros(bs, vocab))):
+        info = SimpleNamespace(is_all_greedy=True, has_custom_logit_processor=False, acc_additive_penalties=None,
+                               acc_scaling_penalties=None, logit_bias=bias, penalizer_orchestrator=None,
+                               has_watermark_candidates=False, sampling_mask_batch_indices=None)
+        batch = SimpleNamespace(device="cpu", forward_mode=ForwardMode.DECODE, seq_lens=torch.ones(bs),
+                                sampling_info=info, has_grammar=False, return_logprob=False, spec_info=verify_input,
+                                input_ids=None, out_cache_loc=None)
+        try:
+            worker.verify(batch)
+        except _Stop:
+            logits = outputs[-1].next_token_logits  # what eagle_sample read: None when it took the shards' argmax
+            out[kind] = {"tokens": seen.pop(), "logits": None if logits is None else list(logits.shape)}
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------------
+def tune_cache_save_fails(rank, world, port):
+    """The PCIe-IPC all-reduce's autotune, with FlashInfer's tune() stood in by its own ending (device-group
+    barrier, rank 0 saving FlashInfer's AutoTuner cache, barrier) and the save failing for real on rank 0 (a cache
+    path under a regular file): every rank must leave tune() and take the group's decision together."""
+    import torch.distributed as dist
+    from flashinfer.autotuner import AutoTuner
+
+    tp = _up(rank, world, port, disable_flashinfer_autotune=False)
+    blocker = Path(tempfile.mkdtemp(), "a-file")
+    blocker.write_text("")
+    broken = []
+
+    class Tuned(AllReduce):
+        def tune(self, hiddens, tune_group=None, **kw):
+            dist.barrier(group=self.group)
+            if rank == 0:
+                AutoTuner.get().save_configs(str(blocker / "tactics.json"))
+            try:  # a peer that left tune() early breaks this barrier (or never arrives: a hang)
+                dist.barrier(group=self.group)
+            except Exception as e:
+                broken.append(repr(e))
+                raise
+            return {(hiddens[0], 8): "config"}
+
+    comm = _pcie_ipc(tp, Tuned)
+    comm.prepare(hidden=64, max_rows=8)
+    return {"disabled": comm.disabled, "barrier_broken": broken}
+
+
+# ------------------------------------------------------------------------------------------------------------------
+class _Driver:
+    """cuda-python's driver as the fusion preflight calls it, on a CPU rank: every call succeeds, and exported
+    handles are real file descriptors, so FlashInfer's own SCM_RIGHTS exchange moves them."""
+
+    class CUresult:
+        CUDA_SUCCESS = 0
+
+    class CUdevice_attribute:
+        CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 132
+
+    class CUmemAllocationGranularity_flags:
+        CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1
+
+    class CUmemAccess_flags:
+        CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
+
+    class CUmemAccessDesc:
+        pass
+
+    def cuDeviceGetAttribute(self, attr, device):
+        return 0, 0
+
+    def cuMemGetAllocationGranularity(self, prop, flags):
+        return 0, 2 << 20
+
+    def cuMemExportToShareableHandle(self, handle, handle_type, flags):
+        return 0, os.open(os.devnull, os.O_RDONLY)
+
+    def __getattr__(self, name):  # cuMemCreate, cuMemImportFromShareableHandle, cuMemMap, ...: success
+        return lambda *args: (0, 1)
+
+
+def fusion_exchange_fails_early(rank, world, port, bad_rank):
+    """The fusion workspace preflight with FlashInfer's real handle exchange over its comm backend on a group of
+    its own (as the device group is in the server), and bad_rank unable to make the exchange's temporary socket
+    directory (a TMPDIR that does not exist), a failure before the exchange's first collective."""
+    import flashinfer.comm.mnnvl as mnnvl
+    import torch
+    import torch.distributed as dist
+
+    from sglang.srt.layers import flashinfer_comm_fusion as fcf
+
+    tp = _up(rank, world, port)
+    side = dist.new_group(backend="gloo")
+    prop = SimpleNamespace(location=SimpleNamespace(id=0),
+                           requestedHandleTypes=mnnvl.cuda.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    fcf.get_cuda_driver_bindings = lambda: _Driver()
+    fcf._make_flashinfer_workspace_allocation_prop = lambda driver: prop
+    mnnvl.is_mnnvl_fabric_supported = lambda device: False  # a PCIe-only GPU: POSIX file descriptors
+    if rank == bad_rank:
+        tempfile.tempdir = "/nonexistent/tmp"
+    proceed = fcf._preflight_check_workspace_memory(world, 256, 7168, torch.bfloat16, cpu_group=tp.cpu_group,
+                                                    comm_backend=mnnvl.TorchDistBackend(group=side))
+    return {"proceed": proceed}
