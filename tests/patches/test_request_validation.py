@@ -2,9 +2,10 @@
 
 A prompt token id outside [0, vocab) reaches the embedding's index_select (a device-side assert: the scheduler dies
 and every later request is refused); stop_token_ids, top_logprobs_num, top_k, pooling positions, a client-set
-lora_id and JSON positional_embed_overrides reach other device indexing or crash the scheduler. The tests send each
+lora_id, JSON positional_embed_overrides and ragged input_embeds reach other device indexing or crash the scheduler.
+The tests send each
 bad request through the real entry points (the FastAPI app of entrypoints/http_server.py with the real OpenAI
-serving classes, and Engine.async_generate / async_encode) to a real TokenizerManager built on CPU for the
+serving classes, and Engine.async_generate) to a real TokenizerManager built on CPU for the
 Kimi-K2.5 text model (its text_config: vocabulary 163840, hidden 7168) with a small word-level tokenizer. Only the
 scheduler (GPU) is stood in: it records what it is sent and finishes each request with no output tokens.
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import tempfile
+import re
 from pathlib import Path
 
 import pytest
@@ -24,8 +25,7 @@ VOCAB = 163840
 OOV = 999999
 
 
-def _model_dir() -> Path:
-    d = Path(tempfile.mkdtemp(prefix="validate-model-"))
+def _model_dir(d: Path) -> Path:
     text = json.loads((KIMI_K25 / "config.json").read_text())["text_config"]
     (d / "config.json").write_text(json.dumps({**text, "model_type": "deepseek_v3"}))
     for f in (FIXTURES / "bench" / "tokenizer").iterdir():
@@ -36,12 +36,12 @@ def _model_dir() -> Path:
 class Server:
     """A real TokenizerManager and the real HTTP app in front of it; `sent` is what reached the scheduler."""
 
-    def __init__(self, embedding: bool):
+    def __init__(self, embedding: bool, model_dir: Path):
         from sglang.srt.entrypoints.engine import init_tokenizer_manager
         from sglang.srt.runtime_context import publish
         from sglang.srt.server_args import PortArgs
 
-        self.args = server_args(12, tp=8, spec=False, model_path=str(_model_dir()), is_embedding=embedding)
+        self.args = server_args(12, tp=8, spec=False, model_path=str(_model_dir(model_dir)), is_embedding=embedding)
         with platform(12):
             publish(self.args, role="tokenizer")
             self.tm, self.templates = init_tokenizer_manager(self.args, PortArgs.init_new(self.args))
@@ -63,8 +63,8 @@ class Server:
             state.finished = True
             state.event.set()
 
-    def client(self):
-        from fastapi.testclient import TestClient
+    def install(self, monkeypatch):
+        """Publish this server's arguments and put its tokenizer manager behind the real HTTP app."""
         from sglang.srt.entrypoints import http_server as hs
         from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
         from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
@@ -72,32 +72,38 @@ class Server:
         from sglang.srt.runtime_context import publish
 
         publish(self.args, role="tokenizer")
-        hs.set_global_state(hs._GlobalState(tokenizer_manager=self.tm, template_manager=self.templates,
-                                            scheduler_info={}))
-        hs.app.state.openai_serving_completion = OpenAIServingCompletion(self.tm, self.templates)
-        hs.app.state.openai_serving_chat = OpenAIServingChat(self.tm, self.templates)
-        hs.app.state.openai_serving_embedding = OpenAIServingEmbedding(self.tm, self.templates)
+        monkeypatch.setattr(hs, "_global_state", hs._GlobalState(tokenizer_manager=self.tm,
+                                                                  template_manager=self.templates, scheduler_info={}))
+        for name, cls in (("completion", OpenAIServingCompletion), ("chat", OpenAIServingChat),
+                          ("embedding", OpenAIServingEmbedding)):
+            monkeypatch.setattr(hs.app.state, f"openai_serving_{name}", cls(self.tm, self.templates), raising=False)
         self.sent.clear()
+        return self
+
+    def client(self):
+        from fastapi.testclient import TestClient
+        from sglang.srt.entrypoints import http_server as hs
+
         return TestClient(hs.app)  # not entered: no lifespan, so no warm-up request and no gRPC server
 
 
 _SERVERS: dict[bool, Server] = {}
 
 
-def _server(embedding: bool) -> Server:
+def _server(embedding: bool, tmp_path_factory, monkeypatch) -> Server:
     if embedding not in _SERVERS:
-        _SERVERS[embedding] = Server(embedding)
-    return _SERVERS[embedding]
+        _SERVERS[embedding] = Server(embedding, tmp_path_factory.mktemp("model"))
+    return _SERVERS[embedding].install(monkeypatch)
 
 
 @pytest.fixture
-def server():
-    return _server(embedding=False)
+def server(tmp_path_factory, monkeypatch):
+    return _server(False, tmp_path_factory, monkeypatch)
 
 
 @pytest.fixture
-def embedding_server():
-    return _server(embedding=True)
+def embedding_server(tmp_path_factory, monkeypatch):
+    return _server(True, tmp_path_factory, monkeypatch)
 
 
 GEN, CMPL, CHAT = "/generate", "/v1/completions", "/v1/chat/completions"
@@ -132,6 +138,7 @@ BAD = {  # name: (path, JSON body, what the 400 must say)
                              {"max_new_tokens": 0}}, "token_indices_to_pool contains position 9; valid range is [0, 2)"),
     "delimiter-positions": (GEN, {"input_ids": [5, 6], "multi_item_delimiter_indices": [-1]},
                             "multi_item_delimiter_indices contains position -1"),
+    "n-zero": (CHAT, {"model": "m", "messages": MSG, "input_ids": [5], "n": 0}, "n must be at least 1, got 0"),
     "client-lora-id": (GEN, {"input_ids": [5], "lora_id": "0"}, "lora_id is assigned by the server"),
     "json-embed-overrides": (GEN, {"input_ids": [5], "positional_embed_overrides": {"embeds": [[1.0]],
                                                                                     "positions": [0]}},
@@ -169,9 +176,8 @@ def test_input_embeds_of_the_wrong_shape_are_a_400(server, monkeypatch, embeds):
 
     from sglang.srt.managers import tokenizer_manager as tm_module
 
-    client = server.client()
     monkeypatch.setattr(tm_module, "get_memory", lambda: SimpleNamespace(disable_radix_cache=True))
-    resp = client.post(GEN, json={"input_embeds": embeds})
+    resp = server.client().post(GEN, json={"input_embeds": embeds})
     assert resp.status_code == 400, resp.text[:300]
     assert "input_embeds must be a non-empty list of rows of 7168 floats" in _error(resp)
     assert not server.sent
@@ -191,7 +197,6 @@ def test_embedding_path_rejects_out_of_vocabulary_ids(embedding_server, path, bo
 def _engine(server):
     from sglang.srt.entrypoints.engine import Engine
 
-    server.client()  # publish this server and clear what it was sent
     engine = Engine.__new__(Engine)  # the Engine object with its tokenizer manager; no scheduler subprocess
     engine.tokenizer_manager = server.tm
     return engine
@@ -206,9 +211,10 @@ def _engine(server):
 ], ids=["single", "batch", "stop-token-ids", "top-logprobs-num", "logit-bias-nan"])
 def test_engine_api_raises_value_error(server, kwargs, message):
     engine = _engine(server)
-    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ValueError, match=re.escape(message)):
         asyncio.run(engine.async_generate(**kwargs))
-    assert all(OOV not in req.input_ids for req in server.sent)
+    sent = [list(req.input_ids) for req in server.sent]
+    assert sent == [] or (sent == [[5]] and isinstance(kwargs["input_ids"][0], list)), sent  # a batch's head
 
 
 GOOD = [
