@@ -1,0 +1,247 @@
+"""One request never takes the server down: what would index a device tensor out of range is a 400 first.
+
+A prompt token id outside [0, vocab) reaches the embedding's index_select (a device-side assert: the scheduler dies
+and every later request is refused); stop_token_ids, top_logprobs_num, top_k, pooling positions, a client-set
+lora_id, JSON positional_embed_overrides and ragged input_embeds reach other device indexing or crash the scheduler.
+The tests send each
+bad request through the real entry points (the FastAPI app of entrypoints/http_server.py with the real OpenAI
+serving classes, and Engine.async_generate) to a real TokenizerManager built on CPU for the
+Kimi-K2.5 text model (its text_config: vocabulary 163840, hidden 7168) with a small word-level tokenizer. Only the
+scheduler (GPU) is stood in: it records what it is sent and finishes each request with no output tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from _sgl import FIXTURES, KIMI_K25, platform, server_args
+
+VOCAB = 163840
+OOV = 999999
+
+
+def _model_dir(d: Path) -> Path:
+    text = json.loads((KIMI_K25 / "config.json").read_text())["text_config"]
+    (d / "config.json").write_text(json.dumps({**text, "model_type": "deepseek_v3"}))
+    for f in (FIXTURES / "bench" / "tokenizer").iterdir():
+        (d / f.name).write_bytes(f.read_bytes())
+    return d
+
+
+class Server:
+    """A real TokenizerManager and the real HTTP app in front of it; `sent` is what reached the scheduler."""
+
+    def __init__(self, embedding: bool, model_dir: Path):
+        from sglang.srt.entrypoints.engine import init_tokenizer_manager
+        from sglang.srt.runtime_context import publish
+        from sglang.srt.server_args import PortArgs
+
+        self.args = server_args(12, tp=8, spec=False, model_path=str(_model_dir(model_dir)), is_embedding=embedding)
+        with platform(12):
+            publish(self.args, role="tokenizer")
+            self.tm, self.templates = init_tokenizer_manager(self.args, PortArgs.init_new(self.args))
+        self.tm.max_req_input_len = 100_000
+        self.tm._dispatch_to_scheduler = self._scheduler
+        self.sent = []
+
+    def _scheduler(self, msg):  # the stand-in: record, then finish each request as the detokenizer would
+        for req in getattr(msg, "batch", [msg]):
+            if not hasattr(req, "input_ids"):
+                continue  # an abort
+            self.sent.append(req)
+            meta = {"id": req.rid, "finish_reason": {"type": "length", "length": 0}, "cached_tokens": 0,
+                    "prompt_tokens": len(req.input_ids), "completion_tokens": 0, "weight_version": "default"}
+            out = {"embedding": [0.0], "meta_info": meta} if hasattr(req, "dimensions") else \
+                {"text": "", "output_ids": [], "meta_info": meta}
+            state = self.tm.rid_to_state[req.rid]
+            state.out_list.append(out)
+            state.finished = True
+            state.event.set()
+
+    def install(self, monkeypatch):
+        """Publish this server's arguments and put its tokenizer manager behind the real HTTP app."""
+        from sglang.srt.entrypoints import http_server as hs
+        from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
+        from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
+        from sglang.srt.entrypoints.openai.serving_embedding import OpenAIServingEmbedding
+        from sglang.srt.runtime_context import publish
+
+        publish(self.args, role="tokenizer")
+        monkeypatch.setattr(hs, "_global_state", hs._GlobalState(tokenizer_manager=self.tm,
+                                                                  template_manager=self.templates, scheduler_info={}))
+        for name, cls in (("completion", OpenAIServingCompletion), ("chat", OpenAIServingChat),
+                          ("embedding", OpenAIServingEmbedding)):
+            monkeypatch.setattr(hs.app.state, f"openai_serving_{name}", cls(self.tm, self.templates), raising=False)
+        self.sent.clear()
+        return self
+
+    def client(self):
+        from fastapi.testclient import TestClient
+        from sglang.srt.entrypoints import http_server as hs
+
+        return TestClient(hs.app)  # not entered: no lifespan, so no warm-up request and no gRPC server
+
+
+_SERVERS: dict[bool, Server] = {}
+
+
+def _server(embedding: bool, tmp_path_factory, monkeypatch) -> Server:
+    if embedding not in _SERVERS:
+        _SERVERS[embedding] = Server(embedding, tmp_path_factory.mktemp("model"))
+    return _SERVERS[embedding].install(monkeypatch)
+
+
+@pytest.fixture
+def server(tmp_path_factory, monkeypatch):
+    return _server(False, tmp_path_factory, monkeypatch)
+
+
+@pytest.fixture
+def embedding_server(tmp_path_factory, monkeypatch):
+    return _server(True, tmp_path_factory, monkeypatch)
+
+
+GEN, CMPL, CHAT = "/generate", "/v1/completions", "/v1/chat/completions"
+OOV_MSG = f"out-of-vocabulary token id {OOV}; valid range is [0, {VOCAB})"
+MSG = [{"role": "user", "content": "w1"}]
+
+BAD = {  # name: (path, JSON body, what the 400 must say)
+    "generate-oov": (GEN, {"input_ids": [5, OOV]}, OOV_MSG),
+    "generate-negative": (GEN, {"input_ids": [5, -1]}, f"token id -1; valid range is [0, {VOCAB})"),
+    "generate-batch-oov": (GEN, {"input_ids": [[5, 6], [7, OOV]]}, OOV_MSG),
+    "generate-batch-empty": (GEN, {"input_ids": [[5], []]}, "prompt is empty"),
+    "generate-empty-text": (GEN, {"text": ""}, "prompt is empty"),
+    "generate-n2-oov": (GEN, {"input_ids": [5, OOV], "sampling_params": {"n": 2}}, OOV_MSG),
+    "completions-oov": (CMPL, {"model": "m", "prompt": [5, OOV], "max_tokens": 1}, OOV_MSG),
+    "completions-batch-oov": (CMPL, {"model": "m", "prompt": [[5], [OOV]], "max_tokens": 1}, OOV_MSG),
+    "completions-stream-oov": (CMPL, {"model": "m", "prompt": [5, OOV], "max_tokens": 1, "stream": True}, OOV_MSG),
+    "chat-input-ids-oov": (CHAT, {"model": "m", "messages": MSG, "input_ids": [5, OOV], "max_tokens": 1}, OOV_MSG),
+    "stop-token-ids": (GEN, {"input_ids": [5], "sampling_params": {"stop_token_ids": [OOV], "min_new_tokens": 1}},
+                       f"stop_token_ids contains {OOV_MSG}"),
+    "completions-stop-token-ids": (CMPL, {"model": "m", "prompt": [5], "stop_token_ids": [-2]},
+                                   "stop_token_ids contains out-of-vocabulary token id -2"),
+    "top-logprobs-num": (GEN, {"input_ids": [5], "return_logprob": True, "top_logprobs_num": 10**9},
+                         f"top_logprobs_num must be an integer in [0, {VOCAB}]"),
+    "completions-logprobs": (CMPL, {"model": "m", "prompt": [5], "logprobs": VOCAB + 1},
+                             f"top_logprobs_num must be an integer in [0, {VOCAB}]"),
+    "chat-top-logprobs": (CHAT, {"model": "m", "messages": MSG, "input_ids": [5], "logprobs": True,
+                                 "top_logprobs": 10**6}, "top_logprobs_num must be an integer"),
+    "top-k-int32": (GEN, {"input_ids": [5], "sampling_params": {"top_k": 2**31}}, "top_k must be -1 (disable) or at"),
+    "logit-bias-key": (CMPL, {"model": "m", "prompt": [5], "logit_bias": {"w5": 1.0}},
+                       "logit_bias keys must be token ids, got 'w5'"),
+    "pool-positions": (GEN, {"input_ids": [5, 6], "token_indices_to_pool": [9], "sampling_params":
+                             {"max_new_tokens": 0}}, "token_indices_to_pool contains position 9; valid range is [0, 2)"),
+    "delimiter-positions": (GEN, {"input_ids": [5, 6], "multi_item_delimiter_indices": [-1]},
+                            "multi_item_delimiter_indices contains position -1"),
+    "n-zero": (CHAT, {"model": "m", "messages": MSG, "input_ids": [5], "n": 0}, "n must be at least 1, got 0"),
+    "client-lora-id": (GEN, {"input_ids": [5], "lora_id": "0"}, "lora_id is assigned by the server"),
+    "json-embed-overrides": (GEN, {"input_ids": [5], "positional_embed_overrides": {"embeds": [[1.0]],
+                                                                                    "positions": [0]}},
+                             "positional_embed_overrides must be a PositionalEmbeds"),
+}
+
+
+def _error(resp) -> str:
+    body = resp.json()
+    err = body.get("error", body)
+    return err.get("message", "") if isinstance(err, dict) else str(body.get("message", err))
+
+
+@pytest.mark.parametrize("name", BAD)
+def test_bad_request_is_a_400_naming_the_value_and_never_reaches_the_scheduler(server, name):
+    path, body, message = BAD[name]
+    resp = server.client().post(path, json=body)
+    assert resp.status_code == 400, (resp.status_code, resp.text[:500])
+    assert message in _error(resp), resp.text[:500]
+    assert not server.sent or name.startswith("generate-batch"), server.sent  # a batch's good head may go first
+
+
+def test_a_logit_bias_float32_cannot_hold_is_a_400(server):
+    """The bias is added to float32 logits; 1e39 would be inf there, and sampling from inf logits returns any id."""
+    resp = server.client().post(GEN, json={"input_ids": [5], "sampling_params": {"logit_bias": {"5": 1e39}}})
+    assert resp.status_code == 400, resp.text[:300]
+    assert "logit_bias values must be finite float32 numbers, got 1e+39 for token 5" in _error(resp)
+    assert not server.sent
+
+
+@pytest.mark.parametrize("embeds", [[[0.0] * 7168, [0.0] * 3], [[0.0] * 3]], ids=["ragged", "narrow"])
+def test_input_embeds_of_the_wrong_shape_are_a_400(server, monkeypatch, embeds):
+    """Under --disable-radix-cache a request may carry input_embeds, which the scheduler stacks into one tensor."""
+    from types import SimpleNamespace
+
+    from sglang.srt.managers import tokenizer_manager as tm_module
+
+    monkeypatch.setattr(tm_module, "get_memory", lambda: SimpleNamespace(disable_radix_cache=True))
+    resp = server.client().post(GEN, json={"input_embeds": embeds})
+    assert resp.status_code == 400, resp.text[:300]
+    assert "input_embeds must be a non-empty list of rows of 7168 floats" in _error(resp)
+    assert not server.sent
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/encode", {"input_ids": [5, OOV]}),
+    ("/v1/embeddings", {"model": "m", "input": [5, OOV]}),
+    ("/v1/embeddings", {"model": "m", "input": [[5], [OOV]]}),
+], ids=["encode", "embeddings", "embeddings-batch"])
+def test_embedding_path_rejects_out_of_vocabulary_ids(embedding_server, path, body):
+    resp = embedding_server.client().post(path, json=body)
+    assert resp.status_code == 400 and OOV_MSG in _error(resp), resp.text[:500]
+    assert all(OOV not in req.input_ids for req in embedding_server.sent)
+
+
+def _engine(server):
+    from sglang.srt.entrypoints.engine import Engine
+
+    engine = Engine.__new__(Engine)  # the Engine object with its tokenizer manager; no scheduler subprocess
+    engine.tokenizer_manager = server.tm
+    return engine
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(input_ids=[5, OOV]), OOV_MSG),
+    (dict(input_ids=[[5], [OOV]]), OOV_MSG),
+    (dict(input_ids=[5], sampling_params={"stop_token_ids": [VOCAB]}), f"token id {VOCAB}; valid range"),
+    (dict(input_ids=[5], return_logprob=True, top_logprobs_num=-1), "top_logprobs_num must be an integer"),
+    (dict(input_ids=[5], sampling_params={"logit_bias": {"5": float("nan")}}), "finite float32 numbers, got nan"),
+], ids=["single", "batch", "stop-token-ids", "top-logprobs-num", "logit-bias-nan"])
+def test_engine_api_raises_value_error(server, kwargs, message):
+    engine = _engine(server)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        asyncio.run(engine.async_generate(**kwargs))
+    sent = [list(req.input_ids) for req in server.sent]
+    assert sent == [] or (sent == [[5]] and isinstance(kwargs["input_ids"][0], list)), sent  # a batch's head
+
+
+GOOD = [
+    (GEN, {"input_ids": [0, 5, VOCAB - 1], "sampling_params": {"stop_token_ids": [VOCAB - 1], "top_k": 2**31 - 1,
+                                                                "logit_bias": {"5": -100.0}}}),
+    (GEN, {"input_ids": [[5], [VOCAB - 1]], "return_logprob": True, "top_logprobs_num": 20}),
+    (GEN, {"text": "w1 w2", "token_ids_logprob": [VOCAB - 1], "return_logprob": True}),
+    (CMPL, {"model": "m", "prompt": [5, VOCAB - 1], "max_tokens": 1, "logprobs": 5, "stop_token_ids": [0]}),
+    (CMPL, {"model": "m", "prompt": [[5], [6]], "max_tokens": 1}),
+    (CHAT, {"model": "m", "messages": MSG, "input_ids": [5, VOCAB - 1], "max_tokens": 1}),
+]
+
+
+@pytest.mark.unchanged
+@pytest.mark.parametrize("path, body", GOOD, ids=[f"{p}-{i}" for i, (p, _) in enumerate(GOOD)])
+def test_good_request_reaches_the_scheduler(server, path, body):
+    """In-range ids, the vocabulary's last id, the widest top_k and long-standing logprob counts pass unchanged."""
+    resp = server.client().post(path, json=body)
+    assert resp.status_code == 200, resp.text[:500]
+    assert server.sent and all(max(req.input_ids) < VOCAB for req in server.sent)
+
+
+@pytest.mark.unchanged
+@pytest.mark.parametrize("path, body", [("/encode", {"input_ids": [5, VOCAB - 1]}),
+                                        ("/v1/embeddings", {"model": "m", "input": [[5], [VOCAB - 1]]})],
+                         ids=["encode", "embeddings-batch"])
+def test_good_embedding_request_reaches_the_scheduler(embedding_server, path, body):
+    resp = embedding_server.client().post(path, json=body)
+    assert resp.status_code == 200, resp.text[:500]
+    assert embedding_server.sent and all(max(req.input_ids) < VOCAB for req in embedding_server.sent)
