@@ -117,7 +117,7 @@ def build(cmd: list[str], docker: str, tag: str) -> None:
         raise UserError("docker/Dockerfile fails hadolint (above): fix it before building")
     eng = engine(docker)
     if not eng.ok:
-        raise UserError(eng.message("make image (docker build)"))
+        raise UserError(f"make image (docker build) needs the docker engine, which {eng.why}. Fix: {eng.fix}")
     say(f"docker engine {eng.version}; building {tag}")
     res = proc.run(cmd, timeout=4 * 3600, capture=False)
     if res.ok:
