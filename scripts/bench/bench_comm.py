@@ -7,10 +7,9 @@ make bench-comm runs it in the serving image (scripts/host/in_image.py); a machi
 directly. --dry-run prints the variants, ranks and time. Per NCCL environment variant (VARIANTS), one process per GPU
 brought up by SGLang's init_distributed_environment, at Kimi-K2.5 shapes: NCCL all-reduce per call (a 122-call chain,
 eager and graph-replayed) and a 61-layer verify-shaped forward; in the first variant, through SGLang's own code
-(sglang_comm.py), tp.all_reduce per backend (PCIe IPC, FlashInfer, NCCL), the fused all-reduce + RMSNorm op and a
-PDL-race stress. Every reduction is checked against an fp32 reference. Writes bench-comm_<GPU model>_x<n>_<UTC
-time>.json and .png (no host name). Another NCCL release: make image NCCL=<version>, then make bench-comm
-IMAGE=<its tag>.
+(sglang_comm.py), tp.all_reduce per backend (PCIe IPC, FlashInfer, NCCL) and the fused all-reduce + RMSNorm op.
+Every reduction is checked against an fp32 reference. Writes bench-comm_<GPU model>_x<n>_<UTC time>.json and .png
+(no host name). Another NCCL release: make image NCCL=<version>, then make bench-comm IMAGE=<its tag>.
 
 Exit status: 0 every variant ran and every reduction was correct; 1 a variant failed or a reduction was wrong; 2 a
 usage problem (fewer than 2 GPUs, no patched SGLang here, an unknown variant, no /results mount in the image).
@@ -103,8 +102,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--layers", type=int, default=LAYERS)
     ap.add_argument("--chain", type=int, default=CHAIN)
     ap.add_argument("--reps", type=int, default=10, help="chain / forward repetitions (median)")
-    ap.add_argument("--race-rows", default="4,8,16", help="row counts of the PDL race check")
-    ap.add_argument("--race-trials", type=int, default=20)
     ap.add_argument("--no-flashinfer", action="store_true", help="torch add-RMSNorm, no SGLang rows")
     ap.add_argument("--no-sglang", action="store_true", help="skip the SGLang rows (PCIe IPC, fused op)")
     ap.add_argument("--no-autotune", action="store_true", help="SGLang rows: FlashInfer's PCIe-IPC seed policy")
@@ -144,8 +141,7 @@ def measure(a: argparse.Namespace, vmap: dict, world: int, meta: dict) -> list[d
     """Every variant in its own ranks (the first one also runs the SGLang rows); their records."""
     ints = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
     cfg = {"device": a.device, "rows": ints(a.rows), "prefill_rows": ints(a.prefill_rows), "layers": a.layers,
-           "chain": a.chain, "reps": a.reps, "race_rows": ints(a.race_rows), "race_trials": a.race_trials,
-           "flashinfer": not a.no_flashinfer}
+           "chain": a.chain, "reps": a.reps, "flashinfer": not a.no_flashinfer}
     why_not = ("--device cpu" if a.device == "cpu" else "--no-flashinfer" if a.no_flashinfer else "--no-sglang"
                if a.no_sglang else "" if importlib.util.find_spec("flashinfer") else "flashinfer does not import")
     sglang_args = None if why_not else {"flashinfer_allreduce_fusion_backend": "trtllm",

@@ -114,7 +114,7 @@ class RankSession:
         """The patched SGLang's own paths, as the server runs them (scripts/bench/sglang_comm.py): the PCIe-IPC
         communicator and both fusion workspaces prepared by BaseRunner's methods; per row count, tp.all_reduce's
         route and result, the fused all-reduce + residual + RMSNorm op's result; per-call timings of those paths in
-        graph-replayed chains (sglang_comm.path_timings); the PDL race stress of the fused op."""
+        graph-replayed chains (sglang_comm.path_timings)."""
         torch, sc, rows = self.torch, self.sc, self.cfg["rows"]
         self.rec(kind="workspace", impl="sglang_pcie_ipc", **sc.prepare_pcie_ipc(self.sa))
         self.rec(kind="workspace", impl="sglang_fused_op", **sc.prepare_fusion(torch.bfloat16))
@@ -142,11 +142,6 @@ class RankSession:
             impl = f"sglang_{path}" if r["kind"] == "fused" else f"sglang_tp_{path}"
             self.rec(**r, impl=impl, mode="graph")
         _log(self.rank, f"SGLang paths timed at {rows} rows")
-        for r in sc.pdl_race(me, self.cfg["race_rows"], chain=16, trials=self.cfg["race_trials"]):
-            self.rec(kind="pdl_race", impl="sglang_fused_op+pdl_rmsnorm", rows=r["rows"], chain=r["chain"],
-                     trigger_at_end=r["variant"] == "default", trials=r["trials"], bad_trials=r["bad_trials"],
-                     worst_abs_err=r["worst_abs_err"])
-            _log(self.rank, f"pdl race {r['rows']} rows {r['variant']}: {r['bad_trials']}/{r['trials']} bad")
 
     def _weights(self) -> tuple[list, list, object]:
         """Per-rank TP8 GEMM weights of one layer (attention, MoE) and an RMSNorm gamma, fixed seeds."""

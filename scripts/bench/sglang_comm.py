@@ -243,56 +243,6 @@ class Timer:
         return self.median_us(self.capture(fn).replay, reps) if self.cuda else None
 
 
-def pdl_race(r, rows, *, chain: int = 16, trials: int = 20) -> list[dict]:
-    """Graph-replayed chains of the fused op, each call feeding its residual to the next (as between layers) and
-    followed by a PDL-launched consumer reading its norm output at once (FlashInfer rmsnorm, enable_pdl=True).
-    Fresh inputs every trial, every trial checked against an fp32 chained reference; the op's own default and
-    trigger_completion_at_end=False (the pre-fix setting, as a control)."""
-    import torch
-    from flashinfer.norm import rmsnorm
-
-    t, timer = Tensors(r.rank, r.world, torch.device("cuda", torch.cuda.current_device())), Timer(r.device)
-    gamma = (t.randn(1, seed=8, rank=0, scale=0.5)[0] + 1.0).contiguous()
-    out = []
-    for n in rows:
-        for label, kw in (("default", {}), ("trigger_at_end_false", {"trigger_completion_at_end": False})):
-            xs = [t.randn(n, seed=900 + i, scale=0.05) for i in range(chain)]
-            res0 = t.randn(n, seed=899, rank=0)
-            outs, resid = [None] * chain, [None] * chain
-
-            def run(kw=kw):
-                h = res0
-                for i in range(chain):
-                    norm, h = fused_allreduce_rmsnorm(xs[i], h, gamma, **kw)
-                    resid[i] = h
-                    outs[i] = rmsnorm(norm, gamma, EPS, enable_pdl=True)
-
-            graph = timer.capture(run)
-            bad, worst = 0, 0.0
-            for trial in range(trials):
-                seed = 10000 * (trial + 1)
-                for i, x in enumerate(xs):
-                    x.copy_(t.randn(n, seed=seed + i, scale=0.05))
-                res0.copy_(t.randn(n, seed=seed - 1, rank=0))
-                ref_res, refs = res0.float(), []
-                for i in range(chain):
-                    ref_res = (ref_res + t.ref_sum(n, seed=seed + i, scale=0.05)).to(torch.bfloat16).float()
-                    refs.append(t.rmsnorm_ref(t.rmsnorm_ref(ref_res, gamma).to(torch.bfloat16).float(), gamma))
-                for o in outs:
-                    o.fill_(float("nan"))
-                timer.sync()
-                timer.dist.barrier()
-                graph.replay()
-                timer.sync()
-                errs = [t.errors(resid[-1], ref_res)] + [t.errors(o, ref) for o, ref in zip(outs, refs)]
-                worst = max([worst] + [e["max_abs_err"] for e in errs])
-                bad += int(any(e["nan"] or e["max_abs_err"] > 1.0 for e in errs))
-            del graph
-            out.append({"rows": n, "variant": label, "chain": chain, "trials": trials, "bad_trials": bad,
-                        "worst_abs_err": worst})
-    return out
-
-
 def _routes(tp, pcie_ipc: bool, flashinfer: bool):
     """Switch the TP group's PCIe-IPC communicator and FlashInfer allreduce-only tag on or off (SGLang's own state;
     every rank switches alike). Returns a function that restores them."""

@@ -198,7 +198,7 @@ def failures(checks: Checks, standin_tag: str, site: str) -> None:
 def verbs(checks: Checks, image: str) -> None:
     (results := WORK / "results").mkdir(exist_ok=True)
     comm = ["--device", "cpu", "--variants", "default", "--rows", "4", "--prefill-rows", "", "--layers", "2",
-            "--chain", "4", "--reps", "2", "--race-rows", ""]
+            "--chain", "4", "--reps", "2"]
     for args, want in ((["serve", "--dry-run"], 0), (["smoke"], 0), (["doctor"], 1), (["test-serve"], 2),
                        (["test-gpu"], 2), (["bench-comm", *comm], 0)):  # no GPU: doctor errors, GPU verbs refuse
         t = time.monotonic()
