@@ -98,7 +98,7 @@ serve:           ## serve Kimi-K2.5 with EAGLE-3 from the image (the docker run 
 	$(PY) -m scripts.host.serve --image=$(IMAGE) $(SERVE_ARGS)
 
 test-image:      ## build docker/Dockerfile on a local stand-in base and run its verbs (root, ~8 GB, 3-7 min)
-	$(PY) -m scripts.host.image_test
+	$(PY) -m tests.image.build
 
 doctor:          ## preflight of this box (GPUs, NVLink/P2P, NUMA, driver, NCCL, host settings)
 	$(PY) -m scripts.host.doctor

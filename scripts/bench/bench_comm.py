@@ -1,7 +1,6 @@
 """`make bench-comm` (the image's bench-comm verb): what the communication of one EAGLE verify forward costs here.
 
   python -m scripts.bench.bench_comm [--variants default,LL,...] [--world N] [--dry-run] ...
-  python -m scripts.bench.bench_comm --plot RESULT.json  only the table and the PNG of a result file
 
 make bench-comm runs it in the serving image (scripts/host/in_image.py); a machine with the patched SGLang runs it
 directly. --dry-run prints the variants, ranks and time. Per NCCL environment variant (VARIANTS), one process per GPU
@@ -23,14 +22,13 @@ import importlib.util
 import json
 import os
 import shlex
-import socket
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from ..host.docker_run import results_dir
-from ..host.nccl import expected_nccl, nccl_report
+from ..host.docker_run import gpu_slug, results_dir
+from ..host.nccl import expected_nccl, free_port, nccl_report
 from ..lib import proc
 from ..lib.cli import run
 from ..lib.errors import UserError
@@ -52,12 +50,6 @@ def variants(names: list[str]) -> dict[str, dict]:
     if unknown:
         raise UserError(f"unknown variant {unknown[0]!r}: choose from {', '.join(VARIANTS)}")
     return {n: VARIANTS[n] for n in names}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_variant(name: str, env: dict, world: int, cfg: dict, timeout: float) -> dict:
@@ -111,7 +103,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--results-dir", type=Path, help="where results go (default: /results in the image, else "
                                                      "bench/results)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per variant before it counts as hung")
-    ap.add_argument("--plot", type=Path, metavar="RESULT_JSON", help="only draw the PNG (and table) of a result")
     return ap.parse_args(argv)
 
 
@@ -181,11 +172,6 @@ def nccl_axis() -> dict:
 def main(argv=None) -> int:
     a = parse_args(argv)
     given = list(sys.argv[1:] if argv is None else argv)
-    if a.plot:
-        result = json.loads(a.plot.read_text())
-        print(table(summarize(result)))
-        plot({**result, "summary": summarize(result)}, a.plot.with_suffix(".png"))
-        return 0
     vmap = variants([v.strip() for v in a.variants.split(",") if v.strip()])
     if a.dry_run:
         print(f"bench-comm here: variants {', '.join(f'{k} {v or {}}' for k, v in vmap.items())}; ranks: "
@@ -201,7 +187,7 @@ def main(argv=None) -> int:
     meta["nccl"] = nccl_axis()
     result = {"meta": meta, "records": measure(a, vmap, world, meta)}
     result["summary"] = summarize(result)
-    box = a.box or meta["gpu_name"].replace("NVIDIA ", "").replace(" ", "-")
+    box = a.box or gpu_slug([meta["gpu_name"]])
     out = a.out or a.results_dir / f"bench-comm_{box}_x{world}_{meta['utc']}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")

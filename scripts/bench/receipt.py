@@ -6,16 +6,11 @@ directory and one tarball that say whether the series pays off on this box and w
   python -m scripts.bench.receipt --summarize DIR   derive summary, plots, recommendations and tarball again (a
         receipt directory, or results put under DIR/raw/ by hand with a receipt.json naming the parts)
 
-The parts (scripts/bench/receipt_data.py PARTS) run in order, each its own verb as a process. Before anything runs,
-one preflight of what the parts to run need: the GPUs (enough and idle), the docker engine and the images, no
-resident server container, the port free, bench's weights in the HF cache, the receipt directory written to; each
-failure with its fix (how to stop what is in the way). --dry-run prints the plan (each part, its command and time, the total) and the checks, also when some
-fail, and writes nothing. Resumable: the doctor runs every time; test-serve is done when none of its checks failed
-(and when it fails the report stops there, before anything loads Kimi-K2.5); bench when it finished its plan (it
-resumes what raw/bench lacks); another part when it succeeded; --redo PART runs one again. Then receipt.json (the
-recommendations, computed once), summary.md with plots and, when a part measured something, DIR.tar.gz: what leaves
-the box (scripts/bench/share.py). DIR: this box's newest unfinished bench/receipts/<box>_*, else
-bench/receipts/<box>_<UTC date>; <box> is its GPUs' model and count.
+The parts (scripts/bench/receipt_data.py PARTS) run in order, each its own verb as a process, after one preflight
+of what they need (each failure with its fix); --dry-run prints the plan and the checks and writes nothing. A re-run
+resumes this box's newest unfinished receipt; a failed test-serve stops it before anything loads Kimi-K2.5. DIR:
+bench/receipts/<box>_<UTC date> (<box>: the GPUs' model and count), its .tar.gz what leaves the box (share.py).
+What each step does and keeps: bench/receipts/README.md.
 
 Exit status: 0 every part done; 1 a part failed (the receipt says which) or none measured anything; 2 a check failed
 (nothing run or written) or a usage problem.

@@ -137,7 +137,7 @@ def source(key: str, ranks: int, timeout: float, home: str | Path | None = None)
             f"run({key!r}, {int(ranks)}, {float(timeout)})")
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -170,7 +170,7 @@ def spawn_ranks(fn, world: int, timeout: float, *args) -> dict:
 
     ctx = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="eagle-probe-") as tmp:
-        port = _free_port()
+        port = free_port()
         procs = [ctx.Process(target=_rank_main, args=(fn, r, world, port, tmp, args)) for r in range(world)]
         for p in procs:
             p.start()
