@@ -95,7 +95,8 @@ def listening(host: str, key_from: str) -> str:
     if not loopback and not key_from:
         raise UserError(f"refusing to listen on {host} without an API key: anyone who reaches the port could use "
                         f"it. Fix: {FIX}")
-    return f"listening on {host}" + " only" * loopback + (f" with an API key from {key_from}" if key_from else "")
+    key = f" with an API key from {key_from}" if key_from else ""
+    return f"listening on {host}" + (" only" if loopback else "") + key
 
 
 def resolve_profile(name: str) -> Path:
@@ -180,7 +181,7 @@ def build_plan(a: argparse.Namespace, extra: list[str], environ: dict[str, str])
         check_values(sa)
         host, draft, model, cli_key = sa.host, sa.speculative_draft_model_path, sa.model_path, bool(sa.api_key)
     plan.key, plan.key_from = read_key(environ, a.api_key_file)
-    plan.listen = listening(host, plan.key_from or "the command line (--api-key)" * cli_key)
+    plan.listen = listening(host, plan.key_from or ("the command line (--api-key)" if cli_key else ""))
     if draft:
         plan.notes.append(drafters.drafter_note(draft))
     if model and not drafters.cached(model):
