@@ -64,8 +64,7 @@ def imports(name: str) -> list[tuple[str, list[str], int]]:
 def test_the_three_families_and_their_verbs():
     verbs = {v.split(".", 1)[1] for v in VERBS}
     assert verbs == {"series.apply", "series.export", "series.check_patches", "series.refresh", "series.prove_tests",
-                     "host.doctor", "host.serve", "host.smoke", "host.image", "host.gpu_tier",
-                     "host.in_image",
+                     "host.doctor", "host.serve", "host.smoke", "host.image", "host.gpu_tier", "host.in_image",
                      "bench.bench", "bench.bench_comm", "bench.cost_model", "bench.receipt"}
     assert not [n for n in VERBS if n.startswith("scripts.lib")]
 
