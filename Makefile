@@ -45,8 +45,7 @@ help:            ## list targets and the variables they take
 #:   BENCH_ARGS="..."         bench, bench-sweep, bench-comm: their options (BENCH_ARGS=--dry-run: the plan only)
 #:   TEST_GPU_ARGS="..."      test-gpu: its options (e.g. -- -k faults)
 #:   TEST_SERVE_ARGS="..."    test-serve: pytest options for tests/gpu/serve (e.g. -k client, --serve-world 2)
-#:   REPORT_ARGS="..."        report: its options (--dry-run: the plan only, --redo PART, --nccl-image IMAGE,
-#:                            -- BENCH_ARGS)
+#:   REPORT_ARGS="..."        report: its options (--dry-run: the plan only, --redo PART, -- BENCH_ARGS)
 #:   RECEIPT=FILE             docs: ingest this receipt (.tar.gz or directory) only
 #:   PYTEST_ARGS="..."        test: pytest options
 #:   VENV=DIR PY=PYTHON       the test environment (default .venv) and the python for the host verbs (python3)
@@ -80,7 +79,7 @@ test: setup apply  ## the whole check: pytest against build/sglang, series round
 	$(VPY) -m scripts.series.prove_tests
 
 test-gpu:        ## the patched collectives, fused op and decisions on >= 2 GPUs, in the image -> bench/results
-	$(PY) -m scripts.host.gpu_tier $(if $(IMAGE),--image $(IMAGE)) $(TEST_GPU_ARGS)
+	$(PY) -m scripts.host.in_image $(if $(IMAGE),--image $(IMAGE)) test-gpu $(TEST_GPU_ARGS)
 
 test-serve:      ## the patched server with EAGLE-3 on generated tiny models, in IMAGE on this machine's GPUs -> bench/results
 	$(PY) -m scripts.host.in_image $(if $(IMAGE),--image $(IMAGE)) test-serve $(TEST_SERVE_ARGS)
@@ -99,7 +98,7 @@ serve:           ## serve Kimi-K2.5 with EAGLE-3 from the image (the docker run 
 	$(PY) -m scripts.host.serve --image=$(IMAGE) $(SERVE_ARGS)
 
 test-image:      ## build docker/Dockerfile on a local stand-in base and run its verbs (root, ~8 GB, 3-7 min)
-	$(PY) -m scripts.host.image_test
+	$(PY) -m tests.image.build
 
 doctor:          ## preflight of this box (GPUs, NVLink/P2P, NUMA, driver, NCCL, host settings)
 	$(PY) -m scripts.host.doctor
@@ -107,11 +106,11 @@ doctor:          ## preflight of this box (GPUs, NVLink/P2P, NUMA, driver, NCCL,
 bench:           ## A/B serving benchmarks, servers and client in the serving image (BENCH_ARGS="--variants ... --scenarios C1")
 	$(BPY) -m scripts.bench.bench $(if $(IMAGE),--image $(IMAGE)) $(BENCH_ARGS)
 
-bench-sweep:     ## drafters x speculative settings (bench/sweep.toml), each checked against SGLang's rules first
+bench-sweep:     ## drafters x speculative settings (bench/sweep.toml), each checked first (its setting; SGLang's parser)
 	$(BPY) -m scripts.bench.bench --sweep $(if $(IMAGE),--image $(IMAGE)) $(BENCH_ARGS)
 
 bench-comm:      ## all-reduce / verify-shaped communication benchmark on >= 2 GPUs, in the serving image
-	$(PY) -m scripts.bench.bench_comm $(if $(IMAGE),--image $(IMAGE)) $(BENCH_ARGS)
+	$(PY) -m scripts.host.in_image $(if $(IMAGE),--image $(IMAGE)) bench-comm $(BENCH_ARGS)
 
 report:          ## the box receipt: test-serve, doctor, test-gpu, bench-comm, bench -> bench/receipts/<box>_<date>/ + .tar.gz (resumable; REPORT_ARGS)
 	$(BPY) -m scripts.bench.receipt $(if $(IMAGE),--image $(IMAGE)) $(REPORT_ARGS)

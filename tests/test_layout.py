@@ -8,7 +8,8 @@
 - only scripts/lib/proc.py imports subprocess (one helper, with timeouts, runs every program);
 - every verb's docstring says how to run it and lists its exit status;
 - the hidden size is defined once; no code or doc names a path outside the repository;
-- no shell script under pipefail pipes into a reader that stops early (head, grep -q).
+- no shell script under pipefail pipes into a reader that stops early (head, grep -q);
+- scripts/ holds at most 8,000 lines of Python and tests/ at most 9,500 (every *.py, as `cat | wc -l` counts them).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 FAMILIES = ("series", "host", "bench")
 MAX_FUNCTION_LINES = 80
+BUDGETS = {"scripts": 8000, "tests": 9500}  # lines of Python: a new feature pays for itself
 
 
 def module_name(path: Path) -> str:
@@ -62,8 +64,7 @@ def imports(name: str) -> list[tuple[str, list[str], int]]:
 def test_the_three_families_and_their_verbs():
     verbs = {v.split(".", 1)[1] for v in VERBS}
     assert verbs == {"series.apply", "series.export", "series.check_patches", "series.refresh", "series.prove_tests",
-                     "host.doctor", "host.serve", "host.smoke", "host.image", "host.gpu_tier",
-                     "host.image_test", "host.in_image",
+                     "host.doctor", "host.serve", "host.smoke", "host.image", "host.gpu_tier", "host.in_image",
                      "bench.bench", "bench.bench_comm", "bench.cost_model", "bench.receipt",
                      "bench.profile"}
     assert not [n for n in VERBS if n.startswith("scripts.lib")]
@@ -178,3 +179,10 @@ def test_no_pipefail_script_pipes_into_a_reader_that_stops_early():
             if not line.lstrip().startswith("#") and EARLY_READER.search(line):
                 bad.append(f"{f}:{n}: {line.strip()[:100]}")
     assert not bad, "\n".join(bad)
+
+
+def test_the_line_budgets_hold():
+    counts = {d: sum(p.read_bytes().count(b"\n") for p in (ROOT / d).rglob("*.py")) for d in BUDGETS}
+    shown = ", ".join(f"{d}/ {n:,} lines of Python (budget {BUDGETS[d]:,})" for d, n in counts.items())
+    assert all(n <= BUDGETS[d] for d, n in counts.items()), \
+        f"{shown}: delete machinery: what can SGLang, git or docker do instead?"

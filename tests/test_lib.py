@@ -1,5 +1,5 @@
-"""scripts/lib: the one subprocess helper, the one env-file parser, the one TOML reader, the one git HEAD and tag
-helpers; and the bench family's one number formatter."""
+"""scripts/lib: the one subprocess helper, the one TOML reader, the one git HEAD and tag helpers; and the bench
+family's one number formatter."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import pytest
 
 from scripts.bench.numbers import duration, num, spread
 from scripts.lib import git, proc, repo
-from scripts.lib.envfile import parse_env, read_env_file, render_env
 from scripts.lib.errors import UserError
 
 
@@ -21,24 +20,12 @@ def test_run_says_why_a_program_did_not_answer():
     assert not failed.ok and failed.returncode == 9 and "exit 9: it broke" in failed.why
 
 
-def test_env_file_parser(tmp_path):
-    text = "# comment\n\nNCCL_MIN_NCHANNELS=8\nexport NCCL_PROTO = LL \n"
-    assert parse_env(text) == {"NCCL_MIN_NCHANNELS": "8", "NCCL_PROTO": "LL"}
-    with pytest.raises(UserError, match=r"x.env:1: 'NOT A LINE' is not KEY=VALUE"):
-        parse_env("NOT A LINE\n", "x.env")
-    f = tmp_path / "a.env"
-    f.write_text(render_env({"A": "1"}, ["made here"]))
-    assert f.read_text() == "# made here\nA=1\n" and read_env_file(f) == {"A": "1"}
-    with pytest.raises(UserError, match="does not exist"):
-        read_env_file(tmp_path / "missing.env")
-
-
 def test_head_and_revision(tmp_path, monkeypatch):
-    assert git.head(tmp_path) is None and git.tag_commit(tmp_path, "v1") is None
+    assert git.head(tmp_path) is None and git.rev(tmp_path, "refs/tags/v1") is None
     git.git(tmp_path, "init", "-q")
     git.git(tmp_path, "commit", "-q", "--allow-empty", "-m", "one")
     git.git(tmp_path, "tag", "-a", "-m", "annotated", "v1")
-    assert git.tag_commit(tmp_path, "v1") == git.head(tmp_path) and git.tag_commit(tmp_path, "v2") is None
+    assert git.rev(tmp_path, "refs/tags/v1") == git.head(tmp_path) and git.rev(tmp_path, "refs/tags/v2") is None
     monkeypatch.setenv(repo.GIT_REV_VAR, "abc1234")
     assert repo.revision(short=True) == ("abc1234", False)
     monkeypatch.delenv(repo.GIT_REV_VAR)

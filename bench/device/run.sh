@@ -78,7 +78,7 @@ print('ROUTE_FLAGS=' + shlex.quote(shlex.join(LENT_FLAGS)))" $models)"
 }
 rc=0
 if [ "$what" = test-gpu ] || [ "$what" = both ]; then
-  python3 -m scripts.host.gpu_tier --python python3 --out "$OUT/test-gpu.json" 2>&1 | tee "$OUT/test-gpu.log" || rc=$?
+  python3 -m scripts.host.gpu_tier --out "$OUT/test-gpu.json" 2>&1 | tee "$OUT/test-gpu.log" || rc=$?
 fi
 if [ "$what" = pytest ]; then
   EAGLE_GPU_RESULTS="$OUT/test-gpu.json" python3 -m pytest -v -p no:cacheprovider tests/gpu "$@" 2>&1 \

@@ -1,19 +1,17 @@
-"""`make bench-comm`: what the communication of one EAGLE verify forward costs on this box, per setting.
+"""`make bench-comm` (the image's bench-comm verb): what the communication of one EAGLE verify forward costs here.
 
-  python -m scripts.bench.bench_comm [--variants default,LL,...] [--world N] [--dry-run] ...   in the serving image
-  python -m scripts.bench.bench_comm --here ...          here (the image's own verb; a lent GPU with the patched SGLang)
-  python -m scripts.bench.bench_comm --plot RESULT.json  only the table and the PNG of a result file
+  python -m scripts.bench.bench_comm [--variants default,LL,...] [--world N] [--dry-run] ...
 
-Without --here: `bench-comm --here ARGS` in the serving image (--image, else the pin's), the results directory at
-/results; --dry-run prints that command (with --here: the variants, ranks and time) and runs and writes nothing.
-Per NCCL environment variant (VARIANTS), one process per GPU brought up by SGLang's init_distributed_environment, at
-Kimi-K2.5 shapes: NCCL all-reduce per call (one call; a 122-call chain eager and graph-replayed) and a 61-layer
-verify-shaped forward; in the first variant, through SGLang's own code (sglang_comm.py), tp.all_reduce per backend
-(PCIe IPC, FlashInfer, NCCL), the fused all-reduce + RMSNorm op and a PDL-race stress. Every reduction is checked
-against an fp32 reference. Writes bench-comm_<GPU model>_x<n>_<UTC time>.json and .png (no host name).
+make bench-comm runs it in the serving image (scripts/host/in_image.py); a machine with the patched SGLang runs it
+directly. --dry-run prints the variants, ranks and time. Per NCCL environment variant (VARIANTS), one process per GPU
+brought up by SGLang's init_distributed_environment, at Kimi-K2.5 shapes: NCCL all-reduce per call (a 122-call chain,
+eager and graph-replayed) and a 61-layer verify-shaped forward; in the first variant, through SGLang's own code
+(sglang_comm.py), tp.all_reduce per backend (PCIe IPC, FlashInfer, NCCL) and the fused all-reduce + RMSNorm op.
+Every reduction is checked against an fp32 reference. Writes bench-comm_<GPU model>_x<n>_<UTC time>.json and .png
+(no host name). Another NCCL release: make image NCCL=<version>, then make bench-comm IMAGE=<its tag>.
 
 Exit status: 0 every variant ran and every reduction was correct; 1 a variant failed or a reduction was wrong; 2 a
-usage problem (no image, fewer than 2 GPUs, no patched SGLang here, an unknown variant); in the image: its status.
+usage problem (fewer than 2 GPUs, no patched SGLang here, an unknown variant, no /results mount in the image).
 """
 
 from __future__ import annotations
@@ -24,22 +22,19 @@ import importlib.util
 import json
 import os
 import shlex
-import socket
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from ..host.docker_run import docker_run
-from ..host.engine import image_id
-from ..host.nccl import expected_nccl, nccl_report
+from ..host.docker_run import gpu_slug, results_dir
+from ..host.nccl import expected_nccl, free_port, nccl_report
 from ..lib import proc
 from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.kimi import CHAIN, LAYERS
 from ..lib.progress import say
-from ..lib.repo import REPO_ROOT, revision
-from ..series.pin import load_pin
+from ..lib.repo import revision
 from .comm_report import plot, summarize, table
 from .numbers import duration
 
@@ -55,12 +50,6 @@ def variants(names: list[str]) -> dict[str, dict]:
     if unknown:
         raise UserError(f"unknown variant {unknown[0]!r}: choose from {', '.join(VARIANTS)}")
     return {n: VARIANTS[n] for n in names}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_variant(name: str, env: dict, world: int, cfg: dict, timeout: float) -> dict:
@@ -97,8 +86,6 @@ def run_variant(name: str, env: dict, world: int, cfg: dict, timeout: float) -> 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="scripts.bench.bench_comm", allow_abbrev=False)
-    ap.add_argument("--here", action="store_true", help="run here (the image's own verb; a lent GPU)")
-    ap.add_argument("--image", help="the serving image to run in (default: the pin's)")
     ap.add_argument("--dry-run", action="store_true", help="print what would run; run and write nothing")
     ap.add_argument("--world", type=int, help="ranks (default: every visible GPU)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list (default {','.join(VARIANTS)})")
@@ -106,55 +93,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--prefill-rows", default=",".join(map(str, PREFILL_ROWS)))
     ap.add_argument("--layers", type=int, default=LAYERS)
     ap.add_argument("--chain", type=int, default=CHAIN)
-    ap.add_argument("--iters", type=int, default=50, help="single-call timings per size")
     ap.add_argument("--reps", type=int, default=10, help="chain / forward repetitions (median)")
-    ap.add_argument("--race-rows", default="4,8,16", help="row counts of the PDL race check")
-    ap.add_argument("--race-trials", type=int, default=20)
     ap.add_argument("--no-flashinfer", action="store_true", help="torch add-RMSNorm, no SGLang rows")
     ap.add_argument("--no-sglang", action="store_true", help="skip the SGLang rows (PCIe IPC, fused op)")
     ap.add_argument("--no-autotune", action="store_true", help="SGLang rows: FlashInfer's PCIe-IPC seed policy")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: gloo ranks (tests the harness)")
     ap.add_argument("--box", help="the box in the file name (default: the GPU model)")
     ap.add_argument("--out", type=Path, help="result JSON (default: RESULTS_DIR/bench-comm_<box>_x<n>_<time>.json)")
-    ap.add_argument("--results-dir", type=Path, default=Path(os.environ.get("EAGLE_RESULTS") or
-                                                             REPO_ROOT / "bench" / "results"))
+    ap.add_argument("--results-dir", type=Path, help="where results go (default: /results in the image, else "
+                                                     "bench/results)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per variant before it counts as hung")
-    ap.add_argument("--plot", type=Path, metavar="RESULT_JSON", help="only draw the PNG (and table) of a result")
-    a = ap.parse_args(argv)
-    a.here = a.here or a.device == "cpu"
-    return a
-
-
-def in_image(a: argparse.Namespace, given: list[str]) -> int:
-    """bench-comm --here in the serving image, the results directory mounted at /results."""
-    image = a.image or load_pin().serving_image
-    out_dir = (a.out.parent if a.out else a.results_dir).resolve()
-    keep, valued = [], {"--image", "--out", "--results-dir"}
-    for i, t in enumerate(given):  # the options of this route go; the rest is the measurement's
-        if t.split("=")[0] in (*valued, "--dry-run") or (i and given[i - 1] in valued):
-            continue
-        keep.append(t)
-    args = ["bench-comm", "--here", *keep, "--results-dir", "/results"] + (["--out", f"/results/{a.out.name}"]
-                                                                         if a.out else [])
-    cmd = docker_run(image, args, results=out_dir)
-    if a.dry_run:
-        print(shlex.join(cmd))
-        return 0
-    say(f"running: {shlex.join(cmd)}")
-    if not image_id(image)[0]:
-        raise UserError(f"bench-comm runs in the serving image, and {image_id(image)[1]}: make image (or pass "
-                        f"--image IMAGE; on a machine with the patched SGLang and its GPUs: --here)")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    res = proc.run(cmd, timeout=None, capture=False)
-    say(f"results: under {out_dir} (written by the image's bench-comm)")
-    return res.returncode if res.returncode is not None else 1
+    return ap.parse_args(argv)
 
 
 def machine(a: argparse.Namespace, meta: dict) -> int:
     """The number of ranks (and the GPUs into meta); UserError when this machine cannot run the benchmark."""
     if importlib.util.find_spec("sglang") is None:
-        raise UserError(f"bench-comm --here brings its ranks up through SGLang, which {sys.executable} does not "
-                        f"import: run make bench-comm (the serving image), or PYTHONPATH=build/sglang/python")
+        raise UserError(f"bench-comm brings its ranks up through SGLang, which {sys.executable} does not import: "
+                        f"run make bench-comm (the serving image), or PYTHONPATH=build/sglang/python")
     if a.device == "cpu":
         meta["gpu_name"] = "cpu"
         return a.world or 2
@@ -176,8 +132,7 @@ def measure(a: argparse.Namespace, vmap: dict, world: int, meta: dict) -> list[d
     """Every variant in its own ranks (the first one also runs the SGLang rows); their records."""
     ints = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
     cfg = {"device": a.device, "rows": ints(a.rows), "prefill_rows": ints(a.prefill_rows), "layers": a.layers,
-           "chain": a.chain, "iters": a.iters, "reps": a.reps, "race_rows": ints(a.race_rows),
-           "race_trials": a.race_trials, "flashinfer": not a.no_flashinfer}
+           "chain": a.chain, "reps": a.reps, "flashinfer": not a.no_flashinfer}
     why_not = ("--device cpu" if a.device == "cpu" else "--no-flashinfer" if a.no_flashinfer else "--no-sglang"
                if a.no_sglang else "" if importlib.util.find_spec("flashinfer") else "flashinfer does not import")
     sglang_args = None if why_not else {"flashinfer_allreduce_fusion_backend": "trtllm",
@@ -217,24 +172,12 @@ def nccl_axis() -> dict:
 def main(argv=None) -> int:
     a = parse_args(argv)
     given = list(sys.argv[1:] if argv is None else argv)
-    if a.plot:
-        result = json.loads(a.plot.read_text())
-        print(table(summarize(result)))
-        plot({**result, "summary": summarize(result)}, a.plot.with_suffix(".png"))
-        return 0
-    if not a.here:
-        return in_image(a, given)
     vmap = variants([v.strip() for v in a.variants.split(",") if v.strip()])
     if a.dry_run:
         print(f"bench-comm here: variants {', '.join(f'{k} {v or {}}' for k, v in vmap.items())}; ranks: "
-              f"{a.world or 'every visible GPU'}; about {duration(ESTIMATE_S * len(vmap) + 600)}; results under "
-              f"{a.out or a.results_dir}")
+              f"{a.world or 'every visible GPU'}; about {duration(ESTIMATE_S * len(vmap) + 600)}")
         return 0
-    out_dir = a.out.parent if a.out else a.results_dir
-    if os.environ.get("EAGLE_RESULTS") and not out_dir.is_dir():  # in the image, without the results mount
-        raise UserError(f"{out_dir} does not exist, so the results would stay inside the container: mount a host "
-                        f"directory there (docker run ... -v \"$PWD/bench/results:{out_dir}\" ...), or run make "
-                        f"bench-comm")
+    a.results_dir = a.results_dir or results_dir()  # in the image: the /results mount, which must exist
     meta: dict = {"command": "python -m scripts.bench.bench_comm " + shlex.join(given),
                   "git_rev": revision(short=True)[0], "utc": f"{_dt.datetime.now(_dt.timezone.utc):%Y%m%dT%H%M%SZ}",
                   "python": sys.version.split()[0], "layers": a.layers, "variants": vmap,
@@ -244,7 +187,7 @@ def main(argv=None) -> int:
     meta["nccl"] = nccl_axis()
     result = {"meta": meta, "records": measure(a, vmap, world, meta)}
     result["summary"] = summarize(result)
-    box = a.box or meta["gpu_name"].replace("NVIDIA ", "").replace(" ", "-")
+    box = a.box or gpu_slug([meta["gpu_name"]])
     out = a.out or a.results_dir / f"bench-comm_{box}_x{world}_{meta['utc']}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")

@@ -11,8 +11,6 @@ from ..lib.kimi import CHAIN, HIDDEN, LAYERS
 from ..lib.table import md_table
 from .numbers import num
 
-BARS = {"graph_vs_eager_nccl": 1.8, "fused_graph_vs_nccl_eager_8rows": 3.0}
-
 
 def records(result: dict, **match) -> list[dict]:
     """The records of a run whose fields equal `match`."""
@@ -72,34 +70,6 @@ def forward_rows(vf: dict) -> list[dict]:
     return out
 
 
-def bars(vf: dict) -> dict:
-    """The acceptance bars: verify forward graph vs eager with default NCCL; fused + graph vs NCCL + eager."""
-    out = {}
-    g, e = vf.get(("default", "nccl", 8, "graph")), vf.get(("default", "nccl", 8, "eager"))
-    if g and e:
-        out["graph_vs_eager_nccl_8rows"] = {"ratio": e / g, "bar": BARS["graph_vs_eager_nccl"],
-                                            "pass": e / g >= BARS["graph_vs_eager_nccl"]}
-    # the fused op through SGLang (sglang_fused_op), or FlashInfer called directly (fi_trtllm_fused, older runs)
-    fg = vf.get(("default", "sglang_fused_op", 8, "graph")) or vf.get(("default", "fi_trtllm_fused", 8, "graph"))
-    if fg and e:
-        out["fused_graph_vs_nccl_eager_8rows"] = {"ratio": e / fg, "bar": BARS["fused_graph_vs_nccl_eager_8rows"],
-                                                  "pass": e / fg >= BARS["fused_graph_vs_nccl_eager_8rows"]}
-    return out
-
-
-def recommendation(forward: list[dict], problems: list[dict]) -> dict:
-    """The fastest correct graph-replayed verify forward per row count."""
-    bad_impls = {(p["variant"], p["impl"]) for p in problems}
-    best: dict[int, dict] = {}
-    for row in forward:
-        if (row["variant"], row["impl"]) in bad_impls or row["graph_ms"] is None:
-            continue
-        if row["rows"] not in best or row["graph_ms"] < best[row["rows"]]["graph_ms"]:
-            best[row["rows"]] = row
-    return {str(k): {"variant": v["variant"], "impl": v["impl"], "graph_ms": v["graph_ms"]}
-            for k, v in sorted(best.items())}
-
-
 def measured(recs: list[dict], kind: str | None, key: str) -> list[int]:
     """The distinct values of `key` in the records of `kind` (what was measured, whatever the defaults say)."""
     return sorted({r[key] for r in recs if (kind is None or r.get("kind") == kind) and r.get(key) is not None})
@@ -117,13 +87,11 @@ def summarize(result: dict) -> dict:
     vf = {(r["variant"], r["impl"], r["rows"], r["mode"]): r["us"] for r in recs
           if r.get("kind") == "verify_forward" and "us" in r}
     fused = [{k: r.get(k) for k in ("variant", "impl", "rows", "mode", "us_per_call")} for r in recs
-             if r.get("kind") == "fused" and r.get("mode") in ("graph", "eager", "eager_single")]
-    summary = {"peer_gbps_min": gbps, "allreduce": allreduce_rows(recs, result["meta"]["world"], gbps),
-               "fused": fused, "verify_forward": forward_rows(vf), "bars": bars(vf), "correctness": correctness(recs),
-               "layers": measured(recs, "verify_forward", "layers") or measured([result["meta"]], None, "layers"),
-               "chain": measured(recs, "allreduce", "chain")}
-    summary["recommendation"] = recommendation(summary["verify_forward"], summary["correctness"]["problems"])
-    return summary
+             if r.get("kind") == "fused" and r.get("mode") in ("graph", "eager")]
+    return {"peer_gbps_min": gbps, "allreduce": allreduce_rows(recs, result["meta"]["world"], gbps),
+            "fused": fused, "verify_forward": forward_rows(vf), "correctness": correctness(recs),
+            "layers": measured(recs, "verify_forward", "layers") or measured([result["meta"]], None, "layers"),
+            "chain": measured(recs, "allreduce", "chain")}
 
 
 def _f(x, d=1) -> str:
@@ -142,21 +110,16 @@ def table(summary: dict) -> str:
         by.setdefault((r["rows"], r["impl"]), {})[r["mode"]] = r["us_per_call"]
     if by:
         lines += ["", "Fused all-reduce + residual + RMSNorm vs NCCL + add-RMSNorm (us per call):", "", md_table(
-            ["impl", "rows", "eager1", "eager", "graph"], [[impl, rows, *(_f(m.get(k)) for k in (
-                "eager_single", "eager", "graph"))] for (rows, impl), m in sorted(by.items())], "lrrrr")]
+            ["impl", "rows", "eager", "graph"], [[impl, rows, _f(m.get("eager")), _f(m.get("graph"))]
+                                                 for (rows, impl), m in sorted(by.items())], "lrrr")]
     lines += ["", f"Verify-shaped forward, {_shape(summary.get('layers'), LAYERS, 'layers')} (ms):", "", md_table(
         ["variant", "impl", "rows", "eager", "graph", "speedup"], [
             [r["variant"], r["impl"], r["rows"], _f(r["eager_ms"], 2), _f(r["graph_ms"], 2),
              _f(r["graph_speedup"], 2)] for r in summary["verify_forward"]], "llrrrr"), ""]
     lines.append(f"Peer bandwidth (min over pairs): {_f(summary['peer_gbps_min'])} GB/s")
-    lines += [f"Bar {n}: {b['ratio']:.2f}x (need >= {b['bar']}x): {'PASS' if b['pass'] else 'FAIL'}"
-              for n, b in summary["bars"].items()]
     c = summary["correctness"]
     lines.append("Correctness: " + ("all reductions match the fp32 reference" if c["ok"] else
                                     f"PROBLEMS in {len(c['problems'])} record(s): {c['problems'][:5]}"))
-    lines.append("Recommendation (fastest correct graph-replayed verify forward):")
-    lines += [f"  {rows:>4} rows: {v['impl']} with NCCL variant '{v['variant']}' ({v['graph_ms']:.2f} ms)"
-              for rows, v in summary["recommendation"].items()]
     return "\n".join(lines)
 
 

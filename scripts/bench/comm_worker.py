@@ -11,14 +11,12 @@ import json
 import math
 import os
 import statistics
-import time
 import traceback
 from pathlib import Path
 from types import SimpleNamespace
 
 from ..lib.kimi import ATTN_GEMMS, HIDDEN, MOE_GEMMS
-
-EPS = 1e-6
+from .sglang_comm import EPS, Tensors, Timer
 
 
 def _log(rank: int, msg: str) -> None:
@@ -51,8 +49,6 @@ class RankSession:
         import torch
         import torch.distributed as dist
 
-        from .sglang_comm import Tensors, Timer
-
         self.torch, self.dist, self.rank, self.world, self.cfg = torch, dist, rank, world, cfg
         self.cpu, self.variant, self.sc, self.sa = cfg["device"] == "cpu", cfg["variant"], sc, sa
         self.dev = torch.device("cpu") if self.cpu else torch.device("cuda", rank)
@@ -74,43 +70,14 @@ class RankSession:
         kw.setdefault("world", self.world)
         self.records.append(kw)
 
-    def time_eager(self, fn, iters: int) -> float:
-        """Median microseconds of one call, synchronised around each call (launch included)."""
-        torch = self.torch
-        for _ in range(3):
-            fn()
-        self.timer.sync()
-        self.dist.barrier()
-        times = []
-        for _ in range(iters):
-            if self.cpu:
-                t0 = time.perf_counter()
-                fn()
-                times.append((time.perf_counter() - t0) * 1e6)
-            else:
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                fn()
-                e.record()
-                e.synchronize()
-                times.append(s.elapsed_time(e) * 1e3)
-        return statistics.median(times)
-
-    def time_chain_graph(self, fn, reps: int):
-        """Median microseconds of one replay of fn() captured in a CUDA graph; None on CPU."""
-        return None if self.cpu else self.timer.median_us(self.timer.capture(fn).replay, reps)
-
-    def measure(self, one, many, chain: int, **base) -> tuple[float, float, float | None]:
-        """One call (eager, synchronised), a chain eagerly and a chain graph-replayed: three records with `base`;
-        returns the three timings (us)."""
-        single = self.time_eager(one, self.cfg["iters"])
+    def measure(self, many, chain: int, **base) -> tuple[float, float | None]:
+        """A chain eagerly and graph-replayed: a record each with `base`; returns both timings (us)."""
         eager = self.timer.median_us(many, self.cfg["reps"])
-        graph = self.time_chain_graph(many, self.cfg["reps"])
-        self.rec(**base, chain=chain, mode="eager_single", us_per_call=single)
+        graph = self.timer.graph_chain_us(many, self.cfg["reps"])
         self.rec(**base, chain=chain, mode="eager", us_per_call=eager / chain, us_chain=eager)
         if graph is not None:
             self.rec(**base, chain=chain, mode="graph", us_per_call=graph / chain, us_chain=graph)
-        return single, eager, graph
+        return eager, graph
 
     def add_rmsnorm(self, x, residual, gamma):
         """In place: residual += x; x = rmsnorm(residual) * gamma. FlashInfer's fused kernel where available."""
@@ -124,7 +91,7 @@ class RankSession:
 
     # ------------------------------------------------------------------ measurements
     def allreduce_sizes(self) -> None:
-        """NCCL all-reduce per call at verify and prefill row counts: eager (one call) and graph (a chain)."""
+        """NCCL all-reduce per call at verify and prefill row counts, in a chain: eager and graph-replayed."""
         dist = self.dist
         for rows in self.cfg["rows"] + self.cfg["prefill_rows"]:
             chain = self.cfg["chain"] if rows <= 256 else 4
@@ -134,24 +101,20 @@ class RankSession:
             err = self.t.errors(out, self.t.ref_sum(rows, seed=rows))
             bufs = [x.clone() for _ in range(chain)]
 
-            def one():
-                dist.all_reduce(bufs[0])
-
             def many():
                 for b in bufs:
                     dist.all_reduce(b)
 
-            eager_one, eager_chain, graph_chain = self.measure(
-                one, many, chain, kind="allreduce", impl="nccl", rows=rows, bytes=rows * HIDDEN * 2, **err)
-            graph_call = (graph_chain or float("nan")) / chain
-            _log(self.rank, f"{self.variant}: nccl all-reduce {rows} rows: {eager_one:.1f} us single, "
-                            f"{eager_chain / chain:.1f} eager, {graph_call:.1f} graph per call")
+            eager, graph = self.measure(many, chain, kind="allreduce", impl="nccl", rows=rows,
+                                        bytes=rows * HIDDEN * 2, **err)
+            _log(self.rank, f"{self.variant}: nccl all-reduce {rows} rows: {eager / chain:.1f} eager, "
+                            f"{(graph or float('nan')) / chain:.1f} graph us per call")
 
     def sglang_paths(self) -> None:
         """The patched SGLang's own paths, as the server runs them (scripts/bench/sglang_comm.py): the PCIe-IPC
         communicator and both fusion workspaces prepared by BaseRunner's methods; per row count, tp.all_reduce's
         route and result, the fused all-reduce + residual + RMSNorm op's result; per-call timings of those paths in
-        graph-replayed chains (sglang_comm.path_timings); the PDL race stress of the fused op."""
+        graph-replayed chains (sglang_comm.path_timings)."""
         torch, sc, rows = self.torch, self.sc, self.cfg["rows"]
         self.rec(kind="workspace", impl="sglang_pcie_ipc", **sc.prepare_pcie_ipc(self.sa))
         self.rec(kind="workspace", impl="sglang_fused_op", **sc.prepare_fusion(torch.bfloat16))
@@ -179,11 +142,6 @@ class RankSession:
             impl = f"sglang_{path}" if r["kind"] == "fused" else f"sglang_tp_{path}"
             self.rec(**r, impl=impl, mode="graph")
         _log(self.rank, f"SGLang paths timed at {rows} rows")
-        for r in sc.pdl_race(me, self.cfg["race_rows"], chain=16, trials=self.cfg["race_trials"]):
-            self.rec(kind="pdl_race", impl="sglang_fused_op+pdl_rmsnorm", rows=r["rows"], chain=r["chain"],
-                     trigger_at_end=r["variant"] == "default", trials=r["trials"], bad_trials=r["bad_trials"],
-                     worst_abs_err=r["worst_abs_err"])
-            _log(self.rank, f"pdl race {r['rows']} rows {r['variant']}: {r['bad_trials']}/{r['trials']} bad")
 
     def _weights(self) -> tuple[list, list, object]:
         """Per-rank TP8 GEMM weights of one layer (attention, MoE) and an RMSNorm gamma, fixed seeds."""
@@ -254,7 +212,7 @@ class RankSession:
                 self.timer.sync()
                 outputs[impl] = out.float().clone()
                 eager = self.timer.median_us(forward, self.cfg["reps"])
-                graph = self.time_chain_graph(forward, self.cfg["reps"])
+                graph = self.timer.graph_chain_us(forward, self.cfg["reps"])
                 self.rec(kind="verify_forward", impl=impl, rows=rows, layers=layers, mode="eager", us=eager)
                 if graph is not None:
                     self.rec(kind="verify_forward", impl=impl, rows=rows, layers=layers, mode="graph", us=graph)
@@ -332,8 +290,6 @@ def worker(rank: int, world: int, cfg: dict, out_path: str) -> None:
         # torch's build-time NCCL; the library it loaded is the parent's meta.nccl (bench_comm.nccl_axis)
         meta = {"nccl_torch_build": ".".join(map(str, torch.cuda.nccl.version())) if not bench.cpu else None,
                 "torch": torch.__version__, "flashinfer_reason": bench.fi_reason}
-        if sc is not None:
-            meta["sglang"] = {**sc.versions(), "server_args": cfg["sglang"]}
         if rank == 0:
             Path(out_path).write_text(json.dumps({"meta": meta, "records": bench.records}))
     except Exception:

@@ -25,6 +25,7 @@ from ..lib.progress import say
 from ..lib.repo import REPO_ROOT
 from . import receipt_data as rd
 from . import spec_model as sm
+from .comm_report import record
 from .numbers import spread
 
 RESULTS, RECEIPTS = REPO_ROOT / "bench" / "results", REPO_ROOT / "bench" / "receipts"
@@ -36,7 +37,7 @@ EFFORT = {"S": 1, "S-M": 2, "M": 3, "M-L": 6, "L": 9}
 
 
 def md_table(header: list, rows: list[list]) -> str:
-    """The one table writer here until scripts/lib/table.py's md_table lands."""
+    """The document's tables (`| --- |` rules, unlike scripts/lib/table.py's: the committed blocks keep theirs)."""
     return "\n".join("| " + " | ".join(map(str, r)) + " |" for r in [header, ["---"] * len(header), *rows])
 
 
@@ -50,10 +51,6 @@ def band(vals: dict, d: int = 1, pct: bool = False) -> str:
 def err(got: float, lo: float, hi: float | None = None) -> str:
     hi = lo if hi is None else hi
     return "within" if lo < hi and lo <= got <= hi else f"{100 * (got / min(max(got, lo), hi) - 1):+.0f} %"
-
-
-def _rec(run: dict, **match) -> dict | None:
-    return next((r for r in run["records"] if all(r.get(k) == v for k, v in match.items())), None)
 
 
 class Box:
@@ -86,7 +83,7 @@ class Box:
                 ["B, ms", f"peers {min(peer_b):.1f}-{max(peer_b):.1f}", "cross-check (peers)",
                  band(self.each(lambda m: m.B(), True), 2), err(self.m[C].B(), min(peer_b), max(peer_b))]]
         run_ = next((r for r in self.runs if r["_file"] == self.inp["eager"]["proxy_run"]), None)
-        if rec := run_ and _rec(run_, kind="verify_forward", impl="nccl", rows=4, mode="eager"):
+        if rec := run_ and record(run_, kind="verify_forward", impl="nccl", rows=4, mode="eager"):
             us = rec["us"] / (LAYERS * (len(ATTN_GEMMS) + len(MOE_GEMMS) + 4))  # per launch, the proxy's eager forward
             k = self.inp["eager"]["kernels_per_forward"]
             rows.append(["Eager verify (4 tokens), ms", f"~{v:.0f}", f"input; cross-check: launch-bound, {us:.1f} us "

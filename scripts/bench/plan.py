@@ -187,10 +187,9 @@ def server_variants(specs: list[str], patchsets: list[str]) -> list[Variant]:
 
 def profile_path(profile: str) -> Path:
     """A profile by name (docker/profiles/NAME.yaml) or by path."""
-    if "/" in profile or profile.endswith((".yaml", ".toml")):
+    if "/" in profile or profile.endswith((".yaml", ".yml")):
         return Path(profile) if Path(profile).is_absolute() else REPO_ROOT / profile
-    named = [PROFILES_DIR / f"{profile}.{ext}" for ext in ("yaml", "toml")]  # .toml: until the YAML profiles land
-    return next((p for p in named if p.is_file()), named[0])
+    return PROFILES_DIR / f"{profile}.yaml"
 
 
 def profile_int(profile: str, key: str, args: tuple[str, ...] | list[str] = ()) -> int:
@@ -384,7 +383,7 @@ def build(a: argparse.Namespace, server_args: list[str]) -> Plan:
     if a.sweep:
         sw = sweep.load(Path(a.sweep))
         a.scenarios, a.repeats, order = a.scenarios or sw.scenarios, a.repeats or sw.repeats, sw.order
-        vset = VariantSet(sweep.variants(sw, vset, server_args), vset.defaults, sw.path)
+        vset = VariantSet(sweep.variants(sw, vset), vset.defaults, sw.path)
     variants = server_variants(a.server_url, a.patchset) if a.server_url else _pick(
         vset.variants, a.variants, "variant", vset.path)
     if a.here and any(v.image == "stock" for v in variants):

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import shutil
 import socket
 import tempfile
 from pathlib import Path
 
-from ..host.docker_run import hf_cache_dir
+from ..host.docker_run import gpu_slug, hf_cache_dir
 from ..host.engine import engine, image_id
 from ..lib import proc
 
@@ -39,8 +38,7 @@ def gpus() -> tuple[list[str], str]:
 def default_box() -> str:
     """This box's name: its GPUs, model and count (never the host name: results leave the box)."""
     names = gpus()[0]
-    model = re.sub(r"[^A-Za-z0-9]+", "-", re.sub(r"^NVIDIA\s+", "", names[0])).strip("-") if names else "nogpu"
-    return f"{model}-x{len(names)}" if names else model
+    return f"{gpu_slug(names)}-x{len(names)}" if names else "nogpu"
 
 
 def gpu_checks(want: int, idle: bool = True) -> list[Check]:

@@ -1,22 +1,16 @@
 """`make report`: the box receipt - test-serve, doctor, test-gpu, bench-comm and bench in one resumable run, in one
 directory and one tarball that say whether the series pays off on this box and which defaults to keep.
 
-  python -m scripts.bench.receipt [--dir DIR] [--parts a,b] [--redo PART,..] [--image IMAGE] [--nccl-image IMAGE]
-        [--box NAME] [--dry-run] [-- BENCH_ARGS]
+  python -m scripts.bench.receipt [--dir DIR] [--parts a,b] [--redo PART,..] [--image IMAGE] [--box NAME]
+        [--dry-run] [-- BENCH_ARGS]
   python -m scripts.bench.receipt --summarize DIR   derive summary, plots, recommendations and tarball again (a
         receipt directory, or results put under DIR/raw/ by hand with a receipt.json naming the parts)
 
-The parts (scripts/bench/receipt_data.py PARTS) run in order, each its own verb as a process (--nccl-image adds
-bench-comm from another image: the NCCL-release axis). Before anything runs, one preflight of what the parts to run
-need: the GPUs (enough and idle), the docker engine and the images, no resident server container, the port free,
-bench's weights in the HF cache, the receipt directory written to; each failure with its fix (how to stop what is in
-the way). --dry-run prints the plan (each part, its command and time, the total) and the checks, also when some
-fail, and writes nothing. Resumable: the doctor runs every time; test-serve is done when none of its checks failed
-(and when it fails the report stops there, before anything loads Kimi-K2.5); bench when it finished its plan (it
-resumes what raw/bench lacks); another part when it succeeded; --redo PART runs one again. Then receipt.json (the
-recommendations, computed once), summary.md with plots and, when a part measured something, DIR.tar.gz: what leaves
-the box (scripts/bench/share.py). DIR: this box's newest unfinished bench/receipts/<box>_*, else
-bench/receipts/<box>_<UTC date>; <box> is its GPUs' model and count.
+The parts (scripts/bench/receipt_data.py PARTS) run in order, each its own verb as a process, after one preflight
+of what they need (each failure with its fix); --dry-run prints the plan and the checks and writes nothing. A re-run
+resumes this box's newest unfinished receipt; a failed test-serve stops it before anything loads Kimi-K2.5. DIR:
+bench/receipts/<box>_<UTC date> (<box>: the GPUs' model and count), its .tar.gz what leaves the box (share.py).
+What each step does and keeps: bench/receipts/README.md.
 
 Exit status: 0 every part done; 1 a part failed (the receipt says which) or none measured anything; 2 a check failed
 (nothing run or written) or a usage problem.
@@ -37,7 +31,7 @@ from ..lib.errors import UserError
 from ..lib.progress import say
 from ..lib.repo import REPO_ROOT, revision
 from ..lib.table import md_table
-from ..series.pin import load_pin
+from ..series.pin import load_pin, patchset_id
 from . import plan as pl
 from . import preflight
 from . import comm_report
@@ -52,10 +46,10 @@ RECEIPTS = REPO_ROOT / "bench" / "receipts"
 def selected(a: argparse.Namespace) -> list[rd.Part]:
     names = [p.strip() for p in a.parts.split(",") if p.strip()]
     for what, given in (("part", names), ("--redo part", a.redo)):
-        unknown = sorted(set(given) - set(rd.PARTS) - {f"bench-comm@{i}" for i in a.nccl_image})
+        unknown = sorted(set(given) - set(rd.PARTS))
         if unknown:
             raise UserError(f"unknown {what}(s) {', '.join(unknown)}: choose from {', '.join(rd.PARTS)}")
-    return [rd.PARTS[n] for n in names] + [rd.alt_comm(i) for i in a.nccl_image]
+    return [rd.PARTS[n] for n in names]
 
 
 def _read(f: Path) -> dict:
@@ -98,8 +92,7 @@ def bench_plan(d: Path, a: argparse.Namespace, redo: bool) -> pl.Plan:
 def checks(todo: list[rd.Part], d: Path, a: argparse.Namespace, bp: pl.Plan | None) -> list[preflight.Check]:
     """What the parts to run need from the box, each with its fix."""
     gpu_parts = [p for p in todo if p.name != "doctor"]
-    images = [a.image or load_pin().serving_image] * bool(gpu_parts) + [
-        p.name.split("@", 1)[1] for p in todo if "@" in p.name] + (bp.images() if bp else [])
+    images = [a.image or load_pin().serving_image] * bool(gpu_parts) + (bp.images() if bp else [])
     out = preflight.docker_checks(images) + [preflight.writable_check(d)]
     if gpu_parts:  # the bench's port, or serve's default: a resident server is found there
         out += preflight.gpu_checks(max(bp.gpus() if bp else 0, 2)) + [preflight.port_check(bp.port() if bp else 30000)]
@@ -145,7 +138,7 @@ def run_part(part: rd.Part, d: Path, a: argparse.Namespace) -> dict:
     argv = part.command(d, a)
     for sub in ("logs", "raw"):
         (d / sub).mkdir(parents=True, exist_ok=True)
-    log_path, out = d / "logs" / f"{part.name.replace('@', '_at_').replace('/', '_').replace(':', '_')}.log", None
+    log_path, out = d / "logs" / f"{part.name}.log", None
     t0 = time.monotonic()
     with open(log_path, "w") as log:
         out = open(d / part.result, "w") if part.stdout else None
@@ -199,10 +192,8 @@ def environment(d: Path, a: argparse.Namespace) -> dict:
         pin = load_pin()
         env["pin"] = {"sglang": pin.version, "image": f"{pin.image_name}:{pin.image_tag}"
                       + (f"@{pin.image_digest}" if pin.image_digest else " (no digest pinned)")}
-        from ..series.pin import patchset_id  # contract 8
-
         env["patchset"] = patchset_id()
-    except (UserError, ImportError, TypeError) as e:  # a receipt without the series still records the box
+    except (UserError, OSError) as e:  # a receipt without the series still records the box
         env.setdefault("pin", f"unreadable: {e}")
         env["patchset"] = "unknown"
     doc = _read(d / rd.PARTS["doctor"].result)
@@ -294,8 +285,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--parts", default=",".join(rd.PARTS), help="which parts, in order (default: all)")
     ap.add_argument("--redo", default="", help="comma list of parts to run again although they are done")
     ap.add_argument("--image", help="the serving image (default: the pin's)")
-    ap.add_argument("--nccl-image", action="append", default=[], metavar="IMAGE",
-                    help="bench-comm from this image too (another NCCL release: make image NCCL=<version>)")
     ap.add_argument("--box", help="this box's name (default: its GPUs' model and count; never the host name)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and the checks; run and write nothing")
     ap.add_argument("--summarize", type=Path, metavar="DIR", help="only derive summary, plots and tarball again")

@@ -30,7 +30,6 @@ THRESHOLDS = {
     "fusion_max_ratio": 0.97,  # verify-shaped forward over the fused op / over tp.all_reduce
     "nccl_env_max_ratio": 0.97,  # an NCCL environment variant / NCCL as is, at 8 and 2048 rows
     "speculation_min_ratio": 1.02,  # best EAGLE-3 / best without speculation, median decode tok/s at C1
-    "nccl_release_max_ratio": 0.97,  # another NCCL release / the image's, at 8 and 2048 rows
     "goal_tok_s": 170.0,  # the goal on the box: single-stream decode with EAGLE-3
     "goal_verify_ms": 8.0,
 }
@@ -42,6 +41,11 @@ def _verb(module: str, *args) -> list[str]:
 
 def _image(a) -> list[str]:
     return ["--image", a.image] if a.image else []
+
+
+def _in_image(d: Path, a, verb: str, out: str) -> list[str]:
+    """The image's `verb` writing raw/`out` (the receipt's raw/ mounted at /results)."""
+    return _verb("scripts.host.in_image", *_image(a), "--results", d / "raw", verb, "--out", f"/results/{out}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,10 +68,9 @@ PARTS = {p.name: p for p in (
     Part("doctor", "raw/doctor.json",
          lambda d, a: _verb("scripts.host.doctor", "--json", "--record", d / "env" / "tools"), 5, "never",
          measures=False, stdout=True),
-    Part("test-gpu", "raw/test-gpu.json",
-         lambda d, a: _verb("scripts.host.gpu_tier", "--out", d / "raw/test-gpu.json", *_image(a)), 600),
-    Part("bench-comm", "raw/bench-comm.json",
-         lambda d, a: _verb("scripts.bench.bench_comm", "--out", d / "raw/bench-comm.json", *_image(a)), COMM_S),
+    Part("test-gpu", "raw/test-gpu.json", lambda d, a: _in_image(d, a, "test-gpu", "test-gpu.json"), 600),
+    Part("bench-comm", "raw/bench-comm.json", lambda d, a: _in_image(d, a, "bench-comm", "bench-comm.json"),
+         COMM_S),
     Part("bench", "raw/bench", lambda d, a: _verb("scripts.bench.bench", "--results-dir", d / "raw/bench", "--box",
                                                   a.box, "--resume", *_image(a), *a.bench_args), 0),
     Part("profile", "raw/profile.json", lambda d, a: _verb("scripts.bench.profile", "--out", d / "raw/profile.json",
@@ -75,20 +78,9 @@ PARTS = {p.name: p for p in (
 )}
 
 
-def alt_part_file(image: str) -> str:
-    """raw/ file of bench-comm run from another image (the NCCL-release axis)."""
-    return "raw/bench-comm@" + "".join(c if c.isalnum() or c in "._-" else "_" for c in image) + ".json"
-
-
-def alt_comm(image: str) -> Part:
-    """bench-comm again from another image (`make image NCCL=<version>`'s tag): --nccl-image."""
-    return Part(f"bench-comm@{image}", alt_part_file(image), lambda d, a: _verb(
-        "scripts.bench.bench_comm", "--out", d / alt_part_file(image), "--image", image), COMM_S)
-
-
 def measures(part: str) -> bool:
-    """Does this part (bench-comm@IMAGE counts as bench-comm) measure something?"""
-    return part.split("@", 1)[0] in PARTS and PARTS[part.split("@", 1)[0]].measures
+    """Does this part measure something (a part this tooling does not know: no)?"""
+    return part in PARTS and PARTS[part].measures
 
 
 def open_receipt(path: Path) -> tuple[Path, tempfile.TemporaryDirectory | None]:
@@ -143,13 +135,11 @@ def load(d: Path) -> dict:
 
 
 def raw_parts(d: Path) -> dict:
-    """The parsed raw parts that exist: test_serve, doctor, test_gpu, bench_comm, bench_comm_alt, bench."""
+    """The parsed raw parts that exist: test_serve, doctor, test_gpu, bench_comm, bench."""
     out = {"dir": d, "test_serve": _json(d, PARTS["test-serve"].result, {"checks": list}),
            "doctor": _json(d, PARTS["doctor"].result, {"findings": list}),
            "test_gpu": _json(d, PARTS["test-gpu"].result),
-           "bench_comm": _json(d, PARTS["bench-comm"].result, {"records": list}),
-           "bench_comm_alt": {f.stem.split("@", 1)[1]: _json(d, str(f.relative_to(d)), {"records": list})
-                              for f in sorted((d / "raw").glob("bench-comm@*.json")) if f.stat().st_size}}
+           "bench_comm": _json(d, PARTS["bench-comm"].result, {"records": list})}
     bench = d / PARTS["bench"].result
     try:
         out["bench"] = [r for f in sorted(bench.glob("*.jsonl")) for r in load_results(f)] if bench.is_dir() else []
@@ -237,37 +227,6 @@ def rec_nccl_env(bc: dict | None) -> dict:
     env = (bc.get("meta", {}).get("variants") or {}).get(best) or {}
     return _verdict(name, "change", f"{best} is faster at both widths ({table[best]})", {"ratio_to_as_is": table},
                     thr, " ".join(f"{k}={v}" for k, v in env.items()) or best)
-
-
-def _nccl_of(bc: dict) -> str:
-    """The NCCL a bench-comm run used: the library loaded, else torch's build (older runs: per variant)."""
-    n = bc.get("meta", {}).get("nccl")
-    if isinstance(n, dict) and (n.get("loaded") or n.get("torch_build")):
-        return n.get("loaded") or n["torch_build"]
-    per = bc.get("meta", {}).get("per_variant", {}).get("default", {})
-    return per.get("nccl_torch_build") or per.get("nccl_version") or "?"
-
-
-def rec_nccl_release(bc: dict | None, alts: dict[str, dict]) -> dict:
-    """The image's NCCL against the same bench-comm run from other images (other NCCL releases)."""
-    th, name = THRESHOLDS["nccl_release_max_ratio"], "NCCL release the image runs (patches/pin.toml [nccl])"
-    thr = f"another release's per-call latency / the image's <= {th} at 8 and 2048 rows (NCCL, default variant)"
-    if not bc or not alts:
-        how = "add another image (make image NCCL=<version>; make report REPORT_ARGS='--nccl-image <tag>')"
-        return _verdict(name, "inconclusive", (f"one NCCL measured: {how}" if bc else f"no NCCL measured (no "
-                        f"bench-comm in the receipt): {how}"), {"nccl": _nccl_of(bc) if bc else None}, thr)
-    mine = {n: _ar(bc, "nccl", n) for n in (8, 2048)}
-    table, better = {_nccl_of(bc): mine}, []
-    for image, alt in alts.items():
-        theirs = table[f"{_nccl_of(alt)} ({image})"] = {n: _ar(alt, "nccl", n) for n in (8, 2048)}
-        if all(mine[n] and theirs[n] and theirs[n] / mine[n] <= th for n in mine):
-            better.append((sum(theirs[n] / mine[n] for n in mine), image, _nccl_of(alt)))
-    if not better:
-        return _verdict(name, "keep", f"NCCL {_nccl_of(bc)} is as fast as the others measured",
-                        {"us_per_call_by_release": table}, thr)
-    _, image, version = min(better)
-    return _verdict(name, "change", f"NCCL {version} ({image}) is faster at both widths", {
-        "us_per_call_by_release": table}, thr, f"make image NCCL={version} (and pin it in patches/pin.toml)")
 
 
 def bench_rows(recs: list[dict]) -> list[dict]:
@@ -360,8 +319,7 @@ def recommendations(data: dict) -> list[dict]:
     reasons, world = proxy_reasons(cls), (bc or {}).get("meta", {}).get("world")
     tp_reason = [f"measured at TP{world}, the profile serves TP{cls['tp']}"] if world and world != cls["tp"] else []
     return [judged_on(rec_pcie_ipc(data), cls, reasons), judged_on(rec_fusion(bc), cls, tp_reason),
-            judged_on(rec_nccl_env(bc), cls, reasons), rec_nccl_release(bc, data.get("bench_comm_alt") or {}),
-            *rec_speculation(data.get("bench") or [])]
+            judged_on(rec_nccl_env(bc), cls, reasons), *rec_speculation(data.get("bench") or [])]
 
 
 def per_call_latencies(bc: dict, rows: int = VERIFY_ROWS_C1) -> dict[str, float]:

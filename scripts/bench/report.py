@@ -17,12 +17,10 @@ from pathlib import Path
 
 from ..lib.errors import UserError
 from ..lib.table import md_table
-from . import spec_model
 from .numbers import num
 
 BASELINE_SCHEMA = "eagle-bench-baseline/1"
 DEFAULT_THRESHOLDS = {"tok_s_drop_pct": 5.0, "accept_length_drop": 0.05}
-SPREAD_WARN_PCT = 7.0  # run-to-run drift reported for this box class (up to ~7%); more means: rerun
 METRICS = ("decode_tok_s", "output_tok_s", "ttft_ms", "itl_ms", "tpot_ms", "accept_length")
 BASELINE_METRICS = ("decode_tok_s", "output_tok_s", "accept_length")
 LABELS = {"decode_tok_s": "decode tok/s", "output_tok_s": "output tok/s", "ttft_ms": "TTFT ms",
@@ -97,11 +95,6 @@ class Row:
     def main(self) -> str:
         """The tok/s metric the table and plot lead with: the server's decode rate when measured."""
         return "decode_tok_s" if self.stats.get("decode_tok_s") else "output_tok_s"
-
-    @property
-    def spread_pct(self) -> float | None:
-        s = self.stats.get(self.main)
-        return 100.0 * (s.max - s.min) / s.median if s and len(s.values) > 1 and s.median else None
 
 
 def summarize(records: list[dict]) -> list[Row]:
@@ -209,12 +202,10 @@ def _row(r: Row, ref: Row) -> list:
     a, b = r.stats.get(r.main), ref.stats.get(r.main)
     vs = f"{a.median / b.median:.2f}×" + (" (output)" if r.main != "decode_tok_s" else "") if a and b and b.median \
         else "–"
-    sp = r.spread_pct
     return [r.letter, r.variant, f"`{'/'.join(r.patchsets)}`", r.n, _cell(r.stats["decode_tok_s"]), vs,
             _cell(r.stats["output_tok_s"]), _cell(r.stats["ttft_ms"]), _cell(r.stats["itl_ms"], 2),
             _cell(r.stats["tpot_ms"], 2), _cell(r.stats["accept_length"], 3), hit_cell(r),
-            "–" if r.eager is None else (f"**{r.eager}** ⚠" if r.eager else "0"),
-            "–" if sp is None else f"{sp:.1f}%" + (" ⚠" if sp > SPREAD_WARN_PCT else "")]
+            "–" if r.eager is None else (f"**{r.eager}** ⚠" if r.eager else "0")]
 
 
 def markdown(rows: list[Row], meta: dict, checks: list[BaselineCheck] | None = None,
@@ -237,17 +228,13 @@ def markdown(rows: list[Row], meta: dict, checks: list[BaselineCheck] | None = N
         L += [f"## {sc}" + (f" (concurrency {spec.get('max_concurrency')}, {spec.get('num_prompts')} prompts, in "
                             f"{spec.get('input_len')} / out {spec.get('output_len')} tokens)" if spec else ""), "",
               md_table(["", "variant", "patch set", "n", "decode tok/s", f"vs {srows[0].letter}", "output tok/s",
-                        "TTFT ms", "ITL ms", "TPOT ms", "accept length", "verify graph", "off-graph verify",
-                        "spread"], [_row(r, srows[0]) for r in srows], "lllrrrrrrrrrrr"), ""]
+                        "TTFT ms", "ITL ms", "TPOT ms", "accept length", "verify graph", "off-graph verify"],
+                       [_row(r, srows[0]) for r in srows], "lllrrrrrrrrrr"), ""]
     flagged = [r for r in rows if r.eager]
     L += ["## ⚠ Verify forwards off their CUDA graph", ""] * bool(flagged) + [
         f"- {r.scenario} / {r.variant}: {r.eager} verify forwards ran off their CUDA graph ({r.eager - r.piecewise} "
         f"eager" + (f", {r.piecewise} piecewise" if r.piecewise else "") + "; " + (", ".join(
             f"{k}: {n}" for k, n in sorted(r.eager_reasons.items())) or "no reason given") + ")" for r in flagged]
-    noisy = [r for r in rows if (r.spread_pct or 0) > SPREAD_WARN_PCT]
-    L += ["", f"## ⚠ Spread above {SPREAD_WARN_PCT:g}%", ""] * bool(noisy) + [
-        f"- {r.scenario} / {r.variant}: repeats spread {r.spread_pct:.1f}% ({LABELS[r.main]}); more than this box "
-        f"class drifts, so rerun before trusting a difference" for r in noisy]
     L += [""] + sweep_markdown(rows)
     if checks is not None:
         bad = sum(c.status == "REGRESSION" for c in checks)
@@ -260,37 +247,109 @@ def markdown(rows: list[Row], meta: dict, checks: list[BaselineCheck] | None = N
 
 
 # -------------------------------------------------------------------------------------------------------------
-# the sweep: AL, decode tok/s and verify graph hit rate per setting, and the cost model's verdict
+# the sweep: AL, decode tok/s and verify graph hit rate per setting, and the fit of its cycles
 
 
-def sweep_points(rows: list[Row], scenario: str) -> tuple[list[spec_model.Measured], float | None]:
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One sweep setting at one scenario: medians over its repeats; group: drafter (draft weights)."""
+
+    name: str
+    group: str
+    steps: int
+    draft_tokens: int
+    accept_length: float
+    decode_tok_s: float
+    hit_rate: float | None
+
+    @property
+    def cycle_ms(self) -> float:
+        return 1000.0 * self.accept_length / self.decode_tok_s
+
+
+def sweep_points(rows: list[Row], scenario: str) -> tuple[list[Point], float | None]:
     """The measured sweep points of one scenario, and t1 (ms) from its reference run without speculation."""
     points = []
     for r in rows:
         s, al, tps = r.setting, r.stats.get("accept_length"), r.stats.get("decode_tok_s")
         if r.scenario == scenario and s and al and tps and tps.median > 0:
-            points.append(spec_model.Measured(r.variant, s["drafter"], s["draft_quantization"], s["steps"], s["topk"],
-                                              s["draft_tokens"], al.median, tps.median, r.hit_rate))
+            points.append(Point(r.variant, f"{s['drafter']} ({s['draft_quantization']})", s["steps"],
+                                s["draft_tokens"], al.median, tps.median, r.hit_rate))
     refs = [r.stats["decode_tok_s"].median for r in rows if r.scenario == scenario and r.speculative is False
             and r.stats.get("decode_tok_s")]
     return points, (1000.0 / max(refs) if refs else None)
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """x with a x = b (Gaussian elimination, partial pivoting); None when a is singular."""
+    n, m = len(b), [row[:] + [b[i]] for i, row in enumerate(a)]
+    for c in range(n):
+        piv = max(range(c, n), key=lambda r: abs(m[r][c]))
+        if abs(m[piv][c]) < 1e-9 * max(1.0, max(abs(x) for row in m for x in row[:n])):
+            return None
+        m[c], m[piv] = m[piv], m[c]
+        for r in (r for r in range(n) if r != c):
+            m[r] = [x - m[r][c] / m[c][c] * y for x, y in zip(m[r], m[c])]
+    return [m[i][n] / m[i][i] for i in range(n)]
+
+
+def fit(points: list[Point], t1: float | None) -> tuple[dict | None, str]:
+    """Least squares of cycle = t1 + per_token x (draft tokens - 1) + per_step[group] x steps over the measured
+    cycles (t1 fitted too when no run without speculation gave it); (None, why) when the points cannot say."""
+    groups, free = sorted({p.group for p in points}), t1 is None
+    n = int(free) + 1 + len(groups)
+    if len(points) < n + 1:
+        return None, f"{len(points)} point(s) for {n} unknowns: the sweep needs more points"
+    rows = [[1.0] * free + [p.draft_tokens - 1.0] + [float(p.steps) * (g == p.group) for g in groups] for p in points]
+    ys = [p.cycle_ms - (0.0 if free else t1) for p in points]
+    x = _solve([[sum(r[i] * r[j] for r in rows) for j in range(n)] for i in range(n)],
+               [sum(r[i] * y for r, y in zip(rows, ys)) for i in range(n)])
+    if x is None:
+        return None, ("the points cannot separate the verify cost per token from the draft cost per step (chain "
+                      "points only: draft tokens - 1 = steps); add tree points (topk > 1)")
+    t1 = x.pop(0) if free else t1
+    return {"t1": t1, "source": "fitted (no reference run without speculation)" if free else "measured by the "
+            "reference run", "per_token": x[0], "per_step": dict(zip(groups, x[1:]))}, ""
+
+
+def model_cycle(f: dict, p: Point) -> float:
+    return f["t1"] + f["per_token"] * (p.draft_tokens - 1) + f["per_step"][p.group] * p.steps
+
+
+def verdict(points: list[Point], f: dict) -> list[str]:
+    """The fit, the predicted against the measured optimum, and the points the model misses most."""
+    tok = lambda p: 1000.0 * p.accept_length / model_cycle(f, p)  # noqa: E731
+    pr, me = max(points, key=tok), max(points, key=lambda p: p.decode_tok_s)
+    misses = sorted(((p, p.decode_tok_s / tok(p) - 1.0) for p in points), key=lambda x: -abs(x[1]))[:3]
+    worst = [(p, d) for p, d in misses if abs(d) > 0.02]
+    return [f"Cost model over {len(points)} point(s): cycle = {f['t1']:.2f} ms (t1, {f['source']}) + "
+            f"{f['per_token']:.3f} ms per verified token beyond the first + per draft step: "
+            + ", ".join(f"{g} {v:.2f} ms" for g, v in f["per_step"].items()) + ".",
+            f"Predicted optimum: {pr.name} ({tok(pr):.1f} tok/s predicted, {pr.decode_tok_s:.1f} measured). "
+            f"Measured optimum: {me.name} ({me.decode_tok_s:.1f} tok/s). " + (
+                "The sweep agrees with the model." if pr.name == me.name else "The sweep does NOT agree with the "
+                f"model (the predicted point measured {100 * (1 - pr.decode_tok_s / me.decode_tok_s):.1f}% below "
+                "the best): the linear costs miss something at one of them (look at its verify graph hit rate).")] + (
+        ["Largest misses (measured vs predicted tok/s): " + ", ".join(
+            f"{p.name} {100 * d:+.1f}%" + (f" (verify graph {100 * p.hit_rate:.0f}%)" if p.hit_rate is not None
+                                           else "") for p, d in worst)] if worst else [])
 
 
 def sweep_markdown(rows: list[Row]) -> list[str]:
     L: list[str] = []
     for sc in dict.fromkeys(r.scenario for r in rows if r.setting):
         points, t1 = sweep_points(rows, sc)
-        v, why = spec_model.verdict(points, t1)
+        f, why = fit(points, t1)
         table = []
         for r in sorted((r for r in rows if r.scenario == sc and r.setting), key=lambda r: r.variant):
             s, p = r.setting, next((p for p in points if p.name == r.variant), None)
             table.append([s["drafter"], s["draft_quantization"], f"{s['steps']}/{s['topk']}/{s['draft_tokens']}",
                           _cell(r.stats["accept_length"], 3), _cell(r.stats["decode_tok_s"]), hit_cell(r),
-                          f"{p.cycle_ms:.1f}" if p else "–", f"{v.fit.cycle_ms(p):.1f}" if v and p else "–"])
+                          f"{p.cycle_ms:.1f}" if p else "–", f"{model_cycle(f, p):.1f}" if f and p else "–"])
         L += [f"## Sweep: drafters and speculative settings ({sc})", "", md_table(
             ["drafter", "draft weights", "steps/topk/tokens", "accept length", "decode tok/s", "verify graph",
              "cycle ms", "model cycle ms"], table, "lllrrrrr"), ""]
-        L += (v.lines() if v else [f"No cost-model verdict: {why}."]) + [""]
+        L += (verdict(points, f) if f else [f"No cost-model verdict: {why}."]) + [""]
     return L
 
 

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 import time
@@ -19,6 +20,7 @@ from ..lib import proc
 from ..lib.errors import UserError
 from ..lib.http import API_KEY, http_get
 from ..lib.progress import say
+from ..series.pin import applied_patchset
 from .numbers import duration
 
 DOCKER_TIMEOUT = 600.0
@@ -162,16 +164,9 @@ class Server:
 
 
 def here_patchset() -> str:
-    """The patch set of the sglang this python imports (contract 8); "unknown" where that cannot be read."""
-    import importlib.util
-
-    try:
-        from ..series.pin import applied_patchset
-
-        spec = importlib.util.find_spec("sglang")
-        return (applied_patchset(Path(spec.origin).parent) or "none") if spec and spec.origin else "unknown"
-    except ImportError:  # until contract 8's applied_patchset lands
-        return "unknown"
+    """The patch set of the sglang this python imports; "unknown" without one."""
+    spec = importlib.util.find_spec("sglang")
+    return (applied_patchset(Path(spec.origin).parent) or "none") if spec and spec.origin else "unknown"
 
 
 def unauthorized(url: str) -> str:

@@ -7,13 +7,11 @@ captured in SGLang's graph_capture()). CUDA ranks, or CPU ranks over gloo where 
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from ..series.pin import applied_patchset
 from ..lib.kimi import HIDDEN
 
 EPS = 1e-6
@@ -150,21 +148,6 @@ def prepare_fusion(dtype) -> dict:
             "seconds": round(time.perf_counter() - t0, 2)}
 
 
-def fusion_sizes(world: int, dtype) -> dict:
-    """The attention fusion workspace as built: FlashInfer's cuMem allocation sizes, and the sizes SGLang's
-    preflight probes before building it (_flashinfer_trtllm_workspace_allocation_sizes, its mirror of them)."""
-    from sglang.srt.layers import flashinfer_comm_fusion as fcf
-    from sglang.srt.layers.layer_boundary import FUSE_ALLREDUCE_MAX_BATCH_SIZE
-
-    manager = fcf._get_workspace_manager(True)
-    handles = getattr(manager.workspace, "mem_handles", None) or [] if manager.workspace is not None else []
-    drv = fcf.get_cuda_driver_bindings()
-    prop = fcf._make_flashinfer_workspace_allocation_prop(drv)
-    return {"allocated": [getattr(h, "allocation_size", None) for h in handles],
-            "preflight_sizes": fcf._flashinfer_trtllm_workspace_allocation_sizes(
-                drv, prop, world, FUSE_ALLREDUCE_MAX_BATCH_SIZE, HIDDEN, dtype)}
-
-
 def fused_allreduce_rmsnorm(x, residual, weight, **kw):
     """SGLang's op (layers/flashinfer_comm_fusion.py), with the token cap the server passes."""
     from sglang.srt.layers.flashinfer_comm_fusion import flashinfer_allreduce_residual_rmsnorm
@@ -258,88 +241,6 @@ class Timer:
 
     def graph_chain_us(self, fn, reps: int) -> float | None:
         return self.median_us(self.capture(fn).replay, reps) if self.cuda else None
-
-
-def versions() -> dict:
-    """What ran: GPU names, driver, torch, NCCL, FlashInfer, the patch set of the sglang imported."""
-    import torch
-
-    out = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpus": [], "driver": None, "nccl": None}
-    if torch.cuda.is_available():
-        out["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-        out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            out["driver"] = pynvml.nvmlSystemGetDriverVersion()
-            out["driver"] = out["driver"].decode() if isinstance(out["driver"], bytes) else out["driver"]
-            pynvml.nvmlShutdown()
-        except Exception as e:  # noqa: BLE001 - a version is a fact to report, not a reason to fail
-            out["driver"] = f"unknown ({type(e).__name__})"
-    try:
-        import flashinfer
-
-        out["flashinfer"] = flashinfer.__version__
-    except Exception as e:  # noqa: BLE001
-        out["flashinfer"] = f"unavailable ({type(e).__name__}: {e})"
-    import sglang
-
-    out["sglang"] = str(Path(sglang.__file__).parent)
-    out["patchset"] = applied_patchset(Path(sglang.__file__).parent)
-    out["env"] = {k: v for k, v in os.environ.items()
-                  if k.startswith(("NCCL_", "SGLANG_ENABLE_PCIE", "SGLANG_SM120", "CUDA_VISIBLE"))}
-    return out
-
-
-def pdl_race(r, rows, *, chain: int = 16, trials: int = 20) -> list[dict]:
-    """Graph-replayed chains of the fused op, each call feeding its residual to the next (as between layers) and
-    followed by a PDL-launched consumer reading its norm output at once (FlashInfer rmsnorm, enable_pdl=True).
-    Fresh inputs every trial, every trial checked against an fp32 chained reference; the op's own default and
-    trigger_completion_at_end=False (the pre-fix setting, as a control)."""
-    import torch
-    from flashinfer.norm import rmsnorm
-
-    t, timer = Tensors(r.rank, r.world, torch.device("cuda", torch.cuda.current_device())), Timer(r.device)
-    gamma = (t.randn(1, seed=8, rank=0, scale=0.5)[0] + 1.0).contiguous()
-    out = []
-    for n in rows:
-        for label, kw in (("default", {}), ("trigger_at_end_false", {"trigger_completion_at_end": False})):
-            xs = [t.randn(n, seed=900 + i, scale=0.05) for i in range(chain)]
-            res0 = t.randn(n, seed=899, rank=0)
-            outs, resid = [None] * chain, [None] * chain
-
-            def run(kw=kw):
-                h = res0
-                for i in range(chain):
-                    norm, h = fused_allreduce_rmsnorm(xs[i], h, gamma, **kw)
-                    resid[i] = h
-                    outs[i] = rmsnorm(norm, gamma, EPS, enable_pdl=True)
-
-            graph = timer.capture(run)
-            bad, worst = 0, 0.0
-            for trial in range(trials):
-                seed = 10000 * (trial + 1)
-                for i, x in enumerate(xs):
-                    x.copy_(t.randn(n, seed=seed + i, scale=0.05))
-                res0.copy_(t.randn(n, seed=seed - 1, rank=0))
-                ref_res, refs = res0.float(), []
-                for i in range(chain):
-                    ref_res = (ref_res + t.ref_sum(n, seed=seed + i, scale=0.05)).to(torch.bfloat16).float()
-                    refs.append(t.rmsnorm_ref(t.rmsnorm_ref(ref_res, gamma).to(torch.bfloat16).float(), gamma))
-                for o in outs:
-                    o.fill_(float("nan"))
-                timer.sync()
-                timer.dist.barrier()
-                graph.replay()
-                timer.sync()
-                errs = [t.errors(resid[-1], ref_res)] + [t.errors(o, ref) for o, ref in zip(outs, refs)]
-                worst = max([worst] + [e["max_abs_err"] for e in errs])
-                bad += int(any(e["nan"] or e["max_abs_err"] > 1.0 for e in errs))
-            del graph
-            out.append({"rows": n, "variant": label, "chain": chain, "trials": trials, "bad_trials": bad,
-                        "worst_abs_err": worst})
-    return out
 
 
 def _routes(tp, pcie_ipc: bool, flashinfer: bool):

@@ -1,5 +1,4 @@
-"""The box's cost model of a speculative cycle (Model), its refit from a receipt's profile (refit), and the fit of
-a sweep's measured cycles (verdict, for scripts/bench/report.py).
+"""The box's cost model of a speculative cycle (Model) and its refit from a receipt's profile (refit).
 
 Model, one chain cycle of s steps at batch 1 (w = s + 1 verified tokens), ms, at one corner of each [band] unknown
 of bench/inputs/cost-model.toml; collectives per forward and their sizes: bench/inputs/collectives_kimi_tp8.toml.
@@ -10,14 +9,10 @@ of bench/inputs/cost-model.toml; collectives per forward and their sizes: bench/
     draft(s)  = s ((layer + head GB) / (bandwidth eta) + kd) + fc / (bandwidth eta) + its collectives
     cycle(s)  = verify(w) + draft(s) + E (eager glue);  tok/s = 1000 AL / cycle;  decode = verify(1), 1-row calls
     floor(w)  = GB(w) / bandwidth + the all-reduces at the one-shot egress floor ((tp - 1) x payload / egress)
-
-The sweep's fit: cycle = t1 + verify_ms_per_token (draft_tokens - 1) + draft_ms_per_step[drafter] x steps, least
-squares over the measured cycles, t1 from a run without speculation; chain points alone cannot separate the slopes.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 
@@ -206,100 +201,3 @@ def refit(profile: dict, model: Model | None = None) -> dict:
     kib = model.cyc["kib"]["target_verify"]["all_reduce"]
     ipc = sorted([int(r) * kib, float(us)] for r, us in profile["pcie_ipc_us"].items())
     return knobs | ({"ipc_us": ipc} if len(ipc) >= 2 else {})
-
-
-# ---------------------------------------------------------------------------------------------------- the sweep
-@dataclasses.dataclass(frozen=True)
-class Measured:
-    """One sweep point at one scenario: the setting and what the runs measured (medians over repeats)."""
-
-    name: str
-    drafter: str
-    quant: str
-    steps: int
-    topk: int
-    draft_tokens: int
-    accept_length: float
-    decode_tok_s: float
-    hit_rate: float | None = None
-    group = property(lambda self: f"{self.drafter} ({self.quant})")
-    cycle_ms = property(lambda self: 1000.0 * self.accept_length / self.decode_tok_s)
-
-
-@dataclasses.dataclass
-class Fit:
-    t1_ms: float
-    t1_source: str
-    verify_ms_per_token: float
-    draft_ms_per_step: dict[str, float]
-    points: list[Measured]
-
-    def cycle_ms(self, p: Measured) -> float:
-        return self.t1_ms + self.verify_ms_per_token * (p.draft_tokens - 1) + self.draft_ms_per_step[p.group] * p.steps
-
-    def tok_s(self, p: Measured) -> float:
-        return 1000.0 * p.accept_length / self.cycle_ms(p)
-
-
-def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
-    """x with a x = b (Gaussian elimination, partial pivoting); None when a is singular."""
-    n, m = len(b), [row[:] + [b[i]] for i, row in enumerate(a)]
-    for c in range(n):
-        piv = max(range(c, n), key=lambda r: abs(m[r][c]))
-        if abs(m[piv][c]) < 1e-9 * max(1.0, max(abs(x) for row in m for x in row[:n])):
-            return None
-        m[c], m[piv] = m[piv], m[c]
-        for r in (r for r in range(n) if r != c):
-            m[r] = [x - m[r][c] / m[c][c] * y for x, y in zip(m[r], m[c])]
-    return [m[i][n] / m[i][i] for i in range(n)]
-
-
-def fit(points: list[Measured], t1_ms: float | None = None) -> tuple[Fit | None, str]:
-    """Least squares of the cycle times; (None, why) when the points cannot determine the model."""
-    groups, free = sorted({p.group for p in points}), t1_ms is None
-    n = int(free) + 1 + len(groups)
-    if len(points) < n + 1:
-        return None, f"{len(points)} point(s) for {n} unknowns: the sweep needs more points"
-    rows = [[1.0] * free + [p.draft_tokens - 1.0] + [float(p.steps) * (g == p.group) for g in groups] for p in points]
-    ys = [p.cycle_ms - (0.0 if free else t1_ms) for p in points]
-    x = _solve([[sum(r[i] * r[j] for r in rows) for j in range(n)] for i in range(n)],
-               [sum(r[i] * y for r, y in zip(rows, ys)) for i in range(n)])
-    if x is None:
-        return None, ("the points cannot separate the verify cost per token from the draft cost per step (chain "
-                      "points only: draft tokens - 1 = steps); add tree points (topk > 1)")
-    t1 = x.pop(0) if free else t1_ms
-    return Fit(t1, "fitted (no reference run without speculation)" if free else "measured by the reference run",
-               x[0], dict(zip(groups, x[1:])), points), ""
-
-
-@dataclasses.dataclass
-class Verdict:
-    fit: Fit
-    predicted: Measured
-    measured: Measured
-    agrees: bool
-    worst: list[tuple[Measured, float]]  # points the model misses most: (point, measured / predicted tok/s - 1)
-
-    def lines(self) -> list[str]:
-        f, pr, me = self.fit, self.predicted, self.measured
-        return [f"Cost model over {len(f.points)} point(s): cycle = {f.t1_ms:.2f} ms (t1, {f.t1_source}) + "
-                f"{f.verify_ms_per_token:.3f} ms per verified token beyond the first + per draft step: "
-                + ", ".join(f"{g} {v:.2f} ms" for g, v in f.draft_ms_per_step.items()) + ".",
-                f"Predicted optimum: {pr.name} ({f.tok_s(pr):.1f} tok/s predicted, {pr.decode_tok_s:.1f} measured). "
-                f"Measured optimum: {me.name} ({me.decode_tok_s:.1f} tok/s). " + (
-                    "The sweep agrees with the model." if self.agrees else "The sweep does NOT agree with the model "
-                    f"(the predicted point measured {100 * (1 - pr.decode_tok_s / me.decode_tok_s):.1f}% below the "
-                    "best): the linear costs miss something at one of them (look at its verify graph hit rate).")] + (
-            ["Largest misses (measured vs predicted tok/s): " + ", ".join(
-                f"{p.name} {100 * d:+.1f}%" + (f" (verify graph {100 * p.hit_rate:.0f}%)" if p.hit_rate is not None
-                                               else "") for p, d in self.worst)] if self.worst else [])
-
-
-def verdict(points: list[Measured], t1_ms: float | None = None) -> tuple[Verdict | None, str]:
-    """Fit, predict every point, compare the predicted and the measured optimum."""
-    f, why = fit(points, t1_ms)
-    if f is None:
-        return None, why
-    pred, meas = max(points, key=f.tok_s), max(points, key=lambda p: p.decode_tok_s)
-    misses = sorted(((p, p.decode_tok_s / f.tok_s(p) - 1.0) for p in points), key=lambda x: -abs(x[1]))
-    return Verdict(f, pred, meas, pred.name == meas.name, [m for m in misses[:3] if abs(m[1]) > 0.02]), ""

@@ -9,8 +9,7 @@ import itertools
 import textwrap
 from typing import Callable
 
-from ..lib.errors import UserError
-from . import exposure, nccl
+from . import nccl
 from .facts import P2P_LEGEND, TARGET_REPO, Facts, image_doctor, parse_df
 
 SEVERITIES = ("ok", "info", "warn", "error")
@@ -461,18 +460,6 @@ def patchset(f: Facts) -> list[Finding]:
         return [Finding("image.patchset", "warn", f"sglang at {pkg} carries patch set {ps}, the series here is "
                         f"{f.expected_patchset}", "rebuild the image (make image) or re-apply the series")]
     return [Finding("image.patchset", "ok", f"sglang at {pkg} carries patch set {ps}")]
-
-
-@doctor_check
-def listen(f: Facts) -> list[Finding]:
-    """serve.listen: who can reach the server, by the rule serve applies (--listen-host, --api-key-file)."""
-    try:
-        where = exposure.decide(f.listen_host, f.env, f.api_key_file)
-    except UserError as e:
-        return [Finding("serve.listen", "error", f"serve would refuse to start: {e}")]
-    if where.refusal:
-        return [Finding("serve.listen", "error", f"serve is {where.refusal}", exposure.FIX)]
-    return [Finding("serve.listen", "ok", where.line)]
 
 
 def table(findings: list[Finding], width: int = 110) -> str:

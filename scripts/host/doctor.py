@@ -1,7 +1,7 @@
 """`make doctor` (the image's `doctor` verb): the serving box checked before a model loads.
 
-  python -m scripts.host.doctor [--tp N] [--python PY] [--image IMAGE] [--listen-host H] [--api-key-file F]
-                                [--probe-timeout S] [--json] [--record DIR | --replay DIR]
+  python -m scripts.host.doctor [--tp N] [--python PY] [--image IMAGE] [--probe-timeout S] [--json]
+                                [--record DIR | --replay DIR]
   python -m scripts.host.doctor --list          the checks and the finding ids they report
 
 Exit status: 0 no error finding, 1 at least one error finding, 2 a usage problem.
@@ -18,9 +18,8 @@ import sys
 from pathlib import Path
 
 from ..lib.cli import run
-from ..series.pin import load_pin
+from ..series.pin import load_pin, patchset_id
 from .checks import Finding, listing, run_checks, table
-from .exposure import SGLANG_DEFAULT_HOST
 from .facts import Probe, build_facts, load_capture, summary
 from .nccl import expected_nccl
 
@@ -31,14 +30,9 @@ def _pin() -> tuple[str | None, tuple[int, int] | None, str | None]:
     """(patch set of the series here, CUDA of the upstream image, the pinned image); None where unreadable."""
     try:
         pin = load_pin()
+        return patchset_id(), pin.image_cuda, pin.serving_image
     except Exception:  # noqa: BLE001 - a doctor without the series still diagnoses the box
         return None, None, None
-    try:
-        from ..series.pin import patchset_id
-
-        return patchset_id(), pin.image_cuda, pin.serving_image
-    except Exception:  # noqa: BLE001
-        return None, pin.image_cuda, pin.serving_image
 
 
 def diagnose(probe: Probe, *, tp: int = 8, need_gb: float = DEFAULT_NEED_GB, environ: dict | None = None,
@@ -64,8 +58,6 @@ def main(argv=None) -> int:
     ap.add_argument("--probe-timeout", type=float, help="seconds before a GPU probe counts as hung (default: 120, "
                                                         "600 for the PCIe-IPC smoke with its JIT, 60 for bandwidth)")
     ap.add_argument("--json", action="store_true", help="one JSON object: findings, facts, errors")
-    ap.add_argument("--listen-host", default=SGLANG_DEFAULT_HOST, help="where serve would listen (default 127.0.0.1)")
-    ap.add_argument("--api-key-file", metavar="FILE", help="the key file serve would be given")
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--record", type=Path, metavar="DIR", help="also write every output read to DIR")
     src.add_argument("--replay", type=Path, metavar="DIR", help="diagnose the outputs recorded in DIR")
@@ -77,8 +69,7 @@ def main(argv=None) -> int:
     image = None if os.environ.get("EAGLE_IMAGE") else a.image or pinned_image  # in the image: no docker
     probe = Probe(load_capture(a.replay) if a.replay else None, python=a.python, timeout=a.timeout, image=image,
                   ranks=a.tp, probe_timeout=a.probe_timeout)
-    findings, facts = diagnose(probe, tp=a.tp, need_gb=a.need_gb, expected_patchset=patchset,
-                               listen_host=a.listen_host, api_key_file=a.api_key_file)
+    findings, facts = diagnose(probe, tp=a.tp, need_gb=a.need_gb, expected_patchset=patchset)
     if a.record:
         print(f"recorded {len(probe.record(a.record))} outputs in {a.record}", file=sys.stderr)
     if a.json:

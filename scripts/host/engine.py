@@ -22,9 +22,6 @@ class Engine:
     why: str = ""
     fix: str = ""
 
-    def message(self, needed_for: str) -> str:
-        return f"{needed_for} needs the docker engine, which {self.why}. Fix: {self.fix}"
-
 
 def diagnose(output: str, docker: str = "docker") -> tuple[str, str]:
     """(why, fix) for a docker client's output that reached no engine; ('', '') when it names no such cause."""

@@ -18,11 +18,11 @@ from types import SimpleNamespace
 from ..lib import proc
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
+from ..series.pin import applied_patchset
 from ..series.sglang_pkg import find_sglang
 from . import nccl
 from .docker_run import docker_run, hf_cache_dir
 from .engine import image_id
-from .exposure import SGLANG_DEFAULT_HOST
 
 TARGET_REPO = "moonshotai/Kimi-K2.5"
 QUERY = "index,name,pci.bus_id,compute_cap"
@@ -105,10 +105,6 @@ class Probe:
             return Out(bool(pkg), f"{pkg}\n" if pkg else "", why)
         if not self.get("sglang").ok:  # "patchset"
             return Out(False, why=self.get("sglang").why)
-        try:
-            from ..series.pin import applied_patchset  # contract 8: the patch set a tree holds, from git
-        except ImportError as e:
-            return Out(False, why=f"this checkout cannot read a tree's patch set ({e})")
         return Out(True, f"{applied_patchset(Path(self.get('sglang').text.strip())) or 'none'}\n")
 
     def _gpu_probe(self, key: str) -> str:
@@ -254,8 +250,6 @@ class Facts:
     probe: Probe
     expected_patchset: str | None = None
     image_cuda: tuple[int, int] | None = None
-    listen_host: str = SGLANG_DEFAULT_HOST
-    api_key_file: str | None = None
     expected_nccl: tuple[str, str] = ("", "not asked")  # (version, source): nccl.expected_nccl
     gpus: list[SimpleNamespace] = dataclasses.field(default_factory=list)
     driver: str = ""

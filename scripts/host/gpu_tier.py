@@ -1,13 +1,12 @@
-"""`make test-gpu`: the patched SGLang's collectives, fused op and decisions on this machine's GPUs (tests/gpu).
+"""`make test-gpu` (the image's test-gpu verb): the patched SGLang's collectives, fused op and decisions on this
+machine's GPUs (pytest tests/gpu with this python).
 
-  python -m scripts.host.gpu_tier [--image IMAGE] [--out FILE] [--world N] [--timeout S] [-- PYTEST_ARGS...]
-  python -m scripts.host.gpu_tier --here [--out FILE] [--world N] [--timeout S] [-- PYTEST_ARGS...]
+  python -m scripts.host.gpu_tier [--out FILE] [--world N] [--timeout S] [-- PYTEST_ARGS...]
 
-Without --here: the image's test-gpu verb under docker run (printed first), results in bench/results (or --out's
-directory), mounted at /results. --here runs pytest tests/gpu with this python: the image's own verb, or a machine
-with the patched SGLang installed. The result document (--out, by default test-gpu_<gpu>_x<N>_<UTC date>.json under
-the results directory) lists every test, what the tests recorded, the command and the GPUs; make report keeps it.
-Exit status: 0 every test passed; 1 a test failed; 2 fewer than 2 GPUs, no image or engine, or a bad option.
+make test-gpu runs it in the serving image (scripts/host/in_image.py); a machine with the patched SGLang runs it
+directly. The result document (--out, by default test-gpu_<gpu>_x<N>_<UTC date>.json under /results in the image,
+else bench/results) lists every test, what the tests recorded, the command and the GPUs; make report keeps it.
+Exit status: 0 every test passed; 1 a test failed; 2 fewer than 2 GPUs, or a bad option.
 """
 
 from __future__ import annotations
@@ -24,9 +23,7 @@ from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.progress import say
 from ..lib.repo import REPO_ROOT, revision
-from ..series.pin import load_pin
-from .docker_run import RESULTS_IN_IMAGE, docker_run, gpu_names, gpu_slug, results_dir, shown
-from .engine import image_id
+from .docker_run import gpu_names, gpu_slug, results_dir
 
 
 def cuda_gpus() -> tuple[int, str]:
@@ -71,26 +68,9 @@ def finish(out: Path, meta: dict) -> dict:
     return doc
 
 
-def run_in_image(a: argparse.Namespace) -> int:
-    image = a.image or load_pin().serving_image
-    found, why = image_id(image)
-    if found is None:
-        raise UserError(f"test-gpu runs in the serving image: {why}")
-    results = (a.out.parent if a.out else REPO_ROOT / "bench" / "results").resolve()
-    results.mkdir(parents=True, exist_ok=True)
-    args = [*(["--out", f"{RESULTS_IN_IMAGE}/{a.out.name}"] if a.out else []), "--timeout", str(a.timeout),
-            *(["--world", str(a.world)] if a.world else []), *(["--", *a.pytest_args] if a.pytest_args else [])]
-    cmd = docker_run(image, ["test-gpu", *args], results=results)
-    print(shown(cmd), file=sys.stderr, flush=True)
-    res = proc.run(cmd, timeout=None, capture=False)
-    return res.returncode if res.returncode is not None else 2
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="scripts.host.gpu_tier", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--here", action="store_true", help="run pytest tests/gpu with this python")
-    ap.add_argument("--image", help="the image to run (default eagle-fast-verify/sglang:<the pinned tag>)")
     ap.add_argument("--out", type=Path, help="result document (default <results>/test-gpu_<gpu>_x<N>_<date>.json)")
     ap.add_argument("--world", type=int, help="ranks per test (default: every visible GPU)")
     ap.add_argument("--timeout", type=int, default=600, help="seconds one multi-rank run may take (default 600)")
@@ -98,7 +78,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.world is not None and a.world < 2:
         ap.error("--world needs at least 2 ranks")
-    return run_here(a) if a.here else run_in_image(a)
+    return run_here(a)
 
 
 if __name__ == "__main__":

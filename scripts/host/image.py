@@ -56,6 +56,11 @@ def qualified(ref: str) -> str:
 
 
 def nccl_version(pin: Pin, version: str | None, allow_bad: bool) -> str:
+    """The NCCL release to install: --nccl, else [nccl]'s (whose package must fit the base image's CUDA major)."""
+    want = f"nvidia-nccl-cu{pin.image_cuda[0]}" if pin.image_cuda else pin.nccl_package
+    if not pin.nccl_version or not pin.nccl_package or pin.nccl_package != want:
+        raise UserError(f"{pin.path} [nccl] must name package = \"{want}\" (the base image's CUDA major) and a "
+                        f"version from `pip index versions {want}`")
     version = version or pin.nccl_version
     if not re.fullmatch(r"\d+\.\d+\.\d+(\.post\d+)?", version):
         raise UserError(f"NCCL {version!r} is not a release number such as {pin.nccl_version}: see "
@@ -81,7 +86,7 @@ def build_command(a: argparse.Namespace, pin: Pin) -> tuple[list[str], str, str]
     base, warning = base_reference(pin, a.base)
     patchset = patchset_id()
     head, dirty = revision(False, *CONTEXT)
-    args = {"BASE": base, "PATCHSET": patchset, "NCCL_PACKAGE": pin.nccl_requirement.split("==")[0],
+    args = {"BASE": base, "PATCHSET": patchset, "NCCL_PACKAGE": pin.nccl_package,
             "NCCL_VERSION": nccl, "PYTEST_VERSION": pytest_version(), "IMAGE_TAG": tag,
             "REVISION": head + "-dirty" * dirty}
     name, _, digest = base.partition("@")
@@ -117,7 +122,7 @@ def build(cmd: list[str], docker: str, tag: str) -> None:
         raise UserError("docker/Dockerfile fails hadolint (above): fix it before building")
     eng = engine(docker)
     if not eng.ok:
-        raise UserError(eng.message("make image (docker build)"))
+        raise UserError(f"make image (docker build) needs the docker engine, which {eng.why}. Fix: {eng.fix}")
     say(f"docker engine {eng.version}; building {tag}")
     res = proc.run(cmd, timeout=4 * 3600, capture=False)
     if res.ok:

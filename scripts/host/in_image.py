@@ -1,10 +1,11 @@
-"""Run one of the serving image's verbs on this machine's GPUs: make test-serve (and any verb by hand).
+"""Run one of the serving image's verbs on this machine's GPUs: make test-gpu, test-serve, bench-comm (any verb).
 
   python -m scripts.host.in_image [--image IMAGE] [--results DIR] VERB [ARGS...]
 
 The docker run (scripts/host/docker_run.py: the GPUs, the host's IPC, bench/results mounted at /results, the HF
-cache, FlashInfer's cache, the CUDA/NCCL/SGLang variables by name) is printed first, then this process becomes it.
-Exit status: the verb's; 2 when the docker engine or the image is missing (named with the fix).
+cache, FlashInfer's cache, the CUDA/NCCL/SGLang variables by name) is printed first, then this process becomes it;
+with --dry-run among ARGS it is only printed (on stdout).
+Exit status: the verb's; 0 a dry run; 2 when the docker engine or the image is missing (named with the fix).
 """
 
 from __future__ import annotations
@@ -31,14 +32,16 @@ def main(argv=None) -> int:
     ap.add_argument("verb", help="test-serve, test-gpu, bench-comm, doctor, ...")
     ap.add_argument("args", nargs=argparse.REMAINDER, help="the verb's arguments")
     a = ap.parse_args(argv)
-    image = a.image or load_pin().serving_image
+    image, dry = a.image or load_pin().serving_image, "--dry-run" in a.args
+    cmd = docker_run(image, [a.verb, *(t for t in a.args if t != "--dry-run")], results=a.results.resolve(),
+                     hf_cache=hf_cache_dir())
+    print(shown(cmd), file=sys.stdout if dry else sys.stderr, flush=True)
+    if dry:
+        return 0
     found, why = image_id(image)
     if found is None:
         raise UserError(f"{a.verb} runs in the serving image: {why}")
-    results = a.results.resolve()
-    results.mkdir(parents=True, exist_ok=True)
-    cmd = docker_run(image, [a.verb, *a.args], results=results, hf_cache=hf_cache_dir())
-    print(shown(cmd), file=sys.stderr, flush=True)
+    a.results.resolve().mkdir(parents=True, exist_ok=True)
     os.execvp(cmd[0], cmd)
     return 0  # not reached
 

@@ -20,10 +20,9 @@ import time
 from pathlib import Path
 
 from ..lib import proc
-from ..lib.errors import UserError
 from ..lib.kimi import HIDDEN
 from ..lib.progress import say
-from ..series.pin import Pin, load_pin
+from ..series.pin import load_pin
 
 KNOWN_BAD_NCCL = {
     "2.26.2": "crashes with an illegal memory access on collectives of 512 KiB and more between RTX PRO 6000 "
@@ -32,7 +31,6 @@ KNOWN_BAD_NCCL = {
               "(local-inference-lab/rtx6kpro#15)",
 }
 EXPECTED_VAR = "EAGLE_NCCL_VERSION"  # set in the image: the NCCL its build installed (docker/Dockerfile)
-RELEASE_RE = re.compile(r"^\d+\.\d+\.\d+(\.post\d+)?$")
 MARK = "EAGLE_PROBE "
 PROBES = ("nccl-transport", "pcie-ipc-smoke", "peer-bandwidth")
 WHAT = {"nccl-transport": "all-reduce", "pcie-ipc-smoke": "PCIe-IPC smoke", "peer-bandwidth": "peer-write probe"}
@@ -44,20 +42,6 @@ DEBUG = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV"}
 TRANSPORT_KEYS = ("measured", "why", "world", "allreduce_us", "sum_ok", "hung")
 SMOKE_KEYS = ("measured", "why", "world", "hung", "phase", "engaged", "sum_ok", "wrong", "rows", "iters", "us")
 BANDWIDTH_KEYS = ("measured", "why", "gpus", "hung", "rounds", "min_gbps")
-
-
-def nccl_release(pin: Pin, version: str | None) -> tuple[str, str]:
-    """(package==version, version) the image gets: the pin's [nccl], or `version` (a variant, said; a known-bad
-    release is built with a warning, to reproduce it)."""
-    if not version or version == pin.nccl_version:
-        return pin.nccl_requirement, pin.nccl_version
-    if not RELEASE_RE.match(version):
-        raise UserError(f"NCCL {version!r} is not a release number such as {pin.nccl_version}: see "
-                        f"`pip index versions {pin.nccl_package}`")
-    say(f"NCCL variant: {pin.nccl_package}=={version} instead of the pinned {pin.nccl_version} (pin.toml [nccl])")
-    if version in KNOWN_BAD_NCCL:
-        say(f"warning: NCCL {version} {KNOWN_BAD_NCCL[version]}; build it only to reproduce that")
-    return f"{pin.nccl_package}=={version}", version
 
 
 def nccl_report() -> dict:
@@ -153,7 +137,7 @@ def source(key: str, ranks: int, timeout: float, home: str | Path | None = None)
             f"run({key!r}, {int(ranks)}, {float(timeout)})")
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -186,7 +170,7 @@ def spawn_ranks(fn, world: int, timeout: float, *args) -> dict:
 
     ctx = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="eagle-probe-") as tmp:
-        port = _free_port()
+        port = free_port()
         procs = [ctx.Process(target=_rank_main, args=(fn, r, world, port, tmp, args)) for r in range(world)]
         for p in procs:
             p.start()

@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import difflib
 import io
+import ipaddress
 import json
 import os
 import re
@@ -32,10 +33,15 @@ from pathlib import Path
 from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.repo import PROFILES_DIR, SHIPPED_PROFILE
-from . import drafters, exposure
+from . import drafters
 from .docker_run import docker_run, hf_cache_dir, shown
 
 LAUNCH = "sglang.launch_server"
+KEY_VAR, KEY_FILE = "SGLANG_API_KEY", "/etc/sglang/api_key"
+FIX = (f"write a key file readable by you only, (umask 077 && mkdir -p /etc/sglang && openssl rand -hex 32 > "
+       f"{KEY_FILE}), mount it (docker run -v {KEY_FILE}:/run/secrets/sglang_api_key:ro) and name it (serve "
+       f"--api-key-file /run/secrets/sglang_api_key); or export {KEY_VAR}=$(openssl rand -hex 32) and pass it by "
+       f"name (docker run -e {KEY_VAR}: docker inspect shows it); or stay on loopback (leave out --host)")
 LAUNCHER_NOTE = ("the patched launcher decides the PCIe-only NCCL defaults and the PCIe-IPC all-reduce when it starts "
                  "(NVML topology) and logs what it applied")
 OWN = {"--profile": f"profile name in docker/profiles or a .yaml path (default {SHIPPED_PROFILE})",
@@ -54,9 +60,43 @@ RULES = {"mem_fraction_static": (lambda v: 0 < v < 1, "a fraction between 0 and 
 class Plan:
     profile: Path
     argv: list[str]
-    listen: exposure.Listen
+    listen: str = ""  # who can reach the server
     key: str = ""  # goes into the private copy of the profile
+    key_from: str = ""
     notes: list[str] = dataclasses.field(default_factory=list)
+
+
+def read_key(environ: dict[str, str], key_file: str | None) -> tuple[str, str]:
+    """(key, where from) of the key file, else $SGLANG_API_KEY; ('', '') when neither is set."""
+    if key_file is not None and KEY_VAR in environ:
+        raise UserError(f"both {KEY_VAR} and --api-key-file {key_file} are set: keep one (unset {KEY_VAR})")
+    if key_file is not None:
+        try:
+            key = Path(key_file).read_text().strip()
+        except OSError as e:
+            raise UserError(f"--api-key-file {key_file}: cannot read it ({e.strerror}); mount it into the "
+                            f"container (docker run -v /path/on/host:{key_file}:ro) or fix the path") from e
+        where = f"the file {key_file}"
+    elif KEY_VAR in environ:
+        key, where = environ[KEY_VAR].strip(), f"${KEY_VAR}"
+    else:
+        return "", ""
+    if not key:
+        raise UserError(f"{where} is empty: put a key there ({FIX.split('; or ')[0]})")
+    return key, where
+
+
+def listening(host: str, key_from: str) -> str:
+    """Who can reach the server: loopback, or any address with an API key (a UserError beyond loopback without)."""
+    try:
+        loopback = host.lower() == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        loopback = False  # a name other than localhost may resolve to any interface
+    if not loopback and not key_from:
+        raise UserError(f"refusing to listen on {host} without an API key: anyone who reaches the port could use "
+                        f"it. Fix: {FIX}")
+    key = f" with an API key from {key_from}" if key_from else ""
+    return f"listening on {host}" + (" only" if loopback else "") + key
 
 
 def resolve_profile(name: str) -> Path:
@@ -129,21 +169,19 @@ def build_plan(a: argparse.Namespace, extra: list[str], environ: dict[str, str])
     given = [("--model-path", a.model), ("--speculative-draft-model-path", a.draft_model), ("--port", a.port),
              ("--host", a.host)]
     sgl = ["--config", str(path), *[x for f, v in given if v is not None for x in (f, str(v))], *extra]
-    plan = Plan(path, [sys.executable, "-m", LAUNCH, *sgl], exposure.Listen("", True))
+    plan = Plan(path, [sys.executable, "-m", LAUNCH, *sgl])
     sa = parse_with_sglang(sgl)
     if sa is None:
         plan.notes.append("SGLang does not import here: the values were not checked (run it in the image)")
-        host = last_flag(sgl, "--host", prof.get("host", exposure.SGLANG_DEFAULT_HOST))
+        host = last_flag(sgl, "--host", prof.get("host", "127.0.0.1"))  # SGLang's default
         draft = last_flag(sgl, "--speculative-draft-model-path", prof.get("speculative-draft-model-path"))
         model = last_flag(sgl, "--model-path", prof.get("model-path"))
         cli_key = any(str(t).lstrip("-").replace("_", "-").split("=")[0] == "api-key" for t in [*prof, *sgl])
     else:
         check_values(sa)
         host, draft, model, cli_key = sa.host, sa.speculative_draft_model_path, sa.model_path, bool(sa.api_key)
-    plan.key, _ = exposure.read_key(environ, a.api_key_file)
-    plan.listen = exposure.decide(host, environ, a.api_key_file, cli_key and not plan.key)
-    if plan.listen.refusal:
-        raise UserError(f"{plan.listen.refusal}. Fix: {exposure.FIX}")
+    plan.key, plan.key_from = read_key(environ, a.api_key_file)
+    plan.listen = listening(host, plan.key_from or ("the command line (--api-key)" if cli_key else ""))
     if draft:
         plan.notes.append(drafters.drafter_note(draft))
     if model and not drafters.cached(model):
@@ -226,19 +264,19 @@ def main(argv=None) -> int:
     environ = dict(os.environ)
     plan = build_plan(a, extra, environ)
     if plan.key:
-        plan.notes.append(f"the API key from {plan.listen.key_from} reaches SGLang in a private copy of the profile "
+        plan.notes.append(f"the API key from {plan.key_from} reaches SGLang in a private copy of the profile "
                           f"(read once through a pipe), on no command line")
     shown = "\n".join([f"# profile {plan.profile}", *(f"# {n}" for n in [*plan.notes, LAUNCHER_NOTE,
-                                                                         plan.listen.line]), shlex.join(plan.argv)])
+                                                                         plan.listen]), shlex.join(plan.argv)])
     if a.dry_run:
-        doc = {"argv": plan.argv, "env": {}, "listen": plan.listen.line, "notes": plan.notes,
+        doc = {"argv": plan.argv, "env": {}, "listen": plan.listen, "notes": plan.notes,
                "profile": str(plan.profile), "launcher": LAUNCHER_NOTE}
         print(json.dumps(doc, indent=1) if a.json else shown)
         return 0
     print(shown, file=sys.stderr, flush=True)  # what starts, and what it will download
     if plan.key:
         plan.argv[plan.argv.index("--config") + 1] = private_config(load_profile(plan.profile), plan.key)
-    environ.pop(exposure.KEY_VAR, None)
+    environ.pop(KEY_VAR, None)
     os.execve(plan.argv[0], plan.argv, environ)
     return 0  # not reached
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import re
-import sys
 from pathlib import Path
 
 from ..lib.cli import run

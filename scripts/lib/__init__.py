@@ -1,3 +1,2 @@
-"""What every family of tools shares: errors and the CLI wrapper (errors, cli), progress lines (progress), the one
-subprocess helper with timeouts (proc), git (git), this repository's root and HEAD (repo) and the one env-file
-parser (envfile). Family code lives in scripts/series, scripts/host and scripts/bench."""
+"""What every family of tools shares: errors and the CLI wrapper, progress lines, the one subprocess helper (proc),
+git, this repository's root and HEAD (repo), HTTP, the TOML reader, the markdown table, Kimi-K2.5's shapes."""

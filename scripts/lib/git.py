@@ -1,6 +1,6 @@
 """git on the command line (through lib.proc), with a fixed identity so commits the tooling makes are reproducible.
 
-`head()` is the one way to ask a checkout for its HEAD, `tag_commit()` for the commit of a tag; `git()` runs any
+`head()` is the one way to ask a checkout for its HEAD, `rev()` for the commit of a ref; `git()` runs any
 other command and raises a UserError that names the command and git's message when it fails (check=True).
 """
 
@@ -42,11 +42,6 @@ def git_env(fixed_date: bool = False) -> dict[str, str]:
     return env
 
 
-def require_git() -> None:
-    if proc.which("git") is None:
-        raise UserError("git is not installed; install it (apt-get install git) and retry")
-
-
 def git(repo: Path, *args: str, check: bool = True, fixed_date: bool = False, input: str | None = None,
         timeout: float | None = TIMEOUT, env: dict[str, str] | None = None) -> proc.Result:
     res = proc.run(["git", "-C", str(repo), *args], env=env or git_env(fixed_date), input=input, timeout=timeout)
@@ -66,9 +61,9 @@ def head(repo: Path, short: bool = False) -> str | None:
     return (res.stdout.strip() or None) if res.ok else None
 
 
-def tag_commit(repo: Path, tag: str) -> str | None:
-    """The commit id the tag `tag` of a checkout names, or None when it has no such tag (the one way to ask)."""
-    res = git(repo, "rev-parse", "-q", "--verify", f"refs/tags/{tag}^{{commit}}", check=False, timeout=30)
+def rev(repo: Path, ref: str) -> str | None:
+    """The commit id `ref` (refs/tags/TAG, refs/patches/...) names in a checkout, or None (the one way to ask)."""
+    res = git(repo, "rev-parse", "-q", "--verify", f"{ref}^{{commit}}", check=False, timeout=30)
     return (res.stdout.strip() or None) if res.ok else None
 
 

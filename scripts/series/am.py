@@ -13,7 +13,7 @@ from pathlib import Path
 from ..lib import git
 from ..lib.errors import ConflictError, UserError
 from ..lib.progress import say
-from .pin import NULL_BLOB, UPSTREAM_HEAD, PatchInfo, Pin, applied_patchset, base_blobs, patchset_id, touched_files
+from .pin import NULL_BLOB, UPSTREAM_HEAD, PatchInfo, Pin, applied_patchset, patchset_id
 
 APPLIED = "refs/patches/applied"  # HEAD when the tree last matched patches/ (apply, export): newer commits are work
 
@@ -21,8 +21,8 @@ APPLIED = "refs/patches/applied"  # HEAD when the tree last matched patches/ (ap
 def check_base(root: Path, prefix: str, pin: Pin, patches: list[PatchInfo], fix: str) -> None:
     """Refuse a tree whose touched files are not the pinned base (nothing is changed); prefix: python/ when root
     holds sglang/ itself."""
-    base = base_blobs(patches)
-    found = {f: git.file_blob(root / f.removeprefix(prefix)) or NULL_BLOB for f in touched_files(patches)}
+    base = {f: pre for p in reversed(patches) for f, (pre, _) in p.files.items()}  # a file's first pre-image
+    found = {f: git.file_blob(root / f.removeprefix(prefix)) or NULL_BLOB for f in sorted(base)}
     wrong = [f"  {f}: {'absent' if b == NULL_BLOB else 'blob ' + b[:12]}, the base has "
              f"{'none' if base[f] == NULL_BLOB else base[f][:12]}" for f, b in found.items() if b != base[f]]
     more = [f"  ... and {len(wrong) - 8} more"] if len(wrong) > 8 else []

@@ -1,10 +1,8 @@
 """`make apply`: the series applied with `git am -3`, one commit per patch, all patches or none.
 
-  python -m scripts.series.apply [--dest build/sglang] [--rebuild]   the pinned base (a clone of the tag, else the
-                                                                     pinned PyPI wheel) + the series
+  python -m scripts.series.apply [--dest build/sglang] [--rebuild]   the pinned base (clone, else wheel) + series
   python -m scripts.series.apply --src DIR                           a clean checkout of the pinned tag
-  python -m scripts.series.apply --python PY                         the sglang PY imports (its git checkout, or its
-                                                                     installed package); the image: --python python3
+  python -m scripts.series.apply --python PY                         the sglang PY imports (the image: python3)
 Also --patches-dir DIR; the base: SGLANG_BASE=auto|clone|wheel, SGLANG_WHEEL=FILE, SGLANG_REPO=URL. build/sglang
 holding another patch set is built again beside itself, unless it has commits not in patches/. Exit status: 0 applied
 or already applied; 2 a problem you can fix (the message says how); 3 a patch does not apply; 130 interrupted (3 and
@@ -25,7 +23,7 @@ from ..lib.progress import say
 from ..lib.repo import BUILD_DIR
 from .am import APPLIED, apply_tree, dirty
 from .base import clone_base, ensure_base, replace_dir
-from .pin import UPSTREAM_HEAD, applied_patchset, load_pin, patchset_id, rev, series_patches
+from .pin import UPSTREAM_HEAD, applied_patchset, load_pin, patchset_id, series_patches
 from .sglang_pkg import find_sglang
 
 
@@ -38,15 +36,13 @@ def build_tree(pin, patches, dest: Path, source: str, rebuild: bool) -> str:
     if dest.exists() and not rebuild:
         if not git.is_repo(dest):
             raise UserError(f"{dest} is not a git checkout: move it away, or replace it: make apply REBUILD=1")
-        if git.tag_commit(dest, pin.tag) and not rev(dest, UPSTREAM_HEAD):
-            git.git(dest, "update-ref", UPSTREAM_HEAD, f"refs/tags/{pin.tag}")  # a tree made before the ref
         have, want = applied_patchset(dest), patchset_id(patches)
         if have == want:
             git.git(dest, "update-ref", APPLIED, "HEAD")  # in step with patches/
             say(f"{dest} already holds this series ({want}); nothing to do")
             return "already"
         dirty(dest)
-        if git.head(dest) not in (rev(dest, APPLIED), rev(dest, UPSTREAM_HEAD)):
+        if git.head(dest) not in (git.rev(dest, APPLIED), git.rev(dest, UPSTREAM_HEAD)):
             raise UserError(f"{dest} has commits that are not in patches/: export them (make export), or drop them "
                             f"and build the tree again (make apply REBUILD=1)")
         say(f"{dest} holds patch set {have}, patches/ is {want}: building {pin.tag} + the series beside it")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..lib import git, proc
 from ..lib.errors import UserError
-from ..lib.progress import Progress, say
+from ..lib.progress import say
 from ..lib.repo import BUILD_DIR
 from .pin import UPSTREAM_HEAD, Pin
 
@@ -68,13 +68,11 @@ def _wheel_repo(wheel: Path, work: Path, tag: str) -> dict:
     git.git(work.parent, "init", "-q", "-b", "main", str(work))
     with zipfile.ZipFile(wheel) as z:
         names = [n for n in z.namelist() if n.startswith("sglang/") and not n.endswith("/")]
-        prog = Progress(f"unpacking {wheel.name}", len(names))
+        say(f"unpacking {wheel.name}: {len(names)} files (seconds)")
         for n in names:
             (work / "python" / n).parent.mkdir(parents=True, exist_ok=True)
             (work / "python" / n).write_bytes(z.read(n))
             (work / "python" / n).chmod(0o755 if (z.getinfo(n).external_attr >> 16) & 0o111 else 0o644)
-            prog.step()
-        prog.close()
     say(f"committing the base tree ({len(names)} files)")
     git.git(work, "add", "-A")
     git.git(work, "commit", "-q", "-m", f"SGLang {tag} from the PyPI wheel {wheel.name}", fixed_date=True)

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import datetime
 import email.utils
 import os
 import re
@@ -48,13 +47,6 @@ def check_readable(path: Path) -> list[str]:
     return problems
 
 
-def is_date(text: str) -> bool:
-    try:
-        return bool(re.fullmatch(r"\d{4}-\d\d-\d\d", text)) and bool(datetime.date.fromisoformat(text))
-    except ValueError:
-        return False
-
-
 def header_problems(message: str, author: str, filename: str) -> list[str]:
     """What is wrong with one patch message's header lines (empty: nothing)."""
     lines: dict[str, list[str]] = {}
@@ -69,7 +61,7 @@ def header_problems(message: str, author: str, filename: str) -> list[str]:
         out.append("no Bug: <URL> and no Origin: <upstream|backport|vendor|other>[, <URL or commit>] (DEP-3)")
     out += [f"Bug: {bug} is not a URL" for bug in lines.get("Bug", []) if not URL.match(bug)]
     updated = (lines.get("Last-Update") or [""])[0]
-    if updated and not is_date(updated):
+    if updated and not re.fullmatch(r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])", updated):
         out.append(f"Last-Update: {updated} is not a date YYYY-MM-DD")
     if lines.get("Patch-Filename") and lines["Patch-Filename"][-1] != filename:
         out.append(f"Patch-Filename: {lines['Patch-Filename'][-1]} does not name this file")

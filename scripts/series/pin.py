@@ -1,9 +1,7 @@
 """The pin (patches/pin.toml: the release only), the series (patches/series, *.patch) and what derives from them.
 
-`load_pin()` is the one reader of pin.toml (standard library: the image's python3 runs it). Blob ids come from the
-patches' own `index <base>..<patched>` lines (`base_blobs`). `patchset_id()` names a series by its files' bytes;
-`applied_patchset(path)` names the one a tree holds, from git alone: its commits after refs/patches/upstream-head,
-formatted as `make export` writes them.
+`load_pin()` is the one reader of pin.toml (standard library: the image's python3 runs it). `patchset_id()` names a
+series by its files' bytes; `applied_patchset(path)` names the one a tree holds, from git alone.
 """
 
 from __future__ import annotations
@@ -72,15 +70,6 @@ class Pin:
         m = re.search(r"cu(\d+)(\d)$", self.image_tag)
         return (int(m.group(1)), int(m.group(2))) if m else None
 
-    @property
-    def nccl_requirement(self) -> str:
-        """package==version of [nccl]; a UserError when the package does not fit the base image's CUDA major."""
-        want = f"nvidia-nccl-cu{self.image_cuda[0]}" if self.image_cuda else self.nccl_package
-        if not self.nccl_package or not self.nccl_version or self.nccl_package != want:
-            raise UserError(f"{self.path} [nccl] must name package = \"{want}\" (the base image's CUDA major) and a "
-                            f"version from `pip index versions {want}`")
-        return f"{self.nccl_package}=={self.nccl_version}"
-
 
 def load_pin(patches_dir: Path | None = None) -> Pin:
     patches_dir = Path(patches_dir or DEFAULT_PATCHES_DIR)
@@ -130,21 +119,6 @@ def series_patches(pin: Pin | None = None) -> list[PatchInfo]:
     return [parse_patch(p) for p in (pin or load_pin()).series()]
 
 
-def touched_files(patches: list[PatchInfo]) -> list[str]:
-    return list(dict.fromkeys(f for p in patches for f in p.files))
-
-
-def base_blobs(patches: list[PatchInfo]) -> dict[str, str]:
-    """Each touched file's blob id at the base: its first pre-image in the patches' index lines."""
-    return {f: pre for p in reversed(patches) for f, (pre, _) in p.files.items()}
-
-
-def rev(repo: Path, ref: str) -> str | None:
-    """The commit `ref` names in repo, or None."""
-    res = git.git(repo, "rev-parse", "-q", "--verify", f"{ref}^{{commit}}", check=False, timeout=30)
-    return res.stdout.strip() or None
-
-
 def _id(named: list[tuple[str, bytes]]) -> str:
     return hashlib.sha256(b"".join(name.encode() + b"\0" + data for name, data in named)).hexdigest()[:12]
 
@@ -182,7 +156,7 @@ def export_series(tree: Path, pin: Pin, out: Path) -> list[str]:
     """The commits after the tree's base as *.patch files and the series file in `out` (its old *.patch removed)."""
     if not git.is_repo(tree):
         raise UserError(f"{tree} is not a git checkout: make apply first")
-    base = UPSTREAM_HEAD if rev(tree, UPSTREAM_HEAD) else pin.tag
+    base = UPSTREAM_HEAD if git.rev(tree, UPSTREAM_HEAD) else pin.tag
     if git.out(tree, "rev-list", "--merges", f"{base}..HEAD"):
         raise UserError(f"{tree} has merge commits after {base}: a series is linear (git rebase {base} first)")
     named = format_series(tree, base)
@@ -206,7 +180,7 @@ def applied_patchset(path: Path) -> str | None:
     path = Path(path)
     res = git.git(path if path.is_dir() else path.parent, "rev-parse", "--show-toplevel", check=False, timeout=30)
     top = Path(res.stdout.strip())
-    if not res.ok or not rev(top, UPSTREAM_HEAD):
+    if not res.ok or not git.rev(top, UPSTREAM_HEAD):
         return None
     named = format_series(top, UPSTREAM_HEAD, "" if (top / "python" / "sglang").is_dir() else "python/")
     return _id([(n, t.encode()) for n, t in named]) if named else None

@@ -31,7 +31,7 @@ from .pin import load_pin
 def base_tree(pin, dest: Path) -> Path:
     """A pristine tree of the pinned base at dest (made once from the base cache)."""
     if git.is_repo(dest):
-        if git.head(dest) != git.tag_commit(dest, pin.tag) or git.status_porcelain(dest, untracked=False):
+        if git.head(dest) != git.rev(dest, f"refs/tags/{pin.tag}") or git.status_porcelain(dest, untracked=False):
             raise UserError(f"{dest} is not the pristine {pin.tag} any more: rm -rf {dest} (made from the base "
                             f"cache) and run it again")
         return dest
@@ -69,11 +69,6 @@ def main(argv=None) -> int:
     problems += [f"{n}: {o} on the unpatched tree (a patch test must fail there; mark it 'unchanged' if it guards "
                  f"upstream behaviour)" for n, o in must_fail.items() if o not in ("failure", "error")]
     problems += [f"{n}: marked unchanged but {o} on the unpatched tree" for n, o in guards.items() if o != "passed"]
-    per_file: dict[str, Counter] = {}
-    for results, label in ((must_fail, "base"), (guards, "guard on base")):
-        for n, o in results.items():
-            per_file.setdefault(n.split("::")[0], Counter())[f"{label}: {o}"] += 1
-    print("".join(f"  {f:<46} {dict(c)}\n" for f, c in sorted(per_file.items())), end="")
     print(f"patched tree: {dict(Counter(patched.values()))}; base, patch tests: {dict(Counter(must_fail.values()))};"
           f" base, guards: {dict(Counter(guards.values()))}")
     print("".join(f"problem: {p}\n" for p in problems + ["no tests were collected"] * (not patched or not must_fail)),

@@ -15,9 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import re
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -28,7 +26,7 @@ from ..lib.progress import say
 from ..lib.repo import BUILD_DIR
 from .am import apply_tree
 from .base import CACHE_DIR, clone_base, ensure_base, pick_source, pip_download, sha256_file
-from .pin import UPSTREAM_HEAD, export_series, load_pin, rev, series_patches, write_pin
+from .pin import UPSTREAM_HEAD, export_series, load_pin, series_patches, write_pin
 
 BY_HAND = ("requirements/ (what the new release requires, then make setup); pin.toml [nccl] (from the NCCL the new "
            "torch pins); pin.toml [image] digest (make image says how to read it on the box)")
@@ -48,11 +46,8 @@ def new_wheel(pin, version: str, given: Path | None) -> Path:
         pip_download(f"{name}=={version}", CACHE_DIR, like=pin.wheel_filename.replace(pin.version, version))
         found = sorted(CACHE_DIR.glob(f"{name}-{version}-*.whl"))
     if len(found) != 1:
-        known = proc.run([sys.executable, "-m", "pip", "index", "versions", name], timeout=120).stdout
-        newest = re.findall(rf"^{re.escape(name)} \((\S+)\)", known, re.M)
-        raise UserError(f"no {name} {version} wheel (pip says why above); PyPI's newest {name} is "
-                        f"{newest[0] if newest else 'unknown (pip index versions failed)'}. Refresh to a release it "
-                        f"has (make refresh TO=v<version>), or name a wheel you have (WHEEL=FILE)")
+        raise UserError(f"no {name} {version} wheel (pip says why above): refresh to a release PyPI has (pip index "
+                        f"versions {name}), or name a wheel you have (WHEEL=FILE)")
     return found[0]
 
 
@@ -105,11 +100,11 @@ def main(argv=None) -> int:
         return 0
     version, a.dest = a.to.removeprefix("v"), a.dest.resolve()
     again = f"make refresh TO={a.to}" + (f" WHEEL={a.wheel}" if a.wheel else "")
-    ours = git.is_repo(a.dest) and git.tag_commit(a.dest, a.to) is not None
+    ours = git.is_repo(a.dest) and git.rev(a.dest, f"refs/tags/{a.to}") is not None
     if ours and stopped(a.dest):
         raise UserError(f"git am is stopped in {a.dest}: resolve, git -C {a.dest} add <files>, git -C {a.dest} am "
                         f"--continue (or --skip to drop that patch; --abort to give up), then {again} again")
-    if ours and git.tag_commit(a.dest, a.to) == rev(a.dest, UPSTREAM_HEAD):
+    if ours and git.rev(a.dest, f"refs/tags/{a.to}") == git.rev(a.dest, UPSTREAM_HEAD):
         say(f"going on from {a.dest} as you left it (rm -rf {a.dest} to start again)")
     elif start(pin, a, version):
         print(f"git am stopped at a conflict in {a.dest} (git's words above). Resolve the files it names, then\n"

@@ -1,6 +1,5 @@
-"""`make bench-comm` (scripts/bench/bench_comm.py): the harness end to end on CPU ranks (gloo, brought up by SGLang's
-init_distributed_environment), its route into the serving image (a fake docker client), and the summary, bars and
-recommendation computed from committed H200 runs."""
+"""`make bench-comm` (scripts/bench/bench_comm.py, the image's verb): the harness end to end on CPU ranks (gloo,
+brought up by SGLang's init_distributed_environment), its refusals, and the summary of committed H200 runs."""
 
 from __future__ import annotations
 
@@ -18,34 +17,16 @@ from scripts.series.pin import load_pin
 ROOT = Path(__file__).resolve().parents[2]
 TREE = ROOT / "build" / "sglang" / "python"
 H200 = [ROOT / "bench" / "results" / f"bench-comm_H200_x2_{n}.json" for n in ("run3", "sglang1")]
-FAKE_DOCKER = """#!/bin/sh
-# the docker client: `image inspect` answers as told, `run` records its argv and runs nothing
-case "$1" in
-  version) echo 28.2.2; exit 0 ;;
-  image) [ "{state}" = present ] && echo sha256:0123 && exit 0; echo "Error: No such image: $5" >&2; exit 1 ;;
-  run) printf '%s\\n' "$@" > "{log}"; exit 0 ;;
-esac
-"""
-
-
 def bench_comm(*args, path: str, **env) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "SGLANG_", "CUDA_", "EAGLE_"))}
     return subprocess.run([sys.executable, "-m", "scripts.bench.bench_comm", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=600, env={**clean, "PATH": path, **env})
 
 
-def fake_docker(tmp_path, state="present") -> tuple[Path, Path]:
-    bindir, log = tmp_path / "bin", tmp_path / "docker-run.argv"
-    bindir.mkdir(parents=True)
-    (bindir / "docker").write_text(FAKE_DOCKER.format(state=state, log=log))
-    (bindir / "docker").chmod(0o755)
-    return bindir, log
-
-
 def test_bench_comm_end_to_end_on_cpu_ranks(tmp_path):
     out = tmp_path / "bc.json"
     cp = bench_comm("--device", "cpu", "--variants", "default,LL", "--rows", "4", "--prefill-rows", "64",
-                    "--layers", "1", "--chain", "4", "--iters", "3", "--reps", "1", "--out", str(out),
+                    "--layers", "1", "--chain", "4", "--reps", "1", "--out", str(out),
                     path=os.environ["PATH"], PYTHONPATH=str(TREE))
     assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-3000:]
     res = json.loads(out.read_text())
@@ -54,36 +35,20 @@ def test_bench_comm_end_to_end_on_cpu_ranks(tmp_path):
     assert "host" not in meta and meta["sglang_rows"] == {"server_args": None, "skipped": "--device cpu"}
     assert meta["nccl"]["expected"] == load_pin().nccl_version and meta["nccl"]["torch_build"]
     ar = [r for r in recs if r.get("kind") == "allreduce" and r.get("impl") == "nccl"]
-    assert {(r["rows"], r["mode"]) for r in ar} >= {(4, "eager"), (4, "eager_single"), (64, "eager")}
+    assert {(r["rows"], r["mode"]) for r in ar} >= {(4, "eager"), (64, "eager")}
     assert all(r["max_rel_err"] < 0.02 and not r["nan"] for r in ar) and res["summary"]["correctness"]["ok"]
     assert {r["rows"] for r in recs if r.get("kind") == "verify_forward"} == {4}
     assert "[2/2] variant LL done" in cp.stderr and "Verify-shaped forward, 1 layers (ms):" in cp.stdout
     assert "| variant | impl | rows |" in cp.stdout and out.with_suffix(".png").stat().st_size > 1000
 
 
-def test_bench_comm_runs_in_the_serving_image(tmp_path):
-    bindir, log = fake_docker(tmp_path)
-    out = tmp_path / "res" / "bc.json"
-    args = ["--variants", "default,LL", "--rows", "4", "--out", str(out)]
-    dry = bench_comm(*args, "--dry-run", path=f"{bindir}{os.pathsep}/usr/bin:/bin", NCCL_DEBUG="WARN")
-    assert dry.returncode == 0 and not log.exists() and not out.parent.exists()  # printed, nothing run or written
-    cp = bench_comm(*args, path=f"{bindir}{os.pathsep}/usr/bin:/bin", NCCL_DEBUG="WARN")
-    assert cp.returncode == 0, cp.stderr
-    argv, image = log.read_text().splitlines(), load_pin().serving_image
-    assert dry.stdout.split() == ["docker", *argv]  # the dry run printed the command that runs
-    assert argv[:5] == ["run", "--rm", "--gpus", "all", "--ipc=host"] and f"{out.parent}:/results" in argv
-    assert argv[argv.index(image) + 1:] == ["bench-comm", "--here", "--variants", "default,LL", "--rows", "4",
-                                            "--results-dir", "/results", "--out", "/results/bc.json"]
-    assert argv[argv.index("NCCL_DEBUG") - 1] == "-e" and "WARN" not in argv  # by name: docker copies the value
-    missing = bench_comm(*args, path=f"{fake_docker(tmp_path / 'm', 'missing')[0]}{os.pathsep}/usr/bin:/bin")
-    assert missing.returncode == 2 and "make image" in missing.stderr and "Traceback" not in missing.stderr
-
-
-def test_bench_comm_here_refuses_a_machine_without_gpus(tmp_path):
-    cp = bench_comm("--here", "--variants", "default", path="/usr/bin:/bin", PYTHONPATH=str(TREE))
+def test_bench_comm_refuses_a_machine_without_gpus_and_an_image_without_its_mount(tmp_path):
+    cp = bench_comm("--variants", "default", path="/usr/bin:/bin", PYTHONPATH=str(TREE))
     assert cp.returncode == 2 and "needs at least 2 GPUs" in cp.stderr
-    cp = bench_comm("--here", "--variants", "TREE", path="/usr/bin:/bin")
+    cp = bench_comm("--variants", "TREE", path="/usr/bin:/bin")
     assert cp.returncode == 2 and "unknown variant 'TREE'" in cp.stderr
+    cp = bench_comm("--variants", "default", path="/usr/bin:/bin", EAGLE_RESULTS=str(tmp_path / "results"))
+    assert cp.returncode == 2 and "mount a directory there" in cp.stderr and "Traceback" not in cp.stderr
 
 
 @pytest.mark.parametrize("path", H200, ids=lambda p: p.stem)
@@ -91,10 +56,6 @@ def test_bench_comm_summary_of_a_committed_h200_run(path):
     res = json.loads(path.read_text())
     s = comm_report.summarize(res)
     assert s["correctness"]["ok"]
-    assert s["bars"]["graph_vs_eager_nccl_8rows"]["pass"] and s["bars"]["fused_graph_vs_nccl_eager_8rows"]["pass"]
-    for rows, pick in s["recommendation"].items():  # the fastest correct graph-replayed forward per row count
-        assert pick["graph_ms"] == min(r["graph_ms"] for r in s["verify_forward"] if r["rows"] == int(rows)
-                                       and r["graph_ms"])
     row = next(r for r in s["allreduce"] if r["impl"] == "nccl" and r["variant"] == "default" and r["rows"] == 8)
     assert row["x_nccl_default"] == 1.0 and row["floor_us"] == pytest.approx(
         comm_report.floor_us(8, res["meta"]["world"], s["peer_gbps_min"]))
@@ -108,9 +69,9 @@ def test_table_and_plot_name_the_measured_layers_and_chain(tmp_path):
              "us": us} for m, us in (("eager", 900.0), ("graph", 300.0))]
     recs += [{"kind": "allreduce", "variant": "default", "impl": "nccl", "rows": 4, "chain": 4, "mode": "graph",
               "us_per_call": 20.0, "us_chain": 80.0}]
-    res = tmp_path / "bc.json"
-    res.write_text(json.dumps({"meta": {"world": 2, "gpu_name": "cpu"}, "records": recs}))
-    cp = bench_comm("--plot", str(res), path=os.environ["PATH"])
-    assert cp.returncode == 0, cp.stderr[-2000:]
-    assert "Verify-shaped forward, 2 layers (ms)" in cp.stdout and "61 layers" not in cp.stdout
-    assert "graph-replayed chain of 4 calls" in cp.stdout and res.with_suffix(".png").is_file()
+    res = {"meta": {"world": 2, "gpu_name": "cpu"}, "records": recs}
+    text = comm_report.table(comm_report.summarize(res))
+    assert "Verify-shaped forward, 2 layers (ms)" in text and "61 layers" not in text
+    assert "graph-replayed chain of 4 calls" in text
+    assert comm_report.plot({**res, "summary": comm_report.summarize(res)}, tmp_path / "bc.png")
+    assert (tmp_path / "bc.png").stat().st_size > 1000

@@ -180,19 +180,6 @@ def test_unknown_parts_and_bad_receipts_are_named(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-def test_the_nccl_release_axis_recommends_the_faster_release():
-    mine = json.loads(BENCH_COMM.read_text())
-    assert receipt_data.rec_nccl_release(mine, {})["verdict"] == "inconclusive"
-    faster = json.loads(BENCH_COMM.read_text())
-    faster["meta"]["nccl"] = {"loaded": "2.29.7"}
-    for r in faster["records"]:
-        if r.get("kind") == "allreduce" and r.get("impl") == "nccl":
-            r["us_per_call"] *= 0.9
-    rec = receipt_data.rec_nccl_release(mine, {"sglang:nccl2.29.7": faster})
-    assert rec["verdict"] == "change" and rec["setting"].startswith("make image NCCL=2.29.7")
-    assert receipt_data.rec_nccl_release(faster, {"other": mine})["verdict"] == "keep"
-
-
 def test_the_tarball_leaves_out_what_names_the_machine(tmp_path):
     """The receipt directory keeps every raw output; its tarball has no host name, checkout or home path, GPU
     serials, kernel command line or df, and make docs still reads it."""

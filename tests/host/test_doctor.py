@@ -206,14 +206,9 @@ def test_record_and_replay_round_trip(tmp_path):
     assert F.load_capture(tmp_path / "rec") == rec
 
 
-def test_table_and_who_can_reach_the_server(tmp_path):
+def test_table(tmp_path):
     text = checks.table(list(run(capture("pcie8x-hmm-iommu"))[0].values()))
     assert text.splitlines()[1].startswith("error  host.hmm") and "fix: echo 'options nvidia_uvm" in text
-    assert run(capture("pcie8x"))[0]["serve.listen"].message.startswith("listening on 127.0.0.1 only")
-    n = run(capture("pcie8x"), listen_host="0.0.0.0")[0]["serve.listen"]
-    assert n.severity == "error" and "export SGLANG_API_KEY=" in n.fix
-    n = run(capture("pcie8x"), listen_host="0.0.0.0", environ={"SGLANG_API_KEY": "s3cret"})[0]["serve.listen"]
-    assert n.severity == "ok" and "s3cret" not in n.message
 
 
 # nccl.transport / nccl.latency: the transport NCCL picked (recorded outputs in NCCL 2.29's formats) and the fix the

@@ -1,6 +1,6 @@
-"""`make test-gpu` (scripts/host/gpu_tier.py) on a machine without GPUs: the image's test-gpu through the one docker
-run builder (the fake docker runs the image's entrypoint with this python), its refusal inside the image, --here,
-and the result document."""
+"""`make test-gpu` on a machine without GPUs: the image's test-gpu verb (scripts/host/gpu_tier.py) through
+scripts/host/in_image.py, the route of every GPU verb (the fake docker runs the image's entrypoint with this
+python), its refusal inside the image and here, and the result document."""
 
 from __future__ import annotations
 
@@ -19,20 +19,19 @@ from scripts.lib.repo import REPO_ROOT
 IMAGE = "eagle-fast-verify/sglang:test"
 
 
-def verb(*args: str, path: str, **env) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "scripts.host.gpu_tier", *args], cwd=REPO_ROOT, text=True,
+def verb(*args: str, path: str, module: str = "scripts.host.in_image", **env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO_ROOT, text=True,
                           capture_output=True, timeout=300, env={**os.environ, "PATH": path, **env})
 
 
 def test_the_image_runs_it_and_refuses_without_gpus_with_advice_for_the_image(tmp_path):
     docker = _fake_docker.install(tmp_path, images=(IMAGE,))
-    cp = verb("--image", IMAGE, "--out", str(tmp_path / "r" / "t.json"), "--", "-k", "faults",
-              path=_fake_docker.path_with(docker.bindir))
+    cp = verb("--image", IMAGE, "--results", str(tmp_path / "r"), "test-gpu", "--out", "/results/t.json", "--",
+              "-k", "faults", path=_fake_docker.path_with(docker.bindir))
     run, = docker.runs()
     assert run[:5] == ["run", "--rm", "--gpus", "all", "--ipc=host"] and docker_run.FLASHINFER_MOUNT in run
     assert f"{tmp_path / 'r'}:/results" in run
-    assert run[run.index(IMAGE) + 1:] == ["test-gpu", "--out", "/results/t.json", "--timeout", "600", "--", "-k",
-                                          "faults"]
+    assert run[run.index(IMAGE) + 1:] == ["test-gpu", "--out", "/results/t.json", "--", "-k", "faults"]
     assert cp.returncode == 2 and "--gpus all" in cp.stderr and "make test-gpu" not in cp.stderr  # inside the image
     assert "Traceback" not in cp.stderr
 
@@ -42,14 +41,15 @@ def test_without_the_image_it_says_which_and_the_fix(tmp_path, state):
     docker = _fake_docker.install(tmp_path, images=() if state == "no image" else (IMAGE,),
                                   engine_up=state != "no engine")
     path = str(tmp_path / "empty") if state == "no client" else _fake_docker.path_with(docker.bindir)
-    cp = verb("--image", IMAGE, path=path, DOCKER_HOST=f"unix://{tmp_path}/dead.sock")
+    cp = verb("--image", IMAGE, "test-gpu", path=path, DOCKER_HOST=f"unix://{tmp_path}/dead.sock")
     assert cp.returncode == 2 and not docker.runs()
     assert {"no client": "install Docker", "no engine": "systemctl start docker", "no image": "make image"}[state] \
         in cp.stderr
 
 
 def test_here_without_gpus_points_to_the_image(tmp_path):
-    cp = verb("--here", "--out", str(tmp_path / "t.json"), path=os.environ["PATH"], EAGLE_IMAGE="")
+    cp = verb("--out", str(tmp_path / "t.json"), path=os.environ["PATH"], module="scripts.host.gpu_tier",
+              EAGLE_IMAGE="")
     assert cp.returncode == 2 and "make test-gpu" in cp.stderr and not (tmp_path / "t.json").exists()
 
 

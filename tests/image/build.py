@@ -1,6 +1,6 @@
 """`make test-image`: docker/Dockerfile built for real on a local stand-in for the upstream base, then checked.
 
-  python -m scripts.host.image_test [--can-run]      (--can-run: whether this machine can; changes nothing)
+  python -m tests.image.build [--can-run]      (--can-run: whether this machine can; changes nothing)
 
 The stand-in (no registry): Debian bookworm by mmdebstrap, this machine's CA certificates, the .venv packages the
 smoke imports (hard links) and the pinned wheel, by docker import. A private dockerd (own socket and data) builds the
@@ -24,12 +24,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..lib import proc
-from ..lib.cli import run
-from ..lib.errors import UserError
-from ..lib.repo import BUILD_DIR, REPO_ROOT
-from ..series.pin import load_pin
-from .docker_run import docker_run
+from scripts.host.docker_run import docker_run
+from scripts.lib import proc
+from scripts.lib.cli import run
+from scripts.lib.errors import UserError
+from scripts.lib.repo import BUILD_DIR, REPO_ROOT
+from scripts.series.pin import load_pin
 
 WORK = BUILD_DIR / "image-test"
 VENV_PY, NEED_GB = REPO_ROOT / ".venv" / "bin" / "python", 12
@@ -148,7 +148,7 @@ def standin(tag: str) -> str:
        f"chroot {rootfs} update-ca-certificates")  # this machine's TLS egress re-signs certificates
     ver = sh(["chroot", str(rootfs), "python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"]).stdout
     site = f"usr/local/lib/python{ver.strip()}/dist-packages"
-    res = sh([str(VENV_PY), "-m", "scripts.host.image_test", "--link-venv", str(rootfs / site)], cwd=REPO_ROOT,
+    res = sh([str(VENV_PY), "-m", "tests.image.build", "--link-venv", str(rootfs / site)], cwd=REPO_ROOT,
              env={**os.environ, "PYTHONPATH": str(BUILD_DIR / "sglang" / "python")})
     say(f".venv packages hard-linked: {res.stdout.strip().splitlines()[-1]}")
     sh(f"cp {BUILD_DIR}/cache/{pin.wheel_filename} {rootfs}/tmp && chroot {rootfs} python3 -m pip install -q "
@@ -198,7 +198,7 @@ def failures(checks: Checks, standin_tag: str, site: str) -> None:
 def verbs(checks: Checks, image: str) -> None:
     (results := WORK / "results").mkdir(exist_ok=True)
     comm = ["--device", "cpu", "--variants", "default", "--rows", "4", "--prefill-rows", "", "--layers", "2",
-            "--chain", "4", "--iters", "2", "--reps", "2", "--race-rows", ""]
+            "--chain", "4", "--reps", "2"]
     for args, want in ((["serve", "--dry-run"], 0), (["smoke"], 0), (["doctor"], 1), (["test-serve"], 2),
                        (["test-gpu"], 2), (["bench-comm", *comm], 0)):  # no GPU: doctor errors, GPU verbs refuse
         t = time.monotonic()
@@ -209,7 +209,7 @@ def verbs(checks: Checks, image: str) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="scripts.host.image_test", description=__doc__,
+    ap = argparse.ArgumentParser(prog="tests.image.build", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--can-run", action="store_true", help="say whether this machine can run it; change nothing")
     ap.add_argument("--link-venv", type=Path, help=argparse.SUPPRESS)
