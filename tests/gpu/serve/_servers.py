@@ -165,9 +165,11 @@ class Server:
 
     def snapshot(self) -> None:
         """/server_info's speculative keys and /metrics' speculative graph counts into the report (contract 4)."""
-        from scripts.bench.observe import server_info_spec, spec_graph_counts
+        from scripts.bench import observe
 
         time.sleep(1.5)  # the scheduler posts its counters with the next step's metrics
         info = self.call("GET", "/server_info", timeout=60).json()
-        self.report.update(spec=server_info_spec(info), max_running_requests=info.get("max_running_requests"),
-                           metric=spec_graph_counts(self.call("GET", "/metrics", timeout=60).text))
+        spec = {k: v for k, v in observe.internal_state(info).items()
+                if k.startswith("spec_") or k == "avg_spec_accept_length"}
+        metric = observe.graph_counts_from_metrics(observe.parse_metrics(self.call("GET", "/metrics", timeout=60).text))
+        self.report.update(spec=spec, max_running_requests=info.get("max_running_requests"), metric=metric)
