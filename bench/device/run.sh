@@ -9,6 +9,9 @@
 #                                           interrupted after SERVE_BUDGET seconds (default 480)
 #   bench/device/run.sh bench-tiny [ARGS]   the real make bench once, on the tiny models (bench/device/tiny-*.toml:
 #                                           local launcher, no docker) -> $OUT/bench-tiny.tgz (results, report, logs)
+#   bench/device/run.sh profile [ARGS]      make report's profile part on the tiny Llama pair (TP1, --here, the route's
+#                                           flags), then the doctor's GPU probes at TP1 -> $OUT/profile.json (+ traces,
+#                                           logs), $OUT/doctor-tp1.json, $OUT/probes-tp1.log
 #   bench/device/run.sh serve-all [ARGS]    test-serve (ARGS go to it) and bench-tiny at the same time, the bench
 #                                           within DEADLINE seconds of the start (default 360)
 # The machine has python3 with CUDA torch 2.11 and no network: the patched SGLang, FlashInfer (with its modules
@@ -76,7 +79,29 @@ print('ROUTE_FLAGS=' + shlex.quote(shlex.join(LENT_FLAGS)))" $models)"
   tar czf "$OUT/bench-tiny.tgz" -C /tmp bench-tiny
   return $rc
 }
+route_env() {  # the lent route's environment and flags (test-serve's LENT_*), and the tiny Llama pair in $1
+  eval "$(PYTHONPATH=tests/gpu/serve:$PYTHONPATH python3 -c "import shlex, sys; from pathlib import Path
+from _servers import LENT_ENV, LENT_FLAGS, LENT_PATHS; from tiny_models import write_pair
+write_pair(Path(sys.argv[1]), 'llama')
+print('export ' + ' '.join(f'{k}={shlex.quote(v)}' for k, v in LENT_ENV.items()))
+print('export PYTHONPATH=' + ':'.join(map(str, LENT_PATHS)) + ':\$PYTHONPATH')
+print('ROUTE_FLAGS=' + shlex.quote(shlex.join(LENT_FLAGS)))" "$1")"
+}
+profile() {
+  local models=/tmp/tiny-models rc=0
+  route_env $models
+  timeout --signal=INT --kill-after=30 "${PROFILE_BUDGET:-300}" python3 -m scripts.bench.profile --here --port 32000 \
+    --steps 8 --launch-timeout 240 --profiles docker/profiles/tiny/nospec.yaml,docker/profiles/tiny/eagle3.yaml \
+    --model $models/llama/target --draft-model $models/llama/draft-pi --out "$OUT/profile.json" "$@" -- $ROUTE_FLAGS \
+    2>&1 | tee "$OUT/profile.run.log" || rc=$?
+  # the doctor at TP1 (no GPU pair: its probes say why), its smoke's bring-up and watchdog on a real GPU
+  python3 -m scripts.host.doctor --tp 1 --json > "$OUT/doctor-tp1.json" 2> "$OUT/probes-tp1.log" || true
+  python3 -c 'from scripts.host.nccl import run; run("pcie-ipc-smoke", 1); run("pcie-ipc-smoke", 1, 3)
+run("nccl-transport", 1); run("peer-bandwidth", 1)' >> "$OUT/probes-tp1.log" 2>&1 || true
+  return $rc
+}
 rc=0
+[ "$what" = profile ] && { profile "$@" || rc=$?; }
 if [ "$what" = test-gpu ] || [ "$what" = both ]; then
   python3 -m scripts.host.gpu_tier --out "$OUT/test-gpu.json" 2>&1 | tee "$OUT/test-gpu.log" || rc=$?
 fi
