@@ -32,7 +32,11 @@ BAD = [  # (id, path, body)
     ("negative-temperature", "/v1/completions", completion(temperature=-0.5)),
     ("top-p-above-1", "/v1/completions", completion(top_p=1.5)),
     ("n-0", "/v1/completions", completion(n=0)),
-    ("unknown-model", "/v1/completions", completion(model="no-such-model")),
+    # a model name SGLang does not serve is answered (the name is informational), a LoRA adapter without LoRA is not
+    ("adapter-without-lora", "/v1/completions", completion(model="tiny:no-such-adapter")),
+    ("top-logprobs-huge", "/generate", generate(return_logprob=True, top_logprobs_num=10**9)),
+    ("top-k-beyond-int32", "/generate", generate(sampling_params={"max_new_tokens": 4, "top_k": 2**31})),
+    ("logit-bias-not-float32", "/generate", generate(sampling_params={"max_new_tokens": 4, "logit_bias": {"5": 1e39}})),
     ("huge-max-tokens", "/v1/completions", completion(max_tokens=10**9)),
     ("empty-prompt", "/v1/completions", completion(prompt="")),
     ("logit-bias-key-oov-completions", "/v1/completions", completion(logit_bias={str(OOV): 5})),

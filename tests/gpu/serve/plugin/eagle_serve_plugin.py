@@ -10,7 +10,7 @@ no_dual_gemm (no nvidia-cutlass-dsl, as on the lent GPUs): SGLang's Llama MLP im
   module to choose it, and below SM100 never does; without the package nothing is chosen, and nothing imported.
 sync_guard (EAGLE_SYNC_GUARD=FILE): every speculative decode cycle (EAGLEWorkerV2.forward_batch_generation) runs
   under torch.cuda.set_sync_debug_mode("warn"), except the first SKIP of each kind of batch (greedy or not, top-p,
-  top-k, min-p: a first call may compile or allocate); each guarded cycle appends one JSON line to FILE:
+  top-k, min-p, seeded: a first call may compile or allocate); each guarded cycle appends one JSON line to FILE:
   {"cycle", "greedy", "syncs": [{"at", "stack"}]}, each synchronisation with where it happened.
 """
 
@@ -61,7 +61,8 @@ def keep_moe_dispatch() -> None:
 
 def sync_guard(original, self, batch, *args, **kwargs):
     mode, info = getattr(batch, "forward_mode", None), getattr(batch, "sampling_info", None)
-    kind = tuple(getattr(info, k, None) for k in KIND)
+    # seeded sampling is a path of its own (its first calls may load a kernel), as are the four flags
+    kind = (*(getattr(info, k, None) for k in KIND), getattr(info, "sampling_seed", None) is not None)
     decode = mode is not None and mode.is_decode()
     if decode:
         _cycles[kind] = _cycles.get(kind, 0) + 1
@@ -75,7 +76,7 @@ def sync_guard(original, self, batch, *args, **kwargs):
         if "synchroniz" in str(message):
             stack = traceback.extract_stack()[:-1]
             syncs.append({"at": f"{filename}:{lineno}", "stack": [f"{f.filename}:{f.lineno} {f.name}"
-                                                                   for f in stack if "sglang" in f.filename][-8:]})
+                                                                   for f in stack][-12:]})
 
     with warnings.catch_warnings():
         warnings.simplefilter("always")
