@@ -1,6 +1,6 @@
-"""Talking to a running server over HTTP with the standard library: GET (status and body), JSON out.
-Nothing answering is a status of 0, never an exception. Every request carries the API key use_api_key() set (a
-bearer token, as bench_serving sends $OPENAI_API_KEY), so a server started with a key can be read."""
+"""Talking to a running server over HTTP with the standard library: GET and POST, JSON out. Nothing answering is a
+status of 0, never an exception. Every request carries the API key use_api_key() set (a bearer token, as
+bench_serving sends $OPENAI_API_KEY), so a server started with a key can be read."""
 
 from __future__ import annotations
 
@@ -49,3 +49,20 @@ def get_json(url: str, timeout: float = 10.0) -> dict | None:
     except ValueError:
         return None
     return d if isinstance(d, dict) else None
+
+
+def post_json(url: str, payload: dict, timeout: float = 300.0) -> tuple[int, dict | str]:
+    """(status, the JSON answer, or the body as text when it is not JSON); status 0 when nothing answered."""
+    req = urllib.request.Request(url, data=json.dumps(payload).encode(),
+                                 headers={"Content-Type": "application/json", **API_KEY.headers()})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            status, body = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        status, body = e.code, e.read() if e.fp else b""
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        return 0, str(e)
+    try:
+        return status, json.loads(body)
+    except ValueError:
+        return status, body.decode("utf-8", "replace")
