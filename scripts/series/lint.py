@@ -1,4 +1,4 @@
-"""The series lint (ungoogled-chromium's check_patch_files shape): three checks over patches/, each a list of
+"""The series lint (ungoogled-chromium's check_patch_files shape): four checks over patches/, each a list of
 "<file>: <problem>" lines.
 
   series     the series file and the *.patch files agree (none missing, none listed twice, none left out)
@@ -6,6 +6,7 @@
   headers    the message's header lines (docs/maintaining.md "Patch headers"): Why, Measured, Retire-When;
              Forwarded (DEP-3: no, not-needed or a URL); Bug (a URL) and/or Origin; Last-Update YYYY-MM-DD;
              Patch-Filename naming the file, the last line; and a real author in From:
+  readme     README.md's series table is the one make export writes from the patches
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from ..lib import git
 from ..lib.errors import UserError
 from .pin import Pin, load_pin, parse_patch
+from .readme import readme_problems
 
 REQUIRED = ("Why", "Measured", "Retire-When", "Forwarded", "Last-Update", "Patch-Filename")
 URL = re.compile(r"^https?://\S+$")
@@ -85,4 +87,4 @@ def lint(patches_dir: Path | None = None) -> list[str]:
         readable = check_readable(path)
         p = parse_patch(path)
         problems += readable + [f"{path.name}: {x}" for x in header_problems(p.message, p.author, path.name)]
-    return problems
+    return problems + readme_problems(pin)

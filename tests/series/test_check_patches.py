@@ -120,3 +120,18 @@ def test_make_clean_keeps_the_venv_and_distclean_removes_it():
         return subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
     assert ".venv" not in dry("clean").split() and "build/sglang.new" in dry("clean").split()
     assert ".venv" in dry("distclean").split()
+
+
+def test_the_readme_series_table_is_generated_from_the_patches(tmp_path, monkeypatch):
+    """make export writes README.md's table between its markers; the lint names a stale one."""
+    from scripts.series import readme
+    from scripts.series.pin import load_pin
+
+    pin, copy = load_pin(), tmp_path / "README.md"
+    copy.write_text(f"intro\n{readme.START}\n| stale |\n{readme.END}\nafter\n")
+    monkeypatch.setattr(readme, "README", copy)
+    assert readme.readme_problems(pin) and readme.write_readme(pin)
+    text = copy.read_text()
+    assert readme.readme_problems(pin) == [] and text.startswith("intro\n") and text.endswith("after\n")
+    rows = [ln for ln in text.splitlines() if ln.startswith("| ") and ln[2].isdigit()]
+    assert len(rows) == len(pin.series()) and "`SGLANG_RECORD_SPEC_COLLECTIVES`" in text
