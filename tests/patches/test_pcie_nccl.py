@@ -1,5 +1,5 @@
 """PCIe-only hosts: the launcher's NCCL default, the PCIe-IPC all-reduce (on by default, its group decisions, its
-routing ahead of FlashInfer's allreduce-only path, its rank -> NUMA log).
+routing ahead of FlashInfer's allreduce-only path, its rank -> NUMA log, the backend of each size timed at start).
 
 The launcher tests run the real `_set_envs_and_config` (entrypoints/engine.py) on resolved Kimi-K2.5 server
 arguments, with NVML faked through the pynvml functions SGLang calls (tests/_fake_nvml.py); multiprocessing,
