@@ -3,7 +3,7 @@
 Every scenario brings SGLang's distributed state up the way the model runner does (scripts/bench/sglang_comm.py
 bring_up: ServerArgs for Kimi-K2.5 resolved on this device, published as the scheduler publishes them,
 bootstrap.init_parallel_runtime) and then drives SGLang's own code: GroupCoordinator.all_reduce, the PCIe-IPC
-communicator, the fused all-reduce + residual + RMSNorm op and its workspace manager, the launcher's decision.
+communicator and its start-up decision, the fused all-reduce + residual + RMSNorm op and its workspace manager.
 Inputs are seeded per rank, so each rank computes the fp32 reference of every reduction itself.
 """
 
@@ -19,7 +19,7 @@ from scripts.lib.kimi import HIDDEN
 from scripts.series.pin import applied_patchset
 
 # Bring-up for most scenarios: the shipped profile's graph sizes, the FlashInfer fusion on (trtllm, the backend
-# the SM12X patch admits), PCIe IPC forced on (on an NVLink host the launcher would leave it off), autotune off
+# the SM12X patch admits), PCIe IPC forced on (on an NVLink host its topology gate would leave it off), autotune off
 # (one scenario measures it; elsewhere it would cost minutes per process), SGLang's own custom all-reduce off:
 # on an NVLink host it would take the reductions PCIe IPC is here to serve, and on the PCIe-only box upstream
 # disables it beyond 2 GPUs anyway.
@@ -251,38 +251,34 @@ class _Captured(logging.Handler):
         self.lines.append(f"{record.name}: {record.getMessage()}")
 
 
-def decisions(r):
-    """What the patched code decides on this device and host: fusion auto-enable and token cap (no backend
-    given), the launcher's NVML answer for this TP group, and the PCIe-IPC autotune outcome (configs saved,
-    seconds). The fusion workspace's sizes are checked on the battery's bring-up, where the fusion is on."""
-
-    from sglang.srt.entrypoints.pcie_defaults import decide_pcie_only_defaults
-    from sglang.srt.layers.layer_boundary import FUSE_ALLREDUCE_MAX_BATCH_SIZE
+def decisions(r, setting: str | None = None):
+    """The PCIe-IPC all-reduce's start-up decision on this device. The communicator is built with
+    SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 (the topology gate admits PCIe-only SM120 only; `setting` "0": built with =0,
+    so it is off), then prepared as the model runner prepares it with `setting` as that variable (None: unset, so
+    the TP group times PCIe IPC, NCCL and, the fusion being on, FlashInfer's kernel in CUDA graphs at each decode
+    size, or reads an earlier start's table from FLASHINFER_AUTOTUNE_DIR). Then one all-reduce per decided size
+    through tp.all_reduce: the backend it reached and its error against the fp32 sum; /server_info's
+    allreduce_backends, prepare()'s seconds and the decision's log lines."""
+    from sglang.srt.distributed.device_communicators.pcie_ipc_ar import allreduce_backends
 
     captured = _Captured()
-    for name in ("sglang.srt.distributed.device_communicators.pcie_ipc_ar", "sglang.srt.entrypoints.pcie_defaults",
-                 "sglang.srt.arg_groups.overrides"):
-        logging.getLogger(name).addHandler(captured)
-        logging.getLogger(name).setLevel(logging.INFO)
-    sa = _up(r, flashinfer_allreduce_fusion_backend=None, disable_flashinfer_autotune=False)
-    from sglang.srt.runtime_context import get_exec
-
-    # the auto-enable pass returns its answer to the published state (what the runners read), not to ServerArgs
-    out = {"fusion_backend_resolved": get_exec().comm.flashinfer_allreduce_fusion_backend,
-           "fusion_backend_server_args": sa.flashinfer_allreduce_fusion_backend,
-           "fusion_token_cap": FUSE_ALLREDUCE_MAX_BATCH_SIZE}
-    launcher = decide_pcie_only_defaults(sa)
-    out["launcher"] = {"topology": launcher.topology, "detail": launcher.detail,
-                       "tp_groups": [[vars(g) for g in grp] for grp in launcher.tp_groups],
-                       "nccl_set": launcher.nccl_set, "pcie_ipc": launcher.pcie_ipc, "warnings": launcher.warnings}
-    from sglang.srt.distributed.device_communicators.pcie_ipc_ar import _tune_cache_path
-
-    cache = _tune_cache_path(r.world)
-    before = os.path.getsize(cache) if cache and os.path.isfile(cache) else None
-    out["pcie_ipc"] = sc.prepare_pcie_ipc(sa)
-    out["pcie_ipc"]["tune_cache"] = {"path": cache, "bytes_before": before,
-                                     "bytes_after": os.path.getsize(cache) if cache and os.path.isfile(cache)
-                                     else None}
+    logging.getLogger("sglang.srt.distributed.device_communicators.pcie_ipc_ar").addHandler(captured)
+    logging.getLogger("sglang.srt.distributed.device_communicators.pcie_ipc_ar").setLevel(logging.INFO)
+    if setting == "0":
+        os.environ["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"] = "0"
+    sa = _up(r, pcie_ipc=setting != "0")
+    if setting is None:
+        del os.environ["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"]
+    tp, t0 = sc.tp_group(), time.perf_counter()
+    if tp.pcie_ipc_comm is not None:
+        tp.pcie_ipc_comm.prepare(hidden=sc.HIDDEN, max_rows=sc.widest_decode_rows(sa), coordinator=tp)
+    out = {"prepare_s": round(time.perf_counter() - t0, 3), "report": allreduce_backends(), "calls": []}
+    log, t = sc.RouteLog(), sc.Tensors(r.rank, r.world, _device(r))
+    for size in out["report"]["sizes"]:
+        n = size["rows"]
+        y = tp.all_reduce(t.randn(n, seed=n))
+        out["calls"].append({"rows": n, "backend": log.take(), **t.errors(y, t.ref_sum(n, seed=n))})
+    log.close()
     out["log"] = captured.lines
     return out
 
@@ -426,17 +422,14 @@ def fault_fusion_oom(r, bad_rank: int):
 
 
 def fault_nvml(r, bad_rank: int):
-    """One rank's NVML claims NVLink between every pair; the launcher's decision (one process, before the ranks
-    exist) and FlashInfer's joint topology probe must still leave every rank on the same backend."""
+    """One rank's NVML claims NVLink between every pair; FlashInfer's joint topology probe must still leave every
+    rank on the same backend (the default's own NVML vote is tested on CPU ranks, tests/patches)."""
     if r.rank == bad_rank:
         import pynvml
 
         pynvml.nvmlDeviceGetP2PStatus = lambda a, b, index: pynvml.NVML_P2P_STATUS_OK
     sa = _up(r)
-    from sglang.srt.entrypoints.pcie_defaults import decide_pcie_only_defaults
-
-    decision = decide_pcie_only_defaults(sa)
-    return {"rank_topology": decision.topology, "prepare": sc.prepare_pcie_ipc(sa), **_after_fault(r)}
+    return {"prepare": sc.prepare_pcie_ipc(sa), **_after_fault(r)}
 
 
 # ------------------------------------------------------------------------------------------ CPU: group agreement
@@ -630,37 +623,3 @@ def eagle3_draft_embedding(r, replicate: bool):
     ids = torch.tensor([0, 1, vocab // 2 - 1, vocab // 2, vocab - 1])
     got = draft.model.embed_tokens(ids)
     return {"max_abs_err": float((got - full[ids]).abs().max()), "table": list(target.weight.shape)}
-
-
-def deferred_verify_logits(r, vocab: int):
-    """SGLang's LogitsProcessor of a target verify on CPU ranks over gloo, with its lm_head a real vocab-parallel
-    ParallelLMHead (vocab padded to 64, so the last shard holds padding): with defer_verify_gather set it returns
-    this rank's shard, and finish_deferred_gather / deferred_argmax give the same full logits and the same argmax
-    (ties to the lowest index across shards) as the processor without deferral."""
-    import types
-
-    import torch
-
-    sc.bring_up(r.rank, r.world, r.port, device="cpu")
-    from sglang.srt.layers.logits_processor import LogitsMetadata, LogitsProcessor
-    from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
-    hidden = 32
-    g = torch.Generator().manual_seed(0)
-    weight = torch.randn(vocab, hidden, generator=g)
-    weight[vocab - 1] = weight[3]  # an exact tie between shard 0 (id 3) and the last shard (id vocab-1)
-    lm_head = ParallelLMHead(vocab, hidden, params_dtype=torch.float32)
-    lm_head.weight_loader(lm_head.weight, weight)
-    states = torch.randn(6, hidden, generator=g)
-    states[0] = weight[3] * 4  # row 0: ids 3 and vocab-1 tie for the maximum
-    config = types.SimpleNamespace(vocab_size=vocab, final_logit_softcapping=None)
-    meta = LogitsMetadata(forward_mode=ForwardMode.TARGET_VERIFY)
-    plain = LogitsProcessor(config)._get_logits(states, lm_head, meta)
-    deferring = LogitsProcessor(config)
-    deferring.defer_verify_gather = True
-    shard = deferring._get_logits(states, lm_head, meta)
-    return {"shard": list(shard.shape), "full": list(plain.shape),
-            "deferred_shard": deferring.is_deferred_shard(shard),
-            "finish_equal": bool(torch.equal(deferring.finish_deferred_gather(shard), plain)),
-            "argmax": deferring.deferred_argmax(shard).tolist(), "reference": plain.argmax(dim=-1).tolist()}

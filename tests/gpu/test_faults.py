@@ -57,5 +57,5 @@ def test_fusion_workspace_fault_on_one_rank_ends_in_agreement(gpu_world, gpu_tim
 def test_nvml_answer_differing_on_one_rank_changes_nothing(gpu_world, gpu_timeout, record):
     results = _ok(run_ranks("fault_nvml", world=gpu_world, timeout=min(gpu_timeout, 180),
                             params={"bad_rank": gpu_world - 1}))
-    record("fault_nvml", {"rank_topology": [r["rank_topology"] for r in results]})
+    record("fault_nvml", {"prepare": [r["prepare"] for r in results]})
     _same_backends_and_right(results)

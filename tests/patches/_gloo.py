@@ -349,3 +349,46 @@ def fusion_exchange_fails_early(rank, world, port, bad_rank):
     proceed = fcf._preflight_check_workspace_memory(world, 256, 7168, torch.bfloat16, cpu_group=tp.cpu_group,
                                                     comm_backend=mnnvl.TorchDistBackend(group=side))
     return {"proceed": proceed}
+
+
+# ------------------------------------------------------------------------------------------------------------------
+def allreduce_timing(rank, world, port, cache_dir):
+    """Four starts of the PCIe-IPC all-reduce's timing decision on one TP group, each a fresh communicator prepared as
+    the model runner prepares it, with the one measuring function (pcie_ipc_ar._time_backends) faked per rank and the
+    box (each rank's GPU on its own PCI bus, NVML) faked; the timing cache in cache_dir:
+      differ: each rank's own times would route 1, 4 and 8 rows differently; the group's MAX decides for both;
+      cached: a second start on the same box reads the table (nothing timed);
+      new_driver: another driver version is another box: timed again;
+      fails: rank 1 cannot time (on yet another driver): PCIe IPC off on both ranks, none left waiting."""
+    import pynvml
+    import torch
+
+    from _fake_nvml import BUS, FakeNvml
+    from sglang.srt.distributed.device_communicators import pcie_ipc_ar
+
+    tp = _up(rank, world, port, disable_flashinfer_autotune=True)
+    os.environ["FLASHINFER_AUTOTUNE_DIR"] = cache_dir
+    patch = pytest.MonkeyPatch()
+    FakeNvml(patch, count=world)
+    torch.cuda.get_device_properties = lambda device: SimpleNamespace(
+        pci_domain_id=0, pci_bus_id=int(BUS[rank].split(":")[1], 16), pci_device_id=0)
+    own = {0: {"pcie_ipc": [5, 5, 5, 28], "nccl": [30] * 4}, 1: {"pcie_ipc": [5, 5, 26, 5], "nccl": [3, 30, 30, 30]}}
+    timed, step = [], None
+
+    def measure(comm, group, hidden, rows, backends):
+        timed.append(rows)
+        if step == "fails" and rank == 1:
+            raise RuntimeError("cudaErrorStreamCaptureInvalidated")
+        return [[own[rank][b][i] for b in backends] for i in range(len(rows))]
+
+    pcie_ipc_ar._time_backends = measure
+    out = {}
+    for step, driver in (("differ", "580.95.05"), ("cached", "580.95.05"), ("new_driver", "590.44.01"),
+                         ("fails", "595.1")):
+        patch.setattr(pynvml, "nvmlSystemGetDriverVersion", lambda driver=driver: driver)
+        timed.clear()
+        comm = _pcie_ipc(tp, AllReduce)
+        comm.prepare(hidden=64, max_rows=8, coordinator=tp)
+        out[step] = {"timed": len(timed), "disabled": comm.disabled, "source": pcie_ipc_ar.allreduce_backends()["source"],
+                     "table": [comm.backend_for(torch.empty(r, 64)) for r in (1, 2, 4, 8)]}
+    return out

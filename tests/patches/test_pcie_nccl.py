@@ -1,5 +1,5 @@
 """PCIe-only hosts: the launcher's NCCL default, the PCIe-IPC all-reduce (on by default, its group decisions, its
-routing ahead of FlashInfer's allreduce-only path, its rank -> NUMA log).
+routing ahead of FlashInfer's allreduce-only path, its rank -> NUMA log, the backend of each size timed at start).
 
 The launcher tests run the real `_set_envs_and_config` (entrypoints/engine.py) on resolved Kimi-K2.5 server
 arguments, with NVML faked through the pynvml functions SGLang calls (tests/_fake_nvml.py); multiprocessing,
@@ -560,3 +560,140 @@ def test_pcie_ipc_logs_each_ranks_numa_node_and_warns_on_a_split_island(publishe
         assert f"rank {rank}: GPU {bus} NUMA {node}" in ranks
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert [w.split(" span")[0] for w in warned] == ["TP ranks 0-3"] and "CUDA_VISIBLE_DEVICES" in warned[0]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Timed at start: each decode size goes to the backend that times fastest, PCIe IPC only by SGLANG_PCIE_IPC_MIN_SPEEDUP
+
+
+def crossing(backend, n):
+    """Microseconds per all-reduce of n rows: PCIe IPC faster at small sizes and slower at large; FlashInfer's
+    one-shot kernel (where the fusion is on) the fastest at 32 rows only."""
+    return {"pcie_ipc": 5 + 0.5 * n, "nccl": 20 + 0.1 * n, "flashinfer": 22.0 if n == 32 else 50.0}[backend]
+
+
+@pytest.fixture
+def timed(monkeypatch):
+    """timed(us) -> calls: pcie_ipc_ar._time_backends (the one function that measures, on GPUs) answers us(backend,
+    rows); calls lists the row counts of each call. No decision recorded yet."""
+    from sglang.srt.distributed.device_communicators import pcie_ipc_ar
+
+    calls = []
+
+    def install(us):
+        monkeypatch.setattr(pcie_ipc_ar, "_time_backends", lambda comm, tp, hidden, rows, backends: calls.append(
+            rows) or [[us(b, n) for b in backends] for n in rows], raising=False)
+        return calls
+
+    monkeypatch.setattr(pcie_ipc_ar, "_decision", {}, raising=False)
+    return install
+
+
+@pytest.mark.parametrize("fusion_on", [False, True])
+def test_allreduce_timing_routes_each_size_to_its_fastest(published_profile, coordinator, fusion_workspace, timed,
+                                                         caplog, fusion_on):
+    """Prepared as the model runner prepares it (the profile's 64-row workspace, the TP group's coordinator), each
+    tuned row count is timed and GroupCoordinator.all_reduce routes by the table: PCIe IPC up to 16 rows (>= 1.2x
+    faster), NCCL where it is within 1.2x (32 rows) or faster (64), FlashInfer's kernel where it is the fastest
+    (32 rows, fusion on; at 64 rows NCCL wins even though FlashInfer's path would take the tensor). A size between
+    two timed ones takes the wider one's backend; wider than the table, the route is as before."""
+    from sglang.srt.distributed.device_communicators.pcie_ipc_ar import allreduce_backends
+
+    make, calls = coordinator
+    if fusion_on:
+        fusion_workspace(SM120_FUSION_CAP)
+    timings = timed(crossing)
+    pcie_ipc = communicator()
+    with caplog.at_level(logging.INFO):
+        pcie_ipc.prepare(hidden=HIDDEN, max_rows=widest_decode_rows(published_profile),
+                         coordinator=make(pcie_ipc=pcie_ipc, fi=fusion_on))
+    assert timings == [(1, 2, 4, 8, 16, 32, 64)]
+    mid = "flashinfer" if fusion_on else "nccl"
+    assert [s["backend"] for s in allreduce_backends()["sizes"]] == ["pcie_ipc"] * 5 + [mid, "nccl"]
+    for n, want in ((1, "pcie_ipc"), (3, "pcie_ipc"), (16, "pcie_ipc"), (17, mid), (32, mid), (64, "nccl"),
+                    (65, mid)):
+        assert route(make, calls, n, pcie_ipc=pcie_ipc, fi=fusion_on) == want, n
+        assert pcie_ipc.should_pcie_ipc_ar(rows(n)) is (want == "pcie_ipc")
+    (table,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("All-reduce backend per")]
+    assert "timed at start in CUDA graphs" in table and "SGLANG_PCIE_IPC_MIN_SPEEDUP=1.2x" in table
+    assert "pcie_ipc   PCIe IPC 5.5 us vs NCCL 20.1 us, wins 3.7x >= 1.2x" in table
+    assert "nccl       NCCL faster: PCIe IPC 37.0 us vs NCCL 26.4 us" in table
+    assert ("flashinfer FlashInfer within 1.2x: PCIe IPC 21.0 us vs FlashInfer 22.0 us" if fusion_on else
+            "nccl       NCCL within 1.2x: PCIe IPC 21.0 us vs NCCL 23.2 us") in table
+
+
+def test_allreduce_timing_in_server_info(published_profile, coordinator, timed):
+    """GET /server_info returns internal_states[0] from get_internal_state: allreduce_backends holds the table."""
+    import json
+
+    from sglang.srt.managers.scheduler_components.internal_state import SchedulerInternalStateController
+
+    make, _ = coordinator
+    timed(crossing)
+    pcie_ipc = communicator()
+    pcie_ipc.prepare(hidden=HIDDEN, max_rows=64, coordinator=make(pcie_ipc=pcie_ipc, fi=False))
+    state = {}
+    SchedulerInternalStateController(SimpleNamespace(), record_step_time=False)._add_allreduce_backends(state)
+    info = json.loads(json.dumps(state))["allreduce_backends"]
+    assert info["source"] == "measured" and info["margin"] == 1.2 and info["why"].startswith("timed at start")
+    assert [s["rows"] for s in info["sizes"]] == [1, 2, 4, 8, 16, 32, 64]
+    assert info["sizes"][0] == {"rows": 1, "bytes": 2 * HIDDEN, "us": {"pcie_ipc": 5.5, "nccl": 20.1},
+                                "backend": "pcie_ipc", "why": "PCIe IPC 5.5 us vs NCCL 20.1 us, wins 3.7x >= 1.2x"}
+
+
+@pytest.mark.parametrize("setting", ["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0",
+                                     "--disable-custom-all-reduce", "SGLANG_PCIE_IPC_MIN_SPEEDUP=4"])
+def test_allreduce_timing_a_user_setting_wins(published, monkeypatch, timed, caplog, setting):
+    """=1 keeps every size on PCIe IPC untimed; =0 and --disable-custom-all-reduce keep it off, untimed, and say so
+    in the log and /server_info; a margin the user set is the one applied (here no size wins by 4x)."""
+    from sglang.srt.distributed.device_communicators.pcie_ipc_ar import allreduce_backends
+
+    nvml(monkeypatch)
+    calls = timed(crossing)
+    if setting.startswith("SGLANG_"):
+        monkeypatch.setenv(*setting.split("="))
+    with caplog.at_level(logging.INFO):
+        on = eligible(custom_allreduce=setting != "--disable-custom-all-reduce")
+        if on:
+            pcie_ipc = communicator()
+            pcie_ipc.prepare(hidden=HIDDEN, max_rows=64, coordinator=SimpleNamespace(pynccl_comm=None))
+    info, log = allreduce_backends(), [r.getMessage() for r in caplog.records]
+    if setting.endswith("=1"):
+        assert on and calls == [] and info["source"] == "forced" and pcie_ipc.should_pcie_ipc_ar(rows(64))
+        assert {s["backend"] for s in info["sizes"]} == {"pcie_ipc"} and any("=1 is set: untimed" in m for m in log)
+    elif setting.endswith("=4"):
+        assert on and len(calls) == 1 and info["margin"] == 4.0 and not pcie_ipc.should_pcie_ipc_ar(rows(1))
+        assert {s["backend"] for s in info["sizes"]} == {"nccl"}
+    else:
+        assert not on and calls == [] and info["source"] == "off" and info["sizes"] == []
+        assert info["why"] == f"{setting} is set" and f"FlashInfer PCIe-IPC all-reduce off: {setting} is set." in log
+
+
+@pytest.fixture(scope="module")
+def timing_starts(tmp_path_factory):
+    """Four starts on two CPU ranks over gloo (tests/patches/_gloo.py allreduce_timing): per rank, per start."""
+    return _gloo.run("allreduce_timing", timeout=400, cache_dir=str(tmp_path_factory.mktemp("autotune")))
+
+
+TABLE = ["pcie_ipc", "pcie_ipc", "nccl", "nccl"]  # the MAX of both ranks' times at 1, 2, 4 and 8 rows
+
+
+def test_allreduce_timing_is_one_group_decision(timing_starts):
+    """Each rank's own times would route 1, 4 or 8 rows differently: the group reduces them with MAX on the host
+    group and both ranks route by the same table."""
+    assert [r["differ"] for r in timing_starts] == [{"timed": 1, "disabled": False, "source": "measured",
+                                                     "table": TABLE}] * 2
+
+
+def test_allreduce_timing_second_start_reads_the_cache(timing_starts):
+    """The first rank reads the cache for the group: a second start on the same box times nothing and routes alike;
+    another driver is another box, timed again."""
+    assert [r["cached"] for r in timing_starts] == [{"timed": 0, "disabled": False, "source": "cache",
+                                                     "table": TABLE}] * 2
+    assert [r["new_driver"]["timed"] for r in timing_starts] == [1, 1]
+
+
+def test_allreduce_timing_failing_on_one_rank_turns_it_off_everywhere(timing_starts):
+    """Rank 1 cannot time: both ranks turn PCIe IPC off (reductions keep NCCL), and neither is left waiting."""
+    assert [r["fails"] for r in timing_starts] == [{"timed": 1, "disabled": True, "source": "off",
+                                                    "table": [None] * 4}] * 2
