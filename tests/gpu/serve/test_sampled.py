@@ -54,10 +54,14 @@ def test_sampled_and_greedy_requests_at_once_complete_and_the_server_stays_up(gu
 
 
 def test_the_speculative_cycle_makes_no_host_synchronisation(guarded, record_property):
+    """No synchronisation inside a guarded cycle (or left pending by it); one raised by the guard's own switch before
+    the cycle's first line ran ("entry") is reported in the detail, not counted (see the plugin's docstring)."""
     cycles = [json.loads(ln) for ln in (guarded.log.parent / sv.GUARD_FILE).read_text().splitlines()]
-    syncs = [s for c in cycles for s in c["syncs"]]
+    syncs = [s for c in cycles for s in c["syncs"] if s.get("when", "cycle") != "entry"]
+    entry = [s for c in cycles for s in c["syncs"] if s.get("when") == "entry"]
     where = collections.Counter(s["at"] for s in syncs)
     record_property("detail", f"{len(cycles)} guarded cycles ({sum(not c['greedy'] for c in cycles)} sampled), "
-                              f"{len(syncs)} synchronisations: {dict(where)}")
+                              f"{len(syncs)} synchronisations in them: {dict(where)}; {len(entry)} at the guard's "
+                              f"entry, before a cycle ran")
     assert {c["greedy"] for c in cycles} == {True, False}, "the guard saw no greedy or no sampled cycle"
     assert not syncs, f"host synchronisation in the cycle at {dict(where)}; first: {syncs[0]['stack']}"

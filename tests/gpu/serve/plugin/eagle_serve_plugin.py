@@ -11,7 +11,9 @@ no_dual_gemm (no nvidia-cutlass-dsl, as on the lent GPUs): SGLang's Llama MLP im
 sync_guard (EAGLE_SYNC_GUARD=FILE): every speculative decode cycle (EAGLEWorkerV2.forward_batch_generation) runs
   under torch.cuda.set_sync_debug_mode("warn"), except the first SKIP of each kind of batch (greedy or not, top-p,
   top-k, min-p, seeded: a first call may compile or allocate); each guarded cycle appends one JSON line to FILE:
-  {"cycle", "greedy", "syncs": [{"at", "stack"}]}, each synchronisation with where it happened.
+  {"cycle", "greedy", "syncs": [{"at", "when", "stack"}]}, each synchronisation with where it happened and when:
+  "cycle" (or "exit", a warning the cycle left pending) counts; "entry" is raised by the guard's own switch to
+  "warn" before the cycle's first line ran (seen once per run on the lent H200, torch 2.11), so it is reported apart.
 """
 
 from __future__ import annotations
@@ -70,21 +72,23 @@ def sync_guard(original, self, batch, *args, **kwargs):
         return original(self, batch, *args, **kwargs)
     import torch
 
-    syncs = []
+    syncs, where = [], ["entry"]  # entry: raised by the guard's own switch, before the cycle's first line
 
     def seen(message, category, filename, lineno, file=None, line=None):
         if "synchroniz" in str(message):
             stack = traceback.extract_stack()[:-1]
-            syncs.append({"at": f"{filename}:{lineno}", "stack": [f"{f.filename}:{f.lineno} {f.name}"
-                                                                   for f in stack][-12:]})
+            syncs.append({"at": f"{filename}:{lineno}", "when": where[0], "stack": [f"{f.filename}:{f.lineno} {f.name}"
+                                                                                    for f in stack][-12:]})
 
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = seen
         torch.cuda.set_sync_debug_mode("warn")
+        where[0] = "cycle"
         try:
             return original(self, batch, *args, **kwargs)
         finally:
+            where[0] = "exit"  # a warning the cycle's C++ code left pending surfaces here
             torch.cuda.set_sync_debug_mode(0)
             with open(os.environ["EAGLE_SYNC_GUARD"], "a") as f:
                 f.write(json.dumps({"cycle": sum(_cycles.values()), "greedy": kind[0], "syncs": syncs}) + "\n")
