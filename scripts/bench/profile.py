@@ -202,12 +202,15 @@ def main(argv: list[str] | None = None) -> int:
     traces = a.out.parent / a.out.stem
     traces.mkdir(parents=True, exist_ok=True)
     say(f"profile: {profs[0]} then {profs[1]}, {a.steps} decode iterations each; about {ESTIMATE_S // 60} min")
-    plain, _, _ = capture(a, "nospec", profs[0], False, traces)
+    plain, plain_info, _ = capture(a, "nospec", profs[0], False, traces)
     spec, info, al = capture(a, "spec", profs[1], True, traces)
     if al is None:
         raise UserError(f"{profs[1]} exported no accept-length counters: its profile needs enable-metrics: true")
     prof = profile(forwards(read_trace(plain)), forwards(read_trace(spec), int(info["speculative_num_draft_tokens"])),
                    tp=int(info["tp_size"]), steps=int(info["speculative_num_steps"]), accept_length=al)
+    # each server's startup all-reduce table (size -> backend, with the latencies it measured), as the report keeps it
+    prof["allreduce_backends"] = {n: observe.internal_state(i).get("allreduce_backends") for n, i in
+                                  (("nospec", plain_info), ("spec", info))}
     a.out.write_text(json.dumps(prof, indent=1) + "\n")
     say(f"wrote {a.out} (traces in {traces}): {json.dumps(prof)}")
     return 0

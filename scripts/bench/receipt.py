@@ -245,6 +245,16 @@ def summary_markdown(data: dict, plot_files: list[str]) -> str:
               f"failed, {tg.get('skipped')} skipped"]
     if bc:
         L += ["", "## make bench-comm", comm_report.table(comm_report.summarize(bc))]
+    if table := rd.startup_table(data):
+        L += ["", f"## All-reduce backend per decode size, chosen at start ({table.get('source')}, margin "
+              f"{table.get('margin')}x)", "", md_table(["rows", "us per backend", "backend", "why"], [
+                  [s_["rows"], ", ".join(f"{k} {v}" for k, v in (s_.get("us") or {}).items()), s_["backend"],
+                   s_.get("why", "")] for s_ in table.get("sizes") or []]) or table.get("why", "")]
+    facts = (data.get("doctor") or {}).get("facts") or {}
+    if facts.get("pcie_ipc_smoke") or facts.get("peer_bandwidth"):
+        smoke, bw = facts.get("pcie_ipc_smoke") or {}, facts.get("peer_bandwidth") or {}
+        L += ["", "## The doctor's PCIe probes", "", f"PCIe-IPC smoke: {json.dumps(smoke)}; peer writes: lowest "
+              f"{bw.get('min_gbps')} GB/s per flow ({bw.get('why') or 'measured'})."]
     rows = rd.bench_rows(data.get("bench") or [])
     if rows:
         L += ["", "## Serving (make bench)", "", md_table(

@@ -139,7 +139,8 @@ def raw_parts(d: Path) -> dict:
     out = {"dir": d, "test_serve": _json(d, PARTS["test-serve"].result, {"checks": list}),
            "doctor": _json(d, PARTS["doctor"].result, {"findings": list}),
            "test_gpu": _json(d, PARTS["test-gpu"].result),
-           "bench_comm": _json(d, PARTS["bench-comm"].result, {"records": list})}
+           "bench_comm": _json(d, PARTS["bench-comm"].result, {"records": list}),
+           "profile": _json(d, PARTS["profile"].result)}
     bench = d / PARTS["bench"].result
     try:
         out["bench"] = [r for f in sorted(bench.glob("*.jsonl")) for r in load_results(f)] if bench.is_dir() else []
@@ -163,22 +164,36 @@ def _verdict(name: str, verdict: str, why: str, measured: dict, threshold: str, 
             "setting": setting}
 
 
+def startup_table(data: dict) -> dict | None:
+    """The speculative server's startup all-reduce table (/server_info allreduce_backends, kept by the profile part)."""
+    table = ((data.get("profile") or {}).get("allreduce_backends") or {}).get("spec")
+    return table if isinstance(table, dict) else None
+
+
 def backend_latencies(data: dict) -> dict[int, dict[str, float]]:
-    """Per-call all-reduce latency (us, graph-replayed chain) per decode size and backend, as measured: bench-comm's
-    SGLang rows (tp.all_reduce routed to PCIe IPC, FlashInfer, NCCL). The startup all-reduce table (each size's
-    measured backends, from the server log or /server_info) is the next source to merge here."""
+    """Per-call all-reduce latency (us, in CUDA graphs) per decode size and backend, as measured: bench-comm's SGLang
+    rows (tp.all_reduce routed to PCIe IPC, FlashInfer, NCCL), then the served model's own startup timing, which wins
+    where both measured a size (it ran in the server's graphs, on every rank)."""
     out: dict[int, dict[str, float]] = {}
     for impl, backend in (("sglang_tp_default", "pcie_ipc"), ("sglang_tp_flashinfer", "flashinfer"),
                           ("sglang_tp_nccl", "nccl")):
         for r in records(data.get("bench_comm") or {"records": []}, kind="allreduce", impl=impl, mode="graph"):
             if backend != "pcie_ipc" or r.get("backend") == ["pcie_ipc"]:
                 out.setdefault(r["rows"], {})[backend] = r["us_per_call"]
+    for size in (startup_table(data) or {}).get("sizes") or []:
+        if size.get("us"):
+            out[int(size["rows"])] = {k: float(v) for k, v in size["us"].items()}
     return dict(sorted(out.items()))
 
 
 def rec_pcie_ipc(data: dict) -> dict:
     name, th = "PCIe IPC all-reduce for plain TP reductions (patch distributed-*)", THRESHOLDS["pcie_ipc_max_ratio"]
     thr = f"PCIe IPC / the fastest other backend per call <= {th}, judged at {VERIFY_ROWS_C1} rows (C1 verify)"
+    smoke = ((data.get("doctor") or {}).get("facts") or {}).get("pcie_ipc_smoke") or {}
+    if smoke.get("hung") or smoke.get("sum_ok") is False:
+        return _verdict(name, "change", f"the doctor's PCIe-IPC smoke {'hung' if smoke.get('hung') else 'summed wrong'}"
+                        f" ({smoke.get('why') or smoke.get('phase') or smoke.get('wrong')})", {"smoke": smoke}, thr,
+                        "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0")
     ratios = {n: (round(b["pcie_ipc"] / best[1], 3), best[0]) for n, b in backend_latencies(data).items()
               if "pcie_ipc" in b and (best := min(((k, v) for k, v in b.items() if k != "pcie_ipc"), default=None,
                                                   key=lambda kv: kv[1]))}

@@ -216,3 +216,28 @@ def test_the_default_receipt_resumes_this_boxs_newest_unfinished_one(tmp_path):
     (old / "receipt.json").write_text(json.dumps({"parts": {"doctor": {"ok": True}, "bench": {"ok": True}}}))
     new = receipt.default_dir("RTX-x8", ["doctor", "bench"], tmp_path)
     assert new != old and new.name.startswith("RTX-x8_") and not new.exists()
+
+
+def test_the_startup_table_and_the_doctors_smoke_decide_the_pcie_ipc_verdict(tmp_path):
+    """The served model's own startup timing (kept by the profile part) overrides bench-comm's row for the sizes it
+    measured, and shows in summary.md; a PCIe-IPC smoke that hung in the doctor is a "change" whatever the timing."""
+    bc = json.loads(BENCH_COMM.read_text())
+    bc["meta"].update(world=8, gpu_name="NVIDIA RTX PRO 6000 Blackwell Server Edition",
+                      topo_m=bc["meta"]["topo_m"].replace("NV18", "SYS"))
+    table = {"source": "measured", "margin": 1.2, "why": "", "sizes": [
+        {"rows": 4, "bytes": 57344, "us": {"pcie_ipc": 6.0, "nccl": 30.0}, "backend": "pcie_ipc", "why": "wins 5.0x"}]}
+    files = {"bench_comm": bc, "profile": {"allreduce_backends": {"spec": table, "nospec": table}},
+             "doctor": {"findings": [], "facts": {"pcie_ipc_smoke": {"measured": True, "hung": False, "sum_ok": True}}}}
+    for name, doc in files.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(doc))
+    d = made_receipt(tmp_path / "box", "box", **{n: tmp_path / f"{n}.json" for n in files})
+    ipc = {r["default"].split(" (")[0]: r for r in json.loads((d / "receipt.json").read_text())["recommendations"]}[
+        "PCIe IPC all-reduce for plain TP reductions"]
+    assert ipc["verdict"] == "keep" and "PCIe IPC / flashinfer" not in ipc["why"], ipc
+    assert "All-reduce backend per decode size, chosen at start (measured" in (d / "summary.md").read_text()
+    files["doctor"]["facts"]["pcie_ipc_smoke"] = {"measured": False, "hung": True, "phase": "rank 3: iterate"}
+    (tmp_path / "doctor.json").write_text(json.dumps(files["doctor"]))
+    hung = made_receipt(tmp_path / "hung", "box", **{n: tmp_path / f"{n}.json" for n in files})
+    ipc = {r["default"].split(" (")[0]: r for r in json.loads((hung / "receipt.json").read_text())["recommendations"]}[
+        "PCIe IPC all-reduce for plain TP reductions"]
+    assert ipc["verdict"] == "change" and "smoke hung" in ipc["why"] and ipc["setting"].endswith("=0")
