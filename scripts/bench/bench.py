@@ -6,14 +6,11 @@
   python -m scripts.bench.bench --here ...               servers and client from the SGLang this python imports
   python -m scripts.bench.bench --report RESULTS.jsonl   rebuild the .md/.png of a results file (and compare)
 
-Each variant (bench/variants.toml) is served in turn by the serving image's `serve` in a detached container, and
-each run is SGLang's own client, bench_serving, from the serving image (its `bench-client` verb; with --here this
-python's). Before the first server: the plan and its time (runs x duration + loads x load time), then the box's
-checks (engine, images, GPUs and idle, weights in the HF cache, results directory written to, port, no resident
-server) and serve's own check of every variant's arguments; --dry-run prints them with every docker run and client
-command, and runs and writes nothing. Results: bench/results/<UTC time>_<git rev>_<box>.jsonl (bench_serving's
-record plus an "eagle" object: the server's decode tok/s, speculative CUDA-graph counter deltas, accept length,
-patch set), with a .md table, a .png plot and the logs beside it.
+Each variant (bench/variants.toml) is served in turn by the serving image's `serve`, each run is SGLang's own
+bench_serving (the image's `bench-client` verb; --here: this python's). First the plan, its time and the box's checks
+(--dry-run prints them with every command and stops). Results: bench/results/<UTC time>_<git rev>_<box>.jsonl
+(bench_serving's record plus an "eagle" object: decode tok/s, CUDA-graph counter deltas, accept length, patch set),
+with a .md table, a .png plot and the logs.
 
 Exit status: 0 fine; 1 a regression against --baseline, or with --fail-on-eager a verify forward off its CUDA graph;
 2 a usage error or a box that cannot run the plan; 4 some runs produced no result.

@@ -2,13 +2,10 @@
 
   python -m scripts.bench.bench_comm [--variants default,LL,...] [--world N] [--dry-run] ...
 
-make bench-comm runs it in the serving image (scripts/host/in_image.py); a machine with the patched SGLang runs it
-directly. --dry-run prints the variants, ranks and time. Per NCCL environment variant (VARIANTS), one process per GPU
-brought up by SGLang's init_distributed_environment, at Kimi-K2.5 shapes: NCCL all-reduce per call (a 122-call chain,
-eager and graph-replayed) and a 61-layer verify-shaped forward; in the first variant, through SGLang's own code
-(sglang_comm.py), tp.all_reduce per backend (PCIe IPC, FlashInfer, NCCL) and the fused all-reduce + RMSNorm op.
-Every reduction is checked against an fp32 reference. Writes bench-comm_<GPU model>_x<n>_<UTC time>.json and .png
-(no host name). Another NCCL release: make image NCCL=<version>, then make bench-comm IMAGE=<its tag>.
+make bench-comm runs it in the serving image (in_image.py). Per NCCL environment variant, one process per GPU (SGLang's
+init_distributed_environment) at Kimi-K2.5 shapes: NCCL all-reduce per call (a 122-call chain, eager and in a CUDA
+graph), a 61-layer verify-shaped forward, and in the first variant SGLang's own tp.all_reduce per backend and the
+fused all-reduce + RMSNorm; every reduction checked against fp32. Writes bench-comm_<GPU>_x<n>_<UTC time>.json.
 
 Exit status: 0 every variant ran and every reduction was correct; 1 a variant failed or a reduction was wrong; 2 a
 usage problem (fewer than 2 GPUs, no patched SGLang here, an unknown variant, no /results mount in the image).

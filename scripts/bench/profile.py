@@ -4,17 +4,10 @@ profiler, reduced per forward to what the cost model refits from (spec_model.PRO
   python -m scripts.bench.profile [--out FILE] [--image IMAGE | --here] [--port N] [--steps K]
         [--profiles NOSPEC,SPEC] [--model M] [--draft-model D] [--launch-timeout S] [-- SGLANG_ARGS]
 
-Each profile is served in turn (servers.py: the image's serve, FILE's stem/ at /results; --here: popen_launch_server),
-warmed up, then POST /start_profile (torch profiler, CPU and GPU, profile_by_stage, num_steps K: K decode iterations
-after the next prefill) and one greedy request; TP rank 0's chrome trace stays in stem/ (as JSON) with the server
-logs. The trace (SGLang v0.5.23): ModelRunner.forward is a record_function `step[DECODE bs=N]` / `step[VERIFY bs=N]` /
-`step[DRAFT ...]`, EAGLE's drafting `draft`, its draft extend `draft_extend`; CUPTI reports each kernel a CUDA graph
-replays, correlated with its cudaGraphLaunch. A forward is the kernels of the graph launches in its span, eager: every
-kernel launched in its step[ spans; the rest (input copies, tree building, sampling) and the time between: glue,
-cycle_ms less the forwards. Collectives: NCCL, PCIe IPC, all-reduce fusion, custom all-reduce, peer copies. It cannot
-tell: rank 0 only, so a collective includes its wait for the slowest rank; a call of several kernels (a copy-engine
-path) reads per kernel; kernels of overlapping forwards (busy is their union); the profiler's host cost (glue, gaps
-read high); the plain decode's sampling and host time between steps. accept_length: observe.py's counters.
+Each profile is served in turn (servers.py), warmed up, then POST /start_profile (K decode iterations) and one greedy
+request; rank 0's chrome trace stays in FILE's stem/ with the server logs. A forward is the kernels of the graph
+launches inside SGLang's `step[...]`, `draft`, `draft_extend` spans (eager: every kernel launched in them); the rest is
+glue. It cannot tell: other ranks (a collective includes its wait), overlapping forwards, the profiler's own host cost.
 
 Exit status: 0 written; 2 a usage problem, a server that did not start or answer, or a trace without a stage.
 """

@@ -6,11 +6,9 @@ directory and one tarball that say whether the series pays off on this box and w
   python -m scripts.bench.receipt --summarize DIR   derive summary, plots, recommendations and tarball again (a
         receipt directory, or results put under DIR/raw/ by hand with a receipt.json naming the parts)
 
-The parts (scripts/bench/receipt_data.py PARTS) run in order, each its own verb as a process, after one preflight
-of what they need (each failure with its fix); --dry-run prints the plan and the checks and writes nothing. A re-run
-resumes this box's newest unfinished receipt; a failed test-serve stops it before anything loads Kimi-K2.5. DIR:
-bench/receipts/<box>_<UTC date> (<box>: the GPUs' model and count), its .tar.gz what leaves the box (share.py).
-What each step does and keeps: bench/receipts/README.md.
+The parts (receipt_data.py PARTS) run in order, each its own verb, after one preflight of what they need; --dry-run
+prints the plan and checks and writes nothing. A re-run resumes this box's newest unfinished receipt. DIR:
+bench/receipts/<box>_<UTC date>, its .tar.gz what leaves the box (share.py); more: bench/receipts/README.md.
 
 Exit status: 0 every part done; 1 a part failed (the receipt says which) or none measured anything; 2 a check failed
 (nothing run or written) or a usage problem.

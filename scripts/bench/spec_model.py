@@ -1,14 +1,7 @@
 """The box's cost model of a speculative cycle (Model) and its refit from a receipt's profile (refit).
 
-Model, one chain cycle of s steps at batch 1 (w = s + 1 verified tokens), ms, at one corner of each [band] unknown
-of bench/inputs/cost-model.toml; collectives per forward and their sizes: bench/inputs/collectives_kimi_tp8.toml.
-
-    B         = 1000 / seed decode tok/s - 124 a_seed / 1000      a 1-token target forward outside communication
-    GB(w)     = non-routed + per expert x (8 + rho (384 (1 - (1 - 8/384)^w) - 8))                bytes per GPU
-    verify(w) = B + (GB(w) - GB(1)) / (bandwidth eta) + its collectives, each at its backend's per-call latency
-    draft(s)  = s ((layer + head GB) / (bandwidth eta) + kd) + fc / (bandwidth eta) + its collectives
-    cycle(s)  = verify(w) + draft(s) + E (eager glue);  tok/s = 1000 AL / cycle;  decode = verify(1), 1-row calls
-    floor(w)  = GB(w) / bandwidth + the all-reduces at the one-shot egress floor ((tp - 1) x payload / egress)
+Model: one chain cycle of s steps at batch 1, ms, at one corner of each [band] unknown of bench/inputs/cost-model.toml,
+collectives from bench/inputs/collectives_kimi_tp8.toml; its formulas are printed in eagle-fast-verify.md section 1.
 """
 
 from __future__ import annotations

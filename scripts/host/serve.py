@@ -3,13 +3,9 @@
   python -m scripts.host.serve [--profile NAME|PATH] [--model M] [--draft-model D] [--port N] [--host ADDR]
                                [--api-key-file F] [--dry-run [--json]] [--image [IMAGE]] [-- SGLANG_ARGS...]
 
-Runs `python3 -m sglang.launch_server --config PROFILE [--model-path M] [--speculative-draft-model-path D]
-[--port N] [--host ADDR] [SGLANG_ARGS]`: flags on the command line override the file (SGLang's rule). Where SGLang
-imports, the command is first parsed by its prepare_server_args, and values it would fail on only after the weights
-load are refused. It listens on loopback unless an API key is given (a key file, else $SGLANG_API_KEY); the key reaches
-SGLang in a private copy of the profile, read once through a pipe, never on a command line. --image runs serve in
-the serving image (make serve): the docker run, with the HF cache and --network host, is printed first (with
---dry-run, only printed).
+Runs `python3 -m sglang.launch_server --config PROFILE [...]`; command-line flags override the file (SGLang's rule).
+Where SGLang imports, its prepare_server_args checks the command first. Loopback unless an API key is given (a key
+file, else $SGLANG_API_KEY), which reaches SGLang through a pipe, never a command line. --image: in the serving image.
 Exit status: 0 dry run printed (serving replaces this process with SGLang or docker); 2 a problem, named with its fix.
 """
 
