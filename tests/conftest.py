@@ -19,6 +19,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+for _var in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES"):  # under `make test`, a test's make is not nested
+    os.environ.pop(_var, None)
 
 from scripts.series.pin import applied_patchset, patchset_id  # noqa: E402
 

@@ -17,6 +17,7 @@ from ..lib.errors import UserError
 from ..lib.repo import PROFILES_DIR, REPO_ROOT
 from ..lib.tomlfile import load_toml
 from ..series.pin import load_pin
+from . import sweep
 
 BENCH_DIR = REPO_ROOT / "bench"
 RESULTS_DIR = BENCH_DIR / "results"
@@ -371,8 +372,6 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def build(a: argparse.Namespace, server_args: list[str]) -> Plan:
     """The plan of these options: scenarios, variants (the sweep's, or --server-url's), runs, --resume."""
-    from . import sweep  # sweep builds on this module's variants
-
     if a.server_url and (a.variants or a.sweep or server_args):
         raise UserError("--server-url benches servers that run already: drop --variants, --sweep and -- ARGS")
     if a.sweep and a.draft_model:

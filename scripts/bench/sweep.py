@@ -17,9 +17,9 @@ from pathlib import Path
 
 from ..lib.errors import UserError
 from ..lib.tomlfile import load_toml
-from . import plan as pl
+from ..lib.repo import REPO_ROOT
 
-SWEEP_FILE = pl.BENCH_DIR / "sweep.toml"
+SWEEP_FILE = REPO_ROOT / "bench" / "sweep.toml"
 KEYS = {"base", "reference", "drafters", "draft_quantization", "settings", "scenarios", "repeats", "order",
         "description"}
 SETTING_RE = re.compile(r"^(\d+)/(\d+)/(\d+)$")
@@ -113,8 +113,9 @@ def load(path: Path = SWEEP_FILE) -> Sweep:
                  ",".join(scen) if scen else None, d.get("repeats"), d.get("order"), str(d.get("description", "")))
 
 
-def variants(sw: Sweep, vset: pl.VariantSet) -> list[pl.Variant]:
-    """The reference variants, then one variant per point (the base with the point's drafter and settings);
+def variants(sw: Sweep, vset) -> list:
+    """The reference variants, then one variant per point (the base with the point's drafter and settings), from
+    plan's VariantSet `vset`;
     UserError listing every point whose setting SGLang would change or fail on."""
     by_name = {v.name: v for v in vset.variants}
     for n in [sw.base, *sw.reference]:
