@@ -22,6 +22,7 @@ RESULTS_IN_IMAGE = "/results"
 RESULTS_VAR = "EAGLE_RESULTS"  # the image sets it to /results, the directory the host mounts
 PASS_NAMES = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HF_TOKEN")
 PASS_PREFIXES = ("NCCL_", "SGLANG_", "FLASHINFER_")
+OURS = ("SGLANG_BASE", "SGLANG_WHEEL", "SGLANG_REPO", "SGLANG_SRC", "SGLANG_TREE")  # this repository's, not SGLang's
 
 
 def hf_cache_dir() -> str:
@@ -34,7 +35,8 @@ def docker_run(image: str, args: list[str], *, gpus: bool = True, results: Path 
                name: str | None = None, env_names: Iterable[str] = (), extra: list[str] = (),
                docker: str = "docker") -> list[str]:
     """argv of `docker run` for the image's verb `args`; environment variables go by name (docker copies them)."""
-    names = [*env_names, *(k for k in os.environ if k in PASS_NAMES or k.startswith(PASS_PREFIXES))]
+    names = [*env_names, *(k for k in os.environ
+                           if k in PASS_NAMES or k.startswith(PASS_PREFIXES) and k not in OURS)]
     cmd = [docker, "run", "-d" if detach else "--rm"]
     cmd += ["--gpus", "all", "--ipc=host"] if gpus else []
     cmd += ["--network", "host"] if network_host else []

@@ -232,6 +232,9 @@ def in_image(a: argparse.Namespace, extra: list[str]) -> int:
     print(shown(cmd), flush=True)
     if not a.dry_run:
         os.execvp(cmd[0], cmd)
+    at = cmd.index("serve") + 1
+    print(f"# what SGLang resolves from it, and the patched launcher's decisions, without serving: "
+          f"{shlex.join([*cmd[:at], '--dry-run', *cmd[at:]])}")
     return 0
 
 

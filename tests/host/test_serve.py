@@ -175,14 +175,20 @@ def printed_command(out: str) -> list[str]:
     return shlex.split(" ".join(ln.rstrip("\\") for ln in lines[:end + 1]))
 
 
-def test_make_serve_runs_the_images_serve_through_docker_run(tmp_path, hf, capsys):
-    """serve --image: the docker run (GPUs, --network host, the HF cache, a key file mounted read-only) is printed,
-    then run; through the image's entrypoint it reaches SGLang's launch_server with the profile as --config."""
+def test_make_serve_runs_the_images_serve_through_docker_run(tmp_path, hf, capsys, monkeypatch):
+    """serve --image: the docker run (GPUs, --network host, the HF cache, a key file mounted read-only, SGLang's
+    variables but not this repository's) is printed, then run; through the image's entrypoint it reaches SGLang's
+    launch_server with the profile as --config."""
     image = "eagle-fast-verify/sglang:test"
     key = tmp_path / "key"
     key.write_text(KEY)
+    monkeypatch.setenv("SGLANG_BASE", "auto")  # make exports it for apply
+    monkeypatch.setenv("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE", "0")
     assert serve.main(["--image", image, "--dry-run", "--host", "0.0.0.0", "--api-key-file", str(key)]) == 0
-    cmd = printed_command(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    cmd = printed_command(out)
+    assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" in cmd and "SGLANG_BASE" not in cmd
+    assert f"{image} serve --dry-run --host 0.0.0.0" in out.splitlines()[-1]
     assert cmd[cmd.index("--network") + 1] == "host" and f"{hf}:/root/.cache/huggingface" in cmd
     assert f"{key}:/run/serve/key:ro" in cmd and cmd[cmd.index("--api-key-file") + 1] == "/run/serve/key"
     docker = _fake_docker.install(tmp_path, images=(image,), pythonpath=(fake_sglang(tmp_path),))
