@@ -118,9 +118,11 @@ def test_on_the_box_class_the_verdicts_are_judged_and_stored(pcie_receipt, tmp_p
 
 
 def test_the_dry_run_shows_the_plan_and_total_when_the_box_cannot_run_it(tmp_path):
-    """No GPU and no docker engine here: the plan of every part with its command and time, the total, and each
-    failed check with its fix; exit 2 and nothing written, as a real run would stop there."""
-    d, env = tmp_path / "box", {**os.environ, "PATH": _fake_docker.path_with()}
+    """No GPU and no docker engine (a client whose engine is down, whatever this machine runs): the plan of every
+    part with its command and time, the total, and each failed check with its fix; exit 2 and nothing written, as a
+    real run would stop there."""
+    docker = _fake_docker.install(tmp_path, engine_up=False)
+    d, env = tmp_path / "box", {**os.environ, "PATH": _fake_docker.path_with(docker.bindir)}
     for extra in (["--dry-run"], []):
         cp = _receipt("--dir", d, "--box", "cpu-ci", *extra, env=env)
         assert cp.returncode == 2 and "Traceback" not in cp.stderr, cp.stderr[-3000:]
@@ -128,7 +130,8 @@ def test_the_dry_run_shows_the_plan_and_total_when_the_box_cannot_run_it(tmp_pat
         for part in ("test-serve", "doctor", "test-gpu", "bench-comm", "bench", "profile"):
             assert re.search(rf"\| {part} \| run \| ~\S+ \| `", out), part
         assert "bench: 36 run(s) in 10 server session(s) to go" in out and "total: ~" in out
-        assert "FAIL docker engine: the docker engine is missing here" in out and "FAIL GPUs: no NVIDIA GPU" in out
+        assert "FAIL docker engine: the docker engine is not running or not reachable" in out
+        assert "FAIL GPUs: no NVIDIA GPU" in out
         assert "make report cannot start: " in out and not d.exists()
 
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
 from pathlib import Path
 
 import pytest
 
+import _fake_docker
 from scripts.bench import bench, report, sweep
 from scripts.bench import plan as pl
 from scripts.lib.errors import UserError
@@ -85,7 +85,8 @@ def test_sweep_file_mistakes_are_named_before_anything_runs(tmp_path):
 
 
 def test_bench_sweep_dry_run_and_what_it_refuses(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}/usr/bin:/bin")  # no docker, no GPU here
+    docker = _fake_docker.install(tmp_path, engine_up=False)  # no engine and no GPU, whatever this machine has
+    monkeypatch.setenv("PATH", _fake_docker.path_with(docker.bindir))
     res = tmp_path / "res"
     base = ["--sweep", "--results-dir", str(res), "--dry-run"]
     assert bench.main(base) == 0
