@@ -506,69 +506,6 @@ def pcie_ipc_tune_vote(r, bad_rank: int, fault: str):
     return {"disabled": comm.disabled, **calls}
 
 
-class _FakeCudaDriver:
-    """The cuda-python driver calls of the fusion workspace preflight, on a CPU rank: sizes from a 2 MiB
-    granularity, no multicast, and shareable handles that are real file descriptors (so FlashInfer's own
-    SCM_RIGHTS exchange moves them). `fail` names the call that fails on this rank."""
-
-    class CUresult:
-        CUDA_SUCCESS = 0
-        CUDA_ERROR_INVALID_VALUE = 1
-
-    class CUdevice_attribute:
-        CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 132
-
-    class CUmemAllocationGranularity_flags:
-        CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1
-
-    class CUmemAccess_flags:
-        CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
-
-    class CUmemAccessDesc:
-        pass
-
-    def __init__(self, fail: str | None):
-        self.fail, self.calls = fail, []
-
-    def _answer(self, name, *values):
-        self.calls.append(name)
-        return (self.CUresult.CUDA_ERROR_INVALID_VALUE if name == self.fail else self.CUresult.CUDA_SUCCESS, *values)
-
-    def cuDeviceGetAttribute(self, attr, device):
-        return self.CUresult.CUDA_SUCCESS, 0
-
-    def cuMemGetAllocationGranularity(self, prop, flags):
-        return self.CUresult.CUDA_SUCCESS, 2 << 20
-
-    def cuMemCreate(self, size, prop, flags):
-        return self._answer("cuMemCreate", len(self.calls) + 1)
-
-    def cuMemRelease(self, handle):
-        return self._answer("cuMemRelease")
-
-    def cuMemExportToShareableHandle(self, handle, handle_type, flags):
-        return self._answer("cuMemExportToShareableHandle", os.open(os.devnull, os.O_RDONLY))
-
-    def cuMemImportFromShareableHandle(self, fd, handle_type):
-        os.fstat(fd)  # a descriptor FlashInfer's exchange delivered
-        return self._answer("cuMemImportFromShareableHandle", 1000 + fd)
-
-    def cuMemAddressReserve(self, size, alignment, addr, flags):
-        return self._answer("cuMemAddressReserve", 1 << 40)
-
-    def cuMemMap(self, ptr, size, offset, handle, flags):
-        return self._answer("cuMemMap")
-
-    def cuMemSetAccess(self, ptr, size, descs, count):
-        return self._answer("cuMemSetAccess")
-
-    def cuMemUnmap(self, ptr, size):
-        return self._answer("cuMemUnmap")
-
-    def cuMemAddressFree(self, ptr, size):
-        return self._answer("cuMemAddressFree")
-
-
 def fusion_exchange_vote(r, bad_rank: int, fail: str | None):
     """SGLang's fusion workspace preflight on CPU ranks over gloo, with FlashInfer's comm backend and its real
     handle exchange: a failure in one rank's export, import, map or set-access must
@@ -581,7 +518,9 @@ def fusion_exchange_vote(r, bad_rank: int, fail: str | None):
     from sglang.srt.layers import flashinfer_comm_fusion as fcf
 
     sc.bring_up(r.rank, r.world, r.port, device="cpu")
-    drv = _FakeCudaDriver(fail if r.rank == bad_rank else None)
+    from _fake_cuda import FakeCudaDriver
+
+    drv = FakeCudaDriver(fail if r.rank == bad_rank else None)
     posix = mnnvl.cuda.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
     prop = types.SimpleNamespace(location=types.SimpleNamespace(id=0), requestedHandleTypes=posix)
     fcf.get_cuda_driver_bindings = lambda: drv

@@ -295,38 +295,6 @@ def tune_cache_save_fails(rank, world, port):
 
 
 # ------------------------------------------------------------------------------------------------------------------
-class _Driver:
-    """cuda-python's driver as the fusion preflight calls it, on a CPU rank: every call succeeds, and exported
-    handles are real file descriptors, so FlashInfer's own SCM_RIGHTS exchange moves them."""
-
-    class CUresult:
-        CUDA_SUCCESS = 0
-
-    class CUdevice_attribute:
-        CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 132
-
-    class CUmemAllocationGranularity_flags:
-        CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1
-
-    class CUmemAccess_flags:
-        CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
-
-    class CUmemAccessDesc:
-        pass
-
-    def cuDeviceGetAttribute(self, attr, device):
-        return 0, 0
-
-    def cuMemGetAllocationGranularity(self, prop, flags):
-        return 0, 2 << 20
-
-    def cuMemExportToShareableHandle(self, handle, handle_type, flags):
-        return 0, os.open(os.devnull, os.O_RDONLY)
-
-    def __getattr__(self, name):  # cuMemCreate, cuMemImportFromShareableHandle, cuMemMap, ...: success
-        return lambda *args: (0, 1)
-
-
 def fusion_exchange_fails_early(rank, world, port, bad_rank):
     """The fusion workspace preflight with FlashInfer's real handle exchange over its comm backend on a group of
     its own (as the device group is in the server), and bad_rank unable to make the exchange's temporary socket
@@ -335,13 +303,14 @@ def fusion_exchange_fails_early(rank, world, port, bad_rank):
     import torch
     import torch.distributed as dist
 
+    from _fake_cuda import FakeCudaDriver
     from sglang.srt.layers import flashinfer_comm_fusion as fcf
 
     tp = _up(rank, world, port)
     side = dist.new_group(backend="gloo")
     prop = SimpleNamespace(location=SimpleNamespace(id=0),
                            requestedHandleTypes=mnnvl.cuda.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
-    fcf.get_cuda_driver_bindings = lambda: _Driver()
+    fcf.get_cuda_driver_bindings = lambda: FakeCudaDriver(None)
     fcf._make_flashinfer_workspace_allocation_prop = lambda driver: prop
     mnnvl.is_mnnvl_fabric_supported = lambda device: False  # a PCIe-only GPU: POSIX file descriptors
     if rank == bad_rank:

@@ -1,0 +1,69 @@
+"""cuda-python's driver as SGLang's fusion workspace preflight calls it, on a CPU rank (tests/gpu/_ranks.py,
+tests/patches/_gloo.py). Imported as `_fake_cuda` (tests/ is on sys.path through tests/conftest.py)."""
+
+from __future__ import annotations
+
+import os
+
+
+class FakeCudaDriver:
+    """The cuda-python driver calls of the fusion workspace preflight, on a CPU rank: sizes from a 2 MiB
+    granularity, no multicast, and shareable handles that are real file descriptors (so FlashInfer's own
+    SCM_RIGHTS exchange moves them). `fail` names the call that fails on this rank."""
+
+    class CUresult:
+        CUDA_SUCCESS = 0
+        CUDA_ERROR_INVALID_VALUE = 1
+
+    class CUdevice_attribute:
+        CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 132
+
+    class CUmemAllocationGranularity_flags:
+        CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1
+
+    class CUmemAccess_flags:
+        CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
+
+    class CUmemAccessDesc:
+        pass
+
+    def __init__(self, fail: str | None):
+        self.fail, self.calls = fail, []
+
+    def _answer(self, name, *values):
+        self.calls.append(name)
+        return (self.CUresult.CUDA_ERROR_INVALID_VALUE if name == self.fail else self.CUresult.CUDA_SUCCESS, *values)
+
+    def cuDeviceGetAttribute(self, attr, device):
+        return self.CUresult.CUDA_SUCCESS, 0
+
+    def cuMemGetAllocationGranularity(self, prop, flags):
+        return self.CUresult.CUDA_SUCCESS, 2 << 20
+
+    def cuMemCreate(self, size, prop, flags):
+        return self._answer("cuMemCreate", len(self.calls) + 1)
+
+    def cuMemRelease(self, handle):
+        return self._answer("cuMemRelease")
+
+    def cuMemExportToShareableHandle(self, handle, handle_type, flags):
+        return self._answer("cuMemExportToShareableHandle", os.open(os.devnull, os.O_RDONLY))
+
+    def cuMemImportFromShareableHandle(self, fd, handle_type):
+        os.fstat(fd)  # a descriptor FlashInfer's exchange delivered
+        return self._answer("cuMemImportFromShareableHandle", 1000 + fd)
+
+    def cuMemAddressReserve(self, size, alignment, addr, flags):
+        return self._answer("cuMemAddressReserve", 1 << 40)
+
+    def cuMemMap(self, ptr, size, offset, handle, flags):
+        return self._answer("cuMemMap")
+
+    def cuMemSetAccess(self, ptr, size, descs, count):
+        return self._answer("cuMemSetAccess")
+
+    def cuMemUnmap(self, ptr, size):
+        return self._answer("cuMemUnmap")
+
+    def cuMemAddressFree(self, ptr, size):
+        return self._answer("cuMemAddressFree")
