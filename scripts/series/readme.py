@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 from ..lib.repo import REPO_ROOT
+from ..lib.table import md_table
 from .pin import Pin, series_patches
 
 README = REPO_ROOT / "README.md"
@@ -16,13 +17,13 @@ FORWARDED = re.compile(r"^Forwarded:\s*(\S+)", re.M)
 
 
 def series_table(pin: Pin) -> str:
-    rows = ["| # | patch | switches | upstream |", "| --- | --- | --- | --- |"]
+    rows = []
     for n, p in enumerate(series_patches(pin), 1):
         switches = sorted(set(SWITCH.findall(p.path.read_text().partition("\ndiff --git ")[2])))
         forwarded = FORWARDED.search(p.message)
-        rows.append(f"| {n} | {p.subject} | {', '.join(f'`{s}`' for s in switches) or '-'} | "
-                    f"{'not sent' if not forwarded or forwarded[1] == 'no' else forwarded[1]} |")
-    return "\n".join(rows)
+        rows.append([n, p.subject, ", ".join(f"`{s}`" for s in switches) or "-",
+                     "not sent" if not forwarded or forwarded[1] == "no" else forwarded[1]])
+    return md_table(["#", "patch", "switches", "upstream"], rows, "r")
 
 
 def with_table(text: str, pin: Pin) -> str:
