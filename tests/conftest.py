@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["_app"]  # the real HTTP app on CPU: fixtures server, embedding_server
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 for _var in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES"):  # under `make test`, a test's make is not nested
@@ -36,8 +38,10 @@ def _tree_problem() -> str | None:
         return None
     have, want = applied_patchset(TREE), patchset_id()
     if have != want:
-        return (f"{TREE} holds patch set {have or 'none'}, but patches/ is {want}: run `make apply` (or `make export`, "
-                f"if you committed in {TREE})")
+        return (
+            f"{TREE} holds patch set {have or 'none'}, but patches/ is {want}: run `make apply` (or `make export`, "
+            f"if you committed in {TREE})"
+        )
     return None
 
 

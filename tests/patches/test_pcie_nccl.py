@@ -669,6 +669,57 @@ def test_allreduce_timing_a_user_setting_wins(published, monkeypatch, timed, cap
         assert info["why"] == f"{setting} is set" and f"FlashInfer PCIe-IPC all-reduce off: {setting} is set." in log
 
 
+CHANGES = ["NCCL_P2P_LEVEL=SYS", "NCCL_PROTO=Simple", "NCCL_CONF_FILE edited", "~/.nccl.conf written",
+           "kernels untuned", "FlashInfer takes fewer sizes", "another SGLang"]
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_allreduce_timing_cache_is_keyed_on_every_input_of_the_measurement(published_profile, coordinator, timed,
+                                                                          fusion_workspace, monkeypatch, tmp_path,
+                                                                          change):
+    """A second start on the same box reads the table the first one timed (FlashInfer's real store, NVML faked); a
+    start that changed anything the timing depended on times again: NCCL's environment or a config file it reads,
+    whether the PCIe-IPC kernels run measured tactics, the sizes FlashInfer's kernel can take, SGLang's version."""
+    import sglang.version
+    from sglang.srt.distributed.device_communicators.pcie_ipc_ar import PcieIpcCommunicator, allreduce_backends
+
+    nvml(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: SimpleNamespace(pci_domain_id=0, pci_bus_id=1, pci_device_id=0))
+    for k in [k for k in os.environ if k.startswith("NCCL_")]:
+        monkeypatch.delenv(k)
+    conf = tmp_path / "nccl.conf"
+    conf.write_text("NCCL_PROTO=LL\n")
+    monkeypatch.setenv("NCCL_CONF_FILE", str(conf))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("FLASHINFER_AUTOTUNE_DIR", str(tmp_path / "autotune"))
+    tuned = {"now": True}
+    monkeypatch.setattr(PcieIpcCommunicator, "_tune", lambda self, hidden: tuned["now"])
+    make, _ = coordinator
+    fusion_workspace(SM120_FUSION_CAP)
+    calls = timed(crossing)
+
+    def start() -> str:
+        c = communicator()
+        c.prepare(hidden=HIDDEN, max_rows=64, coordinator=make(pcie_ipc=c, fi=True))
+        return allreduce_backends()["source"]
+
+    assert [start(), start()] == ["measured", "cache"] and len(calls) == 1
+    if "=" in change:
+        monkeypatch.setenv(*change.split("="))
+    elif change == "NCCL_CONF_FILE edited":
+        conf.write_text("NCCL_PROTO=Simple\n")
+    elif change == "~/.nccl.conf written":
+        (tmp_path / ".nccl.conf").write_text("NCCL_P2P_LEVEL=SYS\n")
+    elif change == "kernels untuned":
+        tuned["now"] = None
+    elif change == "FlashInfer takes fewer sizes":
+        fusion_workspace(16)
+    else:
+        monkeypatch.setattr(sglang.version, "__version__", "0.5.24")
+    assert start() == "measured" and len(calls) == 2
+
+
 @pytest.fixture(scope="module")
 def timing_starts(tmp_path_factory):
     """Four starts on two CPU ranks over gloo (tests/patches/_gloo.py allreduce_timing): per rank, per start."""

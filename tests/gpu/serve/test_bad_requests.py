@@ -46,6 +46,22 @@ BAD = [  # (id, path, body)
                                                                           "stop_token_ids": [OOV]})),
     ("stop-token-id-oov-completions", "/v1/completions", completion(stop_token_ids=[OOV])),
     ("token-ids-logprob-oov", "/generate", generate(return_logprob=True, token_ids_logprob=[OOV])),
+    # the fuzzer's finds (patches: the validation patch, constrained: ... is the request's 400), kept as regressions
+    ("logprob-start-negative", "/generate", generate(range(5, 15), return_logprob=True, logprob_start_len=-5)),
+    ("n-beyond-int64", "/generate", generate(sampling_params={"max_new_tokens": 4, "n": 2**63})),
+    ("n-huge-completions", "/v1/completions", completion(n=10**7)),
+    ("temperature-beyond-float32", "/generate", generate(sampling_params={"max_new_tokens": 4, "temperature": 1e39})),
+    ("repetition-penalty-tiny", "/generate", generate(sampling_params={"max_new_tokens": 4, "temperature": 1.0,
+                                                                       "top_k": 50, "repetition_penalty": 1e-40})),
+    ("stop-regex-invalid", "/generate", generate(sampling_params={"max_new_tokens": 4, "stop_regex": "("})),
+    ("grammar-no-token-starts", "/generate", generate(sampling_params={"max_new_tokens": 4, "regex": "z+"})),
+    ("grammar-dead-end-greedy", "/generate", generate(sampling_params={"max_new_tokens": 4, "regex": "w5z"})),
+    ("grammar-dead-end-sampled", "/generate", generate(sampling_params={"max_new_tokens": 4, "regex": "w5z",
+                                                                        "temperature": 0.8, "top_p": 0.9})),
+    ("session-params-unknown-key", "/generate", generate(session_params={"foo": 1})),
+    ("rid-a-list", "/generate", generate(rid=[])),
+    ("http-worker-ipc", "/generate", generate(http_worker_ipc="ipc:///tmp/elsewhere")),
+    ("chat-body-a-string", "/v1/chat/completions", b'"hello"'),
     ("prompt-id-oov-generate", "/generate", generate((5, OOV))),
     ("prompt-id-negative-generate", "/generate", generate((5, -1))),
     ("prompt-id-oov-generate-batch", "/generate", generate(([5, 6], [7, OOV]))),
@@ -67,6 +83,33 @@ def test_a_bad_request_gets_a_4xx_and_the_server_stays_healthy(server, where, na
     record_property("detail", f"{r.status_code}: {r.text[:200]}")
     assert 400 <= r.status_code < 500, f"{where}: {name} answered {r.status_code}: {r.text[:300]}"
     assert s.healthy(), f"{where} is down after {name}"
+
+
+# accepted values that once made a row's probabilities non-finite: each alone, then with a greedy request beside it
+EXTREME = {
+    "bias-max-over-half": {"temperature": 0.5, "top_p": 0.9, "logit_bias": {"5": 3.4e38}},
+    "bias-over-tiny-temperature": {"temperature": 1e-5, "logit_bias": {"5": 3.5e33}},
+    "every-token-banned": {"temperature": 0.5, "top_k": 20, "logit_bias": {str(i): -3.4e38 for i in range(2048)}},
+    "temperature-float32-max": {"temperature": 3.4e38, "top_p": 0.9, "min_new_tokens": 2},
+}
+
+
+@pytest.mark.parametrize("where", ["bad-spec", "bad-nospec"])
+@pytest.mark.parametrize("name", EXTREME)
+def test_an_extreme_sampled_request_beside_a_greedy_one_completes(server, where, name, record_property):
+    """In one batch with a greedy request (greedy is top_k 1: the whole batch takes the top-k/top-p sampler)."""
+    import concurrent.futures as cf
+
+    s = server(where)
+    bodies = [generate(range(5, 25), sampling_params={"max_new_tokens": 8, **EXTREME[name]}),
+              generate(range(5, 25), sampling_params={"max_new_tokens": 8, "temperature": 0})]
+    with cf.ThreadPoolExecutor(2) as ex:
+        answers = list(ex.map(lambda b: s.call("POST", "/generate", b, timeout=60), bodies))
+    record_property("detail", str([(r.status_code, r.json().get("output_ids") if r.ok else r.text[:100])
+                                   for r in answers]))
+    assert [r.status_code for r in answers] == [200, 200] and s.healthy(), [r.text[:200] for r in answers]
+    if name.startswith("bias-"):  # the biased token wins every step
+        assert set(answers[0].json()["output_ids"]) == {5}, answers[0].json()["output_ids"]
 
 
 @pytest.mark.parametrize("where", ["bad-spec", "bad-nospec"])

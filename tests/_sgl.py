@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 KIMI_K25 = FIXTURES / "kimi-k25"  # config.json only: KimiK25ForConditionalGeneration, DeepSeek-V3 text model
 KIMI_K25_EAGLE3 = FIXTURES / "kimi-k25-eagle3"  # config.json only: a Llama EAGLE-3 draft head for it
 
