@@ -9,7 +9,7 @@ import itertools
 import textwrap
 from typing import Callable
 
-from . import nccl
+from . import drafters, nccl
 from .facts import P2P_LEGEND, TARGET_REPO, Facts, image_doctor, parse_df
 
 SEVERITIES = ("ok", "info", "warn", "error")
@@ -441,6 +441,20 @@ def disk(f: Facts) -> list[Finding]:
                     "" if free >= need else "free space there, or put the cache on a bigger disk: export HF_HOME="
                     "/big/disk/huggingface (make serve, make bench and make report mount $HF_HOME at "
                     "/root/.cache/huggingface; by hand: docker run -v \"$HF_HOME\":/root/.cache/huggingface ...)")]
+
+
+@doctor_check
+def drafter_weights(f: Facts) -> list[Finding]:
+    """weights.drafters: the drafters the shipped profiles name (docker/profiles) in the HF cache serve mounts."""
+    got, where = f.get("drafters-present"), f"the HF cache {f.probe.hf_cache}"
+    if not got.ok:
+        return [Finding("weights.drafters", "info", f"drafters in {where} unknown: {got.why}")]
+    have = got.text.split()
+    missing = [r for r in drafters.profiled() if r not in have]
+    if not missing:
+        return [Finding("weights.drafters", "ok", f"{where} holds every profile's drafter ({', '.join(have)})")]
+    return [Finding("weights.drafters", "info", f"{where} lacks {', '.join(missing)}: serve downloads a profile's "
+                    "drafter when it starts", "; ".join(f"hf download {r}" for r in missing))]
 
 
 @doctor_check

@@ -20,7 +20,7 @@ from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
 from ..series.pin import applied_patchset
 from ..series.sglang_pkg import find_sglang
-from . import nccl
+from . import drafters, nccl
 from .docker_run import docker_run, hf_cache_dir
 from .engine import image_id
 
@@ -31,6 +31,7 @@ CAPTURE_FILES = {  # key -> file name in a recording (doctor --record DIR / --re
     "topo-p2p-r": "topo-p2p-r.txt", "topo-p2p-n": "topo-p2p-n.txt",
     "uvm-hmm": "uvm_disable_hmm", "cmdline": "proc-cmdline",
     "iommu-groups": "iommu-groups", "df": "df.txt", "model-present": "model-present", "nccl": "nccl.json",
+    "drafters-present": "drafters-present",
     "sglang": "sglang-path", "patchset": "patchset", "nvidia-params": "proc-driver-nvidia-params",
     **{k: f"{k}.txt" for k in nccl.PROBES},  # nccl-transport, pcie-ipc-smoke, peer-bandwidth
 }
@@ -100,6 +101,8 @@ class Probe:
             return self.command(["df", "-Pk", str(next(d for d in (hf, *hf.parents) if d.exists()))])
         if key == "model-present":
             return Out(True, "yes" if snaps.is_dir() and any(snaps.iterdir()) else "no")
+        if key == "drafters-present":  # the profiles' drafters in the cache, one per line
+            return Out(True, "".join(f"{r}\n" for r in drafters.profiled() if drafters.cached(r, str(hf))))
         if key == "sglang":
             pkg, why = find_sglang(self.python, self.timeout)
             return Out(bool(pkg), f"{pkg}\n" if pkg else "", why)

@@ -41,9 +41,10 @@ FIX = (f"write a key file readable by you only, (umask 077 && mkdir -p /etc/sgla
 LAUNCHER_NOTE = ("the patched launcher decides the PCIe-only NCCL defaults and the PCIe-IPC all-reduce when it starts "
                  "(NVML topology) and logs what it applied")
 OWN = {"--profile": f"profile name in docker/profiles or a .yaml path (default {SHIPPED_PROFILE})",
-       "--model": "target model (HF id or path): --model-path", "--draft-model": "EAGLE-3 drafter: "
-       "--speculative-draft-model-path", "--port": "HTTP port", "--host": "address to listen on (beyond loopback "
-       "it needs an API key)", "--api-key-file": "file holding the API key (e.g. a mounted docker secret)"}
+       "--model": "target model (HF id or path): --model-path",
+       "--draft-model": "drafter (EAGLE-3 or DFlash): --speculative-draft-model-path", "--port": "HTTP port",
+       "--host": "address to listen on (beyond loopback it needs an API key)",
+       "--api-key-file": "file holding the API key (e.g. a mounted docker secret)"}
 # Values SGLang's parser takes by type but that fail only once the server starts, after the weights load.
 RULES = {"mem_fraction_static": (lambda v: 0 < v < 1, "a fraction between 0 and 1 (e.g. 0.85)"),
          "speculative_eagle_topk": (lambda v: v >= 1, "at least 1"),
@@ -143,8 +144,14 @@ def check_values(sa) -> None:
         SpeculativeAlgorithm.from_string(sa.speculative_algorithm)
     except ValueError as e:
         bad.append(f"speculative-algorithm: {e}")
-    if sa.speculative_draft_model_path and not sa.speculative_algorithm:
-        bad.append("a drafter without --speculative-algorithm is never loaded: add -- --speculative-algorithm EAGLE3")
+    draft, algorithm = sa.speculative_draft_model_path, sa.speculative_algorithm
+    drafts_for = drafters.KNOWN.get(draft, ("EAGLE3",))[0]
+    if draft and not algorithm:
+        bad.append(f"a drafter without --speculative-algorithm is never loaded: add -- --speculative-algorithm "
+                   f"{drafts_for}")
+    elif draft in drafters.KNOWN and algorithm.upper() != drafts_for:
+        bad.append(f"drafter {draft} drafts for {drafts_for}, not {algorithm}: add -- --speculative-algorithm "
+                   f"{drafts_for}")
     if bad:
         raise UserError("SGLang would fail on these only after loading the weights; fix them in the profile or "
                         "after --:\n  " + "\n  ".join(bad))

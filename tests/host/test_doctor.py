@@ -186,6 +186,20 @@ def test_disk_is_judged_in_the_hf_cache_serve_mounts(monkeypatch):
     assert run(rec)[0]["disk.free"].severity == "ok"
 
 
+def test_the_profiles_drafters_are_looked_for_in_the_hf_cache(tmp_path):
+    rec = capture("pcie8x")
+    assert run(rec)[0]["weights.drafters"].severity == "info"  # not recorded: unknown
+    rec["drafters-present"] = "lightseekorg/kimi-k2.5-eagle3\n"
+    d = run(rec)[0]["weights.drafters"]
+    assert "lacks z-lab/Kimi-K2.5-DFlash" in d.message and d.fix == "hf download z-lab/Kimi-K2.5-DFlash"
+    snap = tmp_path / "hub" / "models--z-lab--Kimi-K2.5-DFlash" / "snapshots" / "r1"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text("{}")
+    assert F.Probe(python="python3", hf_cache=str(tmp_path)).get("drafters-present").text == "z-lab/Kimi-K2.5-DFlash\n"
+    rec["drafters-present"] += "z-lab/Kimi-K2.5-DFlash\n"
+    assert run(rec)[0]["weights.drafters"].severity == "ok"
+
+
 def test_patch_set_and_environment():
     rec = capture("pcie8x") | {"sglang": "/sgl-workspace/sglang/python/sglang\n", "patchset": "none\n"}
     assert run(rec, expected="abcdef012345")[0]["image.patchset"].severity == "error"

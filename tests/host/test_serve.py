@@ -19,6 +19,7 @@ from scripts.lib.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILES = {p.stem: p for p in (ROOT / "docker" / "profiles").glob("*.yaml")}
+SPEC = ("kimi-k25-eagle3-tp8", "kimi-k25-dflash-tp8")
 KEY = "k3y-0f-the-0perator"
 
 
@@ -45,17 +46,33 @@ def sglang_parse(argv: list[str]):
 
 
 def test_the_profiles_are_sglang_config_files(sglang_tree):
-    eagle, base = (serve.parse_with_sglang(["--config", str(PROFILES[n])]) for n in ("kimi-k25-eagle3-tp8",
-                                                                                         "kimi-k25-tp8"))
+    eagle, dflash, base = (serve.parse_with_sglang(["--config", str(PROFILES[n])]) for n in SPEC + ("kimi-k25-tp8",))
     assert (eagle.model_path, eagle.tp_size, eagle.host, eagle.port) == ("moonshotai/Kimi-K2.5", 8, "127.0.0.1", 30000)
     assert eagle.speculative_algorithm == "EAGLE3" and eagle.speculative_draft_model_path in drafters.KNOWN
     assert (eagle.speculative_num_steps, eagle.speculative_eagle_topk, eagle.speculative_num_draft_tokens) == (3, 1, 4)
+    assert (dflash.speculative_algorithm, dflash.speculative_num_draft_tokens) == ("DFLASH", 8)
+    assert drafters.KNOWN[dflash.speculative_draft_model_path][0] == "DFLASH"
     assert eagle.cuda_graph_max_bs_decode >= eagle.max_running_requests and eagle.enable_metrics
     assert base.speculative_algorithm is None
     import yaml
 
-    e, b = (yaml.safe_load(PROFILES[n].read_text()) for n in ("kimi-k25-eagle3-tp8", "kimi-k25-tp8"))
-    assert {k: v for k, v in e.items() if not k.startswith("speculative")} == b  # the baseline differs in nothing else
+    b = yaml.safe_load(PROFILES["kimi-k25-tp8"].read_text())
+    for name in SPEC:  # the baseline differs in nothing else
+        assert {k: v for k, v in yaml.safe_load(PROFILES[name].read_text()).items() if "speculative" not in k} == b
+
+
+@pytest.mark.parametrize("extra, want", [([], "triton"), (["--speculative-draft-attention-backend=fa4"], "fa4")])
+def test_the_dflash_draft_attends_on_triton_on_sm120_unless_told_otherwise(sglang_tree, extra, want):
+    """SGLang's resolution of the DFlash profile for Kimi-K2.5 on an SM120 GPU (the fixtures' configs)."""
+    import _sgl
+
+    argv = ["--config", str(PROFILES["kimi-k25-dflash-tp8"]), "--model-path", str(_sgl.KIMI_K25),
+            "--speculative-draft-model-path", str(_sgl.FIXTURES / "kimi-k25-dflash"), "--device", "cuda", *extra]
+    sa = serve.parse_with_sglang(argv)
+    with _sgl.platform(12):
+        sa.resolve_once()
+    assert (_sgl.resolved(sa, "attention_backend"), _sgl.resolved(sa, "speculative_draft_attention_backend")) == (
+        "triton", want)
 
 
 def test_dry_run_is_sglangs_own_command_line(capsys, sglang_tree, hf):
@@ -80,9 +97,11 @@ def test_values_sglang_would_fail_on_after_the_load_are_refused_first(capsys, sg
     assert named in str(e.value)
 
 
-def test_a_drafter_without_an_algorithm_is_refused(capsys, sglang_tree, hf):
-    with pytest.raises(UserError, match="--speculative-algorithm"):
+def test_a_drafter_without_its_algorithm_is_refused(capsys, sglang_tree, hf):
+    with pytest.raises(UserError, match="--speculative-algorithm EAGLE3"):
         dry_run(capsys, "--profile", "kimi-k25-tp8", "--draft-model", "lightseekorg/kimi-k2.5-eagle3")
+    with pytest.raises(UserError, match="drafts for DFLASH, not EAGLE3: add -- --speculative-algorithm DFLASH"):
+        dry_run(capsys, "--draft-model", "z-lab/Kimi-K2.5-DFlash")
     doc = dry_run(capsys, "--profile", "kimi-k25-tp8", "--draft-model", "lightseekorg/kimi-k2.5-eagle3", "--",
                   "--speculative-algorithm", "EAGLE3")
     assert sglang_parse(doc["argv"]).speculative_algorithm == "EAGLE3"
@@ -104,6 +123,9 @@ def test_drafters_are_checked_against_the_known_ones_and_the_hf_cache(capsys, hf
     assert any(n.startswith("drafter x/own-drafter: not one of the known") for n in own)
     known = dry_run(capsys, "--draft-model", "AQ-MedAI/Kimi-K25-eagle3")["notes"]
     assert any(n.startswith("drafter AQ-MedAI/Kimi-K25-eagle3") and str(hf) in n for n in known)
+    notes = dry_run(capsys, "--profile", "kimi-k25-dflash-tp8")["notes"]  # make serve SERVE_ARGS="--profile ..."
+    assert any(n.startswith("drafter z-lab/Kimi-K2.5-DFlash (DFLASH): block drafting")
+               and n.endswith("(or before: hf download z-lab/Kimi-K2.5-DFlash)") for n in notes), notes
 
 
 def test_profile_lookup(capsys, tmp_path, hf):
