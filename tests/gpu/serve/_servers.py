@@ -1,8 +1,8 @@
 """test-serve's servers: the phases, the lent-GPU route, one server's start, calls and stop.
 
-A phase is one server: a generated tiny target (tiny_models.py), with or without an EAGLE-3 drafter, started from a
-tiny profile (docker/profiles/tiny/*.yaml, SGLang --config files: the profile `python -m scripts.host.serve
---profile` runs) by SGLang's own popen_launch_server, i.e. `sglang serve --model-path T --config P
+A phase is one server: a generated tiny target (tiny_models.py), with or without an EAGLE-3 or DFlash drafter,
+started from a tiny profile (docker/profiles/tiny/*.yaml, SGLang --config files: the profile `python -m
+scripts.host.serve --profile` runs) by SGLang's own popen_launch_server, i.e. `sglang serve --model-path T --config P
 [--speculative-draft-model-path D] --tp-size N ...`, and stopped by its terminate_and_kill_process_tree.
 """
 
@@ -22,10 +22,14 @@ from tiny_models import SPECIALS, VOCAB
 
 HERE = Path(__file__).resolve().parent
 PROFILES = HERE.parents[2] / "docker" / "profiles" / "tiny"
+PROFILE_OF = {"draft": "eagle3.yaml", "dflash": "dflash.yaml"}  # a drafter's profile, by its name (tiny_models)
 PROFILE = yaml.safe_load((PROFILES / "eagle3.yaml").read_text())
 DRAFT_TOKENS = PROFILE["speculative-num-draft-tokens"]  # the accept length when every draft token is accepted
 CAPTURED_MAX = max(PROFILE["cuda-graph-bs-decode"])
-CAP = 2 * CAPTURED_MAX  # llama-cap's --max-running-requests: above the largest captured batch
+# The stages each algorithm's forwards are counted under (/server_info spec_cuda_graph and spec_collectives, /metrics
+# sglang:cuda_graph_passes_total; patches/ spec-*); an eager forward's spec_collectives entry is "<stage>_eager".
+STAGES = {"EAGLE3": ("target_verify", "draft_decode", "draft_extend"), "DFLASH": ("target_verify", "draft_block")}
+CAP = 2 * CAPTURED_MAX  # llama-cap's and llama-dflash's --max-running-requests: above the largest captured batch
 READY_S = 600
 PORT_STRIDE = 10  # phase i: HTTP port BASE + 10 i, NCCL port BASE + 10 i + 5
 
@@ -38,6 +42,14 @@ class Phase:
     flags: tuple[str, ...] = ()
     reference: str | None = None  # the phase whose greedy output this one must equal
 
+    @property
+    def profile(self) -> Path:
+        return PROFILES / (PROFILE_OF[self.drafter.split("-")[0]] if self.drafter else "nospec.yaml")
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        return STAGES[yaml.safe_load(self.profile.read_text())["speculative-algorithm"]]
+
 
 PHASES = {p.name: p for p in (
     Phase("llama-nospec", "llama"),  # the reference: greedy output = the target's chain
@@ -48,11 +60,17 @@ PHASES = {p.name: p for p in (
     Phase("kimi-nospec", "kimi"),  # DeepSeek-V3-shaped with Kimi-K2.5's keys
     Phase("kimi-graph", "kimi", "draft-pi", reference="kimi-nospec"),  # Llama-form drafter
     Phase("kimi-mla", "kimi", "draft-mla", reference="kimi-nospec"),  # MLA-form drafter
+    Phase("llama-dflash", "llama", "dflash-first", ("--max-running-requests", str(CAP)), "llama-nospec"),  # + the cap
+    Phase("llama-dflash-eager", "llama", "dflash-random", ("--disable-decode-cuda-graph",), "llama-nospec"),
+    Phase("kimi-dflash", "kimi", "dflash-first", reference="kimi-nospec"),
     Phase("llama-client", "llama", "draft-pi"),  # the OpenAI client's (vs llama-nospec): its counters are its own
     Phase("llama-sampled", "llama", "draft-pi"),  # sampled requests, under the sync guard (plugin/)
-    Phase("bad-spec", "llama", "draft-pi"),  # bad requests, which may take a server down
+    Phase("llama-dflash-sampled", "llama", "dflash-first"),  # sampled requests, with greedy ones in their batches
+    Phase("bad-spec", "llama", "draft-pi"),  # bad requests and the fuzzer, which may take a server down
+    Phase("bad-dflash", "llama", "dflash-first"),
     Phase("bad-nospec", "llama"),
 )}
+BAD_PHASES = [n for n in PHASES if n.startswith("bad-")]
 GUARDED, GUARD_FILE = "llama-sampled", "sync-guard.jsonl"  # the server under the sync guard, its record beside its log
 
 # The lent-GPU route (--standins; bench/device/run.sh's tiny bench reads it too): a machine whose torch sgl-kernel
@@ -99,8 +117,8 @@ class Server:
     def plan(cls, phase: Phase, index: int, base: int, world: int, models: Path, flags, work: Path) -> "Server":
         port = base + PORT_STRIDE * index
         pair = models / phase.pair
-        args = ["--config", str(PROFILES / ("eagle3.yaml" if phase.drafter else "nospec.yaml")), "--tp-size",
-                str(world), "--nccl-port", str(port + PORT_STRIDE // 2), *flags, *phase.flags]
+        args = ["--config", str(phase.profile), "--tp-size", str(world), "--nccl-port", str(port + PORT_STRIDE // 2),
+                *flags, *phase.flags]
         args += ["--speculative-draft-model-path", str(pair / phase.drafter)] if phase.drafter else []
         return cls(phase, port, args, str(pair / "target"), work / f"{phase.name}.log")
 

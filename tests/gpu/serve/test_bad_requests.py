@@ -1,6 +1,6 @@
 """No request can take the server down: each malformed or out-of-range request below gets a 4xx, the server stays
-healthy, and its greedy output afterwards is what it was (the target's chain). On a speculative server and on one
-without speculation, each its own (bad-spec, bad-nospec): a request that kills one leaves every other phase alone.
+healthy, and its greedy output afterwards is what it was (the target's chain). On an EAGLE-3, a DFlash and a server
+without speculation, each its own (sv.BAD_PHASES): a request that kills one leaves every other phase alone.
 The malformed ones come first; a token id outside [0, vocab) is last (SGLang 0.5.23 dies on one in a prompt)."""
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ BAD = [  # (id, path, body)
 ]
 
 
-@pytest.mark.parametrize("where", ["bad-spec", "bad-nospec"])
+@pytest.mark.parametrize("where", sv.BAD_PHASES)
 @pytest.mark.parametrize("name, path, body", BAD, ids=[b[0] for b in BAD])
 def test_a_bad_request_gets_a_4xx_and_the_server_stays_healthy(server, where, name, path, body, record_property):
     s = server(where)
@@ -94,7 +94,7 @@ EXTREME = {
 }
 
 
-@pytest.mark.parametrize("where", ["bad-spec", "bad-nospec"])
+@pytest.mark.parametrize("where", sv.BAD_PHASES)
 @pytest.mark.parametrize("name", EXTREME)
 def test_an_extreme_sampled_request_beside_a_greedy_one_completes(server, where, name, record_property):
     """In one batch with a greedy request (greedy is top_k 1: the whole batch takes the top-k/top-p sampler)."""
@@ -112,7 +112,7 @@ def test_an_extreme_sampled_request_beside_a_greedy_one_completes(server, where,
         assert set(answers[0].json()["output_ids"]) == {5}, answers[0].json()["output_ids"]
 
 
-@pytest.mark.parametrize("where", ["bad-spec", "bad-nospec"])
+@pytest.mark.parametrize("where", sv.BAD_PHASES)
 def test_greedy_output_afterwards_is_unchanged(server, tiny_models, where):
     prompt = sv.prompts()[1]
     got = server(where).generate(prompt, 64)["output_ids"]

@@ -1,6 +1,6 @@
 """The request fuzzer (tests/_fuzz.py) against the running servers: a seeded corpus of random and adversarial
 requests over /generate, /v1/completions and /v1/chat/completions, one after another, then concurrent bursts that
-mix valid greedy, sampled and extreme-but-accepted requests in one batch, on the speculative server and its
+mix valid greedy, sampled and extreme-but-accepted requests in one batch, on the EAGLE-3 and DFlash servers and their
 reference without speculation (the bad-request phases' servers, after their bad requests). Every answer's class
 (2xx, 4xx, 5xx, hang, down) and the corpus go into the phase's report; the phase fails when a server dies or stops
 answering, a request hangs, any request gets a 5xx (a client's fault is a 4xx, a valid request a 2xx), or greedy
@@ -19,7 +19,7 @@ import _servers as sv
 from tiny_models import VOCAB, greedy_chain, load_chain
 
 PHASE = "fuzz"
-WHERE = [n for n, p in sv.PHASES.items() if n.startswith("bad-")]
+WHERE = sv.BAD_PHASES
 TIMEOUT_S = 60  # per request: a tiny model answers any of them in well under a second
 BURSTS, BURST_SIZE = 12, 16
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 import _servers as sv
 import tiny_models as tm
@@ -20,19 +21,27 @@ PHASE = "suite"
 
 def test_every_tiny_model_loads_in_sglangs_config_classes(tiny_models):
     from sglang.srt.configs.model_config import AttentionArch, ModelConfig
+    from sglang.srt.speculative.dflash_utils import parse_dflash_draft_config
 
     for pair, dirs in tm.PAIRS.items():
+        layers = ModelConfig(str(tiny_models / pair / "target")).hf_config.num_hidden_layers
         for name in dirs:
             mc = ModelConfig(str(tiny_models / pair / name), is_draft_model=name != "target")
             assert (mc.hf_config.vocab_size, mc.hf_config.hidden_size) == (tm.VOCAB, tm.WIDTH), (pair, name)
-            assert (mc.attention_arch == AttentionArch.MLA) == (pair == "kimi" and name != "draft-pi"), (pair, name)
+            mla = pair == "kimi" and name in ("target", "draft-mla")
+            assert (mc.attention_arch == AttentionArch.MLA) == mla, (pair, name)
+            if name in tm.DFLASH:  # what the DFLASH worker reads: the block's mask token, the target layers it reads
+                d = parse_dflash_draft_config(draft_hf_config=mc.hf_config)
+                assert (d.mask_token_id, d.resolve_target_layer_ids(target_num_layers=layers)) == (
+                    tm.DFLASH_MASK, tm.DFLASH_LAYERS), (pair, name)
     fixture = json.loads((sv.HERE.parents[1] / "fixtures" / "kimi-k25" / "config.json").read_text())["text_config"]
     ours = json.loads((tiny_models / "kimi" / "target" / "config.json").read_text())
     assert not sorted(set(fixture) - set(ours) - {"quantization_config"}), "Kimi-K2.5 text_config keys it lacks"
 
 
-@pytest.mark.parametrize("profile", ["eagle3.yaml", "nospec.yaml"])
-def test_the_tiny_profiles_are_sglang_config_files(profile):
+@pytest.mark.parametrize("profile, kimi", [("eagle3.yaml", "kimi-k25-eagle3-tp8"), ("dflash.yaml",
+                                             "kimi-k25-dflash-tp8"), ("nospec.yaml", "kimi-k25-tp8")])
+def test_the_tiny_profiles_are_sglang_config_files_drafting_as_the_kimi_ones(profile, kimi):
     import argparse
 
     from sglang.srt.server_args import ServerArgs
@@ -44,7 +53,10 @@ def test_the_tiny_profiles_are_sglang_config_files(profile):
                                                                 str(sv.PROFILES / profile)])
     a = parser.parse_args(argv + ["--max-running-requests", "16"])  # the command line wins, as llama-cap's does
     assert a.max_running_requests == 16 and a.cuda_graph_bs_decode == [1, 2, 4, sv.CAPTURED_MAX]
-    assert a.speculative_num_draft_tokens == (sv.DRAFT_TOKENS if profile == "eagle3.yaml" else None)
+    tiny, real = ({k: v for k, v in yaml.safe_load(p.read_text()).items() if k.startswith("speculative")}
+                  for p in (sv.PROFILES / profile, sv.PROFILES.parent / f"{kimi}.yaml"))
+    real.pop("speculative-draft-model-path", None)  # the tiny one's comes from the phase
+    assert tiny == real, "the tiny profile drafts as the Kimi profile does"
 
 
 def test_the_bad_request_list_is_well_formed():

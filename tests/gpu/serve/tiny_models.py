@@ -1,4 +1,4 @@
-"""Tiny generated models for test-serve: target + EAGLE-3 drafter pairs SGLang loads with its own loaders.
+"""Tiny generated models for test-serve: targets with EAGLE-3 and DFlash drafters SGLang loads with its own loaders.
 
 Every target is built so that its greedy next token is a fixed permutation `chain` of the current token, with a
 clear logit margin (the residual stream is dominated by the token embedding: embeddings are random unit rows
@@ -14,6 +14,9 @@ so a served chain is the lossless check; chain.json holds it. Drafters:
   draft-random  random weights, half the vocabulary as draft vocab (d2t/t2d): almost never accepted.
   draft-mla     (kimi) draft-pi's construction in Kimi's MLA drafter form (Eagle3DeepseekV2ForCausalLM, the form
                 of lightseekorg/kimi-k2.5-eagle3-mla): q/k through the latent projections, v = the latent itself.
+  dflash-first  DFlashDraftModel (the Qwen3 form of z-lab/Kimi-K2.5-DFlash: one layer over the target's embedding
+                and head), right at block position 1 only, so its accept length is exactly 2 (dflash_drafter).
+  dflash-random the same form with random weights (it proposes the mask token mostly): never right.
 
 Pairs: `llama` (LlamaForCausalLM, 4 layers, 8 heads / 8 KV heads) and `kimi` (DeepseekV3ForCausalLM with
 Kimi-K2.5's text-model config keys, model_type kimi_k2: MLA with its per-head dims 512/64/128/128, a dense first
@@ -33,7 +36,9 @@ VOCAB = 2048
 WIDTH = 512  # hidden size of every tiny model
 SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")  # ids 0..3, fixed points of the chain
 AUX_LAYERS = [0, 1, 2]  # the target layers whose hidden states the drafter's fc reads (fc is zero)
-PAIRS = {"llama": ("target", "draft-pi", "draft-random"), "kimi": ("target", "draft-pi", "draft-mla")}
+DFLASH = ("dflash-first", "dflash-random")
+PAIRS = {"llama": ("target", "draft-pi", "draft-random", *DFLASH), "kimi": ("target", "draft-pi", "draft-mla", *DFLASH)}
+DFLASH_MASK, DFLASH_LAYERS, GAIN = 3, [0, 1], 8192.0  # <pad> fills a block's positions 1..; see dflash_drafter
 CHAIN_FILE = "chain.json"
 # MLA per-head dims of DeepSeek-V3 / Kimi-K2.5 (SGLang's triton MLA decode kernel takes kv_lora + rope = 576)
 MLA = {"q_lora_rank": 128, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
@@ -164,12 +169,14 @@ def kimi_target(g, inv, out_std: float = 0.02) -> tuple[object, dict, dict]:
     return u, w, cfg
 
 
-def _eagle_config(extra: dict) -> dict:
+def _draft_config(extra: dict) -> dict:
     return _common({"num_hidden_layers": 1, "num_attention_heads": HEADS, "intermediate_size": INTER,
-                    "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-                    "target_hidden_size": WIDTH, "draft_vocab_size": VOCAB,
-                    "eagle_config": {"use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids": AUX_LAYERS},
-                    **extra})
+                    "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, **extra})
+
+
+def _eagle_config(extra: dict) -> dict:
+    return _draft_config({"target_hidden_size": WIDTH, "draft_vocab_size": VOCAB, **extra, "eagle_config": {
+        "use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids": AUX_LAYERS}})
 
 
 def _pi_tail(u, inv, s_draft: float = 40.0, w_final: float = 0.01) -> dict:
@@ -247,8 +254,32 @@ def mla_pi_drafter(g, u, inv, beta: float = 2.0) -> tuple[dict, dict]:
                              "num_key_value_heads": HEADS, **MLA, "norm_output": True})
 
 
+def dflash_drafter(g, u, target_layers: int, right: bool = True) -> tuple[dict, dict]:
+    """A DFlash draft block is [anchor, mask ...]; each position's hidden goes through the target's head. right: q = 0,
+    so every position attends evenly to the context and the block; the context's values are 0 (fc = 0) and so are
+    the mask token's (v_proj projects its embedding out), so attention returns the anchor's embedding / (context +
+    block), which o_proj (GAIN * I) lifts over the mask embedding in the residual (the MLP adds 0): every position
+    proposes chain(anchor), right at position 1 only while the context is under GAIN / 4 tokens."""
+    mask, p, eye = u[DFLASH_MASK], "layers.0.", torch.eye(WIDTH)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g) * 0.05
+
+    proj = dict(q_proj=0 * eye, k_proj=0 * eye, v_proj=eye - torch.outer(mask, mask), o_proj=GAIN * eye)
+    w = {f"{p}self_attn.{k}.weight": v if right else rnd(WIDTH, WIDTH) for k, v in proj.items()}
+    w |= {n + ".weight": torch.ones(WIDTH) for n in ("norm", "hidden_norm", p + "input_layernorm",
+                                                      p + "post_attention_layernorm")}
+    w |= {f"{p}self_attn.{n}_norm.weight": torch.ones(HEAD_DIM) for n in "qk"}
+    w |= {f"{p}mlp.{n}_proj.weight": rnd(INTER, WIDTH) for n in ("gate", "up")}
+    w[p + "mlp.down_proj.weight"] = rnd(WIDTH, INTER) * (not right)
+    w["fc.weight"] = rnd(WIDTH, len(DFLASH_LAYERS) * WIDTH) * (not right)  # the target's hidden states in
+    return w, _draft_config({"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "head_dim": HEAD_DIM,
+                             "num_key_value_heads": HEADS, "num_target_layers": target_layers,
+                             "dflash_config": {"mask_token_id": DFLASH_MASK, "target_layer_ids": DFLASH_LAYERS}})
+
+
 def write_pair(out: Path, pair: str, seed: int = 0) -> None:
-    """out/<pair>/{target, draft-*}/ and out/<pair>/chain.json (pair: PAIRS)."""
+    """out/<pair>/{target, draft-*, dflash-*}/ and out/<pair>/chain.json (pair: PAIRS)."""
     g = torch.Generator().manual_seed(seed)
     chain, inv = make_chain(g)
     base = Path(out) / pair
@@ -259,6 +290,8 @@ def write_pair(out: Path, pair: str, seed: int = 0) -> None:
         drafters["draft-random"] = llama_random_drafter(g)
     else:
         drafters["draft-mla"] = mla_pi_drafter(g, u, inv)
+    for name in DFLASH:
+        drafters[name] = dflash_drafter(g, u, tcfg["num_hidden_layers"], right=name == "dflash-first")
     for name, (w, cfg) in drafters.items():
         _save(base / name, w, cfg)
     (base / CHAIN_FILE).write_text(json.dumps({"next": chain, "specials": len(SPECIALS)}) + "\n")
