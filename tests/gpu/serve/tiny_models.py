@@ -16,7 +16,7 @@ so a served chain is the lossless check; chain.json holds it. Drafters:
                 of lightseekorg/kimi-k2.5-eagle3-mla): q/k through the latent projections, v = the latent itself.
   dflash-first  DFlashDraftModel (the Qwen3 form of z-lab/Kimi-K2.5-DFlash: one layer over the target's embedding
                 and head), right at block position 1 only, so its accept length is exactly 2 (dflash_drafter).
-  dflash-random the same form with random weights (it proposes the mask token mostly): never right.
+  dflash-random the same form with random weights (it mostly proposes the mask token): almost never right.
 
 Pairs: `llama` (LlamaForCausalLM, 4 layers, 8 heads / 8 KV heads) and `kimi` (DeepseekV3ForCausalLM with
 Kimi-K2.5's text-model config keys, model_type kimi_k2: MLA with its per-head dims 512/64/128/128, a dense first
