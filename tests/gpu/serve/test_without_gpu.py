@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import pytest
-import yaml
 
 import _servers as sv
 import tiny_models as tm
@@ -44,6 +43,7 @@ def test_every_tiny_model_loads_in_sglangs_config_classes(tiny_models):
 def test_the_tiny_profiles_are_sglang_config_files_drafting_as_the_kimi_ones(profile, kimi):
     import argparse
 
+    import yaml
     from sglang.srt.server_args import ServerArgs
     from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
 
