@@ -40,9 +40,9 @@ def _end(k: dict) -> float:
 
 
 def per_layer(ordered: list[dict], classes: list[str], skip: int = 1) -> tuple[int, dict]:
-    """(layers, {class: kernels of one layer}): the attention kernel a forward runs most often (the earliest of a
-    tie) marks each layer's start; a layer is the median of the spans between consecutive marks from the
-    (skip + 1)-th on. skip 1 passes over DeepSeek's dense first layer; fewer than two spans give {}."""
+    """(layers, {class: kernels of one layer, "total", "us": its time}): the attention kernel a forward runs most
+    often (the earliest of a tie) marks each layer's start; a layer is the median of the spans between consecutive
+    marks from the (skip + 1)-th on. skip 1 passes over DeepSeek's dense first layer; fewer than two spans give {}."""
     att = [k["name"] for k, c in zip(ordered, classes) if c == "attention"]
     if not att:
         return 0, {}
@@ -53,7 +53,8 @@ def per_layer(ordered: list[dict], classes: list[str], skip: int = 1) -> tuple[i
     if not spans:
         return len(at), {}
     out = {c: statistics.median(s[c] for s in spans) for c in NAMES if any(s[c] for s in spans)}
-    return len(at), out | {"total": statistics.median(sum(s.values()) for s in spans)}
+    us = statistics.median(ordered[b]["ts"] - ordered[a]["ts"] for a, b in zip(at[skip:], at[skip + 1:]))
+    return len(at), out | {"total": statistics.median(sum(s.values()) for s in spans), "us": round(us, 2)}
 
 
 def summarize(events: list[dict], skip: int = 1) -> dict:

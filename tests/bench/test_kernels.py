@@ -7,6 +7,7 @@ span."""
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 from pathlib import Path
 
@@ -45,7 +46,8 @@ def test_a_recorded_decode_and_verify_give_their_layers_by_class():
     assert d["classes"]["gemm"] == [17, pytest.approx(55.0, abs=0.1)] and d["classes"]["sampling"][0] == 1
     # one layer of the torch-reference route: 2 norms of 3 named kernels, 4 GEMMs, the KV store, the two decode
     # attention kernels (one extend kernel in the verify), and the reference's elementwise kernels
-    assert d["per_layer"] == {"rope_kv": 1, "attention": 2, "norm": 6, "gemm": 4, "other": 39, "total": 52}
+    assert d["per_layer"] == {"rope_kv": 1, "attention": 2, "norm": 6, "gemm": 4, "other": 39, "total": 52,
+                              "us": 95.76}  # a layer of 52 kernels: 96 us on the H200, 1.8 us per kernel
     assert v["per_layer"]["attention"] == 1 and v["per_layer"]["total"] == 53
     assert 1.4 < d["node_us"] < 1.6  # a small kernel and the idle time after it, on the H200
     # the cycle's GPU is busy 0.92 of 7.68 ms: the tiny proxy's cycle is the host's
@@ -61,7 +63,7 @@ def test_a_layer_is_the_span_between_its_attention_marks():
     ev = [{"name": n, "ts": 10.0 * i, "dur": 2.0} for i, n in enumerate(seq)]
     s = kn.summarize(ev)
     assert s["layers"] == 4 and s["per_layer"] == {"routing": 1, "moe": 1, "attention": 2, "norm": 1, "gemm": 1,
-                                                    "total": 6}
+                                                    "total": 6, "us": 60.0}
     assert s["node_us"] == 10.0 and kn.summarize(ev[:5])["per_layer"] == {}
 
 
@@ -69,3 +71,39 @@ def test_busy_time_is_the_union_of_gpu_work_in_each_window():
     ev = [{"ts": 0, "dur": 10}, {"ts": 5, "dur": 10}, {"ts": 100, "dur": 50}, {"ts": 990, "dur": 20}]
     assert kn.busy_ms(ev, [0, 1000]) == 0.075 and kn.busy_ms(ev, [0, 120, 1000]) == 0.0375  # 35 and 40 us
     assert kn.busy_ms(ev, [5]) is None
+
+
+def device_script():
+    """bench/device/kernels.py, the device run's driver (it is no module of scripts/)."""
+    path = Path(__file__).parents[2] / "bench/device/kernels.py"
+    spec = importlib.util.spec_from_file_location("device_kernels", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_device_slice_reads_one_rank_s_bytes_of_the_cost_model():
+    dk, mem = device_script(), sm.load()[0]["memory"]
+    cfg = dk.slice_config(4)
+    assert (cfg["num_attention_heads"], cfg["moe_intermediate_size"], cfg["vocab_size"], cfg["num_hidden_layers"],
+            cfg["quantization_config"]["quant_method"]) == (8, 256, 20480, 4, "compressed-tensors")
+    got, layers = dk.layer_bytes(cfg), {"q_a_kv_a": 61, "attention": 61, "router": 60, "shared_expert": 60}
+    want = {k: mem["non_routed_gb"][k] for k in layers}  # GB per forward over its 61 or 60 layers
+    assert {k: got[k] / 1e9 * n for k, n in layers.items()} == pytest.approx(want, rel=0.01)
+    assert got["routed_per_expert"] * 60 / 1e9 == pytest.approx(mem["routed_gb_per_expert"], rel=0.01)
+    assert dk.layer_bytes(dk.slice_config(4, int4=False))["routed_per_expert"] == pytest.approx(11.01e6, rel=1e-3)
+
+
+def test_the_device_tables_from_a_recorded_trace():
+    dk = device_script()
+    run = dk.reduce(TRACES["nospec"])
+    res = {"gpu": "NVIDIA H200", "bw_tb_s": 4.2, "layers": 4, "servers": {
+        "tiny-jit-nospec": {"measured": {"greedy_equal": True, "accept_length": None, "run": run}},
+        "slice-jit": {"measured": {"bs1": run}}, "slice-fused": {"error": "exited 1 | see slice-fused.log"}}}
+    md = dk.tables(res)
+    assert "| tiny-jit-nospec | True | - | decode bs1 | 0.407 | 219 | 52 | 0 | 0 | 0 | 1 | 6 | 2 | 4 | 39 |" in md
+    assert "| slice-fused | exited 1 / see slice-fused.log |" in md and "3.10 MB INT4 g32" in md
+    # GEMM time scaled by 4.2 / (1.792 x 0.85) = 2.76, the rest as measured; 57 more layers of it
+    sc = dk.scaled(run["stages"]["decode"], 4.2, 4)
+    assert sc["ratio"] == 2.757 and 0.1 < sc["bytes_share"] < 0.3 and sc["forward_61_ms"] > 57 * 95.76 / 1000
+    assert f"nodes at 61 layers {219 + 57 * 52}" in md
