@@ -14,8 +14,8 @@ Servers, all started at once (each its own process group), measured one at a tim
       them (the Triton W4A16 MoE: the box runs Marlin, which needs sgl-kernel here), or bf16 (slice-bf16-*): decode
       at batch 1, 4 and 8 (the rows of a plain decode, verify(4) and verify(8)) timed and counted.
 Variants (VARIANTS): lent = test-serve's route, every fused op on its torch reference; jit = one kernel per fused op
-(SGLang's own JIT and Triton kernels, the norms by bench/device/kernels_plugin): the box's kernel set; fused = jit
-plus the switches the route can run that cut kernels. Writes DIR/kernels.json (all of it, rewritten after each
+(SGLang's own JIT and Triton kernels, the norms by bench/device/kernels_plugin): the box's kernel set; fused, gemv,
+shared = jit plus the switches the route can run (eagle-fast-verify.md section 1.10). Writes DIR/kernels.json (all of it, rewritten after each
 server), DIR/kernels.md (the tables), DIR/kernels-traces.tgz (the decode traces and the server logs) and prints the
 tables. Exit status: 0 every server measured; 1 some did not (the rest are kept); 2 a usage problem.
 """
@@ -46,11 +46,17 @@ from scripts.lib.errors import UserError  # noqa: E402
 from scripts.lib.http import get_json, post_json  # noqa: E402
 
 JIT = {"SGLANG_FORCE_FUSED_OP_BACKEND": None, "EAGLE_JIT_NORM": "1"}
-VARIANTS = {  # name: (environment changes (None: unset), SGLang flags)
-    "lent": ({}, ()),
-    "jit": (JIT, ()),
-    # the MoE's SiLU in its up GEMM's epilogue (bf16 Triton MoE only), the shared expert as a 385th routed expert
-    "fused": (JIT | {"SGLANG_OPT_FUSE_SWIGLU_INTERLEAVED": "1"}, ("--enforce-shared-experts-fusion",)),
+SWIGLU, SHARED, GEMV = ({"SGLANG_OPT_FUSE_SWIGLU_INTERLEAVED": "1"}, ("--enforce-shared-experts-fusion",),
+                        ("--bf16-gemm-backend", "gemv"))
+VARIANTS = {  # name: (environment changes (None: unset), SGLang flags, the servers it runs on)
+    "lent": ({}, (), ("tiny", "slice")),
+    "jit": (JIT, (), ("tiny", "slice", "slice-bf16")),
+    # the MoE's SiLU in its up GEMM's epilogue (bf16 Triton MoE), the shared expert as a 385th routed expert, the
+    # one-row bf16 GEMV kernel (tuned for SM120) in place of cuBLAS: together on the tiny pair (lossless?), apart on
+    # the slice (what each saves)
+    "fused": (JIT | SWIGLU, SHARED + GEMV, ("tiny",)),
+    "gemv": (JIT, GEMV, ("slice",)),
+    "shared": (JIT, SHARED, ("slice",)),
 }
 KIMI = ROOT / "tests/fixtures/kimi-k25/config.json"
 PLUGIN = Path(__file__).resolve().parent / "kernels_plugin"
@@ -90,14 +96,15 @@ def servers(models: Path, only: set[str] | None, port: int) -> list[dict]:
     from _servers import LENT_FLAGS
 
     out = []
-    for v, (env, flags) in VARIANTS.items():
-        for mode in ("nospec", "eagle3"):
+    for v, (env, flags, kinds) in VARIANTS.items():
+        for mode in ("nospec", "eagle3") if "tiny" in kinds else ():
             spec = ["--speculative-draft-model-path", str(models / "kimi/draft-pi")] if mode == "eagle3" else []
             out.append({"name": f"tiny-{v}-{mode}", "env": env, "args": ["--model-path", str(models / "kimi/target"),
                         "--config", str(TINY / f"{mode}.yaml"), *LENT_FLAGS, *flags, *spec]})
-        for kind in ("int4", "bf16") if v == "jit" else ("int4",):
-            out.append({"name": f"slice-{kind}-{v}" if kind == "bf16" else f"slice-{v}", "env": env,
-                        "args": ["--model-path", str(models / f"slice-{kind}"), *SLICE_FLAGS, *LENT_FLAGS, *flags]})
+        for kind in (k for k in kinds if k.startswith("slice")):
+            model = models / ("slice-bf16" if kind == "slice-bf16" else "slice-int4")
+            out.append({"name": f"{kind}-{v}", "env": env,
+                        "args": ["--model-path", str(model), *SLICE_FLAGS, *LENT_FLAGS, *flags]})
     out = [s for s in out if not only or s["name"] in only]
     for i, s in enumerate(out):
         s |= {"port": port + 10 * i, "url": f"http://127.0.0.1:{port + 10 * i}"}
