@@ -75,7 +75,8 @@ def slice_config(layers: int, tp: int = 8, int4: bool = True) -> dict:
     cfg = copy.deepcopy(full["text_config"])
     quant = cfg.pop("quantization_config", None) or full.get("quantization_config")
     split = ("num_attention_heads", "num_key_value_heads", "moe_intermediate_size", "intermediate_size", "vocab_size")
-    cfg.update({k: cfg[k] // tp for k in split}, num_hidden_layers=layers, architectures=["DeepseekV3ForCausalLM"])
+    cfg.update({k: cfg[k] // tp for k in split}, num_hidden_layers=layers, architectures=["DeepseekV3ForCausalLM"],
+               bos_token_id=1, eos_token_id=2, pad_token_id=3)  # inside the rank's 20,480 rows
     return cfg | ({"quantization_config": quant} if int4 else {})
 
 
@@ -155,7 +156,7 @@ def capture(s: dict, traces: Path, tag: str, prompts: list[list[int]]) -> dict:
     prefix = f"{s['name']}-{tag}"
     got = post_json(s["url"] + "/start_profile", {"output_dir": str(traces), "num_steps": STEPS, "activities":
                     ["CPU", "GPU"], "profile_by_stage": True, "with_stack": False, "record_shapes": False,
-                    "profile_prefix": prefix}, timeout=60)
+                    "profile_prefix": prefix}, timeout=30)
     if got[0] != 200:
         raise RuntimeError(f"/start_profile answered {got[0]}: {str(got[1])[:200]}")
     out = generate(s, prompts)
@@ -185,7 +186,7 @@ def reduce(trace: dict) -> dict:
 def generate(s: dict, prompts: list[list[int]]) -> list[list[int]]:
     body = {"input_ids": prompts if len(prompts) > 1 else prompts[0],
             "sampling_params": {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}}
-    got = post_json(s["url"] + "/generate", body, timeout=120)
+    got = post_json(s["url"] + "/generate", body, timeout=60)
     if got[0] != 200:
         raise RuntimeError(f"/generate answered {got[0]}: {str(got[1])[:200]}")
     return [r["output_ids"] for r in (got[1] if isinstance(got[1], list) else [got[1]])]
