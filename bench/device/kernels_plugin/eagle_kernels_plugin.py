@@ -11,6 +11,7 @@ size they do not take falls back to the torch reference.
 
 from __future__ import annotations
 
+import logging
 import os
 
 
@@ -26,7 +27,8 @@ def install() -> None:
         out = torch.empty_like(input) if out is None else out
         try:
             norm.rmsnorm(input, weight, out, eps)
-        except RuntimeError:  # a hidden size the JIT kernel does not take (it checks before launching)
+        except RuntimeError as e:  # a hidden size the JIT kernel does not take (it checks before launching)
+            logging.getLogger(__name__).warning("eagle_kernels_plugin: rmsnorm on its torch reference: %s", e)
             x = input.float()
             out.copy_((x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(input.dtype) * weight)
         return out
