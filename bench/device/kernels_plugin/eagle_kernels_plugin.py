@@ -11,6 +11,7 @@ size they do not take falls back to the torch reference.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 
@@ -23,12 +24,16 @@ def install() -> None:
     from sglang.kernels.ops.layernorm import norm
     from sglang.srt.layers import layernorm
 
+    @functools.lru_cache(maxsize=None)
+    def warn_once(hidden: int, why: str) -> None:
+        logging.getLogger(__name__).warning("eagle_kernels_plugin: rmsnorm(%d) on its torch reference: %s", hidden, why)
+
     def rmsnorm(input, weight, eps=1e-6, out=None, enable_pdl=None):
         out = torch.empty_like(input) if out is None else out
         try:
             norm.rmsnorm(input, weight, out, eps)
         except RuntimeError as e:  # a hidden size the JIT kernel does not take (it checks before launching)
-            logging.getLogger(__name__).warning("eagle_kernels_plugin: rmsnorm on its torch reference: %s", e)
+            warn_once(input.shape[-1], str(e))
             x = input.float()
             out.copy_((x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(input.dtype) * weight)
         return out
