@@ -14,6 +14,10 @@
 #                                           logs), $OUT/doctor-tp1.json, $OUT/probes-tp1.log
 #   bench/device/run.sh serve-all [ARGS]    test-serve (ARGS go to it) and bench-tiny at the same time, the bench
 #                                           within DEADLINE seconds of the start (default 360)
+#   bench/device/run.sh kernels [ARGS]      the kernels of a Kimi-K2.5 layer and the forward at real dimensions, on
+#                                           the lent route (bench/device/kernels.py ARGS) within KERNELS_BUDGET
+#                                           seconds (default 420) -> $OUT/kernels.{json,md,run.log},
+#                                           $OUT/kernels-traces.tgz
 # The machine has python3 with CUDA torch 2.11 and no network: the patched SGLang, FlashInfer (with its modules
 # compiled ahead by prepare.sh; test-serve's sampled verify needs its sampling module) and the missing wheels come
 # from .device/;
@@ -21,7 +25,7 @@
 # stays off (the machines' rule: NCCL_NVLS_ENABLE=0 and friends are kept as the machine sets them). SGLang's JIT and
 # Triton caches come from .device/{jit,triton}-cache.tgz when present and go back as $OUT/{jit,triton}-cache.tgz.
 set -euo pipefail
-what=${1:?test-gpu, bench-comm, both, pytest, test-serve, bench-tiny or serve-all}
+what=${1:?test-gpu, bench-comm, both, pytest, test-serve, bench-tiny, serve-all, profile or kernels}
 shift || true
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/site /tmp/sgl-tree/python
@@ -100,8 +104,16 @@ profile() {
 run("nccl-transport", 1); run("peer-bandwidth", 1)' >> "$OUT/probes-tp1.log" 2>&1 || true
   return $rc
 }
+kernels() {  # issue 39: the lent route's environment (route_env), then the driver, which stops its servers itself
+  local budget=${KERNELS_BUDGET:-420}
+  route_env /tmp/tiny-models
+  timeout --signal=INT --kill-after=30 "$budget" python3 bench/device/kernels.py --out "$OUT" \
+    --budget $(( budget - 15 )) "$@" 2>&1 | tee "$OUT/kernels.run.log"
+  return "${PIPESTATUS[0]}"
+}
 rc=0
 [ "$what" = profile ] && { profile "$@" || rc=$?; }
+[ "$what" = kernels ] && { kernels "$@" || rc=$?; }
 if [ "$what" = test-gpu ] || [ "$what" = both ]; then
   python3 -m scripts.host.gpu_tier --out "$OUT/test-gpu.json" 2>&1 | tee "$OUT/test-gpu.log" || rc=$?
 fi
@@ -123,7 +135,7 @@ if [ "$what" = serve-all ]; then
   BENCH_BUDGET=$(( ${DEADLINE:-360} - ($(date +%s) - t0) - 30 )) bench_tiny || rc=$?
   wait $tier || rc=$?
 fi
-case $what in test-serve|bench-tiny|serve-all)
+case $what in test-serve|bench-tiny|serve-all|kernels)
   tar czf "$OUT/jit-cache.tgz" -C /tmp sgljit 2>/dev/null || true
   tar czf "$OUT/triton-cache.tgz" -C /tmp triton-cache 2>/dev/null || true;; esac
 echo "[device] done in $(( $(date +%s) - t0 )) s, rc=$rc"

@@ -85,7 +85,7 @@ class Box:
         run_ = next((r for r in self.runs if r["_file"] == self.inp["eager"]["proxy_run"]), None)
         if rec := run_ and record(run_, kind="verify_forward", impl="nccl", rows=4, mode="eager"):
             us = rec["us"] / (LAYERS * (len(ATTN_GEMMS) + len(MOE_GEMMS) + 4))  # per launch, the proxy's eager forward
-            k = self.inp["eager"]["kernels_per_forward"]
+            k = self.inp["kernels"]["per_forward"]
             rows.append(["Eager verify (4 tokens), ms", f"~{v:.0f}", f"input; cross-check: launch-bound, {us:.1f} us "
                          f"per launch (H200 proxy) x {k} kernels (estimated)", f"{k * us / 1e3:.1f}",
                          err(k * us / 1e3, v)])
@@ -110,11 +110,14 @@ class Box:
         rows = [[w, f"{m.non_routed():.2f} + {m.gb(w) - m.non_routed():.2f} = {m.gb(w):.2f}",
                  f"{m.gb(w) / m.m['bandwidth_tb_s']:.2f}", f"{m.oneshot_us(w):.1f} ({2 * m.oneshot_us(w) / m.tp:.1f})",
                  band(self.each(lambda x: x.lat("pcie_ipc", w * kib))), f"{m.floor_ms(w):.2f}",
-                 band(self.each(lambda x: fwd(x, w)), 2), f"{fwd(m, w) / m.floor_ms(w):.1f}x"] for w in (1, 4, 8)]
+                 band(self.each(lambda x: fwd(x, w)), 2), f"{fwd(m, w) / m.floor_ms(w):.1f}x",
+                 band(self.each(lambda x: x.floor_ms(w) + x.node_floor_ms()), 2)] for w in (1, 4, 8)]
+        nodes = f"{m.p['nodes'] or self.inp['kernels']['per_forward']} nodes x {band(self.each(sm.Model.node_us), 2)} us"
         return md_table(["tokens", "GB per GPU: non-routed + routed = total", "bytes at 1.792 TB/s, ms",
                          "all-reduce egress floor per call, one-shot (two-shot), us", "PCIe IPC per call, modelled, us",
                          f"floor: bytes + {self.cyc['stages']['target_verify']['all_reduce']} all-reduces at the "
-                         "one-shot floor, ms", "modelled forward (PCIe IPC), ms", "modelled / floor"], rows)
+                         "one-shot floor, ms", "modelled forward (PCIe IPC), ms", "modelled / floor",
+                         f"floor + node floor ({nodes}), ms"], rows)
 
     def rows(self) -> dict[str, list[dict]]:
         """The series' steps at the patched setting, and every chain setting: verify, cycle, tok/s per corner."""

@@ -32,7 +32,7 @@ from ..lib.errors import UserError
 from ..lib.http import get_json, post_json, use_api_key
 from ..lib.progress import say
 from ..series.pin import load_pin
-from . import observe
+from . import kernels, observe
 from .servers import Server
 from .spec_model import PROFILE_STAGES, STAGES
 
@@ -99,11 +99,13 @@ def forwards(trace: dict, draft_tokens: int = 1) -> dict:
         if not kern:
             continue
         first = min(k["ts"] for x in inside for k in gpu[x["args"]["correlation"]])
-        out["stages"][stage].append(_stats(kern) | {"t0": first})
+        out["stages"][stage].append(_stats(kern) | {"t0": first} | kernels.summarize(kern))  # issue 39
         if stage in ("decode", "target_verify"):
             rows = bs * (draft_tokens if stage == "target_verify" else 1)
             for b, is_call in PER_CALL.items():
                 out["calls"][b][rows] += [k["dur"] for k in kern if is_call(k["name"]) and (graph or b != "nccl")]
+    starts = sorted(r["t0"] for r in out["stages"]["draft_decode"])  # issue 39: GPU-busy time per cycle
+    out["cycle_busy_ms"] = kernels.busy_ms([k for ks in gpu.values() for k in ks], starts)
     out["gpu"] = (trace.get("deviceProperties") or [{}])[0].get("name", "unknown")  # the box's GPUs are one model
     return out
 
@@ -122,7 +124,9 @@ def profile(plain: dict, spec: dict, *, tp: int, steps: int, accept_length: floa
     return {"gpu": spec["gpu"], "tp": tp, "steps": steps, "accept_length": round(accept_length, 4),
             "cycle_ms": round(statistics.median(b - a for a, b in zip(starts, starts[1:])) / 1000, 4),
             "nccl_graph_us": calls["nccl"], "pcie_ipc_us": calls["pcie_ipc"],
-            **{s: {k: round(v, 4) for k, v in r.items() if k != "t0"} for s, r in med.items()}}
+            "cycle_busy_ms": spec.get("cycle_busy_ms"),  # issue 39
+            **{s: {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items() if k != "t0"}
+               for s, r in med.items()}}
 
 
 def read_trace(path: Path) -> dict:

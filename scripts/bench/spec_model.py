@@ -22,7 +22,8 @@ BYTES = {"bfloat16": 2, "float32": 4, "int32": 4}
 KNOBS = {"draft_scale": 1.0, "head_rows": None, "fp8_linears": False, "shard_qa": False, "extra_gb": 0.0,
          "gap_ms": 0.0, "overlap": 0.0, "payload_scale": 1.0, "embed_ar": 1, "sync_ms": 0.0, "rs_ag": False,
          "draft_tp1": False, "steps": None, "al_delta": 0.0, "al_scale": 1.0,
-         "B_ms": None, "draft_fwd_ms": None, "ipc_us": None, "al": None}  # the last four: measured (refit)
+         "B_ms": None, "draft_fwd_ms": None, "ipc_us": None, "al": None,  # the last six: measured (refit)
+         "nodes": None, "node_us": None}
 
 
 def load_cycle(path: Path = COLLECTIVES, mode: str = "greedy") -> dict:
@@ -60,7 +61,8 @@ class Model:
         if bad := set(over) - set(KNOBS) - set(inp["band"]):
             raise UserError(f"unknown model knob(s) {sorted(bad)} in bench/inputs/cost-model.toml: known {[*KNOBS]}")
         self.inp, self.cyc, self.m, self.tp = inp, cyc, inp["memory"], cyc["tp"]
-        self.p = KNOBS | {k: v[CORNERS.index(corner)] for k, v in inp["band"].items()} | over
+        self.corner = CORNERS.index(corner)
+        self.p = KNOBS | {k: v[self.corner] for k, v in inp["band"].items()} | over
         self.eff = self.m["bandwidth_tb_s"] * self.p["eta"]  # GB per ms achieved
         self.head_rows = self.p["head_rows"] or cyc["kib"]["draft_decode"]["all_gather"] * 512 * self.tp  # bf16 shard
 
@@ -83,6 +85,13 @@ class Model:
     def floor_ms(self, w: int) -> float:
         return self.gb(w) / self.m["bandwidth_tb_s"] + self.cyc["stages"]["target_verify"]["all_reduce"] * \
             self.oneshot_us(w) / 1000
+
+    def node_us(self) -> float:
+        return self.p["node_us"] or self.inp["kernels"]["node_us"][self.corner]
+
+    def node_floor_ms(self) -> float:
+        """One target forward's graph nodes at the fixed cost of a node ([kernels]; a box profile's when refitted)."""
+        return (self.p["nodes"] or self.inp["kernels"]["per_forward"]) * self.node_us() / 1000
 
     def lat(self, backend: str, kib: float) -> float:
         """Per-call us of one collective moving `kib` KiB per rank."""
@@ -191,6 +200,8 @@ def refit(profile: dict, model: Model | None = None) -> dict:
     if out["target_verify"] > out["decode"]:
         knobs["eta"] = (model.gb(s + 1) - model.gb(1)) / model.m["bandwidth_tb_s"] / \
             (out["target_verify"] - out["decode"])
+    if (d := profile["decode"]).get("nodes") and d.get("node_us"):  # the kernel cost (scripts/bench/kernels.py)
+        knobs |= {"nodes": d["nodes"], "node_us": d["node_us"]}
     kib = model.cyc["kib"]["target_verify"]["all_reduce"]
     ipc = sorted([int(r) * kib, float(us)] for r, us in profile["pcie_ipc_us"].items())
     return knobs | ({"ipc_us": ipc} if len(ipc) >= 2 else {})

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from scripts.bench import cost_model as cm
+from scripts.bench import kernels as kn
 from scripts.bench import profile as pf
 from scripts.bench import receipt_data as rd
 from scripts.bench import spec_model as sm
@@ -64,13 +65,16 @@ def made_profile(tmp_path) -> dict:
 
 def test_a_recorded_trace_reduces_to_the_profile_per_forward(tmp_path):
     p = made_profile(tmp_path)
-    assert set(p) == set(sm.PROFILE_FIELDS) and all(set(p[s]) == set(sm.STAGE_FIELDS) for s in sm.PROFILE_STAGES)
+    assert set(p) == {*sm.PROFILE_FIELDS, "cycle_busy_ms"}
+    assert all(set(p[s]) == {*sm.STAGE_FIELDS, *kn.FIELDS} for s in sm.PROFILE_STAGES)
     assert p["gpu"].startswith("NVIDIA RTX PRO 6000") and (p["tp"], p["steps"], p["accept_length"]) == (8, 3, 2.5)
     # the graph's kernels only (the glue kernel launched before it is not the forward's); gaps are the 10 us between
-    assert p["decode"] == {"forward_ms": 9.066, "comm_ms": 0.036, "busy_ms": 9.0, "gap_ms": 0.03, "kernels": 4}
-    assert p["target_verify"] == {"forward_ms": 13.082, "comm_ms": 0.052, "busy_ms": 13.0, "gap_ms": 0.03,
-                                  "kernels": 4}
-    assert p["draft_decode"] == {"forward_ms": 0.318, "comm_ms": 0.008, "busy_ms": 0.3, "gap_ms": 0.01, "kernels": 2}
+    got = {s: {k: p[s][k] for k in sm.STAGE_FIELDS} for s in sm.PROFILE_STAGES}
+    assert got["decode"] == {"forward_ms": 9.066, "comm_ms": 0.036, "busy_ms": 9.0, "gap_ms": 0.03, "kernels": 4}
+    assert got["target_verify"] == {"forward_ms": 13.082, "comm_ms": 0.052, "busy_ms": 13.0, "gap_ms": 0.03,
+                                    "kernels": 4}
+    assert got["draft_decode"] == {"forward_ms": 0.318, "comm_ms": 0.008, "busy_ms": 0.3, "gap_ms": 0.01, "kernels": 2}
+    assert p["decode"]["classes"] == {"all_reduce": [2, 36.0], "gemm": [2, 9000.0]} and p["decode"]["nodes"] == 4
     assert p["draft_extend"]["comm_ms"] == 0.005 and p["cycle_ms"] == 15.0  # first GPU work of one draft to the next
     # per call, by rows: NCCL's all-reduce in the graphs, PCIe IPC's all-reduce (its all-gather is not one)
     assert p["nccl_graph_us"] == {"1": 30.0, "4": 40.0} and p["pcie_ipc_us"] == {"1": 6.0, "4": 12.0}
