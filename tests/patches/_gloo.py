@@ -162,7 +162,7 @@ def gather_semantics(rank, world, port):
     want = [torch.arange(6, dtype=torch.int32), torch.arange(4, dtype=torch.int32).view(2, 2) * 2,
             torch.zeros(3, dtype=torch.int32)]
     broadcast_packed(tp, parts)
-    result["packed"] = all(torch.equal(a, b) for a, b in zip(parts, want))
+    result["packed"] = all(torch.equal(a, b) for a, b in zip(parts, want, strict=True))
     result["pcie_ipc_calls"] = len(calls)
     out = torch.empty((4 * world, 8), dtype=torch.int32)
     out[4 * rank: 4 * rank + 4] = data(rank, torch.int32)
@@ -187,6 +187,7 @@ def verify_wiring(rank, world, port, vocab):
 
     import torch
 
+    from _graphs import greedy_sampling
     from sglang.srt.layers.logits_processor import LogitsMetadata, LogitsProcessor, LogitsProcessorOutput
     from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -237,11 +238,8 @@ def verify_wiring(rank, world, port, vocab):
                                    retrieve_index=tree, retrieve_next_token=tree, retrieve_next_sibling=tree)
     out = {"reference": reference, "deferred": worker._target_logits_processor is not None}
     for kind, bias in (("greedy", None), ("logit_bias", torch.zeros(bs, vocab))):
-        info = SimpleNamespace(is_all_greedy=True, has_custom_logit_processor=False, acc_additive_penalties=None,
-                               acc_scaling_penalties=None, logit_bias=bias, penalizer_orchestrator=None,
-                               has_watermark_candidates=False, sampling_mask_batch_indices=None)
         batch = SimpleNamespace(device="cpu", forward_mode=ForwardMode.DECODE, seq_lens=torch.ones(bs),
-                                sampling_info=info, has_grammar=False, return_logprob=False, spec_info=verify_input,
+                                sampling_info=greedy_sampling(logit_bias=bias), has_grammar=False, return_logprob=False, spec_info=verify_input,
                                 input_ids=None, out_cache_loc=None)
         try:
             worker.verify(batch)

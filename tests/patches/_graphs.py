@@ -44,6 +44,14 @@ def verify_batch(bs=8, width=4, **overrides):
     return fb
 
 
+def greedy_sampling(**kw):
+    """A greedy batch's SamplingBatchInfo, nothing reading or changing its logits (kw: what differs)."""
+    info = dict(is_all_greedy=True, has_custom_logit_processor=False, acc_additive_penalties=None,
+                acc_scaling_penalties=None, logit_bias=None, penalizer_orchestrator=None,
+                has_watermark_candidates=False, sampling_mask_batch_indices=None)
+    return SimpleNamespace(**{**info, **kw})
+
+
 def stats():
     from sglang.srt.model_executor.runner.spec_graph_stats import SpecGraphStats
 
@@ -53,6 +61,27 @@ def stats():
 def graph(n=0, piecewise=0, eager=0, **reasons):
     """A stage's entry of /server_info spec_cuda_graph."""
     return {"graph": n, "piecewise": piecewise, "eager": eager, "fallback_reasons": reasons}
+
+
+def scheduler(stats, algorithm="EAGLE3"):
+    """The scheduler as /server_info's and /metrics' speculative readers see it: 3 tokens accepted per step, the
+    target runner's counters `stats`."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    target = SimpleNamespace(model_runner=SimpleNamespace(spec_graph_stats=stats))
+    accepted = SimpleNamespace(spec_total_num_accept_tokens=30, spec_total_num_forward_ct=10)
+    return SimpleNamespace(spec_algorithm=SpeculativeAlgorithm[algorithm], draft_worker=None, tp_worker=target,
+                           metrics_reporter=accepted)
+
+
+def speculative_state(stats, algorithm="EAGLE3") -> dict:
+    """What GET /server_info's internal_states[0] carries of the speculative state (SchedulerInternalStateController,
+    as get_internal_state fills it)."""
+    from sglang.srt.managers.scheduler_components.internal_state import SchedulerInternalStateController
+
+    state = {}
+    SchedulerInternalStateController(scheduler(stats, algorithm), record_step_time=False)._add_speculative(state)
+    return state
 
 
 def model_runner(decode_runner, is_draft_worker=False, piecewise=False):

@@ -21,7 +21,8 @@ import pytest
 import torch
 
 import _gloo
-from _pcie import HIDDEN, KIMI_VOCAB_SHARD, REPO, prepared, rows, widest_decode_rows
+from _graphs import greedy_sampling, speculative_state, stats
+from _pcie import KIMI_VOCAB_SHARD, REPO, prepared, rows, widest_decode_rows
 from _sgl import DFLASH_BLOCK, published, server_args, sm120_args
 
 TABLE = REPO / "bench" / "inputs" / "collectives_kimi_tp8.toml"
@@ -69,21 +70,11 @@ def test_collectives_counted_by_op_and_backend(tp):
 
 def test_collectives_recorded_only_when_asked(tp, monkeypatch):
     """Without SGLANG_RECORD_SPEC_COLLECTIVES=1 nothing is recorded and /server_info has no spec_collectives."""
-    from sglang.srt.managers.scheduler_components.internal_state import SchedulerInternalStateController
-    from sglang.srt.model_executor.runner.spec_graph_stats import SpecGraphStats
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-    scheduler = SimpleNamespace(spec_algorithm=SpeculativeAlgorithm.EAGLE3, draft_worker=None,
-                                metrics_reporter=SimpleNamespace(spec_total_num_accept_tokens=3,
-                                                                 spec_total_num_forward_ct=1),
-                                tp_worker=SimpleNamespace(model_runner=SimpleNamespace(
-                                    spec_graph_stats=SpecGraphStats())))
     for value, listed in (("1", True), ("0", False)):
         monkeypatch.setenv("SGLANG_RECORD_SPEC_COLLECTIVES", value)
         got = recorded("target_verify", lambda: tp.all_reduce(rows(8)))
         assert (got is not None) is listed
-        state = {}
-        SchedulerInternalStateController(scheduler, record_step_time=False)._add_speculative(state)
+        state = speculative_state(stats())
         assert ("spec_collectives" in state) is listed and "spec_cuda_graph" in state
 
 
@@ -161,14 +152,9 @@ def test_the_greedy_verify_from_shards_through_eagle_worker_verify():
 def test_the_greedy_verify_needs_only_the_argmax_when_nothing_reads_the_logits(monkeypatch):
     from sglang.srt.speculative import eagle_worker_common as ewc
 
-    def batch(**kw):
-        info = dict(is_all_greedy=True, has_custom_logit_processor=False, acc_additive_penalties=None,
-                    acc_scaling_penalties=None, logit_bias=None, penalizer_orchestrator=None,
-                    has_watermark_candidates=False, sampling_mask_batch_indices=None)
-        info.update({k: v for k, v in kw.items() if k in info})
-        return SimpleNamespace(has_grammar=kw.get("has_grammar", False),
-                               return_logprob=kw.get("return_logprob", False),
-                               sampling_info=None if kw.get("no_info") else SimpleNamespace(**info))
+    def batch(has_grammar=False, return_logprob=False, no_info=False, **kw):
+        info = None if no_info else greedy_sampling(**kw)
+        return SimpleNamespace(has_grammar=has_grammar, return_logprob=return_logprob, sampling_info=info)
 
     assert ewc._verify_needs_only_argmax(batch())
     assert ewc._verify_needs_only_argmax(batch(penalizer_orchestrator=SimpleNamespace(is_required=False)))
@@ -326,7 +312,7 @@ def test_the_dflash_cycle_has_no_nccl_call_at_any_captured_batch(kimi_dflash, tp
     for bs in capture_bs:
         n = BLOCK * bs
 
-        def step():
+        def step(n=n, bs=bs):
             tp8.all_reduce(rows(n))
             sampler(torch.zeros(n, 64, dtype=torch.bfloat16))
             hidden = torch.zeros(n - bs, 64, dtype=torch.bfloat16)

@@ -94,9 +94,6 @@ def test_the_dflash_draft_block_is_counted_by_outcome_and_reason(kimi_dflash, mo
     """Each decode step's draft block is counted as stage draft_block on the target runner's counters (/server_info
     spec_cuda_graph, sglang:cuda_graph_passes_total{stage="draft_block"}): on its graph, eager above the captured
     batches, eager without a graph runner (--disable-cuda-graph), the first of each warned about."""
-    from sglang.srt.managers.scheduler_components.internal_state import SchedulerInternalStateController
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
     draft_graph, stats = g.runner(width=BLOCK, algorithm="DFLASH", is_draft_worker=True), g.stats()
     with published(kimi_dflash), caplog.at_level(logging.WARNING):
         for graph, bs in ((draft_graph, 4), (draft_graph, 49), (None, 4)):
@@ -104,12 +101,7 @@ def test_the_dflash_draft_block_is_counted_by_outcome_and_reason(kimi_dflash, mo
     assert sorted(stats.pop_unexported()) == [("draft_block", "eager", "batch_above_max_bs", 1),
                                               ("draft_block", "eager", "no_graph_runner", 1),
                                               ("draft_block", "graph", "", 1)]  # the metric's stage, outcome, reason
-    scheduler = SimpleNamespace(spec_algorithm=SpeculativeAlgorithm.DFLASH, draft_worker=None,
-                                tp_worker=SimpleNamespace(model_runner=SimpleNamespace(spec_graph_stats=stats)),
-                                metrics_reporter=SimpleNamespace(spec_total_num_accept_tokens=8,
-                                                                 spec_total_num_forward_ct=2))
-    state = {}
-    SchedulerInternalStateController(scheduler, record_step_time=False)._add_speculative(state)
+    state = g.speculative_state(stats, "DFLASH")
     assert state["spec_cuda_graph"]["draft_block"] == g.graph(1, eager=2, batch_above_max_bs=1, no_graph_runner=1)
     warned = [r.getMessage() for r in caplog.records if "Speculative draft_block forward" in r.getMessage()]
     assert len(warned) == 2 and "reason=batch_above_max_bs" in warned[0] and "reason=no_graph_runner" in warned[1]

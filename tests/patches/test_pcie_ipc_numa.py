@@ -20,7 +20,7 @@ def test_pcie_ipc_logs_each_ranks_numa_node_and_warns_on_a_split_island(profile,
     from sglang.srt.distributed.device_communicators import pcie_ipc_ar
 
     nodes = [0, 0, 0, 1, 1, 1, 1, 1]  # GPU 3 sits on the other node: ranks 0-3 span both
-    for bus, node in zip(BUS, nodes):
+    for bus, node in zip(BUS, nodes, strict=True):
         (tmp_path / bus).mkdir()
         (tmp_path / bus / "numa_node").write_text(f"{node}\n")
     monkeypatch.setattr(pcie_ipc_ar, "_SYSFS_PCI_DEVICES", str(tmp_path))
@@ -34,7 +34,7 @@ def test_pcie_ipc_logs_each_ranks_numa_node_and_warns_on_a_split_island(profile,
     with caplog.at_level(logging.INFO):
         communicator(_cpu_group="host-group", _tune=lambda hidden: None).prepare(hidden=HIDDEN, max_rows=64)
     (ranks,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("FlashInfer PCIe-IPC ranks")]
-    for rank, (bus, node) in enumerate(zip(BUS, nodes)):
+    for rank, (bus, node) in enumerate(zip(BUS, nodes, strict=True)):
         assert f"rank {rank}: GPU {bus} NUMA {node}" in ranks
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert [w.split(" span")[0] for w in warned] == ["TP ranks 0-3"] and "CUDA_VISIBLE_DEVICES" in warned[0]

@@ -70,8 +70,6 @@ def test_verify_batches_never_carry_replace_embeds(monkeypatch):
     """Route closed upstream already: replace_embeds only comes from positional_embed_overrides (the scoring API)
     in prepare_for_extend, and a speculative decode step clears it before the spec worker builds the verify
     batch. Kimi-K2.5's multimodal wrapper merges image features inside its forward, never via replace_embeds."""
-    import torch
-
     from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.speculative import spec_utils
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -171,8 +169,6 @@ def test_eager_speculative_forwards_record_their_collectives(kimi, monkeypatch):
     spec_collectives; a graph replay records nothing at replay (its capture did), neither does a non-speculative
     eager decode, and a draft model forward inside a graph's capture (the draft decode graph's) counts for that
     graph, not as an eager forward (issue 22 item 1)."""
-    import torch
-
     from sglang.srt.distributed import collective_stats
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
@@ -219,32 +215,20 @@ def test_spec_graph_elastic_ep_retry_counts_one_verify_once(kimi, monkeypatch):
     assert mr.spec_graph_stats.to_dict()["target_verify"] == g.graph(1)
 
 
-def _draft_runner(**overrides):
-    """An EAGLE draft-decode graph runner captured at bs 1..MAX_BS, topk 1 (no __init__, no GPU)."""
-    from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
+def _draft_runner(stage="draft_decode", **overrides):
+    """An EAGLE draft-decode (topk 1) or draft-extend graph runner captured at bs 1..MAX_BS (no __init__, no GPU)."""
+    from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner as Decode
+    from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import EAGLEDraftExtendCudaGraphRunner as Extend
 
-    r = EAGLEDraftCudaGraphRunner.__new__(EAGLEDraftCudaGraphRunner)
-    attrs = dict(captured_req_width=1, require_mlp_tp_gather=False, disable_padding=False, max_bs=MAX_BS,
-                 require_mlp_sync=False)
-    attrs.update(overrides)
-    vars(r).update(attrs)
-    return r
-
-
-def _draft_extend_runner(**overrides):
-    from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import EAGLEDraftExtendCudaGraphRunner
-
-    r = EAGLEDraftExtendCudaGraphRunner.__new__(EAGLEDraftExtendCudaGraphRunner)
-    attrs = dict(captured_req_width=WIDTH, require_mlp_tp_gather=False, disable_padding=False, max_bs=MAX_BS,
-                 require_mlp_sync=False)
-    attrs.update(overrides)
-    vars(r).update(attrs)
+    cls, width = (Decode, 1) if stage == "draft_decode" else (Extend, WIDTH)
+    r = cls.__new__(cls)
+    vars(r).update(captured_req_width=width, require_mlp_tp_gather=False, disable_padding=False, max_bs=MAX_BS,
+                   require_mlp_sync=False)
+    vars(r).update(overrides)
     return r
 
 
 def _draft_batch(bs=8, width=1, **overrides):
-    import torch
-
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     fb = SimpleNamespace(forward_mode=ForwardMode.DECODE, batch_size=bs, seq_lens=torch.ones(bs),
@@ -269,9 +253,7 @@ def test_spec_graph_draft_runner_fallback_reason(stage, case):
     runner_kw, batch_kw, reason = DRAFT_CASES[case]
     if stage == "draft_extend":  # captured at num_draft_tokens rows per request
         batch_kw = {**batch_kw, "width": 1 if "width" in batch_kw else WIDTH}
-        runner, fb = _draft_extend_runner(**runner_kw), _draft_batch(**batch_kw)
-    else:
-        runner, fb = _draft_runner(**runner_kw), _draft_batch(**batch_kw)
+    runner, fb = _draft_runner(stage, **runner_kw), _draft_batch(**batch_kw)
     assert runner.graph_fallback_reason(fb) == reason
     assert runner.can_run_graph(fb) is (reason is None)
 
@@ -315,8 +297,6 @@ def test_spec_graph_eagle_draft_decode_counted(monkeypatch):
     the runner's reason otherwise (here a batch above the captured maximum)."""
     from sglang.srt.speculative import eagle_worker_v2 as ew
 
-    import torch
-
     from sglang.srt.distributed import collective_stats
 
     w, stats = _eagle_draft_worker(monkeypatch, _draft_runner(), None)
@@ -343,11 +323,9 @@ def test_spec_graph_eagle_draft_decode_counted(monkeypatch):
 
 def test_spec_graph_eagle_draft_extend_counted(monkeypatch):
     """The draft extend after each verify is recorded the same way (graph, or eager with the reason)."""
-    import torch
-
     from sglang.srt.speculative import eagle_worker_v2 as ew
 
-    w, stats = _eagle_draft_worker(monkeypatch, None, _draft_extend_runner())
+    w, stats = _eagle_draft_worker(monkeypatch, None, _draft_runner("draft_extend"))
     for bs in (4, MAX_BS + 1):
         fb = _draft_batch(bs=bs, width=WIDTH)
         monkeypatch.setattr(ew, "prepare_for_draft_extend", lambda *a, fb=fb, **k: fb)
@@ -358,26 +336,14 @@ def test_spec_graph_eagle_draft_extend_counted(monkeypatch):
     assert stats.to_dict()["draft_extend"] == g.graph(1, eager=1, batch_above_max_bs=1)
 
 
-def _scheduler_with(stats):
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-    return SimpleNamespace(
-        spec_algorithm=SpeculativeAlgorithm.EAGLE3, draft_worker=None,
-        tp_worker=SimpleNamespace(model_runner=SimpleNamespace(spec_graph_stats=stats)),
-        metrics_reporter=SimpleNamespace(spec_total_num_accept_tokens=30, spec_total_num_forward_ct=10))
-
-
 def test_spec_graph_counts_in_server_info():
     """GET /server_info returns internal_states[0] from get_internal_state; bench_serving and make bench read it."""
-    from sglang.srt.managers.scheduler_components.internal_state import SchedulerInternalStateController
-
     stats = g.stats()
     for outcome, reason in (("graph", ""), ("graph", ""), ("eager", "batch_above_max_bs"), ("eager", "mlp_sync"),
                             ("piecewise", "batch_above_max_bs")):
         stats.record("target_verify", outcome, reason)
     stats.record("draft_extend", "eager", "mlp_sync")
-    state = {}
-    SchedulerInternalStateController(_scheduler_with(stats), record_step_time=False)._add_speculative(state)
+    state = g.speculative_state(stats)
     assert state["avg_spec_accept_length"] == 3.0
     # draft_decode: nothing recorded it, so it is not listed (a draft worker that records no draft stages, such as
     # MultiLayerEagleDraftWorker, must not read as zero fallbacks)
@@ -406,7 +372,7 @@ def test_spec_graph_counts_in_prometheus_metrics(kimi):
     collector = Collector(labels={"model_name": "kimi", "tp_rank": 0, "moe_ep_rank": 0}, server_args=kimi)
     stats = g.stats()
     reporter = SchedulerMetricsReporter.__new__(SchedulerMetricsReporter)
-    vars(reporter).update(scheduler=_scheduler_with(stats), metrics_collector=collector,
+    vars(reporter).update(scheduler=g.scheduler(stats), metrics_collector=collector,
                           current_scheduler_metrics_enabled=True, is_stats_logging_rank=False,
                           enable_mfu_metrics=False, scheduler_status_logger=None,
                           forward_ct_decode=1, decode_log_interval=40)
