@@ -46,8 +46,8 @@ class Workspace:
     def all_reduce(self, t):
         return t
 
-    def all_gather(self, inp, out):
-        pass
+    def all_gather(self, inp, out):  # as if every rank sent what this one did
+        out.copy_(inp.repeat(out.shape[0] // inp.shape[0], 1))
 
     def destroy(self):
         self.destroyed = True

@@ -279,7 +279,7 @@ def test_the_dflash_cycle_has_no_nccl_call_at_any_captured_batch(kimi_dflash, tp
     them (the timing faked, PCIe IPC the fastest: every row count is in its table): the target's and the draft's
     reductions and the draft's noise embedding (8 rows a request), the draft head's gather in its graph
     (_DflashDraftSampler) and eager (7 rows), the greedy verify's argmax from the vocab shards and the sampled
-    verify's logits gather (8), the greedy accept's broadcast and the sampled accept's packed one. Apart, the head's
+    verify's logits gather (8), the accept's broadcasts, greedy and sampled (DFlashWorkerV2._accept_block). Apart, the head's
     bf16 maxima and int64 ids (14 and 56 bytes a request) and the accept's int32 lengths and int64 tokens (4 and 8)
     are not whole 16-byte packs at small batches, which the PCIe-IPC all-gather needs."""
     from sglang.srt.distributed.device_communicators.pcie_ipc_ar import PcieIpcCommunicator
@@ -287,7 +287,7 @@ def test_the_dflash_cycle_has_no_nccl_call_at_any_captured_batch(kimi_dflash, tp
     from sglang.srt.model_executor.runner.base_cuda_graph_runner import get_batch_sizes_to_capture
     from sglang.srt.speculative import dflash_worker_v2 as dw
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-    from sglang.srt.speculative.spec_tp_sync import SpecTpSync, SpecTpSyncSite
+    from sglang.srt.speculative.spec_tp_sync import SpecTpSync
 
     with published(kimi_dflash):
         max_rows = widest_decode_rows(kimi_dflash, spec=SpeculativeAlgorithm.DFLASH)
@@ -306,9 +306,14 @@ def test_the_dflash_cycle_has_no_nccl_call_at_any_captured_batch(kimi_dflash, tp
     head = SimpleNamespace(weight=torch.zeros(256, 64, dtype=torch.bfloat16), shard_indices=shard)
     sampler = dw._DflashDraftSampler(weight=head.weight, block_size=BLOCK, num_org=256, org_vocab_start=0,
                                      max_bs=max(capture_bs), tp_group=tp8)
+    monkeypatch.setattr(dw, "is_dflash_sampling_verify_available", lambda: True)
+    monkeypatch.setattr(dw, "compute_dflash_sampling_correct_drafts_and_bonus", lambda candidates, **kw: (
+        torch.zeros(len(candidates), dtype=torch.int32), torch.zeros(len(candidates), dtype=torch.int64)))
     worker = dw.DFlashWorkerV2.__new__(dw.DFlashWorkerV2)
-    vars(worker).update(_draft_greedy_local_max_buf=None, _draft_greedy_local_arg_buf=None, _draft_greedy_local_cap=0)
-    sync = SpecTpSync(tp8)
+    vars(worker).update(_draft_greedy_local_max_buf=None, _draft_greedy_local_arg_buf=None, _draft_greedy_local_cap=0,
+                        _selector_sample=None, _tp_sync=SpecTpSync(tp8), block_size=BLOCK,
+                        _use_triton_accept_bonus=False)
+    sampled = SimpleNamespace(is_all_greedy=False), SimpleNamespace(max_top_k=None, uniform_top_k_value=None)
     for bs in capture_bs:
         n = BLOCK * bs
 
@@ -319,9 +324,10 @@ def test_the_dflash_cycle_has_no_nccl_call_at_any_captured_batch(kimi_dflash, tp
             worker._greedy_sample_from_vocab_parallel_head(hidden_states=hidden, lm_head=head)
             processor.deferred_argmax(torch.zeros(n, KIMI_VOCAB_SHARD, dtype=torch.bfloat16))
             gather(tp8, n, KIMI_VOCAB_SHARD)  # finish_deferred_gather's, as all_gather issues it on a GPU
-            sync.sync(SpecTpSyncSite.DFLASH_ACCEPT_GREEDY, torch.zeros(bs, BLOCK, dtype=torch.int64))
-            accept = (torch.zeros(bs, dtype=torch.int32), torch.zeros(bs, dtype=torch.int64))
-            sync.sync_packed(SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE, accept)
+            block = dict(candidates=torch.zeros(bs, BLOCK, dtype=torch.int64), prefix_lens=torch.zeros(bs), bs=bs)
+            worker._accept_block(**block, next_token_logits=None, sampling_info=None, draft_input=None,
+                                 target_predict=torch.zeros(n, dtype=torch.int64))  # greedy
+            worker._accept_block(**block, next_token_logits=None, sampling_info=sampled[0], draft_input=sampled[1])
 
         calls = recorded("draft_block", step)["calls"]  # the eager head gathers per 256 rows
         assert {op: set(b) for op, b in calls.items()} == {op: {"pcie_ipc"} for op in calls} and len(calls) == 3, bs
