@@ -12,7 +12,7 @@ import logging
 
 import pytest
 
-from _pcie import HIDDEN, SM120_FUSION_CAP, communicator, nvml, route, rows, server_info, widest_decode_rows
+from _pcie import HIDDEN, SM120_FUSION_CAP, nvml, prepared, route, rows, server_info, widest_decode_rows
 from _sgl import platform
 
 
@@ -37,12 +37,6 @@ def timed(monkeypatch):
     return calls
 
 
-def prepare(tp, max_rows=64):
-    tp.pcie_ipc_comm = communicator(_tune=lambda hidden: None)
-    tp.pcie_ipc_comm.prepare(hidden=HIDDEN, max_rows=max_rows, coordinator=tp)
-    return tp.pcie_ipc_comm
-
-
 @pytest.mark.parametrize("fusion_on", [False, True])
 def test_allreduce_timing_routes_each_size_to_its_fastest(profile, tp8, fusion_workspace, timed, caplog, fusion_on):
     """Prepared as the model runner prepares it (the profile's 64-row workspace, the TP group's coordinator), each
@@ -54,7 +48,7 @@ def test_allreduce_timing_routes_each_size_to_its_fastest(profile, tp8, fusion_w
         fusion_workspace(SM120_FUSION_CAP)
         tp8._fi_workspace_hint = "attn_tp"
     with caplog.at_level(logging.INFO):
-        comm = prepare(tp8, widest_decode_rows(profile.args))
+        comm = tp8.pcie_ipc_comm = prepared(widest_decode_rows(profile.args), coordinator=tp8)
     assert timed == [(1, 2, 4, 8, 16, 32, 64)]
     mid = "flashinfer" if fusion_on else "nccl"
     assert [s["backend"] for s in comm.report()["sizes"]] == ["pcie_ipc"] * 5 + [mid, "nccl"]
@@ -72,7 +66,7 @@ def test_allreduce_timing_routes_each_size_to_its_fastest(profile, tp8, fusion_w
 
 def test_allreduce_timing_in_server_info(profile, tp8, timed, monkeypatch):
     """GET /server_info returns internal_states[0] from get_internal_state: allreduce_backends holds the table."""
-    prepare(tp8)
+    tp8.pcie_ipc_comm = prepared(64, coordinator=tp8)
     info = server_info(monkeypatch, tp8)
     assert info["source"] == "measured" and info["margin"] == 1.2 and info["why"].startswith("timed at start")
     assert [s["rows"] for s in info["sizes"]] == [1, 2, 4, 8, 16, 32, 64]
@@ -94,7 +88,7 @@ def test_allreduce_timing_a_user_setting_wins(profile, tp8, monkeypatch, timed, 
         tp8.pcie_ipc_off_reason = off_reason(group_name="tp", world_size=8, deterministic=False,
                                              custom_allreduce=setting != "--disable-custom-all-reduce")
         if tp8.pcie_ipc_off_reason is None:
-            prepare(tp8)
+            tp8.pcie_ipc_comm = prepared(64, coordinator=tp8)
     info, log = server_info(monkeypatch, tp8), [r.getMessage() for r in caplog.records]
     if setting.endswith("=1"):
         assert timed == [] and info["source"] == "forced" and tp8.pcie_ipc_comm.should_pcie_ipc_ar(rows(64))
