@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from _pcie import HIDDEN, NOT_SERVER_SHAPE, REPO, Workspace, communicator
-from _sgl import published, sm120_args
+from _sgl import DFLASH_BLOCK, published, sm120_args
 
 GIB = 1 << 30
 
@@ -121,6 +121,25 @@ def timing_starts(tmp_path_factory):
     import _gloo
 
     return _gloo.run("allreduce_timing", timeout=400, cache_dir=str(tmp_path_factory.mktemp("autotune")))
+
+
+@pytest.fixture(scope="session")
+def kimi_sm120():
+    """Kimi-K2.5 + EAGLE-3 chain (steps 3, topk 1, 4 draft tokens) at TP8 on a faked SM120 box, 96 GB, defaults."""
+    return sm120_args()
+
+
+@pytest.fixture
+def kimi(kimi_sm120):
+    """kimi_sm120 published as the scheduler publishes it."""
+    with published(kimi_sm120):
+        yield kimi_sm120
+
+
+@pytest.fixture(scope="session")
+def kimi_dflash():
+    """Kimi-K2.5 + DFlash (block 8 from the draft's config, 48 running requests) at TP8 on a faked SM120, 96 GB."""
+    return sm120_args(spec=False, **DFLASH_BLOCK)
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ import torch
 import _gloo
 from _graphs import greedy_sampling, speculative_state, stats
 from _pcie import KIMI_VOCAB_SHARD, REPO, prepared, rows, widest_decode_rows
-from _sgl import DFLASH_BLOCK, published, server_args, sm120_args
+from _sgl import published
 
 TABLE = REPO / "bench" / "inputs" / "collectives_kimi_tp8.toml"
 PROFILE_ROWS = 64  # the shipped profile's widest verify: 16 requests x 4 draft tokens
@@ -171,13 +171,6 @@ def _target(model):
     return SimpleNamespace(model_runner=SimpleNamespace(model=model))
 
 
-@pytest.fixture
-def kimi():
-    """Kimi-K2.5 + EAGLE-3 at TP8 on a faked SM120, published as the scheduler publishes it."""
-    with published(server_args(12)):
-        yield
-
-
 def test_a_target_that_post_processes_its_logits_keeps_the_full_gather(kimi):
     """Gemma-4 unified fills eoi/eoa by global id into next_token_logits after its logits processor: the verify must
     not hand it a vocab shard (the id is out of range of a shard, or the wrong token in it), so neither EAGLE nor
@@ -265,12 +258,6 @@ def test_kimi_tp8_cycle_has_no_nccl_call(tp):
 
 # ---------------------------------------------------------------------------------------------------------------
 # DFlash: the draft block's head (in its graph or eager), the verify's argmax and the accept, at every batch size
-
-
-@pytest.fixture(scope="module")
-def kimi_dflash():
-    """Kimi-K2.5 + DFlash (block 8 from the draft's config, 48 running requests) at TP8 on a faked SM120, 96 GB."""
-    return sm120_args(spec=False, **DFLASH_BLOCK)
 
 
 def test_the_dflash_cycle_has_no_nccl_call_at_any_captured_batch(kimi_dflash, tp8, monkeypatch):

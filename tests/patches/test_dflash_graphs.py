@@ -17,15 +17,9 @@ import pytest
 import torch
 
 import _graphs as g
-from _sgl import DFLASH_BLOCK, published, resolved, sm120_args
+from _sgl import published, resolved
 
 BLOCK = 8
-
-
-@pytest.fixture(scope="module")
-def kimi_dflash():
-    """Kimi-K2.5 + DFlash (block 8 from the draft's config, 48 running requests) at TP8 on a faked SM120, 96 GB."""
-    return sm120_args(spec=False, **DFLASH_BLOCK)
 
 
 @pytest.mark.unchanged

@@ -8,13 +8,10 @@ import logging
 import pytest
 
 from _pcie import nvml
-from _sgl import platform, published, server_args
+from _sgl import platform
 
 
-@pytest.fixture(autouse=True)
-def kimi_tp8():
-    with published(server_args(12)):
-        yield
+pytestmark = pytest.mark.usefixtures("kimi")
 
 
 def off(world=8, major=12, deterministic=False, **kw):

@@ -125,18 +125,6 @@ def test_spec_graph_stats_count_outcomes_and_warn_once_per_stage_and_reason(capl
     assert stats.pop_unexported() == []
 
 
-@pytest.fixture(scope="module")
-def kimi_sm120():
-    """Kimi-K2.5 + EAGLE-3 chain (steps 3, topk 1, 4 draft tokens) at TP8 on faked SM120 / 96 GB, defaults."""
-    return sm120_args()
-
-
-@pytest.fixture
-def kimi(kimi_sm120):
-    with published(kimi_sm120):
-        yield kimi_sm120
-
-
 def test_spec_graph_forward_counts_every_target_verify_forward(kimi):
     """The real ModelRunner.forward counts each TARGET_VERIFY forward once, by how it ran: decode graph, piecewise
     prefill graph, eager; decode batches and draft runners count nothing."""
