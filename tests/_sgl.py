@@ -12,9 +12,12 @@ from pathlib import Path
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 KIMI_K25 = FIXTURES / "kimi-k25"  # config.json only: KimiK25ForConditionalGeneration, DeepSeek-V3 text model
 KIMI_K25_EAGLE3 = FIXTURES / "kimi-k25-eagle3"  # config.json only: a Llama EAGLE-3 draft head for it
+KIMI_K25_DFLASH = FIXTURES / "kimi-k25-dflash"  # config.json only: a DFlash block draft for it (block 8)
+RTX_PRO_6000_MIB = 97887  # RTX PRO 6000 Blackwell (96 GB) as nvidia-smi reports it
 
 EAGLE3_CHAIN = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=str(KIMI_K25_EAGLE3),
                     speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4)
+DFLASH_BLOCK = dict(speculative_algorithm="DFLASH", speculative_draft_model_path=str(KIMI_K25_DFLASH))
 
 
 def facts(major: int, **extra) -> dict:
@@ -49,6 +52,26 @@ def server_args(major: int = 12, tp: int = 8, nnodes: int = 1, spec: bool = True
         sa = ServerArgs(**args)
         sa.resolve_once()
     return sa
+
+
+def sm120_args(**kw):
+    """server_args on a faked SM120 box with 96 GB GPUs (ServerArgs sizes its CUDA graph defaults from the GPU's
+    memory; there is no GPU here)."""
+    from unittest import mock
+
+    from sglang.srt.arg_groups import memory_hook
+
+    with mock.patch.object(memory_hook, "get_device_memory_capacity", lambda device=None: RTX_PRO_6000_MIB):
+        return server_args(12, **kw)
+
+
+@contextlib.contextmanager
+def published(sa):
+    """`sa` published as the scheduler publishes it (runtime_context), for code that reads the context."""
+    from sglang.srt import runtime_context as rc
+
+    with rc.use_context(rc.create_context(sa, role="scheduler")):
+        yield sa
 
 
 def resolved(sa, name: str):

@@ -92,31 +92,39 @@ def _up(rank, world, port, **server_args):
     return get_tp_group()
 
 
-def _pcie_ipc(tp, workspace_cls):
-    """SGLang's PcieIpcCommunicator on the real TP group (its constructor stops at the missing CUDA device)."""
+def _pcie_ipc(tp, workspace_cls=None):
+    """SGLang's PcieIpcCommunicator on the real TP group (its constructor stops at the missing CUDA device), with
+    FlashInfer's all-reduce workspace stood in (tests/patches/_pcie.py)."""
     import torch
 
-    from sglang.srt.distributed.device_communicators.pcie_ipc_ar import PcieIpcCommunicator
+    from _pcie import Workspace, communicator
 
-    comm = PcieIpcCommunicator.__new__(PcieIpcCommunicator)
-    vars(comm).update(disabled=False, max_numel=0, _workspace=None, _bound_stream=None, _cpu_group=tp.cpu_group,
-                      _max_rows=None, _group=tp.device_group, _device=torch.device("cpu"),
-                      _world_size=tp.world_size, _workspace_cls=workspace_cls, _build_failed=False)
-    tp.pcie_ipc_comm = comm
-    return comm
+    tp.pcie_ipc_comm = communicator(tp.world_size, _cpu_group=tp.cpu_group, _group=tp.device_group,
+                                    _device=torch.device("cpu"), _workspace_cls=workspace_cls or Workspace)
+    return tp.pcie_ipc_comm
 
 
-class AllReduce:
-    """FlashInfer's PcieIpcAllReduceWorkspace as far as building and sizing go (no reduction runs here)."""
+def _gloo_gather(tp, calls=None):
+    """FlashInfer's PcieIpcAllGatherWorkspace stood in by a gloo gather under its contract (rank-major
+    [world * rows, width] bf16 output, refusing an output that overlaps the input); `calls` lists each gather's
+    input shape. The communicator is prepared for 8 rows of 64 (and the all-gather for the same)."""
+    import flashinfer.comm as fi_comm
+    import torch
+    import torch.distributed as dist
 
-    def __init__(self, group, max_numel, **kw):
-        self.group, self.max_numel = group, max_numel
+    from _pcie import Workspace
 
-    def supports(self, t):
-        return t.numel() <= self.max_numel
+    class Gather(Workspace):
+        def all_gather(self, inp, out):
+            assert out.dtype is torch.bfloat16 and tuple(out.shape) == (inp.shape[0] * tp.world_size, inp.shape[1])
+            if max(inp.data_ptr(), out.data_ptr()) < min(inp.data_ptr() + inp.nbytes, out.data_ptr() + out.nbytes):
+                raise ValueError("input and output must not overlap or alias")
+            if calls is not None:
+                calls.append(tuple(inp.shape))
+            dist.all_gather(list(out.chunk(tp.world_size)), inp, group=tp.device_group)
 
-    def destroy(self):
-        pass
+    fi_comm.PcieIpcAllGatherWorkspace = Gather
+    _pcie_ipc(tp).prepare(hidden=64, max_rows=8, gather_width=64)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -125,34 +133,13 @@ def gather_semantics(rank, world, port):
     PcieIpcAllGatherWorkspace stood in by a gloo gather under its contract (rank-major [world * rows, width] bf16
     output, refusing an output that overlaps the input): every dtype bit-exact, broadcast from either source, the
     packed verify broadcast, and an in-place gather that must fall back to the device group's own gather."""
-    import flashinfer.comm as fi_comm
     import torch
-    import torch.distributed as dist
 
-    from sglang.srt.speculative.eagle_utils import broadcast_packed
+    from sglang.srt.speculative.spec_tp_sync import broadcast_packed
 
     tp = _up(rank, world, port, disable_flashinfer_autotune=True)
     calls = []
-
-    class Gather:
-        def __init__(self, group, max_numel, **kw):
-            self.group, self.max_numel = group, max_numel
-
-        def supports(self, t):
-            return t.dtype is torch.bfloat16 and t.dim() == 2 and 0 < t.numel() <= self.max_numel
-
-        def rebind_stream(self):
-            pass
-
-        def all_gather(self, inp, out):
-            assert out.dtype is torch.bfloat16 and tuple(out.shape) == (inp.shape[0] * world, inp.shape[1])
-            if max(inp.data_ptr(), out.data_ptr()) < min(inp.data_ptr() + inp.nbytes, out.data_ptr() + out.nbytes):
-                raise ValueError("input and output must not overlap or alias")
-            calls.append(tuple(inp.shape))
-            dist.all_gather(list(out.chunk(world)), inp, group=self.group)
-
-    fi_comm.PcieIpcAllGatherWorkspace = Gather
-    _pcie_ipc(tp, AllReduce).prepare(hidden=64, max_rows=8, gather_width=64)
+    _gloo_gather(tp, calls)
 
     def data(r, dtype, n=32):  # each rank's own bit patterns; NaN, -0.0 and inf among the floats
         x = torch.arange(n, dtype=torch.float32) * (r + 1) - 7
@@ -175,7 +162,7 @@ def gather_semantics(rank, world, port):
     want = [torch.arange(6, dtype=torch.int32), torch.arange(4, dtype=torch.int32).view(2, 2) * 2,
             torch.zeros(3, dtype=torch.int32)]
     broadcast_packed(tp, parts)
-    result["packed"] = all(torch.equal(a, b) for a, b in zip(parts, want))
+    result["packed"] = all(torch.equal(a, b) for a, b in zip(parts, want, strict=True))
     result["pcie_ipc_calls"] = len(calls)
     out = torch.empty((4 * world, 8), dtype=torch.int32)
     out[4 * rank: 4 * rank + 4] = data(rank, torch.int32)
@@ -200,6 +187,7 @@ def verify_wiring(rank, world, port, vocab):
 
     import torch
 
+    from _graphs import greedy_sampling
     from sglang.srt.layers.logits_processor import LogitsMetadata, LogitsProcessor, LogitsProcessorOutput
     from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -250,11 +238,8 @@ def verify_wiring(rank, world, port, vocab):
                                    retrieve_index=tree, retrieve_next_token=tree, retrieve_next_sibling=tree)
     out = {"reference": reference, "deferred": worker._target_logits_processor is not None}
     for kind, bias in (("greedy", None), ("logit_bias", torch.zeros(bs, vocab))):
-        info = SimpleNamespace(is_all_greedy=True, has_custom_logit_processor=False, acc_additive_penalties=None,
-                               acc_scaling_penalties=None, logit_bias=bias, penalizer_orchestrator=None,
-                               has_watermark_candidates=False, sampling_mask_batch_indices=None)
         batch = SimpleNamespace(device="cpu", forward_mode=ForwardMode.DECODE, seq_lens=torch.ones(bs),
-                                sampling_info=info, has_grammar=False, return_logprob=False, spec_info=verify_input,
+                                sampling_info=greedy_sampling(logit_bias=bias), has_grammar=False, return_logprob=False, spec_info=verify_input,
                                 input_ids=None, out_cache_loc=None)
         try:
             worker.verify(batch)
@@ -277,7 +262,9 @@ def tune_cache_save_fails(rank, world, port):
     blocker.write_text("")
     broken = []
 
-    class Tuned(AllReduce):
+    from _pcie import Workspace
+
+    class Tuned(Workspace):
         def tune(self, hiddens, tune_group=None, **kw):
             dist.barrier(group=self.group)
             if rank == 0:
@@ -323,8 +310,9 @@ def fusion_exchange_fails_early(rank, world, port, bad_rank):
 # ------------------------------------------------------------------------------------------------------------------
 def allreduce_timing(rank, world, port, cache_dir):
     """Four starts of the PCIe-IPC all-reduce's timing decision on one TP group, each a fresh communicator prepared as
-    the model runner prepares it, with the one measuring function (pcie_ipc_ar._time_backends) faked per rank and the
-    box (each rank's GPU on its own PCI bus, NVML) faked; the timing cache in cache_dir:
+    the model runner prepares it, with the one measuring method (PcieIpcCommunicator._time_backends) faked per rank
+    and the box (each rank's GPU on its own PCI bus, NVML) faked; the timing cache in cache_dir. Before them, what
+    /server_info says of the real GroupCoordinator of this 2-rank CPU group:
       differ: each rank's own times would route 1, 4 and 8 rows differently; the group's MAX decides for both;
       cached: a second start on the same box reads the table (nothing timed);
       new_driver: another driver version is another box: timed again;
@@ -334,8 +322,10 @@ def allreduce_timing(rank, world, port, cache_dir):
 
     from _fake_nvml import BUS, FakeNvml
     from sglang.srt.distributed.device_communicators import pcie_ipc_ar
+    from sglang.srt.distributed.device_communicators.pcie_ipc_ar import PcieIpcCommunicator
 
     tp = _up(rank, world, port, disable_flashinfer_autotune=True)
+    before = pcie_ipc_ar.allreduce_backends()  # the real GroupCoordinator's, built on this 2-rank CPU group
     os.environ["FLASHINFER_AUTOTUNE_DIR"] = cache_dir
     patch = pytest.MonkeyPatch()
     FakeNvml(patch, count=world)
@@ -344,20 +334,60 @@ def allreduce_timing(rank, world, port, cache_dir):
     own = {0: {"pcie_ipc": [5, 5, 5, 28], "nccl": [30] * 4}, 1: {"pcie_ipc": [5, 5, 26, 5], "nccl": [3, 30, 30, 30]}}
     timed, step = [], None
 
-    def measure(comm, group, hidden, rows, backends):
+    def measure(self, group, hidden, rows, backends):
         timed.append(rows)
         if step == "fails" and rank == 1:
             raise RuntimeError("cudaErrorStreamCaptureInvalidated")
         return [[own[rank][b][i] for b in backends] for i in range(len(rows))]
 
-    pcie_ipc_ar._time_backends = measure
-    out = {}
+    PcieIpcCommunicator._time_backends = measure
+    out = {"before": {k: before[k] for k in ("source", "why")}}
     for step, driver in (("differ", "580.95.05"), ("cached", "580.95.05"), ("new_driver", "590.44.01"),
                          ("fails", "595.1")):
         patch.setattr(pynvml, "nvmlSystemGetDriverVersion", lambda driver=driver: driver)
         timed.clear()
-        comm = _pcie_ipc(tp, AllReduce)
+        comm = _pcie_ipc(tp)
         comm.prepare(hidden=64, max_rows=8, coordinator=tp)
         out[step] = {"timed": len(timed), "disabled": comm.disabled, "source": pcie_ipc_ar.allreduce_backends()["source"],
                      "table": [comm.backend_for(torch.empty(r, 64)) for r in (1, 2, 4, 8)]}
     return out
+
+
+# ------------------------------------------------------------------------------------------------------------------
+def dflash_packing(rank, world, port):
+    """DFlash's draft head over a vocab-parallel lm_head (vocab 250, shards of 128 rows) and its sampled accept
+    broadcast on the real TP group, FlashInfer's all-gather stood in by a gloo gather: the head in the draft graph
+    (_DflashDraftSampler), the eager head (_greedy_sample_from_vocab_parallel_head) and the full-vocab argmax, a row
+    whose maximum ties across the shards (ids 3 and 130); rank 0's accept lengths and bonus tokens after
+    SpecTpSync.sync_packed."""
+    import torch
+
+    from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2, _DflashDraftSampler
+    from sglang.srt.speculative.spec_tp_sync import SpecTpSync, SpecTpSyncSite
+
+    tp = _up(rank, world, port, disable_flashinfer_autotune=True)
+    calls = []
+    _gloo_gather(tp, calls)
+    g = torch.Generator().manual_seed(7)
+    full = torch.randn(250, 16, generator=g).to(torch.bfloat16)
+    hidden = torch.randn(8, 16, generator=g).to(torch.bfloat16)
+    full[130] = full[3] = 4 * hidden[1]  # block position 1: a tie between rank 0's id 3 and rank 1's 130
+    start, end = 128 * rank, min(250, 128 * rank + 128)
+    shard = torch.zeros(128, 16, dtype=torch.bfloat16)
+    shard[: end - start] = full[start:end]
+    sampler = _DflashDraftSampler(weight=shard, block_size=8, num_org=end - start, org_vocab_start=start, max_bs=1,
+                                  tp_group=tp)
+    sampler(hidden)
+    worker = DFlashWorkerV2.__new__(DFlashWorkerV2)
+    vars(worker).update(_draft_greedy_local_max_buf=None, _draft_greedy_local_arg_buf=None, _draft_greedy_local_cap=0)
+    head = SimpleNamespace(weight=shard, shard_indices=SimpleNamespace(
+        org_vocab_start_index=start, num_org_elements=end - start, num_org_elements_padded=128,
+        num_added_elements=0, added_vocab_start_index=256))
+    eager = worker._greedy_sample_from_vocab_parallel_head(hidden_states=hidden[1:], lm_head=head)
+    accept_len = torch.tensor([2, 0, 7], dtype=torch.int32) if rank == 0 else torch.zeros(3, dtype=torch.int32)
+    bonus = torch.tensor([2**40 + 5, 17, 250]) if rank == 0 else torch.full((3,), -1)
+    SpecTpSync(tp).sync_packed(SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE, (accept_len, bonus))
+    assert len(calls) == 3, calls  # the two heads' gathers and the broadcast, each one PCIe-IPC gather
+    return {"reference": (hidden[1:] @ full.T).argmax(-1).tolist(), "sampler": sampler.out[:7].tolist(),
+            "eager": eager.tolist(), "accept": {"accept_len": accept_len.tolist(), "bonus": bonus.tolist()}}
+

@@ -1,150 +1,46 @@
-"""Collectives of the speculative cycle: counted per stage when asked, none on NCCL at decode sizes, and the greedy
-verify that gathers each vocab shard's argmax.
+"""Collectives of the speculative cycle: counted per stage when asked, none on NCCL at decode sizes (EAGLE-3 and
+DFlash), and the verify and draft heads that gather each vocab shard's argmax.
 
 - Counting: distributed/collective_stats.py records, with SGLANG_RECORD_SPEC_COLLECTIVES=1, what a forward issues
   inside a recorded pass; GroupCoordinator notes each collective with the backend it took.
 - Routing (one process): the real GroupCoordinator methods and PcieIpcCommunicator, prepared as BaseRunner prepares
-  it for the shipped Kimi profile, FlashInfer's two workspace classes and NCCL's communicator stood in.
-- Two CPU ranks over gloo (_gloo.py): the all-gather's bytes and broadcast sources, and the deferred verify from
-  EAGLEWorkerV2.verify through the real eagle_sample.
-- The Kimi-K2.5 TP8 table (bench/inputs/collectives_kimi_tp8.toml, which the cost model reads): every site of every
-  stage, routed through the real code with the profile's workspaces, takes no NCCL call.
+  it for the Kimi-K2.5 server, FlashInfer's two workspace classes and NCCL's communicator stood in (conftest.py).
+- Two CPU ranks over gloo (_gloo.py): the all-gather's bytes and broadcast sources, the deferred verify from
+  EAGLEWorkerV2.verify through the real eagle_sample, DFlash's draft heads and packed accept broadcast.
+- The Kimi-K2.5 TP8 EAGLE-3 table (bench/inputs/collectives_kimi_tp8.toml, which the cost model reads) and the
+  DFlash cycle's sites at every captured batch, routed through the real code: no NCCL call.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import tomllib
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 import _gloo
+from _graphs import greedy_sampling, speculative_state, stats
+from _pcie import KIMI_VOCAB_SHARD, REPO, prepared, rows, widest_decode_rows
+from _sgl import published
 
-REPO = Path(__file__).resolve().parents[2]
 TABLE = REPO / "bench" / "inputs" / "collectives_kimi_tp8.toml"
-HIDDEN = 7168
 PROFILE_ROWS = 64  # the shipped profile's widest verify: 16 requests x 4 draft tokens
-KIMI_VOCAB_SHARD = 163840 // 8
-
-
-class Workspace:
-    """Stands in for FlashInfer's PCIe-IPC all-reduce and all-gather workspaces (they need GPUs): built with the
-    max_numel SGLang asks for, admitting what FlashInfer admits by size (2-D, of the workspace dtype)."""
-
-    built: list = []
-
-    def __init__(self, group=None, max_numel=0, dtype=torch.bfloat16, **kw):
-        self.max_numel, self.dtype, self.kw, self.tuned = max_numel, dtype, kw, []
-        Workspace.built.append(self)
-
-    def supports(self, t):
-        return t.dtype is self.dtype and t.dim() == 2 and 0 < t.numel() <= self.max_numel
-
-    def tune(self, hiddens, **kw):
-        self.tuned.append(list(hiddens))
-        return {(h, b): "config" for h in hiddens for b in self.kw.get("tune_batches", ())}
-
-    def rebind_stream(self):
-        pass
-
-    def all_reduce(self, t):
-        return t
-
-    def all_gather(self, inp, out):
-        return out
-
-    def destroy(self):
-        pass
-
-
-class Nccl:
-    """NCCL's communicator (pynccl) stand-in: what reaches it is what would be an NCCL call."""
-
-    disabled = False
-
-    def __init__(self):
-        self.calls = []
-
-    def change_state(self, enable=True):
-        return contextlib.nullcontext()
-
-    def all_gather(self, output, inp):
-        self.calls.append("all_gather")
-
-    def broadcast(self, t, src):
-        self.calls.append("broadcast")
-
-    def outplace_all_reduce(self, t):
-        self.calls.append("all_reduce")
-        return t
-
-    def all_reduce(self, t):
-        self.calls.append("all_reduce")
-
-
-def pcie_ipc(world=8, max_rows=PROFILE_ROWS, gather_width=KIMI_VOCAB_SHARD):
-    """The real PcieIpcCommunicator of a TP group on one PCIe node, prepared as BaseRunner prepares it."""
-    from sglang.srt.distributed.device_communicators.pcie_ipc_ar import PcieIpcCommunicator
-
-    comm = PcieIpcCommunicator.__new__(PcieIpcCommunicator)
-    vars(comm).update(disabled=False, max_numel=0, _workspace=None, _bound_stream=None, _cpu_group=None,
-                      _max_rows=None, _group=None, _device=torch.device("meta"), _world_size=world,
-                      _workspace_cls=Workspace, _build_failed=False, _tune=lambda hidden: None)
-    comm.prepare(hidden=HIDDEN, max_rows=max_rows, gather_width=gather_width)
-    return comm
+BLOCK = 8  # DFlash's block (z-lab/Kimi-K2.5-DFlash), 7 drafted positions per request
 
 
 @pytest.fixture
-def no_gpu(monkeypatch):
-    import flashinfer.comm as fi_comm
-
-    monkeypatch.setattr(fi_comm, "PcieIpcAllGatherWorkspace", Workspace, raising=False)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda: None)
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    Workspace.built = []
+def tp(tp8):
+    """The TP8 group with the PCIe-IPC communicator prepared for the shipped profile: 64 rows of hidden 7168 for the
+    all-reduce, 64 rows of the 20480-wide Kimi vocab shard for the all-gather."""
+    tp8.pcie_ipc_comm = prepared(PROFILE_ROWS, gather_width=KIMI_VOCAB_SHARD)
+    return tp8
 
 
-@pytest.fixture
-def tp8(monkeypatch, no_gpu):
-    """A TP8 GroupCoordinator on one PCIe node: the real methods, the real PcieIpcCommunicator prepared for the
-    profile (64 rows of hidden 7168 for the all-reduce, 64 rows of the 20480-wide Kimi vocab shard for the
-    all-gather), NCCL's communicator stood in."""
-    from sglang.srt.distributed import parallel_state as ps
-
-    g = ps.GroupCoordinator.__new__(ps.GroupCoordinator)
-    g.world_size, g.rank_in_group, g.unique_name = 8, 0, "tp:collectives-test"
-    g.hpu_communicator = g.xpu_communicator = None
-    g.ca_comm = g.qr_comm = g.pymscclpp_comm = g.torch_symm_mem_comm = None
-    g.pynccl_comm = Nccl()
-    g.device_group = g.cpu_group = None
-    g.is_symmetric_memory_enabled = lambda: False
-    g.debug_check_symmetric_mempool = lambda *a, **k: None
-    g._fi_workspace_hint = None
-    g.pcie_ipc_comm = pcie_ipc()
-    monkeypatch.setitem(ps._groups, g.unique_name, lambda: g)
-    # The registered ops' bodies: on meta tensors the op dispatch would run their fake implementations
-    monkeypatch.setattr(ps, "outplace_all_reduce", lambda t, group_name, outplace_all_reduce_method:
-                        ps._groups[group_name]()._all_reduce_out_place(t, outplace_all_reduce_method))
-    monkeypatch.setattr(ps, "inplace_all_reduce",
-                        lambda t, group_name: ps._groups[group_name]()._all_reduce_in_place(t))
-    monkeypatch.setattr(ps, "reg_all_gather_into_tensor",
-                        lambda out, inp, group_name: ps._groups[group_name]()._all_gather_into_tensor(out, inp))
-    monkeypatch.setenv("SGLANG_RECORD_SPEC_COLLECTIVES", "1")
-    return g
-
-
-def meta(*shape, dtype=torch.bfloat16):
-    """A reduction's input: meta, so that GroupCoordinator takes its GPU path."""
-    return torch.empty(shape, dtype=dtype, device="meta")
-
-
-def gather(g, rows, width, dtype=torch.bfloat16):
+def gather(g, n, width, dtype=torch.bfloat16):
     """An all-gather of real (CPU) tensors: the PCIe-IPC route checks where they lie."""
-    g.all_gather_into_tensor(torch.empty((8 * rows, width), dtype=dtype), torch.zeros((rows, width), dtype=dtype))
+    g.all_gather_into_tensor(torch.empty((8 * n, width), dtype=dtype), torch.zeros((n, width), dtype=dtype))
 
 
 def recorded(stage, run):
@@ -156,69 +52,58 @@ def recorded(stage, run):
     return collective_stats.snapshot().get(stage)
 
 
-def test_collectives_counted_by_op_and_backend(tp8):
+def test_collectives_counted_by_op_and_backend(tp):
     """One recorded forward: each collective is noted with the backend the real code picked."""
+
     def forward():
-        tp8.all_reduce(meta(8, HIDDEN))  # a decode-sized reduction: PCIe IPC
-        tp8.all_reduce(meta(2048, HIDDEN))  # prefill-sized: NCCL
-        gather(tp8, 64, KIMI_VOCAB_SHARD)
-        tp8.broadcast(torch.zeros(12, dtype=torch.int32))
+        tp.all_reduce(rows(8))  # a decode-sized reduction: PCIe IPC
+        tp.all_reduce(rows(2048))  # prefill-sized: NCCL
+        gather(tp, 64, KIMI_VOCAB_SHARD)
+        tp.broadcast(torch.zeros(12, dtype=torch.int32))
 
     got = recorded("target_verify", forward)
     assert got["calls"] == {"all_reduce": {"nccl": 1, "pcie_ipc": 1}, "all_gather": {"pcie_ipc": 1},
                             "broadcast": {"pcie_ipc": 1}}
     assert got["graphs"] == 1 and got["bytes"]["all_gather"] == 64 * KIMI_VOCAB_SHARD * 2
-    assert tp8.pynccl_comm.calls == ["all_reduce"]
+    assert tp.pynccl_comm.calls == ["all_reduce"]
 
 
-def test_collectives_recorded_only_when_asked(tp8, monkeypatch):
+def test_collectives_recorded_only_when_asked(tp, monkeypatch):
     """Without SGLANG_RECORD_SPEC_COLLECTIVES=1 nothing is recorded and /server_info has no spec_collectives."""
-    from sglang.srt.managers.scheduler_components.internal_state import SchedulerInternalStateController
-    from sglang.srt.model_executor.runner.spec_graph_stats import SpecGraphStats
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-    scheduler = SimpleNamespace(spec_algorithm=SpeculativeAlgorithm.EAGLE3, draft_worker=None,
-                                metrics_reporter=SimpleNamespace(spec_total_num_accept_tokens=3,
-                                                                 spec_total_num_forward_ct=1),
-                                tp_worker=SimpleNamespace(model_runner=SimpleNamespace(
-                                    spec_graph_stats=SpecGraphStats())))
     for value, listed in (("1", True), ("0", False)):
         monkeypatch.setenv("SGLANG_RECORD_SPEC_COLLECTIVES", value)
-        got = recorded("target_verify", lambda: tp8.all_reduce(meta(8, HIDDEN)))
+        got = recorded("target_verify", lambda: tp.all_reduce(rows(8)))
         assert (got is not None) is listed
-        state = {}
-        SchedulerInternalStateController(scheduler, record_step_time=False)._add_speculative(state)
+        state = speculative_state(stats())
         assert ("spec_collectives" in state) is listed and "spec_cuda_graph" in state
 
 
-@pytest.mark.parametrize("rows, dtype, width, want", [
+@pytest.mark.parametrize("n, dtype, width, want", [
     (64, torch.bfloat16, KIMI_VOCAB_SHARD, "pcie_ipc"),  # the widest verify's logits shard
     (65, torch.bfloat16, KIMI_VOCAB_SHARD, "nccl"),  # wider: NCCL keeps it
     (64, torch.float32, 4, "pcie_ipc"),  # the greedy verify's (max, index, 0, 0) rows
     (1, torch.int32, 3, "nccl"),  # 12 bytes: not whole 16-byte packs
 ])
-def test_decode_sized_all_gathers_take_pcie_ipc(tp8, rows, dtype, width, want):
-    got = recorded("draft_decode", lambda: gather(tp8, rows, width, dtype))
-    assert got["calls"] == {"all_gather": {want: 1}}
+def test_decode_sized_all_gathers_take_pcie_ipc(tp, n, dtype, width, want):
+    assert recorded("draft_decode", lambda: gather(tp, n, width, dtype))["calls"] == {"all_gather": {want: 1}}
 
 
-def test_an_in_place_all_gather_falls_back_to_nccl(tp8):
+def test_an_in_place_all_gather_falls_back_to_nccl(tp):
     """FlashInfer refuses an output that overlaps the input; NCCL gathers in place. The same gather out of place
     takes PCIe IPC."""
     out = torch.empty((8 * 64, 4), dtype=torch.float32)
-    got = recorded("target_verify", lambda: (tp8.all_gather_into_tensor(out, torch.zeros((64, 4))),
-                                             tp8.all_gather_into_tensor(out, out[:64])))
+    got = recorded("target_verify", lambda: (tp.all_gather_into_tensor(out, torch.zeros((64, 4))),
+                                             tp.all_gather_into_tensor(out, out[:64])))
     assert got["calls"] == {"all_gather": {"pcie_ipc": 1, "nccl": 1}}
 
 
 def test_the_all_gather_is_tuned_with_the_all_reduce_and_says_when_it_is_not_built(no_gpu, caplog):
     """prepare() tunes the all-gather for the rows it serves (the logits shard, and one 16-byte pack per row); with
     CUDA graphs off (no captured rows) it builds no all-gather and says so once."""
-    comm = pcie_ipc()
-    gather_ws = comm._gather_workspace
+    gather_ws = prepared(PROFILE_ROWS, gather_width=KIMI_VOCAB_SHARD)._gather_workspace
     assert gather_ws.tuned == [[KIMI_VOCAB_SHARD, 8]] and gather_ws.kw["tune_batches"] == (1, 2, 4, 8, 16, 32, 64)
     with caplog.at_level(logging.INFO):
-        assert pcie_ipc(max_rows=None)._gather_workspace is None
+        assert prepared(None, gather_width=KIMI_VOCAB_SHARD)._gather_workspace is None
     assert [r.getMessage() for r in caplog.records if "all-gather not built" in r.getMessage()] == [
         "FlashInfer PCIe-IPC all-gather not built: no captured decode graphs to size it (CUDA graphs off); "
         "all-gathers and broadcasts stay on NCCL."]
@@ -230,7 +115,7 @@ def test_the_all_gather_memory_vote_sizes_the_layouts_of_its_world(monkeypatch, 
     code, stood in by its argument check and arithmetic) refuses the copy-engine layout below 8 ranks."""
     from flashinfer.comm.pcie_ipc_collectives import _ag_rs_module
 
-    from sglang.srt.distributed.device_communicators.pcie_ipc_ar import PcieIpcCommunicator
+    from _pcie import communicator
 
     def size(world_size, max_numel, elem, blocks, copy_engine):
         if copy_engine and world_size != 8:
@@ -240,8 +125,7 @@ def test_the_all_gather_memory_vote_sizes_the_layouts_of_its_world(monkeypatch, 
     monkeypatch.setattr(_ag_rs_module, "get_pcie_ipc_ag_rs_module",
                         lambda: SimpleNamespace(all_gather_workspace_size=size))
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (0, 96 << 30))
-    comm = PcieIpcCommunicator.__new__(PcieIpcCommunicator)
-    vars(comm).update(_world_size=world, _device=torch.device("meta"))
+    comm = communicator(world)
     ok, why = comm._can_allocate(64 * KIMI_VOCAB_SHARD, gather=True)
     assert not ok and f"{64 * KIMI_VOCAB_SHARD * 2 * (2 if world == 8 else 1)} needed" in why
 
@@ -268,14 +152,9 @@ def test_the_greedy_verify_from_shards_through_eagle_worker_verify():
 def test_the_greedy_verify_needs_only_the_argmax_when_nothing_reads_the_logits(monkeypatch):
     from sglang.srt.speculative import eagle_worker_common as ewc
 
-    def batch(**kw):
-        info = dict(is_all_greedy=True, has_custom_logit_processor=False, acc_additive_penalties=None,
-                    acc_scaling_penalties=None, logit_bias=None, penalizer_orchestrator=None,
-                    has_watermark_candidates=False, sampling_mask_batch_indices=None)
-        info.update({k: v for k, v in kw.items() if k in info})
-        return SimpleNamespace(has_grammar=kw.get("has_grammar", False),
-                               return_logprob=kw.get("return_logprob", False),
-                               sampling_info=None if kw.get("no_info") else SimpleNamespace(**info))
+    def batch(has_grammar=False, return_logprob=False, no_info=False, **kw):
+        info = None if no_info else greedy_sampling(**kw)
+        return SimpleNamespace(has_grammar=has_grammar, return_logprob=return_logprob, sampling_info=info)
 
     assert ewc._verify_needs_only_argmax(batch())
     assert ewc._verify_needs_only_argmax(batch(penalizer_orchestrator=SimpleNamespace(is_required=False)))
@@ -290,17 +169,6 @@ def test_the_greedy_verify_needs_only_the_argmax_when_nothing_reads_the_logits(m
 
 def _target(model):
     return SimpleNamespace(model_runner=SimpleNamespace(model=model))
-
-
-@pytest.fixture
-def kimi():
-    """Kimi-K2.5 + EAGLE-3 at TP8 on a faked SM120, published as the scheduler publishes it."""
-    from sglang.srt import runtime_context as rc
-
-    from _sgl import server_args
-
-    with rc.use_context(rc.create_context(server_args(12), role="scheduler")):
-        yield
 
 
 def test_a_target_that_post_processes_its_logits_keeps_the_full_gather(kimi):
@@ -355,7 +223,7 @@ def test_workers_without_the_deferral_verify(kimi, monkeypatch, module, worker, 
     assert calls[0]["target_logits_processor"] is None and calls[0]["req_to_token_pool"] == "req_to_token"
 
 
-def test_kimi_tp8_cycle_has_no_nccl_call(tp8):
+def test_kimi_tp8_cycle_has_no_nccl_call(tp):
     """Every collective site of the Kimi-K2.5 TP8 speculative cycle (the table the cost model reads), at the
     profile's widest batch, routed through the real code: all on PCIe IPC, for greedy and for sampling batches."""
     table = tomllib.loads(TABLE.read_text())
@@ -369,20 +237,95 @@ def test_kimi_tp8_cycle_has_no_nccl_call(tp8):
             def run(site=site, shape=shape, dtype=dtype):
                 for _ in range(site["count"]):
                     if site["op"] == "all_reduce":
-                        tp8.all_reduce(meta(*shape, dtype=dtype))
+                        tp.all_reduce(rows(shape[0], dtype, shape[1]))
                     elif site["op"] == "all_gather":
-                        gather(tp8, shape[0], shape[1], dtype)
+                        gather(tp, shape[0], shape[1], dtype)
                     else:
-                        tp8.broadcast(torch.zeros(shape, dtype=dtype))
+                        tp.broadcast(torch.zeros(shape, dtype=dtype))
 
             got = recorded(stage, run)
             for op, backends in got["calls"].items():
                 assert set(backends) == {"pcie_ipc"}, (stage, site, backends)
                 key = (stage, op, site.get("when", "always"))
                 totals[key] = totals.get(key, 0) + backends["pcie_ipc"]
-    assert tp8.pynccl_comm.calls == []
+    assert tp.pynccl_comm.calls == []
     for mode in ("greedy", "sampling"):
         for stage, counts in table["per_forward"][mode].items():
             got = {op: sum(v for (s, o, w), v in totals.items() if s == stage and o == op and w in ("always", mode))
                    for op in counts}
             assert got == counts, (mode, stage)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# DFlash: the draft block's head (in its graph or eager), the verify's argmax and the accept, at every batch size
+
+
+def test_the_dflash_cycle_has_no_nccl_call_at_any_captured_batch(kimi_dflash, tp8, monkeypatch):
+    """Every collective of a Kimi-K2.5 TP8 DFlash step at every batch its graphs capture (8 rows a request: 8 to
+    384), through the real code, with the PCIe-IPC workspaces and the start-up timing as the model runner prepares
+    them (the timing faked, PCIe IPC the fastest: every row count is in its table): the target's and the draft's
+    reductions and the draft's noise embedding (8 rows a request), the draft head's gather in its graph
+    (_DflashDraftSampler) and eager (7 rows), the greedy verify's argmax from the vocab shards and the sampled
+    verify's logits gather (8), the accept's broadcasts, greedy and sampled (DFlashWorkerV2._accept_block). Apart, the head's
+    bf16 maxima and int64 ids (14 and 56 bytes a request) and the accept's int32 lengths and int64 tokens (4 and 8)
+    are not whole 16-byte packs at small batches, which the PCIe-IPC all-gather needs."""
+    from sglang.srt.distributed.device_communicators.pcie_ipc_ar import PcieIpcCommunicator
+    from sglang.srt.layers import logits_processor as lp
+    from sglang.srt.model_executor.runner.base_cuda_graph_runner import get_batch_sizes_to_capture
+    from sglang.srt.speculative import dflash_worker_v2 as dw
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.speculative.spec_tp_sync import SpecTpSync
+
+    with published(kimi_dflash):
+        max_rows = widest_decode_rows(kimi_dflash, spec=SpeculativeAlgorithm.DFLASH)
+        pool = SimpleNamespace(req_to_token_pool=SimpleNamespace(size=48), server_args=kimi_dflash)
+        capture_bs, _ = get_batch_sizes_to_capture(pool, BLOCK)
+    assert max_rows == BLOCK * max(capture_bs) == BLOCK * 48
+    monkeypatch.setattr(PcieIpcCommunicator, "_time_backends", lambda self, tp, hidden, rows, backends: [
+        [1.0] + [10.0] * (len(backends) - 1) for _ in rows])
+    comm = tp8.pcie_ipc_comm = prepared(max_rows, gather_width=KIMI_VOCAB_SHARD, coordinator=tp8)
+    for module in (dw, lp):
+        monkeypatch.setattr(module, "get_parallel", lambda: SimpleNamespace(tp_group=tp8))
+    processor = lp.LogitsProcessor.__new__(lp.LogitsProcessor)
+    vars(processor).update(vocab_size=163840, final_logit_softcapping=None)
+    shard = SimpleNamespace(org_vocab_start_index=0, num_org_elements=256, num_org_elements_padded=256,
+                            num_added_elements=0, added_vocab_start_index=0)
+    head = SimpleNamespace(weight=torch.zeros(256, 64, dtype=torch.bfloat16), shard_indices=shard)
+    sampler = dw._DflashDraftSampler(weight=head.weight, block_size=BLOCK, num_org=256, org_vocab_start=0,
+                                     max_bs=max(capture_bs), tp_group=tp8)
+    monkeypatch.setattr(dw, "is_dflash_sampling_verify_available", lambda: True)
+    monkeypatch.setattr(dw, "compute_dflash_sampling_correct_drafts_and_bonus", lambda candidates, **kw: (
+        torch.zeros(len(candidates), dtype=torch.int32), torch.zeros(len(candidates), dtype=torch.int64)))
+    worker = dw.DFlashWorkerV2.__new__(dw.DFlashWorkerV2)
+    vars(worker).update(_draft_greedy_local_max_buf=None, _draft_greedy_local_arg_buf=None, _draft_greedy_local_cap=0,
+                        _selector_sample=None, _tp_sync=SpecTpSync(tp8), block_size=BLOCK,
+                        _use_triton_accept_bonus=False)
+    sampled = SimpleNamespace(is_all_greedy=False), SimpleNamespace(max_top_k=None, uniform_top_k_value=None)
+    for bs in capture_bs:
+        n = BLOCK * bs
+
+        def step(n=n, bs=bs):
+            tp8.all_reduce(rows(n))
+            sampler(torch.zeros(n, 64, dtype=torch.bfloat16))
+            hidden = torch.zeros(n - bs, 64, dtype=torch.bfloat16)
+            worker._greedy_sample_from_vocab_parallel_head(hidden_states=hidden, lm_head=head)
+            processor.deferred_argmax(torch.zeros(n, KIMI_VOCAB_SHARD, dtype=torch.bfloat16))
+            gather(tp8, n, KIMI_VOCAB_SHARD)  # finish_deferred_gather's, as all_gather issues it on a GPU
+            block = dict(candidates=torch.zeros(bs, BLOCK, dtype=torch.int64), prefix_lens=torch.zeros(bs), bs=bs)
+            worker._accept_block(**block, next_token_logits=None, sampling_info=None, draft_input=None,
+                                 target_predict=torch.zeros(n, dtype=torch.int64))  # greedy
+            worker._accept_block(**block, next_token_logits=None, sampling_info=sampled[0], draft_input=sampled[1])
+
+        calls = recorded("draft_block", step)["calls"]  # the eager head gathers per 256 rows
+        assert {op: set(b) for op, b in calls.items()} == {op: {"pcie_ipc"} for op in calls} and len(calls) == 3, bs
+        assert comm.backend_for(rows(n)) == "pcie_ipc", n
+    assert tp8.pynccl_comm.calls == []
+
+
+def test_the_dflash_heads_and_accept_keep_their_values_on_two_ranks():
+    """Two CPU ranks over gloo, a vocab-parallel head (vocab 250 in shards of 128): the packed gather gives the
+    full-vocabulary argmax on both ranks (a tie across shards to the lower id), in the draft graph's head and the
+    eager one alike; the packed accept broadcast leaves rank 0's accept lengths and bonus tokens on both."""
+    for r in _gloo.run("dflash_packing", timeout=400):
+        assert r["sampler"] == r["reference"] == r["eager"] and r["reference"][0] == 3, r
+        assert r["accept"] == {"accept_len": [2, 0, 7], "bonus": [2**40 + 5, 17, 250]}, r

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import _gloo
-from _sgl import platform, resolved, server_args
+from _sgl import platform, published, resolved, server_args
 
 unchanged = pytest.mark.unchanged
 
@@ -187,9 +187,7 @@ def test_fusion_sm120_per_batch_predicate(reload_add_norm, monkeypatch, fusion_o
 @pytest.fixture
 def kimi_tp8_context():
     """A published runtime context of Kimi-K2.5 at TP8 (attention TP group of 8), as the scheduler has it."""
-    from sglang.srt import runtime_context as rc
-
-    with rc.use_context(rc.create_context(server_args(12, spec=False), role="scheduler")):
+    with published(server_args(12, spec=False)):
         yield
 
 
@@ -316,7 +314,7 @@ def assert_probes_cover(probe: list[int], allocated: list[int], granule: int) ->
     """The preflight must probe at least what FlashInfer allocates (else it passes where the real allocation
     fails), and no more than one allocation granule above it (else it refuses a workspace that would fit)."""
     assert len(probe) == len(allocated) == 3
-    for p, a in zip(probe, allocated):
+    for p, a in zip(probe, allocated, strict=True):
         assert a <= p <= a + granule, (probe, allocated)
 
 

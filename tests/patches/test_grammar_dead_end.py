@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from _sgl import FIXTURES, server_args
+from _sgl import FIXTURES, published, server_args
 
 W5 = 8  # the id of the word "w5"
 
@@ -23,12 +23,11 @@ W5 = 8  # the id of the word "w5"
 def backend():
     from transformers import AutoTokenizer
 
-    from sglang.srt import runtime_context as rc
     from sglang.srt.constrained.base_grammar_backend import create_grammar_backend
 
     tokenizer = AutoTokenizer.from_pretrained(str(FIXTURES / "bench" / "tokenizer"))
     sa = server_args(12, tp=1, spec=False, grammar_backend="xgrammar")
-    with rc.use_context(rc.create_context(sa, role="scheduler")):
+    with published(sa):
         yield create_grammar_backend(sa, tokenizer, len(tokenizer), eos_token_ids={2})
 
 

@@ -10,13 +10,12 @@ and the speculative verify's softmax (kernels/ops/sampling.softmax).
 
 from __future__ import annotations
 
-import contextlib
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from _sgl import server_args
+from _sgl import published, server_args
 
 VOCAB = 64
 F32_MAX = 3.4028234663852886e38
@@ -27,9 +26,7 @@ def sampler():
     from sglang.srt import runtime_context as rc
 
     sa = server_args(12, tp=1, spec=False, sampling_backend="pytorch")
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(rc.use_context(rc.create_context(sa, role="scheduler")))
-        stack.enter_context(rc.get_parallel().override(tp_group=SimpleNamespace(device_group=None)))
+    with published(sa), rc.get_parallel().override(tp_group=SimpleNamespace(device_group=None)):
         from sglang.srt.layers.sampler import create_sampler
 
         yield create_sampler()

@@ -16,92 +16,33 @@ Drives the real SGLang code of the tree under test:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from types import SimpleNamespace
-from unittest import mock
 
 import pytest
+import torch
 
-from _sgl import resolved, server_args
+import _graphs as g
+from _graphs import MAX_BS
+from _sgl import published, resolved, sm120_args
 
-# RTX PRO 6000 Blackwell (96 GB) as nvidia-smi reports it, in MiB.
-RTX_PRO_6000_MIB = 97887
 WIDTH = 4  # num_draft_tokens for steps=3, topk=1
-MAX_BS = 48
 
 
-@contextlib.contextmanager
-def _gpu_memory(mib: int = RTX_PRO_6000_MIB):
-    """ServerArgs sizes its CUDA graph defaults from the GPU's memory; there is no GPU here."""
-    from sglang.srt.arg_groups import memory_hook
-
-    with mock.patch.object(memory_hook, "get_device_memory_capacity", lambda device=None: mib):
-        yield
-
-
-def _sm120_args(**kw):
-    with _gpu_memory():
-        return server_args(12, **kw)
-
-
-def _runner(**overrides):
-    """A target-verify DecodeCudaGraphRunner captured at bs 1..MAX_BS, width WIDTH (no __init__, no GPU)."""
-    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-    r = DecodeCudaGraphRunner.__new__(DecodeCudaGraphRunner)
-    attrs = dict(ragged_verify_mode=False, captured_req_width=WIDTH, require_mlp_tp_gather=False,
-                 enable_pdmux=False, disable_padding=False, max_bs=MAX_BS, require_mlp_sync=False,
-                 is_encoder_decoder=False, enable_two_batch_overlap=False, record_nolora_graph=False,
-                 attention_graph_variants=None,
-                 model_runner=SimpleNamespace(spec_algorithm=SpeculativeAlgorithm.EAGLE3))
-    attrs.update(overrides)
-    for k, v in attrs.items():
-        setattr(r, k, v)
-    return r
-
-
-def _verify_batch(bs: int = 8, width: int = WIDTH, **overrides):
-    import torch
-
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
-    fb = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, batch_size=bs,
-                         spec_info=SimpleNamespace(num_tokens_per_req=width, ragged_verify_layout=None),
-                         input_ids=torch.zeros(bs * width, dtype=torch.long), replace_embeds=None,
-                         can_run_decode_cuda_graph=True, can_run_tbo=True, lora_ids=None, encoder_lens=None,
-                         global_num_tokens_cpu=None, moe_num_token_non_padded=None)
-    for k, v in overrides.items():
-        setattr(fb, k, v)
-    return fb
-
-
-def _cases():
-    import torch
-
-    return {
-        # name: (runner overrides, batch kwargs, expected reason or None for graph replay)
-        "bs1": ({}, dict(bs=1), None),
-        "bs_at_max": ({}, dict(bs=MAX_BS), None),
-        "batch_above_max_bs": ({}, dict(bs=MAX_BS + 1), "batch_above_max_bs"),
-        "width_mismatch": ({}, dict(width=1), "width_mismatch"),
-        "replace_embeds": ({}, dict(replace_embeds=torch.zeros(1, 8)), "replace_embeds"),
-        "mlp_sync": (dict(require_mlp_sync=True), dict(can_run_decode_cuda_graph=False), "mlp_sync"),
-        "mlp_sync_ok": (dict(require_mlp_sync=True), dict(), None),
-        "ragged_verify": (dict(ragged_verify_mode=True), dict(), "ragged_verify"),
-        "tbo": (dict(enable_two_batch_overlap=True), dict(can_run_tbo=False), "tbo"),
-        "bs_not_captured": (dict(disable_padding=True,
-                                 backend=SimpleNamespace(can_run=lambda fb, key: key.size in (1, 2, 4, 8))),
-                            dict(bs=3), "bs_not_captured"),
-        "exact_bs_captured": (dict(disable_padding=True,
-                                   backend=SimpleNamespace(can_run=lambda fb, key: key.size in (1, 2, 4, 8))),
-                              dict(bs=4), None),
-    }
-
-
-CASES = ["bs1", "bs_at_max", "batch_above_max_bs", "width_mismatch", "replace_embeds", "mlp_sync", "mlp_sync_ok",
-         "ragged_verify", "tbo", "bs_not_captured", "exact_bs_captured"]
+PADDING_OFF = dict(disable_padding=True, backend=SimpleNamespace(can_run=lambda fb, key: key.size in (1, 2, 4, 8)))
+CASES = {  # name: (runner overrides, batch kwargs, expected reason or None for graph replay)
+    "bs1": ({}, dict(bs=1), None),
+    "bs_at_max": ({}, dict(bs=MAX_BS), None),
+    "batch_above_max_bs": ({}, dict(bs=MAX_BS + 1), "batch_above_max_bs"),
+    "width_mismatch": ({}, dict(width=1), "width_mismatch"),
+    "replace_embeds": ({}, dict(replace_embeds=torch.zeros(1, 8)), "replace_embeds"),
+    "mlp_sync": (dict(require_mlp_sync=True), dict(can_run_decode_cuda_graph=False), "mlp_sync"),
+    "mlp_sync_ok": (dict(require_mlp_sync=True), dict(), None),
+    "ragged_verify": (dict(ragged_verify_mode=True), dict(), "ragged_verify"),
+    "tbo": (dict(enable_two_batch_overlap=True), dict(can_run_tbo=False), "tbo"),
+    "bs_not_captured": (PADDING_OFF, dict(bs=3), "bs_not_captured"),
+    "exact_bs_captured": (PADDING_OFF, dict(bs=4), None),
+}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -112,14 +53,14 @@ CASES = ["bs1", "bs_at_max", "batch_above_max_bs", "width_mismatch", "replace_em
 @pytest.mark.parametrize("case", CASES)
 def test_verify_can_run_graph_decision_unchanged(case):
     """The graph/eager decision itself is upstream's; the patch only names the reason."""
-    runner_kw, batch_kw, reason = _cases()[case]
-    assert bool(_runner(**runner_kw).can_run_graph(_verify_batch(**batch_kw))) is (reason is None)
+    runner_kw, batch_kw, reason = CASES[case]
+    assert bool(g.runner(**runner_kw).can_run_graph(g.verify_batch(**batch_kw))) is (reason is None)
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_verify_graph_fallback_reason(case):
-    runner_kw, batch_kw, reason = _cases()[case]
-    r, fb = _runner(**runner_kw), _verify_batch(**batch_kw)
+    runner_kw, batch_kw, reason = CASES[case]
+    r, fb = g.runner(**runner_kw), g.verify_batch(**batch_kw)
     assert r.graph_fallback_reason(fb) == reason
     assert r.can_run_graph(fb) is (reason is None)
 
@@ -129,8 +70,6 @@ def test_verify_batches_never_carry_replace_embeds(monkeypatch):
     """Route closed upstream already: replace_embeds only comes from positional_embed_overrides (the scoring API)
     in prepare_for_extend, and a speculative decode step clears it before the spec worker builds the verify
     batch. Kimi-K2.5's multimodal wrapper merges image features inside its forward, never via replace_embeds."""
-    import torch
-
     from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.speculative import spec_utils
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -155,33 +94,23 @@ def _eager_runner():
     return EagerRunner.__new__(EagerRunner)
 
 
-def _stats():
-    from sglang.srt.model_executor.runner.spec_graph_stats import SpecGraphStats
-
-    return SpecGraphStats()
-
-
-def _graph(n=0, piecewise=0, eager=0, **reasons):
-    return {"graph": n, "piecewise": piecewise, "eager": eager, "fallback_reasons": reasons}
-
-
 def test_spec_graph_stats_count_outcomes_and_warn_once_per_stage_and_reason(caplog):
-    stats, r = _stats(), _runner()
-    forwards = [(r, _verify_batch(bs=4)), (r, _verify_batch(bs=MAX_BS)), (r, _verify_batch(bs=MAX_BS + 8)),
-                (r, _verify_batch(bs=MAX_BS + 1)), (r, _verify_batch(width=1)), (None, _verify_batch()),
-                (_eager_runner(), _verify_batch()), (r, _verify_batch(bs=1))]
+    stats, r = g.stats(), g.runner()
+    forwards = [(r, g.verify_batch(bs=4)), (r, g.verify_batch(bs=MAX_BS)), (r, g.verify_batch(bs=MAX_BS + 8)),
+                (r, g.verify_batch(bs=MAX_BS + 1)), (r, g.verify_batch(width=1)), (None, g.verify_batch()),
+                (_eager_runner(), g.verify_batch()), (r, g.verify_batch(bs=1))]
     with caplog.at_level(logging.WARNING):
         for runner, fb in forwards:
             can = bool(runner is not None and runner.can_run_graph(fb))
             stats.record_forward("target_verify", runner, fb, "graph" if can else "eager")
-        stats.record_forward("target_verify", r, _verify_batch(bs=MAX_BS + 2), "piecewise")
-        stats.record_forward("draft_decode", None, _verify_batch(bs=2), "eager")
-        stats.record_forward("draft_extend", r, _verify_batch(bs=2), "eager", "dsa_topk_seed")
+        stats.record_forward("target_verify", r, g.verify_batch(bs=MAX_BS + 2), "piecewise")
+        stats.record_forward("draft_decode", None, g.verify_batch(bs=2), "eager")
+        stats.record_forward("draft_extend", r, g.verify_batch(bs=2), "eager", "dsa_topk_seed")
     got = stats.to_dict()
-    assert got["target_verify"] == _graph(3, piecewise=1, eager=5, batch_above_max_bs=3, width_mismatch=1,
+    assert got["target_verify"] == g.graph(3, piecewise=1, eager=5, batch_above_max_bs=3, width_mismatch=1,
                                           no_graph_runner=2)
-    assert got["draft_decode"] == _graph(eager=1, no_graph_runner=1)
-    assert got["draft_extend"] == _graph(eager=1, dsa_topk_seed=1)
+    assert got["draft_decode"] == g.graph(eager=1, no_graph_runner=1)
+    assert got["draft_extend"] == g.graph(eager=1, dsa_topk_seed=1)
     warned = [rec.getMessage() for rec in caplog.records if rec.levelno == logging.WARNING]
     assert len(warned) == 5, warned
     for stage, reason in (("target_verify", "batch_above_max_bs"), ("target_verify", "width_mismatch"),
@@ -196,82 +125,38 @@ def test_spec_graph_stats_count_outcomes_and_warn_once_per_stage_and_reason(capl
     assert stats.pop_unexported() == []
 
 
-@pytest.fixture(scope="module")
-def kimi_sm120():
-    """Kimi-K2.5 + EAGLE-3 chain (steps 3, topk 1, 4 draft tokens) at TP8 on faked SM120 / 96 GB, defaults."""
-    return _sm120_args()
-
-
-@pytest.fixture()
-def published(kimi_sm120):
-    from sglang.srt import runtime_context as rc
-
-    with rc.use_context(rc.create_context(kimi_sm120, role="scheduler")):
-        yield kimi_sm120
-
-
-def _model_runner(decode_runner, is_draft_worker=False, piecewise=False):
-    """A ModelRunner (no __init__) whose graph replays and eager forwards are stubbed (they need a GPU); the
-    dispatch in forward/_forward_raw is the real code."""
-    from sglang.srt.model_executor.model_runner import ModelRunner
-
-    mr = ModelRunner.__new__(ModelRunner)
-    if decode_runner is not None:
-        decode_runner.execute = lambda fb, pp_proxy_tensors=None: "graph"
-    prefill = SimpleNamespace(can_run_graph=lambda fb: True, execute=lambda fb, **kw: "piecewise") if piecewise \
-        else None
-    vars(mr).update(
-        model=SimpleNamespace(shared_experts_config=None), attn_backend=None, device="cuda",
-        decode_cuda_graph_runner=decode_runner, prefill_cuda_graph_runner=prefill, hisparse_coordinator=None,
-        is_draft_worker=is_draft_worker, pp_group=SimpleNamespace(is_last_rank=True),
-        spec_graph_stats=_stats(), forward_pass_id=0, msprobe_debugger=None, canary_manager=None,
-        enable_elastic_ep=False, eplb_manager=None, device_timer=None,
-        eager_runner=SimpleNamespace(execute=lambda fb, pp_proxy_tensors=None: "eager"),
-        _prepare_eager_forward_batch=lambda fb: None, _extend_forward_kwargs=lambda fb, pp: {},
-        _maybe_execute_deferred_mamba_cow_and_clear=lambda fb: None)
-    return mr
-
-
-def _forward(mr, fb):
-    fb.apply_deprecated_skip_attn_backend_init = lambda skip: None
-    fb.token_indices_to_pool = None
-    return mr.forward(fb)
-
-
-def test_spec_graph_forward_counts_every_target_verify_forward(published):
+def test_spec_graph_forward_counts_every_target_verify_forward(kimi):
     """The real ModelRunner.forward counts each TARGET_VERIFY forward once, by how it ran: decode graph, piecewise
     prefill graph, eager; decode batches and draft runners count nothing."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    mr = _model_runner(_runner())
-    outs = [_forward(mr, fb) for fb in (_verify_batch(bs=2), _verify_batch(bs=MAX_BS + 1), _verify_batch(bs=MAX_BS))]
+    mr = g.model_runner(g.runner())
+    outs = [g.forward(mr, fb) for fb in (g.verify_batch(bs=2), g.verify_batch(bs=MAX_BS + 1), g.verify_batch(bs=MAX_BS))]
     assert [o.logits_output for o in outs] == ["graph", "eager", "graph"]
     assert [o.graph_outcome for o in outs] == ["graph", "eager", "graph"]
-    decode = _verify_batch(bs=2, forward_mode=ForwardMode.DECODE, spec_info=None)
-    assert _forward(mr, decode).logits_output == "graph"
-    assert mr.spec_graph_stats.to_dict()["target_verify"] == _graph(2, eager=1, batch_above_max_bs=1)
+    decode = g.verify_batch(bs=2, forward_mode=ForwardMode.DECODE, spec_info=None)
+    assert g.forward(mr, decode).logits_output == "graph"
+    assert mr.spec_graph_stats.to_dict()["target_verify"] == g.graph(2, eager=1, batch_above_max_bs=1)
 
-    no_graphs = _model_runner(None)
-    assert _forward(no_graphs, _verify_batch()).logits_output == "eager"
-    assert no_graphs.spec_graph_stats.to_dict()["target_verify"] == _graph(eager=1, no_graph_runner=1)
+    no_graphs = g.model_runner(None)
+    assert g.forward(no_graphs, g.verify_batch()).logits_output == "eager"
+    assert no_graphs.spec_graph_stats.to_dict()["target_verify"] == g.graph(eager=1, no_graph_runner=1)
 
-    piecewise = _model_runner(_runner(), piecewise=True)
-    assert _forward(piecewise, _verify_batch(bs=MAX_BS + 1)).logits_output == "piecewise"
-    assert piecewise.spec_graph_stats.to_dict()["target_verify"] == _graph(piecewise=1, batch_above_max_bs=1)
+    piecewise = g.model_runner(g.runner(), piecewise=True)
+    assert g.forward(piecewise, g.verify_batch(bs=MAX_BS + 1)).logits_output == "piecewise"
+    assert piecewise.spec_graph_stats.to_dict()["target_verify"] == g.graph(piecewise=1, batch_above_max_bs=1)
 
-    draft = _model_runner(_runner(), is_draft_worker=True)
-    _forward(draft, _verify_batch())
-    assert draft.spec_graph_stats.to_dict()["target_verify"] == _graph()
+    draft = g.model_runner(g.runner(), is_draft_worker=True)
+    g.forward(draft, g.verify_batch())
+    assert draft.spec_graph_stats.to_dict()["target_verify"] == g.graph()
 
 
-def test_eager_speculative_forwards_record_their_collectives(published, monkeypatch):
+def test_eager_speculative_forwards_record_their_collectives(kimi, monkeypatch):
     """The real ModelRunner.forward: an eager target-verify forward and a draft worker's eager draft-extend forward
     record the collectives they issue as `<stage>_eager` (counted in forwards) for /server_info's
     spec_collectives; a graph replay records nothing at replay (its capture did), neither does a non-speculative
     eager decode, and a draft model forward inside a graph's capture (the draft decode graph's) counts for that
     graph, not as an eager forward (issue 22 item 1)."""
-    import torch
-
     from sglang.srt.distributed import collective_stats
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
@@ -281,23 +166,23 @@ def test_eager_speculative_forwards_record_their_collectives(published, monkeypa
 
     monkeypatch.setenv("SGLANG_RECORD_SPEC_COLLECTIVES", "1")
     collective_stats.reset()
-    mr = _model_runner(_runner())
+    mr = g.model_runner(g.runner())
     mr.eager_runner.execute = eager
-    outs = [_forward(mr, fb) for fb in (_verify_batch(bs=2), _verify_batch(bs=MAX_BS + 1), _verify_batch(bs=1))]
+    outs = [g.forward(mr, fb) for fb in (g.verify_batch(bs=2), g.verify_batch(bs=MAX_BS + 1), g.verify_batch(bs=1))]
     assert [o.graph_outcome for o in outs] == ["graph", "eager", "graph"]
     mr.decode_cuda_graph_runner = None
-    _forward(mr, _verify_batch(bs=1))  # no graph runner: eager, narrower than the widest recorded
-    _forward(mr, _verify_batch(bs=2, forward_mode=ForwardMode.DECODE, spec_info=None))  # plain decode
+    g.forward(mr, g.verify_batch(bs=1))  # no graph runner: eager, narrower than the widest recorded
+    g.forward(mr, g.verify_batch(bs=2, forward_mode=ForwardMode.DECODE, spec_info=None))  # plain decode
     rows = (MAX_BS + 1) * WIDTH
     assert collective_stats.snapshot() == {"target_verify_eager": {
         "calls": {"all_reduce": {"pcie_ipc": 1}}, "bytes": {"all_reduce": rows * 8 * 2}, "forwards": 2}}
 
-    draft = _model_runner(None, is_draft_worker=True)
+    draft = g.model_runner(None, is_draft_worker=True)
     draft.eager_runner.execute = eager
-    _forward(draft, _verify_batch(bs=2, forward_mode=ForwardMode.DRAFT_EXTEND_V2))
+    g.forward(draft, g.verify_batch(bs=2, forward_mode=ForwardMode.DRAFT_EXTEND_V2))
     with collective_stats.recording("draft_decode"):  # as FullCudaGraphBackend captures the draft decode graph
-        _forward(draft, _verify_batch(bs=2, width=1, forward_mode=ForwardMode.DECODE))
-        _forward(draft, _verify_batch(bs=2, width=1, forward_mode=ForwardMode.DRAFT_EXTEND_V2))
+        g.forward(draft, g.verify_batch(bs=2, width=1, forward_mode=ForwardMode.DECODE))
+        g.forward(draft, g.verify_batch(bs=2, width=1, forward_mode=ForwardMode.DRAFT_EXTEND_V2))
     got = collective_stats.snapshot()
     assert got["draft_extend_eager"] == {"calls": {"all_reduce": {"pcie_ipc": 1}},
                                          "bytes": {"all_reduce": 2 * WIDTH * 8 * 2}, "forwards": 1}
@@ -307,43 +192,31 @@ def test_eager_speculative_forwards_record_their_collectives(published, monkeypa
     collective_stats.reset()
 
 
-def test_spec_graph_elastic_ep_retry_counts_one_verify_once(published, monkeypatch):
+def test_spec_graph_elastic_ep_retry_counts_one_verify_once(kimi, monkeypatch):
     """An elastic-EP rank fault re-runs the verify forward; it is still one verify."""
     from sglang.srt.model_executor import model_runner as mr_mod
 
     monkeypatch.setattr(mr_mod, "maybe_rebalance_after_rank_fault", lambda eplb_manager: True)
-    mr = _model_runner(_runner())
+    mr = g.model_runner(g.runner())
     mr.enable_elastic_ep = True
-    _forward(mr, _verify_batch(bs=2))
-    assert mr.spec_graph_stats.to_dict()["target_verify"] == _graph(1)
+    g.forward(mr, g.verify_batch(bs=2))
+    assert mr.spec_graph_stats.to_dict()["target_verify"] == g.graph(1)
 
 
-def _draft_runner(**overrides):
-    """An EAGLE draft-decode graph runner captured at bs 1..MAX_BS, topk 1 (no __init__, no GPU)."""
-    from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
+def _draft_runner(stage="draft_decode", **overrides):
+    """An EAGLE draft-decode (topk 1) or draft-extend graph runner captured at bs 1..MAX_BS (no __init__, no GPU)."""
+    from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner as Decode
+    from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import EAGLEDraftExtendCudaGraphRunner as Extend
 
-    r = EAGLEDraftCudaGraphRunner.__new__(EAGLEDraftCudaGraphRunner)
-    attrs = dict(captured_req_width=1, require_mlp_tp_gather=False, disable_padding=False, max_bs=MAX_BS,
-                 require_mlp_sync=False)
-    attrs.update(overrides)
-    vars(r).update(attrs)
-    return r
-
-
-def _draft_extend_runner(**overrides):
-    from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import EAGLEDraftExtendCudaGraphRunner
-
-    r = EAGLEDraftExtendCudaGraphRunner.__new__(EAGLEDraftExtendCudaGraphRunner)
-    attrs = dict(captured_req_width=WIDTH, require_mlp_tp_gather=False, disable_padding=False, max_bs=MAX_BS,
-                 require_mlp_sync=False)
-    attrs.update(overrides)
-    vars(r).update(attrs)
+    cls, width = (Decode, 1) if stage == "draft_decode" else (Extend, WIDTH)
+    r = cls.__new__(cls)
+    vars(r).update(captured_req_width=width, require_mlp_tp_gather=False, disable_padding=False, max_bs=MAX_BS,
+                   require_mlp_sync=False)
+    vars(r).update(overrides)
     return r
 
 
 def _draft_batch(bs=8, width=1, **overrides):
-    import torch
-
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     fb = SimpleNamespace(forward_mode=ForwardMode.DECODE, batch_size=bs, seq_lens=torch.ones(bs),
@@ -368,9 +241,7 @@ def test_spec_graph_draft_runner_fallback_reason(stage, case):
     runner_kw, batch_kw, reason = DRAFT_CASES[case]
     if stage == "draft_extend":  # captured at num_draft_tokens rows per request
         batch_kw = {**batch_kw, "width": 1 if "width" in batch_kw else WIDTH}
-        runner, fb = _draft_extend_runner(**runner_kw), _draft_batch(**batch_kw)
-    else:
-        runner, fb = _draft_runner(**runner_kw), _draft_batch(**batch_kw)
+    runner, fb = _draft_runner(stage, **runner_kw), _draft_batch(**batch_kw)
     assert runner.graph_fallback_reason(fb) == reason
     assert runner.can_run_graph(fb) is (reason is None)
 
@@ -391,7 +262,7 @@ def _eagle_draft_worker(monkeypatch, graph_runner, extend_runner):
     graph replays and the verify-input builder."""
     from sglang.srt.speculative import eagle_worker_v2 as ew
 
-    target = SimpleNamespace(model_runner=SimpleNamespace(spec_graph_stats=_stats(), kv_index_translator=None))
+    target = SimpleNamespace(model_runner=SimpleNamespace(spec_graph_stats=g.stats(), kv_index_translator=None))
     w = ew.EagleDraftWorker.__new__(ew.EagleDraftWorker)
     vars(w).update(req_to_token_pool=None, cuda_graph_runner=graph_runner, cuda_graph_runner_for_draft_extend=
                    extend_runner, draft_runner=SimpleNamespace(canary_manager=None,
@@ -414,8 +285,6 @@ def test_spec_graph_eagle_draft_decode_counted(monkeypatch):
     the runner's reason otherwise (here a batch above the captured maximum)."""
     from sglang.srt.speculative import eagle_worker_v2 as ew
 
-    import torch
-
     from sglang.srt.distributed import collective_stats
 
     w, stats = _eagle_draft_worker(monkeypatch, _draft_runner(), None)
@@ -433,7 +302,7 @@ def test_spec_graph_eagle_draft_decode_counted(monkeypatch):
         monkeypatch.setattr(ew, "prepare_for_draft",
                             lambda *a, fb=fb, **k: (fb, w.cuda_graph_runner.can_run_graph(fb), None))
         w.draft(SimpleNamespace(spec_info=SimpleNamespace(dsa_topk_indices=None)))
-    assert stats.to_dict()["draft_decode"] == _graph(1, eager=1, batch_above_max_bs=1)
+    assert stats.to_dict()["draft_decode"] == g.graph(1, eager=1, batch_above_max_bs=1)
     # the eager one's collectives, both steps as one forward (issue 22 item 1)
     assert collective_stats.snapshot() == {"draft_decode_eager": {
         "calls": {"all_reduce": {"pcie_ipc": 2}}, "bytes": {"all_reduce": 2 * (MAX_BS + 1) * 8 * 2}, "forwards": 1}}
@@ -442,11 +311,9 @@ def test_spec_graph_eagle_draft_decode_counted(monkeypatch):
 
 def test_spec_graph_eagle_draft_extend_counted(monkeypatch):
     """The draft extend after each verify is recorded the same way (graph, or eager with the reason)."""
-    import torch
-
     from sglang.srt.speculative import eagle_worker_v2 as ew
 
-    w, stats = _eagle_draft_worker(monkeypatch, None, _draft_extend_runner())
+    w, stats = _eagle_draft_worker(monkeypatch, None, _draft_runner("draft_extend"))
     for bs in (4, MAX_BS + 1):
         fb = _draft_batch(bs=bs, width=WIDTH)
         monkeypatch.setattr(ew, "prepare_for_draft_extend", lambda *a, fb=fb, **k: fb)
@@ -454,38 +321,26 @@ def test_spec_graph_eagle_draft_extend_counted(monkeypatch):
             hidden_states=None), accept_lens=torch.ones(bs, dtype=torch.int32))
         with pytest.raises(_Stop):
             w._draft_extend_for_decode(SimpleNamespace(seq_lens=torch.ones(bs)), result)
-    assert stats.to_dict()["draft_extend"] == _graph(1, eager=1, batch_above_max_bs=1)
-
-
-def _scheduler_with(stats):
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-    return SimpleNamespace(
-        spec_algorithm=SpeculativeAlgorithm.EAGLE3, draft_worker=None,
-        tp_worker=SimpleNamespace(model_runner=SimpleNamespace(spec_graph_stats=stats)),
-        metrics_reporter=SimpleNamespace(spec_total_num_accept_tokens=30, spec_total_num_forward_ct=10))
+    assert stats.to_dict()["draft_extend"] == g.graph(1, eager=1, batch_above_max_bs=1)
 
 
 def test_spec_graph_counts_in_server_info():
     """GET /server_info returns internal_states[0] from get_internal_state; bench_serving and make bench read it."""
-    from sglang.srt.managers.scheduler_components.internal_state import SchedulerInternalStateController
-
-    stats = _stats()
+    stats = g.stats()
     for outcome, reason in (("graph", ""), ("graph", ""), ("eager", "batch_above_max_bs"), ("eager", "mlp_sync"),
                             ("piecewise", "batch_above_max_bs")):
         stats.record("target_verify", outcome, reason)
     stats.record("draft_extend", "eager", "mlp_sync")
-    state = {}
-    SchedulerInternalStateController(_scheduler_with(stats), record_step_time=False)._add_speculative(state)
+    state = g.speculative_state(stats)
     assert state["avg_spec_accept_length"] == 3.0
     # draft_decode: nothing recorded it, so it is not listed (a draft worker that records no draft stages, such as
     # MultiLayerEagleDraftWorker, must not read as zero fallbacks)
     assert state["spec_cuda_graph"] == {
-        "target_verify": _graph(2, piecewise=1, eager=2, batch_above_max_bs=2, mlp_sync=1),
-        "draft_extend": _graph(eager=1, mlp_sync=1)}
+        "target_verify": g.graph(2, piecewise=1, eager=2, batch_above_max_bs=2, mlp_sync=1),
+        "draft_extend": g.graph(eager=1, mlp_sync=1)}
 
 
-def test_spec_graph_counts_in_prometheus_metrics(published):
+def test_spec_graph_counts_in_prometheus_metrics(kimi):
     import functools
 
     import prometheus_client
@@ -502,10 +357,10 @@ def test_spec_graph_counts_in_prometheus_metrics(published):
         _histogram_cls = functools.partial(prometheus_client.Histogram, registry=registry)
         _summary_cls = functools.partial(prometheus_client.Summary, registry=registry)
 
-    collector = Collector(labels={"model_name": "kimi", "tp_rank": 0, "moe_ep_rank": 0}, server_args=published)
-    stats = _stats()
+    collector = Collector(labels={"model_name": "kimi", "tp_rank": 0, "moe_ep_rank": 0}, server_args=kimi)
+    stats = g.stats()
     reporter = SchedulerMetricsReporter.__new__(SchedulerMetricsReporter)
-    vars(reporter).update(scheduler=_scheduler_with(stats), metrics_collector=collector,
+    vars(reporter).update(scheduler=g.scheduler(stats), metrics_collector=collector,
                           current_scheduler_metrics_enabled=True, is_stats_logging_rank=False,
                           enable_mfu_metrics=False, scheduler_status_logger=None,
                           forward_ct_decode=1, decode_log_interval=40)
@@ -535,105 +390,33 @@ def test_spec_graph_counts_in_prometheus_metrics(published):
 # Capture sizes cover every batch the scheduler can form (resolved ServerArgs, faked SM120)
 # ---------------------------------------------------------------------------------------------------------------
 
-def _pool_size(sa) -> int:
-    """req_to_token_pool.size as the server sizes it: KVCacheConfigurator.resolve_max_num_reqs (max_running_requests
-    per DP worker, lowered only when the KV pool is small; here it is not)."""
-    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
-
-    cfgr = KVCacheConfigurator.__new__(KVCacheConfigurator)  # __slots__: set one by one
-    cfgr.model_config = SimpleNamespace(context_len=262144)
-    cfgr.attn_dp_size = max(1, resolved(sa, "attn_dp_size") or 1)
-    cfgr.mambaish_config = None
-    return cfgr.resolve_max_num_reqs(token_capacity=10**8)
-
-
-def _captured_bs(sa):
-    """The verify graph's capture list as DecodeCudaGraphRunner builds it, for the request pool the server sizes."""
-    from sglang.srt import runtime_context as rc
-    from sglang.srt.model_executor.runner.base_cuda_graph_runner import get_batch_sizes_to_capture
-
-    with rc.use_context(rc.create_context(sa, role="scheduler")):
-        pool = SimpleNamespace(size=_pool_size(sa))
-        capture_bs, _ = get_batch_sizes_to_capture(SimpleNamespace(req_to_token_pool=pool, server_args=sa), WIDTH)
-    return pool.size, capture_bs
-
-
-def _assert_covered(sa):
+@pytest.mark.parametrize("kw, running", [pytest.param({}, 48, marks=pytest.mark.unchanged, id="defaults"),
+                                         pytest.param(dict(max_running_requests=1024), 512, id="many-requests"),
+                                         pytest.param(dict(cuda_graph_max_bs_decode=32), 32, id="small-graph")])
+def test_verify_capture_sizes_cover_the_running_requests(kw, running):
+    """The defaults (48 running requests), --max-running-requests above the default decode graph max (512 on a 96
+    GB GPU at TP8), --cuda-graph-max-bs-decode below the speculative default of 48: every batch a DP worker can form
+    has a captured verify graph."""
+    sa = sm120_args(**kw)
     assert resolved(sa, "attention_backend") == "triton"  # SM120 MLA default
-    assert resolved(sa, "speculative_num_draft_tokens") == WIDTH
-    per_worker, capture_bs = _captured_bs(sa)
+    assert resolved(sa, "speculative_num_draft_tokens") == WIDTH and resolved(sa, "max_running_requests") == running
+    per_worker, capture_bs = g.captured_bs(sa, WIDTH)
     assert max(capture_bs) >= per_worker, (per_worker, capture_bs[-5:])
 
 
-@pytest.mark.unchanged
-def test_verify_capture_sizes_cover_default_running_requests(kimi_sm120):
-    assert resolved(kimi_sm120, "max_running_requests") == 48
-    _assert_covered(kimi_sm120)
-
-
-@pytest.fixture(scope="module")
-def kimi_sm120_many_requests():
-    return _sm120_args(max_running_requests=1024)
-
-
-@pytest.fixture(scope="module")
-def kimi_sm120_small_graph():
-    return _sm120_args(cuda_graph_max_bs_decode=32)
-
-
-def test_verify_capture_sizes_cover_running_requests_above_default_max_bs(kimi_sm120_many_requests):
-    """--max-running-requests above the default decode graph max (512 on a 96 GB GPU at TP8)."""
-    _assert_covered(kimi_sm120_many_requests)
-    assert resolved(kimi_sm120_many_requests, "max_running_requests") == 512
-
-
-def test_verify_capture_sizes_cover_running_requests_with_small_graph_max_bs(kimi_sm120_small_graph):
-    """--cuda-graph-max-bs-decode below the speculative default of 48 running requests."""
-    _assert_covered(kimi_sm120_small_graph)
-    assert resolved(kimi_sm120_small_graph, "max_running_requests") == 32
-
-
-@pytest.fixture(scope="module")
-def kimi_sm120_tbo_odd_max():
-    """Two-batch overlap with --cuda-graph-max-bs-decode 15: the capture filter keeps only even sizes (TBO
-    alignment 2 at one row per request), so 15 is configured but 14 is the largest graph captured."""
-    return _sm120_args(enable_two_batch_overlap=True, cuda_graph_max_bs_decode=15)
-
-
-def test_verify_running_requests_capped_to_the_largest_captured_graph(kimi_sm120_tbo_odd_max, caplog):
-    """The real ModelRunner._cap_running_requests_to_verify_graphs, after the decode graph runner captured the real
-    capture list: every batch the scheduler can form (1..max_running_requests) replays a verify graph."""
-    from sglang.srt.model_executor.model_runner import ModelRunner
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-    sa = kimi_sm120_tbo_odd_max
-    assert resolved(sa, "max_running_requests") == 15  # the resolution-time bound: the configured max_bs
-    pool_size, capture_bs = _captured_bs(sa)
-    assert max(capture_bs) == 14
-    graph_runner = _runner(max_bs=max(capture_bs), capture_bs=capture_bs)
-    mr = ModelRunner.__new__(ModelRunner)
-    vars(mr).update(is_draft_worker=False, spec_algorithm=SpeculativeAlgorithm.EAGLE3, max_running_requests=pool_size,
-                    decode_cuda_graph_runner=graph_runner, memory_pool_config=SimpleNamespace(max_running_requests=
-                                                                                             pool_size))
-    with caplog.at_level(logging.WARNING):
-        mr._cap_running_requests_to_verify_graphs()
-    assert (mr.max_running_requests, mr.memory_pool_config.max_running_requests) == (14, 14)
-    assert all(graph_runner.graph_fallback_reason(_verify_batch(bs=bs)) is None
-               for bs in range(1, mr.max_running_requests + 1))
-    assert any("capped from 15 to 14" in r.getMessage() for r in caplog.records)
-
-
-def test_verify_running_requests_capped_through_init_cuda_graphs(kimi_sm120_tbo_odd_max, monkeypatch, caplog):
-    """The cap is wired into ModelRunner.init_cuda_graphs: the real method, with only the GPU capture stubbed
-    (cuda_graph_setup.capture_cuda_graphs returns the decode runner with the real capture list), lowers
-    max_running_requests to the largest captured verify batch."""
-    from sglang.srt import runtime_context as rc
+def test_verify_running_requests_capped_to_the_largest_captured_graph(monkeypatch, caplog):
+    """Two-batch overlap with --cuda-graph-max-bs-decode 15: the capture filter keeps only even sizes (TBO alignment
+    2 at one row per request), so 15 is configured but 14 is the largest graph captured. The real
+    ModelRunner.init_cuda_graphs, with only the GPU capture stubbed (cuda_graph_setup.capture_cuda_graphs returns
+    the decode runner with the real capture list), lowers max_running_requests to 14: every batch the scheduler can
+    form (1..max_running_requests) replays a verify graph."""
     from sglang.srt.model_executor import model_runner as mr_mod
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    sa = kimi_sm120_tbo_odd_max
-    pool_size, capture_bs = _captured_bs(sa)
-    graph_runner = _runner(max_bs=max(capture_bs), capture_bs=capture_bs)
+    sa = sm120_args(enable_two_batch_overlap=True, cuda_graph_max_bs_decode=15)
+    assert resolved(sa, "max_running_requests") == 15  # the resolution-time bound: the configured max_bs
+    pool_size, capture_bs = g.captured_bs(sa, WIDTH)
+    graph_runner = g.runner(max_bs=max(capture_bs), capture_bs=capture_bs)
     captured = SimpleNamespace(eager_runner=None, prefill=SimpleNamespace(runner=None),
                                decode=SimpleNamespace(runner=graph_runner), memory_usage={}, time_usage={})
     monkeypatch.setattr(mr_mod, "capture_cuda_graphs", lambda **kw: captured)
@@ -641,35 +424,31 @@ def test_verify_running_requests_capped_through_init_cuda_graphs(kimi_sm120_tbo_
     mr = mr_mod.ModelRunner.__new__(mr_mod.ModelRunner)
     vars(mr).update(is_draft_worker=False, spec_algorithm=SpeculativeAlgorithm.EAGLE3, max_running_requests=pool_size,
                     memory_pool_config=SimpleNamespace(max_running_requests=pool_size), model=None)
-    with rc.use_context(rc.create_context(sa, role="scheduler")), caplog.at_level(logging.WARNING):
+    with published(sa), caplog.at_level(logging.WARNING):
         mr.init_cuda_graphs()
-    assert mr.max_running_requests == max(capture_bs) == 14
+    assert (mr.max_running_requests, mr.memory_pool_config.max_running_requests) == (14, 14) == (max(capture_bs),) * 2
+    assert all(graph_runner.graph_fallback_reason(g.verify_batch(bs=bs)) is None for bs in range(1, 15))
     assert any("capped from 15 to 14" in r.getMessage() for r in caplog.records)
 
 
-@pytest.fixture(scope="module")
-def kimi_sm120_dp_attention():
+def test_verify_cap_covers_the_draft_graphs(monkeypatch, caplog):
     """TP8 with DP attention (dp 2) and --cuda-graph-max-bs-decode 15: gathered buffers, so a graph's batch sizes
     must give a token count divisible by attn_tp_size (4). The target verify graph (4 rows per request) keeps
-    1..8, 10, 12, 14, 15; both draft graphs (1 row per request) keep 4, 8, 12 only."""
-    return _sm120_args(enable_dp_attention=True, dp_size=2, cuda_graph_max_bs_decode=15, max_running_requests=64)
-
-
-def test_verify_cap_covers_the_draft_graphs(kimi_sm120_dp_attention, monkeypatch, caplog):
-    """The real EagleDraftWorker._capture_cuda_graphs caps the target's max_running_requests to the largest batch
-    its draft-decode and draft-extend graphs captured, so no batch runs those stages eagerly every step. The two
-    graph runners are the real classes with their GPU capture left out (their capture lists come from the same
+    1..8, 10, 12, 14, 15; both draft graphs (1 row per request) keep 4, 8, 12 only. The real
+    EagleDraftWorker._capture_cuda_graphs caps the target's max_running_requests to the largest batch its
+    draft-decode and draft-extend graphs captured, so no batch runs those stages eagerly every step. The two graph
+    runners are the real classes with their GPU capture left out (their capture lists come from the same
     get_batch_sizes_to_capture call their __init__ makes); the platform is an XPU-style builtin one, which needs
     no CUDA-only attention imports."""
-    from sglang.srt import runtime_context as rc
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.model_executor.runner.base_cuda_graph_runner import get_batch_sizes_to_capture
     from sglang.srt.speculative import eagle_worker_v2 as ew
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    sa = kimi_sm120_dp_attention
-    runner_of = {}
+    sa = sm120_args(enable_dp_attention=True, dp_size=2, cuda_graph_max_bs_decode=15, max_running_requests=64)
+    pool_size, target_bs = g.captured_bs(sa, WIDTH)
+    pool, runner_of = SimpleNamespace(size=pool_size), {}
 
     def uncaptured(cls):
         class Runner(cls):
@@ -684,9 +463,7 @@ def test_verify_cap_covers_the_draft_graphs(kimi_sm120_dp_attention, monkeypatch
         monkeypatch.setattr(ew, flag, value)
     monkeypatch.setattr(ew, "get_available_gpu_memory", lambda device, gpu_id: 80.0)
     target = ModelRunner.__new__(ModelRunner)
-    with rc.use_context(rc.create_context(sa, role="scheduler")):
-        pool = SimpleNamespace(size=_pool_size(sa))
-        _, target_bs = _captured_bs(sa)
+    with published(sa):
         vars(target).update(is_draft_worker=False, spec_algorithm=SpeculativeAlgorithm.EAGLE3,
                             max_running_requests=pool.size, memory_pool_config=None,
                             decode_cuda_graph_runner=SimpleNamespace(capture_bs=target_bs))
@@ -714,7 +491,7 @@ def test_verify_running_request_cap_leaves_draft_and_plain_runners(draft, spec):
     mr = ModelRunner.__new__(ModelRunner)
     vars(mr).update(is_draft_worker=draft, max_running_requests=48, memory_pool_config=None,
                     spec_algorithm=SpeculativeAlgorithm.EAGLE3 if spec else SpeculativeAlgorithm.NONE,
-                    decode_cuda_graph_runner=_runner(capture_bs=[1, 2, 4, 8]))
+                    decode_cuda_graph_runner=g.runner(capture_bs=[1, 2, 4, 8]))
     mr._cap_running_requests_to_verify_graphs()
     assert mr.max_running_requests == 48
 
@@ -729,7 +506,7 @@ def test_verify_warns_at_startup_without_decode_cuda_graph(flag, caplog):
     --disable-cuda-graph), with one warning that names the cause, the cost and where the eager verifies are
     counted."""
     with caplog.at_level(logging.WARNING):
-        sa = _sm120_args(**{flag: True})
+        sa = sm120_args(**{flag: True})
     assert resolved(sa, "cuda_graph_config").decode.backend == "disabled"
     assert resolved(sa, "speculative_algorithm") == "EAGLE3"
     (msg,) = [r.getMessage() for r in caplog.records if "decode CUDA graphs disabled" in r.getMessage()]
@@ -739,7 +516,7 @@ def test_verify_warns_at_startup_without_decode_cuda_graph(flag, caplog):
 @pytest.mark.unchanged
 def test_verify_warning_leaves_non_speculative_servers_alone(caplog):
     with caplog.at_level(logging.WARNING):
-        sa = _sm120_args(spec=False, disable_cuda_graph=True)
+        sa = sm120_args(spec=False, disable_cuda_graph=True)
     assert resolved(sa, "cuda_graph_config").decode.backend == "disabled"
     assert not [r for r in caplog.records if "Speculative decoding" in r.getMessage()]
 
@@ -752,7 +529,7 @@ def test_verify_compact_ragged_verify_without_ragged_graphs_warns(caplog, backen
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
     cls = {"TritonAttnBackend": TritonAttnBackend, "FlashInferMLAAttnBackend": FlashInferMLAAttnBackend}[backend_cls]
-    runner = _runner(ragged_verify_mode=True, attn_backend=cls.__new__(cls))
+    runner = g.runner(ragged_verify_mode=True, attn_backend=cls.__new__(cls))
     with caplog.at_level(logging.WARNING):
         runner._warn_if_ragged_verify_runs_eager()
     msgs = [r.getMessage() for r in caplog.records if "SGLANG_RAGGED_VERIFY_MODE" in r.getMessage()]
@@ -761,7 +538,7 @@ def test_verify_compact_ragged_verify_without_ragged_graphs_warns(caplog, backen
         assert backend_cls in msgs[0] and "SGLANG_RAGGED_VERIFY_MODE=static" in msgs[0]
 
 
-def test_verify_compact_ragged_verify_warning_is_wired_into_the_runner(published, monkeypatch, caplog):
+def test_verify_compact_ragged_verify_warning_is_wired_into_the_runner(kimi, monkeypatch, caplog):
     """The startup warning comes from DecodeCudaGraphRunner.__init__ itself: the real constructor, on a target
     runner stand-in (MagicMock with the fields it reads) and the triton backend, logs it before it reaches the
     attention backend's graph buffers (where this test's backend, which has none, stops it)."""
@@ -777,7 +554,7 @@ def test_verify_compact_ragged_verify_warning_is_wired_into_the_runner(published
     backend.dllm_attention = None
     mr = mock.MagicMock()
     mr.configure_mock(spec_algorithm=SpeculativeAlgorithm.EAGLE3, is_draft_worker=False, lora_manager=None,
-                      server_args=published, attn_backend=backend, device="cpu", **{
+                      server_args=kimi, attn_backend=backend, device="cpu", **{
                           "model_config.is_encoder_decoder": False, "model_config.hf_config": SimpleNamespace(),
                           "ngram_embedding_manager.enabled": False, "req_to_token_pool.size": 48,
                           "decode_num_tokens_per_req.return_value": WIDTH,

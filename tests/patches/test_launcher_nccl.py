@@ -1,0 +1,146 @@
+"""The launcher's NCCL default for single-node TP on PCIe-only GPUs (entrypoints/engine.py _set_envs_and_config).
+
+The real `_set_envs_and_config` runs on resolved Kimi-K2.5 server arguments, with NVML faked through the pynvml
+functions SGLang calls (tests/_fake_nvml.py); multiprocessing, signal and ulimit calls are stubbed, the launcher must
+not initialise CUDA, and the environment is restored after each test.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import multiprocessing
+import os
+import signal
+
+import pytest
+import torch
+
+from _fake_nvml import FakeNvml
+from _pcie import nvml
+from _sgl import platform, server_args
+
+# Variables the launcher may touch; cleared before each test so the host's environment cannot leak in.
+WATCHED = ("CUDA_VISIBLE_DEVICES", "SGLANG_PCIE_NCCL_DEFAULTS", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE",
+           "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_MIN_NRINGS", "NCCL_MAX_NRINGS", "NCCL_MIN_CTAS",
+           "NCCL_MAX_CTAS", "NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE", "NCCL_GRAPH_MIXING_SUPPORT")
+# What upstream's launcher itself sets among NCCL_* on one node (engine.py _set_envs_and_config).
+UPSTREAM_NCCL = {"NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE", "NCCL_MNNVL_ENABLE"}
+SET_LINE = "No NVLink between the visible GPUs: set NCCL_MIN_NCHANNELS=8 (SGLANG_PCIE_NCCL_DEFAULTS=0 skips this)."
+
+
+def all_pairs(indices) -> set:
+    return {frozenset(p) for p in itertools.combinations(indices, 2)}
+
+
+@pytest.fixture(scope="module")
+def kimi_tp8():
+    return server_args(12)
+
+
+@pytest.fixture
+def launch(monkeypatch, caplog):
+    """run(server_args, major=12, **env): the real _set_envs_and_config; returns the variables it added or changed."""
+    from sglang.srt.entrypoints import engine
+
+    monkeypatch.setattr(multiprocessing, "set_start_method", lambda *a, **k: None)
+    monkeypatch.setattr(signal, "signal", lambda *a, **k: None)
+    monkeypatch.setattr(engine, "set_ulimit", lambda *a, **k: None)
+
+    def no_cuda_context(*a, **k):
+        raise AssertionError("the launcher must not initialise CUDA (it would poison the scheduler spawn)")
+
+    monkeypatch.setattr(torch.cuda, "_lazy_init", no_cuda_context)
+    caplog.set_level(logging.INFO, logger="sglang.srt.entrypoints.engine")
+    saved = dict(os.environ)
+    for k in WATCHED:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK", "1")
+
+    def run(sa, major=12, **env):
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        before = dict(os.environ)
+        with platform(major):
+            engine._set_envs_and_config(sa)
+        return {k: v for k, v in os.environ.items() if before.get(k) != v}
+
+    yield run
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def launcher_log(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "sglang.srt.entrypoints.engine"
+            and ("NVLink" in r.getMessage() or "NCCL defaults" in r.getMessage())]
+
+
+def test_pcie_nccl_default_applied_without_nvlink(launch, kimi_tp8, monkeypatch, caplog):
+    nvml(monkeypatch)
+    changed = launch(kimi_tp8)
+    assert changed["NCCL_MIN_NCHANNELS"] == "8" and {k for k in changed if k.startswith("NCCL_")} <= \
+        UPSTREAM_NCCL | {"NCCL_MIN_NCHANNELS"}
+    assert launcher_log(caplog) == [SET_LINE]
+
+
+def test_pcie_nccl_notsupported_pair_counts_as_no_nvlink(launch, kimi_tp8, monkeypatch):
+    import pynvml
+
+    nvml(monkeypatch, pair_error=pynvml.NVML_ERROR_NOT_SUPPORTED)
+    assert launch(kimi_tp8)["NCCL_MIN_NCHANNELS"] == "8"
+
+
+def test_pcie_nccl_probes_the_visible_gpus(launch, monkeypatch):
+    """GPUs 0-1 share NVLink, but this server sees 4-7 only (CUDA_VISIBLE_DEVICES numbers are NVML indices)."""
+    fake = nvml(monkeypatch, nvlink=[(0, 1)])
+    changed = launch(server_args(12, tp=4), CUDA_VISIBLE_DEVICES="4,5,6,7")
+    assert fake.pairs == all_pairs([4, 5, 6, 7]) and changed["NCCL_MIN_NCHANNELS"] == "8"
+
+
+@pytest.mark.parametrize("user", [{"NCCL_MIN_NCHANNELS": "4"}, {"NCCL_MAX_NCHANNELS": "16"},
+                                  {"NCCL_MIN_NRINGS": "2"}, {"NCCL_MAX_CTAS": "8"}, {"NCCL_MIN_CTAS": "1"}])
+def test_pcie_nccl_default_never_overrides_a_channel_setting(launch, kimi_tp8, monkeypatch, caplog, user):
+    """NCCL runs max(floor, min(found, ceiling)) channels: a floor would override any channel setting of the
+    user's, so none is set then, and the log says which setting kept it off."""
+    nvml(monkeypatch)
+    changed = launch(kimi_tp8, **user)
+    assert "NCCL_MIN_NCHANNELS" not in changed and {k: os.environ[k] for k in user} == user
+    assert launcher_log(caplog) == [f"NCCL defaults for PCIe not applied: {next(iter(user))} set."]
+
+
+def test_pcie_nccl_default_opt_out(launch, kimi_tp8, monkeypatch, caplog):
+    from sglang.srt.environ import envs
+
+    fake = nvml(monkeypatch)
+    changed = launch(kimi_tp8, SGLANG_PCIE_NCCL_DEFAULTS="0")
+    assert envs.SGLANG_PCIE_NCCL_DEFAULTS.get() is False
+    assert "NCCL_MIN_NCHANNELS" not in changed and fake.inits == 0 and launcher_log(caplog) == []
+
+
+@pytest.mark.parametrize("failure", ["init", "pair", "uuid"])
+def test_pcie_nccl_unknown_topology_changes_nothing_and_says_so(launch, kimi_tp8, monkeypatch, caplog, failure):
+    import pynvml
+
+    env = {}
+    if failure == "init":
+        nvml(monkeypatch, init_error=pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+    elif failure == "pair":
+        nvml(monkeypatch, pair_error=pynvml.NVML_ERROR_UNKNOWN)
+    else:  # GPU UUIDs in CUDA_VISIBLE_DEVICES: not NVML indices
+        nvml(monkeypatch)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(FakeNvml.uuid(i) for i in range(8))
+    changed = launch(kimi_tp8, **env)
+    assert {k for k in changed if k.startswith("NCCL_")} <= UPSTREAM_NCCL
+    (line,) = launcher_log(caplog)
+    assert line.startswith("NCCL defaults for PCIe not applied: topology unknown (")
+
+
+@pytest.mark.unchanged
+@pytest.mark.parametrize("shape", ["nvlink", "tp1", "two_nodes"])
+def test_pcie_nccl_nvlink_tp1_and_multi_node_unchanged(launch, monkeypatch, shape):
+    fake = nvml(monkeypatch, nvlink=[(2, 5)] if shape == "nvlink" else ())
+    sa = {"nvlink": server_args(12), "tp1": server_args(12, tp=1), "two_nodes": server_args(12, nnodes=2)}[shape]
+    changed = launch(sa)
+    assert {k for k in changed if k.startswith("NCCL_")} <= UPSTREAM_NCCL
+    assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" not in changed
+    assert shape == "nvlink" or fake.inits == 0

@@ -1,0 +1,72 @@
+"""The PCIe-IPC all-reduce on by default for TP groups of >= 4 SM120 GPUs without NVLink (pcie_ipc_ar.off_reason,
+every rank voting on the host group), with NVML faked through the pynvml calls SGLang makes."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from _pcie import nvml
+from _sgl import platform
+
+
+pytestmark = pytest.mark.usefixtures("kimi")
+
+
+def off(world=8, major=12, deterministic=False, **kw):
+    """pcie_ipc_ar.off_reason for the TP group (kw: custom_allreduce, cpu_group) on a faked GPU."""
+    from sglang.srt.distributed.device_communicators.pcie_ipc_ar import off_reason
+
+    with platform(major):
+        return off_reason(group_name="tp", world_size=world, deterministic=deterministic, **kw)
+
+
+def test_pcie_ipc_allreduce_default_on_pcie_only_sm120(monkeypatch, caplog):
+    nvml(monkeypatch)
+    with caplog.at_level(logging.INFO):
+        assert off() is None and off(world=4) is None
+    assert any("Set SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0 to keep it off" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("case", ["nvlink", "sm90", "tp2", "no_custom_all_reduce", "deterministic", "nvml_error"])
+def test_pcie_ipc_allreduce_default_stays_off(monkeypatch, case):
+    """Where another all-reduce serves the group (NVLink; TP2, where the custom all-reduce takes PCIe hosts), on
+    other GPUs, with --disable-custom-all-reduce (PCIe IPC is a custom all-reduce), with deterministic inference
+    (its tactic follows the shape), or when NVML cannot answer. The same host with NVLink-free SM120 GPUs at TP8
+    turns it on."""
+    import pynvml
+
+    nvml(monkeypatch, nvlink=[(2, 5)] if case == "nvlink" else (),
+         init_error=pynvml.NVML_ERROR_UNKNOWN if case == "nvml_error" else None)
+    kw = {"sm90": dict(major=9), "tp2": dict(world=2), "no_custom_all_reduce": dict(custom_allreduce=False),
+          "deterministic": dict(deterministic=True)}.get(case, {})
+    assert off(**kw) is not None
+    nvml(monkeypatch)
+    assert off() is None
+
+
+def test_pcie_ipc_allreduce_default_is_a_group_vote(monkeypatch):
+    """Every rank asks NVML; a rank whose answer differs (here: another rank answered no) is outvoted on the host
+    group, so no rank builds a backend its peers skip."""
+    import torch.distributed as dist
+
+    nvml(monkeypatch)
+    votes = []
+
+    def another_rank_says_no(flag, op, group):
+        votes.append((int(flag.item()), op, group))
+        flag.zero_()
+
+    monkeypatch.setattr(dist, "all_reduce", another_rank_says_no)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
+    assert off(cpu_group="host-group") == "not a TP group of >= 4 SM120 GPUs without NVLink"
+    assert votes == [(1, dist.ReduceOp.MIN, "host-group")]
+
+
+@pytest.mark.parametrize("value, on", [("0", False), ("1", True)])
+def test_pcie_ipc_allreduce_explicit_value_wins(monkeypatch, value, on):
+    """An explicit value is kept as upstream reads it, NVLink or not."""
+    nvml(monkeypatch, nvlink=[(2, 5)])
+    monkeypatch.setenv("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE", value)
+    assert (off() is None) is on
