@@ -1,4 +1,5 @@
-# Thin targets; the work lives in scripts/ (series/, host/, bench/: one module per verb). `make help` lists them.
+# Thin targets; the work lives in scripts/ (one module per verb: series/, host/, bench/, comm/, report/, over box/ and
+# lib/). `make help` lists them.
 # Nothing here names the release: patches/pin.toml does, and the verbs read it (make image tags the image with it).
 PY        ?= python3
 VENV      ?= .venv
@@ -106,17 +107,17 @@ doctor:          ## preflight of this box (GPUs, NVLink/P2P, NUMA, driver, NCCL,
 bench:           ## A/B serving benchmarks, servers and client in the serving image (BENCH_ARGS="--variants ... --scenarios C1")
 	$(BPY) -m scripts.bench.bench $(if $(IMAGE),--image $(IMAGE)) $(BENCH_ARGS)
 
-bench-sweep:     ## drafters x speculative settings (bench/sweep.toml), each checked first (its setting; SGLang's parser)
+bench-sweep:     ## drafters x speculative settings (bench/sweep.toml), each point's setting checked first
 	$(BPY) -m scripts.bench.bench --sweep $(if $(IMAGE),--image $(IMAGE)) $(BENCH_ARGS)
 
 bench-comm:      ## all-reduce / verify-shaped communication benchmark on >= 2 GPUs, in the serving image
 	$(PY) -m scripts.host.in_image $(if $(IMAGE),--image $(IMAGE)) bench-comm $(BENCH_ARGS)
 
 report:          ## the box receipt: test-serve, doctor, test-gpu, bench-comm, bench -> bench/receipts/<box>_<date>/ + .tar.gz (resumable; REPORT_ARGS)
-	$(BPY) -m scripts.bench.receipt $(if $(IMAGE),--image $(IMAGE)) $(REPORT_ARGS)
+	$(BPY) -m scripts.report.receipt $(if $(IMAGE),--image $(IMAGE)) $(REPORT_ARGS)
 
 docs:            ## regenerate eagle-fast-verify.md's tables and plot from bench/ and receipts (RECEIPT=<.tar.gz>: that one)
-	$(BPY) -m scripts.bench.cost_model --write $(if $(RECEIPT),--receipt $(RECEIPT))
+	$(BPY) -m scripts.report.cost_model --write $(if $(RECEIPT),--receipt $(RECEIPT))
 
 clean:           ## remove the trees under build/ (keeps the wheel and base cache, and .venv)
 	rm -rf build/sglang build/sglang-* build/sglang.new build/wt-* build/image-context

@@ -6,9 +6,10 @@ image inspect` for the images it has, and runs `docker run ... IMAGE ARGS` throu
 docker/entrypoint with the image's environment (EAGLE_HOME = this checkout, EAGLE_IMAGE, EAGLE_RESULTS = the host
 directory mounted at /results, else /results itself, which the image does not create and this machine lacks),
 the `-e` variables it was given, and this interpreter as the image's python3 (host directories of -v are made when
-missing, as docker makes them). So a printed `docker run` command is
-tested by running it: a missing mount or an unknown image fails as it would on the box. Imported as
-`_fake_docker` (tests/ is on sys.path through tests/conftest.py).
+missing, as docker makes them; an argument naming a path under a mount names the host's). So a printed `docker run`
+command is tested by running it: a missing mount or an unknown image fails as it would on the box. Imported as
+`_fake_docker` (tests/ is on sys.path through tests/conftest.py); bench/device/lent.py runs make bench's client
+through it on a lent GPU machine, which has no docker.
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ while i < len(argv) and argv[i].startswith("-"):
             env[name] = v if eq2 else os.environ[name]
     i += 1
 image, args = argv[i], argv[i + 1:]
+for dst, src in mounts.items():  # a path under a mount, as the container sees it, is the host's
+    if dst.startswith("/") and src.startswith("/"):
+        args = [src + a[len(dst):] if a == dst or a.startswith(dst + "/") else a for a in args]
 if image not in images:
     sys.exit(print(f"Unable to find image '{{image}}' locally", file=sys.stderr) or 125)
 bindir = state / "image-bin"

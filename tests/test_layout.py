@@ -1,6 +1,8 @@
-"""The shape of scripts/: three families over a shared lib, and the rules that keep it that way.
+"""The shape of scripts/: the verbs' families over a shared layer, and the rules that keep it that way.
 
-- the families stack: series imports neither host nor bench, host does not import bench;
+- the families stack, every import downward: lib (the ground) <- series and box (what every verb touching the box
+  shares: docker, ranks, results, preflight) <- host (the box and the image: doctor, serve, image, the GPU tier)
+  <- bench (make bench, bench-sweep) and comm (make bench-comm) <- report (make report, make docs);
 - a verb (a module run as `python -m scripts.<family>.<verb>`) imports no other verb: what two verbs share lives
   in a library module of the family (or in scripts/lib);
 - no module imports another module's private (_-prefixed) names, nor reaches for them through a module alias;
@@ -9,7 +11,8 @@
 - every verb's docstring says how to run it and lists its exit status;
 - the hidden size is defined once; no code or doc names a path outside the repository;
 - no shell script under pipefail pipes into a reader that stops early (head, grep -q);
-- scripts/ holds at most 8,000 lines of Python and tests/ at most 9,500 (every *.py, as `cat | wc -l` counts them).
+- scripts/ holds at most 9,500 lines of Python and tests/ at most 10,500, as `ruff format` writes them (make test
+  checks that every file is formatted so; `cat | wc -l` counts them).
 """
 
 from __future__ import annotations
@@ -22,9 +25,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
-FAMILIES = ("series", "host", "bench")
+# each family and the families it must not import (those above it, and its neighbour on its floor)
+ABOVE = {"lib": ("series", "box", "host", "bench", "comm", "report"), "series": ("box", "host", "bench", "comm", "report"),
+         "box": ("series", "host", "bench", "comm", "report"), "host": ("bench", "comm", "report"),
+         "bench": ("comm", "report"), "comm": ("bench", "report"), "report": ()}
 MAX_FUNCTION_LINES = 80
-BUDGETS = {"scripts": 8000, "tests": 9500}  # lines of Python: a new feature pays for itself
+BUDGETS = {"scripts": 9500, "tests": 10500}  # formatted lines of Python: a new feature pays for itself
 
 
 def module_name(path: Path) -> str:
@@ -61,19 +67,22 @@ def imports(name: str) -> list[tuple[str, list[str], int]]:
     return out
 
 
-def test_the_three_families_and_their_verbs():
+def test_the_families_and_their_verbs():
     verbs = {v.split(".", 1)[1] for v in VERBS}
     assert verbs == {"series.apply", "series.export", "series.check_patches", "series.refresh", "series.prove_tests",
                      "host.doctor", "host.serve", "host.smoke", "host.image", "host.gpu_tier", "host.in_image",
-                     "bench.bench", "bench.bench_comm", "bench.cost_model", "bench.receipt",
-                     "bench.profile"}
-    assert not [n for n in VERBS if n.startswith("scripts.lib")]
+                     "bench.bench", "comm.bench_comm", "report.cost_model", "report.receipt", "report.profile"}
+    assert {n.split(".")[1] for n in MODULES if n.count(".") > 1} == set(ABOVE)
+    assert not [n for n in VERBS if n.startswith(("scripts.lib", "scripts.box"))]
 
 
 def test_the_families_import_downward_only():
-    above = {"series": ("host", "bench"), "host": ("bench",), "bench": (), "lib": FAMILIES}
-    bad = [f"{name}:{line} imports {target}" for name in MODULES for target, _, line in imports(name)
-           for up in above[(name.split(".") + ["lib"])[1]] if target == f"scripts.{up}" or target.startswith(f"scripts.{up}.")]
+    bad = []
+    for name in (n for n in MODULES if n.count(".") > 1):
+        for target, _, line in imports(name):
+            family = target.split(".")[1] if target.startswith("scripts.") and target.count(".") else ""
+            if family in ABOVE[name.split(".")[1]]:
+                bad.append(f"{name}:{line} imports {target}")
     assert not bad, "\n".join(bad)
 
 
@@ -121,7 +130,7 @@ def test_one_subprocess_helper():
 def test_verbs_document_usage_and_exit_status():
     for name in VERBS:
         doc = ast.get_docstring(TREES[name]) or ""
-        assert f"python -m {name}" in doc or name.endswith(".cost_model") and "scripts.bench.cost_model" in doc, name
+        assert f"python -m {name}" in doc, name
         assert "Exit status" in doc, f"{name}: the docstring does not list the exit status"
 
 
@@ -152,7 +161,7 @@ def test_the_image_verbs_need_nothing_the_upstream_image_lacks():
     """serve, doctor, smoke, gpu_tier, in_image, bench_comm, image and apply run on the upstream image's python3,
     which has no tomlkit: they import (and apply --help runs) with it blocked."""
     verbs = ["scripts.host.serve", "scripts.host.doctor", "scripts.host.smoke", "scripts.host.gpu_tier",
-             "scripts.host.in_image", "scripts.bench.bench_comm", "scripts.host.image", "scripts.series.apply"]
+             "scripts.host.in_image", "scripts.comm.bench_comm", "scripts.host.image", "scripts.series.apply"]
     code = ("import sys, importlib; sys.modules['tomlkit'] = None; "
             f"[importlib.import_module(m) for m in {verbs!r}]; "
             "from scripts.series.apply import main; main(['--help'])")
@@ -182,7 +191,8 @@ def test_no_pipefail_script_pipes_into_a_reader_that_stops_early():
 
 
 def test_the_line_budgets_hold():
+    """Counted as the files are: make test's `ruff format --check` keeps them as ruff format writes them."""
     counts = {d: sum(p.read_bytes().count(b"\n") for p in (ROOT / d).rglob("*.py")) for d in BUDGETS}
-    shown = ", ".join(f"{d}/ {n:,} lines of Python (budget {BUDGETS[d]:,})" for d, n in counts.items())
-    assert all(n <= BUDGETS[d] for d, n in counts.items()), \
-        f"{shown}: delete machinery: what can SGLang, git or docker do instead?"
+    shown = ", ".join(f"{d}/ {n:,} formatted lines of Python (budget {BUDGETS[d]:,})" for d, n in counts.items())
+    assert all(n <= BUDGETS[d] for d, n in counts.items()), f"{shown}: delete machinery: what can SGLang, git or " \
+        "docker do instead?"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..lib.errors import UserError
 from ..lib.table import md_table
-from .numbers import num
+from ..lib.numbers import num
 
 BASELINE_SCHEMA = "eagle-bench-baseline/1"
 DEFAULT_THRESHOLDS = {"tok_s_drop_pct": 5.0, "accept_length_drop": 0.05}

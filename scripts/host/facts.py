@@ -21,8 +21,7 @@ from ..lib.repo import REPO_ROOT
 from ..series.pin import applied_patchset
 from ..series.sglang_pkg import find_sglang
 from . import nccl
-from .docker_run import docker_run, hf_cache_dir
-from .engine import image_id
+from ..box.docker import docker_run, hf_cache_dir, image_id
 
 TARGET_REPO = "moonshotai/Kimi-K2.5"
 QUERY = "index,name,pci.bus_id,compute_cap"

@@ -24,8 +24,7 @@ from ..lib.errors import UserError
 from ..lib.progress import say
 from ..lib.repo import REPO_ROOT, revision, source_url
 from ..series.pin import Pin, load_pin, patchset_id
-from .docker_run import shown
-from .engine import engine
+from ..box.docker import engine, shown
 from .nccl import KNOWN_BAD_NCCL
 
 DOCKERFILE = REPO_ROOT / "docker" / "Dockerfile"

@@ -2,7 +2,7 @@
 
   python -m scripts.host.in_image [--image IMAGE] [--results DIR] VERB [ARGS...]
 
-The docker run (scripts/host/docker_run.py: the GPUs, the host's IPC, bench/results mounted at /results, the HF
+The docker run (scripts/box/docker.py: the GPUs, the host's IPC, bench/results mounted at /results, the HF
 cache, FlashInfer's cache, the CUDA/NCCL/SGLang variables by name) is printed first, then this process becomes it;
 with --dry-run among ARGS it is only printed (on stdout).
 Exit status: the verb's; 0 a dry run; 2 when the docker engine or the image is missing (named with the fix).
@@ -19,8 +19,7 @@ from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
 from ..series.pin import load_pin
-from .docker_run import docker_run, hf_cache_dir, shown
-from .engine import image_id
+from ..box.docker import docker_run, hf_cache_dir, image_id, shown
 
 
 def main(argv=None) -> int:

@@ -13,12 +13,12 @@ import json
 import os
 import re
 import signal
-import socket
 import tempfile
 import textwrap
 import time
 from pathlib import Path
 
+from ..box import ranks
 from ..lib import proc
 from ..lib.kimi import HIDDEN
 from ..lib.progress import say
@@ -130,73 +130,17 @@ def watch(argv: list[str], timeout: float, what: str = "") -> str:
     return out
 
 
-def source(key: str, ranks: int, timeout: float, home: str | Path | None = None) -> str:
+def source(key: str, world: int, timeout: float, home: str | Path | None = None) -> str:
     """`python -c` code that runs probe `key` with this package found at `home` (None: $EAGLE_HOME, the image's)."""
     where = repr(str(home)) if home else "os.environ['EAGLE_HOME']"
     return (f"import os, sys; sys.path.insert(0, {where}); from scripts.host.nccl import run; "
-            f"run({key!r}, {int(ranks)}, {float(timeout)})")
+            f"run({key!r}, {int(world)}, {float(timeout)})")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rank_main(fn, rank: int, world: int, port: int, tmp: str, args: tuple) -> None:
-    def phase(name: str) -> None:
-        Path(tmp, f"{rank}.phase").write_text(name)
-
-    try:
-        out = fn(rank, world, port, phase, *args)
-    except BaseException as e:  # noqa: BLE001 - said in the result, the peers are stopped by the parent
-        out = {"error": f"{type(e).__name__}: {e}".strip()[:500]}
-    Path(tmp, f"{rank}.json").write_text(json.dumps(out))
-
-
-def _phases(tmp: str, world: int) -> str:
-    """'ranks 0,1,2: iterate 8x7168; rank 3: workspace'."""
-    by: dict[str, list[int]] = {}
-    for r in range(world):
-        p = Path(tmp, f"{r}.phase")
-        by.setdefault(p.read_text() if p.exists() else "starting", []).append(r)
-    return "; ".join(f"rank{'s' if len(v) > 1 else ''} {','.join(map(str, v))}: {k}" for k, v in by.items())
-
-
-def spawn_ranks(fn, world: int, timeout: float, *args) -> dict:
-    """fn(rank, world, port, phase, *args) on `world` spawned processes: {"ranks": [their results]}, or why there
-    are none: a rank failed (the others killed), or hung (past `timeout`, or STALL seconds in an "iterate" phase)."""
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("spawn")
-    with tempfile.TemporaryDirectory(prefix="eagle-probe-") as tmp:
-        port = free_port()
-        procs = [ctx.Process(target=_rank_main, args=(fn, r, world, port, tmp, args)) for r in range(world)]
-        for p in procs:
-            p.start()
-        start = since = time.monotonic()
-        seen, got = "", {}
-        try:
-            while len(got) < world:
-                time.sleep(0.2)
-                got = {r: json.loads(Path(tmp, f"{r}.json").read_text()) for r in range(world)
-                       if Path(tmp, f"{r}.json").exists()}
-                failed = [f"rank {r}: {x['error']}" for r, x in got.items() if "error" in x]
-                failed += [f"rank {r} exited {p.exitcode}" for r, p in enumerate(procs)
-                           if p.exitcode not in (None, 0) and r not in got]
-                if failed:
-                    return {"why": f"a rank failed: {failed[0]}"}
-                now, phases = time.monotonic(), _phases(tmp, world)
-                since, seen = (since, seen) if phases == seen else (now, phases)
-                limit = STALL if "iterate" in phases else timeout
-                if now - since > limit or now - start > timeout:
-                    return {"hung": True, "phase": phases, "why": f"no progress within {min(limit, timeout):.0f} s "
-                                                                  f"({phases}); the ranks were killed"}
-        finally:
-            for p in procs:
-                p.kill()
-                p.join()
-        return {"ranks": [got[r] for r in range(world)]}
+def failure(got: ranks.Ranks) -> dict:
+    """A probe's result keys for ranks that brought back no result: why, and where they hung."""
+    hung = {"hung": True, "phase": got.phase} if got.hung and not got.errors else {}
+    return {"measured": False, **hung, "why": got.why()}
 
 
 def _gpus(world: int, what: str, need: int = 2) -> tuple[dict, int]:
@@ -255,8 +199,8 @@ def nccl_transport(world: int = 0, timeout: float = TIMEOUTS["nccl-transport"]) 
     os.environ.update(DEBUG)
     os.environ.pop("NCCL_DEBUG_FILE", None)  # NCCL's lines must reach stdout
     r.update(world=n, nccl_env={k: v for k, v in sorted(os.environ.items()) if k[:5] == "NCCL_" and k not in DEBUG})
-    got = spawn_ranks(_transport_rank, n, timeout)
-    return {**r, "measured": True, **got["ranks"][0]} if "ranks" in got else {**r, "measured": False, **got}
+    got = ranks.run(_transport_rank, n, timeout, stall=STALL)
+    return {**r, "measured": True, **got.results[0]} if got.ok else {**r, **failure(got)}
 
 
 CHANNEL_RE = re.compile(r"NCCL INFO Channel (\d+)(?:/(\d+))? : (\d+)\[(\w+)\] -> (\d+)\[(\w+)\] "
@@ -340,16 +284,16 @@ def pcie_ipc_smoke(world: int = 0, timeout: float = TIMEOUTS["pcie-ipc-smoke"], 
     if not n:
         return r
     with tempfile.TemporaryDirectory(prefix="eagle-tune-") as tune:
-        got = spawn_ranks(rank_fn, n, timeout, device, tune)
-    if "ranks" not in got:
-        return {**r, "measured": False, "world": n, **got}
-    ranks = got["ranks"]
-    if not all(x.get("engaged") for x in ranks):
+        got = ranks.run(rank_fn, n, timeout, device, tune, stall=STALL)
+    if not got.ok:
+        return {**r, "world": n, **failure(got)}
+    each = got.results
+    if not all(x.get("engaged") for x in each):
         return {**r, "measured": False, "world": n, "engaged": False,
-                "why": next(x["why"] for x in ranks if not x.get("engaged"))}
-    wrong = {str(i): x["bad"] for i, x in enumerate(ranks) if x["bad"]}
+                "why": next(x["why"] for x in each if not x.get("engaged"))}
+    wrong = {str(i): x["bad"] for i, x in enumerate(each) if x["bad"]}
     return {**r, "measured": True, "world": n, "engaged": True, "rows": list(SMOKE_ROWS), "iters": SMOKE_ITERS,
-            "sum_ok": not wrong, "wrong": wrong, "us": ranks[0]["us"]}
+            "sum_ok": not wrong, "wrong": wrong, "us": each[0]["us"]}
 
 
 def peer_bandwidth(world: int = 0, timeout: float = TIMEOUTS["peer-bandwidth"], size: int = 64 << 20,

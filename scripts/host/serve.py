@@ -28,9 +28,10 @@ from pathlib import Path
 
 from ..lib.cli import run
 from ..lib.errors import UserError
+from ..lib import profiles
 from ..lib.repo import PROFILES_DIR, SHIPPED_PROFILE
 from . import drafters
-from .docker_run import docker_run, hf_cache_dir, shown
+from ..box.docker import docker_run, hf_cache_dir, shown
 
 LAUNCH = "sglang.launch_server"
 KEY_VAR, KEY_FILE = "SGLANG_API_KEY", "/etc/sglang/api_key"
@@ -96,23 +97,11 @@ def listening(host: str, key_from: str) -> str:
 
 
 def resolve_profile(name: str) -> Path:
-    path = Path(name) if name.endswith((".yaml", ".yml")) else PROFILES_DIR / f"{name}.yaml"
+    path = profiles.find(name)
     if not path.is_file():
         known = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.yaml")))
         raise UserError(f"no profile {name} (known: {known}); or pass the path of a .yaml file that exists")
     return path
-
-
-def load_profile(path: Path) -> dict:
-    try:
-        import yaml
-    except ImportError as e:
-        raise UserError("serve reads profiles with PyYAML: pip install pyyaml, or run it in the image (make serve)"
-                        ) from e
-    data = yaml.safe_load(path.read_text())
-    if not isinstance(data, dict):
-        raise UserError(f"profile {path} is not a YAML mapping of SGLang flags (key: value)")
-    return data
 
 
 def parse_with_sglang(args: list[str]):
@@ -161,7 +150,7 @@ def last_flag(args: list[str], flag: str, default=None):
 
 def build_plan(a: argparse.Namespace, extra: list[str], environ: dict[str, str]) -> Plan:
     path = resolve_profile(a.profile)
-    prof = load_profile(path)
+    prof = profiles.load(path)
     given = [("--model-path", a.model), ("--speculative-draft-model-path", a.draft_model), ("--port", a.port),
              ("--host", a.host)]
     sgl = ["--config", str(path), *[x for f, v in given if v is not None for x in (f, str(v))], *extra]
@@ -274,7 +263,7 @@ def main(argv=None) -> int:
         return 0
     print(shown, file=sys.stderr, flush=True)  # what starts, and what it will download
     if plan.key:
-        plan.argv[plan.argv.index("--config") + 1] = private_config(load_profile(plan.profile), plan.key)
+        plan.argv[plan.argv.index("--config") + 1] = private_config(profiles.load(plan.profile), plan.key)
     environ.pop(KEY_VAR, None)
     os.execve(plan.argv[0], plan.argv, environ)
     return 0  # not reached

@@ -1,8 +1,7 @@
 """`make bench` through its real entry points: the counters a server reports (recorded stand-in outputs), the plan,
-the dry run, the checks before the first server, and the three server routes end to end against stand-in servers
-running SGLang's real bench_serving: the box's (a fake docker that starts the stand-ins and runs the client as the
-image's bench-client verb would), --here (serve's plan through SGLang's popen_launch_server, a fake `sglang`), and
---server-url (a server with an API key).
+the dry run, the checks before the first server, and both server routes end to end against stand-in servers, with
+SGLang's real bench_serving run as the image's bench-client verb (a fake docker that also starts the stand-ins): the
+box's (a container per variant) and --server-url (a server with an API key).
 
 Fixtures (tests/fixtures/bench/): bench_serving_{stock,patched}.jsonl, server_info_*.json, metrics_*.txt (written by
 record_fixtures.py from the harness against standin_server.py), results_abba.jsonl, tokenizer/.
@@ -18,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from scripts.bench import bench, observe, preflight
+from scripts.bench import bench, observe
 from scripts.bench import plan as pl
 from scripts.bench import report as rep
+from scripts.box.ranks import free_port
 from scripts.lib.errors import UserError
 from scripts.series.pin import load_pin
 
@@ -33,7 +33,7 @@ import standin_server  # noqa: E402
 IMAGE = load_pin().serving_image
 FAKE_DOCKER = r'''#!{python}
 """docker as the tests need it: the serving image's serve starts a stand-in (the patched one when it has a drafter;
-none with BROKEN=1), bench-client runs bench_serving, serve --dry-run runs serve; every argv is logged."""
+none with BROKEN=1), bench-client runs bench_serving; every argv is logged."""
 import json, os, signal, subprocess, sys
 from pathlib import Path
 state, fix, root, argv = Path({state!r}), {fix!r}, {root!r}, sys.argv[1:]
@@ -62,9 +62,6 @@ elif argv[0] == "run":
         i += 2 if has else 1
     args = argv[i + 1:]
     mounts = dict(reversed(v.split(":")[:2]) for v in opts.get("-v", []))
-    if "--dry-run" in args:
-        sys.exit(subprocess.run([sys.executable, "-m", "scripts.host.serve", *args[args.index("serve") + 1:]],
-                                cwd=root, env={{**os.environ, "PYTHONPATH": root}}).returncode)
     if args[0] == "bench-client":
         args = [a.replace("/results/", mounts["/results"] + "/") for a in args[1:]]
         sys.exit(subprocess.run([sys.executable, "-m", "sglang.benchmark.serving", *args]).returncode)
@@ -76,8 +73,8 @@ elif argv[0] == "run":
         pid(opts["--name"][0]).write_text(str(p.pid))
     print("c0ffee")
 '''
-NVIDIA_SMI = "#!/bin/sh\ncase \"$1\" in --query-gpu*) for i in 0 1 2 3 4 5 6 7; do echo 'NVIDIA RTX PRO 6000 " \
-             "Blackwell Server Edition'; done;; --query-compute-apps*) cat \"{state}/apps\" 2>/dev/null;; esac\n"
+NVIDIA_SMI = "#!/bin/sh\ncase \"$1\" in -L) for i in 0 1 2 3 4 5 6 7; do echo \"GPU $i: NVIDIA RTX PRO 6000 " \
+             "Blackwell Server Edition (UUID: GPU-$i)\"; done;; --query-compute-apps*) cat \"{state}/apps\" 2>/dev/null;; esac\n"
 
 
 def client_env() -> dict[str, str]:
@@ -101,7 +98,7 @@ def box(tmp_path, monkeypatch) -> dict:
         (tmp_path / d / "config.json").write_text("{}")
     variants, scenarios = tmp_path / "variants.toml", tmp_path / "scenarios.toml"
     variants.write_text(f'[defaults]\nmodel = "{tmp_path}/model"\ndraft_model = "{tmp_path}/draft"\n'
-                        f'port = {standin_server.free_port()}\n[[variant]]\nname = "nospec"\nprofile = "kimi-k25-tp8"\n'
+                        f'port = {free_port()}\n[[variant]]\nname = "nospec"\nprofile = "kimi-k25-tp8"\n'
                         '[[variant]]\nname = "eagle3"\nprofile = "kimi-k25-eagle3-tp8"\nspeculative = true\n'
                         '[[variant]]\nname = "broken"\nprofile = "kimi-k25-tp8"\nenv = { BROKEN = "1" }\n'
                         'default = false\n')
@@ -172,11 +169,14 @@ def test_the_committed_plan_is_aba_over_four_variants_at_c1_c4_c16():
                                                                          for s in p.scenarios)
     assert [v.name for v in p.variants] == ["stock-nospec", "stock-eagle3", "patched-nospec", "patched-eagle3"]
     assert [r.letter for r in p.runs[::3]] == list("ABCDDCBAABCD")
-    assert len(p.runs) == 36 and len(p.sessions) == 10 and p.seconds() == pytest.approx(
+    assert len(p.runs) == 36 and len(p.sessions) == 10 and p.seconds == pytest.approx(
         3 * 4 * (92.16 + 51.2 + 51.2) + 10 * pl.ASSUMED_LOAD_S, rel=0.01)
-    assert p.serve_args(p.variants[3])[-2:] == ["--draft-model", "lightseekorg/kimi-k2.5-eagle3"]
-    with pytest.raises(UserError, match="a stock variant would not be stock"):
-        pl.build(*pl.parse(["--here"]))
+    stock, patched = p.launches["stock-eagle3"].argv, p.launches["patched-eagle3"].argv
+    assert patched[patched.index(IMAGE) + 1:] == ("serve", "--profile", "kimi-k25-eagle3-tp8", "--model",
+                                                  "moonshotai/Kimi-K2.5", "--port", "30000", "--draft-model",
+                                                  "lightseekorg/kimi-k2.5-eagle3")
+    assert stock[stock.index("--entrypoint") + 1] == "python3" and "scripts.host.serve" in stock
+    assert (p.gpus, p.port, p.weights) == (8, 30000, ["moonshotai/Kimi-K2.5", "lightseekorg/kimi-k2.5-eagle3"])
 
 
 def test_the_dry_run_prints_the_plan_its_checks_and_every_command_and_writes_nothing(box, capsys):
@@ -190,26 +190,27 @@ def test_the_dry_run_prints_the_plan_its_checks_and_every_command_and_writes_not
     assert f"-v {box['tmp'] / 'hf'}:/root/.cache/huggingface" in out  # $HF_HOME, what serve mounts too
     for line in ("ok   docker engine", f"ok   image {IMAGE}", "ok   GPUs: 8 x NVIDIA RTX PRO 6000",
                  "FAIL GPUs idle: 4242, python3, 81000 MiB. Fix: stop what holds them", "ok   weights",
-                 "ok   results directory", "ok   serve nospec: serve accepts its arguments"):
+                 "ok   results directory"):
         assert line in out, line
     assert not box["res"].exists() and not [c for c in docker_calls(box) if "-d" in c]
 
 
 def test_checks_stop_a_real_run_before_any_server(box):
-    """A profile serve refuses, a results directory that cannot be written and a missing drafter are named
-    together, before any `docker run -d`: nothing is started, nothing written."""
+    """A results directory that cannot be written and a missing drafter are named together, before any `docker run
+    -d`: nothing is started, nothing written; a profile that does not exist is refused with the plan."""
     ro = box["tmp"] / "a-file"
     ro.write_text("")
     (box["tmp"] / "draft" / "config.json").unlink()
-    bad = box["tmp"] / "variants.toml"
-    bad.write_text(bad.read_text().replace('profile = "kimi-k25-tp8"\n[[variant]]', 'profile = "nope"\n[[variant]]'))
     with pytest.raises(UserError) as e:
         bench.main([*box["args"], "--results-dir", str(ro / "results")])
     msg = str(e.value)
     assert msg.startswith("make bench cannot start; nothing was started or written")
     assert "FAIL results directory" in msg and "FAIL weights" in msg and "holds no config.json" in msg
-    assert "FAIL serve nospec: " in msg and "nope" in msg and "ok " not in msg
     assert not [c for c in docker_calls(box) if "-d" in c] and not (ro / "results").exists()
+    bad = box["tmp"] / "variants.toml"
+    bad.write_text(bad.read_text().replace('profile = "kimi-k25-tp8"\n[[variant]]', 'profile = "nope"\n[[variant]]'))
+    with pytest.raises(UserError, match="variant nospec: no profile nope"):
+        bench.main([*box["args"], "--dry-run"])
 
 
 def test_concurrency_above_max_running_requests_stops_before_anything(box, tmp_path):
@@ -249,32 +250,13 @@ def test_the_box_route_end_to_end(box):
                                                                                                    "eagle3"}
 
 
-def test_here_launches_serve_s_plan_through_sglang_s_popen_launch_server(box, monkeypatch):
-    """--here: serve --dry-run --json gives the launch, SGLang's popen_launch_server starts it (a fake `sglang`
-    command running the stand-in) and terminate_and_kill_process_tree stops it; the client is this python's."""
-    fake = box["tmp"] / "bin" / "sglang"
-    fake.write_text(f"#!/bin/sh\nwhile [ $# -gt 0 ]; do [ \"$1\" = --port ] && port=$2; shift; done\n"
-                    f"exec {sys.executable} {FIX}/standin_server.py --profile stock --port $port\n")
-    fake.chmod(0o755)
-    cp = subprocess.run([sys.executable, "-m", "scripts.bench.bench", *box["args"], "--here", "--variants",
-                         "nospec"], cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert cp.returncode == 0, cp.stderr[-3000:]
-    assert "command=sglang serve --model-path " in cp.stdout and " --port " in cp.stdout
-    (results,) = box["res"].glob("*.jsonl")
-    rec = json.loads(results.read_text().splitlines()[0])
-    assert rec["completed"] == 8 and rec["eagle"]["launched"] and rec["eagle"]["patchset"]
-    assert not docker_calls(box)
-    port = int(pl.load_variants(Path(box["args"][1])).defaults["port"])
-    assert preflight.port_check(port).ok  # the server is gone
-
-
 def test_a_running_server_with_an_api_key(box, tmp_path):
     """--server-url: 401 is named with the fix; with the key from --api-key-file (serve's source) the harness and
-    bench_serving send it, and it is in no output, log or result."""
+    bench_serving (the image's client, by name in its environment) send it, and it is in no output, log or result."""
     key = "k3y-" + "5ecret" * 4
     server = standin_server.ServerThread("patched", api_key=key).start()
     (tmp_path / "key").write_text(key + "\n")
-    args = [*box["args"], "--server-url", f"s={server.url}", "--here", "--patchset", "s=abc"]
+    args = [*box["args"], "--server-url", f"s={server.url}", "--patchset", "s=abc"]
     try:
         no_key = subprocess.run([sys.executable, "-m", "scripts.bench.bench", *args], cwd=ROOT, capture_output=True,
                                 text=True, timeout=900)
@@ -319,3 +301,23 @@ def test_make_dry_runs_print_their_plans_and_write_nothing(target, var, tmp_path
     assert "Traceback" not in cp.stderr and cp.returncode in (0, 2)
     assert subprocess.run(["git", "status", "--porcelain", "--ignored", "bench"], cwd=ROOT, capture_output=True,
                           text=True).stdout == before
+
+
+def test_the_lent_route_benches_its_servers_through_server_url(tmp_path, monkeypatch):
+    """bench/device/lent.py (the tiny bench of a lent GPU machine; no GPU here): its servers are SGLang --config
+    launches of the tiny profiles with the route's flags, and the make bench it runs plans A/B/A over them."""
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "gpu" / "serve"))
+    monkeypatch.syspath_prepend(str(ROOT / "bench" / "device"))
+    import _servers
+    import lent
+
+    args = lent.server_args("eagle3.yaml", 32010, tmp_path / "draft-pi")
+    assert Path(args[args.index("--config") + 1]).is_file() and args[-2:] == ["--speculative-draft-model-path",
+                                                                             str(tmp_path / "draft-pi")]
+    assert set(_servers.LENT_FLAGS) <= set(args) and args[args.index("--nccl-port") + 1] == "32015"
+    urls = {"tiny-nospec": "http://127.0.0.1:32000", "tiny-eagle3": "http://127.0.0.1:32010"}
+    argv = lent.bench_argv(urls, tmp_path, FIX / "tokenizer", "0123456789ab", "H200-x1-lent")
+    p = pl.build(*pl.parse(argv[3:]))
+    assert [r.letter for r in p.runs] == list("ABBA") and p.port is None and p.results_dir == tmp_path
+    assert {x.patchset for x in p.launches.values()} == {"0123456789ab"} and not any(x.argv for x in p.launches.values())
+    assert lent.profile_argv(urls, tmp_path)[-2:] == ["--out", str(tmp_path / "profile.json")]

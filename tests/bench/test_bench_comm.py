@@ -1,4 +1,4 @@
-"""`make bench-comm` (scripts/bench/bench_comm.py, the image's verb): the harness end to end on CPU ranks (gloo,
+"""`make bench-comm` (scripts/comm/bench_comm.py, the image's verb): the harness end to end on CPU ranks (gloo,
 brought up by SGLang's init_distributed_environment), its refusals, and the summary of committed H200 runs."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.bench import comm_report
+from scripts.comm import comm_report
 from scripts.series.pin import load_pin
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,7 +19,7 @@ TREE = ROOT / "build" / "sglang" / "python"
 H200 = [ROOT / "bench" / "results" / f"bench-comm_H200_x2_{n}.json" for n in ("run3", "sglang1")]
 def bench_comm(*args, path: str, **env) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "SGLANG_", "CUDA_", "EAGLE_"))}
-    return subprocess.run([sys.executable, "-m", "scripts.bench.bench_comm", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "scripts.comm.bench_comm", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=600, env={**clean, "PATH": path, **env})
 
 

@@ -1,4 +1,4 @@
-"""make docs (scripts/bench/cost_model.py) and the box model (scripts/bench/spec_model.py): the back-test against
+"""make docs (scripts/report/cost_model.py) and the box model (scripts/report/spec_model.py): the back-test against
 the seed box, the physical floors it refuses to go below, the refit from a receipt's profile, the operator's
 mistakes."""
 
@@ -10,9 +10,8 @@ import sys
 
 import pytest
 
-from scripts.bench import cost_model as cm
-from scripts.bench import receipt_data as rd
-from scripts.bench import spec_model as sm
+from scripts.report import cost_model as cm
+from scripts.report import spec_model as sm
 from scripts.lib.errors import UserError
 
 INP, CYC = sm.load()
@@ -79,28 +78,17 @@ def test_refit_takes_what_the_profile_measured():
         sm.refit(_profile(cycle_ms=None, target_verify={"forward_ms": 1.0}))
 
 
-def _receipt(tmp_path, profile: dict):
-    d = tmp_path / "box"
-    (d / "raw").mkdir(parents=True)
-    rec = {"default": "EAGLE-3 in the shipped profile", "verdict": "inconclusive", "why": "no bench", "measured": {},
-           "threshold": "", "setting": ""}
-    (d / "receipt.json").write_text(json.dumps({"schema": rd.SCHEMA, "parts": {}, "recommendations": [rec],
-                                                "thresholds": rd.THRESHOLDS, "environment": {"box": "box"}}))
-    (d / "raw" / "profile.json").write_text(json.dumps(profile))
-    return d
-
-
-def test_make_docs_refits_the_model_from_a_box_receipt_s_profile_not_a_proxy_s(tmp_path, capsys):
+def test_make_docs_refits_the_model_from_a_box_receipt_s_profile_not_a_proxy_s(tmp_path, capsys, profile_receipt):
     doc = tmp_path / "plan.md"
     doc.write_text(cm.DOC.read_text())
-    assert cm.main(["--write", "--doc", str(doc), "--receipt", str(_receipt(tmp_path, _profile()))]) == 0
+    assert cm.main(["--write", "--doc", str(doc), "--receipt", str(profile_receipt(tmp_path, _profile()))]) == 0
     text = doc.read_text()
     assert cm.block(text, "backtest").startswith("Refitted from the profile of receipt `box`.")
     assert "the model above is refitted from it." in cm.block(text, "box-measured")
     assert "| plain decode, ms | 10.00 |" in cm.block(text, "box-measured")
     assert cm.block(text, "settings") != cm.block(cm.DOC.read_text(), "settings")
     assert "plot cost-model.png: drawn" in capsys.readouterr().out and (tmp_path / "cost-model.png").stat().st_size
-    proxy = _receipt(tmp_path / "h200", _profile(gpu="NVIDIA H200", tp=1))  # the lent H200: shown, not applied
+    proxy = profile_receipt(tmp_path / "h200", _profile(gpu="NVIDIA H200", tp=1))  # the lent H200: shown, not applied
     assert cm.main(["--write", "--doc", str(doc), "--receipt", str(proxy)]) == 0
     assert "shown, not applied (a proxy)" in doc.read_text() and "Refitted" not in cm.block(doc.read_text(), "backtest")
 
@@ -108,7 +96,7 @@ def test_make_docs_refits_the_model_from_a_box_receipt_s_profile_not_a_proxy_s(t
 def test_a_typo_or_a_corrupt_receipt_exits_2_with_the_fix(tmp_path):
     (tmp_path / "bad.tar.gz").write_bytes(b"not a tarball")
     for path in (tmp_path / "nope.tar.gz", tmp_path / "bad.tar.gz"):
-        cp = subprocess.run([sys.executable, "-m", "scripts.bench.cost_model", "--check", "--receipt", str(path)],
+        cp = subprocess.run([sys.executable, "-m", "scripts.report.cost_model", "--check", "--receipt", str(path)],
                             cwd=cm.REPO_ROOT, capture_output=True, text=True, timeout=120)
         assert cp.returncode == 2 and "make docs RECEIPT=<file>" in cp.stderr and "Traceback" not in cp.stderr
 

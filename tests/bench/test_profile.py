@@ -1,4 +1,4 @@
-"""make report's profile part (scripts/bench/profile.py): a chrome trace as SGLang v0.5.23's torch profiler writes it
+"""make report's profile part (scripts/report/profile.py): a chrome trace as SGLang v0.5.23's torch profiler writes it
 (its record_function spans, CUDA-graph launches and the kernels CUPTI correlates with them), reduced per forward to
 the profile the cost model refits from, and make docs refitting from a receipt that holds it."""
 
@@ -11,10 +11,10 @@ import sys
 
 import pytest
 
-from scripts.bench import cost_model as cm
-from scripts.bench import profile as pf
-from scripts.bench import receipt_data as rd
-from scripts.bench import spec_model as sm
+from scripts.report import cost_model as cm
+from scripts.report import profile as pf
+from scripts.report import receipt_data as rd
+from scripts.report import spec_model as sm
 from scripts.lib.errors import UserError
 
 NCCL, IPC = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", \
@@ -93,17 +93,11 @@ def test_a_trace_without_a_stage_is_named(tmp_path):
         pf.main(["--profiles", "kimi-k25-tp8", "--out", str(tmp_path / "p.json")])
 
 
-def test_make_docs_refits_from_the_profile_the_part_wrote(tmp_path):
+def test_make_docs_refits_from_the_profile_the_part_wrote(tmp_path, profile_receipt):
     p = made_profile(tmp_path)
     m = sm.Model(*sm.load(), **sm.refit(p))
     assert m.B() == pytest.approx(9.03) and m.p["glue_ms"] == pytest.approx(15.0 - 13.082 - 0.318 - 0.415)
-    d = tmp_path / "box"
-    (d / "raw").mkdir(parents=True)
-    rec = {"default": "EAGLE-3 in the shipped profile", "verdict": "inconclusive", "why": "no bench", "measured": {},
-           "threshold": "", "setting": ""}
-    (d / "receipt.json").write_text(json.dumps({"schema": rd.SCHEMA, "parts": {"profile": {"ok": True}},
-                                                "recommendations": [rec], "thresholds": rd.THRESHOLDS}))
-    (d / "raw" / "profile.json").write_text(json.dumps(p))
+    d = profile_receipt(tmp_path, p)
     doc = tmp_path / "plan.md"
     doc.write_text(cm.DOC.read_text())
     assert cm.main(["--write", "--doc", str(doc), "--receipt", str(d)]) == 0
@@ -115,4 +109,4 @@ def test_the_receipt_runs_the_part_as_its_own_verb(tmp_path):
     part = rd.PARTS["profile"]
     assert part.result == "raw/profile.json" and part.measures
     assert part.command(tmp_path, argparse.Namespace(image="img:1")) == [
-        sys.executable, "-m", "scripts.bench.profile", "--out", str(tmp_path / "raw/profile.json"), "--image", "img:1"]
+        sys.executable, "-m", "scripts.report.profile", "--out", str(tmp_path / "raw/profile.json"), "--image", "img:1"]

@@ -1,4 +1,4 @@
-"""`make report` (scripts/bench/receipt.py) and `make docs` ingesting its receipt (scripts/bench/cost_model.py): the
+"""`make report` (scripts/report/receipt.py) and `make docs` ingesting its receipt (scripts/report/cost_model.py): the
 round trip from committed H200 results to the plan's box section, the plan and checks before anything runs,
 resuming, a failed part, the tarball that leaves the box, and a bad receipt."""
 
@@ -17,28 +17,36 @@ from pathlib import Path
 import pytest
 
 import _fake_docker
-from scripts.bench import cost_model, receipt, receipt_data
+from scripts.report import cost_model, receipt, receipt_data
 from scripts.lib.errors import UserError
 from scripts.series.pin import load_pin
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"
 BENCH_COMM = RESULTS / "bench-comm_H200_x2_sglang1.json"
-TEST_GPU = RESULTS / "test-gpu_H200_x2_20261130-run4.json"
 BENCH_JSONL = ROOT / "tests" / "fixtures" / "bench" / "results_abba.jsonl"
 DOCTOR_CAPTURE = ROOT / "tests" / "fixtures" / "doctor" / "pcie8x"
 
 
 def _receipt(*args, env=None, timeout=900):
-    return subprocess.run([sys.executable, "-m", "scripts.bench.receipt", *map(str, args)], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "scripts.report.receipt", *map(str, args)], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def junit(path: Path, passed: int, failed: int = 0, **properties) -> Path:
+    """A test tier's result as pytest writes it (its junitxml), with the suite properties the tier adds."""
+    cases = [f'<testcase classname="t" name="ok{i}"/>' for i in range(passed)]
+    cases += [f'<testcase classname="t" name="bad{i}"><failure message="boom {i}"/></testcase>' for i in range(failed)]
+    props = "".join(f"<property name={json.dumps(k)} value='{json.dumps(v)}'/>" for k, v in properties.items())
+    path.write_text(f"<testsuites><testsuite><properties>{props}</properties>{''.join(cases)}</testsuite></testsuites>")
+    return path
 
 
 def made_receipt(d: Path, box: str, **raw: Path) -> Path:
     """A receipt of results made separately: raw/ by hand, then --summarize derives the rest."""
     (d / "raw" / "bench").mkdir(parents=True)
     for part, src in raw.items():
-        dest = {"bench": f"raw/bench/{src.name}"}.get(part, f"raw/{part.replace('_', '-')}.json")
+        dest = {"bench": f"raw/bench/{src.name}"}.get(part, f"raw/{part.replace('_', '-')}{src.suffix}")
         shutil.copyfile(src, d / dest)
     (d / "receipt.json").write_text(json.dumps({"parts": {p.replace("_", "-"): {"ok": True} for p in raw},
                                                 "environment": {"box": box}}))
@@ -55,8 +63,9 @@ def _plan_md(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def proxy_receipt(tmp_path_factory):
-    return made_receipt(tmp_path_factory.mktemp("r") / "h200-proxy", "h200-proxy", bench_comm=BENCH_COMM,
-                        test_gpu=TEST_GPU, bench=BENCH_JSONL)
+    tmp = tmp_path_factory.mktemp("r")
+    test_gpu = junit(tmp / "test-gpu.xml", 6, world=2, gpus=["NVIDIA H200"] * 2)
+    return made_receipt(tmp / "h200-proxy", "h200-proxy", bench_comm=BENCH_COMM, test_gpu=test_gpu, bench=BENCH_JSONL)
 
 
 def test_a_receipt_of_committed_results_recommends_from_the_measured_numbers(proxy_receipt, tmp_path):
@@ -113,7 +122,7 @@ def test_on_the_box_class_the_verdicts_are_judged_and_stored(pcie_receipt, tmp_p
     (bare / "receipt.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "recommendations"}))
     capsys.readouterr()
     cost_model.main(["--check", "--doc", str(doc), "--receipt", str(bare)])
-    assert "skipping receipt bare: receipt.json holds no recommendations: python -m scripts.bench.receipt " \
+    assert "skipping receipt bare: receipt.json holds no recommendations: python -m scripts.report.receipt " \
            "--summarize" in capsys.readouterr().err
 
 
@@ -144,7 +153,7 @@ def test_only_the_doctor_writes_no_tarball_and_runs_again(tmp_path):
     assert doctor["findings"] and json.loads((d / "receipt.json").read_text())["environment"]["doctor"]
     again = _receipt("--dir", d, "--parts", "doctor", "--box", "cpu-ci", "--dry-run")
     assert again.returncode == 0 and "| doctor | run |" in again.stdout, again.stderr
-    docs = subprocess.run([sys.executable, "-m", "scripts.bench.cost_model", "--write", "--doc", _plan_md(tmp_path),
+    docs = subprocess.run([sys.executable, "-m", "scripts.report.cost_model", "--write", "--doc", _plan_md(tmp_path),
                            "--receipt", d], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert docs.returncode == 0 and "skipping receipt box: no part measured anything (doctor: done" in docs.stderr
 
@@ -155,8 +164,8 @@ def test_a_failed_test_serve_stops_the_report_and_runs_again_next_time(tmp_path)
     docker = _fake_docker.install(tmp_path, images=(load_pin().serving_image,))
     smi = tmp_path / "smi"
     smi.mkdir()
-    (smi / "nvidia-smi").write_text("#!/bin/sh\ncase \"$1\" in --query-gpu*) echo 'NVIDIA RTX PRO 6000'; echo "
-                                    "'NVIDIA RTX PRO 6000';; -L) echo 'GPU 0: NVIDIA RTX PRO 6000 (UUID: G0)';; esac\n")
+    (smi / "nvidia-smi").write_text("#!/bin/sh\n[ \"$1\" = -L ] && echo 'GPU 0: NVIDIA RTX PRO 6000 (UUID: G0)' && echo "
+                                    "'GPU 1: NVIDIA RTX PRO 6000 (UUID: G1)'\n")
     (smi / "nvidia-smi").chmod(0o755)
     env, d = {**os.environ, "PATH": _fake_docker.path_with(docker.bindir, smi)}, tmp_path / "box"
     cp = _receipt("--dir", d, "--parts", "test-serve,doctor", "--box", "cpu-ci", env=env)
@@ -164,9 +173,10 @@ def test_a_failed_test_serve_stops_the_report_and_runs_again_next_time(tmp_path)
     assert "stopping: test-serve failed" in cp.stderr
     meta = json.loads((d / "receipt.json").read_text())
     assert meta["parts"]["doctor"] == {"status": "not run: test-serve failed", "ok": False}
-    (d / "raw" / "test-serve.json").write_text(json.dumps({"world": 8, "passed": 60, "failed": 1, "checks": []}))
+    junit(d / "raw" / "test-serve.xml", 60, 1, world=8)
     again = _receipt("--dir", d, "--parts", "test-serve", "--dry-run", env=env)
-    assert "| test-serve | run |" in again.stdout and "--results " + str(d / "raw") + " test-serve --serve-out /results/test-serve.json" in again.stdout
+    assert "| test-serve | run |" in again.stdout
+    assert f"--results {d / 'raw'} test-serve --serve-out /results/test-serve.xml" in again.stdout
 
 
 def test_unknown_parts_and_bad_receipts_are_named(tmp_path):
@@ -193,7 +203,7 @@ def test_the_tarball_leaves_out_what_names_the_machine(tmp_path):
         subprocess.run([sys.executable, "-m", "scripts.host.doctor", "--json", "--replay", DOCTOR_CAPTURE], cwd=ROOT,
                        stdout=out, timeout=300)
     bc = json.loads(BENCH_COMM.read_text())
-    bc["meta"]["command"] = f"{sys.executable} -m scripts.bench.bench_comm --out {ROOT}/x.json ({Path.home()}) " \
+    bc["meta"]["command"] = f"{sys.executable} -m scripts.comm.bench_comm --out {ROOT}/x.json ({Path.home()}) " \
                             f"on {platform.node()}"
     (tmp_path / "bc.json").write_text(json.dumps(bc))
     made_receipt(d, "box", doctor=doctor, bench_comm=tmp_path / "bc.json")

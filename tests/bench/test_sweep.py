@@ -60,8 +60,8 @@ def test_committed_sweep_becomes_checked_variants():
     mla = next(v for v in vs if v.name == "sweep-lightseekorg-kimi-k2.5-eagle3-mla-4-4-8-fp8")
     assert mla.to_dict()["setting"] == {"drafter": "lightseekorg/kimi-k2.5-eagle3-mla", "steps": 4, "topk": 4,
                                         "draft_tokens": 8, "draft_quantization": "fp8"}
-    argv = plan.serve_args(mla)
-    after = argv[argv.index("--") + 1:]  # after serve's --: sglang flags that replace the profile's
+    argv = plan.launches[mla.name].argv
+    after = list(argv[argv.index("--") + 1:])  # after serve's --: sglang flags that replace the profile's
     assert after == ["--speculative-num-steps", "4", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens",
                      "8", "--speculative-draft-model-quantization", "fp8", "--log-level", "info"]
     assert argv[argv.index("--draft-model") + 1] == "lightseekorg/kimi-k2.5-eagle3-mla"

@@ -1,6 +1,6 @@
 """What each rank runs in the GPU tier: scenario functions of a Rank (tests/gpu/_harness.py), returning JSON dicts.
 
-Every scenario brings SGLang's distributed state up the way the model runner does (scripts/bench/sglang_comm.py
+Every scenario brings SGLang's distributed state up the way the model runner does (scripts/comm/sglang_comm.py
 bring_up: ServerArgs for Kimi-K2.5 resolved on this device, published as the scheduler publishes them,
 bootstrap.init_parallel_runtime) and then drives SGLang's own code: GroupCoordinator.all_reduce, the PCIe-IPC
 communicator and its start-up decision, the fused all-reduce + residual + RMSNorm op and its workspace manager.
@@ -14,7 +14,7 @@ import os
 import time
 from pathlib import Path
 
-from scripts.bench import sglang_comm as sc
+from scripts.comm import sglang_comm as sc
 from scripts.lib.kimi import HIDDEN
 from scripts.series.pin import applied_patchset
 

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from scripts.host.docker_run import docker_run
+from scripts.box.docker import docker_run
 from scripts.lib import proc
 from scripts.lib.cli import run
 from scripts.lib.errors import UserError

@@ -11,19 +11,17 @@ call it replaces.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
-import json
-import multiprocessing as mp
 import os
-import socket
 import sys
 import tempfile
-import time
-import traceback
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
+from scripts.box import ranks
 
 TESTS = Path(__file__).resolve().parents[1]
 KIMI = TESTS / "fixtures" / "kimi-k25"
@@ -32,44 +30,19 @@ CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "SGLANG_NCCL_SO_PATH": "/nonexistent/li
 
 
 def run(scenario: str, world: int = 2, timeout: float = 240, **params) -> list:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    with tempfile.TemporaryDirectory() as out:
-        procs = [ctx.Process(target=_child, args=(scenario, r, world, port, params, out)) for r in range(world)]
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and any(p.is_alive() for p in procs):
-            time.sleep(0.2)
-        hung = [r for r, p in enumerate(procs) if p.is_alive()]
-        for p in procs:
-            p.kill() if p.is_alive() else None
-            p.join(5)
-        got = [json.loads(f.read_text()) if (f := Path(out) / f"{r}.json").is_file() else None
-               for r in range(world)]
-    if hung:
-        pytest.fail(f"{scenario}: ranks {hung} still waiting after {timeout:.0f} s (a hang); the others: {got}")
-    errors = [g["error"] if g else f"rank {r} exited without a result" for r, g in enumerate(got)
-              if g is None or "error" in g]
-    if errors:
-        pytest.fail(f"{scenario} failed:\n" + "\n".join(errors))
-    return [g["result"] for g in got]
+    """One dict per rank (scripts/box/ranks.py spawns and watches them); fails the test on an error or a hang."""
+    got = ranks.run(_child, world, timeout, scenario, params, env=CPU_ENV)
+    if not got.ok:
+        pytest.fail(dataclasses.replace(got, name=scenario).explain() + f"\nthe ranks' results: {got.results}")
+    return got.results
 
 
-def _child(scenario, rank, world, port, params, out):
-    os.environ.update(CPU_ENV, SGLANG_CPU_OMP_THREADS_BIND="|".join(str(i % (os.cpu_count() or 1))
-                                                                    for i in range(world)),
+def _child(rank, world, port, phase, scenario, params):
+    os.environ.update(SGLANG_CPU_OMP_THREADS_BIND="|".join(str(i % (os.cpu_count() or 1)) for i in range(world)),
                       FLASHINFER_AUTOTUNE_DIR=tempfile.mkdtemp())
     if importlib.util.find_spec("sgl_kernel") is None:
         sys.path.append(str(STANDIN))
-    try:
-        doc = {"result": globals()[scenario](rank, world, port, **params)}
-    except BaseException:  # noqa: BLE001 - what a rank hits is the evidence
-        doc = {"error": f"rank {rank}: {traceback.format_exc()}"}
-    Path(out, f"{rank}.json").write_text(json.dumps(doc, default=str))
-    os._exit(0)  # a peer that died must not hold this rank in process-group teardown
+    return globals()[scenario](rank, world, port, **params)
 
 
 def _up(rank, world, port, **server_args):

@@ -5,20 +5,18 @@
 Every phase's server (_servers.PHASES) starts at once at TP N (default: the largest of 1, 2, 4, 8 GPUs visible);
 all are stopped at the end, and a process left or a port held fails the session. --standins: the lent-GPU route
 (_servers.LENT_*). Without a CUDA GPU the GPU tests skip with the reason; with --serve-out they fail instead.
-The result document (contract 5, read by make report): --serve-out FILE, or DIR/test-serve_<gpu>_x<N>_<UTC
-stamp>.json (default DIR: $EAGLE_RESULTS, else bench/results, when servers ran); the servers' logs beside it (.log).
+The result (read by make report) is pytest's own junitxml: --serve-out FILE, or DIR/test-serve_<box>_<UTC
+stamp>.xml; each test's `detail` is its property, the run's command, versions, route and phases (what each server
+reported) the suite's, no path of this machine in it (scripts/box/results.py); the servers' logs beside it (.log).
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-import datetime as _dt
 import importlib.util
 import io
-import json
 import os
-import re
 import shutil
 import sys
 import time
@@ -27,9 +25,9 @@ from pathlib import Path
 import pytest
 
 import _servers as sv
+from scripts.box.results import finish_junit, result_file
 
-RUN: dict = {"checks": [], "skipped": 0, "servers": {}, "world": 0, "gpus": [], "t0": None,
-             "stamp": _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M")}
+RUN: dict = {"servers": {}, "world": 0, "gpus": [], "t0": None, "refused": ""}
 
 
 def pytest_addoption(parser):
@@ -73,7 +71,7 @@ def pytest_collection_finish(session):
     the document records it and pytest exits 2, instead of a hundred failed tests."""
     why = session.config.getoption("--serve-out") and why_not(session.config.getoption("--standins"))
     if why:
-        RUN["checks"].append({"phase": "suite", "name": "a GPU and the patched SGLang", "ok": False, "detail": why})
+        RUN["refused"] = why
         pytest.exit(why, returncode=2)
 
 
@@ -114,60 +112,37 @@ def server(request, tmp_path_factory):
         stops = dict(zip(servers, ex.map(lambda s: s.stop(), servers.values())))
     for name, st in stops.items():
         servers[name].report["stop"] = st
-        RUN["checks"].append({"phase": name, "name": "stopped: no process left, port free",
-                              "ok": not st["left"] and st["port_free"], "detail": json.dumps(st)})
-    assert all(c["ok"] for c in RUN["checks"][-len(stops):]), f"servers not stopped cleanly: {stops}"
+    assert all(not st["left"] and st["port_free"] for st in stops.values()), f"servers not stopped cleanly: {stops}"
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item, call):
-    """Each test's outcome as a check of its phase (its `phase` parameter, else its module's PHASE)."""
-    report = yield
-    if report.skipped:
-        RUN["skipped"] += 1
-    elif report.when == "call" or report.failed:
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        name = item.originalname.removeprefix("test_").replace("_", " ")
-        name += "" if set(params) <= {"phase"} else f" [{item.callspec.id}]"
-        detail = dict(item.user_properties).get("detail", "")
-        if report.failed:
-            detail = str(call.excinfo.value if call.excinfo else report.longrepr)[-1500:]
-        RUN["checks"].append({"phase": params.get("phase") or getattr(item.module, "PHASE", "suite"),
-                              "name": name + ("" if report.when == "call" else f" ({report.when})"),
-                              "ok": report.passed, "detail": detail})
-    return report
+@pytest.hookimpl(tryfirst=True)  # before junitxml's: --serve-out names its file
+def pytest_configure(config):
+    out = config.getoption("--serve-out", None)
+    if out is not None and not config.option.xmlpath:
+        config.option.xmlpath = str(result_file("test-serve", ".xml", directory=out) if out.is_dir() else out)
 
 
-@pytest.hookimpl(trylast=True)  # after pytest's own teardown (an interrupted run stops its servers there)
+@pytest.hookimpl(trylast=True)  # after pytest's own teardown and junitxml's file (an interrupted run still has both)
 def pytest_sessionfinish(session):
-    out = session.config.getoption("--serve-out")
-    if out is None and not RUN["servers"]:
+    out = Path(session.config.option.xmlpath or "")
+    if not out.is_file():
         return
-    doc = document(session.config)
-    if out is None or out.is_dir():
-        gpu = re.sub(r"\W|NVIDIA", "", (doc["gpus"] or ["none"])[0])
-        out = (out or Path(os.environ.get("EAGLE_RESULTS") or sv.HERE.parents[2] / "bench" / "results")) / \
-            f"test-serve_{gpu}_x{doc['world']}_{doc['started_at']}.json"
-    text = json.dumps(doc, indent=1, default=str)
-    text = re.sub(r"\[\s*(-?[\d.]+(?:,\s*-?[\d.]+)*)\s*\]",  # number lists (token ids) on one line
-                  lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]", text)
-    logs = "".join(f"===== {n}: {' '.join(s.command)}\n{s.log.read_text(errors='replace') if s.log.is_file() else ''}"
-                   for n, s in RUN["servers"].items())
     masks = {str(p): m for p, m in ((Path.home(), "~"), (sys.prefix, "<python>"), (sv.HERE.parents[2], "<repo>"),
                                     (out.parent.resolve(), "<results>"), (RUN.get("tmp"), "<tmp>")) if p}
+    finish_junit(out, properties(session.config), masks)
+    logs = "".join(f"===== {n}: {' '.join(s.command)}\n{s.log.read_text(errors='replace') if s.log.is_file() else ''}"
+                   for n, s in RUN["servers"].items())
     for path in sorted(masks, key=len, reverse=True):  # no path of the machine that ran it
-        text, logs = text.replace(path, masks[path]), logs.replace(path, masks[path])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text + "\n")
+        logs = logs.replace(path, masks[path])
     out.with_suffix(".log").write_text(logs)
-    session.config.get_terminal_writer().line(f"test-serve result document: {out}")
+    session.config.get_terminal_writer().line(f"test-serve result: {out}")
 
 
-def document(config) -> dict:
-    """Contract 5: world, counts, every check, what each server reported, the command, versions, the route."""
+def properties(config) -> dict:
+    """The run's: world, GPUs, the command, versions, the route, a refusal, what each server reported."""
     from scripts.lib.repo import revision
 
-    checks, standins = RUN["checks"], config.getoption("--standins")
+    standins = config.getoption("--standins")
     versions = {m: getattr(sys.modules.get(m), "__version__", None) for m in ("torch", "triton", "transformers",
                                                                              "sglang")}
     versions["patchset"] = os.environ.get("EAGLE_PATCHSET")  # the image's; a tree's from git (contract 8):
@@ -175,14 +150,12 @@ def document(config) -> dict:
         from scripts.series.pin import applied_patchset
 
         versions["patchset"] = versions["patchset"] or applied_patchset(Path(sys.modules["sglang"].__file__).parent)
-    doc = {"schema": "eagle-test-serve/2", "world": RUN["world"], "passed": sum(c["ok"] for c in checks),
-           "failed": sum(not c["ok"] for c in checks), "skipped": RUN["skipped"], "gpus": RUN["gpus"],
-           "route": "lent-gpu" if standins else "box",
+    doc = {"world": RUN["world"], "gpus": RUN["gpus"], "route": "lent-gpu" if standins else "box",
            "command": " ".join(["python3", "-m", "pytest", *config.invocation_params.args]),
-           "revision": revision(short=True)[0], "started_at": RUN["stamp"],
-           "seconds": round(time.monotonic() - RUN["t0"]) if RUN["t0"] else 0, "versions": versions,
-           "checks": checks, "phases": {n: {"command": " ".join(s.command), "error": s.error, **s.report}
-                                        for n, s in RUN["servers"].items()},
+           "revision": revision(short=True)[0], "seconds": round(time.monotonic() - RUN["t0"]) if RUN["t0"] else 0,
+           "versions": versions, "refused": RUN["refused"],
+           "phases": {n: {"command": " ".join(s.command), "error": s.error, **s.report}
+                      for n, s in RUN["servers"].items()},
            "route_env": sv.LENT_ENV if standins else {}, "kept_env": RUN.get("kept", {}), "proxy": None}
     if standins and RUN["gpus"]:
         doc["proxy"] = (f"proxy: torch {versions['torch']}, stand-ins sgl_kernel, flash_mla, "

@@ -1,6 +1,6 @@
 """test-serve's parts that need no GPU (they run in make test): the tiny models and profiles, as SGLang reads them;
 the bad-request list; the suite itself on a machine without a GPU: every server test skips with one reason, and
-with --serve-out fails into the result document, which says so for each."""
+with --serve-out it refuses once, and its result (pytest's junitxml) says why."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 
 import _servers as sv
 import tiny_models as tm
+from scripts.box.results import read_junit
 from test_bad_requests import BAD
 
 PHASE = "suite"
@@ -78,8 +79,8 @@ def test_without_a_gpu_the_server_tests_skip_with_one_reason(tmp_path):
     assert cp.returncode == 0 and len(reasons) == 1 and "torch sees none here" in reasons.pop(), cp.stdout[-3000:]
 
 
-def test_with_serve_out_it_refuses_once_and_the_document_says_why(tmp_path):
+def test_with_serve_out_it_refuses_once_and_the_result_says_why(tmp_path):
     cp = suite(tmp_path, "--serve-out", str(tmp_path))
-    doc = json.loads(next(tmp_path.glob("test-serve_none_x0_*.json")).read_text())
-    assert cp.returncode == 2 and doc["passed"] == 0 and doc["failed"] == len(doc["checks"]) == 1, cp.stdout[-2000:]
-    assert "torch sees none here" in doc["checks"][0]["detail"]
+    doc = read_junit(next(tmp_path.glob("test-serve_nogpu_*.xml")))
+    assert cp.returncode == 2 and doc["passed"] == doc["failed"] == 0, cp.stdout[-2000:]
+    assert "torch sees none here" in doc["properties"]["refused"]

@@ -15,12 +15,13 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from ..bench.report import load_results, summarize
+from ..box.results import read_junit
+from ..comm.comm_report import record, records
 from ..host.facts import parse_topo_m
+from ..lib import profiles
 from ..lib.errors import UserError
 from ..lib.repo import SHIPPED_PROFILE
-from .comm_report import record, records
-from .plan import profile_int
-from .report import load_results, summarize
 
 SCHEMA = "eagle-receipt/1"
 VERIFY_ROWS_C1 = 4  # batch 1 x 4 draft tokens (the shipped profile's chain drafting 3/1/4)
@@ -62,18 +63,18 @@ class Part:
 
 
 PARTS = {p.name: p for p in (
-    Part("test-serve", "raw/test-serve.json",
+    Part("test-serve", "raw/test-serve.xml",
          lambda d, a: _verb("scripts.host.in_image", *_image(a), "--results", d / "raw", "test-serve", "--serve-out",
-                            "/results/test-serve.json"), 900, "clean"),
+                            "/results/test-serve.xml"), 900, "clean"),
     Part("doctor", "raw/doctor.json",
          lambda d, a: _verb("scripts.host.doctor", "--json", "--record", d / "env" / "tools"), 5, "never",
          measures=False, stdout=True),
-    Part("test-gpu", "raw/test-gpu.json", lambda d, a: _in_image(d, a, "test-gpu", "test-gpu.json"), 600),
+    Part("test-gpu", "raw/test-gpu.xml", lambda d, a: _in_image(d, a, "test-gpu", "test-gpu.xml"), 600),
     Part("bench-comm", "raw/bench-comm.json", lambda d, a: _in_image(d, a, "bench-comm", "bench-comm.json"),
          COMM_S),
     Part("bench", "raw/bench", lambda d, a: _verb("scripts.bench.bench", "--results-dir", d / "raw/bench", "--box",
                                                   a.box, "--resume", *_image(a), *a.bench_args), 0),
-    Part("profile", "raw/profile.json", lambda d, a: _verb("scripts.bench.profile", "--out", d / "raw/profile.json",
+    Part("profile", "raw/profile.json", lambda d, a: _verb("scripts.report.profile", "--out", d / "raw/profile.json",
                                                           *_image(a)), 1320),  # read by make docs RECEIPT=
 )}
 
@@ -129,16 +130,22 @@ def load(d: Path) -> dict:
     if meta.get("schema") != SCHEMA:
         raise UserError(f"receipt.json has schema {meta.get('schema')!r}, this tooling reads {SCHEMA}")
     if "recommendations" not in meta or "thresholds" not in meta:
-        raise UserError(f"receipt.json holds no recommendations: python -m scripts.bench.receipt --summarize {d} "
+        raise UserError(f"receipt.json holds no recommendations: python -m scripts.report.receipt --summarize {d} "
                         f"derives them from its raw parts")
     return {"receipt": meta} | raw_parts(d)
 
 
+def junit(d: Path, rel: str) -> dict | None:
+    """A test tier's result (pytest's junitxml) of the receipt, read (None when absent or empty)."""
+    f = d / rel
+    return read_junit(f) if f.is_file() and f.stat().st_size else None
+
+
 def raw_parts(d: Path) -> dict:
-    """The parsed raw parts that exist: test_serve, doctor, test_gpu, bench_comm, bench."""
-    out = {"dir": d, "test_serve": _json(d, PARTS["test-serve"].result, {"checks": list}),
+    """The parsed raw parts that exist: test_serve, doctor, test_gpu, bench_comm, bench, profile."""
+    out = {"dir": d, "test_serve": junit(d, PARTS["test-serve"].result),
            "doctor": _json(d, PARTS["doctor"].result, {"findings": list}),
-           "test_gpu": _json(d, PARTS["test-gpu"].result),
+           "test_gpu": junit(d, PARTS["test-gpu"].result),
            "bench_comm": _json(d, PARTS["bench-comm"].result, {"records": list}),
            "profile": _json(d, PARTS["profile"].result)}
     bench = d / PARTS["bench"].result
@@ -297,16 +304,15 @@ def box_class(data: dict) -> dict:
     """What the receipt was measured on: GPU model, count and link (the doctor's facts; else bench-comm's meta and
     its `nvidia-smi topo -m`, where NV# is an NVLink bond), and the TP the shipped profile serves."""
     facts = (data.get("doctor") or {}).get("facts") or {}
-    meta, tg = (data.get("bench_comm") or {}).get("meta") or {}, data.get("test_gpu") or {}
-    names = [g.get("name") for g in facts.get("gpus", []) if isinstance(g, dict)] or list(
-        (tg.get("meta") or {}).get("gpus") or [])
+    meta, tg = (data.get("bench_comm") or {}).get("meta") or {}, (data.get("test_gpu") or {}).get("properties", {})
+    names = [g.get("name") for g in facts.get("gpus", []) if isinstance(g, dict)] or list(tg.get("gpus") or [])
     link = {True: "PCIe only", False: "NVLink"}.get(facts.get("pcie_only"), "")
     if not link and meta.get("topo_m"):
         cells = parse_topo_m(re.sub(r"\x1b\[[0-9;]*m", "", meta["topo_m"]))["links"].values()
         link = "NVLink" if any(re.fullmatch(r"NV\d+", c) for c in cells) else "PCIe only" if cells else ""
     return {"gpu": (names[0] if names else None) or meta.get("gpu_name") or "GPU unknown",
             "count": len(names) or meta.get("world") or tg.get("world"), "link": link or "link unknown",
-            "tp": profile_int(SHIPPED_PROFILE, "tp-size") or 1}
+            "tp": profiles.setting(SHIPPED_PROFILE, "tp-size") or 1}
 
 
 def describe_box(cls: dict) -> str:

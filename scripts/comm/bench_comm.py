@@ -1,11 +1,11 @@
 """`make bench-comm` (the image's bench-comm verb): what the communication of one EAGLE verify forward costs here.
 
-  python -m scripts.bench.bench_comm [--variants default,LL,...] [--world N] [--dry-run] ...
+  python -m scripts.comm.bench_comm [--variants default,LL,...] [--world N] [--dry-run] ...
 
 make bench-comm runs it in the serving image (in_image.py). Per NCCL environment variant, one process per GPU (SGLang's
 init_distributed_environment) at Kimi-K2.5 shapes: NCCL all-reduce per call (a 122-call chain, eager and in a CUDA
 graph), a 61-layer verify-shaped forward, and in the first variant SGLang's own tp.all_reduce per backend and the
-fused all-reduce + RMSNorm; every reduction checked against fp32. Writes bench-comm_<GPU>_x<n>_<UTC time>.json.
+fused all-reduce + RMSNorm; every reduction checked against fp32. Writes bench-comm_<box>_<UTC stamp>.json.
 
 Exit status: 0 every variant ran and every reduction was correct; 1 a variant failed or a reduction was wrong; 2 a
 usage problem (fewer than 2 GPUs, no patched SGLang here, an unknown variant, no /results mount in the image).
@@ -14,7 +14,6 @@ usage problem (fewer than 2 GPUs, no patched SGLang here, an unknown variant, no
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import importlib.util
 import json
 import os
@@ -24,8 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..host.docker_run import gpu_slug, results_dir
-from ..host.nccl import expected_nccl, free_port, nccl_report
+from ..box import ranks
+from ..box.results import box_name, result_file, results_dir, stamp, write_json
+from ..host.nccl import expected_nccl, nccl_report
 from ..lib import proc
 from ..lib.cli import run
 from ..lib.errors import UserError
@@ -33,7 +33,7 @@ from ..lib.kimi import CHAIN, LAYERS
 from ..lib.progress import say
 from ..lib.repo import revision
 from .comm_report import plot, summarize, table
-from .numbers import duration
+from ..lib.numbers import duration
 
 ESTIMATE_S = 150  # per variant on 8 GPUs (the first: + 600 s PCIe-IPC autotune); an assumption until timed
 VERIFY_ROWS = [1, 4, 8, 16, 32, 64]  # plain decode at batch 1; batch 1, 2, 4, 8, 16 x 4 draft tokens
@@ -50,39 +50,21 @@ def variants(names: list[str]) -> dict[str, dict]:
 
 
 def run_variant(name: str, env: dict, world: int, cfg: dict, timeout: float) -> dict:
-    """`world` ranks with env on top of ours; rank 0's JSON (or an error record)."""
-    import torch.multiprocessing as mp
-
+    """`world` ranks (scripts/box/ranks.py) with the variant's environment on top of ours: rank 0's records, and
+    the error when a rank failed or the group hung."""
     from .comm_worker import worker
 
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
     with tempfile.TemporaryDirectory() as tmp:
-        out, t0 = Path(tmp) / "rank0.json", time.monotonic()
-        ctx = mp.start_processes(worker, args=(world, {**cfg, "variant": name, "port": free_port()}, str(out)),
-                                 nprocs=world, join=False, start_method="spawn")
-        try:
-            while not ctx.join(timeout=5):
-                if time.monotonic() - t0 > timeout:
-                    for p in ctx.processes:
-                        if p.is_alive():
-                            p.kill()
-                    return {"error": f"timed out after {timeout:.0f}s (hang?)", "records": []}
-        except Exception as e:  # noqa: BLE001 - a rank died: its error, and what rank 0 wrote
-            res = json.loads(out.read_text()) if out.is_file() else {"records": []}
-            return {**res, "error": res.get("error") or str(e)}
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-        res = json.loads(out.read_text()) if out.is_file() else {"error": "rank 0 wrote no result", "records": []}
-        return {**res, "seconds": time.monotonic() - t0}
+        out = Path(tmp) / "rank0.json"
+        got = ranks.run(worker, world, timeout, {**cfg, "variant": name, "out": str(out)}, env=env)
+        res = json.loads(out.read_text()) if out.is_file() else {"records": []}
+    if not got.ok:
+        return {**res, "error": got.explain()[-4000:], "seconds": got.seconds}
+    return {**res, "seconds": got.seconds}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="scripts.bench.bench_comm", allow_abbrev=False)
+    ap = argparse.ArgumentParser(prog="scripts.comm.bench_comm", allow_abbrev=False)
     ap.add_argument("--dry-run", action="store_true", help="print what would run; run and write nothing")
     ap.add_argument("--world", type=int, help="ranks (default: every visible GPU)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list (default {','.join(VARIANTS)})")
@@ -95,8 +77,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-sglang", action="store_true", help="skip the SGLang rows (PCIe IPC, fused op)")
     ap.add_argument("--no-autotune", action="store_true", help="SGLang rows: FlashInfer's PCIe-IPC seed policy")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: gloo ranks (tests the harness)")
-    ap.add_argument("--box", help="the box in the file name (default: the GPU model)")
-    ap.add_argument("--out", type=Path, help="result JSON (default: RESULTS_DIR/bench-comm_<box>_x<n>_<time>.json)")
+    ap.add_argument("--box", help="the box in the file name (default: the GPUs' model and count)")
+    ap.add_argument("--out", type=Path, help="result JSON (default: RESULTS_DIR/bench-comm_<box>_<UTC stamp>.json)")
     ap.add_argument("--results-dir", type=Path, help="where results go (default: /results in the image, else "
                                                      "bench/results)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per variant before it counts as hung")
@@ -175,8 +157,8 @@ def main(argv=None) -> int:
               f"{a.world or 'every visible GPU'}; about {duration(ESTIMATE_S * len(vmap) + 600)}")
         return 0
     a.results_dir = a.results_dir or results_dir()  # in the image: the /results mount, which must exist
-    meta: dict = {"command": "python -m scripts.bench.bench_comm " + shlex.join(given),
-                  "git_rev": revision(short=True)[0], "utc": f"{_dt.datetime.now(_dt.timezone.utc):%Y%m%dT%H%M%SZ}",
+    meta: dict = {"command": "python -m scripts.comm.bench_comm " + shlex.join(given),
+                  "git_rev": revision(short=True)[0], "utc": stamp(),
                   "python": sys.version.split()[0], "layers": a.layers, "variants": vmap,
                   "inherited_nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
                   "image": os.environ.get("EAGLE_IMAGE") or None}
@@ -184,10 +166,8 @@ def main(argv=None) -> int:
     meta["nccl"] = nccl_axis()
     result = {"meta": meta, "records": measure(a, vmap, world, meta)}
     result["summary"] = summarize(result)
-    box = a.box or gpu_slug([meta["gpu_name"]])
-    out = a.out or a.results_dir / f"bench-comm_{box}_x{world}_{meta['utc']}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    box = a.box or box_name(meta.get("gpus") or [meta["gpu_name"]] * world)
+    out = write_json(a.out or result_file("bench-comm", ".json", box, a.results_dir), result)
     print(table(result["summary"]))
     plot(result, out.with_suffix(".png"))
     say(f"results: {out} (+ .png)")

@@ -1,19 +1,20 @@
-"""What `make bench` and `make report` check before anything expensive starts, each check with its fix: the docker
-engine and the images, the GPUs (enough, and idle), the weights in the HF cache (hf_cache_dir(), the cache serve
+"""What a box verb checks before anything expensive starts, each check with its fix: the docker engine and the
+images, the GPUs (the one GPU list: enough, and idle), the weights in the HF cache (hf_cache_dir(), the cache serve
 and bench mount), the results directory (written to, not only measured), the port, no resident server."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import re
 import shutil
 import socket
 import tempfile
 from pathlib import Path
 
-from ..host.docker_run import gpu_slug, hf_cache_dir
-from ..host.engine import engine, image_id
 from ..lib import proc
+from .docker import engine, hf_cache_dir, image_id
 
 MIN_FREE_GB = 2.0  # results, bench_serving and server logs of a whole session
 
@@ -30,15 +31,17 @@ class Check:
 
 
 def gpus() -> tuple[list[str], str]:
-    """(the NVIDIA GPUs' names, '') or ([], why not)."""
-    res = proc.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], timeout=30)
-    return ([ln.strip() for ln in res.stdout.splitlines() if ln.strip()], "") if res.ok else ([], res.why)
-
-
-def default_box() -> str:
-    """This box's name: its GPUs, model and count (never the host name: results leave the box)."""
-    names = gpus()[0]
-    return f"{gpu_slug(names)}-x{len(names)}" if names else "nogpu"
+    """The one GPU list: (the NVIDIA GPUs this process may use, '') or ([], why not); nvidia-smi -L, narrowed by
+    CUDA_VISIBLE_DEVICES; CUDA is not initialised here."""
+    res = proc.run(["nvidia-smi", "-L"], timeout=30)
+    if not res.ok:
+        return [], res.why
+    lines = [ln.strip() for ln in res.stdout.splitlines() if ln.startswith("GPU ")]
+    names = [re.sub(r"^GPU \d+: (.*?)( \(UUID:.*)?$", r"\1", ln) for ln in lines]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        names = names[: len([v for v in visible.split(",") if v.strip()])]
+    return names, "" if names else "nvidia-smi lists none"
 
 
 def gpu_checks(want: int, idle: bool = True) -> list[Check]:

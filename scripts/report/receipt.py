@@ -1,9 +1,9 @@
 """`make report`: the box receipt - test-serve, doctor, test-gpu, bench-comm and bench in one resumable run, in one
 directory and one tarball that say whether the series pays off on this box and which defaults to keep.
 
-  python -m scripts.bench.receipt [--dir DIR] [--parts a,b] [--redo PART,..] [--image IMAGE] [--box NAME]
+  python -m scripts.report.receipt [--dir DIR] [--parts a,b] [--redo PART,..] [--image IMAGE] [--box NAME]
         [--dry-run] [-- BENCH_ARGS]
-  python -m scripts.bench.receipt --summarize DIR   derive summary, plots, recommendations and tarball again (a
+  python -m scripts.report.receipt --summarize DIR   derive summary, plots, recommendations and tarball again (a
         receipt directory, or results put under DIR/raw/ by hand with a receipt.json naming the parts)
 
 The parts (receipt_data.py PARTS) run in order, each its own verb, after one preflight of what they need; --dry-run
@@ -17,12 +17,13 @@ Exit status: 0 every part done; 1 a part failed (the receipt says which) or none
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import sys
 import time
 from pathlib import Path
 
+from ..box import preflight
+from ..box.results import box_name, iso, stamp
 from ..lib import proc
 from ..lib.cli import run
 from ..lib.errors import UserError
@@ -30,13 +31,12 @@ from ..lib.progress import say
 from ..lib.repo import REPO_ROOT, revision
 from ..lib.table import md_table
 from ..series.pin import load_pin, patchset_id
-from . import plan as pl
-from . import preflight
-from . import comm_report
+from ..bench import plan as pl
+from ..comm import comm_report
 from . import receipt_data as rd
-from . import report as rep
+from ..bench import report as rep
 from . import share
-from .numbers import duration
+from ..lib.numbers import duration
 
 RECEIPTS = REPO_ROOT / "bench" / "receipts"
 
@@ -66,17 +66,17 @@ def default_dir(box: str, parts: list[str], receipts: Path = RECEIPTS) -> Path:
     mine = sorted((p for p in receipts.glob(f"{box}_*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
     if mine and not finished(mine[-1]):
         return mine[-1]
-    day, n = f"{box}_{_dt.datetime.now(_dt.timezone.utc):%Y%m%d}", 1
+    day, n = f"{box}_{stamp()[:8]}", 1
     while (receipts / (day + f"-{n}" * (n > 1))).exists() and finished(receipts / (day + f"-{n}" * (n > 1))):
         n += 1
     return receipts / (day + f"-{n}" * (n > 1))
 
 
 def done(part: rd.Part, d: Path, old: dict) -> bool:
-    f = d / part.result
     if part.done == "clean":
-        return _read(f).get("failed") == 0
-    return part.done == "ok" and bool(old.get(part.name, {}).get("ok")) and f.exists()
+        tier = rd.junit(d, part.result)
+        return bool(tier) and tier["failed"] == 0 and tier["passed"] > 0
+    return part.done == "ok" and bool(old.get(part.name, {}).get("ok")) and (d / part.result).exists()
 
 
 def bench_plan(d: Path, a: argparse.Namespace, redo: bool) -> pl.Plan:
@@ -90,11 +90,12 @@ def bench_plan(d: Path, a: argparse.Namespace, redo: bool) -> pl.Plan:
 def checks(todo: list[rd.Part], d: Path, a: argparse.Namespace, bp: pl.Plan | None) -> list[preflight.Check]:
     """What the parts to run need from the box, each with its fix."""
     gpu_parts = [p for p in todo if p.name != "doctor"]
-    images = [a.image or load_pin().serving_image] * bool(gpu_parts) + (bp.images() if bp else [])
+    images = [a.image or load_pin().serving_image] * bool(gpu_parts) + (bp.images if bp else [])
     out = preflight.docker_checks(images) + [preflight.writable_check(d)]
     if gpu_parts:  # the bench's port, or serve's default: a resident server is found there
-        out += preflight.gpu_checks(max(bp.gpus() if bp else 0, 2)) + [preflight.port_check(bp.port() if bp else 30000)]
-    return out + ([preflight.weights_check(bp.weights())] if bp and bp.launched else [])
+        port = bp.port if bp and bp.port else 30000
+        out += preflight.gpu_checks(max(bp.gpus if bp else 0, 2)) + [preflight.port_check(port)]
+    return out + ([preflight.weights_check(bp.weights)] if bp and bp.weights else [])
 
 
 def collect(a: argparse.Namespace) -> int:
@@ -104,7 +105,7 @@ def collect(a: argparse.Namespace) -> int:
     old = _read(d / "receipt.json").get("parts", {})
     todo = [p for p in parts if p.name in a.redo or not done(p, d, old)]
     bp = bench_plan(d, a, "bench" in a.redo) if any(p.name == "bench" for p in todo) else None
-    seconds = {p.name: bp.seconds() if p.name == "bench" and bp else p.estimate_s for p in todo}
+    seconds = {p.name: bp.seconds if p.name == "bench" and bp else p.estimate_s for p in todo}
     have = ", ".join(p for p, r in old.items() if r.get("ok"))
     print(f"receipt {d} ({f'resuming: {have} done' if old else 'new'})")
     print(md_table(["part", "", "time", "command"], [
@@ -172,7 +173,7 @@ def run_parts(d: Path, a, parts: list[rd.Part], todo: list[rd.Part], old: dict, 
         say(f"[{i}/{len(parts)}] {part.name}: {results[part.name]['status']} in "
             f"{duration(results[part.name]['seconds'])} ({duration(time.monotonic() - t_all)} so far)")
         if part.name == "test-serve" and not results[part.name]["ok"]:
-            bad = [f"{c['phase']}: {c['name']}" for c in _read(d / part.result).get("checks", []) if not c["ok"]]
+            bad = [c["name"] for c in (rd.junit(d, part.result) or {}).get("cases", []) if c["outcome"] == "failed"]
             say(f"stopping: test-serve failed ({'; '.join(bad[:5]) or 'see ' + results[part.name]['log']}), so "
                 f"nothing that loads Kimi-K2.5 runs; fix that first")
             results |= {p.name: {"status": "not run: test-serve failed", "ok": False} for p in parts[i:]}
@@ -235,12 +236,14 @@ def summary_markdown(data: dict, plot_files: list[str]) -> str:
                   for r in meta.get("recommendations", [])])]
     ts, tg, bc = data.get("test_serve"), data.get("test_gpu"), data.get("bench_comm")
     if ts:
-        L += ["", "## make test-serve", "", f"TP{ts.get('world')}: {ts.get('passed')} passed, {ts.get('failed')} "
-              f"failed" + (f" ({ts['proxy']})" if ts.get("proxy") else "")]
-        L += [f"- FAILED {c['phase']}: {c['name']}: {c['detail']}" for c in ts.get("checks", []) if not c["ok"]]
+        props = ts["properties"]
+        L += ["", "## make test-serve", "", f"TP{props.get('world')}: {ts['passed']} passed, {ts['failed']} failed"
+              + (f" ({props['proxy']})" if props.get("proxy") else "")]
+        L += [f"- FAILED {c['name']}: {c['message'][:300]}" for c in ts["cases"] if c["outcome"] == "failed"]
+        L += [f"- {props['refused']}"] * bool(props.get("refused"))
     if tg:
-        L += ["", "## make test-gpu", "", f"world {tg.get('world')}: {tg.get('passed')} passed, {tg.get('failed')} "
-              f"failed, {tg.get('skipped')} skipped"]
+        L += ["", "## make test-gpu", "", f"world {tg['properties'].get('world')}: {tg['passed']} passed, "
+              f"{tg['failed']} failed, {tg['skipped']} skipped"]
     if bc:
         L += ["", "## make bench-comm", comm_report.table(comm_report.summarize(bc))]
     if table := rd.startup_table(data):
@@ -268,7 +271,7 @@ def write(d: Path, parts: dict, env: dict, tarball: bool = True) -> None:
     """receipt.json (the recommendations, computed once here), summary.md, plots, and (a part measured something)
     the tarball to attach."""
     data = rd.raw_parts(d)
-    meta = {"schema": rd.SCHEMA, "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    meta = {"schema": rd.SCHEMA, "created": iso(),
             "parts": parts, "environment": env, "thresholds": rd.THRESHOLDS,
             "recommendations": rd.recommendations(data)}
     (d / "receipt.json").write_text(json.dumps(meta, indent=1, default=str) + "\n")
@@ -288,7 +291,7 @@ def write(d: Path, parts: dict, env: dict, tarball: bool = True) -> None:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     i = argv.index("--") if "--" in argv else len(argv)
-    ap = argparse.ArgumentParser(prog="scripts.bench.receipt", allow_abbrev=False)
+    ap = argparse.ArgumentParser(prog="scripts.report.receipt", allow_abbrev=False)
     ap.add_argument("--dir", type=Path, help="receipt directory (default bench/receipts/<box>_<UTC date>)")
     ap.add_argument("--parts", default=",".join(rd.PARTS), help="which parts, in order (default: all)")
     ap.add_argument("--redo", default="", help="comma list of parts to run again although they are done")
@@ -308,7 +311,7 @@ def main(argv=None) -> int:
         old = json.loads((d / "receipt.json").read_text())
         write(d, old.get("parts", {}), old.get("environment", {}))
         return 0
-    a.box = a.box or preflight.default_box()
+    a.box = a.box or box_name()
     return collect(a)
 
 

@@ -1,6 +1,6 @@
 """`make docs`: regenerate the generated blocks of eagle-fast-verify.md and bench/results/cost-model.png.
 
-  python -m scripts.bench.cost_model [--write | --check] [--doc FILE] [--receipt R ...]
+  python -m scripts.report.cost_model [--write | --check] [--doc FILE] [--receipt R ...]
 
 The blocks between `<!-- cost-model:NAME -->` markers come from bench/inputs/ (the box model, spec_model.py), the
 H200 proxy's bench/results/bench-comm_H200_x2_*.json and box receipts (--receipt; default bench/receipts/*.tar.gz).
@@ -25,8 +25,8 @@ from ..lib.progress import say
 from ..lib.repo import REPO_ROOT
 from . import receipt_data as rd
 from . import spec_model as sm
-from .comm_report import record
-from .numbers import spread
+from ..comm.comm_report import record
+from ..lib.numbers import spread
 
 RESULTS, RECEIPTS = REPO_ROOT / "bench" / "results", REPO_ROOT / "bench" / "receipts"
 DOC, C = REPO_ROOT / "eagle-fast-verify.md", "central"
@@ -405,7 +405,7 @@ def render(inp: dict, cyc: dict, runs: list[dict], receipts: list[dict]) -> tupl
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="scripts.bench.cost_model", description=__doc__,
+    ap = argparse.ArgumentParser(prog="scripts.report.cost_model", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--write", action="store_true", help="rewrite the document's generated blocks and the plot")
