@@ -30,12 +30,12 @@ from pathlib import Path
 
 from ..box import preflight
 from ..box.docker import RESULTS_IN_IMAGE, docker_run, hf_cache_dir
-from ..box.results import iso, write_json
+from ..box.results import iso
 from ..lib import proc
 from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.http import use_api_key
-from ..lib.numbers import duration, num
+from ..lib.table import duration, num
 from ..lib.progress import say
 from . import observe
 from . import plan as pl
@@ -221,32 +221,6 @@ def print_plan(p: pl.Plan) -> None:
 
 
 # -------------------------------------------------------------------------------------------------- reports
-def write_reports(records: list[dict], stem: Path, meta: dict, judging: pl.Judging) -> int:
-    """The .md and .png beside the results; the baseline comparison and writing. Returns the exit status."""
-    rows = rep.summarize(records)
-    base_path = judging.baseline
-    baseline = rep.load_baseline(base_path) if base_path else None
-    th = rep.thresholds(baseline, judging.max_tok_s_drop, judging.max_accept_drop)
-    checks = rep.compare(rows, baseline, th) if baseline else None
-    stem.with_suffix(".md").write_text(rep.markdown(rows, meta, checks, str(base_path) if base_path else None))
-    drawn = rep.plot(rows, stem.with_suffix(".png"), title=stem.name)
-    say(f"report: {stem.with_suffix('.md')}" + (f" and {stem.with_suffix('.png')}" if drawn else " (no plot: no "
-                                                "matplotlib here; make bench uses .venv's python, make setup)"))
-    for r in (r for r in rows if r.eager):
-        say(f"⚠ {r.scenario} / {r.variant}: {r.eager} verify forward(s) off their CUDA graph: "
-            + ", ".join(f"{k}: {n}" for k, n in sorted(r.eager_reasons.items())))
-    if judging.write_baseline:
-        write_json(judging.write_baseline, rep.make_baseline(rows, meta, th))
-        say(f"baseline written: {judging.write_baseline}")
-    bad = [c for c in checks or [] if c.status == "REGRESSION"]
-    for c in bad:
-        print(f"REGRESSION against {base_path}: {c.line()}", file=sys.stderr)
-    if checks is not None and not bad:
-        say(f"no regression against {base_path} ({sum(c.status == 'ok' for c in checks)} checks)")
-    eager = judging.fail_on_eager and any(r.eager for r in rows)
-    return EXIT_REGRESSION if bad or eager else 0
-
-
 def finish(st: Session) -> int:
     st.meta.update(runs=len(st.records), failed=len(st.failures), finished_at=iso())
     for f in st.failures:
@@ -255,8 +229,9 @@ def finish(st: Session) -> int:
         print(f"no run produced a result ({len(st.failures)} failed)", file=sys.stderr)
         return EXIT_RUNS_FAILED
     say(f"results: {st.plan.stem.with_suffix('.jsonl')} ({len(st.records)} runs)")
-    status = write_reports(st.plan.earlier + st.records, st.plan.stem, st.meta, st.plan.judging)
-    return status or (EXIT_RUNS_FAILED if st.failures else 0)
+    if rep.publish(st.plan.earlier + st.records, st.plan.stem, st.meta, st.plan.judging):
+        return EXIT_REGRESSION
+    return EXIT_RUNS_FAILED if st.failures else 0
 
 
 def report_only(path: Path, a) -> int:
@@ -266,7 +241,7 @@ def report_only(path: Path, a) -> int:
     e = records[0]["eagle"]
     meta = {"stem": path.stem, "box": a.box or e.get("box"), "git_rev": e.get("git_rev"), "runs": len(records),
             "started_at": e.get("started_at"), "finished_at": records[-1]["eagle"].get("finished_at")}
-    return write_reports(records, path.with_suffix(""), meta, pl.judging(a, meta["box"]))
+    return EXIT_REGRESSION if rep.publish(records, path.with_suffix(""), meta, pl.judging(a, meta["box"])) else 0
 
 
 def api_key(key_file: str | None) -> None:

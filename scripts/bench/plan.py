@@ -388,23 +388,22 @@ def build(a: argparse.Namespace, server_args: list[str]) -> Plan:
     images = {"patched": a.image or pin.serving_image, "stock": pin.upstream_image}
     model = a.model or defaults.get("model", "")
     port = int(a.port or defaults.get("port", 30000))
-    launches, gpus, weights = {}, 0, []
+    launches, gpus, weights, caps = {}, 0, [], {}
     for v in variants:
         if v.url:
             launches[v.name] = Launch(v.name, v.url, patchset=v.patchset)
             continue
-        if not profiles.find(v.profile).is_file():
-            raise UserError(f"variant {v.name}: no profile {v.profile} ({profiles.find(v.profile)}); name one of "
-                            f"docker/profiles/ or give the path of a .yaml file")
+        rest = [*v.args, *server_args]
+        served = profiles.settings(v.profile, rest)
+        gpus = max(gpus, int(served.get("tp-size") or 1))
+        caps[v.name] = int(served.get("max-running-requests") or 0)
         drafter = v.draft_model or a.draft_model or defaults.get("draft_model", "")
         serve = ["--profile", v.profile, "--model", model, "--port", str(port)]
         if v.speculative:
             serve += ["--draft-model", drafter]
-        rest = [*v.args, *server_args]
         if rest:
             serve += ["--", *rest]
         launches[v.name] = launch(v, images.get(v.image, v.image), serve, port)
-        gpus = max(gpus, profiles.setting(v.profile, "tp-size", rest))
         weights += [model, drafter] if v.speculative else [model]
     launched = bool(weights)
     tokenizer = a.tokenizer or (model if launched else None)
@@ -437,25 +436,24 @@ def build(a: argparse.Namespace, server_args: list[str]) -> Plan:
         sample_interval=a.sample_interval,
         judging=judging(a, box),
     )
-    too_many = concurrency_problems(plan, server_args)
+    too_many = concurrency_problems(scenarios, caps, variants)
     if too_many:
         raise UserError(f"{a.scenarios_file}: {len(too_many)} scenario(s) would not measure what they say:\n  "
                         + "\n  ".join(too_many))
     return plan
 
 
-def concurrency_problems(p: Plan, server_args: list[str]) -> list[str]:
-    """Scenarios asking more concurrent requests than a launched server runs at once (its max-running-requests):
-    the rest would queue, and the run would not measure that concurrency."""
-    caps = sorted((profiles.setting(v.profile, "max-running-requests", (*v.args, *server_args)), v.name, v.profile)
-                  for v in p.variants if not v.url)
+def concurrency_problems(scenarios: list[Scenario], caps: dict[str, int], variants: list[Variant]) -> list[str]:
+    """Scenarios asking more concurrent requests than a launched server runs at once (caps: its max-running-requests,
+    0 unset): the rest would queue, and the run would not measure that concurrency."""
+    profile = {v.name: v.profile for v in variants}
     out = []
-    for s in p.scenarios:
-        below = [c for c in caps if 0 < c[0] < s.max_concurrency]
+    for s in scenarios:
+        below = sorted((cap, name) for name, cap in caps.items() if 0 < cap < s.max_concurrency)
         if below:
-            cap, name, profile = below[0]
+            cap, name = below[0]
             out.append(f"scenario {s.name}: max_concurrency {s.max_concurrency} is above max-running-requests {cap} "
-                       f"of {name} (profile {profile}): {cap} would run at a time. Fix: max_concurrency <= {cap} in "
-                       f"[[scenario]] {s.name}, or make bench BENCH_ARGS=\"... -- --max-running-requests "
+                       f"of {name} (profile {profile[name]}): {cap} would run at a time. Fix: max_concurrency <= {cap} "
+                       f"in [[scenario]] {s.name}, or make bench BENCH_ARGS=\"... -- --max-running-requests "
                        f"{s.max_concurrency}\"")
     return out

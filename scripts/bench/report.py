@@ -1,5 +1,5 @@
 """Results of `make bench`: the summary per scenario x variant, its markdown tables and the plot of the same rows,
-the baseline file and the comparison with it.
+the baseline file and the comparison with it; publish() writes them all beside a results file.
 
 A results file is JSONL: bench_serving's own record plus an "eagle" object (scripts/bench/bench.py). Per run: the
 client's medians (TTFT, ITL, TPOT), its output throughput, the server's decode tok/s and the accept length; per
@@ -10,14 +10,15 @@ tok/s median falls more than the allowed percentage below it, or the accept leng
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
 import json
 import statistics
+import sys
 from pathlib import Path
 
+from ..box.results import iso, write_json
 from ..lib.errors import UserError
-from ..lib.table import md_table
-from ..lib.numbers import num
+from ..lib.progress import say
+from ..lib.table import md_table, num
 
 BASELINE_SCHEMA = "eagle-bench-baseline/1"
 DEFAULT_THRESHOLDS = {"tok_s_drop_pct": 5.0, "accept_length_drop": 0.05}
@@ -127,7 +128,7 @@ def make_baseline(rows: list[Row], meta: dict, thresholds: dict) -> dict:
                 **{m: round(s.median, 4) if (s := r.stats.get(m)) else None for m in BASELINE_METRICS}} for r in rows]
     return {"schema": BASELINE_SCHEMA, "box": meta.get("box"), "git_rev": meta.get("git_rev"),
             "source": meta.get("stem"), "thresholds": thresholds, "entries": entries,
-            "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+            "created_at": iso()}
 
 
 def load_baseline(path: Path) -> dict:
@@ -246,6 +247,31 @@ def markdown(rows: list[Row], meta: dict, checks: list[BaselineCheck] | None = N
     return "\n".join(L)
 
 
+def publish(records: list[dict], stem: Path, meta: dict, judging) -> bool:
+    """The .md and .png beside the results (stem), the baseline comparison and writing (judging: plan.Judging).
+    True when the run fails its judging: a regression, or (fail_on_eager) a verify forward off its CUDA graph."""
+    rows = summarize(records)
+    baseline = load_baseline(judging.baseline) if judging.baseline else None
+    th = thresholds(baseline, judging.max_tok_s_drop, judging.max_accept_drop)
+    checks = compare(rows, baseline, th) if baseline else None
+    stem.with_suffix(".md").write_text(markdown(rows, meta, checks, str(judging.baseline)))
+    drawn = plot(rows, stem.with_suffix(".png"), title=stem.name)
+    no_plot = " (no plot: no matplotlib here; make bench uses .venv's python, make setup)"
+    say(f"report: {stem.with_suffix('.md')}" + (f" and {stem.with_suffix('.png')}" if drawn else no_plot))
+    for r in (r for r in rows if r.eager):
+        reasons = ", ".join(f"{k}: {n}" for k, n in sorted(r.eager_reasons.items()))
+        say(f"⚠ {r.scenario} / {r.variant}: {r.eager} verify forward(s) off their CUDA graph: {reasons}")
+    if judging.write_baseline:
+        write_json(judging.write_baseline, make_baseline(rows, meta, th))
+        say(f"baseline written: {judging.write_baseline}")
+    bad = [c for c in checks or [] if c.status == "REGRESSION"]
+    for c in bad:
+        print(f"REGRESSION against {judging.baseline}: {c.line()}", file=sys.stderr)
+    if checks is not None and not bad:
+        say(f"no regression against {judging.baseline} ({sum(c.status == 'ok' for c in checks)} checks)")
+    return bool(bad) or judging.fail_on_eager and any(r.eager for r in rows)
+
+
 # -------------------------------------------------------------------------------------------------------------
 # the sweep: AL, decode tok/s and verify graph hit rate per setting, and the fit of its cycles
 
@@ -280,19 +306,6 @@ def sweep_points(rows: list[Row], scenario: str) -> tuple[list[Point], float | N
     return points, (1000.0 / max(refs) if refs else None)
 
 
-def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
-    """x with a x = b (Gaussian elimination, partial pivoting); None when a is singular."""
-    n, m = len(b), [row[:] + [b[i]] for i, row in enumerate(a)]
-    for c in range(n):
-        piv = max(range(c, n), key=lambda r: abs(m[r][c]))
-        if abs(m[piv][c]) < 1e-9 * max(1.0, max(abs(x) for row in m for x in row[:n])):
-            return None
-        m[c], m[piv] = m[piv], m[c]
-        for r in (r for r in range(n) if r != c):
-            m[r] = [x - m[r][c] / m[c][c] * y for x, y in zip(m[r], m[c])]
-    return [m[i][n] / m[i][i] for i in range(n)]
-
-
 def fit(points: list[Point], t1: float | None) -> tuple[dict | None, str]:
     """Least squares of cycle = t1 + per_token x (draft tokens - 1) + per_step[group] x steps over the measured
     cycles (t1 fitted too when no run without speculation gave it); (None, why) when the points cannot say."""
@@ -300,13 +313,16 @@ def fit(points: list[Point], t1: float | None) -> tuple[dict | None, str]:
     n = int(free) + 1 + len(groups)
     if len(points) < n + 1:
         return None, f"{len(points)} point(s) for {n} unknowns: the sweep needs more points"
-    rows = [[1.0] * free + [p.draft_tokens - 1.0] + [float(p.steps) * (g == p.group) for g in groups] for p in points]
-    ys = [p.cycle_ms - (0.0 if free else t1) for p in points]
-    x = _solve([[sum(r[i] * r[j] for r in rows) for j in range(n)] for i in range(n)],
-               [sum(r[i] * y for r, y in zip(rows, ys)) for i in range(n)])
-    if x is None:
+    import numpy as np
+
+    design = np.array([[1.0] * free + [p.draft_tokens - 1.0] + [float(p.steps) * (g == p.group) for g in groups]
+                       for p in points])
+    cycles = np.array([p.cycle_ms - (0.0 if free else t1) for p in points])
+    solved, _, rank, _ = np.linalg.lstsq(design, cycles, rcond=None)
+    if rank < n:
         return None, ("the points cannot separate the verify cost per token from the draft cost per step (chain "
                       "points only: draft tokens - 1 = steps); add tree points (topk > 1)")
+    x = [float(v) for v in solved]
     t1 = x.pop(0) if free else t1
     return {"t1": t1, "source": "fitted (no reference run without speculation)" if free else "measured by the "
             "reference run", "per_token": x[0], "per_step": dict(zip(groups, x[1:]))}, ""

@@ -17,7 +17,7 @@ from ..lib import proc
 from ..lib.errors import UserError
 from ..lib.http import API_KEY, http_get
 from ..lib.progress import say
-from ..lib.numbers import duration
+from ..lib.table import duration
 
 DOCKER_TIMEOUT = 600.0
 PATCHSET_LABEL = "io.eagle-fast-verify.patchset"

@@ -9,7 +9,7 @@ from pathlib import Path
 from ..lib.progress import say
 from ..lib.kimi import CHAIN, HIDDEN, LAYERS
 from ..lib.table import md_table
-from ..lib.numbers import num
+from ..lib.table import num
 
 
 def records(result: dict, **match) -> list[dict]:

@@ -29,7 +29,7 @@ from pathlib import Path
 from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib import profiles
-from ..lib.repo import PROFILES_DIR, SHIPPED_PROFILE
+from ..lib.repo import SHIPPED_PROFILE
 from . import drafters
 from ..box.docker import docker_run, hf_cache_dir, shown
 
@@ -96,14 +96,6 @@ def listening(host: str, key_from: str) -> str:
     return f"listening on {host}" + (" only" if loopback else "") + key
 
 
-def resolve_profile(name: str) -> Path:
-    path = profiles.find(name)
-    if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.yaml")))
-        raise UserError(f"no profile {name} (known: {known}); or pass the path of a .yaml file that exists")
-    return path
-
-
 def parse_with_sglang(args: list[str]):
     """SGLang's own parse of the command (ServerArgs), or None where SGLang does not import here."""
     try:
@@ -149,7 +141,7 @@ def last_flag(args: list[str], flag: str, default=None):
 
 
 def build_plan(a: argparse.Namespace, extra: list[str], environ: dict[str, str]) -> Plan:
-    path = resolve_profile(a.profile)
+    path = profiles.find(a.profile)
     prof = profiles.load(path)
     given = [("--model-path", a.model), ("--speculative-draft-model-path", a.draft_model), ("--port", a.port),
              ("--host", a.host)]

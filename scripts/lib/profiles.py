@@ -10,11 +10,15 @@ from .repo import PROFILES_DIR, REPO_ROOT
 
 
 def find(profile: str) -> Path:
-    """A profile by name (docker/profiles/NAME.yaml) or by path (one that is not here: from this checkout's root)."""
-    if not profile.endswith((".yaml", ".yml")):
-        return PROFILES_DIR / f"{profile}.yaml"
-    path = Path(profile)
-    return path if path.is_absolute() or path.exists() else REPO_ROOT / path
+    """A profile by name (docker/profiles/NAME.yaml) or by path (one that is not here: from this checkout's root);
+    a UserError naming the known ones when there is none."""
+    path = PROFILES_DIR / f"{profile}.yaml"
+    if profile.endswith((".yaml", ".yml")):
+        path = Path(profile) if Path(profile).is_absolute() or Path(profile).exists() else REPO_ROOT / profile
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.yaml")))
+        raise UserError(f"no profile {profile} (known: {known}); or pass the path of a .yaml file that exists")
+    return path
 
 
 def load(path: Path) -> dict:
@@ -28,13 +32,15 @@ def load(path: Path) -> dict:
     return data
 
 
-def setting(profile: str, key: str, args: tuple[str, ...] | list[str] = ()) -> int:
-    """An integer SGLang setting of a served profile: the last `--key N` in the arguments that follow it, else the
-    profile's own (0: unset)."""
-    flag = f"--{key}"
-    given = [args[i + 1] for i, a in enumerate(args[:-1]) if a == flag]
-    given += [a.split("=", 1)[1] for a in args if a.startswith(flag + "=")]
-    if given:
-        return int(given[-1])
-    values = load(find(profile))
-    return int(values.get(key) or values.get(key.replace("-", "_")) or 0)
+def settings(profile: str, args: tuple[str, ...] | list[str] = ()) -> dict:
+    """What a server of this profile runs with: the profile's values (keys as its long flags), each `--key value`
+    of the arguments that follow it on top, the last one winning, as SGLang merges them."""
+    values = {str(k).replace("_", "-"): v for k, v in load(find(profile)).items()}
+    for i, a in enumerate(args):
+        key, eq, value = a.partition("=")
+        if not key.startswith("--"):
+            continue
+        if not eq:
+            value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else True
+        values[key[2:]] = value
+    return values

@@ -26,7 +26,7 @@ from ..lib.repo import REPO_ROOT
 from . import receipt_data as rd
 from . import spec_model as sm
 from ..comm.comm_report import record
-from ..lib.numbers import spread
+from ..lib.table import md_table, spread
 
 RESULTS, RECEIPTS = REPO_ROOT / "bench" / "results", REPO_ROOT / "bench" / "receipts"
 DOC, C = REPO_ROOT / "eagle-fast-verify.md", "central"
@@ -34,11 +34,6 @@ UNKNOWN = {"a_seed_us": "the box's NCCL per call in a graph, us (sets B)", "eta"
            "rho": "routing correlation of the verified tokens", "ipc_scale": "PCIe IPC per call / the docstring's",
            "kd_ms": "draft kernel chain per forward, ms", "glue_ms": "eager glue per cycle, ms"}
 EFFORT = {"S": 1, "S-M": 2, "M": 3, "M-L": 6, "L": 9}
-
-
-def md_table(header: list, rows: list[list]) -> str:
-    """The document's tables (`| --- |` rules, unlike scripts/lib/table.py's: the committed blocks keep theirs)."""
-    return "\n".join("| " + " | ".join(map(str, r)) + " |" for r in [header, ["---"] * len(header), *rows])
 
 
 def band(vals: dict, d: int = 1, pct: bool = False) -> str:

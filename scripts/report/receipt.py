@@ -36,7 +36,7 @@ from ..comm import comm_report
 from . import receipt_data as rd
 from ..bench import report as rep
 from . import share
-from ..lib.numbers import duration
+from ..lib.table import duration
 
 RECEIPTS = REPO_ROOT / "bench" / "receipts"
 

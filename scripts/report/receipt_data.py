@@ -312,7 +312,7 @@ def box_class(data: dict) -> dict:
         link = "NVLink" if any(re.fullmatch(r"NV\d+", c) for c in cells) else "PCIe only" if cells else ""
     return {"gpu": (names[0] if names else None) or meta.get("gpu_name") or "GPU unknown",
             "count": len(names) or meta.get("world") or tg.get("world"), "link": link or "link unknown",
-            "tp": profiles.setting(SHIPPED_PROFILE, "tp-size") or 1}
+            "tp": int(profiles.settings(SHIPPED_PROFILE).get("tp-size") or 0) or 1}
 
 
 def describe_box(cls: dict) -> str:

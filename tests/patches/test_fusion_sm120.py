@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import socket
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 import _gloo
+from _fake_cuda import FakeCudaDriver
 from _sgl import platform, resolved, server_args
+from scripts.box.ranks import free_port
 
 unchanged = pytest.mark.unchanged
 
@@ -221,55 +222,11 @@ def test_fusion_token_cap_sm90_unchanged(reload_add_norm):
 
 
 # --------------------------------------------------------------------------------- workspace preflight
-class FakeDriver:
-    """The cuda-python driver calls the preflight makes, with a switchable multicast capability."""
-
-    class CUresult:
-        CUDA_SUCCESS = 0
-        CUDA_ERROR_NOT_SUPPORTED = 801
-
-    class CUdevice_attribute:
-        CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 132
-
-    class CUmemAllocationGranularity_flags:
-        CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1
-
-    class CUmulticastGranularity_flags:
-        CU_MULTICAST_GRANULARITY_RECOMMENDED = 1
-
-    CUmulticastObjectProp = SimpleNamespace
-
-    def __init__(self, multicast: bool, granularity: int = 2 << 20, mc_granularity: int = 512 << 20):
-        self.multicast, self.granularity, self.mc_granularity = multicast, granularity, mc_granularity
-        self.calls: list[str] = []
-        self.created: list[int] = []
-
-    def cuDeviceGetAttribute(self, attr, device):
-        self.calls.append("cuDeviceGetAttribute")
-        return self.CUresult.CUDA_SUCCESS, int(self.multicast)
-
-    def cuMemGetAllocationGranularity(self, prop, flags):
-        return self.CUresult.CUDA_SUCCESS, self.granularity
-
-    def cuMulticastGetGranularity(self, prop, flags):
-        self.calls.append("cuMulticastGetGranularity")
-        if not self.multicast:  # what a PCIe-only GPU answers
-            return self.CUresult.CUDA_ERROR_NOT_SUPPORTED, 0
-        return self.CUresult.CUDA_SUCCESS, self.mc_granularity
-
-    def cuMemCreate(self, size, prop, flags):
-        self.created.append(size)
-        return self.CUresult.CUDA_SUCCESS, len(self.created)
-
-    def cuMemRelease(self, handle):
-        return (self.CUresult.CUDA_SUCCESS,)
-
-
 class _FlashInferStop(Exception):
     pass
 
 
-def flashinfer_allocation_sizes(monkeypatch, world, tokens, hidden, drv: FakeDriver, multicast: bool) -> list[int]:
+def flashinfer_allocation_sizes(monkeypatch, world, tokens, hidden, drv: FakeCudaDriver, multicast: bool) -> list[int]:
     """What FlashInfer 0.7.2 itself allocates per rank for the trtllm fusion workspace, from its own code: the
     three buffer sizes trtllm_create_ipc_workspace_for_all_reduce_fusion asks SymmDeviceMemory for, each turned
     into an allocation size by SymmDeviceMemory._get_allocation_prop with this driver's granularities (multicast
@@ -324,7 +281,7 @@ PROP = SimpleNamespace(location=SimpleNamespace(id=0), requestedHandleTypes=1)
 
 
 def test_fusion_preflight_sizes_without_multicast(fcf, monkeypatch):
-    drv = FakeDriver(multicast=False)
+    drv = FakeCudaDriver(multicast=False)
     sizes = fcf._flashinfer_trtllm_workspace_allocation_sizes(drv, PROP, 8, 256, 7168, torch.bfloat16)
     assert "cuMulticastGetGranularity" not in drv.calls
     assert_probes_cover(sizes, flashinfer_allocation_sizes(monkeypatch, 8, 256, 7168, drv, multicast=False),
@@ -333,7 +290,7 @@ def test_fusion_preflight_sizes_without_multicast(fcf, monkeypatch):
 
 @unchanged
 def test_fusion_preflight_sizes_with_multicast_unchanged(fcf, monkeypatch):
-    drv = FakeDriver(multicast=True)
+    drv = FakeCudaDriver(multicast=True)
     sizes = fcf._flashinfer_trtllm_workspace_allocation_sizes(drv, PROP, 8, 2048, 7168, torch.bfloat16)
     assert drv.calls.count("cuMulticastGetGranularity") == 3
     assert_probes_cover(sizes, flashinfer_allocation_sizes(monkeypatch, 8, 2048, 7168, drv, multicast=True),
@@ -344,10 +301,7 @@ def test_fusion_preflight_sizes_with_multicast_unchanged(fcf, monkeypatch):
 def gloo_group():
     import torch.distributed as dist
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     yield dist.group.WORLD
     dist.destroy_process_group()
 
@@ -355,7 +309,7 @@ def gloo_group():
 def test_fusion_preflight_votes_proceed_without_multicast(fcf, monkeypatch, gloo_group):
     """The collective preflight on a multicast-less GPU: unpatched it raises inside, votes SKIP and turns the
     fusion off for the whole group; patched it probes FlashInfer's real allocation sizes and proceeds."""
-    drv = FakeDriver(multicast=False)
+    drv = FakeCudaDriver(multicast=False)
     monkeypatch.setattr(fcf, "get_cuda_driver_bindings", lambda: drv)
     monkeypatch.setattr(fcf, "_make_flashinfer_workspace_allocation_prop", lambda d: PROP)
     assert fcf._preflight_check_workspace_memory(8, 256, 7168, torch.bfloat16, cpu_group=gloo_group) is True
