@@ -10,6 +10,7 @@ BPY       := $(if $(wildcard $(VPY)),$(VPY),$(PY))
 SGLANG_SRC ?=
 SGLANG_BASE ?= auto
 PYTEST_ARGS ?=
+RUFF      ?= $(VENV)/bin/ruff
 IMAGE     ?=
 export SGLANG_BASE
 
@@ -48,7 +49,8 @@ help:            ## list targets and the variables they take
 #:   TEST_SERVE_ARGS="..."    test-serve: pytest options for tests/gpu/serve (e.g. -k client, --serve-world 2)
 #:   REPORT_ARGS="..."        report: its options (--dry-run: the plan only, --redo PART, -- BENCH_ARGS)
 #:   RECEIPT=FILE             docs: ingest this receipt (.tar.gz or directory) only
-#:   PYTEST_ARGS="..."        test: pytest options
+#:   PYTEST_ARGS="..."        test: pytest options (RUFF=PATH: another ruff; `ruff format scripts tests bench`
+#:                            writes what make test checks)
 #:   VENV=DIR PY=PYTHON       the test environment (default .venv) and the python for the host verbs (python3)
 
 setup: $(VENV)/.done   ## test environment: .venv with pinned torch 2.14.1 + sglang's deps (not sglang itself), ~6 GB
@@ -73,7 +75,9 @@ check-patches:   ## lint the series, git am it onto a pristine base, re-export, 
 refresh: setup   ## the series onto a new release with git am -3: TO=v0.5.24 [WHEEL=FILE]; WRITE=1 moves the pin + patches/
 	$(VPY) -m scripts.series.refresh $(if $(TO),--to $(TO)) $(if $(WHEEL),--wheel $(WHEEL)) $(if $(WRITE),--write)
 
-test: setup apply  ## the whole check: pytest against build/sglang, series round trip, Dockerfile lint, prove-tests
+test: setup apply  ## the whole check: code format and lint, pytest, series round trip, Dockerfile lint, prove-tests
+	$(RUFF) format --check scripts tests bench
+	$(RUFF) check scripts tests bench
 	$(VPY) -m pytest $(PYTEST_ARGS)
 	$(VPY) -m scripts.series.check_patches
 	$(VPY) -m scripts.host.image --lint-only

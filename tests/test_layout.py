@@ -194,5 +194,5 @@ def test_the_line_budgets_hold():
     """Counted as the files are: make test's `ruff format --check` keeps them as ruff format writes them."""
     counts = {d: sum(p.read_bytes().count(b"\n") for p in (ROOT / d).rglob("*.py")) for d in BUDGETS}
     shown = ", ".join(f"{d}/ {n:,} formatted lines of Python (budget {BUDGETS[d]:,})" for d, n in counts.items())
-    assert all(n <= BUDGETS[d] for d, n in counts.items()), f"{shown}: delete machinery: what can SGLang, git or " \
-        "docker do instead?"
+    hint = "delete machinery: what can SGLang, git or docker do instead?"
+    assert all(n <= BUDGETS[d] for d, n in counts.items()), f"{shown}: {hint}"

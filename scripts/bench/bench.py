@@ -35,8 +35,8 @@ from ..lib import proc
 from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.http import use_api_key
-from ..lib.table import duration, num
 from ..lib.progress import say
+from ..lib.table import duration, num
 from . import observe
 from . import plan as pl
 from . import report as rep

@@ -201,8 +201,9 @@ def hit_cell(r: Row) -> str:
 
 def _row(r: Row, ref: Row) -> list:
     a, b = r.stats.get(r.main), ref.stats.get(r.main)
-    vs = f"{a.median / b.median:.2f}×" + (" (output)" if r.main != "decode_tok_s" else "") if a and b and b.median \
-        else "–"
+    vs = "–"
+    if a and b and b.median:
+        vs = f"{a.median / b.median:.2f}×" + (" (output)" if r.main != "decode_tok_s" else "")
     return [r.letter, r.variant, f"`{'/'.join(r.patchsets)}`", r.n, _cell(r.stats["decode_tok_s"]), vs,
             _cell(r.stats["output_tok_s"]), _cell(r.stats["ttft_ms"]), _cell(r.stats["itl_ms"], 2),
             _cell(r.stats["tpot_ms"], 2), _cell(r.stats["accept_length"], 3), hit_cell(r),

@@ -16,8 +16,8 @@ import re
 from pathlib import Path
 
 from ..lib.errors import UserError
-from ..lib.tomlfile import load_toml
 from ..lib.repo import REPO_ROOT
+from ..lib.tomlfile import load_toml
 
 SWEEP_FILE = REPO_ROOT / "bench" / "sweep.toml"
 KEYS = {"base", "reference", "drafters", "draft_quantization", "settings", "scenarios", "repeats", "order",

@@ -12,8 +12,8 @@ import json
 import os
 import re
 import xml.etree.ElementTree as ET
-from xml.sax.saxutils import escape
 from pathlib import Path
+from xml.sax.saxutils import escape
 
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT

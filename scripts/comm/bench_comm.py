@@ -32,8 +32,8 @@ from ..lib.errors import UserError
 from ..lib.kimi import CHAIN, LAYERS
 from ..lib.progress import say
 from ..lib.repo import revision
-from .comm_report import plot, summarize, table
 from ..lib.table import duration
+from .comm_report import plot, summarize, table
 
 ESTIMATE_S = 150  # per variant on 8 GPUs (the first: + 600 s PCIe-IPC autotune); an assumption until timed
 VERIFY_ROWS = [1, 4, 8, 16, 32, 64]  # plain decode at batch 1; batch 1, 2, 4, 8, 16 x 4 draft tokens

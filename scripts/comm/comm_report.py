@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..lib.progress import say
 from ..lib.kimi import CHAIN, HIDDEN, LAYERS
-from ..lib.table import md_table
-from ..lib.table import num
+from ..lib.progress import say
+from ..lib.table import md_table, num
 
 
 def records(result: dict, **match) -> list[dict]:

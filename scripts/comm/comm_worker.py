@@ -101,7 +101,7 @@ class RankSession:
             err = self.t.errors(out, self.t.ref_sum(rows, seed=rows))
             bufs = [x.clone() for _ in range(chain)]
 
-            def many():
+            def many(bufs=bufs):
                 for b in bufs:
                     dist.all_reduce(b)
 
@@ -151,8 +151,8 @@ class RankSession:
         def w(k, n):
             return (torch.randn(k, n, generator=gen) / math.sqrt(k)).to(self.dev, torch.bfloat16)
 
-        return [w(k, n) for k, n in ATTN_GEMMS], [w(k, n) for k, n in MOE_GEMMS], \
-            self.t.randn(1, seed=5, scale=0.1, rank=0)[0] + 1.0
+        gamma = self.t.randn(1, seed=5, scale=0.1, rank=0)[0] + 1.0
+        return [w(k, n) for k, n in ATTN_GEMMS], [w(k, n) for k, n in MOE_GEMMS], gamma
 
     def _reduce_norm(self, impl: str, resid: ResidualChain, gamma):
         """reduce_norm(y, tag): all-reduce this rank's partial sum y with `impl`, add the residual, RMSNorm; returns

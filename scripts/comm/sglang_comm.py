@@ -50,7 +50,6 @@ class RouteLog:
 
     def __init__(self):
         import torch.distributed as dist
-
         from sglang.srt.distributed.parallel_state import GroupCoordinator
 
         self.calls: list[str] = []
@@ -112,8 +111,9 @@ def widest_decode_rows(sa) -> int | None:
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     mr = ModelRunner.__new__(ModelRunner)
-    algo = SpeculativeAlgorithm.from_string(sa.speculative_algorithm) if sa.speculative_algorithm else \
-        SpeculativeAlgorithm.NONE
+    algo = SpeculativeAlgorithm.NONE
+    if sa.speculative_algorithm:
+        algo = SpeculativeAlgorithm.from_string(sa.speculative_algorithm)
     vars(mr).update(spec_algorithm=algo, is_draft_worker=False, server_args=sa,
                     req_to_token_pool=SimpleNamespace(size=sa.max_running_requests // get_parallel().attn_dp_size))
     return BaseRunner._widest_decode_rows(SimpleNamespace(model_runner=mr))
@@ -280,22 +280,22 @@ def path_timings(r, rows, *, chain: int = 122, reps: int = 10) -> list[dict]:
             for label, pcie_ipc, fi in (("default", True, True), ("flashinfer", False, True), ("nccl", False, False)):
                 restore = _routes(tp, pcie_ipc, fi)
                 try:
-                    us = timer.graph_chain_us(lambda: [tp.all_reduce(x) for x in xs], reps)
+                    us = timer.graph_chain_us(lambda xs=xs: [tp.all_reduce(x) for x in xs], reps)
                     routed = sorted(set(log.take()))
                 finally:
                     restore()
                 out.append({"kind": "allreduce", "path": label, "rows": n, "chain": chain, "backend": routed,
                             "us_per_call": us / chain})
             res = t.randn(n, seed=n + 7, rank=0)
-            us = timer.graph_chain_us(lambda: [fused_allreduce_rmsnorm(x, res, gamma) for x in xs], reps)
+            us = timer.graph_chain_us(lambda xs=xs, res=res: [fused_allreduce_rmsnorm(x, res, gamma) for x in xs], reps)
             log.take()
             out.append({"kind": "fused", "path": "fused_op", "rows": n, "chain": chain, "us_per_call": us / chain})
             for label, pcie_ipc, fi in (("default", True, True), ("nccl", False, False)):
                 restore = _routes(tp, pcie_ipc, fi)
                 resids = [res.clone() for _ in range(chain)]
                 try:
-                    def unfused():
-                        for x, rr in zip(xs, resids):
+                    def unfused(xs=xs, resids=resids):
+                        for x, rr in zip(xs, resids, strict=True):
                             fused_add_rmsnorm(tp.all_reduce(x), rr, gamma, EPS)
 
                     us = timer.graph_chain_us(unfused, reps)

@@ -9,6 +9,7 @@ import itertools
 import textwrap
 from typing import Callable
 
+from ..lib.kimi import HIDDEN
 from . import nccl
 from .facts import P2P_LEGEND, TARGET_REPO, Facts, image_doctor, parse_df
 
@@ -229,8 +230,9 @@ def nccl_version(f: Facts) -> list[Finding]:
     expected, from_ = f.expected_nccl
     bad = nccl.KNOWN_BAD_NCCL.get(version)
     if bad:
-        fix = f"use another release: make image installs the pinned NCCL {expected}".rstrip() + \
-            (", or set NCCL_P2P_DISABLE=1 (slower)" if version == "2.30.4" else "")
+        fix = f"use another release: make image installs the pinned NCCL {expected}".rstrip()
+        if version == "2.30.4":
+            fix += ", or set NCCL_P2P_DISABLE=1 (slower)"
         p2p_off = version == "2.30.4" and f.env.get("NCCL_P2P_DISABLE") in ("1", "true", "True")
         return [Finding("nccl.version", "warn" if p2p_off or not (f.sm120 or f.pcie_only or not f.n) else "error",
                         f"NCCL {version} ({src}) {bad}" + ("; NCCL_P2P_DISABLE=1 avoids it" if p2p_off else ""), fix)]
@@ -249,8 +251,9 @@ def _p2p_causes(f: Facts, pairs: list[tuple[int, int]]) -> list[str]:
         params = f.get("nvidia-params")
         dwords = next((v.strip().strip('"') for k, _, v in (ln.partition(":") for ln in params.text.splitlines())
                        if k.strip() == "RegistryDwords"), None)
-        said = f"RegistryDwords in /proc/driver/nvidia/params: {dwords!r}" if dwords is not None else \
-            f"/proc/driver/nvidia/params unread: {params.why}"
+        said = f"/proc/driver/nvidia/params unread: {params.why}"
+        if dwords is not None:
+            said = f"RegistryDwords in /proc/driver/nvidia/params: {dwords!r}"
         out.append(f"no P2P between {', '.join(direct)}, which meet at the CPU, although the driver's P2P override is "
                    f"set ({said}): check the BIOS (PCIe peer-to-peer, ACS)" if dwords and "ForceP2P" in dwords else
                    f"no P2P between {', '.join(direct)}, which meet at the CPU, and the driver's P2P override is not "
@@ -282,8 +285,9 @@ def _transport_causes(f: Facts, r: dict, bad: list[dict], hung: bool) -> str:
     net = any(x["kind"] == "NET" for x in bad)
     names = [k for k in ("NCCL_P2P_DISABLE",) + (("NCCL_SHM_DISABLE",) if net else ()) if env.get(k) in ("1", "true")]
     names += ["NCCL_P2P_LEVEL"] if env.get("NCCL_P2P_LEVEL", "SYS") not in ("SYS", "5") else []
-    causes = [f"the ranks ran with {', '.join(f'{k}={env[k]}' for k in names)}: unset {' '.join(names)}"] \
-        if names else []
+    causes = []
+    if names:
+        causes.append(f"the ranks ran with {', '.join(f'{k}={env[k]}' for k in names)}: unset {' '.join(names)}")
     pairs = {(min(x["src"], x["dst"]), max(x["src"], x["dst"])) for x in bad if None not in (x["src"], x["dst"])}
     causes += _host_causes(f, sorted(pairs) if not hung else _group_pairs(f, r.get("world")))
     hmm_on, hmm_how = f.hmm()
@@ -371,7 +375,7 @@ def pcie_ipc(f: Facts) -> list[Finding]:
                             "the server would use NCCL here too; its log says why")]
         return [Finding("pcie_ipc.smoke", "warn" if f.n >= 2 else "info", f"PCIe-IPC smoke not measured: "
                         f"{r.get('why')}", _not_measured_fix(f))]
-    us = ", ".join(f"{k}x7168 {v} us" for k, v in (r.get("us") or {}).items())
+    us = ", ".join(f"{k}x{HIDDEN} {v} us" for k, v in (r.get("us") or {}).items())
     return [Finding("pcie_ipc.smoke", "ok", f"PCIe-IPC all-reduce over {r['world']} GPUs: {r.get('iters')} each of "
                     f"{' and '.join(map(str, r.get('rows', [])))} rows, every sum right ({us})")]
 
@@ -434,8 +438,9 @@ def disk(f: Facts) -> list[Finding]:
         return [Finding("disk.free", "warn", f"{where} is the container's own disk, not the host's cache: the weights "
                         "there are lost with the container", f"mount the host's cache: {image_doctor(image)}")]
     there = f.get("model-present").text.strip() == "yes"
-    need, what = (50, f"{TARGET_REPO} is there; the drafter and JIT caches need") if there else \
-        (f.need_gb, f"{TARGET_REPO} needs")
+    need, what = f.need_gb, f"{TARGET_REPO} needs"
+    if there:
+        need, what = 50, f"{TARGET_REPO} is there; the drafter and JIT caches need"
     msg = f"{free:.0f} GB free at {where} (filesystem {d['mount']}); {what} about {need:.0f} GB"
     return [Finding("disk.free", "ok" if free >= need else "warn" if there else "error", msg,
                     "" if free >= need else "free space there, or put the cache on a bigger disk: export HF_HOME="

@@ -6,8 +6,8 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
-from ..lib.errors import UserError
 from ..box.docker import hf_cache_dir
+from ..lib.errors import UserError
 
 KNOWN = {
     "lightseekorg/kimi-k2.5-eagle3": "AL 2.69 MT-Bench, 3.20 GSM8K, 3.29 HumanEval at 3/1/4 (model card)",

@@ -8,20 +8,20 @@ import dataclasses
 import itertools
 import json
 import os
-import shlex
 import re
+import shlex
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from types import SimpleNamespace
 
+from ..box.docker import docker_run, hf_cache_dir, image_id
 from ..lib import proc
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
 from ..series.pin import applied_patchset
 from ..series.sglang_pkg import find_sglang
 from . import nccl
-from ..box.docker import docker_run, hf_cache_dir, image_id
 
 TARGET_REPO = "moonshotai/Kimi-K2.5"
 QUERY = "index,name,pci.bus_id,compute_cap"
@@ -69,8 +69,10 @@ class Probe:
     def get(self, key: str) -> Out:
         if key not in self.cache:
             text = (self.recorded or {}).get(key)
-            self.cache[key] = self._live(key) if self.live else Out(True, text) if text is not None else \
-                Out(False, why="not recorded")
+            if self.live:
+                self.cache[key] = self._live(key)
+            else:
+                self.cache[key] = Out(True, text) if text is not None else Out(False, why="not recorded")
         return self.cache[key]
 
     def command(self, argv: list[str], timeout: float | None = None) -> Out:
@@ -110,8 +112,9 @@ class Probe:
         """Probe `key` here when this interpreter's torch sees 2 GPUs (and has sglang, for the smoke), else in the
         image: its output, whose result line says why when it could run nowhere."""
         timeout, info = self.probe_timeout or nccl.TIMEOUTS[key], nccl_info(self.get("nccl"))
-        why = f"torch {info['torch']} sees {info.get('gpus', 0)} CUDA GPU(s), and the {nccl.WHAT[key]} needs 2" \
-            if "torch" in info else f"no usable torch for {self.python} ({info.get('error') or self.get('nccl').why})"
+        why = f"no usable torch for {self.python} ({info.get('error') or self.get('nccl').why})"
+        if "torch" in info:
+            why = f"torch {info['torch']} sees {info.get('gpus', 0)} CUDA GPU(s), and the {nccl.WHAT[key]} needs 2"
         if info.get("gpus", 0) >= 2:
             if key != "pcie-ipc-smoke" or self.get("sglang").ok:
                 src = nccl.source(key, self.ranks, timeout, REPO_ROOT)
@@ -346,9 +349,11 @@ def summary(f: Facts) -> dict:
     if f.tp > 1:
         out["nccl_transport"] = nccl.transport_summary(*f.probe_result("nccl-transport"))
         skip = f.smoke_skipped()
-        smoke, bandwidth = f.probe_result("pcie-ipc-smoke")[0] if not skip else {}, f.probe_result("peer-bandwidth")[0]
-        out["pcie_ipc_smoke"] = {k: v for k, v in smoke.items() if k in nccl.SMOKE_KEYS} if not skip else \
-            {"measured": False, "why": f"not run: {skip}"}
+        out["pcie_ipc_smoke"] = {"measured": False, "why": f"not run: {skip}"}
+        if not skip:
+            smoke = f.probe_result("pcie-ipc-smoke")[0]
+            out["pcie_ipc_smoke"] = {k: v for k, v in smoke.items() if k in nccl.SMOKE_KEYS}
+        bandwidth = f.probe_result("peer-bandwidth")[0]
         out["peer_bandwidth"] = {k: v for k, v in bandwidth.items() if k in nccl.BANDWIDTH_KEYS}
     if f.get("patchset").ok:
         out["patchset"] = f.get("patchset").text.strip()

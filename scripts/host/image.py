@@ -18,13 +18,13 @@ import shutil
 import sys
 from pathlib import Path
 
+from ..box.docker import engine, shown
 from ..lib import proc
 from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.progress import say
 from ..lib.repo import REPO_ROOT, revision, source_url
 from ..series.pin import Pin, load_pin, patchset_id
-from ..box.docker import engine, shown
 from .nccl import KNOWN_BAD_NCCL
 
 DOCKERFILE = REPO_ROOT / "docker" / "Dockerfile"

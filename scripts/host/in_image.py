@@ -15,11 +15,11 @@ import os
 import sys
 from pathlib import Path
 
+from ..box.docker import docker_run, hf_cache_dir, image_id, shown
 from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
 from ..series.pin import load_pin
-from ..box.docker import docker_run, hf_cache_dir, image_id, shown
 
 
 def main(argv=None) -> int:

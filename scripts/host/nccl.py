@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import inspect
 import json
 import os
@@ -268,7 +269,7 @@ def _smoke_rank(rank: int, world: int, port: int, phase, device: str, tune_dir: 
             for i in range(1, SMOKE_ITERS):
                 bad += (tp.all_reduce(xs[i % 4]) != want * (i % 4 + 1)).sum()
             out["bad"] += int(bad.item())
-            out["us"][str(rows)] = _time_us(lambda: tp.all_reduce(xs[0]), TIMED) if device == "cuda" else None
+            out["us"][str(rows)] = _time_us(functools.partial(tp.all_reduce, xs[0]), TIMED) if device == "cuda" else None
         phase("done")
         return out
     finally:

@@ -26,12 +26,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..box.docker import docker_run, hf_cache_dir, shown
+from ..lib import profiles
 from ..lib.cli import run
 from ..lib.errors import UserError
-from ..lib import profiles
 from ..lib.repo import SHIPPED_PROFILE
 from . import drafters
-from ..box.docker import docker_run, hf_cache_dir, shown
 
 LAUNCH = "sglang.launch_server"
 KEY_VAR, KEY_FILE = "SGLANG_API_KEY", "/etc/sglang/api_key"

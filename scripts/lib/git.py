@@ -68,8 +68,9 @@ def rev(repo: Path, ref: str) -> str | None:
 
 
 def is_repo(path: Path) -> bool:
-    return path.is_dir() and git(path, "rev-parse", "--git-dir", check=False).returncode == 0 and \
-        git(path, "rev-parse", "--show-toplevel", check=False).stdout.strip() == str(path.resolve())
+    if not path.is_dir() or git(path, "rev-parse", "--git-dir", check=False).returncode != 0:
+        return False
+    return git(path, "rev-parse", "--show-toplevel", check=False).stdout.strip() == str(path.resolve())
 
 
 def blob_id(data: bytes) -> str:

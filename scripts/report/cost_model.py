@@ -18,15 +18,15 @@ import json
 import sys
 from pathlib import Path
 
+from ..comm.comm_report import record
 from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.kimi import ATTN_GEMMS, LAYERS, MOE_GEMMS
 from ..lib.progress import say
 from ..lib.repo import REPO_ROOT
+from ..lib.table import md_table, spread
 from . import receipt_data as rd
 from . import spec_model as sm
-from ..comm.comm_report import record
-from ..lib.table import md_table, spread
 
 RESULTS, RECEIPTS = REPO_ROOT / "bench" / "results", REPO_ROOT / "bench" / "receipts"
 DOC, C = REPO_ROOT / "eagle-fast-verify.md", "central"
@@ -59,24 +59,25 @@ class Box:
         self.steps, self.al, self.goal = self.m[C].steps(), self.m[C].al(), rd.THRESHOLDS["goal_tok_s"]
         self.name, self.table = f"{self.steps}/1/{self.steps + 1}", self.rows()
 
-    def each(self, fn, seed: bool = False) -> dict:
-        return {c: fn(m) for c, m in (self.seed if seed else self.m).items()}
+    def each(self, fn, *args, seed: bool = False) -> dict:
+        """fn(model, *args) at every corner (seed: the models with the seed's drafter head)."""
+        return {c: fn(m, *args) for c, m in (self.seed if seed else self.m).items()}
 
     def at(self, **knobs) -> sm.Model:
         return sm.Model(self.inp, self.cyc, C, **(self.over | knobs))
 
     def backtest(self) -> str:
         s, v = self.inp["seed"], self.inp["seed"]["verify_eager_ms"]
-        cyc = self.each(lambda m: m.cycle_ms(self.steps, "nccl", v), True)
-        nccl = self.each(lambda m: v - m.gb(self.steps + 1) / m.eff, True)
+        cyc = self.each(sm.Model.cycle_ms, self.steps, "nccl", v, seed=True)
+        nccl = self.each(lambda m: v - m.gb(self.steps + 1) / m.eff, seed=True)
         share, be2 = {c: v / x for c, x in cyc.items()}, {c: x * s["decode_tok_s"] / 1000 for c, x in cyc.items()}
         n = sum(self.cyc["stages"]["target_verify"].values())
         peer_b = [1000 / p["nospec"] - n * p["ar_us"] / 1000 for p in self.inp["peer"] if "ar_us" in p]
         lo, hi = (a * s["decode_tok_s"] / s["eagle_tok_s"] for a in s["eagle_al"])
         rows = [["Plain decode, tok/s", f"{s['decode_tok_s']:.0f}", "input (calibrates B)",
-                 band(self.each(lambda m: 1000 / m.decode_ms("nccl"), True)), "0 % (by construction)"],
+                 band(self.each(sm.Model.decode_tok_s, "nccl", seed=True)), "0 % (by construction)"],
                 ["B, ms", f"peers {min(peer_b):.1f}-{max(peer_b):.1f}", "cross-check (peers)",
-                 band(self.each(lambda m: m.B(), True), 2), err(self.m[C].B(), min(peer_b), max(peer_b))]]
+                 band(self.each(sm.Model.B, seed=True), 2), err(self.m[C].B(), min(peer_b), max(peer_b))]]
         run_ = next((r for r in self.runs if r["_file"] == self.inp["eager"]["proxy_run"]), None)
         if rec := run_ and record(run_, kind="verify_forward", impl="nccl", rows=4, mode="eager"):
             us = rec["us"] / (LAYERS * (len(ATTN_GEMMS) + len(MOE_GEMMS) + 4))  # per launch, the proxy's eager forward
@@ -101,11 +102,11 @@ class Box:
 
     def physics(self) -> str:
         m, kib = self.m[C], self.cyc["kib"]["target_verify"]["all_reduce"]
-        fwd = lambda x, w: x.verify_ms(w) if w > 1 else x.decode_ms()  # noqa: E731
         rows = [[w, f"{m.non_routed():.2f} + {m.gb(w) - m.non_routed():.2f} = {m.gb(w):.2f}",
                  f"{m.gb(w) / m.m['bandwidth_tb_s']:.2f}", f"{m.oneshot_us(w):.1f} ({2 * m.oneshot_us(w) / m.tp:.1f})",
-                 band(self.each(lambda x: x.lat("pcie_ipc", w * kib))), f"{m.floor_ms(w):.2f}",
-                 band(self.each(lambda x: fwd(x, w)), 2), f"{fwd(m, w) / m.floor_ms(w):.1f}x"] for w in (1, 4, 8)]
+                 band(self.each(sm.Model.lat, "pcie_ipc", w * kib)), f"{m.floor_ms(w):.2f}",
+                 band(self.each(sm.Model.forward_ms, w), 2), f"{m.forward_ms(w) / m.floor_ms(w):.1f}x"]
+                for w in (1, 4, 8)]
         return md_table(["tokens", "GB per GPU: non-routed + routed = total", "bytes at 1.792 TB/s, ms",
                          "all-reduce egress floor per call, one-shot (two-shot), us", "PCIe IPC per call, modelled, us",
                          f"floor: bytes + {self.cyc['stages']['target_verify']['all_reduce']} all-reduces at the "
@@ -116,17 +117,17 @@ class Box:
         v, st, out = self.inp["seed"]["verify_eager_ms"], self.steps, {"series": [], "settings": []}
         for step in self.inp["step"]:
             seed, b = step["backend"] == "seed", "nccl" if step["backend"] == "seed" else step["backend"]
-            cyc = self.each(lambda m: m.cycle_ms(st, b, v if seed else None), seed)
+            cyc = self.each(sm.Model.cycle_ms, st, b, v if seed else None, seed=seed)
+            verify = dict.fromkeys(sm.CORNERS, v) if seed else self.each(sm.Model.verify_ms, st + 1, b)
             out["series"].append({"name": step["name"], "cycle": cyc, "tok2": {c: 2000 / x for c, x in cyc.items()},
-                                  "verify": self.each(lambda m: v if seed else m.verify_ms(st + 1, b)),
-                                  "decode": self.each(lambda m: 1000 / m.decode_ms(b), seed),
+                                  "verify": verify, "decode": self.each(sm.Model.decode_tok_s, b, seed=seed),
                                   "tok": {c: 1000 * self.al / x for c, x in cyc.items()}})
         for s in range(1, len(self.inp["acceptance"]["per_position"]) + 1):
-            cyc = self.each(lambda m: m.cycle_ms(s))
+            cyc = self.each(sm.Model.cycle_ms, s)
             out["settings"].append({"name": f"{s}/1/{s + 1}", "al": self.m[C].al(s), "cycle": cyc,
-                                    "verify": self.each(lambda m: m.verify_ms(s + 1)),
-                                    "tok": self.each(lambda m: m.tok_s(s)),
-                                    "ratio": self.each(lambda m: m.cycle_ms(s) / m.decode_ms()),
+                                    "verify": self.each(sm.Model.verify_ms, s + 1),
+                                    "tok": self.each(sm.Model.tok_s, s),
+                                    "ratio": self.each(sm.Model.cycle_ratio, s),
                                     "need": [{c: g * x / 1000 for c, x in cyc.items()}
                                              for g in (self.goal, self.inp["goals"]["stretch_tok_s"])]})
         return out
@@ -140,12 +141,12 @@ class Box:
         us1 = t0 - self.at(ipc_us=[[x, y * self.m[C].p["ipc_scale"] + 1] for x, y in ipc]).tok_s()
         calls = sum(sum(v.values()) * (self.steps - 1 if k == "draft_decode" else 1)
                     for k, v in self.cyc["stages"].items())
-        return md_table(["unknown", "pessimistic -> optimistic", f"tok/s at {self.name}", "span"],
-                        [[a, b, f"{lo:.0f} - {hi:.0f}", f"{abs(hi - lo):.0f}"]
-                         for a, b, lo, hi in sorted(rows, key=lambda r: -abs(r[3] - r[2]))]) + \
-            f"\n\nAt the central {t0:.0f} tok/s: every 1 ms of cycle is {t0 / c0:.1f} tok/s, every +0.1 AL " \
-            f"{0.1 * t0 / self.al:.1f} tok/s, every 1 us on each of the {calls} PCIe-IPC calls per cycle " \
-            f"{us1:.1f} tok/s."
+        table = md_table(["unknown", "pessimistic -> optimistic", f"tok/s at {self.name}", "span"],
+                         [[a, b, f"{lo:.0f} - {hi:.0f}", f"{abs(hi - lo):.0f}"]
+                          for a, b, lo, hi in sorted(rows, key=lambda r: -abs(r[3] - r[2]))])
+        return (f"{table}\n\nAt the central {t0:.0f} tok/s: every 1 ms of cycle is {t0 / c0:.1f} tok/s, every +0.1 AL "
+                f"{0.1 * t0 / self.al:.1f} tok/s, every 1 us on each of the {calls} PCIe-IPC calls per cycle "
+                f"{us1:.1f} tok/s.")
 
     def levers(self) -> str:
         m0, rows = self.m[C], []
@@ -157,8 +158,11 @@ class Box:
             if lv.get("guard"):
                 cells = [f"0 (a sync: {dc:+.2f})", f"0 (protects {dt:+.0f}, {dt / t0:+.0%})"]
             plain = f"{1000 / m.decode_ms():.0f}" if m and abs(1000 / m.decode_ms() - d0) > 0.5 else "-"
-            key = -1e9 + dt if lv["series"] in ("rejected", "already in SGLang") else \
-                1e9 if lv.get("first") else dt / EFFORT.get(lv["effort"], 1)
+            key = dt / EFFORT.get(lv["effort"], 1)  # gain per effort; the first, then the rejected, last
+            if lv["series"] in ("rejected", "already in SGLang"):
+                key = -1e9 + dt
+            elif lv.get("first"):
+                key = 1e9
             rows.append((key, lv, cells, plain))
         out = [[i + 1 if k > -1e8 else "x", lv["name"], lv["series"], *cells, plain, lv["effort"], lv["note"]]
                for i, (k, lv, cells, plain) in enumerate(sorted(rows, key=lambda r: -r[0]))]
@@ -177,7 +181,7 @@ class Box:
                                            for p in self.at(**lv["knobs"]).problems()]
 
     def goals(self) -> str:
-        sets, g, plain = self.table["settings"], self.inp["goals"], self.each(lambda m: 1000 / m.decode_ms())
+        sets, g, plain = self.table["settings"], self.inp["goals"], self.each(sm.Model.decode_tok_s)
         d, best = next(r for r in sets if r["name"] == self.name), max(sets, key=lambda r: r["tok"][C])
         met = ", ".join(r["name"] for r in sets if r["ratio"][C] <= g["cycle_ratio"]) or "none"
         return md_table(["goal", "model at the patched defaults", "accept length", "verdict"], [

@@ -28,14 +28,14 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from ..bench import observe
+from ..bench.servers import Launch, Server
 from ..box.docker import RESULTS_IN_IMAGE, docker_run, hf_cache_dir
 from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.http import get_json, post_json, use_api_key
 from ..lib.progress import say
 from ..series.pin import load_pin
-from ..bench import observe
-from ..bench.servers import Launch, Server
 from .spec_model import PROFILE_STAGES, STAGES
 
 PROFILES = ("kimi-k25-tp8", "kimi-k25-eagle3-tp8")

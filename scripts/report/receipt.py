@@ -22,21 +22,20 @@ import sys
 import time
 from pathlib import Path
 
+from ..bench import plan as pl
+from ..bench import report as rep
 from ..box import preflight
 from ..box.results import box_name, iso, stamp
+from ..comm import comm_report
 from ..lib import proc
 from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.progress import say
 from ..lib.repo import REPO_ROOT, revision
-from ..lib.table import md_table
+from ..lib.table import duration, md_table
 from ..series.pin import load_pin, patchset_id
-from ..bench import plan as pl
-from ..comm import comm_report
 from . import receipt_data as rd
-from ..bench import report as rep
 from . import share
-from ..lib.table import duration
 
 RECEIPTS = REPO_ROOT / "bench" / "receipts"
 

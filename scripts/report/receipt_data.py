@@ -99,7 +99,8 @@ def open_receipt(path: Path) -> tuple[Path, tempfile.TemporaryDirectory | None]:
             tar.extractall(tmp.name, filter="data")
     except (tarfile.TarError, OSError, EOFError) as e:
         tmp.cleanup()
-        raise UserError(f"{path} is not a readable receipt tarball ({e}); ask for it again or re-run make report")
+        raise UserError(f"{path} is not a readable receipt tarball ({e}); ask for it again or re-run make report"
+                        ) from e
     found = sorted(Path(tmp.name).glob("*/receipt.json")) + sorted(Path(tmp.name).glob("receipt.json"))
     if not found:
         tmp.cleanup()
@@ -265,8 +266,8 @@ def bench_rows(recs: list[dict]) -> list[dict]:
 
 def rec_speculation(recs: list[dict]) -> list[dict]:
     """EAGLE-3 on or off, and which speculative variant (drafter, steps/topk/draft tokens) to ship."""
-    th, goal, name = THRESHOLDS["speculation_min_ratio"], THRESHOLDS["goal_tok_s"], f"EAGLE-3 in the shipped " \
-        f"profile ({SHIPPED_PROFILE})"
+    th, goal = THRESHOLDS["speculation_min_ratio"], THRESHOLDS["goal_tok_s"]
+    name = f"EAGLE-3 in the shipped profile ({SHIPPED_PROFILE})"
     conc = {r["eagle"].get("scenario"): (r["eagle"].get("scenario_spec") or {}).get("max_concurrency", 1e9)
             for r in recs}
     scenario = "C1" if "C1" in conc else min(conc, key=conc.get) if conc else None

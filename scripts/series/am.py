@@ -58,8 +58,8 @@ def am(repo: Path, patches: list[PatchInfo], strip: int = 1) -> None:
     if not res.ok:
         at = re.findall(r"Patch failed at (\d+)", res.output)
         name = patches[int(at[0]) - 1].path.name if at and int(at[0]) <= len(patches) else "a patch"
-        files = git.git(repo, "diff", "--name-only", "--diff-filter=U", check=False).stdout.split() or \
-            sorted(set(re.findall(r"patch failed: (\S+?):\d+", res.output)))
+        files = git.git(repo, "diff", "--name-only", "--diff-filter=U", check=False).stdout.split()
+        files = files or sorted(set(re.findall(r"patch failed: (\S+?):\d+", res.output)))
         rollback(repo, orig)
         said = "\n".join(ln for ln in res.output.strip().splitlines() if not re.search(r"git am --|^hint: ", ln))
         raise ConflictError(f"{name} does not apply to {repo} (conflict in {', '.join(files) or 'see below'}), "

@@ -57,8 +57,8 @@ def pinned_wheel(pin: Pin, cache_dir: Path) -> Path:
                         f"it to download it")
     local.unlink(missing_ok=True)  # a broken download
     say(f"downloading {pin.wheel_requirement} ({pin.wheel_filename}) from PyPI; pip checks its sha256")
-    if not pip_download(pin.wheel_requirement, cache_dir, pin.wheel_sha256, pin.wheel_filename).ok or \
-            not local.is_file():
+    got = pip_download(pin.wheel_requirement, cache_dir, pin.wheel_sha256, pin.wheel_filename)
+    if not got.ok or not local.is_file():
         raise UserError(f"pip could not download {pin.wheel_filename} (pip says why above). Copy it from a machine "
                         f"that can, and set SGLANG_WHEEL=/path/to/{pin.wheel_filename}")
     return local

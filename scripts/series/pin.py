@@ -80,7 +80,8 @@ def load_pin(patches_dir: Path | None = None) -> Pin:
                    wh["sha256"], im["name"], im["tag"], im.get("digest", ""), d["series"]["file"],
                    nc.get("package", ""), nc.get("version", ""))
     except KeyError as e:
-        raise UserError(f"{patches_dir / 'pin.toml'} lacks the key {e}: compare with git show HEAD:patches/pin.toml")
+        raise UserError(f"{patches_dir / 'pin.toml'} lacks the key {e}: compare with git show HEAD:patches/pin.toml"
+                        ) from e
 
 
 def write_pin(pin: Pin) -> None:

@@ -73,8 +73,12 @@ elif argv[0] == "run":
         pid(opts["--name"][0]).write_text(str(p.pid))
     print("c0ffee")
 '''
-NVIDIA_SMI = "#!/bin/sh\ncase \"$1\" in -L) for i in 0 1 2 3 4 5 6 7; do echo \"GPU $i: NVIDIA RTX PRO 6000 " \
-             "Blackwell Server Edition (UUID: GPU-$i)\"; done;; --query-compute-apps*) cat \"{state}/apps\" 2>/dev/null;; esac\n"
+NVIDIA_SMI = """#!/bin/sh
+case "$1" in
+    -L) for i in 0 1 2 3 4 5 6 7; do echo "GPU $i: NVIDIA RTX PRO 6000 Blackwell Server Edition (UUID: GPU-$i)"; done;;
+    --query-compute-apps*) cat "{state}/apps" 2>/dev/null;;
+esac
+"""
 
 
 def client_env() -> dict[str, str]:

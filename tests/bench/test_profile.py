@@ -17,8 +17,8 @@ from scripts.report import receipt_data as rd
 from scripts.report import spec_model as sm
 from scripts.lib.errors import UserError
 
-NCCL, IPC = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", \
-    "void flashinfer::comm::pcie_ipc::flat_push_kernel<__nv_bfloat16, 8>(flashinfer::comm::pcie_ipc::KernelParams)"
+NCCL = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+IPC = "void flashinfer::comm::pcie_ipc::flat_push_kernel<__nv_bfloat16, 8>(flashinfer::comm::pcie_ipc::KernelParams)"
 FORWARDS = {  # kernels (name, us) of each forward's graph, 10 us apart on the GPU
     "step[DECODE bs=1]": [("gemm", 4500), (NCCL, 30), (IPC, 6), ("gemm", 4500)],
     "step[VERIFY bs=1]": [("gemm", 6500), (NCCL, 40), (IPC, 12), ("gemm", 6500)],

@@ -122,8 +122,8 @@ def test_on_the_box_class_the_verdicts_are_judged_and_stored(pcie_receipt, tmp_p
     (bare / "receipt.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "recommendations"}))
     capsys.readouterr()
     cost_model.main(["--check", "--doc", str(doc), "--receipt", str(bare)])
-    assert "skipping receipt bare: receipt.json holds no recommendations: python -m scripts.report.receipt " \
-           "--summarize" in capsys.readouterr().err
+    said = "skipping receipt bare: receipt.json holds no recommendations: python -m scripts.report.receipt --summarize"
+    assert said in capsys.readouterr().err
 
 
 def test_the_dry_run_shows_the_plan_and_total_when_the_box_cannot_run_it(tmp_path):
@@ -203,8 +203,8 @@ def test_the_tarball_leaves_out_what_names_the_machine(tmp_path):
         subprocess.run([sys.executable, "-m", "scripts.host.doctor", "--json", "--replay", DOCTOR_CAPTURE], cwd=ROOT,
                        stdout=out, timeout=300)
     bc = json.loads(BENCH_COMM.read_text())
-    bc["meta"]["command"] = f"{sys.executable} -m scripts.comm.bench_comm --out {ROOT}/x.json ({Path.home()}) " \
-                            f"on {platform.node()}"
+    home, host = Path.home(), platform.node()
+    bc["meta"]["command"] = f"{sys.executable} -m scripts.comm.bench_comm --out {ROOT}/x.json ({home}) on {host}"
     (tmp_path / "bc.json").write_text(json.dumps(bc))
     made_receipt(d, "box", doctor=doctor, bench_comm=tmp_path / "bc.json")
     with tarfile.open(d.with_name("box_1.tar.gz")) as tar:

@@ -81,7 +81,7 @@ def _routing(r, sa, rows, prefill_rows) -> list[dict]:
             y = tp.all_reduce(t.randn(n, seed=n))
             out.append({"rows": n, "mode": "eager", "backend": log.take(), **t.errors(y, t.ref_sum(n, seed=n))})
             static, held = t.randn(n, seed=n), {}
-            graph = timer.capture(lambda: held.__setitem__("y", tp.all_reduce(static)))
+            graph = timer.capture(lambda held=held, static=static: held.__setitem__("y", tp.all_reduce(static)))
             routed = log.take()
             static.copy_(t.randn(n, seed=n + 50000))
             graph.replay()
@@ -115,7 +115,8 @@ def _fused(r, rows) -> list[dict]:
         rec["unfused"] = {"norm": t.errors(y, ref_norm), "residual": t.errors(res2, ref_res)}
         if norm is not None:
             sx, sres, held = x.clone(), res.clone(), {}
-            graph = timer.capture(lambda: held.__setitem__("o", sc.fused_allreduce_rmsnorm(sx, sres, gamma)))
+            graph = timer.capture(lambda held=held, sx=sx, sres=sres: held.__setitem__(
+                "o", sc.fused_allreduce_rmsnorm(sx, sres, gamma)))
             sx.copy_(t.randn(n, seed=n + 60000))
             sres.copy_(t.randn(n, seed=n + 60001, rank=0))
             graph.replay()
@@ -193,7 +194,7 @@ def _pdl_race(r, rows, *, chain: int = 16, trials: int = 20) -> list[dict]:
             res0 = t.randn(n, seed=899, rank=0)
             outs, resid = [None] * chain, [None] * chain
 
-            def run(kw=kw):
+            def run(kw=kw, xs=xs, res0=res0, outs=outs, resid=resid):
                 h = res0
                 for i in range(chain):
                     norm, h = sc.fused_allreduce_rmsnorm(xs[i], h, gamma, **kw)

@@ -43,8 +43,8 @@ def test_parsers_on_the_real_captures():
     rec = capture("h200x2")
     driver, cuda, gpus = F.parse_smi_xml(rec["smi-xml"])
     assert (driver, cuda, [g.bus_id for g in gpus]) == ("580.159.04", "13.0", ["00000000:00:06.0", "00000000:00:07.0"])
-    assert (gpus[0].name, gpus[0].bar1_total_mib, gpus[0].fb_total_mib, gpus[0].gen_max, gpus[0].width_max) == \
-        ("NVIDIA H200", 262144, 143771, 5, 16)
+    g = gpus[0]
+    assert (g.name, g.bar1_total_mib, g.fb_total_mib, g.gen_max, g.width_max) == ("NVIDIA H200", 262144, 143771, 5, 16)
     topo = F.parse_topo_m(rec["topo-m"])
     assert topo["links"] == {(0, 1): "NV18", (1, 0): "NV18"} and topo["numa"] == {0: "0", 1: "0"}
     assert F.parse_p2p(rec["topo-p2p-r"]) == F.parse_p2p(rec["topo-p2p-n"]) == {(0, 1): "OK", (1, 0): "OK"}
@@ -266,8 +266,8 @@ def test_nccl_hang_wrong_sum_no_lines_slow_and_unmeasured():
     rec = capture("pcie8x")
     del rec["nccl-transport"]
     f, facts = run(rec)
-    assert f["nccl.transport"].severity == "warn" and "docker run --rm --gpus all --ipc=host -v" in \
-        f["nccl.transport"].fix
+    assert f["nccl.transport"].severity == "warn"
+    assert "docker run --rm --gpus all --ipc=host -v" in f["nccl.transport"].fix
     assert facts["nccl_transport"]["measured"] is False
     t = run(rec, environ={"EAGLE_IMAGE": "eagle-fast-verify/sglang:x"})[0]["nccl.transport"]
     assert "already runs in the image eagle-fast-verify/sglang:x" in t.fix and "--gpus all" in t.fix

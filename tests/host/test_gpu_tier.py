@@ -42,8 +42,8 @@ def test_without_the_image_it_says_which_and_the_fix(tmp_path, state):
     path = str(tmp_path / "empty") if state == "no client" else _fake_docker.path_with(fake.bindir)
     cp = verb("--image", IMAGE, "test-gpu", path=path, DOCKER_HOST=f"unix://{tmp_path}/dead.sock")
     assert cp.returncode == 2 and not fake.runs()
-    assert {"no client": "install Docker", "no engine": "systemctl start docker", "no image": "make image"}[state] \
-        in cp.stderr
+    fix = {"no client": "install Docker", "no engine": "systemctl start docker", "no image": "make image"}[state]
+    assert fix in cp.stderr
 
 
 def test_here_without_gpus_points_to_the_image(tmp_path):
@@ -72,6 +72,6 @@ def test_a_tiers_result_is_pytests_junitxml_with_the_runs_properties(tmp_path):
     assert doc["properties"] == {"world": 2, "command": "pytest <tmp>"} and str(tmp_path) not in out.read_text()
     measured, failed = doc["cases"]
     assert measured["properties"] == {"timings": {"8": 12.5}} and "wrong sum" in failed["message"]
-    assert results.box_name(["NVIDIA RTX PRO 6000 Blackwell Server Edition"] * 8) == \
-        "RTX-PRO-6000-Blackwell-Server-Edition-x8"
+    box = results.box_name(["NVIDIA RTX PRO 6000 Blackwell Server Edition"] * 8)
+    assert box == "RTX-PRO-6000-Blackwell-Server-Edition-x8"
     assert results.box_name([]) == "nogpu" and results.stamp()[8] == "T"

@@ -143,8 +143,8 @@ def test_without_gpus_here_the_probes_run_in_the_image(tmp_path, monkeypatch):
     run = [c for c in map(json.loads, log.read_text().splitlines()) if c[0] == "run"][-1]
     assert run[:5] == ["run", "--rm", "--gpus", "all", "--ipc=host"]
     assert "sglang-flashinfer:/root/.cache/flashinfer" in run
-    assert run[run.index("NCCL_P2P_DISABLE") - 1] == "-e" and run[run.index(image) + 1:run.index(image) + 3] == \
-        ["python3", "-c"]
+    assert run[run.index("NCCL_P2P_DISABLE") - 1] == "-e"
+    assert run[run.index(image) + 1 : run.index(image) + 3] == ["python3", "-c"]
     assert "os.environ['EAGLE_HOME']" in run[-1] and "run('nccl-transport', 8, 120.0)" in run[-1]
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no docker client at all
     probe.cache.pop("nccl-transport")
