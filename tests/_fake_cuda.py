@@ -36,8 +36,13 @@ class FakeCudaDriver:
 
     CUmulticastObjectProp = SimpleNamespace
 
-    def __init__(self, fail: str | None = None, multicast: bool = False, granularity: int = 2 << 20,
-                 mc_granularity: int = 512 << 20):
+    def __init__(
+        self,
+        fail: str | None = None,
+        multicast: bool = False,
+        granularity: int = 2 << 20,
+        mc_granularity: int = 512 << 20,
+    ):
         self.fail, self.multicast, self.granularity, self.mc_granularity = fail, multicast, granularity, mc_granularity
         self.calls: list[str] = []
         self.created: list[int] = []

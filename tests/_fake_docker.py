@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NO_ENGINE = "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?"
 IMAGE_ID = "sha256:0123456789abcdef0123456789abcdef"
 
-CLIENT = r'''#!{python}
+CLIENT = r"""#!{python}
 import json, os, subprocess, sys
 from pathlib import Path
 state = Path({state!r})
@@ -73,7 +73,7 @@ image_env = {{"PYTHONPATH": {pythonpath!r}}} if {pythonpath!r} else {{}}
 env = {{"PATH": f"{{bindir}}:/usr/bin:/bin", "HOME": str(state / "container-home"), "EAGLE_HOME": {root!r},
         "EAGLE_RESULTS": results, "EAGLE_IMAGE": image, **image_env, **env}}
 sys.exit(subprocess.run([{entrypoint!r}, *args], env=env, cwd={root!r}).returncode)
-'''
+"""
 
 
 class FakeDocker:
@@ -88,8 +88,9 @@ class FakeDocker:
         return [c for c in self.calls() if c[:1] == ["run"]]
 
 
-def install(tmp_path: Path, images: tuple[str, ...] = (), engine_up: bool = True,
-            pythonpath: tuple[Path, ...] = ()) -> FakeDocker:
+def install(
+    tmp_path: Path, images: tuple[str, ...] = (), engine_up: bool = True, pythonpath: tuple[Path, ...] = ()
+) -> FakeDocker:
     """pythonpath: what the image's python3 imports besides this interpreter's packages (its installed sglang)."""
     state, bindir = tmp_path / "docker-state", tmp_path / "docker-bin"
     state.mkdir(parents=True)
@@ -98,9 +99,17 @@ def install(tmp_path: Path, images: tuple[str, ...] = (), engine_up: bool = True
     if not engine_up:
         (state / "down").touch()
     client = bindir / "docker"
-    client.write_text(CLIENT.format(python=sys.executable, state=str(state), no_engine=NO_ENGINE, image_id=IMAGE_ID,
-                                    root=str(ROOT), entrypoint=str(ROOT / "docker" / "entrypoint"),
-                                    pythonpath=os.pathsep.join(map(str, pythonpath))))
+    client.write_text(
+        CLIENT.format(
+            python=sys.executable,
+            state=str(state),
+            no_engine=NO_ENGINE,
+            image_id=IMAGE_ID,
+            root=str(ROOT),
+            entrypoint=str(ROOT / "docker" / "entrypoint"),
+            pythonpath=os.pathsep.join(map(str, pythonpath)),
+        )
+    )
     client.chmod(0o755)
     return FakeDocker(state, bindir)
 

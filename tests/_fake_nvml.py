@@ -7,8 +7,16 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 # PCI bus ids of an 8-GPU two-socket box: GPUs 0-3 under socket 0, 4-7 under socket 1 (sysfs spelling).
-BUS = ["0000:01:00.0", "0000:21:00.0", "0000:41:00.0", "0000:61:00.0",
-       "0000:81:00.0", "0000:a1:00.0", "0000:c1:00.0", "0000:e1:00.0"]
+BUS = [
+    "0000:01:00.0",
+    "0000:21:00.0",
+    "0000:41:00.0",
+    "0000:61:00.0",
+    "0000:81:00.0",
+    "0000:a1:00.0",
+    "0000:c1:00.0",
+    "0000:e1:00.0",
+]
 
 
 class FakeNvml:
@@ -29,9 +37,17 @@ class FakeNvml:
         self.nvlink = {frozenset(p) for p in nvlink}
         self.pairs: set[frozenset] = set()
         self.inits = 0
-        for name in ("nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
-                     "nvmlDeviceGetP2PStatus", "nvmlSystemGetDriverVersion", "nvmlDeviceGetPciInfo",
-                     "nvmlDeviceGetUUID", "nvmlDeviceGetName"):
+        for name in (
+            "nvmlInit",
+            "nvmlShutdown",
+            "nvmlDeviceGetCount",
+            "nvmlDeviceGetHandleByIndex",
+            "nvmlDeviceGetP2PStatus",
+            "nvmlSystemGetDriverVersion",
+            "nvmlDeviceGetPciInfo",
+            "nvmlDeviceGetUUID",
+            "nvmlDeviceGetName",
+        ):
             monkeypatch.setattr(pynvml, name, getattr(self, name))
 
     @staticmethod

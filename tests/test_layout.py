@@ -26,9 +26,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 # each family and the families it must not import (those above it, and its neighbour on its floor)
-ABOVE = {"lib": ("series", "box", "host", "bench", "comm", "report"), "series": ("box", "host", "bench", "comm", "report"),
-         "box": ("series", "host", "bench", "comm", "report"), "host": ("bench", "comm", "report"),
-         "bench": ("comm", "report"), "comm": ("bench", "report"), "report": ()}
+ABOVE = {
+    "lib": ("series", "box", "host", "bench", "comm", "report"),
+    "series": ("box", "host", "bench", "comm", "report"),
+    "box": ("series", "host", "bench", "comm", "report"),
+    "host": ("bench", "comm", "report"),
+    "bench": ("comm", "report"),
+    "comm": ("bench", "report"),
+    "report": (),
+}
 MAX_FUNCTION_LINES = 80
 BUDGETS = {"scripts": 9500, "tests": 10500}  # formatted lines of Python: a new feature pays for itself
 
@@ -62,16 +68,31 @@ def imports(name: str) -> list[tuple[str, list[str], int]]:
             base = node.module or ""
             if node.level:
                 parts = package.split(".")
-                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
             out.append((base, [a.name for a in node.names], node.lineno))
     return out
 
 
 def test_the_families_and_their_verbs():
     verbs = {v.split(".", 1)[1] for v in VERBS}
-    assert verbs == {"series.apply", "series.export", "series.check_patches", "series.refresh", "series.prove_tests",
-                     "host.doctor", "host.serve", "host.smoke", "host.image", "host.gpu_tier", "host.in_image",
-                     "bench.bench", "comm.bench_comm", "report.cost_model", "report.receipt", "report.profile"}
+    assert verbs == {
+        "series.apply",
+        "series.export",
+        "series.check_patches",
+        "series.refresh",
+        "series.prove_tests",
+        "host.doctor",
+        "host.serve",
+        "host.smoke",
+        "host.image",
+        "host.gpu_tier",
+        "host.in_image",
+        "bench.bench",
+        "comm.bench_comm",
+        "report.cost_model",
+        "report.receipt",
+        "report.profile",
+    }
     assert {n.split(".")[1] for n in MODULES if n.count(".") > 1} == set(ABOVE)
     assert not [n for n in VERBS if n.startswith(("scripts.lib", "scripts.box"))]
 
@@ -109,16 +130,24 @@ def test_no_private_names_across_modules():
             if isinstance(node, ast.alias) and node.asname and node.name.split(".")[-1] in aliases:
                 aliases.add(node.asname)
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
-                    and node.attr.startswith("_") and not node.attr.startswith("__")):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in aliases
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+            ):
                 bad.append(f"{name}:{node.lineno} uses {node.value.id}.{node.attr}")
     assert not bad, "\n".join(bad)
 
 
 def test_no_function_over_80_lines():
-    long = [f"{name}.{n.name} ({n.end_lineno - n.lineno + 1} lines)" for name, tree in TREES.items()
-            for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
+    long = [
+        f"{name}.{n.name} ({n.end_lineno - n.lineno + 1} lines)"
+        for name, tree in TREES.items()
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES
+    ]
     assert not long, long
 
 
@@ -135,8 +164,14 @@ def test_verbs_document_usage_and_exit_status():
 
 
 def test_hidden_size_defined_once():
-    defs = [name for name, tree in TREES.items() for n in ast.walk(tree) if isinstance(n, ast.Assign)
-            for t in n.targets if isinstance(t, ast.Name) and t.id == "HIDDEN"]
+    defs = [
+        name
+        for name, tree in TREES.items()
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Assign)
+        for t in n.targets
+        if isinstance(t, ast.Name) and t.id == "HIDDEN"
+    ]
     assert defs == ["scripts.lib.kimi"]
 
 
@@ -146,9 +181,16 @@ OUTSIDE = re.compile(r"(?<![\w.])(/[w]ork/|/[h]ome/\w|\.\./[s]hared/|/[U]sers/)"
 
 def test_nothing_names_a_path_outside_the_repository():
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
-    docs_and_code = [f for f in tracked if re.search(r"(\.(py|md|toml|sh|in|txt|cfg|ini|json|log)|Makefile|"
-                                                      r"Dockerfile|entrypoint|\.ci/run)$", f)
-                     and not f.startswith("tests/fixtures/")]
+    docs_and_code = [
+        f
+        for f in tracked
+        if re.search(
+            r"(\.(py|md|toml|sh|in|txt|cfg|ini|json|log)|Makefile|"
+            r"Dockerfile|entrypoint|\.ci/run)$",
+            f,
+        )
+        and not f.startswith("tests/fixtures/")
+    ]
     bad = []
     for f in docs_and_code:
         for n, line in enumerate((ROOT / f).read_text(errors="replace").splitlines(), 1):
@@ -160,11 +202,21 @@ def test_nothing_names_a_path_outside_the_repository():
 def test_the_image_verbs_need_nothing_the_upstream_image_lacks():
     """serve, doctor, smoke, gpu_tier, in_image, bench_comm, image and apply run on the upstream image's python3,
     which has no tomlkit: they import (and apply --help runs) with it blocked."""
-    verbs = ["scripts.host.serve", "scripts.host.doctor", "scripts.host.smoke", "scripts.host.gpu_tier",
-             "scripts.host.in_image", "scripts.comm.bench_comm", "scripts.host.image", "scripts.series.apply"]
-    code = ("import sys, importlib; sys.modules['tomlkit'] = None; "
-            f"[importlib.import_module(m) for m in {verbs!r}]; "
-            "from scripts.series.apply import main; main(['--help'])")
+    verbs = [
+        "scripts.host.serve",
+        "scripts.host.doctor",
+        "scripts.host.smoke",
+        "scripts.host.gpu_tier",
+        "scripts.host.in_image",
+        "scripts.comm.bench_comm",
+        "scripts.host.image",
+        "scripts.series.apply",
+    ]
+    code = (
+        "import sys, importlib; sys.modules['tomlkit'] = None; "
+        f"[importlib.import_module(m) for m in {verbs!r}]; "
+        "from scripts.series.apply import main; main(['--help'])"
+    )
     cp = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert cp.returncode == 0, cp.stderr[-2000:]
 

@@ -42,14 +42,23 @@ def served(models: Path, logs: Path):
     pair, urls, children, sinks = models / "llama", {}, [], []
     logs.mkdir(parents=True, exist_ok=True)
     try:
-        for i, (name, profile, draft) in enumerate((("tiny-nospec", "nospec.yaml", None),
-                                                    ("tiny-eagle3", "eagle3.yaml", pair / "draft-pi"))):
+        for i, (name, profile, draft) in enumerate(
+            (("tiny-nospec", "nospec.yaml", None), ("tiny-eagle3", "eagle3.yaml", pair / "draft-pi"))
+        ):
             port, sink = PORT + 10 * i, open(logs / f"server-{name}.log", "w")
             sinks.append(sink)
             urls[name] = f"http://127.0.0.1:{port}"
-            children.append(popen_launch_server(str(pair / "target"), urls[name], READY_S, device="cuda", env=env,
-                                                other_args=server_args(profile, port, draft),
-                                                return_stdout_stderr=(sink, sink)))
+            children.append(
+                popen_launch_server(
+                    str(pair / "target"),
+                    urls[name],
+                    READY_S,
+                    device="cuda",
+                    env=env,
+                    other_args=server_args(profile, port, draft),
+                    return_stdout_stderr=(sink, sink),
+                )
+            )
         yield urls
     finally:
         for child in children:
@@ -60,16 +69,40 @@ def served(models: Path, logs: Path):
 
 def bench_argv(urls: dict[str, str], out: Path, tokenizer: Path, patchset: str, box: str) -> list[str]:
     """make bench against the running servers (A/B/A, two repeats, bench/device/tiny-scenarios.toml)."""
-    argv = [sys.executable, "-m", "scripts.bench.bench", "--scenarios-file", str(ROOT / "bench/device/tiny-scenarios.toml"),
-            "--repeats", "2", "--results-dir", str(out), "--box", box, "--tokenizer", str(tokenizer)]
+    argv = [
+        sys.executable,
+        "-m",
+        "scripts.bench.bench",
+        "--scenarios-file",
+        str(ROOT / "bench/device/tiny-scenarios.toml"),
+        "--repeats",
+        "2",
+        "--results-dir",
+        str(out),
+        "--box",
+        box,
+        "--tokenizer",
+        str(tokenizer),
+    ]
     for name, url in urls.items():
         argv += ["--server-url", f"{name}={url}", "--patchset", f"{name}={patchset}"]
     return argv
 
 
 def profile_argv(urls: dict[str, str], out: Path) -> list[str]:
-    return [sys.executable, "-m", "scripts.report.profile", "--server-url", urls["tiny-nospec"], "--server-url",
-            urls["tiny-eagle3"], "--steps", "8", "--out", str(out / "profile.json")]
+    return [
+        sys.executable,
+        "-m",
+        "scripts.report.profile",
+        "--server-url",
+        urls["tiny-nospec"],
+        "--server-url",
+        urls["tiny-eagle3"],
+        "--steps",
+        "8",
+        "--out",
+        str(out / "profile.json"),
+    ]
 
 
 def wait(argv: list[str], env: dict) -> int:

@@ -51,8 +51,18 @@ RUN_TIMEOUT_S = 3600.0  # one bench_serving run
 # ------------------------------------------------------------------------------------------------------ client
 def client_args(p: pl.Plan, r: pl.Run, url: str, out: str) -> list[str]:
     """bench_serving's arguments for one run."""
-    a = ["--backend", "sglang", "--base-url", url, *r.scenario.bench_args(), "--output-file", out, "--tag",
-         f"{r.scenario.name}/{r.variant.name}/r{r.repeat}", "--disable-tqdm"]
+    a = [
+        "--backend",
+        "sglang",
+        "--base-url",
+        url,
+        *r.scenario.bench_args(),
+        "--output-file",
+        out,
+        "--tag",
+        f"{r.scenario.name}/{r.variant.name}/r{r.repeat}",
+        "--disable-tqdm",
+    ]
     if p.tokenizer:
         a += ["--tokenizer", p.tokenizer]
     return a + p.client_args
@@ -61,9 +71,16 @@ def client_args(p: pl.Plan, r: pl.Run, url: str, out: str) -> list[str]:
 def client_cmd(p: pl.Plan, args: list[str], out_dir: Path) -> list[str]:
     """bench_serving in the serving image (its bench-client verb, on the host's network), results in out_dir."""
     local = [x for t in [p.tokenizer] if t and Path(t).is_absolute() for x in ("-v", f"{t}:{t}:ro")]
-    return docker_run(p.client_image, ["bench-client", *args], gpus=False, results=out_dir, hf_cache=hf_cache_dir(),
-                      network_host=True, extra=local, env_names=("OPENAI_API_KEY", "HF_HUB_OFFLINE",
-                                                                 "TRANSFORMERS_OFFLINE"))
+    return docker_run(
+        p.client_image,
+        ["bench-client", *args],
+        gpus=False,
+        results=out_dir,
+        hf_cache=hf_cache_dir(),
+        network_host=True,
+        extra=local,
+        env_names=("OPENAI_API_KEY", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"),
+    )
 
 
 def run_client(cmd: list[str], log_path: Path, sampler: observe.Sampler) -> tuple[int, list[str]]:
@@ -73,8 +90,15 @@ def run_client(cmd: list[str], log_path: Path, sampler: observe.Sampler) -> tupl
     with open(log_path, "a") as log:
         log.write(f"\n$ {shlex.join(cmd)}\n")
         log.flush()
-        child = proc.spawn(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=proc.PIPE, stderr=proc.STDOUT,
-                           text=True, errors="replace", bufsize=1)
+        child = proc.spawn(
+            cmd,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdout=proc.PIPE,
+            stderr=proc.STDOUT,
+            text=True,
+            errors="replace",
+            bufsize=1,
+        )
         timer = threading.Timer(RUN_TIMEOUT_S, child.kill)
         timer.start()
         try:
@@ -131,23 +155,45 @@ def one_run(st: Session, r: pl.Run, server: Server, patch: dict) -> tuple[dict |
         last = "\n".join("  | " + x for x in lines[-15:])
         return None, f"bench_serving exit {rc}, no result; its last lines:\n{last}", rc
     rec["eagle"] = {
-        "schema": SCHEMA, "scenario": r.scenario.name, "scenario_spec": r.scenario.to_dict(),
-        "variant": r.variant.name, "variant_spec": r.variant.to_dict(), "letter": r.letter, "repeat": r.repeat,
-        "round": r.round, "position": r.index, "plan_size": len(p.runs),
-        "server_url": server.url, "launched": bool(server.argv), "launch_s": server.launch_s,
-        "speculative_algorithm": (after.server_info or {}).get("speculative_algorithm"), **patch,
-        "git_rev": p.meta["git_rev"], "git_dirty": p.meta["git_dirty"], "box": p.meta["box"],
-        "started_at": started, "finished_at": iso(), "wall_s": round(time.monotonic() - t0, 3), **decode,
-        "verify": observe.graph_delta(before, after), "accept_length_metrics": observe.accept_length(before, after),
+        "schema": SCHEMA,
+        "scenario": r.scenario.name,
+        "scenario_spec": r.scenario.to_dict(),
+        "variant": r.variant.name,
+        "variant_spec": r.variant.to_dict(),
+        "letter": r.letter,
+        "repeat": r.repeat,
+        "round": r.round,
+        "position": r.index,
+        "plan_size": len(p.runs),
+        "server_url": server.url,
+        "launched": bool(server.argv),
+        "launch_s": server.launch_s,
+        "speculative_algorithm": (after.server_info or {}).get("speculative_algorithm"),
+        **patch,
+        "git_rev": p.meta["git_rev"],
+        "git_dirty": p.meta["git_dirty"],
+        "box": p.meta["box"],
+        "started_at": started,
+        "finished_at": iso(),
+        "wall_s": round(time.monotonic() - t0, 3),
+        **decode,
+        "verify": observe.graph_delta(before, after),
+        "accept_length_metrics": observe.accept_length(before, after),
         "spec_collectives": observe.spec_collectives(after.server_info),
-        "failed_requests": max(0, r.scenario.num_prompts - int(rec.get("completed") or 0)), "client_args": args}
+        "failed_requests": max(0, r.scenario.num_prompts - int(rec.get("completed") or 0)),
+        "client_args": args,
+    }
     return rec, "", 0
 
 
 def one_line(rec: dict) -> str:
     m, v = rep.run_metrics(rec), rec["eagle"].get("verify")
-    parts = [f"decode {num(m['decode_tok_s'], small=True)} tok/s", f"output {num(m['output_tok_s'], small=True)} "
-             f"tok/s", f"TTFT {num(m['ttft_ms'], small=True)} ms", f"AL {num(m['accept_length'], 3)}"]
+    parts = [
+        f"decode {num(m['decode_tok_s'], small=True)} tok/s",
+        f"output {num(m['output_tok_s'], small=True)} tok/s",
+        f"TTFT {num(m['ttft_ms'], small=True)} ms",
+        f"AL {num(m['accept_length'], 3)}",
+    ]
     if isinstance(v, dict):
         off = v["eager"] + v["piecewise"]
         parts.append(f"verify {v['graph']} graph / {off} off-graph" + (" ⚠" if off else ""))
@@ -173,8 +219,8 @@ def session(st: Session, si: int, runs: list[pl.Run], server: Server) -> None:
             if r.scenario.name in st.bad_scenarios:
                 st.failures.append(f"{r.label(total)}: not run: {st.bad_scenarios[r.scenario.name]}")
                 continue
-            loads = sum(1 for s in p.sessions[si + 1:] if p.launches[s[0].variant.name].argv)
-            say(f"{r.label(total)}... {st.eta(p.runs[r.index - 1:], loads)}")
+            loads = sum(1 for s in p.sessions[si + 1 :] if p.launches[s[0].variant.name].argv)
+            say(f"{r.label(total)}... {st.eta(p.runs[r.index - 1 :], loads)}")
             t0 = time.monotonic()
             rec, why, rc = one_run(st, r, server, patch)
             st.durations.append((time.monotonic() - t0, r.scenario.seconds()))
@@ -203,13 +249,17 @@ def box_checks(p: pl.Plan) -> list[preflight.Check]:
 
 def print_plan(p: pl.Plan) -> None:
     runs, ses = p.runs, p.sessions
-    print(f"plan: {len(runs)} run(s) ({len(p.scenarios)} scenario(s) x {len(p.variants)} variant(s) x "
-          f"{p.repeats} repeat(s)) in {len(ses)} server session(s)"
-          + (f"; {len(p.earlier)} run(s) already in {p.results_dir}" if p.earlier else ""))
+    print(
+        f"plan: {len(runs)} run(s) ({len(p.scenarios)} scenario(s) x {len(p.variants)} variant(s) x "
+        f"{p.repeats} repeat(s)) in {len(ses)} server session(s)"
+        + (f"; {len(p.earlier)} run(s) already in {p.results_dir}" if p.earlier else "")
+    )
     loads = len(ses) * (p.port is not None)
-    print(f"  time: {len(runs)} run(s) ~{duration(sum(r.scenario.seconds() for r in runs))} + {loads} load(s) of "
-          f"{p.model or 'the model'} x ~{duration(pl.ASSUMED_LOAD_S)} = ~{duration(p.seconds)} (assumed "
-          f"{pl.ASSUMED_STREAM_TOK_S:g} tok/s per stream)")
+    print(
+        f"  time: {len(runs)} run(s) ~{duration(sum(r.scenario.seconds() for r in runs))} + {loads} load(s) of "
+        f"{p.model or 'the model'} x ~{duration(pl.ASSUMED_LOAD_S)} = ~{duration(p.seconds)} (assumed "
+        f"{pl.ASSUMED_STREAM_TOK_S:g} tok/s per stream)"
+    )
     print(f"  results: {p.stem.with_suffix('.jsonl')}")
     out_dir = Path(tempfile.gettempdir()) / "eagle-bench-RUN"
     for s in ses:
@@ -239,16 +289,25 @@ def report_only(path: Path, a) -> int:
     if not records:
         raise UserError(f"{path} holds no runs")
     e = records[0]["eagle"]
-    meta = {"stem": path.stem, "box": a.box or e.get("box"), "git_rev": e.get("git_rev"), "runs": len(records),
-            "started_at": e.get("started_at"), "finished_at": records[-1]["eagle"].get("finished_at")}
+    meta = {
+        "stem": path.stem,
+        "box": a.box or e.get("box"),
+        "git_rev": e.get("git_rev"),
+        "runs": len(records),
+        "started_at": e.get("started_at"),
+        "finished_at": records[-1]["eagle"].get("finished_at"),
+    }
     return EXIT_REGRESSION if rep.publish(records, path.with_suffix(""), meta, pl.judging(a, meta["box"])) else 0
 
 
 def api_key(key_file: str | None) -> None:
     """The servers' key from where serve reads it (--api-key-file, else $SGLANG_API_KEY): sent by the harness and
     by bench_serving ($OPENAI_API_KEY: in its environment, on no command line)."""
-    key, source = (Path(key_file).read_text().strip(), f"the file {key_file}") if key_file else (
-        os.environ.get("SGLANG_API_KEY", ""), "$SGLANG_API_KEY")
+    key, source = (
+        (Path(key_file).read_text().strip(), f"the file {key_file}")
+        if key_file
+        else (os.environ.get("SGLANG_API_KEY", ""), "$SGLANG_API_KEY")
+    )
     use_api_key(key, source)
     if key:
         if os.environ.get("OPENAI_API_KEY") not in (None, key):
@@ -278,8 +337,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_plan(p: pl.Plan) -> int:
-    say(f"plan: {len(p.runs)} run(s) in {len(p.sessions)} session(s), ~{duration(p.seconds)}; results "
-        f"{p.stem.with_suffix('.jsonl')}")
+    say(
+        f"plan: {len(p.runs)} run(s) in {len(p.sessions)} session(s), ~{duration(p.seconds)}; results "
+        f"{p.stem.with_suffix('.jsonl')}"
+    )
     p.results_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="eagle-bench-") as tmp:
         st = Session(p, {"stem": p.stem.name, **p.meta, "started_at": iso()}, Path(tmp))
@@ -289,8 +350,9 @@ def run_plan(p: pl.Plan) -> int:
             try:
                 session(st, si, runs, Server(p.launches[name], p.stem.with_name(f"{p.stem.name}.server-{name}.log")))
             except InfraError as e:
-                st.failures += [f"{r.label(len(p.runs))}: not run (the plan stopped)" for s in p.sessions[si:]
-                                for r in s]
+                st.failures += [
+                    f"{r.label(len(p.runs))}: not run (the plan stopped)" for s in p.sessions[si:] for r in s
+                ]
                 stopped = str(e)
                 break
         status = finish(st)

@@ -59,10 +59,17 @@ def _fail(msg: str):
 
 
 # bench_serving flag -> the scenario key that gives its value
-SCENARIO_FLAGS = {"--dataset-name": "dataset_name", "--num-prompts": "num_prompts", "--random-input-len": "input_len",
-                  "--random-output-len": "output_len", "--random-range-ratio": "range_ratio",
-                  "--max-concurrency": "max_concurrency", "--seed": "seed", "--warmup-requests": "warmup_requests",
-                  "--request-rate": "request_rate"}
+SCENARIO_FLAGS = {
+    "--dataset-name": "dataset_name",
+    "--num-prompts": "num_prompts",
+    "--random-input-len": "input_len",
+    "--random-output-len": "output_len",
+    "--random-range-ratio": "range_ratio",
+    "--max-concurrency": "max_concurrency",
+    "--seed": "seed",
+    "--warmup-requests": "warmup_requests",
+    "--request-rate": "request_rate",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,10 +94,18 @@ class Scenario:
 
     def bench_args(self) -> list[str]:
         d = {**dataclasses.asdict(self), "warmup_requests": self.warmup_requests or self.max_concurrency}
-        a = [x for flag, key in SCENARIO_FLAGS.items() if not (key == "request_rate" and str(d[key]) == "inf")
-             for x in (flag, str(d[key]))]
-        return a + ["--tokenize-prompt"] * self.tokenize_prompt + ["--flush-cache"] * self.flush_cache + list(
-            self.extra_args)
+        a = [
+            x
+            for flag, key in SCENARIO_FLAGS.items()
+            if not (key == "request_rate" and str(d[key]) == "inf")
+            for x in (flag, str(d[key]))
+        ]
+        return (
+            a
+            + ["--tokenize-prompt"] * self.tokenize_prompt
+            + ["--flush-cache"] * self.flush_cache
+            + list(self.extra_args)
+        )
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -169,11 +184,18 @@ def load_variants(path: Path) -> VariantSet:
         if not _NAME.match(str(v.get("name", ""))) or not v.get("profile"):
             raise UserError(f"{where}: needs a name (letters, digits, '.', '_', '+', '-') and a profile")
         if not isinstance(v.get("env", {}), dict) or not isinstance(v.get("args", []), list):
-            raise UserError(f"{where}: env is a table of NAME = \"value\", args a list of SGLang arguments")
+            raise UserError(f'{where}: env is a table of NAME = "value", args a list of SGLang arguments')
         if any(o.name == v["name"] for o in out):
             raise UserError(f"{path}: variant {v['name']} is defined twice")
-        out.append(Variant(**{**v, "env": tuple((str(k), str(x)) for k, x in v.get("env", {}).items()),
-                              "args": tuple(str(x) for x in v.get("args", ()))}))
+        out.append(
+            Variant(
+                **{
+                    **v,
+                    "env": tuple((str(k), str(x)) for k, x in v.get("env", {}).items()),
+                    "args": tuple(str(x) for x in v.get("args", ())),
+                }
+            )
+        )
     return VariantSet(out, defaults, Path(path))
 
 
@@ -222,8 +244,11 @@ def make_plan(scenarios: list[Scenario], variants: list[Variant], repeats: int, 
     """aba: odd rounds visit the variants forward, even rounds backward; blocked: every repeat of A, then of B."""
     if repeats < 1 or order not in ORDERS:
         raise UserError(f"repeats must be at least 1 and order one of {', '.join(ORDERS)}")
-    seq = [(r, v) for v in variants for r in range(repeats)] if order == "blocked" else [
-        (r, v) for r in range(repeats) for v in (variants if r % 2 == 0 else variants[::-1])]
+    seq = (
+        [(r, v) for v in variants for r in range(repeats)]
+        if order == "blocked"
+        else [(r, v) for r in range(repeats) for v in (variants if r % 2 == 0 else variants[::-1])]
+    )
     letters = {v.name: letter(i) for i, v in enumerate(variants)}
     runs: list[Run] = []
     for r, v in seq:
@@ -334,7 +359,7 @@ def parser() -> argparse.ArgumentParser:
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """(options, SGLang arguments after --)."""
     i = argv.index("--") if "--" in argv else len(argv)
-    return parser().parse_args(argv[:i]), argv[i + 1:]
+    return parser().parse_args(argv[:i]), argv[i + 1 :]
 
 
 def judging(a: argparse.Namespace, box: str) -> Judging:
@@ -353,8 +378,10 @@ def select(a: argparse.Namespace, server_args: list[str]) -> tuple[list[Variant]
     if a.server_url:
         return server_variants(a.server_url, a.patchset), {}, None
     if a.sweep and a.draft_model:
-        raise UserError("--draft-model sets the variants' drafter, but a sweep's drafters are its own (drafters = "
-                        "[...] in the sweep file): drop --draft-model")
+        raise UserError(
+            "--draft-model sets the variants' drafter, but a sweep's drafters are its own (drafters = "
+            "[...] in the sweep file): drop --draft-model"
+        )
     vset = load_variants(a.variants_file)
     if not a.sweep:
         return _pick(vset.variants, a.variants, "variant", vset.path), vset.defaults, None
@@ -371,9 +398,17 @@ def launch(v: Variant, image: str, serve: list[str], port: int) -> Launch:
     cmd, extra = ["serve"], [x for k, val in v.env for x in ("-e", f"{k}={val}")]
     if v.image == "stock":
         cmd = ["-m", "scripts.host.serve"]
-        extra += ["--entrypoint", "python3", "-v", f"{REPO_ROOT}:{IN_IMAGE_REPO}:ro", "-e", f"PYTHONPATH={IN_IMAGE_REPO}"]
-    argv = docker_run(image, [*cmd, *serve], hf_cache=hf_cache_dir(), network_host=True, detach=True, name=name,
-                      extra=extra)
+        extra += [
+            "--entrypoint",
+            "python3",
+            "-v",
+            f"{REPO_ROOT}:{IN_IMAGE_REPO}:ro",
+            "-e",
+            f"PYTHONPATH={IN_IMAGE_REPO}",
+        ]
+    argv = docker_run(
+        image, [*cmd, *serve], hf_cache=hf_cache_dir(), network_host=True, detach=True, name=name, extra=extra
+    )
     return Launch(v.name, f"http://127.0.0.1:{port}", image, tuple(argv), name)
 
 
@@ -438,8 +473,10 @@ def build(a: argparse.Namespace, server_args: list[str]) -> Plan:
     )
     too_many = concurrency_problems(scenarios, caps, variants)
     if too_many:
-        raise UserError(f"{a.scenarios_file}: {len(too_many)} scenario(s) would not measure what they say:\n  "
-                        + "\n  ".join(too_many))
+        raise UserError(
+            f"{a.scenarios_file}: {len(too_many)} scenario(s) would not measure what they say:\n  "
+            + "\n  ".join(too_many)
+        )
     return plan
 
 
@@ -452,8 +489,10 @@ def concurrency_problems(scenarios: list[Scenario], caps: dict[str, int], varian
         below = sorted((cap, name) for name, cap in caps.items() if 0 < cap < s.max_concurrency)
         if below:
             cap, name = below[0]
-            out.append(f"scenario {s.name}: max_concurrency {s.max_concurrency} is above max-running-requests {cap} "
-                       f"of {name} (profile {profile[name]}): {cap} would run at a time. Fix: max_concurrency <= {cap} "
-                       f"in [[scenario]] {s.name}, or make bench BENCH_ARGS=\"... -- --max-running-requests "
-                       f"{s.max_concurrency}\"")
+            out.append(
+                f"scenario {s.name}: max_concurrency {s.max_concurrency} is above max-running-requests {cap} "
+                f"of {name} (profile {profile[name]}): {cap} would run at a time. Fix: max_concurrency <= {cap} "
+                f'in [[scenario]] {s.name}, or make bench BENCH_ARGS="... -- --max-running-requests '
+                f'{s.max_concurrency}"'
+            )
     return out

@@ -24,8 +24,14 @@ BASELINE_SCHEMA = "eagle-bench-baseline/1"
 DEFAULT_THRESHOLDS = {"tok_s_drop_pct": 5.0, "accept_length_drop": 0.05}
 METRICS = ("decode_tok_s", "output_tok_s", "ttft_ms", "itl_ms", "tpot_ms", "accept_length")
 BASELINE_METRICS = ("decode_tok_s", "output_tok_s", "accept_length")
-LABELS = {"decode_tok_s": "decode tok/s", "output_tok_s": "output tok/s", "ttft_ms": "TTFT ms",
-          "itl_ms": "ITL ms", "tpot_ms": "TPOT ms", "accept_length": "accept length"}
+LABELS = {
+    "decode_tok_s": "decode tok/s",
+    "output_tok_s": "output tok/s",
+    "ttft_ms": "TTFT ms",
+    "itl_ms": "ITL ms",
+    "tpot_ms": "TPOT ms",
+    "accept_length": "accept length",
+}
 
 
 def load_results(path: Path) -> list[dict]:
@@ -40,7 +46,7 @@ def load_results(path: Path) -> list[dict]:
         except ValueError as e:
             raise UserError(f"{path}:{i} is not JSON: {e}") from e
         if not isinstance(rec, dict) or not isinstance(rec.get("eagle"), dict):
-            raise UserError(f"{path}:{i} has no \"eagle\" object: not a scripts.bench results file")
+            raise UserError(f'{path}:{i} has no "eagle" object: not a scripts.bench results file')
         out.append(rec)
     return out
 
@@ -51,10 +57,14 @@ def _f(x) -> float | None:
 
 def run_metrics(rec: dict) -> dict[str, float | None]:
     e = rec.get("eagle", {})
-    return {"decode_tok_s": _f(e.get("decode_tok_s")), "output_tok_s": _f(rec.get("output_throughput")),
-            "ttft_ms": _f(rec.get("median_ttft_ms")), "itl_ms": _f(rec.get("median_itl_ms")),
-            "tpot_ms": _f(rec.get("median_tpot_ms")),
-            "accept_length": _f(rec.get("accept_length")) or _f(e.get("accept_length_metrics"))}
+    return {
+        "decode_tok_s": _f(e.get("decode_tok_s")),
+        "output_tok_s": _f(rec.get("output_throughput")),
+        "ttft_ms": _f(rec.get("median_ttft_ms")),
+        "itl_ms": _f(rec.get("median_itl_ms")),
+        "tpot_ms": _f(rec.get("median_tpot_ms")),
+        "accept_length": _f(rec.get("accept_length")) or _f(e.get("accept_length_metrics")),
+    }
 
 
 @dataclasses.dataclass
@@ -114,31 +124,60 @@ def summarize(records: list[dict]) -> list[Row]:
         pw = sum(int(v.get("piecewise", 0)) for v in vs)
         per = [run_metrics(r) for r in recs]
         spec = es[0].get("variant_spec") or {}
-        rows.append(Row(sc, var, es[0].get("letter", "?"), len(recs),
-                        sorted({str(e.get("patchset", "unknown")) for e in es}),
-                        {m: stat([x[m] for x in per]) for m in METRICS},
-                        sum(int(v.get("eager", 0)) for v in vs) + pw if vs else None, reasons,
-                        es[0].get("scenario_spec") or {}, sum(int(v.get("graph", 0)) for v in vs) if vs else None,
-                        pw, spec.get("setting") or {}, spec.get("speculative")))
+        rows.append(
+            Row(
+                sc,
+                var,
+                es[0].get("letter", "?"),
+                len(recs),
+                sorted({str(e.get("patchset", "unknown")) for e in es}),
+                {m: stat([x[m] for x in per]) for m in METRICS},
+                sum(int(v.get("eager", 0)) for v in vs) + pw if vs else None,
+                reasons,
+                es[0].get("scenario_spec") or {},
+                sum(int(v.get("graph", 0)) for v in vs) if vs else None,
+                pw,
+                spec.get("setting") or {},
+                spec.get("speculative"),
+            )
+        )
     return sorted(rows, key=lambda row: (order.index(row.scenario), row.letter, row.variant))
 
 
 def make_baseline(rows: list[Row], meta: dict, thresholds: dict) -> dict:
-    entries = [{"scenario": r.scenario, "variant": r.variant, "patchset": ",".join(r.patchsets), "n": r.n,
-                **{m: round(s.median, 4) if (s := r.stats.get(m)) else None for m in BASELINE_METRICS}} for r in rows]
-    return {"schema": BASELINE_SCHEMA, "box": meta.get("box"), "git_rev": meta.get("git_rev"),
-            "source": meta.get("stem"), "thresholds": thresholds, "entries": entries,
-            "created_at": iso()}
+    entries = [
+        {
+            "scenario": r.scenario,
+            "variant": r.variant,
+            "patchset": ",".join(r.patchsets),
+            "n": r.n,
+            **{m: round(s.median, 4) if (s := r.stats.get(m)) else None for m in BASELINE_METRICS},
+        }
+        for r in rows
+    ]
+    return {
+        "schema": BASELINE_SCHEMA,
+        "box": meta.get("box"),
+        "git_rev": meta.get("git_rev"),
+        "source": meta.get("stem"),
+        "thresholds": thresholds,
+        "entries": entries,
+        "created_at": iso(),
+    }
 
 
 def load_baseline(path: Path) -> dict:
     try:
         d = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise UserError(f"baseline {path}: {e}; write one with --write-baseline {path} "
-                        f"(bench/baselines/README.md)") from e
-    if not isinstance(d, dict) or d.get("schema") != BASELINE_SCHEMA or not all(
-            isinstance(e, dict) and "scenario" in e and "variant" in e for e in d.get("entries") or [None]):
+        raise UserError(
+            f"baseline {path}: {e}; write one with --write-baseline {path} (bench/baselines/README.md)"
+        ) from e
+    if (
+        not isinstance(d, dict)
+        or d.get("schema") != BASELINE_SCHEMA
+        or not all(isinstance(e, dict) and "scenario" in e and "variant" in e for e in d.get("entries") or [None])
+    ):
         raise UserError(f"baseline {path} is not a {BASELINE_SCHEMA} file (bench/baselines/README.md)")
     return d
 
@@ -169,8 +208,10 @@ class BaselineCheck:
         return f"{100.0 * (self.current - self.baseline) / self.baseline:+.1f}%"
 
     def line(self) -> str:
-        return (f"{self.scenario} / {self.variant}: {LABELS[self.metric]} {num(self.current, small=True)} vs "
-                f"baseline {num(self.baseline, small=True)} ({self.change}, limit {self.limit})")
+        return (
+            f"{self.scenario} / {self.variant}: {LABELS[self.metric]} {num(self.current, small=True)} vs "
+            f"baseline {num(self.baseline, small=True)} ({self.change}, limit {self.limit})"
+        )
 
 
 def compare(rows: list[Row], baseline: dict, th: dict) -> list[BaselineCheck]:
@@ -181,10 +222,24 @@ def compare(rows: list[Row], baseline: dict, th: dict) -> list[BaselineCheck]:
         for m in (m for m in BASELINE_METRICS if _f(e.get(m)) is not None):
             base, s = _f(e[m]), row.stats.get(m) if row else None
             floor = base - drop - 1e-12 if m == "accept_length" else base * (1.0 - pct / 100.0)
-            status = "not run" if row is None else "not measured" if s is None else (
-                "REGRESSION" if s.median < floor else "ok")
-            out.append(BaselineCheck(e["scenario"], e["variant"], m, base, s.median if s else None,
-                                     f"-{drop:g}" if m == "accept_length" else f"-{pct:g}%", status))
+            status = (
+                "not run"
+                if row is None
+                else "not measured"
+                if s is None
+                else ("REGRESSION" if s.median < floor else "ok")
+            )
+            out.append(
+                BaselineCheck(
+                    e["scenario"],
+                    e["variant"],
+                    m,
+                    base,
+                    s.median if s else None,
+                    f"-{drop:g}" if m == "accept_length" else f"-{pct:g}%",
+                    status,
+                )
+            )
     return out
 
 
@@ -204,47 +259,112 @@ def _row(r: Row, ref: Row) -> list:
     vs = "–"
     if a and b and b.median:
         vs = f"{a.median / b.median:.2f}×" + (" (output)" if r.main != "decode_tok_s" else "")
-    return [r.letter, r.variant, f"`{'/'.join(r.patchsets)}`", r.n, _cell(r.stats["decode_tok_s"]), vs,
-            _cell(r.stats["output_tok_s"]), _cell(r.stats["ttft_ms"]), _cell(r.stats["itl_ms"], 2),
-            _cell(r.stats["tpot_ms"], 2), _cell(r.stats["accept_length"], 3), hit_cell(r),
-            "–" if r.eager is None else (f"**{r.eager}** ⚠" if r.eager else "0")]
+    return [
+        r.letter,
+        r.variant,
+        f"`{'/'.join(r.patchsets)}`",
+        r.n,
+        _cell(r.stats["decode_tok_s"]),
+        vs,
+        _cell(r.stats["output_tok_s"]),
+        _cell(r.stats["ttft_ms"]),
+        _cell(r.stats["itl_ms"], 2),
+        _cell(r.stats["tpot_ms"], 2),
+        _cell(r.stats["accept_length"], 3),
+        hit_cell(r),
+        "–" if r.eager is None else (f"**{r.eager}** ⚠" if r.eager else "0"),
+    ]
 
 
-def markdown(rows: list[Row], meta: dict, checks: list[BaselineCheck] | None = None,
-             baseline_path: str | None = None) -> str:
+def markdown(
+    rows: list[Row], meta: dict, checks: list[BaselineCheck] | None = None, baseline_path: str | None = None
+) -> str:
     patchsets: dict[str, set] = {}
     for r in rows:
         patchsets.setdefault(r.variant, set()).update(r.patchsets)
-    L = [f"# Bench results {meta.get('stem', '')}", "",
-         f"- box: `{meta.get('box')}` · git: `{meta.get('git_rev')}` · runs: {meta.get('runs')}"
-         + (f" (failed: {meta['failed']})" if meta.get("failed") else "")
-         + (f" · {meta.get('started_at')} → {meta.get('finished_at')}" if meta.get("started_at") else ""),
-         "- patch sets: " + ", ".join(f"{v} `{'/'.join(sorted(p))}`" for v, p in patchsets.items()),
-         "- cells: median over repeats (min–max). decode tok/s: the server's own rate (sglang:gen_throughput, median "
-         "of its decode-stats windows during the measured phase); output tok/s, TTFT, ITL, TPOT: bench_serving; "
-         "accept length: bench_serving's, else the server's counters; verify graph: share of target verify forwards "
-         "replayed by their CUDA graph; off-graph verify: the others, eager or piecewise (– without counters).", ""]
+    L = [
+        f"# Bench results {meta.get('stem', '')}",
+        "",
+        f"- box: `{meta.get('box')}` · git: `{meta.get('git_rev')}` · runs: {meta.get('runs')}"
+        + (f" (failed: {meta['failed']})" if meta.get("failed") else "")
+        + (f" · {meta.get('started_at')} → {meta.get('finished_at')}" if meta.get("started_at") else ""),
+        "- patch sets: " + ", ".join(f"{v} `{'/'.join(sorted(p))}`" for v, p in patchsets.items()),
+        "- cells: median over repeats (min–max). decode tok/s: the server's own rate (sglang:gen_throughput, median "
+        "of its decode-stats windows during the measured phase); output tok/s, TTFT, ITL, TPOT: bench_serving; "
+        "accept length: bench_serving's, else the server's counters; verify graph: share of target verify forwards "
+        "replayed by their CUDA graph; off-graph verify: the others, eager or piecewise (– without counters).",
+        "",
+    ]
     for sc in dict.fromkeys(r.scenario for r in rows):
         srows = [r for r in rows if r.scenario == sc]
         spec = srows[0].scenario_spec
-        L += [f"## {sc}" + (f" (concurrency {spec.get('max_concurrency')}, {spec.get('num_prompts')} prompts, in "
-                            f"{spec.get('input_len')} / out {spec.get('output_len')} tokens)" if spec else ""), "",
-              md_table(["", "variant", "patch set", "n", "decode tok/s", f"vs {srows[0].letter}", "output tok/s",
-                        "TTFT ms", "ITL ms", "TPOT ms", "accept length", "verify graph", "off-graph verify"],
-                       [_row(r, srows[0]) for r in srows], "lllrrrrrrrrrr"), ""]
+        L += [
+            f"## {sc}"
+            + (
+                f" (concurrency {spec.get('max_concurrency')}, {spec.get('num_prompts')} prompts, in "
+                f"{spec.get('input_len')} / out {spec.get('output_len')} tokens)"
+                if spec
+                else ""
+            ),
+            "",
+            md_table(
+                [
+                    "",
+                    "variant",
+                    "patch set",
+                    "n",
+                    "decode tok/s",
+                    f"vs {srows[0].letter}",
+                    "output tok/s",
+                    "TTFT ms",
+                    "ITL ms",
+                    "TPOT ms",
+                    "accept length",
+                    "verify graph",
+                    "off-graph verify",
+                ],
+                [_row(r, srows[0]) for r in srows],
+                "lllrrrrrrrrrr",
+            ),
+            "",
+        ]
     flagged = [r for r in rows if r.eager]
     L += ["## ⚠ Verify forwards off their CUDA graph", ""] * bool(flagged) + [
         f"- {r.scenario} / {r.variant}: {r.eager} verify forwards ran off their CUDA graph ({r.eager - r.piecewise} "
-        f"eager" + (f", {r.piecewise} piecewise" if r.piecewise else "") + "; " + (", ".join(
-            f"{k}: {n}" for k, n in sorted(r.eager_reasons.items())) or "no reason given") + ")" for r in flagged]
+        f"eager"
+        + (f", {r.piecewise} piecewise" if r.piecewise else "")
+        + "; "
+        + (", ".join(f"{k}: {n}" for k, n in sorted(r.eager_reasons.items())) or "no reason given")
+        + ")"
+        for r in flagged
+    ]
     L += [""] + sweep_markdown(rows)
     if checks is not None:
         bad = sum(c.status == "REGRESSION" for c in checks)
-        L += [f"## Baseline comparison ({baseline_path})", "", f"**{bad} regression(s)**" if bad else "No regression.",
-              "", md_table(["scenario", "variant", "metric", "baseline", "now", "change", "limit", "status"], [
-                  [c.scenario, c.variant, LABELS[c.metric], num(c.baseline, 2, small=True),
-                   num(c.current, 2, small=True), c.change, c.limit,
-                   f"**{c.status}**" if c.status == "REGRESSION" else c.status] for c in checks], "lllrrrrl"), ""]
+        L += [
+            f"## Baseline comparison ({baseline_path})",
+            "",
+            f"**{bad} regression(s)**" if bad else "No regression.",
+            "",
+            md_table(
+                ["scenario", "variant", "metric", "baseline", "now", "change", "limit", "status"],
+                [
+                    [
+                        c.scenario,
+                        c.variant,
+                        LABELS[c.metric],
+                        num(c.baseline, 2, small=True),
+                        num(c.current, 2, small=True),
+                        c.change,
+                        c.limit,
+                        f"**{c.status}**" if c.status == "REGRESSION" else c.status,
+                    ]
+                    for c in checks
+                ],
+                "lllrrrrl",
+            ),
+            "",
+        ]
     return "\n".join(L)
 
 
@@ -300,10 +420,22 @@ def sweep_points(rows: list[Row], scenario: str) -> tuple[list[Point], float | N
     for r in rows:
         s, al, tps = r.setting, r.stats.get("accept_length"), r.stats.get("decode_tok_s")
         if r.scenario == scenario and s and al and tps and tps.median > 0:
-            points.append(Point(r.variant, f"{s['drafter']} ({s['draft_quantization']})", s["steps"],
-                                s["draft_tokens"], al.median, tps.median, r.hit_rate))
-    refs = [r.stats["decode_tok_s"].median for r in rows if r.scenario == scenario and r.speculative is False
-            and r.stats.get("decode_tok_s")]
+            points.append(
+                Point(
+                    r.variant,
+                    f"{s['drafter']} ({s['draft_quantization']})",
+                    s["steps"],
+                    s["draft_tokens"],
+                    al.median,
+                    tps.median,
+                    r.hit_rate,
+                )
+            )
+    refs = [
+        r.stats["decode_tok_s"].median
+        for r in rows
+        if r.scenario == scenario and r.speculative is False and r.stats.get("decode_tok_s")
+    ]
     return points, (1000.0 / max(refs) if refs else None)
 
 
@@ -316,17 +448,24 @@ def fit(points: list[Point], t1: float | None) -> tuple[dict | None, str]:
         return None, f"{len(points)} point(s) for {n} unknowns: the sweep needs more points"
     import numpy as np
 
-    design = np.array([[1.0] * free + [p.draft_tokens - 1.0] + [float(p.steps) * (g == p.group) for g in groups]
-                       for p in points])
+    design = np.array(
+        [[1.0] * free + [p.draft_tokens - 1.0] + [float(p.steps) * (g == p.group) for g in groups] for p in points]
+    )
     cycles = np.array([p.cycle_ms - (0.0 if free else t1) for p in points])
     solved, _, rank, _ = np.linalg.lstsq(design, cycles, rcond=None)
     if rank < n:
-        return None, ("the points cannot separate the verify cost per token from the draft cost per step (chain "
-                      "points only: draft tokens - 1 = steps); add tree points (topk > 1)")
+        return None, (
+            "the points cannot separate the verify cost per token from the draft cost per step (chain "
+            "points only: draft tokens - 1 = steps); add tree points (topk > 1)"
+        )
     x = [float(v) for v in solved]
     t1 = x.pop(0) if free else t1
-    return {"t1": t1, "source": "fitted (no reference run without speculation)" if free else "measured by the "
-            "reference run", "per_token": x[0], "per_step": dict(zip(groups, x[1:]))}, ""
+    return {
+        "t1": t1,
+        "source": "fitted (no reference run without speculation)" if free else "measured by the reference run",
+        "per_token": x[0],
+        "per_step": dict(zip(groups, x[1:])),
+    }, ""
 
 
 def model_cycle(f: dict, p: Point) -> float:
@@ -339,17 +478,32 @@ def verdict(points: list[Point], f: dict) -> list[str]:
     pr, me = max(points, key=tok), max(points, key=lambda p: p.decode_tok_s)
     misses = sorted(((p, p.decode_tok_s / tok(p) - 1.0) for p in points), key=lambda x: -abs(x[1]))[:3]
     worst = [(p, d) for p, d in misses if abs(d) > 0.02]
-    return [f"Cost model over {len(points)} point(s): cycle = {f['t1']:.2f} ms (t1, {f['source']}) + "
-            f"{f['per_token']:.3f} ms per verified token beyond the first + per draft step: "
-            + ", ".join(f"{g} {v:.2f} ms" for g, v in f["per_step"].items()) + ".",
-            f"Predicted optimum: {pr.name} ({tok(pr):.1f} tok/s predicted, {pr.decode_tok_s:.1f} measured). "
-            f"Measured optimum: {me.name} ({me.decode_tok_s:.1f} tok/s). " + (
-                "The sweep agrees with the model." if pr.name == me.name else "The sweep does NOT agree with the "
-                f"model (the predicted point measured {100 * (1 - pr.decode_tok_s / me.decode_tok_s):.1f}% below "
-                "the best): the linear costs miss something at one of them (look at its verify graph hit rate).")] + (
-        ["Largest misses (measured vs predicted tok/s): " + ", ".join(
-            f"{p.name} {100 * d:+.1f}%" + (f" (verify graph {100 * p.hit_rate:.0f}%)" if p.hit_rate is not None
-                                           else "") for p, d in worst)] if worst else [])
+    return [
+        f"Cost model over {len(points)} point(s): cycle = {f['t1']:.2f} ms (t1, {f['source']}) + "
+        f"{f['per_token']:.3f} ms per verified token beyond the first + per draft step: "
+        + ", ".join(f"{g} {v:.2f} ms" for g, v in f["per_step"].items())
+        + ".",
+        f"Predicted optimum: {pr.name} ({tok(pr):.1f} tok/s predicted, {pr.decode_tok_s:.1f} measured). "
+        f"Measured optimum: {me.name} ({me.decode_tok_s:.1f} tok/s). "
+        + (
+            "The sweep agrees with the model."
+            if pr.name == me.name
+            else "The sweep does NOT agree with the "
+            f"model (the predicted point measured {100 * (1 - pr.decode_tok_s / me.decode_tok_s):.1f}% below "
+            "the best): the linear costs miss something at one of them (look at its verify graph hit rate)."
+        ),
+    ] + (
+        [
+            "Largest misses (measured vs predicted tok/s): "
+            + ", ".join(
+                f"{p.name} {100 * d:+.1f}%"
+                + (f" (verify graph {100 * p.hit_rate:.0f}%)" if p.hit_rate is not None else "")
+                for p, d in worst
+            )
+        ]
+        if worst
+        else []
+    )
 
 
 def sweep_markdown(rows: list[Row]) -> list[str]:
@@ -360,12 +514,37 @@ def sweep_markdown(rows: list[Row]) -> list[str]:
         table = []
         for r in sorted((r for r in rows if r.scenario == sc and r.setting), key=lambda r: r.variant):
             s, p = r.setting, next((p for p in points if p.name == r.variant), None)
-            table.append([s["drafter"], s["draft_quantization"], f"{s['steps']}/{s['topk']}/{s['draft_tokens']}",
-                          _cell(r.stats["accept_length"], 3), _cell(r.stats["decode_tok_s"]), hit_cell(r),
-                          f"{p.cycle_ms:.1f}" if p else "–", f"{model_cycle(f, p):.1f}" if f and p else "–"])
-        L += [f"## Sweep: drafters and speculative settings ({sc})", "", md_table(
-            ["drafter", "draft weights", "steps/topk/tokens", "accept length", "decode tok/s", "verify graph",
-             "cycle ms", "model cycle ms"], table, "lllrrrrr"), ""]
+            table.append(
+                [
+                    s["drafter"],
+                    s["draft_quantization"],
+                    f"{s['steps']}/{s['topk']}/{s['draft_tokens']}",
+                    _cell(r.stats["accept_length"], 3),
+                    _cell(r.stats["decode_tok_s"]),
+                    hit_cell(r),
+                    f"{p.cycle_ms:.1f}" if p else "–",
+                    f"{model_cycle(f, p):.1f}" if f and p else "–",
+                ]
+            )
+        L += [
+            f"## Sweep: drafters and speculative settings ({sc})",
+            "",
+            md_table(
+                [
+                    "drafter",
+                    "draft weights",
+                    "steps/topk/tokens",
+                    "accept length",
+                    "decode tok/s",
+                    "verify graph",
+                    "cycle ms",
+                    "model cycle ms",
+                ],
+                table,
+                "lllrrrrr",
+            ),
+            "",
+        ]
         L += (verdict(points, f) if f else [f"No cost-model verdict: {why}."]) + [""]
     return L
 
@@ -387,16 +566,25 @@ def plot(rows: list[Row], path: Path, title: str = "") -> bool:
     scenarios = list(dict.fromkeys(r.scenario for r in rows))
     metrics = [m for m in BASELINE_METRICS if any(r.stats.get(m) for r in rows)] or ["output_tok_s"]
     variants = list(dict.fromkeys(r.variant for r in sorted(rows, key=lambda r: r.letter)))
-    fig, axes = plt.subplots(len(metrics), len(scenarios), squeeze=False, figsize=(
-        max(4.0, 1.2 + 0.9 * len(variants)) * len(scenarios), 3.2 * len(metrics)))
+    fig, axes = plt.subplots(
+        len(metrics),
+        len(scenarios),
+        squeeze=False,
+        figsize=(max(4.0, 1.2 + 0.9 * len(variants)) * len(scenarios), 3.2 * len(metrics)),
+    )
     for (i, m), (j, sc) in ((im, js) for im in enumerate(metrics) for js in enumerate(scenarios)):
         ax = axes[i][j]
         for k, r in enumerate(next((r for r in rows if r.scenario == sc and r.variant == v), None) for v in variants):
             if s := (r.stats.get(m) if r else None):
                 ax.bar(k, s.median, color=plt.get_cmap("tab10")(k % 10), alpha=0.55, width=0.7)
                 ax.errorbar(k, s.median, yerr=[[s.median - s.min], [s.max - s.median]], color="black", capsize=4)
-                ax.scatter([k + (x - (len(s.values) - 1) / 2) * 0.12 for x in range(len(s.values))], s.values,
-                           color="black", s=12, zorder=3)
+                ax.scatter(
+                    [k + (x - (len(s.values) - 1) / 2) * 0.12 for x in range(len(s.values))],
+                    s.values,
+                    color="black",
+                    s=12,
+                    zorder=3,
+                )
                 if r.eager:
                     ax.annotate("eager!", (k, s.median), ha="center", va="bottom", color="red", fontsize=8)
         ax.set_xticks(range(len(variants)), variants, rotation=20, ha="right", fontsize=8)

@@ -1,8 +1,8 @@
 """One server lifecycle, for `make bench` and the profile part: start, wait until it answers, stop.
 
-  a container  the image's serve in a detached `docker run -d --name NAME` (scripts/box/docker.py): marked started
-               before `docker run` runs, so stop() removes it by its name whatever happens after (docker stop, rm)
-  a URL        a server someone else runs (--server-url): only checked
+a container  the image's serve in a detached `docker run -d --name NAME` (scripts/box/docker.py): marked started
+             before `docker run` runs, so stop() removes it by its name whatever happens after (docker stop, rm)
+a URL        a server someone else runs (--server-url): only checked
 """
 
 from __future__ import annotations
@@ -79,8 +79,10 @@ class Server:
             if running.stdout.strip() != "true":
                 raise UserError(f"{self.name} exited while starting; {self.log_path}:\n{tail(self.log_path)}")
             if time.monotonic() - t0 > timeout:
-                raise UserError(f"{self.name} was not ready within {duration(timeout)} (raise --launch-timeout); "
-                                f"{self.log_path}:\n{tail(self.log_path)}")
+                raise UserError(
+                    f"{self.name} was not ready within {duration(timeout)} (raise --launch-timeout); "
+                    f"{self.log_path}:\n{tail(self.log_path)}"
+                )
             time.sleep(2)
         self.launch_s = time.monotonic() - t0
         say(f"{self.name} is up on {self.url} after {duration(self.launch_s)}")
@@ -90,8 +92,10 @@ class Server:
         if status == 401:
             raise UserError(f"{self.name}: {unauthorized(self.url)}")
         if status != 200:
-            raise UserError(f"{self.name}: no SGLang server answers at {self.url} (GET /v1/models: "
-                            + (f"HTTP {status})" if status else "no answer)"))
+            raise UserError(
+                f"{self.name}: no SGLang server answers at {self.url} (GET /v1/models: "
+                + (f"HTTP {status})" if status else "no answer)")
+            )
 
     def _ready(self) -> bool:
         if http_get(self.url + "/health", 5)[0] != 200:
@@ -127,7 +131,11 @@ class Server:
 def unauthorized(url: str) -> str:
     """Why a server answered 401, and the fix: the key comes from where serve reads it."""
     if API_KEY.key:
-        return (f"401 Unauthorized from {url}: the server refuses the API key from {API_KEY.source}; give the key "
-                f"it was started with ($SGLANG_API_KEY, or --api-key-file FILE)")
-    return (f"401 Unauthorized from {url}: the server wants an API key; export SGLANG_API_KEY=<its key>, or pass "
-            f"--api-key-file FILE (the sources serve reads; the harness and bench_serving then send it)")
+        return (
+            f"401 Unauthorized from {url}: the server refuses the API key from {API_KEY.source}; give the key "
+            f"it was started with ($SGLANG_API_KEY, or --api-key-file FILE)"
+        )
+    return (
+        f"401 Unauthorized from {url}: the server wants an API key; export SGLANG_API_KEY=<its key>, or pass "
+        f"--api-key-file FILE (the sources serve reads; the harness and bench_serving then send it)"
+    )

@@ -120,8 +120,9 @@ def _watch(procs: list, tmp: str, timeout: float, stall: float, grace: float) ->
     return seen, 0.0
 
 
-def run(fn, world: int, timeout: float, *args, env: dict | None = None, stall: float = 60.0,
-        grace: float = 5.0) -> Ranks:
+def run(
+    fn, world: int, timeout: float, *args, env: dict | None = None, stall: float = 60.0, grace: float = 5.0
+) -> Ranks:
     """fn(rank, world, port, phase, *args) on `world` spawned ranks (fn: a module-level function); see the module."""
     import multiprocessing
 
@@ -140,7 +141,10 @@ def run(fn, world: int, timeout: float, *args, env: dict | None = None, stall: f
                 p.join(5)
         docs = [_doc(tmp, r) for r in range(world)]
     errors = {r: d["error"] for r, d in enumerate(docs) if d and "error" in d}
-    errors |= {r: f"rank {r} exited (code {procs[r].exitcode}) without a result" for r, d in enumerate(docs)
-               if d is None and r not in hung}
+    errors |= {
+        r: f"rank {r} exited (code {procs[r].exitcode}) without a result"
+        for r, d in enumerate(docs)
+        if d is None and r not in hung
+    }
     results = [d["result"] if d and "result" in d else None for d in docs]
     return Ranks(getattr(fn, "__name__", "ranks"), results, errors, hung, phase, time.monotonic() - t0, limit)

@@ -38,8 +38,13 @@ from .comm_report import plot, summarize, table
 ESTIMATE_S = 150  # per variant on 8 GPUs (the first: + 600 s PCIe-IPC autotune); an assumption until timed
 VERIFY_ROWS = [1, 4, 8, 16, 32, 64]  # plain decode at batch 1; batch 1, 2, 4, 8, 16 x 4 draft tokens
 PREFILL_ROWS = [512, 2048, 8192]
-VARIANTS = {"default": {}, "LL": {"NCCL_PROTO": "LL"}, "LL128": {"NCCL_PROTO": "LL128"},
-            "SIMPLE": {"NCCL_PROTO": "Simple"}, "p2p_off": {"NCCL_P2P_DISABLE": "1"}}
+VARIANTS = {
+    "default": {},
+    "LL": {"NCCL_PROTO": "LL"},
+    "LL128": {"NCCL_PROTO": "LL128"},
+    "SIMPLE": {"NCCL_PROTO": "Simple"},
+    "p2p_off": {"NCCL_P2P_DISABLE": "1"},
+}
 
 
 def variants(names: list[str]) -> dict[str, dict]:
@@ -79,8 +84,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: gloo ranks (tests the harness)")
     ap.add_argument("--box", help="the box in the file name (default: the GPUs' model and count)")
     ap.add_argument("--out", type=Path, help="result JSON (default: RESULTS_DIR/bench-comm_<box>_<UTC stamp>.json)")
-    ap.add_argument("--results-dir", type=Path, help="where results go (default: /results in the image, else "
-                                                     "bench/results)")
+    ap.add_argument(
+        "--results-dir", type=Path, help="where results go (default: /results in the image, else bench/results)"
+    )
     ap.add_argument("--timeout", type=float, default=300, help="seconds per variant before it counts as hung")
     return ap.parse_args(argv)
 
@@ -88,8 +94,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def machine(a: argparse.Namespace, meta: dict) -> int:
     """The number of ranks (and the GPUs into meta); UserError when this machine cannot run the benchmark."""
     if importlib.util.find_spec("sglang") is None:
-        raise UserError(f"bench-comm brings its ranks up through SGLang, which {sys.executable} does not import: "
-                        f"run make bench-comm (the serving image), or PYTHONPATH=build/sglang/python")
+        raise UserError(
+            f"bench-comm brings its ranks up through SGLang, which {sys.executable} does not import: "
+            f"run make bench-comm (the serving image), or PYTHONPATH=build/sglang/python"
+        )
     if a.device == "cpu":
         meta["gpu_name"] = "cpu"
         return a.world or 2
@@ -98,8 +106,10 @@ def machine(a: argparse.Namespace, meta: dict) -> int:
     n = torch.cuda.device_count()
     world = a.world or n
     if n < 2 or not 2 <= world <= n:
-        raise UserError(f"bench-comm needs at least 2 GPUs and --world at most the {n} visible here (nvidia-smi, "
-                        f"CUDA_VISIBLE_DEVICES)")
+        raise UserError(
+            f"bench-comm needs at least 2 GPUs and --world at most the {n} visible here (nvidia-smi, "
+            f"CUDA_VISIBLE_DEVICES)"
+        )
     meta["topo_m"] = proc.run(["nvidia-smi", "topo", "-m"], timeout=30).stdout
     meta["gpus"] = [torch.cuda.get_device_name(i) for i in range(n)]
     meta["gpu_name"] = meta["gpus"][0]
@@ -110,12 +120,35 @@ def machine(a: argparse.Namespace, meta: dict) -> int:
 def measure(a: argparse.Namespace, vmap: dict, world: int, meta: dict) -> list[dict]:
     """Every variant in its own ranks (the first one also runs the SGLang rows); their records."""
     ints = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
-    cfg = {"device": a.device, "rows": ints(a.rows), "prefill_rows": ints(a.prefill_rows), "layers": a.layers,
-           "chain": a.chain, "reps": a.reps, "flashinfer": not a.no_flashinfer}
-    why_not = ("--device cpu" if a.device == "cpu" else "--no-flashinfer" if a.no_flashinfer else "--no-sglang"
-               if a.no_sglang else "" if importlib.util.find_spec("flashinfer") else "flashinfer does not import")
-    sglang_args = None if why_not else {"flashinfer_allreduce_fusion_backend": "trtllm",
-                                        "disable_custom_all_reduce": True, "disable_flashinfer_autotune": a.no_autotune}
+    cfg = {
+        "device": a.device,
+        "rows": ints(a.rows),
+        "prefill_rows": ints(a.prefill_rows),
+        "layers": a.layers,
+        "chain": a.chain,
+        "reps": a.reps,
+        "flashinfer": not a.no_flashinfer,
+    }
+    why_not = (
+        "--device cpu"
+        if a.device == "cpu"
+        else "--no-flashinfer"
+        if a.no_flashinfer
+        else "--no-sglang"
+        if a.no_sglang
+        else ""
+        if importlib.util.find_spec("flashinfer")
+        else "flashinfer does not import"
+    )
+    sglang_args = (
+        None
+        if why_not
+        else {
+            "flashinfer_allreduce_fusion_backend": "trtllm",
+            "disable_custom_all_reduce": True,
+            "disable_flashinfer_autotune": a.no_autotune,
+        }
+    )
     meta["sglang_rows"] = {"server_args": sglang_args, "skipped": why_not}
     records, t_all = [], time.monotonic()
     if a.device == "cuda":
@@ -125,17 +158,27 @@ def measure(a: argparse.Namespace, vmap: dict, world: int, meta: dict) -> list[d
     for i, (name, env) in enumerate(vmap.items(), 1):
         first = i == 1 and sglang_args is not None
         say(f"[{i}/{len(vmap)}] variant {name} {env or '(environment as is)'}" + (", with the SGLang rows" * first))
-        res = run_variant(name, env, world, {**cfg, "steps": ["allreduce", "verify"] + ["sglang"] * first,
-                                             "verify_impls": ["nccl"] + ["sglang_fused_op", "sglang_tp"] * first,
-                                             "sglang": sglang_args if first else None},
-                          a.timeout + (600 if first and not a.no_autotune else 0))  # + the PCIe-IPC autotune
+        res = run_variant(
+            name,
+            env,
+            world,
+            {
+                **cfg,
+                "steps": ["allreduce", "verify"] + ["sglang"] * first,
+                "verify_impls": ["nccl"] + ["sglang_fused_op", "sglang_tp"] * first,
+                "sglang": sglang_args if first else None,
+            },
+            a.timeout + (600 if first and not a.no_autotune else 0),
+        )  # + the PCIe-IPC autotune
         records += [{**r, "variant": name} for r in res.get("records", [])]
         if res.get("error"):
             records.append({"kind": "variant_error", "variant": name, "error": res["error"][-2000:]})
             say(f"variant {name} failed: {(res['error'].strip().splitlines() or ['?'])[-1]}")
         meta.setdefault("per_variant", {})[name] = {**res.get("meta", {}), "seconds": res.get("seconds")}
-        say(f"[{i}/{len(vmap)}] variant {name} done ({res.get('seconds', 0):.0f}s; {time.monotonic() - t_all:.0f}s "
-            f"total)")
+        say(
+            f"[{i}/{len(vmap)}] variant {name} done ({res.get('seconds', 0):.0f}s; {time.monotonic() - t_all:.0f}s "
+            f"total)"
+        )
     return records
 
 
@@ -143,9 +186,16 @@ def nccl_axis() -> dict:
     """The NCCL this run used: the library torch loaded, torch's build, the pip package, the one meant to run."""
     rep = nccl_report()
     expected, source = expected_nccl()
-    return {"loaded": rep.get("nccl"), "library": rep.get("nccl_lib"), "torch_build": rep.get("nccl_build"),
-            "package": rep.get("dist"), "package_version": rep.get("dist_version"), "expected": expected or None,
-            "expected_from": source, "error": rep.get("error")}
+    return {
+        "loaded": rep.get("nccl"),
+        "library": rep.get("nccl_lib"),
+        "torch_build": rep.get("nccl_build"),
+        "package": rep.get("dist"),
+        "package_version": rep.get("dist_version"),
+        "expected": expected or None,
+        "expected_from": source,
+        "error": rep.get("error"),
+    }
 
 
 def main(argv=None) -> int:
@@ -153,15 +203,22 @@ def main(argv=None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
     vmap = variants([v.strip() for v in a.variants.split(",") if v.strip()])
     if a.dry_run:
-        print(f"bench-comm here: variants {', '.join(f'{k} {v or {}}' for k, v in vmap.items())}; ranks: "
-              f"{a.world or 'every visible GPU'}; about {duration(ESTIMATE_S * len(vmap) + 600)}")
+        print(
+            f"bench-comm here: variants {', '.join(f'{k} {v or {}}' for k, v in vmap.items())}; ranks: "
+            f"{a.world or 'every visible GPU'}; about {duration(ESTIMATE_S * len(vmap) + 600)}"
+        )
         return 0
     a.results_dir = a.results_dir or results_dir()  # in the image: the /results mount, which must exist
-    meta: dict = {"command": "python -m scripts.comm.bench_comm " + shlex.join(given),
-                  "git_rev": revision(short=True)[0], "utc": stamp(),
-                  "python": sys.version.split()[0], "layers": a.layers, "variants": vmap,
-                  "inherited_nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
-                  "image": os.environ.get("EAGLE_IMAGE") or None}
+    meta: dict = {
+        "command": "python -m scripts.comm.bench_comm " + shlex.join(given),
+        "git_rev": revision(short=True)[0],
+        "utc": stamp(),
+        "python": sys.version.split()[0],
+        "layers": a.layers,
+        "variants": vmap,
+        "inherited_nccl_env": {k: v for k, v in os.environ.items() if k.startswith("NCCL_")},
+        "image": os.environ.get("EAGLE_IMAGE") or None,
+    }
     meta["world"] = world = machine(a, meta)
     meta["nccl"] = nccl_axis()
     result = {"meta": meta, "records": measure(a, vmap, world, meta)}

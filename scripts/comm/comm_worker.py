@@ -105,10 +105,14 @@ class RankSession:
                 for b in bufs:
                     dist.all_reduce(b)
 
-            eager, graph = self.measure(many, chain, kind="allreduce", impl="nccl", rows=rows,
-                                        bytes=rows * HIDDEN * 2, **err)
-            _log(self.rank, f"{self.variant}: nccl all-reduce {rows} rows: {eager / chain:.1f} eager, "
-                            f"{(graph or float('nan')) / chain:.1f} graph us per call")
+            eager, graph = self.measure(
+                many, chain, kind="allreduce", impl="nccl", rows=rows, bytes=rows * HIDDEN * 2, **err
+            )
+            _log(
+                self.rank,
+                f"{self.variant}: nccl all-reduce {rows} rows: {eager / chain:.1f} eager, "
+                f"{(graph or float('nan')) / chain:.1f} graph us per call",
+            )
 
     def sglang_paths(self) -> None:
         """The patched SGLang's own paths, as the server runs them (scripts/comm/sglang_comm.py): the PCIe-IPC
@@ -123,8 +127,13 @@ class RankSession:
         try:
             for n in rows:
                 y = tp.all_reduce(t.randn(n, seed=n))
-                self.rec(kind="allreduce_check", impl="sglang_tp", rows=n, backend=log.take(),
-                         **t.errors(y, t.ref_sum(n, seed=n)))
+                self.rec(
+                    kind="allreduce_check",
+                    impl="sglang_tp",
+                    rows=n,
+                    backend=log.take(),
+                    **t.errors(y, t.ref_sum(n, seed=n)),
+                )
                 x, res = t.randn(n, seed=n + 1), t.randn(n, seed=n + 2, rank=0)
                 norm, res_out = sc.fused_allreduce_rmsnorm(x, res, gamma)
                 if norm is None:
@@ -132,8 +141,15 @@ class RankSession:
                     continue
                 ref_res = t.ref_sum(n, seed=n + 1) + res.float()
                 e_res, e_norm = t.errors(res_out, ref_res), t.errors(norm, t.rmsnorm_ref(ref_res, gamma))
-                self.rec(kind="fused_check", impl="sglang_fused_op", rows=n, trigger_at_end=True, residual=e_res,
-                         norm=e_norm, ok=not (e_res["nan"] or e_norm["nan"]) and e_norm["max_abs_err"] < 0.25)
+                self.rec(
+                    kind="fused_check",
+                    impl="sglang_fused_op",
+                    rows=n,
+                    trigger_at_end=True,
+                    residual=e_res,
+                    norm=e_norm,
+                    ok=not (e_res["nan"] or e_norm["nan"]) and e_norm["max_abs_err"] < 0.25,
+                )
         finally:
             log.close()
         me = SimpleNamespace(rank=self.rank, world=self.world, device="cuda")
@@ -216,13 +232,17 @@ class RankSession:
                 self.rec(kind="verify_forward", impl=impl, rows=rows, layers=layers, mode="eager", us=eager)
                 if graph is not None:
                     self.rec(kind="verify_forward", impl=impl, rows=rows, layers=layers, mode="graph", us=graph)
-                _log(self.rank, f"{self.variant}: verify forward {impl} {rows} rows: eager {eager / 1e3:.2f} ms, "
-                                f"graph {(graph or float('nan')) / 1e3:.2f} ms")
+                _log(
+                    self.rank,
+                    f"{self.variant}: verify forward {impl} {rows} rows: eager {eager / 1e3:.2f} ms, "
+                    f"graph {(graph or float('nan')) / 1e3:.2f} ms",
+                )
             ref = outputs.get("nccl")
             for impl, out in outputs.items():
                 if ref is not None and impl != "nccl":
-                    self.rec(kind="verify_forward_check", impl=impl, rows=rows, against="nccl",
-                             **self.t.errors(out, ref))
+                    self.rec(
+                        kind="verify_forward_check", impl=impl, rows=rows, against="nccl", **self.t.errors(out, ref)
+                    )
 
 
 def p2p_bandwidth(size_mb: int = 256) -> list[dict]:
@@ -250,8 +270,16 @@ def p2p_bandwidth(size_mb: int = 256) -> list[dict]:
                     e.synchronize()
                     times.append(s.elapsed_time(e) / 1e3)
             t = statistics.median(times)
-            out.append({"kind": "p2p_bw", "src": a, "dst": b, "bytes": src.numel(), "gbps": src.numel() / t / 1e9,
-                        "peer_access": bool(torch.cuda.can_device_access_peer(a, b))})
+            out.append(
+                {
+                    "kind": "p2p_bw",
+                    "src": a,
+                    "dst": b,
+                    "bytes": src.numel(),
+                    "gbps": src.numel() / t / 1e9,
+                    "peer_access": bool(torch.cuda.can_device_access_peer(a, b)),
+                }
+            )
             del src, dst
     return out
 
@@ -282,11 +310,19 @@ def worker(rank: int, world: int, port: int, phase, cfg: dict) -> dict:
             from sglang.srt.distributed.parallel_state import init_distributed_environment
 
             backend = "gloo" if cfg["device"] == "cpu" else "nccl"
-            init_distributed_environment(world_size=world, rank=rank, local_rank=rank, backend=backend,
-                                         distributed_init_method=f"tcp://127.0.0.1:{port}")
+            init_distributed_environment(
+                world_size=world,
+                rank=rank,
+                local_rank=rank,
+                backend=backend,
+                distributed_init_method=f"tcp://127.0.0.1:{port}",
+            )
         bench = RankSession(rank, world, cfg, sc, sa)
-        for step, run_step in (("allreduce", bench.allreduce_sizes), ("sglang", bench.sglang_paths),
-                               ("verify", lambda: bench.verify_forward(cfg["verify_impls"]))):
+        for step, run_step in (
+            ("allreduce", bench.allreduce_sizes),
+            ("sglang", bench.sglang_paths),
+            ("verify", lambda: bench.verify_forward(cfg["verify_impls"])),
+        ):
             if step in cfg["steps"]:
                 phase(step)
                 run_step()

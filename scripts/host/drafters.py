@@ -26,12 +26,17 @@ def cached(repo: str, cache: str | None = None) -> bool:
 def drafter_note(repo: str, cache: str | None = None) -> str:
     """A line about the drafter for the dry run; a UserError for an id that is neither known nor in the cache."""
     if repo in KNOWN:
-        return f"drafter {repo}: {KNOWN[repo]}" + ("" if cached(repo, cache) else
-                                                  f"; not in the HF cache {cache or hf_cache_dir()}: SGLang "
-                                                  f"downloads it at start")
+        return f"drafter {repo}: {KNOWN[repo]}" + (
+            ""
+            if cached(repo, cache)
+            else f"; not in the HF cache {cache or hf_cache_dir()}: SGLang downloads it at start"
+        )
     if cached(repo, cache):
         return f"drafter {repo}: not one of the known drafters ({', '.join(KNOWN)})"
     close = difflib.get_close_matches(repo, list(KNOWN), n=1)
-    raise UserError(f"drafter {repo} is neither a known drafter ({', '.join(KNOWN)}) nor in the HF cache "
-                    f"{cache or hf_cache_dir()}" + (f": did you mean {close[0]}?" if close else "")
-                    + f" To use it anyway, download it first: hf download {repo}")
+    raise UserError(
+        f"drafter {repo} is neither a known drafter ({', '.join(KNOWN)}) nor in the HF cache "
+        f"{cache or hf_cache_dir()}"
+        + (f": did you mean {close[0]}?" if close else "")
+        + f" To use it anyway, download it first: hf download {repo}"
+    )

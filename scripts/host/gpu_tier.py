@@ -43,13 +43,27 @@ def main(argv=None) -> int:
         fix = "start the container with the GPUs: docker run --gpus all --ipc=host ..."
         if not os.environ.get("EAGLE_IMAGE"):
             fix = "run it on the GPU box: make test-gpu (in the image)"
-        raise UserError(f"test-gpu needs at least 2 GPUs; {len(names)} visible here ({why or 'nvidia-smi -L'}). "
-                        f"Fix: {fix}")
+        raise UserError(
+            f"test-gpu needs at least 2 GPUs; {len(names)} visible here ({why or 'nvidia-smi -L'}). Fix: {fix}"
+        )
     out = (a.out or result_file("test-gpu", ".xml", box_name(names), results)).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "EAGLE_GPU_TIMEOUT": str(a.timeout), **({"EAGLE_GPU_WORLD": str(a.world)} if a.world else {})}
-    cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-o", "addopts=", f"--junitxml={out}",
-           str(REPO_ROOT / "tests" / "gpu"), "--ignore", str(REPO_ROOT / "tests" / "gpu" / "serve"), *a.pytest_args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-v",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "addopts=",
+        f"--junitxml={out}",
+        str(REPO_ROOT / "tests" / "gpu"),
+        "--ignore",
+        str(REPO_ROOT / "tests" / "gpu" / "serve"),
+        *a.pytest_args,
+    ]
     say(f"running: {' '.join(cmd)}")
     rc = proc.run(cmd, timeout=None, cwd=REPO_ROOT, env=env, capture=False).returncode
     if not out.is_file():

@@ -23,17 +23,23 @@ from ..series.pin import load_pin
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="scripts.host.in_image", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="scripts.host.in_image", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--image", help="the image (default: the one make image builds)")
-    ap.add_argument("--results", type=Path, default=REPO_ROOT / "bench" / "results",
-                    help="the host directory mounted at /results (default bench/results)")
+    ap.add_argument(
+        "--results",
+        type=Path,
+        default=REPO_ROOT / "bench" / "results",
+        help="the host directory mounted at /results (default bench/results)",
+    )
     ap.add_argument("verb", help="test-serve, test-gpu, bench-comm, doctor, ...")
     ap.add_argument("args", nargs=argparse.REMAINDER, help="the verb's arguments")
     a = ap.parse_args(argv)
     image, dry = a.image or load_pin().serving_image, "--dry-run" in a.args
-    cmd = docker_run(image, [a.verb, *(t for t in a.args if t != "--dry-run")], results=a.results.resolve(),
-                     hf_cache=hf_cache_dir())
+    cmd = docker_run(
+        image, [a.verb, *(t for t in a.args if t != "--dry-run")], results=a.results.resolve(), hf_cache=hf_cache_dir()
+    )
     print(shown(cmd), file=sys.stdout if dry else sys.stderr, flush=True)
     if dry:
         return 0

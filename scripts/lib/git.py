@@ -42,8 +42,15 @@ def git_env(fixed_date: bool = False) -> dict[str, str]:
     return env
 
 
-def git(repo: Path, *args: str, check: bool = True, fixed_date: bool = False, input: str | None = None,
-        timeout: float | None = TIMEOUT, env: dict[str, str] | None = None) -> proc.Result:
+def git(
+    repo: Path,
+    *args: str,
+    check: bool = True,
+    fixed_date: bool = False,
+    input: str | None = None,
+    timeout: float | None = TIMEOUT,
+    env: dict[str, str] | None = None,
+) -> proc.Result:
     res = proc.run(["git", "-C", str(repo), *args], env=env or git_env(fixed_date), input=input, timeout=timeout)
     if check and not res.ok:
         said = res.stderr.strip() or res.stdout.strip() or res.why

@@ -30,9 +30,14 @@ from . import spec_model as sm
 
 RESULTS, RECEIPTS = REPO_ROOT / "bench" / "results", REPO_ROOT / "bench" / "receipts"
 DOC, C = REPO_ROOT / "eagle-fast-verify.md", "central"
-UNKNOWN = {"a_seed_us": "the box's NCCL per call in a graph, us (sets B)", "eta": "achieved / spec bandwidth",
-           "rho": "routing correlation of the verified tokens", "ipc_scale": "PCIe IPC per call / the docstring's",
-           "kd_ms": "draft kernel chain per forward, ms", "glue_ms": "eager glue per cycle, ms"}
+UNKNOWN = {
+    "a_seed_us": "the box's NCCL per call in a graph, us (sets B)",
+    "eta": "achieved / spec bandwidth",
+    "rho": "routing correlation of the verified tokens",
+    "ipc_scale": "PCIe IPC per call / the docstring's",
+    "kd_ms": "draft kernel chain per forward, ms",
+    "glue_ms": "eager glue per cycle, ms",
+}
 EFFORT = {"S": 1, "S-M": 2, "M": 3, "M-L": 6, "L": 9}
 
 
@@ -54,8 +59,9 @@ class Box:
     def __init__(self, inp: dict, cyc: dict, over: dict | None = None, runs: list[dict] = ()):
         self.inp, self.cyc, self.over, self.runs = inp, cyc, over or {}, runs
         self.m = {c: sm.Model(inp, cyc, c, **self.over) for c in sm.CORNERS}
-        self.seed = {c: sm.Model(inp, cyc, c, **self.over | {"head_rows": inp["drafter"]["seed_head_rows"]})
-                     for c in sm.CORNERS}
+        self.seed = {
+            c: sm.Model(inp, cyc, c, **self.over | {"head_rows": inp["drafter"]["seed_head_rows"]}) for c in sm.CORNERS
+        }
         self.steps, self.al, self.goal = self.m[C].steps(), self.m[C].al(), rd.THRESHOLDS["goal_tok_s"]
         self.name, self.table = f"{self.steps}/1/{self.steps + 1}", self.rows()
 
@@ -74,43 +80,105 @@ class Box:
         n = sum(self.cyc["stages"]["target_verify"].values())
         peer_b = [1000 / p["nospec"] - n * p["ar_us"] / 1000 for p in self.inp["peer"] if "ar_us" in p]
         lo, hi = (a * s["decode_tok_s"] / s["eagle_tok_s"] for a in s["eagle_al"])
-        rows = [["Plain decode, tok/s", f"{s['decode_tok_s']:.0f}", "input (calibrates B)",
-                 band(self.each(sm.Model.decode_tok_s, "nccl", seed=True)), "0 % (by construction)"],
-                ["B, ms", f"peers {min(peer_b):.1f}-{max(peer_b):.1f}", "cross-check (peers)",
-                 band(self.each(sm.Model.B, seed=True), 2), err(self.m[C].B(), min(peer_b), max(peer_b))]]
+        rows = [
+            [
+                "Plain decode, tok/s",
+                f"{s['decode_tok_s']:.0f}",
+                "input (calibrates B)",
+                band(self.each(sm.Model.decode_tok_s, "nccl", seed=True)),
+                "0 % (by construction)",
+            ],
+            [
+                "B, ms",
+                f"peers {min(peer_b):.1f}-{max(peer_b):.1f}",
+                "cross-check (peers)",
+                band(self.each(sm.Model.B, seed=True), 2),
+                err(self.m[C].B(), min(peer_b), max(peer_b)),
+            ],
+        ]
         run_ = next((r for r in self.runs if r["_file"] == self.inp["eager"]["proxy_run"]), None)
         if rec := run_ and record(run_, kind="verify_forward", impl="nccl", rows=4, mode="eager"):
             us = rec["us"] / (LAYERS * (len(ATTN_GEMMS) + len(MOE_GEMMS) + 4))  # per launch, the proxy's eager forward
             k = self.inp["eager"]["kernels_per_forward"]
-            rows.append(["Eager verify (4 tokens), ms", f"~{v:.0f}", f"input; cross-check: launch-bound, {us:.1f} us "
-                         f"per launch (H200 proxy) x {k} kernels (estimated)", f"{k * us / 1e3:.1f}",
-                         err(k * us / 1e3, v)])
-        rows += [["... in NCCL kernels, ms", f"~{s['verify_nccl_ms']:.0f}", "prediction", band(nccl),
-                  err(nccl[C], s["verify_nccl_ms"])],
-                 ["Verify share of the cycle", f"{100 * s['verify_share']:.0f} %", "prediction", band(share, 0, True),
-                  err(share[C], s["verify_share"])]]
-        for name, tok, al in (*(("EAGLE-3", s["eagle_tok_s"], a) for a in s["eagle_al"]),
-                              ("AQ-MedAI drafter", s["aq_tok_s"], s["aq_al"])):
+            rows.append(
+                [
+                    "Eager verify (4 tokens), ms",
+                    f"~{v:.0f}",
+                    f"input; cross-check: launch-bound, {us:.1f} us per launch (H200 proxy) x {k} kernels (estimated)",
+                    f"{k * us / 1e3:.1f}",
+                    err(k * us / 1e3, v),
+                ]
+            )
+        rows += [
+            [
+                "... in NCCL kernels, ms",
+                f"~{s['verify_nccl_ms']:.0f}",
+                "prediction",
+                band(nccl),
+                err(nccl[C], s["verify_nccl_ms"]),
+            ],
+            [
+                "Verify share of the cycle",
+                f"{100 * s['verify_share']:.0f} %",
+                "prediction",
+                band(share, 0, True),
+                err(share[C], s["verify_share"]),
+            ],
+        ]
+        for name, tok, al in (
+            *(("EAGLE-3", s["eagle_tok_s"], a) for a in s["eagle_al"]),
+            ("AQ-MedAI drafter", s["aq_tok_s"], s["aq_al"]),
+        ):
             got = {c: 1000 * al / x for c, x in cyc.items()}
             rows.append([f"{name} at AL {al}, tok/s", f"{tok:.0f}", "prediction", band(got), err(got[C], tok)])
         be = v * s["decode_tok_s"] / 1000
-        rows += [["Break-even AL, verify / decode", f"{s['break_even']:.2f}", "from two inputs", f"{be:.2f}",
-                  err(be, s["break_even"])],
-                 ["Break-even AL, cycle / decode", f"{lo:.2f}-{hi:.2f} (AL x 82 / 60)", "prediction", band(be2, 2),
-                  err(be2[C], lo, hi)]]
+        rows += [
+            [
+                "Break-even AL, verify / decode",
+                f"{s['break_even']:.2f}",
+                "from two inputs",
+                f"{be:.2f}",
+                err(be, s["break_even"]),
+            ],
+            [
+                "Break-even AL, cycle / decode",
+                f"{lo:.2f}-{hi:.2f} (AL x 82 / 60)",
+                "prediction",
+                band(be2, 2),
+                err(be2[C], lo, hi),
+            ],
+        ]
         return md_table(["seed number", "seed (box)", "role", "model: central (band)", "error"], rows)
 
     def physics(self) -> str:
         m, kib = self.m[C], self.cyc["kib"]["target_verify"]["all_reduce"]
-        rows = [[w, f"{m.non_routed():.2f} + {m.gb(w) - m.non_routed():.2f} = {m.gb(w):.2f}",
-                 f"{m.gb(w) / m.m['bandwidth_tb_s']:.2f}", f"{m.oneshot_us(w):.1f} ({2 * m.oneshot_us(w) / m.tp:.1f})",
-                 band(self.each(sm.Model.lat, "pcie_ipc", w * kib)), f"{m.floor_ms(w):.2f}",
-                 band(self.each(sm.Model.forward_ms, w), 2), f"{m.forward_ms(w) / m.floor_ms(w):.1f}x"]
-                for w in (1, 4, 8)]
-        return md_table(["tokens", "GB per GPU: non-routed + routed = total", "bytes at 1.792 TB/s, ms",
-                         "all-reduce egress floor per call, one-shot (two-shot), us", "PCIe IPC per call, modelled, us",
-                         f"floor: bytes + {self.cyc['stages']['target_verify']['all_reduce']} all-reduces at the "
-                         "one-shot floor, ms", "modelled forward (PCIe IPC), ms", "modelled / floor"], rows)
+        rows = [
+            [
+                w,
+                f"{m.non_routed():.2f} + {m.gb(w) - m.non_routed():.2f} = {m.gb(w):.2f}",
+                f"{m.gb(w) / m.m['bandwidth_tb_s']:.2f}",
+                f"{m.oneshot_us(w):.1f} ({2 * m.oneshot_us(w) / m.tp:.1f})",
+                band(self.each(sm.Model.lat, "pcie_ipc", w * kib)),
+                f"{m.floor_ms(w):.2f}",
+                band(self.each(sm.Model.forward_ms, w), 2),
+                f"{m.forward_ms(w) / m.floor_ms(w):.1f}x",
+            ]
+            for w in (1, 4, 8)
+        ]
+        return md_table(
+            [
+                "tokens",
+                "GB per GPU: non-routed + routed = total",
+                "bytes at 1.792 TB/s, ms",
+                "all-reduce egress floor per call, one-shot (two-shot), us",
+                "PCIe IPC per call, modelled, us",
+                f"floor: bytes + {self.cyc['stages']['target_verify']['all_reduce']} all-reduces at the "
+                "one-shot floor, ms",
+                "modelled forward (PCIe IPC), ms",
+                "modelled / floor",
+            ],
+            rows,
+        )
 
     def rows(self) -> dict[str, list[dict]]:
         """The series' steps at the patched setting, and every chain setting: verify, cycle, tok/s per corner."""
@@ -119,34 +187,63 @@ class Box:
             seed, b = step["backend"] == "seed", "nccl" if step["backend"] == "seed" else step["backend"]
             cyc = self.each(sm.Model.cycle_ms, st, b, v if seed else None, seed=seed)
             verify = dict.fromkeys(sm.CORNERS, v) if seed else self.each(sm.Model.verify_ms, st + 1, b)
-            out["series"].append({"name": step["name"], "cycle": cyc, "tok2": {c: 2000 / x for c, x in cyc.items()},
-                                  "verify": verify, "decode": self.each(sm.Model.decode_tok_s, b, seed=seed),
-                                  "tok": {c: 1000 * self.al / x for c, x in cyc.items()}})
+            out["series"].append(
+                {
+                    "name": step["name"],
+                    "cycle": cyc,
+                    "tok2": {c: 2000 / x for c, x in cyc.items()},
+                    "verify": verify,
+                    "decode": self.each(sm.Model.decode_tok_s, b, seed=seed),
+                    "tok": {c: 1000 * self.al / x for c, x in cyc.items()},
+                }
+            )
         for s in range(1, len(self.inp["acceptance"]["per_position"]) + 1):
             cyc = self.each(sm.Model.cycle_ms, s)
-            out["settings"].append({"name": f"{s}/1/{s + 1}", "al": self.m[C].al(s), "cycle": cyc,
-                                    "verify": self.each(sm.Model.verify_ms, s + 1),
-                                    "tok": self.each(sm.Model.tok_s, s),
-                                    "ratio": self.each(sm.Model.cycle_ratio, s),
-                                    "need": [{c: g * x / 1000 for c, x in cyc.items()}
-                                             for g in (self.goal, self.inp["goals"]["stretch_tok_s"])]})
+            out["settings"].append(
+                {
+                    "name": f"{s}/1/{s + 1}",
+                    "al": self.m[C].al(s),
+                    "cycle": cyc,
+                    "verify": self.each(sm.Model.verify_ms, s + 1),
+                    "tok": self.each(sm.Model.tok_s, s),
+                    "ratio": self.each(sm.Model.cycle_ratio, s),
+                    "need": [
+                        {c: g * x / 1000 for c, x in cyc.items()}
+                        for g in (self.goal, self.inp["goals"]["stretch_tok_s"])
+                    ],
+                }
+            )
         return out
 
     def sensitivity(self) -> str:
         t0, c0, ipc = self.m[C].tok_s(), self.m[C].cycle_ms(), self.inp["per_call"]["pcie_ipc"]
-        rows = [[UNKNOWN.get(k, k), f"{v[0]} -> {v[2]}", *(self.at(**{k: v[i]}).tok_s() for i in (0, 2))]
-                for k, v in self.inp["band"].items()]
-        rows.append(["accept length", f"{self.al - 0.3:.2f} -> {self.al + 0.3:.2f}",
-                     *(self.at(al_delta=d).tok_s() for d in (-0.3, 0.3))])
+        rows = [
+            [UNKNOWN.get(k, k), f"{v[0]} -> {v[2]}", *(self.at(**{k: v[i]}).tok_s() for i in (0, 2))]
+            for k, v in self.inp["band"].items()
+        ]
+        rows.append(
+            [
+                "accept length",
+                f"{self.al - 0.3:.2f} -> {self.al + 0.3:.2f}",
+                *(self.at(al_delta=d).tok_s() for d in (-0.3, 0.3)),
+            ]
+        )
         us1 = t0 - self.at(ipc_us=[[x, y * self.m[C].p["ipc_scale"] + 1] for x, y in ipc]).tok_s()
-        calls = sum(sum(v.values()) * (self.steps - 1 if k == "draft_decode" else 1)
-                    for k, v in self.cyc["stages"].items())
-        table = md_table(["unknown", "pessimistic -> optimistic", f"tok/s at {self.name}", "span"],
-                         [[a, b, f"{lo:.0f} - {hi:.0f}", f"{abs(hi - lo):.0f}"]
-                          for a, b, lo, hi in sorted(rows, key=lambda r: -abs(r[3] - r[2]))])
-        return (f"{table}\n\nAt the central {t0:.0f} tok/s: every 1 ms of cycle is {t0 / c0:.1f} tok/s, every +0.1 AL "
-                f"{0.1 * t0 / self.al:.1f} tok/s, every 1 us on each of the {calls} PCIe-IPC calls per cycle "
-                f"{us1:.1f} tok/s.")
+        calls = sum(
+            sum(v.values()) * (self.steps - 1 if k == "draft_decode" else 1) for k, v in self.cyc["stages"].items()
+        )
+        table = md_table(
+            ["unknown", "pessimistic -> optimistic", f"tok/s at {self.name}", "span"],
+            [
+                [a, b, f"{lo:.0f} - {hi:.0f}", f"{abs(hi - lo):.0f}"]
+                for a, b, lo, hi in sorted(rows, key=lambda r: -abs(r[3] - r[2]))
+            ],
+        )
+        return (
+            f"{table}\n\nAt the central {t0:.0f} tok/s: every 1 ms of cycle is {t0 / c0:.1f} tok/s, every +0.1 AL "
+            f"{0.1 * t0 / self.al:.1f} tok/s, every 1 us on each of the {calls} PCIe-IPC calls per cycle "
+            f"{us1:.1f} tok/s."
+        )
 
     def levers(self) -> str:
         m0, rows = self.m[C], []
@@ -164,63 +261,168 @@ class Box:
             elif lv.get("first"):
                 key = 1e9
             rows.append((key, lv, cells, plain))
-        out = [[i + 1 if k > -1e8 else "x", lv["name"], lv["series"], *cells, plain, lv["effort"], lv["note"]]
-               for i, (k, lv, cells, plain) in enumerate(sorted(rows, key=lambda r: -r[0]))]
+        out = [
+            [i + 1 if k > -1e8 else "x", lv["name"], lv["series"], *cells, plain, lv["effort"], lv["note"]]
+            for i, (k, lv, cells, plain) in enumerate(sorted(rows, key=lambda r: -r[0]))
+        ]
         for st in self.inp["stack"]:
-            m = self.at(**{k: v for lv in self.inp["lever"] if lv["id"] in st["levers"]
-                           for k, v in lv["knobs"].items()})
-            out.append(["stack", st["name"], "-", f"{m.cycle_ms() - c0:+.2f}", f"{m.tok_s():.0f} "
-                        f"({m.tok_s() - t0:+.0f})", f"{1000 / m.decode_ms():.0f}", "-",
-                        f"AL for {self.goal:.0f}: {self.goal * m.cycle_ms() / 1e3:.2f}"])
-        return md_table(["#", "lever", "in the series?", "ms per cycle", f"tok/s at {self.name}, AL {self.al:.2f}",
-                         "plain decode tok/s", "effort", "note"], out)
+            m = self.at(
+                **{k: v for lv in self.inp["lever"] if lv["id"] in st["levers"] for k, v in lv["knobs"].items()}
+            )
+            out.append(
+                [
+                    "stack",
+                    st["name"],
+                    "-",
+                    f"{m.cycle_ms() - c0:+.2f}",
+                    f"{m.tok_s():.0f} ({m.tok_s() - t0:+.0f})",
+                    f"{1000 / m.decode_ms():.0f}",
+                    "-",
+                    f"AL for {self.goal:.0f}: {self.goal * m.cycle_ms() / 1e3:.2f}",
+                ]
+            )
+        return md_table(
+            [
+                "#",
+                "lever",
+                "in the series?",
+                "ms per cycle",
+                f"tok/s at {self.name}, AL {self.al:.2f}",
+                "plain decode tok/s",
+                "effort",
+                "note",
+            ],
+            out,
+        )
 
     def problems(self) -> list[str]:
-        return [f"{c}, {b}: {p}" for c, m in self.m.items() for b in ("pcie_ipc", "nccl", "nccl_xml")
-                for p in m.problems(b)] + [f"lever {lv['id']}: {p}" for lv in self.inp["lever"] if "knobs" in lv
-                                           for p in self.at(**lv["knobs"]).problems()]
+        return [
+            f"{c}, {b}: {p}" for c, m in self.m.items() for b in ("pcie_ipc", "nccl", "nccl_xml") for p in m.problems(b)
+        ] + [
+            f"lever {lv['id']}: {p}"
+            for lv in self.inp["lever"]
+            if "knobs" in lv
+            for p in self.at(**lv["knobs"]).problems()
+        ]
 
     def goals(self) -> str:
         sets, g, plain = self.table["settings"], self.inp["goals"], self.each(sm.Model.decode_tok_s)
         d, best = next(r for r in sets if r["name"] == self.name), max(sets, key=lambda r: r["tok"][C])
         met = ", ".join(r["name"] for r in sets if r["ratio"][C] <= g["cycle_ratio"]) or "none"
-        return md_table(["goal", "model at the patched defaults", "accept length", "verdict"], [
-            [f">= {self.goal:.0f} tok/s with EAGLE-3", f"{band(d['tok'], 0)} at {self.name}; the best setting, "
-             f"{best['name']}: {band(best['tok'], 0)}", f"prior {d['al']:.2f}; {self.goal:.0f} needs "
-             f"{band(d['need'][0], 2)} ({best['name']}: {band(best['need'][0], 2)}); {g['stretch_tok_s']:.0f} needs "
-             f"{band(d['need'][1], 2)}", "expected" if d["tok"][C] >= self.goal else "not at the prior AL (central); "
-             "in the band's optimistic half, or with a higher AL"],
-            [f">= {g['plain_tok_s']:.0f} tok/s without speculation", band(plain, 0), "plays no part",
-             "expected" if plain[C] >= g["plain_tok_s"] else f"not expected ({plain[C] / g['plain_tok_s'] - 1:+.0%} "
-             "central)"],
-            [f"spec cycle <= {g['cycle_ratio']}x the plain step", "; ".join(f"{r['name']} {band(r['ratio'], 2)}"
-                                                                         for r in sets),
-             "any (the ratio does not depend on it)", f"{'met' if d['ratio'][C] <= g['cycle_ratio'] else 'missed'} "
-             f"at {self.name} (central); met at {met}"]])
+        return md_table(
+            ["goal", "model at the patched defaults", "accept length", "verdict"],
+            [
+                [
+                    f">= {self.goal:.0f} tok/s with EAGLE-3",
+                    f"{band(d['tok'], 0)} at {self.name}; the best setting, {best['name']}: {band(best['tok'], 0)}",
+                    f"prior {d['al']:.2f}; {self.goal:.0f} needs "
+                    f"{band(d['need'][0], 2)} ({best['name']}: {band(best['need'][0], 2)}); {g['stretch_tok_s']:.0f} needs "
+                    f"{band(d['need'][1], 2)}",
+                    "expected"
+                    if d["tok"][C] >= self.goal
+                    else "not at the prior AL (central); in the band's optimistic half, or with a higher AL",
+                ],
+                [
+                    f">= {g['plain_tok_s']:.0f} tok/s without speculation",
+                    band(plain, 0),
+                    "plays no part",
+                    "expected"
+                    if plain[C] >= g["plain_tok_s"]
+                    else f"not expected ({plain[C] / g['plain_tok_s'] - 1:+.0%} central)",
+                ],
+                [
+                    f"spec cycle <= {g['cycle_ratio']}x the plain step",
+                    "; ".join(f"{r['name']} {band(r['ratio'], 2)}" for r in sets),
+                    "any (the ratio does not depend on it)",
+                    f"{'met' if d['ratio'][C] <= g['cycle_ratio'] else 'missed'} "
+                    f"at {self.name} (central); met at {met}",
+                ],
+            ],
+        )
 
     def blocks(self) -> dict[str, str]:
         t, g = self.table, self.inp["goals"]
         has = lambda p, *k: set(k) <= set(p)  # noqa: E731
-        peers = [[p["stack"], f"{p.get('tok_s', '-')} / {p.get('nospec', '-')}", p.get("al", "n/a"),
-                  f"{1000 * p['al'] / p['tok_s']:.1f}" if has(p, "al", "tok_s") else "-",
-                  f"{1000 / p['nospec']:.1f}" if has(p, "nospec") else "-",
-                  f"{p['al'] * p['nospec'] / p['tok_s']:.2f}" if has(p, "al", "tok_s", "nospec") else "-",
-                  p["window"], p["date"], p["source"]] for p in self.inp["peer"]]
-        return {"backtest": self.backtest(), "physics": self.physics(), "goals": self.goals(),
-                "series": md_table([f"step ({self.name}, batch 1)", "verify ms", "cycle ms", "tok/s at AL 2.0",
-                                    f"tok/s at AL {self.al:.2f}", "plain decode tok/s, same backend"],
-                                   [[r["name"], band(r["verify"]), band(r["cycle"], 2), band(r["tok2"], 0),
-                                     band(r["tok"], 0), band(r["decode"], 0)] for r in t["series"]]),
-                "settings": md_table(["steps/topk/draft tokens", "AL (prior)", "verify ms", "cycle ms",
-                                      "tok/s central (pessimistic-optimistic)", "cycle / plain step",
-                                      f"AL for {self.goal:.0f} tok/s", f"AL for {g['stretch_tok_s']:.0f} tok/s"],
-                                     [[r["name"], f"{r['al']:.2f}", band(r["verify"]), band(r["cycle"], 2),
-                                       band(r["tok"], 0), band(r["ratio"], 2), *(band(x, 2) for x in r["need"])]
-                                      for r in t["settings"]]),
-                "sensitivity": self.sensitivity(), "levers": self.levers(),
-                "peers": md_table(["peer stack (someone else's 8x RTX PRO 6000)", "tok/s spec / none", "AL",
-                                   "cycle ms (1000 AL / tok/s)", "plain step ms", "cycle / plain", "window", "date",
-                                   "source"], peers)}
+        peers = [
+            [
+                p["stack"],
+                f"{p.get('tok_s', '-')} / {p.get('nospec', '-')}",
+                p.get("al", "n/a"),
+                f"{1000 * p['al'] / p['tok_s']:.1f}" if has(p, "al", "tok_s") else "-",
+                f"{1000 / p['nospec']:.1f}" if has(p, "nospec") else "-",
+                f"{p['al'] * p['nospec'] / p['tok_s']:.2f}" if has(p, "al", "tok_s", "nospec") else "-",
+                p["window"],
+                p["date"],
+                p["source"],
+            ]
+            for p in self.inp["peer"]
+        ]
+        return {
+            "backtest": self.backtest(),
+            "physics": self.physics(),
+            "goals": self.goals(),
+            "series": md_table(
+                [
+                    f"step ({self.name}, batch 1)",
+                    "verify ms",
+                    "cycle ms",
+                    "tok/s at AL 2.0",
+                    f"tok/s at AL {self.al:.2f}",
+                    "plain decode tok/s, same backend",
+                ],
+                [
+                    [
+                        r["name"],
+                        band(r["verify"]),
+                        band(r["cycle"], 2),
+                        band(r["tok2"], 0),
+                        band(r["tok"], 0),
+                        band(r["decode"], 0),
+                    ]
+                    for r in t["series"]
+                ],
+            ),
+            "settings": md_table(
+                [
+                    "steps/topk/draft tokens",
+                    "AL (prior)",
+                    "verify ms",
+                    "cycle ms",
+                    "tok/s central (pessimistic-optimistic)",
+                    "cycle / plain step",
+                    f"AL for {self.goal:.0f} tok/s",
+                    f"AL for {g['stretch_tok_s']:.0f} tok/s",
+                ],
+                [
+                    [
+                        r["name"],
+                        f"{r['al']:.2f}",
+                        band(r["verify"]),
+                        band(r["cycle"], 2),
+                        band(r["tok"], 0),
+                        band(r["ratio"], 2),
+                        *(band(x, 2) for x in r["need"]),
+                    ]
+                    for r in t["settings"]
+                ],
+            ),
+            "sensitivity": self.sensitivity(),
+            "levers": self.levers(),
+            "peers": md_table(
+                [
+                    "peer stack (someone else's 8x RTX PRO 6000)",
+                    "tok/s spec / none",
+                    "AL",
+                    "cycle ms (1000 AL / tok/s)",
+                    "plain step ms",
+                    "cycle / plain",
+                    "window",
+                    "date",
+                    "source",
+                ],
+                peers,
+            ),
+        }
 
 
 def load_runs(pattern: str = "bench-comm_H200_x2_*.json") -> list[dict]:
@@ -235,8 +437,11 @@ def _term(run: dict, q: dict, side: int):
     if "path" in q:
         return functools.reduce(lambda d, k: d[k], q["path"].split("."), run)
     m = {k: v.split("|")[side] if k == "impl" and "|" in v else v for k, v in q.items() if k not in ("field", "sum")}
-    vals = [r[q["field"]] if "field" in q else r.get("us_per_call", r.get("us")) for r in run["records"]
-            if all(r.get(k) == v for k, v in m.items())]
+    vals = [
+        r[q["field"]] if "field" in q else r.get("us_per_call", r.get("us"))
+        for r in run["records"]
+        if all(r.get(k) == v for k, v in m.items())
+    ]
     return sum(vals) if q.get("sum") else vals[0]
 
 
@@ -256,9 +461,16 @@ def h200_table(runs: list[dict], rows: list[dict]) -> str:
                 pass
         return spread(vals, 0 if q["unit"] == "" else 2, q["unit"], none="-")
 
-    return md_table(["H200 x2 proxy (NVLink: not the box)", *(f"{w}: " + ", ".join(r["_file"] for r in g) for w, g
-                                                            in zip(("through SGLang", "FlashInfer directly"), groups))],
-                    [[q["row"], cell(q, 0), cell(q, 1)] for q in rows])
+    return md_table(
+        [
+            "H200 x2 proxy (NVLink: not the box)",
+            *(
+                f"{w}: " + ", ".join(r["_file"] for r in g)
+                for w, g in zip(("through SGLang", "FlashInfer directly"), groups)
+            ),
+        ],
+        [[q["row"], cell(q, 0), cell(q, 1)] for q in rows],
+    )
 
 
 def read_receipts(paths: list[Path]) -> list[dict]:
@@ -270,21 +482,29 @@ def read_receipts(paths: list[Path]) -> list[dict]:
             d, tmp = rd.open_receipt(path)
         except UserError as e:
             have = ", ".join(p.name for p in sorted(RECEIPTS.glob("*.tar.gz"))) or "none"
-            raise UserError(f"{e}. Name a .tar.gz that make report wrote: make docs RECEIPT=<file> (bench/receipts "
-                            f"has: {have})") from e
+            raise UserError(
+                f"{e}. Name a .tar.gz that make report wrote: make docs RECEIPT=<file> (bench/receipts has: {have})"
+            ) from e
         why = ""
         try:
             data, prof = rd.load(d), d / "raw" / "profile.json"
             profile = json.loads(prof.read_text()) if prof.is_file() else None
             parts = data["receipt"].get("parts", {})
             if not profile and not any(r.get("ok") for p, r in parts.items() if rd.measures(p)):
-                why = "no part measured anything (" + ", ".join(f"{p}: {r.get('status')}" for p, r in
-                                                                parts.items()) + ")"
+                why = (
+                    "no part measured anything (" + ", ".join(f"{p}: {r.get('status')}" for p, r in parts.items()) + ")"
+                )
             else:
                 tp, want = (profile or {}).get("tp"), sm.load_cycle()["tp"]
-                out.append({"name": Path(path).name, "data": data, "profile": profile, "proxy": rd.proxy_reasons(
-                    rd.box_class(data)) + ([f"its profile ran at TP{tp}, the model at TP{want}"] if tp and tp != want
-                                           else [])})
+                out.append(
+                    {
+                        "name": Path(path).name,
+                        "data": data,
+                        "profile": profile,
+                        "proxy": rd.proxy_reasons(rd.box_class(data))
+                        + ([f"its profile ran at TP{tp}, the model at TP{want}"] if tp and tp != want else []),
+                    }
+                )
         except UserError as e:
             why = str(e)
         except (ValueError, KeyError, TypeError, AttributeError) as e:
@@ -304,36 +524,81 @@ def receipt_block(box: Box, r: dict) -> str:
     best = spec["measured"].get("speculative") if spec["verdict"] != "inconclusive" else None
     al = best["accept_length"] if best and best.get("accept_length") else m.al()
     env, n = data["receipt"].get("environment", {}), m.cyc["stages"]["target_verify"]["all_reduce"]
-    out = [("**A proxy, not the box** (" + "; ".join(r["proxy"]) + "): its numbers stand in for the box's, the "
-            "verdicts on the box's defaults are inconclusive. " if r["proxy"] else "") + f"Receipt `{r['name']}` (box "
-           f"{env.get('box')}: {rd.describe_box(rd.box_class(data))}; {data['receipt'].get('created')}, patch set "
-           f"{env.get('patchset')}): AL {al:.2f} ({'measured' if best else 'prior'}).", ""]
+    out = [
+        (
+            "**A proxy, not the box** (" + "; ".join(r["proxy"]) + "): its numbers stand in for the box's, the "
+            "verdicts on the box's defaults are inconclusive. "
+            if r["proxy"]
+            else ""
+        )
+        + f"Receipt `{r['name']}` (box "
+        f"{env.get('box')}: {rd.describe_box(rd.box_class(data))}; {data['receipt'].get('created')}, patch set "
+        f"{env.get('patchset')}): AL {al:.2f} ({'measured' if best else 'prior'}).",
+        "",
+    ]
     rows = []
     for label, us in (rd.per_call_latencies(data["bench_comm"]) if data.get("bench_comm") else {}).items():
         x = box.at(ipc_us=[[0.0, us], [1e6, us]])
-        rows.append([label, f"{us:.1f}", f"{n * us / 1000:.2f}", f"{x.verify_ms(box.steps + 1):.1f}",
-                     f"{1000 * al / x.cycle_ms():.0f}"])
-    out.append(md_table([f"path, {rd.VERIFY_ROWS_C1} rows (C1 verify), graph chain", "per call (us)", f"{n} x (ms)",
-                         "modelled verify (ms)", "modelled tok/s"], rows or [["(no bench-comm in it)", *"----"]]))
+        rows.append(
+            [
+                label,
+                f"{us:.1f}",
+                f"{n * us / 1000:.2f}",
+                f"{x.verify_ms(box.steps + 1):.1f}",
+                f"{1000 * al / x.cycle_ms():.0f}",
+            ]
+        )
+    out.append(
+        md_table(
+            [
+                f"path, {rd.VERIFY_ROWS_C1} rows (C1 verify), graph chain",
+                "per call (us)",
+                f"{n} x (ms)",
+                "modelled verify (ms)",
+                "modelled tok/s",
+            ],
+            rows or [["(no bench-comm in it)", *"----"]],
+        )
+    )
     if p := r["profile"]:
         old, s = sm.Model(box.inp, box.cyc), p["steps"]
         new = sm.Model(box.inp, box.cyc, **sm.refit(p, old))
-        q = [("plain decode, ms", p["decode"]["forward_ms"], old.decode_ms(), new.decode_ms()),
-             ("verify, ms", p["target_verify"]["forward_ms"], old.verify_ms(s + 1), new.verify_ms(s + 1)),
-             ("cycle, ms", p["cycle_ms"], old.cycle_ms(s), new.cycle_ms(s)),
-             ("tok/s at its AL", 1000 * p["accept_length"] / p["cycle_ms"], 1000 * p["accept_length"] / old.cycle_ms(s),
-              new.tok_s(s))]
+        q = [
+            ("plain decode, ms", p["decode"]["forward_ms"], old.decode_ms(), new.decode_ms()),
+            ("verify, ms", p["target_verify"]["forward_ms"], old.verify_ms(s + 1), new.verify_ms(s + 1)),
+            ("cycle, ms", p["cycle_ms"], old.cycle_ms(s), new.cycle_ms(s)),
+            (
+                "tok/s at its AL",
+                1000 * p["accept_length"] / p["cycle_ms"],
+                1000 * p["accept_length"] / old.cycle_ms(s),
+                new.tok_s(s),
+            ),
+        ]
         d = p["decode"]
-        out += ["", f"Profile ({p['gpu']}, TP{p['tp']}, {s}/1/{s + 1}, AL {p['accept_length']:.2f}; B {new.B():.2f} "
-                f"ms = {d['busy_ms']:.2f} kernel-busy + {d['gap_ms']:.2f} gaps over {d['kernels']} kernels; glue "
-                f"{new.p['glue_ms']:.2f} ms): " + ("shown, not applied (a proxy)." if r["proxy"] else
-                                                  "the model above is refitted from it."), "",
-                md_table(["quantity", "measured", "model before (seed-calibrated, central)", "model refitted"],
-                         [[a, *(f"{v:.2f}" for v in vs)] for a, *vs in q])]
+        out += [
+            "",
+            f"Profile ({p['gpu']}, TP{p['tp']}, {s}/1/{s + 1}, AL {p['accept_length']:.2f}; B {new.B():.2f} "
+            f"ms = {d['busy_ms']:.2f} kernel-busy + {d['gap_ms']:.2f} gaps over {d['kernels']} kernels; glue "
+            f"{new.p['glue_ms']:.2f} ms): "
+            + ("shown, not applied (a proxy)." if r["proxy"] else "the model above is refitted from it."),
+            "",
+            md_table(
+                ["quantity", "measured", "model before (seed-calibrated, central)", "model refitted"],
+                [[a, *(f"{v:.2f}" for v in vs)] for a, *vs in q],
+            ),
+        ]
     if best:
         out += ["", f"Served (make bench, {spec['measured']['scenario']}): {spec['why']}."]
-    return "\n".join(out + ["", md_table(["default of the series", "verdict", "measured", "setting"],
-                                         [[x["default"], x["verdict"], x["why"], x["setting"] or "-"] for x in recs])])
+    return "\n".join(
+        out
+        + [
+            "",
+            md_table(
+                ["default of the series", "verdict", "measured", "setting"],
+                [[x["default"], x["verdict"], x["why"], x["setting"] or "-"] for x in recs],
+            ),
+        ]
+    )
 
 
 def plot(box: Box, png: Path) -> str:
@@ -353,14 +618,18 @@ def plot(box: Box, png: Path) -> str:
         lo, hi = [min(r["tok"].values()) for r in rows], [max(r["tok"].values()) for r in rows]
         ax.barh(names, [b - a for a, b in zip(lo, hi)], left=lo, color="tab:blue", alpha=0.4, label="model band")
         ax.plot([r["tok"][C] for r in rows], names, "o", color="tab:blue", label="model, central")
-        for x, color, style, label in ((box.inp["seed"]["decode_tok_s"], "grey", ":", "seed, no speculation"),
-                                       (peer["tok_s"], "green", "-.", f"best 30-s peer, AL {peer['al']} (other host)"),
-                                       (box.goal, "red", "--", "goal with EAGLE-3")):
+        for x, color, style, label in (
+            (box.inp["seed"]["decode_tok_s"], "grey", ":", "seed, no speculation"),
+            (peer["tok_s"], "green", "-.", f"best 30-s peer, AL {peer['al']} (other host)"),
+            (box.goal, "red", "--", "goal with EAGLE-3"),
+        ):
             ax.axvline(x, color=color, linestyle=style, label=label)
         ax.invert_yaxis()
         ax.set_xlim(left=0)
-        ax.set(xlabel=f"tok/s at AL {box.al:.2f}" if key == "series" else "tok/s at each setting's AL prior",
-               title=f"Model output, not a measurement: {what}")
+        ax.set(
+            xlabel=f"tok/s at AL {box.al:.2f}" if key == "series" else "tok/s at each setting's AL prior",
+            title=f"Model output, not a measurement: {what}",
+        )
         ax.title.set_fontsize(9)
         ax.tick_params(axis="y", labelsize=7)
     fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=5, fontsize=8)
@@ -392,26 +661,37 @@ def render(inp: dict, cyc: dict, runs: list[dict], receipts: list[dict]) -> tupl
     fitted = next((r for r in reversed(receipts) if r["profile"] and not r["proxy"]), None)
     box = Box(inp, cyc, sm.refit(fitted["profile"], sm.Model(inp, cyc)) if fitted else {}, runs)
     if bad := box.problems():
-        raise UserError("the model gives an impossible row: " + "; ".join(bad[:4]) + ". Fix bench/inputs/"
-                        "cost-model.toml" + (f" or the profile of receipt {fitted['name']}" if fitted else ""))
+        raise UserError(
+            "the model gives an impossible row: " + "; ".join(bad[:4]) + ". Fix bench/inputs/"
+            "cost-model.toml" + (f" or the profile of receipt {fitted['name']}" if fitted else "")
+        )
     blocks = box.blocks()
     if fitted:
         blocks["backtest"] = f"Refitted from the profile of receipt `{fitted['name']}`.\n\n" + blocks["backtest"]
-    return blocks | {"h200": h200_table(runs, inp["proxy"]),
-                     "box-measured": "\n\n".join(receipt_block(box, r) for r in receipts) or "No box receipt "
-                     "ingested yet: run `make report` on the box, then `make docs RECEIPT=<the .tar.gz>` (or commit "
-                     "it under bench/receipts/)."}, box
+    return blocks | {
+        "h200": h200_table(runs, inp["proxy"]),
+        "box-measured": "\n\n".join(receipt_block(box, r) for r in receipts)
+        or "No box receipt "
+        "ingested yet: run `make report` on the box, then `make docs RECEIPT=<the .tar.gz>` (or commit "
+        "it under bench/receipts/).",
+    }, box
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="scripts.report.cost_model", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="scripts.report.cost_model", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--write", action="store_true", help="rewrite the document's generated blocks and the plot")
     g.add_argument("--check", action="store_true", help="exit 1 if the document is out of date")
     ap.add_argument("--doc", type=Path, default=DOC)
-    ap.add_argument("--receipt", type=Path, action="append", metavar="R",
-                    help="a box receipt (make report's directory or .tar.gz; default: bench/receipts/*.tar.gz)")
+    ap.add_argument(
+        "--receipt",
+        type=Path,
+        action="append",
+        metavar="R",
+        help="a box receipt (make report's directory or .tar.gz; default: bench/receipts/*.tar.gz)",
+    )
     a = ap.parse_args(argv)
     inp, cyc = sm.load()
     receipts = read_receipts(a.receipt if a.receipt is not None else sorted(RECEIPTS.glob("*.tar.gz")))
@@ -432,8 +712,11 @@ def main(argv=None) -> int:
     if changed:
         a.doc.write_text(new)
     png = RESULTS / "cost-model.png" if a.doc.resolve() == DOC.resolve() else a.doc.with_name("cost-model.png")
-    print(f"{a.doc}: " + (f"rewrote {', '.join(changed)}" if changed else "up to date, nothing written")
-          + f"; plot {png.name}: {plot(box, png)}")
+    print(
+        f"{a.doc}: "
+        + (f"rewrote {', '.join(changed)}" if changed else "up to date, nothing written")
+        + f"; plot {png.name}: {plot(box, png)}"
+    )
     return 0
 
 

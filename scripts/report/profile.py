@@ -40,13 +40,17 @@ from .spec_model import PROFILE_STAGES, STAGES
 
 PROFILES = ("kimi-k25-tp8", "kimi-k25-eagle3-tp8")
 ESTIMATE_S = 2 * 600 + 120  # two Kimi-K2.5 loads and the captures (receipt_data.PARTS says the same)
-PROMPT = ("Explain step by step how a CPU cache hierarchy works, with a worked example of a cache miss, then write a "
-          "short Python class that simulates an LRU cache and test it.")
+PROMPT = (
+    "Explain step by step how a CPU cache hierarchy works, with a worked example of a cache miss, then write a "
+    "short Python class that simulates an LRU cache and test it."
+)
 SAMPLING = {"temperature": 0.0, "ignore_eos": True}
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 COMM = re.compile(r"nccl|pcie_ipc|all_?reduce|all_?gather|reduce_?scatter|cross_device_reduce|PtoP", re.I)
-PER_CALL = {"nccl": lambda n: re.search(r"nccl.*allreduce", n, re.I),  # all-reduce kernels, one per call
-            "pcie_ipc": lambda n: "pcie_ipc::" in n and not re.search(r"pcie_ipc::(all_gather|reduce_scatter)::", n)}
+PER_CALL = {
+    "nccl": lambda n: re.search(r"nccl.*allreduce", n, re.I),  # all-reduce kernels, one per call
+    "pcie_ipc": lambda n: "pcie_ipc::" in n and not re.search(r"pcie_ipc::(all_gather|reduce_scatter)::", n),
+}
 
 
 def _stage(name: str) -> tuple[str | None, int]:
@@ -69,8 +73,13 @@ def _stats(kern: list[dict]) -> dict:
     iv = [(k["ts"], k["ts"] + k.get("dur", 0.0)) for k in kern]
     comm = _union([x for x, k in zip(iv, kern) if COMM.search(k["name"])])
     span, busy = max(b for _, b in iv) - min(a for a, _ in iv), _union(iv)
-    return {"forward_ms": span / 1000, "comm_ms": comm / 1000, "busy_ms": (busy - comm) / 1000,
-            "gap_ms": (span - busy) / 1000, "kernels": sum(k.get("cat") == "kernel" for k in kern)}
+    return {
+        "forward_ms": span / 1000,
+        "comm_ms": comm / 1000,
+        "busy_ms": (busy - comm) / 1000,
+        "gap_ms": (span - busy) / 1000,
+        "kernels": sum(k.get("cat") == "kernel" for k in kern),
+    }
 
 
 def forwards(trace: dict, draft_tokens: int = 1) -> dict:
@@ -115,16 +124,31 @@ def profile(plain: dict, spec: dict, *, tp: int, steps: int, accept_length: floa
     forward of median length (its fields together), cycle_ms the median between consecutive drafts' first GPU work."""
     recs = {"decode": plain["stages"]["decode"], **{s: spec["stages"][s] for s in STAGES}}
     if missing := [s for s, r in recs.items() if len(r) < 1 + (s == "draft_decode")]:
-        raise UserError(f"the traces show no {', '.join(missing)} forward (draft_decode: two): each server must "
-                        "decode, with speculative steps >= 2; look at the server logs beside the traces")
+        raise UserError(
+            f"the traces show no {', '.join(missing)} forward (draft_decode: two): each server must "
+            "decode, with speculative steps >= 2; look at the server logs beside the traces"
+        )
     med = {s: sorted(r, key=lambda x: x["forward_ms"])[(len(r) - 1) // 2] for s, r in recs.items()}
     starts = sorted(r["t0"] for r in spec["stages"]["draft_decode"])
-    calls = {b: {str(rows): round(statistics.median(us), 2) for d in (plain, spec) for rows, us in
-                 sorted(d["calls"][b].items()) if us} for b in PER_CALL}
-    return {"gpu": spec["gpu"], "tp": tp, "steps": steps, "accept_length": round(accept_length, 4),
-            "cycle_ms": round(statistics.median(b - a for a, b in zip(starts, starts[1:])) / 1000, 4),
-            "nccl_graph_us": calls["nccl"], "pcie_ipc_us": calls["pcie_ipc"],
-            **{s: {k: round(v, 4) for k, v in r.items() if k != "t0"} for s, r in med.items()}}
+    calls = {
+        b: {
+            str(rows): round(statistics.median(us), 2)
+            for d in (plain, spec)
+            for rows, us in sorted(d["calls"][b].items())
+            if us
+        }
+        for b in PER_CALL
+    }
+    return {
+        "gpu": spec["gpu"],
+        "tp": tp,
+        "steps": steps,
+        "accept_length": round(accept_length, 4),
+        "cycle_ms": round(statistics.median(b - a for a, b in zip(starts, starts[1:])) / 1000, 4),
+        "nccl_graph_us": calls["nccl"],
+        "pcie_ipc_us": calls["pcie_ipc"],
+        **{s: {k: round(v, 4) for k, v in r.items() if k != "t0"} for s, r in med.items()},
+    }
 
 
 def read_trace(path: Path) -> dict:
@@ -145,12 +169,19 @@ def launch(a, name: str, prof: str, spec: bool, traces: Path) -> Launch:
     or the running server of --server-url."""
     if a.server_url:
         return Launch(name, a.server_url[spec].rstrip("/"))
-    args = ["--profile", prof, "--port", str(a.port), *(["--model", a.model] if a.model else []),
-            *(["--draft-model", a.draft_model] if a.draft_model and spec else []),
-            *(["--", *a.sglang_args] if a.sglang_args else [])]
+    args = [
+        "--profile",
+        prof,
+        "--port",
+        str(a.port),
+        *(["--model", a.model] if a.model else []),
+        *(["--draft-model", a.draft_model] if a.draft_model and spec else []),
+        *(["--", *a.sglang_args] if a.sglang_args else []),
+    ]
     image, cname = a.image or load_pin().serving_image, f"eagle-profile-{name}-{os.getpid()}"
-    argv = docker_run(image, ["serve", *args], hf_cache=hf_cache_dir(), network_host=True, detach=True, name=cname,
-                      results=traces)
+    argv = docker_run(
+        image, ["serve", *args], hf_cache=hf_cache_dir(), network_host=True, detach=True, name=cname, results=traces
+    )
     return Launch(name, f"http://127.0.0.1:{a.port}", image, tuple(argv), cname)
 
 
@@ -162,10 +193,18 @@ def capture(a, server: Server, traces: Path) -> tuple[Path, dict, float | None]:
         if not isinstance((info := get_json(url + "/server_info", 60) or {}).get("tp_size"), int):
             raise UserError(f"{name}: GET /server_info gave no tp_size; its log: {log}")
         _post(url + "/generate", {"text": PROMPT, "sampling_params": {**SAMPLING, "max_new_tokens": 32}})
-        _post(url + "/start_profile", {
-            "output_dir": RESULTS_IN_IMAGE if server.argv else str(traces.resolve()), "num_steps": a.steps,
-            "activities": ["CPU", "GPU"], "profile_by_stage": True, "with_stack": False, "record_shapes": False,
-            "profile_prefix": name})
+        _post(
+            url + "/start_profile",
+            {
+                "output_dir": RESULTS_IN_IMAGE if server.argv else str(traces.resolve()),
+                "num_steps": a.steps,
+                "activities": ["CPU", "GPU"],
+                "profile_by_stage": True,
+                "with_stack": False,
+                "record_shapes": False,
+                "profile_prefix": name,
+            },
+        )
         before = observe.snapshot(url)  # SGLang stops the profiler and writes the traces within this request:
         _post(url + "/generate", {"text": PROMPT, "sampling_params": {**SAMPLING, "max_new_tokens": 8 * a.steps + 200}})
         al = observe.accept_length(before, observe.snapshot(url))
@@ -193,11 +232,13 @@ def main(argv: list[str] | None = None) -> int:
     add("--profiles", default=",".join(PROFILES), help="NOSPEC,SPEC serving profiles (names or .yaml files)")
     add("--model"), add("--draft-model"), add("--launch-timeout", type=float, default=3600.0)
     a = ap.parse_args(argv[:cut])
-    a.sglang_args = argv[cut + 1:]
+    a.sglang_args = argv[cut + 1 :]
     profs = a.profiles.split(",")
     if len(profs) != 2 or a.steps < 2 or len(a.server_url or "ab") != 2:
-        raise UserError("give --profiles NOSPEC,SPEC (two serving profiles) or --server-url twice (the servers "
-                        "without and with speculation), and --steps 2 or more")
+        raise UserError(
+            "give --profiles NOSPEC,SPEC (two serving profiles) or --server-url twice (the servers "
+            "without and with speculation), and --steps 2 or more"
+        )
     use_api_key(os.environ.get("SGLANG_API_KEY", ""), "$SGLANG_API_KEY")
     traces = a.out.parent / a.out.stem
     traces.mkdir(parents=True, exist_ok=True)
@@ -207,11 +248,17 @@ def main(argv: list[str] | None = None) -> int:
     spec, info, al = capture(a, Server(launch(a, "spec", profs[1], True, traces), logs["spec"]), traces)
     if al is None:
         raise UserError(f"{profs[1]} exported no accept-length counters: its profile needs enable-metrics: true")
-    prof = profile(forwards(read_trace(plain)), forwards(read_trace(spec), int(info["speculative_num_draft_tokens"])),
-                   tp=int(info["tp_size"]), steps=int(info["speculative_num_steps"]), accept_length=al)
+    prof = profile(
+        forwards(read_trace(plain)),
+        forwards(read_trace(spec), int(info["speculative_num_draft_tokens"])),
+        tp=int(info["tp_size"]),
+        steps=int(info["speculative_num_steps"]),
+        accept_length=al,
+    )
     # each server's startup all-reduce table (size -> backend, with the latencies it measured), as the report keeps it
-    prof["allreduce_backends"] = {n: observe.internal_state(i).get("allreduce_backends") for n, i in
-                                  (("nospec", plain_info), ("spec", info))}
+    prof["allreduce_backends"] = {
+        n: observe.internal_state(i).get("allreduce_backends") for n, i in (("nospec", plain_info), ("spec", info))
+    }
     a.out.write_text(json.dumps(prof, indent=1) + "\n")
     say(f"wrote {a.out} (traces in {traces}): {json.dumps(prof)}")
     return 0

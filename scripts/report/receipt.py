@@ -58,6 +58,7 @@ def _read(f: Path) -> dict:
 
 def default_dir(box: str, parts: list[str], receipts: Path = RECEIPTS) -> Path:
     """This box's newest unfinished receipt (a re-run after midnight resumes it), else a new one for today."""
+
     def finished(d: Path) -> bool:
         done = _read(d / "receipt.json").get("parts", {})
         return all(done.get(p, {}).get("ok") for p in parts)
@@ -80,8 +81,15 @@ def done(part: rd.Part, d: Path, old: dict) -> bool:
 
 def bench_plan(d: Path, a: argparse.Namespace, redo: bool) -> pl.Plan:
     """bench's plan as its part will run it (what raw/bench lacks), with make report's BENCH_ARGS."""
-    args, server_args = pl.parse(["--results-dir", str(d / rd.PARTS["bench"].result), "--resume",
-                                  *(["--image", a.image] if a.image else []), *a.bench_args])
+    args, server_args = pl.parse(
+        [
+            "--results-dir",
+            str(d / rd.PARTS["bench"].result),
+            "--resume",
+            *(["--image", a.image] if a.image else []),
+            *a.bench_args,
+        ]
+    )
     args.resume = not redo
     return pl.build(args, server_args)
 
@@ -107,19 +115,34 @@ def collect(a: argparse.Namespace) -> int:
     seconds = {p.name: bp.seconds if p.name == "bench" and bp else p.estimate_s for p in todo}
     have = ", ".join(p for p, r in old.items() if r.get("ok"))
     print(f"receipt {d} ({f'resuming: {have} done' if old else 'new'})")
-    print(md_table(["part", "", "time", "command"], [
-        [p.name, "run" if p in todo else "have it, skipped", f"~{duration(seconds[p.name])}" if p in todo else "",
-         f"`{' '.join(p.command(d, a))}`"] for p in parts], "llrl"))
+    print(
+        md_table(
+            ["part", "", "time", "command"],
+            [
+                [
+                    p.name,
+                    "run" if p in todo else "have it, skipped",
+                    f"~{duration(seconds[p.name])}" if p in todo else "",
+                    f"`{' '.join(p.command(d, a))}`",
+                ]
+                for p in parts
+            ],
+            "llrl",
+        )
+    )
     if bp:
-        print(f"bench: {len(bp.runs)} run(s) in {len(bp.sessions)} server session(s) to go"
-              + (f", {len(bp.earlier)} already in {d / rd.PARTS['bench'].result}" if bp.earlier else ""))
+        print(
+            f"bench: {len(bp.runs)} run(s) in {len(bp.sessions)} server session(s) to go"
+            + (f", {len(bp.earlier)} already in {d / rd.PARTS['bench'].result}" if bp.earlier else "")
+        )
     print(f"total: ~{duration(sum(seconds.values()))}")
     found = checks(todo, d, a, bp) if todo else []
     print("checks:\n" + "\n".join("  " + c.line() for c in found))
     failed = [c for c in found if not c.ok]
     if failed:
-        msg = (f"make report cannot start: {len(failed)} check(s) failed; nothing was run or written:\n  "
-               + "\n  ".join(c.line() for c in failed))
+        msg = f"make report cannot start: {len(failed)} check(s) failed; nothing was run or written:\n  " + "\n  ".join(
+            c.line() for c in failed
+        )
         if a.dry_run:
             print(msg)
             return 2
@@ -141,8 +164,14 @@ def run_part(part: rd.Part, d: Path, a: argparse.Namespace) -> dict:
     with open(log_path, "w") as log:
         out = open(d / part.result, "w") if part.stdout else None
         try:
-            p = proc.spawn(argv, cwd=REPO_ROOT, stdout=out or proc.PIPE, stderr=proc.PIPE if out else proc.STDOUT,
-                           text=True, bufsize=1)
+            p = proc.spawn(
+                argv,
+                cwd=REPO_ROOT,
+                stdout=out or proc.PIPE,
+                stderr=proc.PIPE if out else proc.STDOUT,
+                text=True,
+                bufsize=1,
+            )
             for line in p.stderr if out else p.stdout:
                 sys.stderr.write(f"  {part.name}| {line}")
                 log.write(line)
@@ -154,9 +183,13 @@ def run_part(part: rd.Part, d: Path, a: argparse.Namespace) -> dict:
     ok = rc == 0 or (part.name == "doctor" and rc == 1 and wrote)  # doctor: 1 = error findings, recorded
     if part.stdout and not wrote:
         (d / part.result).unlink(missing_ok=True)
-    return {"command": argv, "status": "done" if rc == 0 else "done, with error findings" if ok else
-            f"failed (exit {rc})", "ok": ok, "seconds": round(time.monotonic() - t0, 1),
-            "log": str(log_path.relative_to(d))}
+    return {
+        "command": argv,
+        "status": "done" if rc == 0 else "done, with error findings" if ok else f"failed (exit {rc})",
+        "ok": ok,
+        "seconds": round(time.monotonic() - t0, 1),
+        "log": str(log_path.relative_to(d)),
+    }
 
 
 def run_parts(d: Path, a, parts: list[rd.Part], todo: list[rd.Part], old: dict, seconds: dict) -> int:
@@ -169,12 +202,16 @@ def run_parts(d: Path, a, parts: list[rd.Part], todo: list[rd.Part], old: dict, 
         say(f"[{i}/{len(parts)}] {part.name}: about {duration(seconds[part.name])}; {duration(left)} left in all")
         results[part.name] = run_part(part, d, a)
         left -= seconds[part.name]
-        say(f"[{i}/{len(parts)}] {part.name}: {results[part.name]['status']} in "
-            f"{duration(results[part.name]['seconds'])} ({duration(time.monotonic() - t_all)} so far)")
+        say(
+            f"[{i}/{len(parts)}] {part.name}: {results[part.name]['status']} in "
+            f"{duration(results[part.name]['seconds'])} ({duration(time.monotonic() - t_all)} so far)"
+        )
         if part.name == "test-serve" and not results[part.name]["ok"]:
             bad = [c["name"] for c in (rd.junit(d, part.result) or {}).get("cases", []) if c["outcome"] == "failed"]
-            say(f"stopping: test-serve failed ({'; '.join(bad[:5]) or 'see ' + results[part.name]['log']}), so "
-                f"nothing that loads Kimi-K2.5 runs; fix that first")
+            say(
+                f"stopping: test-serve failed ({'; '.join(bad[:5]) or 'see ' + results[part.name]['log']}), so "
+                f"nothing that loads Kimi-K2.5 runs; fix that first"
+            )
             results |= {p.name: {"status": "not run: test-serve failed", "ok": False} for p in parts[i:]}
             break
     measured = [p for p, r in results.items() if rd.measures(p) and r.get("ok")]
@@ -188,8 +225,11 @@ def environment(d: Path, a: argparse.Namespace) -> dict:
     env: dict = {"git_rev": revision(short=True)[0], "box": a.box}
     try:
         pin = load_pin()
-        env["pin"] = {"sglang": pin.version, "image": f"{pin.image_name}:{pin.image_tag}"
-                      + (f"@{pin.image_digest}" if pin.image_digest else " (no digest pinned)")}
+        env["pin"] = {
+            "sglang": pin.version,
+            "image": f"{pin.image_name}:{pin.image_tag}"
+            + (f"@{pin.image_digest}" if pin.image_digest else " (no digest pinned)"),
+        }
         env["patchset"] = patchset_id()
     except (UserError, OSError) as e:  # a receipt without the series still records the box
         env.setdefault("pin", f"unreadable: {e}")
@@ -211,8 +251,9 @@ def plots(data: dict, out: Path) -> list[str]:
     """The plots of the rows the summary's tables print: bench-comm's and make bench's own."""
     out.mkdir(parents=True, exist_ok=True)
     bc, rows = data.get("bench_comm"), rep.summarize(data.get("bench") or [])
-    made = ["bench-comm.png"] * bool(bc and comm_report.plot({**bc, "summary": comm_report.summarize(bc)},
-                                                               out / "bench-comm.png"))
+    made = ["bench-comm.png"] * bool(
+        bc and comm_report.plot({**bc, "summary": comm_report.summarize(bc)}, out / "bench-comm.png")
+    )
     made += ["bench.png"] * bool(rows and rep.plot(rows, out / "bench.png", rd.describe_box(rd.box_class(data))))
     return [f"plots/{m}" for m in made]
 
@@ -220,49 +261,118 @@ def plots(data: dict, out: Path) -> list[str]:
 def summary_markdown(data: dict, plot_files: list[str]) -> str:
     meta, cls = data["receipt"], rd.box_class(data)
     env, reasons = meta.get("environment", {}), rd.proxy_reasons(cls)
-    L = [f"# Box receipt: {env.get('box', '?')}", "", f"Measured on {rd.describe_box(cls)}"
-         + (f": a proxy, not the box ({'; '.join(reasons)})." if reasons else "."), "",
-         f"Made {meta.get('created')} at git {env.get('git_rev')}, patch set {env.get('patchset')}, pin "
-         f"{json.dumps(env.get('pin'))}.", "", "## Environment", ""]
+    L = [
+        f"# Box receipt: {env.get('box', '?')}",
+        "",
+        f"Measured on {rd.describe_box(cls)}" + (f": a proxy, not the box ({'; '.join(reasons)})." if reasons else "."),
+        "",
+        f"Made {meta.get('created')} at git {env.get('git_rev')}, patch set {env.get('patchset')}, pin "
+        f"{json.dumps(env.get('pin'))}.",
+        "",
+        "## Environment",
+        "",
+    ]
     L += [f"- {k}: {v}" for k, v in (env.get("doctor") or {}).items()]
     L += [f"- {k}: {env[k]}" for k in ("nccl", "image") if env.get(k)]
-    L += ["", "## Parts", "", md_table(["part", "status", "seconds", "command"], [
-        [p, r.get("status"), r.get("seconds", "-"), f"`{' '.join(r['command'])}`" if r.get("command") else "-"]
-        for p, r in meta.get("parts", {}).items()]), "", "## Recommendations", "",
-          "Thresholds: " + ", ".join(f"{k} = {v}" for k, v in meta["thresholds"].items()), "", md_table(
-              ["default", "verdict", "why", "threshold", "setting"], [
-                  [r["default"], r["verdict"], r["why"], r["threshold"], r["setting"] or "-"]
-                  for r in meta.get("recommendations", [])])]
+    L += [
+        "",
+        "## Parts",
+        "",
+        md_table(
+            ["part", "status", "seconds", "command"],
+            [
+                [p, r.get("status"), r.get("seconds", "-"), f"`{' '.join(r['command'])}`" if r.get("command") else "-"]
+                for p, r in meta.get("parts", {}).items()
+            ],
+        ),
+        "",
+        "## Recommendations",
+        "",
+        "Thresholds: " + ", ".join(f"{k} = {v}" for k, v in meta["thresholds"].items()),
+        "",
+        md_table(
+            ["default", "verdict", "why", "threshold", "setting"],
+            [
+                [r["default"], r["verdict"], r["why"], r["threshold"], r["setting"] or "-"]
+                for r in meta.get("recommendations", [])
+            ],
+        ),
+    ]
     ts, tg, bc = data.get("test_serve"), data.get("test_gpu"), data.get("bench_comm")
     if ts:
         props = ts["properties"]
-        L += ["", "## make test-serve", "", f"TP{props.get('world')}: {ts['passed']} passed, {ts['failed']} failed"
-              + (f" ({props['proxy']})" if props.get("proxy") else "")]
+        L += [
+            "",
+            "## make test-serve",
+            "",
+            f"TP{props.get('world')}: {ts['passed']} passed, {ts['failed']} failed"
+            + (f" ({props['proxy']})" if props.get("proxy") else ""),
+        ]
         L += [f"- FAILED {c['name']}: {c['message'][:300]}" for c in ts["cases"] if c["outcome"] == "failed"]
         L += [f"- {props['refused']}"] * bool(props.get("refused"))
     if tg:
-        L += ["", "## make test-gpu", "", f"world {tg['properties'].get('world')}: {tg['passed']} passed, "
-              f"{tg['failed']} failed, {tg['skipped']} skipped"]
+        L += [
+            "",
+            "## make test-gpu",
+            "",
+            f"world {tg['properties'].get('world')}: {tg['passed']} passed, "
+            f"{tg['failed']} failed, {tg['skipped']} skipped",
+        ]
     if bc:
         L += ["", "## make bench-comm", comm_report.table(comm_report.summarize(bc))]
     if table := rd.startup_table(data):
-        L += ["", f"## All-reduce backend per decode size, chosen at start ({table.get('source')}, margin "
-              f"{table.get('margin')}x)", "", md_table(["rows", "us per backend", "backend", "why"], [
-                  [s_["rows"], ", ".join(f"{k} {v}" for k, v in (s_.get("us") or {}).items()), s_["backend"],
-                   s_.get("why", "")] for s_ in table.get("sizes") or []]) or table.get("why", "")]
+        L += [
+            "",
+            f"## All-reduce backend per decode size, chosen at start ({table.get('source')}, margin "
+            f"{table.get('margin')}x)",
+            "",
+            md_table(
+                ["rows", "us per backend", "backend", "why"],
+                [
+                    [
+                        s_["rows"],
+                        ", ".join(f"{k} {v}" for k, v in (s_.get("us") or {}).items()),
+                        s_["backend"],
+                        s_.get("why", ""),
+                    ]
+                    for s_ in table.get("sizes") or []
+                ],
+            )
+            or table.get("why", ""),
+        ]
     facts = (data.get("doctor") or {}).get("facts") or {}
     if facts.get("pcie_ipc_smoke") or facts.get("peer_bandwidth"):
         smoke, bw = facts.get("pcie_ipc_smoke") or {}, facts.get("peer_bandwidth") or {}
-        L += ["", "## The doctor's PCIe probes", "", f"PCIe-IPC smoke: {json.dumps(smoke)}; peer writes: lowest "
-              f"{bw.get('min_gbps')} GB/s per flow ({bw.get('why') or 'measured'})."]
+        L += [
+            "",
+            "## The doctor's PCIe probes",
+            "",
+            f"PCIe-IPC smoke: {json.dumps(smoke)}; peer writes: lowest "
+            f"{bw.get('min_gbps')} GB/s per flow ({bw.get('why') or 'measured'}).",
+        ]
     rows = rd.bench_rows(data.get("bench") or [])
     if rows:
-        L += ["", "## Serving (make bench)", "", md_table(
-            ["scenario", "variant", "n", "decode tok/s (median)", "min-max", "accept length", "eager verifies"],
-            [[r["scenario"], r["variant"], r["n"], f"{r['tok_s']:.1f}" if r["tok_s"] else "-",
-              f"{r['tok_s_min']:.1f}-{r['tok_s_max']:.1f}" if r["tok_s"] else "-",
-              f"{r['accept_length']:.2f}" if r["accept_length"] else "-", r["eager_verifies"]] for r in rows],
-            "llrrrrr")]
+        L += [
+            "",
+            "## Serving (make bench)",
+            "",
+            md_table(
+                ["scenario", "variant", "n", "decode tok/s (median)", "min-max", "accept length", "eager verifies"],
+                [
+                    [
+                        r["scenario"],
+                        r["variant"],
+                        r["n"],
+                        f"{r['tok_s']:.1f}" if r["tok_s"] else "-",
+                        f"{r['tok_s_min']:.1f}-{r['tok_s_max']:.1f}" if r["tok_s"] else "-",
+                        f"{r['accept_length']:.2f}" if r["accept_length"] else "-",
+                        r["eager_verifies"],
+                    ]
+                    for r in rows
+                ],
+                "llrrrrr",
+            ),
+        ]
     return "\n".join(L + [""] + [f"![{Path(p).stem}]({p})" for p in plot_files]) + "\n"
 
 
@@ -270,20 +380,30 @@ def write(d: Path, parts: dict, env: dict, tarball: bool = True) -> None:
     """receipt.json (the recommendations, computed once here), summary.md, plots, and (a part measured something)
     the tarball to attach."""
     data = rd.raw_parts(d)
-    meta = {"schema": rd.SCHEMA, "created": iso(),
-            "parts": parts, "environment": env, "thresholds": rd.THRESHOLDS,
-            "recommendations": rd.recommendations(data)}
+    meta = {
+        "schema": rd.SCHEMA,
+        "created": iso(),
+        "parts": parts,
+        "environment": env,
+        "thresholds": rd.THRESHOLDS,
+        "recommendations": rd.recommendations(data),
+    }
     (d / "receipt.json").write_text(json.dumps(meta, indent=1, default=str) + "\n")
     (d / "summary.md").write_text(summary_markdown(data | {"receipt": meta}, plots(data, d / "plots")))
     if not tarball:
-        say(f"receipt: {d}/summary.md; no part measured anything ("
-            + ", ".join(f"{p}: {r.get('status')}" for p, r in parts.items()) + "), so there is nothing to attach: "
-            "fix what failed and run make report again (it resumes)")
+        say(
+            f"receipt: {d}/summary.md; no part measured anything ("
+            + ", ".join(f"{p}: {r.get('status')}" for p, r in parts.items())
+            + "), so there is nothing to attach: "
+            "fix what failed and run make report again (it resumes)"
+        )
         return
     tar = d.with_name(d.name + ".tar.gz")
     left_out = share.pack(d, tar)
-    say(f"receipt: {d}/summary.md; attach {tar} to an issue (make docs RECEIPT={tar} ingests it); it leaves out "
-        f"host name, paths and {len(left_out)} raw tool output(s) that stay in {d}")
+    say(
+        f"receipt: {d}/summary.md; attach {tar} to an issue (make docs RECEIPT={tar} ingests it); it leaves out "
+        f"host name, paths and {len(left_out)} raw tool output(s) that stay in {d}"
+    )
     for r in meta["recommendations"]:
         say(f"  {r['verdict']:<12} {r['default']}: {r['why']}" + (f" -> {r['setting']}" if r["setting"] else ""))
 
@@ -299,7 +419,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--dry-run", action="store_true", help="print the plan and the checks; run and write nothing")
     ap.add_argument("--summarize", type=Path, metavar="DIR", help="only derive summary, plots and tarball again")
     a = ap.parse_args(argv[:i])
-    a.bench_args, a.redo = argv[i + 1:], {p.strip() for p in a.redo.split(",") if p.strip()}
+    a.bench_args, a.redo = argv[i + 1 :], {p.strip() for p in a.redo.split(",") if p.strip()}
     return a
 
 

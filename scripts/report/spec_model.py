@@ -20,10 +20,27 @@ STAGES = ("target_verify", "draft_decode", "draft_extend")
 OPS = ("all_reduce", "all_gather", "broadcast")
 CORNERS = ("pessimistic", "central", "optimistic")
 BYTES = {"bfloat16": 2, "float32": 4, "int32": 4}
-KNOBS = {"draft_scale": 1.0, "head_rows": None, "fp8_linears": False, "shard_qa": False, "extra_gb": 0.0,
-         "gap_ms": 0.0, "overlap": 0.0, "payload_scale": 1.0, "embed_ar": 1, "sync_ms": 0.0, "rs_ag": False,
-         "draft_tp1": False, "steps": None, "al_delta": 0.0, "al_scale": 1.0,
-         "B_ms": None, "draft_fwd_ms": None, "ipc_us": None, "al": None}  # the last four: measured (refit)
+KNOBS = {
+    "draft_scale": 1.0,
+    "head_rows": None,
+    "fp8_linears": False,
+    "shard_qa": False,
+    "extra_gb": 0.0,
+    "gap_ms": 0.0,
+    "overlap": 0.0,
+    "payload_scale": 1.0,
+    "embed_ar": 1,
+    "sync_ms": 0.0,
+    "rs_ag": False,
+    "draft_tp1": False,
+    "steps": None,
+    "al_delta": 0.0,
+    "al_scale": 1.0,
+    "B_ms": None,
+    "draft_fwd_ms": None,
+    "ipc_us": None,
+    "al": None,
+}  # the last four: measured (refit)
 
 
 def load_cycle(path: Path = COLLECTIVES, mode: str = "greedy") -> dict:
@@ -36,17 +53,28 @@ def load_cycle(path: Path = COLLECTIVES, mode: str = "greedy") -> dict:
     out = {"tp": cyc["tp"], "steps": cyc["steps"], "stages": {}, "kib": {}}
     for st in STAGES:
         n = cyc["steps"] - 1 if st == "draft_decode" else 1
-        bad = [f"{op} = {c!r}" for op, c in counts.get(st, {}).items()
-               if op not in OPS or not isinstance(c, int) or c < 0 or c % n]
+        bad = [
+            f"{op} = {c!r}"
+            for op, c in counts.get(st, {}).items()
+            if op not in OPS or not isinstance(c, int) or c < 0 or c % n
+        ]
         if st not in counts or bad:
-            raise UserError(f"{where}: [per_forward.{mode}] {st} = {{ op = count, ... }} " + (
-                f"has {', '.join(bad)}: ops are {', '.join(OPS)}, whole counts, a multiple of its {n} forward(s)"
-                if bad else "is missing"))
+            raise UserError(
+                f"{where}: [per_forward.{mode}] {st} = {{ op = count, ... }} "
+                + (
+                    f"has {', '.join(bad)}: ops are {', '.join(OPS)}, whole counts, a multiple of its {n} forward(s)"
+                    if bad
+                    else "is missing"
+                )
+            )
         out["stages"][st] = {op: c // n for op, c in counts[st].items()}
         sites = [s for s in raw.get("stages", {}).get(st, []) if s.get("when", "always") in ("always", mode)]
         out["kib"][st] = {s["op"]: BYTES[s["dtype"]] * math.prod(s["shape"][1:] or s["shape"]) / 1024 for s in sites}
-    out["logits_kib"] = max(BYTES[s["dtype"]] * math.prod(s["shape"][1:]) / 1024
-                            for s in raw["stages"]["target_verify"] if s["op"] == "all_gather")
+    out["logits_kib"] = max(
+        BYTES[s["dtype"]] * math.prod(s["shape"][1:]) / 1024
+        for s in raw["stages"]["target_verify"]
+        if s["op"] == "all_gather"
+    )
     return out
 
 
@@ -190,8 +218,16 @@ class Model:
 # kernel-busy time outside them, the gaps, the kernel count. decode: one plain decode step; draft_decode: one
 # replay of the draft graph (its steps - 1 forwards together, as the collectives table counts them).
 PROFILE_STAGES = ("decode", *STAGES)
-PROFILE_FIELDS = {"gpu": str, "tp": int, "steps": int, "accept_length": float, "cycle_ms": float,
-                  "nccl_graph_us": dict, "pcie_ipc_us": dict, **{s: dict for s in PROFILE_STAGES}}
+PROFILE_FIELDS = {
+    "gpu": str,
+    "tp": int,
+    "steps": int,
+    "accept_length": float,
+    "cycle_ms": float,
+    "nccl_graph_us": dict,
+    "pcie_ipc_us": dict,
+    **{s: dict for s in PROFILE_STAGES},
+}
 STAGE_FIELDS = ("forward_ms", "comm_ms", "busy_ms", "gap_ms", "kernels")
 
 
@@ -200,16 +236,26 @@ def refit(profile: dict, model: Model | None = None) -> dict:
     box's in-graph NCCL per call, the AL, the achieved bandwidth from the verify's extra over the decode. A
     UserError names what is missing."""
     bad = [k for k, t in PROFILE_FIELDS.items() if not isinstance(profile.get(k), (t, int) if t is float else t)]
-    bad += [f"{s}.{f}" for s in PROFILE_STAGES if isinstance(profile.get(s), dict) for f in STAGE_FIELDS
-            if not isinstance(profile[s].get(f), (int, float))]
+    bad += [
+        f"{s}.{f}"
+        for s in PROFILE_STAGES
+        if isinstance(profile.get(s), dict)
+        for f in STAGE_FIELDS
+        if not isinstance(profile[s].get(f), (int, float))
+    ]
     if bad:
         raise UserError(f"the receipt's profile lacks {', '.join(bad)}: re-run make report's profile part")
     model, s = model or Model(*load()), profile["steps"]
     out = {st: profile[st]["forward_ms"] - profile[st]["comm_ms"] for st in PROFILE_STAGES}
-    knobs = {"B_ms": out["decode"], "draft_fwd_ms": (out["draft_decode"] + out["draft_extend"]) / s,
-             "glue_ms": max(0.0, profile["cycle_ms"] - sum(profile[st]["forward_ms"] for st in STAGES)),
-             "al": profile["accept_length"], "steps": s, "ipc_scale": 1.0,
-             "a_seed_us": float(profile["nccl_graph_us"].get("1", model.p["a_seed_us"]))}
+    knobs = {
+        "B_ms": out["decode"],
+        "draft_fwd_ms": (out["draft_decode"] + out["draft_extend"]) / s,
+        "glue_ms": max(0.0, profile["cycle_ms"] - sum(profile[st]["forward_ms"] for st in STAGES)),
+        "al": profile["accept_length"],
+        "steps": s,
+        "ipc_scale": 1.0,
+        "a_seed_us": float(profile["nccl_graph_us"].get("1", model.p["a_seed_us"])),
+    }
     if out["target_verify"] > out["decode"]:
         extra_ms = (model.gb(s + 1) - model.gb(1)) / model.m["bandwidth_tb_s"]
         knobs["eta"] = extra_ms / (out["target_verify"] - out["decode"])

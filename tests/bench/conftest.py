@@ -18,10 +18,21 @@ def profile_receipt():
     def make(directory: Path, profile: dict) -> Path:
         d = directory / "box"
         (d / "raw").mkdir(parents=True)
-        rec = {"default": "EAGLE-3 in the shipped profile", "verdict": "inconclusive", "why": "no bench",
-               "measured": {}, "threshold": "", "setting": ""}
-        meta = {"schema": rd.SCHEMA, "parts": {"profile": {"ok": True}}, "recommendations": [rec],
-                "thresholds": rd.THRESHOLDS, "environment": {"box": "box"}}
+        rec = {
+            "default": "EAGLE-3 in the shipped profile",
+            "verdict": "inconclusive",
+            "why": "no bench",
+            "measured": {},
+            "threshold": "",
+            "setting": "",
+        }
+        meta = {
+            "schema": rd.SCHEMA,
+            "parts": {"profile": {"ok": True}},
+            "recommendations": [rec],
+            "thresholds": rd.THRESHOLDS,
+            "environment": {"box": "box"},
+        }
         (d / "receipt.json").write_text(json.dumps(meta))
         (d / "raw" / "profile.json").write_text(json.dumps(profile))
         return d

@@ -23,7 +23,8 @@ FORWARDS = {  # kernels (name, us) of each forward's graph, 10 us apart on the G
     "step[DECODE bs=1]": [("gemm", 4500), (NCCL, 30), (IPC, 6), ("gemm", 4500)],
     "step[VERIFY bs=1]": [("gemm", 6500), (NCCL, 40), (IPC, 12), ("gemm", 6500)],
     "draft": [("gemm", 300), ("ncclDevKernel_AllGather_RING_LL(x)", 8)],
-    "draft_extend": [("gemm", 400), ("void flashinfer::comm::pcie_ipc::all_gather::push_kernel<8>(p)", 5)]}
+    "draft_extend": [("gemm", 400), ("void flashinfer::comm::pcie_ipc::all_gather::push_kernel<8>(p)", 5)],
+}
 
 
 def trace(spans: list[str], iterations: int = 4, period: float = 15000.0) -> dict:
@@ -35,18 +36,38 @@ def trace(spans: list[str], iterations: int = 4, period: float = 15000.0) -> dic
         for j, name in enumerate(spans):
             cpu = i * period + 200 * j
             ev.append({"ph": "X", "cat": "user_annotation", "name": name, "pid": 9, "tid": 9, "ts": cpu, "dur": 100})
-            for k, (launch, kernels) in enumerate((("cudaLaunchKernel", [("glue", 4)]),
-                                                   ("cudaGraphLaunch", FORWARDS[name]))):
+            for k, (launch, kernels) in enumerate(
+                (("cudaLaunchKernel", [("glue", 4)]), ("cudaGraphLaunch", FORWARDS[name]))
+            ):
                 corr += 1
-                ev.append({"ph": "X", "cat": "cuda_runtime", "name": launch, "pid": 9, "tid": 9, "ts": cpu + 10 + k,
-                           "dur": 1, "args": {"correlation": corr}})
+                ev.append(
+                    {
+                        "ph": "X",
+                        "cat": "cuda_runtime",
+                        "name": launch,
+                        "pid": 9,
+                        "tid": 9,
+                        "ts": cpu + 10 + k,
+                        "dur": 1,
+                        "args": {"correlation": corr},
+                    }
+                )
                 for kname, us in kernels:
-                    ev.append({"ph": "X", "cat": "kernel", "name": kname, "pid": 0, "tid": 7, "ts": gpu, "dur": us,
-                               "args": {"correlation": corr, "device": 0, "stream": 7}})
+                    ev.append(
+                        {
+                            "ph": "X",
+                            "cat": "kernel",
+                            "name": kname,
+                            "pid": 0,
+                            "tid": 7,
+                            "ts": gpu,
+                            "dur": us,
+                            "args": {"correlation": corr, "device": 0, "stream": 7},
+                        }
+                    )
                     gpu += us + 10
     ev.append({"ph": "X", "cat": "gpu_user_annotation", "name": "draft", "pid": 0, "tid": 7, "ts": 0, "dur": 1e9})
-    return {"deviceProperties": [{"id": 0, "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition"}],
-            "traceEvents": ev}
+    return {"deviceProperties": [{"id": 0, "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition"}], "traceEvents": ev}
 
 
 def recorded(tmp_path, name: str, spans: list[str]) -> dict:
@@ -68,8 +89,7 @@ def test_a_recorded_trace_reduces_to_the_profile_per_forward(tmp_path):
     assert p["gpu"].startswith("NVIDIA RTX PRO 6000") and (p["tp"], p["steps"], p["accept_length"]) == (8, 3, 2.5)
     # the graph's kernels only (the glue kernel launched before it is not the forward's); gaps are the 10 us between
     assert p["decode"] == {"forward_ms": 9.066, "comm_ms": 0.036, "busy_ms": 9.0, "gap_ms": 0.03, "kernels": 4}
-    assert p["target_verify"] == {"forward_ms": 13.082, "comm_ms": 0.052, "busy_ms": 13.0, "gap_ms": 0.03,
-                                  "kernels": 4}
+    assert p["target_verify"] == {"forward_ms": 13.082, "comm_ms": 0.052, "busy_ms": 13.0, "gap_ms": 0.03, "kernels": 4}
     assert p["draft_decode"] == {"forward_ms": 0.318, "comm_ms": 0.008, "busy_ms": 0.3, "gap_ms": 0.01, "kernels": 2}
     assert p["draft_extend"]["comm_ms"] == 0.005 and p["cycle_ms"] == 15.0  # first GPU work of one draft to the next
     # per call, by rows: NCCL's all-reduce in the graphs, PCIe IPC's all-reduce (its all-gather is not one)
@@ -109,4 +129,11 @@ def test_the_receipt_runs_the_part_as_its_own_verb(tmp_path):
     part = rd.PARTS["profile"]
     assert part.result == "raw/profile.json" and part.measures
     assert part.command(tmp_path, argparse.Namespace(image="img:1")) == [
-        sys.executable, "-m", "scripts.report.profile", "--out", str(tmp_path / "raw/profile.json"), "--image", "img:1"]
+        sys.executable,
+        "-m",
+        "scripts.report.profile",
+        "--out",
+        str(tmp_path / "raw/profile.json"),
+        "--image",
+        "img:1",
+    ]

@@ -52,8 +52,9 @@ class Rank:
 
 def _scenario(rank: int, world: int, port: int, phase, device: str, scenario: str, params: dict):
     if device == "cpu":
-        os.environ.setdefault("SGLANG_CPU_OMP_THREADS_BIND", "|".join(str(i % (os.cpu_count() or 1))
-                                                                     for i in range(world)))
+        os.environ.setdefault(
+            "SGLANG_CPU_OMP_THREADS_BIND", "|".join(str(i % (os.cpu_count() or 1)) for i in range(world))
+        )
     if importlib.util.find_spec("sgl_kernel") is None:
         sys.path.append(str(STANDIN))
     import _ranks
@@ -61,8 +62,15 @@ def _scenario(rank: int, world: int, port: int, phase, device: str, scenario: st
     return getattr(_ranks, scenario)(Rank(rank, world, port, device), **params)
 
 
-def run_ranks(scenario: str, *, world: int, device: str = "cuda", params: dict | None = None,
-              timeout: float = 300.0, env: dict | None = None) -> ranks.Ranks:
+def run_ranks(
+    scenario: str,
+    *,
+    world: int,
+    device: str = "cuda",
+    params: dict | None = None,
+    timeout: float = 300.0,
+    env: dict | None = None,
+) -> ranks.Ranks:
     """Run `scenario` (a function of _ranks.py) on `world` ranks (scripts/box/ranks.py: never longer than
     `timeout` seconds); .ok, .results, .errors, .hung, .explain()."""
     env = {**(CPU_ENV if device == "cpu" else {}), **(env or {})}

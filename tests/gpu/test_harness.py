@@ -60,9 +60,26 @@ def test_gpu_tests_skip_with_their_reason_without_gpus(tmp_path):
     if gpu_count() >= 2:
         pytest.skip("this machine has GPUs: the GPU tests run instead of skipping")
     out = tmp_path / "result.xml"
-    cp = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(HERE), "--ignore",
-                         str(HERE / "serve"), "-k", "not harness", f"--junitxml={out}"], cwd=HERE.parents[1],
-                        capture_output=True, text=True, timeout=600)
+    cp = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            str(HERE),
+            "--ignore",
+            str(HERE / "serve"),
+            "-k",
+            "not harness",
+            f"--junitxml={out}",
+        ],
+        cwd=HERE.parents[1],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
     doc = read_junit(out)
     assert doc["passed"] == doc["failed"] == 0 and doc["skipped"] >= 5, doc
@@ -88,8 +105,9 @@ def test_pcie_ipc_autotune_is_a_group_decision(fault, bad_rank):
     """Two CPU ranks, SGLang's real TP group over gloo: a tune cache one rank cannot write keeps every rank from
     tuning (all on the seed policy, PCIe IPC kept); a tune() that raises on one rank takes PCIe IPC off on every
     rank (each destroys its workspace), so no rank is left in a collective its peers never enter."""
-    outcome = run_ranks("pcie_ipc_tune_vote", world=2, device="cpu", timeout=240,
-                        params={"bad_rank": bad_rank, "fault": fault})
+    outcome = run_ranks(
+        "pcie_ipc_tune_vote", world=2, device="cpu", timeout=240, params={"bad_rank": bad_rank, "fault": fault}
+    )
     assert outcome.ok, outcome.explain()
     got = [(x["disabled"], x["tune"], x["destroy"]) for x in outcome.results]
     if fault == "unwritable":
@@ -98,14 +116,16 @@ def test_pcie_ipc_autotune_is_a_group_decision(fault, bad_rank):
         assert got == [(True, 1, 1)] * 2
 
 
-@pytest.mark.parametrize("fail", [None, "cuMemExportToShareableHandle", "cuMemImportFromShareableHandle",
-                                  "cuMemMap", "cuMemSetAccess"])
+@pytest.mark.parametrize(
+    "fail", [None, "cuMemExportToShareableHandle", "cuMemImportFromShareableHandle", "cuMemMap", "cuMemSetAccess"]
+)
 def test_fusion_workspace_handle_exchange_is_a_group_decision(fail):
     """Two CPU ranks, SGLang's TP group over gloo, FlashInfer's own SCM_RIGHTS exchange: the fusion preflight
     exports, exchanges, imports and maps one probe handle per workspace buffer. One rank failing any step makes
     every rank skip the fusion; with no failure both proceed, and every probe handle is released."""
-    outcome = run_ranks("fusion_exchange_vote", world=2, device="cpu", timeout=240,
-                        params={"bad_rank": 1, "fail": fail})
+    outcome = run_ranks(
+        "fusion_exchange_vote", world=2, device="cpu", timeout=240, params={"bad_rank": 1, "fail": fail}
+    )
     assert outcome.ok, outcome.explain()
     proceed = [x["proceed"] for x in outcome.results]
     assert proceed == [fail is None] * 2, outcome.results

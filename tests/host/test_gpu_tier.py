@@ -19,26 +19,44 @@ IMAGE = "eagle-fast-verify/sglang:test"
 
 
 def verb(*args: str, path: str, module: str = "scripts.host.in_image", **env) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO_ROOT, text=True,
-                          capture_output=True, timeout=300, env={**os.environ, "PATH": path, **env})
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=REPO_ROOT,
+        text=True,
+        capture_output=True,
+        timeout=300,
+        env={**os.environ, "PATH": path, **env},
+    )
 
 
 def test_the_image_runs_it_and_refuses_without_gpus_with_advice_for_the_image(tmp_path):
     fake = _fake_docker.install(tmp_path, images=(IMAGE,))
-    cp = verb("--image", IMAGE, "--results", str(tmp_path / "r"), "test-gpu", "--out", "/results/t.xml", "--",
-              "-k", "faults", path=_fake_docker.path_with(fake.bindir))
-    run, = fake.runs()
+    cp = verb(
+        "--image",
+        IMAGE,
+        "--results",
+        str(tmp_path / "r"),
+        "test-gpu",
+        "--out",
+        "/results/t.xml",
+        "--",
+        "-k",
+        "faults",
+        path=_fake_docker.path_with(fake.bindir),
+    )
+    (run,) = fake.runs()
     assert run[:5] == ["run", "--rm", "--gpus", "all", "--ipc=host"] and docker.FLASHINFER_MOUNT in run
     assert f"{tmp_path / 'r'}:/results" in run
-    assert run[run.index(IMAGE) + 1:] == ["test-gpu", "--out", "/results/t.xml", "--", "-k", "faults"]
+    assert run[run.index(IMAGE) + 1 :] == ["test-gpu", "--out", "/results/t.xml", "--", "-k", "faults"]
     assert cp.returncode == 2 and "--gpus all" in cp.stderr and "make test-gpu" not in cp.stderr  # inside the image
     assert "Traceback" not in cp.stderr
 
 
 @pytest.mark.parametrize("state", ["no client", "no engine", "no image"])
 def test_without_the_image_it_says_which_and_the_fix(tmp_path, state):
-    fake = _fake_docker.install(tmp_path, images=() if state == "no image" else (IMAGE,),
-                                engine_up=state != "no engine")
+    fake = _fake_docker.install(
+        tmp_path, images=() if state == "no image" else (IMAGE,), engine_up=state != "no engine"
+    )
     path = str(tmp_path / "empty") if state == "no client" else _fake_docker.path_with(fake.bindir)
     cp = verb("--image", IMAGE, "test-gpu", path=path, DOCKER_HOST=f"unix://{tmp_path}/dead.sock")
     assert cp.returncode == 2 and not fake.runs()
@@ -63,9 +81,23 @@ def test_fails():
 def test_a_tiers_result_is_pytests_junitxml_with_the_runs_properties(tmp_path):
     (tmp_path / "test_tier.py").write_text(TIER)
     out = tmp_path / "out" / "r.xml"
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "junit_family=xunit1",
-                    f"--junitxml={out}", str(tmp_path / "test_tier.py")], cwd=tmp_path, capture_output=True,
-                   timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "junit_family=xunit1",
+            f"--junitxml={out}",
+            str(tmp_path / "test_tier.py"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        timeout=300,
+    )
     results.finish_junit(out, {"world": 2, "command": f"pytest {tmp_path}"}, {str(tmp_path): "<tmp>"})
     doc = results.read_junit(out)
     assert (doc["passed"], doc["failed"], doc["skipped"]) == (1, 1, 0)

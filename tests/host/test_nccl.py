@@ -26,8 +26,13 @@ def test_the_probe_reports_the_nccl_torch_loaded_not_the_one_it_was_built_with(n
     wheel = next(nccl_wheels.glob(f"{PIN.nccl_package.replace('-', '_')}-{PIN.nccl_version}-*.whl"))
     with zipfile.ZipFile(wheel) as z:
         z.extractall(tmp_path / "site")
-    cp = subprocess.run([sys.executable, "-c", nccl.NCCL_PROBE], capture_output=True, text=True, timeout=120,
-                        env={**os.environ, "PYTHONPATH": str(tmp_path / "site")})
+    cp = subprocess.run(
+        [sys.executable, "-c", nccl.NCCL_PROBE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
+    )
     info = json.loads(cp.stdout.strip().splitlines()[-1])
     import torch
 
@@ -37,15 +42,17 @@ def test_the_probe_reports_the_nccl_torch_loaded_not_the_one_it_was_built_with(n
 
 
 def test_nccl_transport_lines_in_their_spellings():
-    text = "\n".join([
-        "h:1:2 [0] NCCL INFO NCCL version 2.29.7+cuda13.0",
-        "h:1:2 [0] NCCL INFO Channel 03/0 : 0[0] -> 1[1] via P2P/IPC/read",
-        "[2026-12-01 10:00:00] h:1:2 [1] NCCL INFO Channel 00/1 : 1[1] -> 0[0] via P2P/CUMEM/CE",
-        "h:1:2 [1] NCCL INFO Channel 05 : 11[3e000] -> 9[1b000] via P2P/direct pointer",  # older NCCL: bus ids
-        "h:1:2 [3] NCCL INFO Channel 00/0 : 3[3] -> 4[4] [send] via NET/Socket/0",
-        "h:1:2 [3] NCCL INFO Channel 00/0 : 3[3] -> 4[4] [receive] via NET/Socket/0",
-        "not an NCCL line: Channel 00 : 0[0] -> 1[1] via SHM/direct/direct",
-    ])
+    text = "\n".join(
+        [
+            "h:1:2 [0] NCCL INFO NCCL version 2.29.7+cuda13.0",
+            "h:1:2 [0] NCCL INFO Channel 03/0 : 0[0] -> 1[1] via P2P/IPC/read",
+            "[2026-12-01 10:00:00] h:1:2 [1] NCCL INFO Channel 00/1 : 1[1] -> 0[0] via P2P/CUMEM/CE",
+            "h:1:2 [1] NCCL INFO Channel 05 : 11[3e000] -> 9[1b000] via P2P/direct pointer",  # older NCCL: bus ids
+            "h:1:2 [3] NCCL INFO Channel 00/0 : 3[3] -> 4[4] [send] via NET/Socket/0",
+            "h:1:2 [3] NCCL INFO Channel 00/0 : 3[3] -> 4[4] [receive] via NET/Socket/0",
+            "not an NCCL line: Channel 00 : 0[0] -> 1[1] via SHM/direct/direct",
+        ]
+    )
     version, links = nccl.transport_links(text)
     assert version == "2.29.7+cuda13.0" and [x["kind"] for x in links] == ["P2P"] * 3 + ["NET"] * 2
     assert [x["via"] for x in links][:3] == ["P2P/IPC/read", "P2P/CUMEM/CE", "P2P/direct pointer"]
@@ -55,8 +62,10 @@ def test_nccl_transport_lines_in_their_spellings():
 def test_the_watchdog_kills_a_probe_that_hangs_and_says_so():
     """A fake probe child that starts a grandchild and then hangs: both are killed at the deadline, the output so
     far is kept, and the result line says hung (the doctor's error and fix: tests/host/test_doctor.py)."""
-    code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-            "print('bring-up done', flush=True); time.sleep(60)")
+    code = (
+        "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        "print('bring-up done', flush=True); time.sleep(60)"
+    )
     t0 = time.monotonic()
     out = nccl.watch([sys.executable, "-c", code], timeout=3)
     assert time.monotonic() - t0 < 20 and out.startswith("bring-up done\n")
@@ -106,8 +115,13 @@ def test_the_smoke_brings_up_sglangs_own_tp_group(sglang_tree):
     publish_build_topology and initialize_model_parallel with SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1: SGLang builds no
     PCIe-IPC all-reduce for one CPU rank, and the smoke says so (on GPUs this is the path the kernels run on)."""
     r = nccl.pcie_ipc_smoke(1, 300, device="cpu")
-    assert r == {"measured": False, "world": 1, "engaged": False, "why": "SGLang built no PCIe-IPC all-reduce for its "
-                 "tp group of 1 cpu rank(s) (FlashInfer's kernels serve 2, 4 or 8 CUDA GPUs)"}, r
+    assert r == {
+        "measured": False,
+        "world": 1,
+        "engaged": False,
+        "why": "SGLang built no PCIe-IPC all-reduce for its "
+        "tp group of 1 cpu rank(s) (FlashInfer's kernels serve 2, 4 or 8 CUDA GPUs)",
+    }, r
 
 
 DOCKER = """#!{python}
@@ -149,5 +163,7 @@ def test_without_gpus_here_the_probes_run_in_the_image(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no docker client at all
     probe.cache.pop("nccl-transport")
     why = nccl.result(probe.get("nccl-transport").text)["why"]
-    assert why == ("here, torch 2.14.1+cu130 sees 0 CUDA GPU(s), and the all-reduce needs 2; in the image: docker is "
-                   "not installed (no docker client on PATH)")
+    assert why == (
+        "here, torch 2.14.1+cu130 sees 0 CUDA GPU(s), and the all-reduce needs 2; in the image: docker is "
+        "not installed (no docker client on PATH)"
+    )

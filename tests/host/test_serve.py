@@ -45,8 +45,9 @@ def sglang_parse(argv: list[str]):
 
 
 def test_the_profiles_are_sglang_config_files(sglang_tree):
-    eagle, base = (serve.parse_with_sglang(["--config", str(PROFILES[n])]) for n in ("kimi-k25-eagle3-tp8",
-                                                                                         "kimi-k25-tp8"))
+    eagle, base = (
+        serve.parse_with_sglang(["--config", str(PROFILES[n])]) for n in ("kimi-k25-eagle3-tp8", "kimi-k25-tp8")
+    )
     assert (eagle.model_path, eagle.tp_size, eagle.host, eagle.port) == ("moonshotai/Kimi-K2.5", 8, "127.0.0.1", 30000)
     assert eagle.speculative_algorithm == "EAGLE3" and eagle.speculative_draft_model_path in drafters.KNOWN
     assert (eagle.speculative_num_steps, eagle.speculative_eagle_topk, eagle.speculative_num_draft_tokens) == (3, 1, 4)
@@ -59,21 +60,31 @@ def test_the_profiles_are_sglang_config_files(sglang_tree):
 
 
 def test_dry_run_is_sglangs_own_command_line(capsys, sglang_tree, hf):
-    doc = dry_run(capsys, "--model", "/m", "--draft-model", "x/own-drafter", "--port", "31000", "--",
-                  "--context-length", "4096")
+    doc = dry_run(
+        capsys, "--model", "/m", "--draft-model", "x/own-drafter", "--port", "31000", "--", "--context-length", "4096"
+    )
     assert {"argv", "env", "listen", "notes", "profile", "launcher"} <= set(doc)
     assert doc["argv"][1:5] == ["-m", "sglang.launch_server", "--config", str(PROFILES["kimi-k25-eagle3-tp8"])]
     sa = sglang_parse(doc["argv"])  # the command line wins over the file: SGLang's rule
-    assert (sa.model_path, sa.speculative_draft_model_path, sa.port, sa.context_length) == ("/m", "x/own-drafter",
-                                                                                            31000, 4096)
+    assert (sa.model_path, sa.speculative_draft_model_path, sa.port, sa.context_length) == (
+        "/m",
+        "x/own-drafter",
+        31000,
+        4096,
+    )
     assert sa.tp_size == 8 and doc["listen"] == "listening on 127.0.0.1 only"
 
 
-@pytest.mark.parametrize("extra, named", [(["--mem-fraction-static", "1.5"], "mem-fraction-static"),
-                                          (["--speculative-eagle-topk", "0"], "speculative-eagle-topk"),
-                                          (["--speculative-algorithm", "EAGLE9"], "EAGLE9"),
-                                          (["--speculative-num-stpes", "2"], "--speculative-num-steps"),
-                                          (["--tp-size", "eight"], "eight")])
+@pytest.mark.parametrize(
+    "extra, named",
+    [
+        (["--mem-fraction-static", "1.5"], "mem-fraction-static"),
+        (["--speculative-eagle-topk", "0"], "speculative-eagle-topk"),
+        (["--speculative-algorithm", "EAGLE9"], "EAGLE9"),
+        (["--speculative-num-stpes", "2"], "--speculative-num-steps"),
+        (["--tp-size", "eight"], "eight"),
+    ],
+)
 def test_values_sglang_would_fail_on_after_the_load_are_refused_first(capsys, sglang_tree, hf, extra, named):
     with pytest.raises(UserError) as e:
         dry_run(capsys, "--", *extra)
@@ -83,13 +94,22 @@ def test_values_sglang_would_fail_on_after_the_load_are_refused_first(capsys, sg
 def test_a_drafter_without_an_algorithm_is_refused(capsys, sglang_tree, hf):
     with pytest.raises(UserError, match="--speculative-algorithm"):
         dry_run(capsys, "--profile", "kimi-k25-tp8", "--draft-model", "lightseekorg/kimi-k2.5-eagle3")
-    doc = dry_run(capsys, "--profile", "kimi-k25-tp8", "--draft-model", "lightseekorg/kimi-k2.5-eagle3", "--",
-                  "--speculative-algorithm", "EAGLE3")
+    doc = dry_run(
+        capsys,
+        "--profile",
+        "kimi-k25-tp8",
+        "--draft-model",
+        "lightseekorg/kimi-k2.5-eagle3",
+        "--",
+        "--speculative-algorithm",
+        "EAGLE3",
+    )
     assert sglang_parse(doc["argv"]).speculative_algorithm == "EAGLE3"
 
 
-@pytest.mark.parametrize("argv, right", [(["--draft-modle", "x"], "--draft-model"), (["--prot", "1"], "--port"),
-                                         (["--tp", "4"], "-- --tp")])
+@pytest.mark.parametrize(
+    "argv, right", [(["--draft-modle", "x"], "--draft-model"), (["--prot", "1"], "--port"), (["--tp", "4"], "-- --tp")]
+)
 def test_serves_own_typos_name_the_right_option(capsys, argv, right):
     with pytest.raises(UserError) as e:
         serve.main(argv)
@@ -148,14 +168,21 @@ def fake_sglang(tmp_path: Path) -> Path:
     (pkg / "launch_server.py").write_text(
         "import json, os, sys\nc = sys.argv[sys.argv.index('--config') + 1]\n"
         "print(json.dumps({'argv': sys.argv[1:], 'config': open(c).read(), 'env_key': os.environ.get("
-        "'SGLANG_API_KEY'), 'cmdline': open('/proc/self/cmdline').read()}))\n")
+        "'SGLANG_API_KEY'), 'cmdline': open('/proc/self/cmdline').read()}))\n"
+    )
     return pkg.parent
 
 
 def test_the_key_reaches_sglang_in_a_private_copy_read_once(tmp_path, hf):
     env = {**os.environ, "PYTHONPATH": str(fake_sglang(tmp_path)), "SGLANG_API_KEY": KEY, "TMPDIR": str(tmp_path)}
-    cp = subprocess.run([sys.executable, "-m", "scripts.host.serve", "--host", "0.0.0.0"], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=120)
+    cp = subprocess.run(
+        [sys.executable, "-m", "scripts.host.serve", "--host", "0.0.0.0"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert cp.returncode == 0, cp.stderr
     got = json.loads(cp.stdout)
     import yaml
@@ -172,7 +199,7 @@ def test_the_key_reaches_sglang_in_a_private_copy_read_once(tmp_path, hf):
 def printed_command(out: str) -> list[str]:
     lines = out.splitlines()
     end = next(i for i, ln in enumerate(lines) if not ln.endswith("\\"))
-    return shlex.split(" ".join(ln.rstrip("\\") for ln in lines[:end + 1]))
+    return shlex.split(" ".join(ln.rstrip("\\") for ln in lines[: end + 1]))
 
 
 def test_make_serve_runs_the_images_serve_through_docker_run(tmp_path, hf, capsys, monkeypatch):
@@ -193,10 +220,16 @@ def test_make_serve_runs_the_images_serve_through_docker_run(tmp_path, hf, capsy
     assert f"{key}:/run/serve/key:ro" in cmd and cmd[cmd.index("--api-key-file") + 1] == "/run/serve/key"
     docker = _fake_docker.install(tmp_path, images=(image,), pythonpath=(fake_sglang(tmp_path),))
     env = {**os.environ, "PATH": _fake_docker.path_with(docker.bindir), "HF_HOME": str(hf)}
-    cp = subprocess.run([sys.executable, "-m", "scripts.host.serve", f"--image={image}", "--", "--tp-size", "2"],
-                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    cp = subprocess.run(
+        [sys.executable, "-m", "scripts.host.serve", f"--image={image}", "--", "--tp-size", "2"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert cp.returncode == 0, cp.stderr
-    run, = docker.runs()
+    (run,) = docker.runs()
     assert printed_command(cp.stdout) == ["docker", *run] and run[run.index(image) + 1] == "serve"
     reached = json.loads(cp.stdout.splitlines()[-1])
     assert reached["argv"] == ["--config", str(PROFILES["kimi-k25-eagle3-tp8"]), "--tp-size", "2"]

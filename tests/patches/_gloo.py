@@ -38,8 +38,10 @@ def run(scenario: str, world: int = 2, timeout: float = 240, **params) -> list:
 
 
 def _child(rank, world, port, phase, scenario, params):
-    os.environ.update(SGLANG_CPU_OMP_THREADS_BIND="|".join(str(i % (os.cpu_count() or 1)) for i in range(world)),
-                      FLASHINFER_AUTOTUNE_DIR=tempfile.mkdtemp())
+    os.environ.update(
+        SGLANG_CPU_OMP_THREADS_BIND="|".join(str(i % (os.cpu_count() or 1)) for i in range(world)),
+        FLASHINFER_AUTOTUNE_DIR=tempfile.mkdtemp(),
+    )
     if importlib.util.find_spec("sgl_kernel") is None:
         sys.path.append(str(STANDIN))
     return globals()[scenario](rank, world, port, **params)
@@ -72,9 +74,19 @@ def _pcie_ipc(tp, workspace_cls):
     from sglang.srt.distributed.device_communicators.pcie_ipc_ar import PcieIpcCommunicator
 
     comm = PcieIpcCommunicator.__new__(PcieIpcCommunicator)
-    vars(comm).update(disabled=False, max_numel=0, _workspace=None, _bound_stream=None, _cpu_group=tp.cpu_group,
-                      _max_rows=None, _group=tp.device_group, _device=torch.device("cpu"),
-                      _world_size=tp.world_size, _workspace_cls=workspace_cls, _build_failed=False)
+    vars(comm).update(
+        disabled=False,
+        max_numel=0,
+        _workspace=None,
+        _bound_stream=None,
+        _cpu_group=tp.cpu_group,
+        _max_rows=None,
+        _group=tp.device_group,
+        _device=torch.device("cpu"),
+        _world_size=tp.world_size,
+        _workspace_cls=workspace_cls,
+        _build_failed=False,
+    )
     tp.pcie_ipc_comm = comm
     return comm
 
@@ -143,16 +155,22 @@ def gather_semantics(rank, world, port):
         x = data(rank, torch.int32)
         tp.broadcast(x, src=src)
         result[f"broadcast_src{src}"] = bool(torch.equal(x, data(src, torch.int32)))
-    parts = [torch.arange(6, dtype=torch.int32) + rank, torch.arange(4, dtype=torch.int32).view(2, 2) * (rank + 2),
-             torch.full((3,), rank, dtype=torch.int32)]  # 13 values, padded to 16
-    want = [torch.arange(6, dtype=torch.int32), torch.arange(4, dtype=torch.int32).view(2, 2) * 2,
-            torch.zeros(3, dtype=torch.int32)]
+    parts = [
+        torch.arange(6, dtype=torch.int32) + rank,
+        torch.arange(4, dtype=torch.int32).view(2, 2) * (rank + 2),
+        torch.full((3,), rank, dtype=torch.int32),
+    ]  # 13 values, padded to 16
+    want = [
+        torch.arange(6, dtype=torch.int32),
+        torch.arange(4, dtype=torch.int32).view(2, 2) * 2,
+        torch.zeros(3, dtype=torch.int32),
+    ]
     broadcast_packed(tp, parts)
     result["packed"] = all(torch.equal(a, b) for a, b in zip(parts, want))
     result["pcie_ipc_calls"] = len(calls)
     out = torch.empty((4 * world, 8), dtype=torch.int32)
-    out[4 * rank: 4 * rank + 4] = data(rank, torch.int32)
-    tp.all_gather_into_tensor(out, out[4 * rank: 4 * rank + 4])  # in place: FlashInfer refuses it
+    out[4 * rank : 4 * rank + 4] = data(rank, torch.int32)
+    tp.all_gather_into_tensor(out, out[4 * rank : 4 * rank + 4])  # in place: FlashInfer refuses it
     result["in_place"] = bool(torch.equal(out, torch.cat([data(r, torch.int32) for r in range(world)])))
     result["in_place_on_pcie_ipc"] = len(calls) > result["pcie_ipc_calls"]
     return result
@@ -199,8 +217,11 @@ def verify_wiring(rank, world, port, vocab):
     outputs = []
 
     def forward(**kw):  # the target's verify forward: its logits processor on the given hidden states
-        outputs.append(LogitsProcessorOutput(next_token_logits=model.logits_processor._get_logits(
-            states, lm_head, meta), hidden_states=None))
+        outputs.append(
+            LogitsProcessorOutput(
+                next_token_logits=model.logits_processor._get_logits(states, lm_head, meta), hidden_states=None
+            )
+        )
         return SimpleNamespace(logits_output=outputs[-1])
 
     target = SimpleNamespace(model_runner=runner, forward_batch_generation=forward)
@@ -214,21 +235,50 @@ def verify_wiring(rank, world, port, vocab):
     ewc.eagle_prepare_for_verify = lambda *a, **k: (None, False)
     ewc.record_stream_for_v2_verify = ewc.record_stream_each = lambda *a, **k: None
     worker = EAGLEWorkerV2.__new__(EAGLEWorkerV2)
-    vars(worker).update(_target_worker=target, req_to_token_pool=None, token_to_kv_pool_allocator=None,
-                        plan_stream=None, plan_stream_ctx=contextlib.nullcontext(), topk=1,
-                        speculative_num_draft_tokens=width, device="cpu",
-                        _target_logits_processor=defer_target_verify_gather(target))
+    vars(worker).update(
+        _target_worker=target,
+        req_to_token_pool=None,
+        token_to_kv_pool_allocator=None,
+        plan_stream=None,
+        plan_stream_ctx=contextlib.nullcontext(),
+        topk=1,
+        speculative_num_draft_tokens=width,
+        device="cpu",
+        _target_logits_processor=defer_target_verify_gather(target),
+    )
     tree = torch.zeros(bs * width, dtype=torch.long)
-    verify_input = SimpleNamespace(draft_token=tree, draft_token_num=width, max_tree_depth=width, tree_topk=1,
-                                   retrieve_index=tree, retrieve_next_token=tree, retrieve_next_sibling=tree)
+    verify_input = SimpleNamespace(
+        draft_token=tree,
+        draft_token_num=width,
+        max_tree_depth=width,
+        tree_topk=1,
+        retrieve_index=tree,
+        retrieve_next_token=tree,
+        retrieve_next_sibling=tree,
+    )
     out = {"reference": reference, "deferred": worker._target_logits_processor is not None}
     for kind, bias in (("greedy", None), ("logit_bias", torch.zeros(bs, vocab))):
-        info = SimpleNamespace(is_all_greedy=True, has_custom_logit_processor=False, acc_additive_penalties=None,
-                               acc_scaling_penalties=None, logit_bias=bias, penalizer_orchestrator=None,
-                               has_watermark_candidates=False, sampling_mask_batch_indices=None)
-        batch = SimpleNamespace(device="cpu", forward_mode=ForwardMode.DECODE, seq_lens=torch.ones(bs),
-                                sampling_info=info, has_grammar=False, return_logprob=False, spec_info=verify_input,
-                                input_ids=None, out_cache_loc=None)
+        info = SimpleNamespace(
+            is_all_greedy=True,
+            has_custom_logit_processor=False,
+            acc_additive_penalties=None,
+            acc_scaling_penalties=None,
+            logit_bias=bias,
+            penalizer_orchestrator=None,
+            has_watermark_candidates=False,
+            sampling_mask_batch_indices=None,
+        )
+        batch = SimpleNamespace(
+            device="cpu",
+            forward_mode=ForwardMode.DECODE,
+            seq_lens=torch.ones(bs),
+            sampling_info=info,
+            has_grammar=False,
+            return_logprob=False,
+            spec_info=verify_input,
+            input_ids=None,
+            out_cache_loc=None,
+        )
         try:
             worker.verify(batch)
         except _Stop:
@@ -281,15 +331,18 @@ def fusion_exchange_fails_early(rank, world, port, bad_rank):
 
     tp = _up(rank, world, port)
     side = dist.new_group(backend="gloo")
-    prop = SimpleNamespace(location=SimpleNamespace(id=0),
-                           requestedHandleTypes=mnnvl.cuda.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    prop = SimpleNamespace(
+        location=SimpleNamespace(id=0),
+        requestedHandleTypes=mnnvl.cuda.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+    )
     fcf.get_cuda_driver_bindings = lambda: FakeCudaDriver(None)
     fcf._make_flashinfer_workspace_allocation_prop = lambda driver: prop
     mnnvl.is_mnnvl_fabric_supported = lambda device: False  # a PCIe-only GPU: POSIX file descriptors
     if rank == bad_rank:
         tempfile.tempdir = "/nonexistent/tmp"
-    proceed = fcf._preflight_check_workspace_memory(world, 256, 7168, torch.bfloat16, cpu_group=tp.cpu_group,
-                                                    comm_backend=mnnvl.TorchDistBackend(group=side))
+    proceed = fcf._preflight_check_workspace_memory(
+        world, 256, 7168, torch.bfloat16, cpu_group=tp.cpu_group, comm_backend=mnnvl.TorchDistBackend(group=side)
+    )
     return {"proceed": proceed}
 
 
@@ -313,7 +366,8 @@ def allreduce_timing(rank, world, port, cache_dir):
     patch = pytest.MonkeyPatch()
     FakeNvml(patch, count=world)
     torch.cuda.get_device_properties = lambda device: SimpleNamespace(
-        pci_domain_id=0, pci_bus_id=int(BUS[rank].split(":")[1], 16), pci_device_id=0)
+        pci_domain_id=0, pci_bus_id=int(BUS[rank].split(":")[1], 16), pci_device_id=0
+    )
     own = {0: {"pcie_ipc": [5, 5, 5, 28], "nccl": [30] * 4}, 1: {"pcie_ipc": [5, 5, 26, 5], "nccl": [3, 30, 30, 30]}}
     timed, step = [], None
 
@@ -325,12 +379,20 @@ def allreduce_timing(rank, world, port, cache_dir):
 
     pcie_ipc_ar._time_backends = measure
     out = {}
-    for step, driver in (("differ", "580.95.05"), ("cached", "580.95.05"), ("new_driver", "590.44.01"),
-                         ("fails", "595.1")):
+    for step, driver in (
+        ("differ", "580.95.05"),
+        ("cached", "580.95.05"),
+        ("new_driver", "590.44.01"),
+        ("fails", "595.1"),
+    ):
         patch.setattr(pynvml, "nvmlSystemGetDriverVersion", lambda driver=driver: driver)
         timed.clear()
         comm = _pcie_ipc(tp, AllReduce)
         comm.prepare(hidden=64, max_rows=8, coordinator=tp)
-        out[step] = {"timed": len(timed), "disabled": comm.disabled, "source": pcie_ipc_ar.allreduce_backends()["source"],
-                     "table": [comm.backend_for(torch.empty(r, 64)) for r in (1, 2, 4, 8)]}
+        out[step] = {
+            "timed": len(timed),
+            "disabled": comm.disabled,
+            "source": pcie_ipc_ar.allreduce_backends()["source"],
+            "table": [comm.backend_for(torch.empty(r, 64)) for r in (1, 2, 4, 8)],
+        }
     return out

@@ -91,9 +91,20 @@ def pcie_ipc(world=8, max_rows=PROFILE_ROWS, gather_width=KIMI_VOCAB_SHARD):
     from sglang.srt.distributed.device_communicators.pcie_ipc_ar import PcieIpcCommunicator
 
     comm = PcieIpcCommunicator.__new__(PcieIpcCommunicator)
-    vars(comm).update(disabled=False, max_numel=0, _workspace=None, _bound_stream=None, _cpu_group=None,
-                      _max_rows=None, _group=None, _device=torch.device("meta"), _world_size=world,
-                      _workspace_cls=Workspace, _build_failed=False, _tune=lambda hidden: None)
+    vars(comm).update(
+        disabled=False,
+        max_numel=0,
+        _workspace=None,
+        _bound_stream=None,
+        _cpu_group=None,
+        _max_rows=None,
+        _group=None,
+        _device=torch.device("meta"),
+        _world_size=world,
+        _workspace_cls=Workspace,
+        _build_failed=False,
+        _tune=lambda hidden: None,
+    )
     comm.prepare(hidden=HIDDEN, max_rows=max_rows, gather_width=gather_width)
     return comm
 
@@ -127,12 +138,21 @@ def tp8(monkeypatch, no_gpu):
     g.pcie_ipc_comm = pcie_ipc()
     monkeypatch.setitem(ps._groups, g.unique_name, lambda: g)
     # The registered ops' bodies: on meta tensors the op dispatch would run their fake implementations
-    monkeypatch.setattr(ps, "outplace_all_reduce", lambda t, group_name, outplace_all_reduce_method:
-                        ps._groups[group_name]()._all_reduce_out_place(t, outplace_all_reduce_method))
-    monkeypatch.setattr(ps, "inplace_all_reduce",
-                        lambda t, group_name: ps._groups[group_name]()._all_reduce_in_place(t))
-    monkeypatch.setattr(ps, "reg_all_gather_into_tensor",
-                        lambda out, inp, group_name: ps._groups[group_name]()._all_gather_into_tensor(out, inp))
+    monkeypatch.setattr(
+        ps,
+        "outplace_all_reduce",
+        lambda t, group_name, outplace_all_reduce_method: ps._groups[group_name]()._all_reduce_out_place(
+            t, outplace_all_reduce_method
+        ),
+    )
+    monkeypatch.setattr(
+        ps, "inplace_all_reduce", lambda t, group_name: ps._groups[group_name]()._all_reduce_in_place(t)
+    )
+    monkeypatch.setattr(
+        ps,
+        "reg_all_gather_into_tensor",
+        lambda out, inp, group_name: ps._groups[group_name]()._all_gather_into_tensor(out, inp),
+    )
     monkeypatch.setenv("SGLANG_RECORD_SPEC_COLLECTIVES", "1")
     return g
 
@@ -158,6 +178,7 @@ def recorded(stage, run):
 
 def test_collectives_counted_by_op_and_backend(tp8):
     """One recorded forward: each collective is noted with the backend the real code picked."""
+
     def forward():
         tp8.all_reduce(meta(8, HIDDEN))  # a decode-sized reduction: PCIe IPC
         tp8.all_reduce(meta(2048, HIDDEN))  # prefill-sized: NCCL
@@ -165,8 +186,11 @@ def test_collectives_counted_by_op_and_backend(tp8):
         tp8.broadcast(torch.zeros(12, dtype=torch.int32))
 
     got = recorded("target_verify", forward)
-    assert got["calls"] == {"all_reduce": {"nccl": 1, "pcie_ipc": 1}, "all_gather": {"pcie_ipc": 1},
-                            "broadcast": {"pcie_ipc": 1}}
+    assert got["calls"] == {
+        "all_reduce": {"nccl": 1, "pcie_ipc": 1},
+        "all_gather": {"pcie_ipc": 1},
+        "broadcast": {"pcie_ipc": 1},
+    }
     assert got["graphs"] == 1 and got["bytes"]["all_gather"] == 64 * KIMI_VOCAB_SHARD * 2
     assert tp8.pynccl_comm.calls == ["all_reduce"]
 
@@ -177,11 +201,12 @@ def test_collectives_recorded_only_when_asked(tp8, monkeypatch):
     from sglang.srt.model_executor.runner.spec_graph_stats import SpecGraphStats
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    scheduler = SimpleNamespace(spec_algorithm=SpeculativeAlgorithm.EAGLE3, draft_worker=None,
-                                metrics_reporter=SimpleNamespace(spec_total_num_accept_tokens=3,
-                                                                 spec_total_num_forward_ct=1),
-                                tp_worker=SimpleNamespace(model_runner=SimpleNamespace(
-                                    spec_graph_stats=SpecGraphStats())))
+    scheduler = SimpleNamespace(
+        spec_algorithm=SpeculativeAlgorithm.EAGLE3,
+        draft_worker=None,
+        metrics_reporter=SimpleNamespace(spec_total_num_accept_tokens=3, spec_total_num_forward_ct=1),
+        tp_worker=SimpleNamespace(model_runner=SimpleNamespace(spec_graph_stats=SpecGraphStats())),
+    )
     for value, listed in (("1", True), ("0", False)):
         monkeypatch.setenv("SGLANG_RECORD_SPEC_COLLECTIVES", value)
         got = recorded("target_verify", lambda: tp8.all_reduce(meta(8, HIDDEN)))
@@ -191,12 +216,15 @@ def test_collectives_recorded_only_when_asked(tp8, monkeypatch):
         assert ("spec_collectives" in state) is listed and "spec_cuda_graph" in state
 
 
-@pytest.mark.parametrize("rows, dtype, width, want", [
-    (64, torch.bfloat16, KIMI_VOCAB_SHARD, "pcie_ipc"),  # the widest verify's logits shard
-    (65, torch.bfloat16, KIMI_VOCAB_SHARD, "nccl"),  # wider: NCCL keeps it
-    (64, torch.float32, 4, "pcie_ipc"),  # the greedy verify's (max, index, 0, 0) rows
-    (1, torch.int32, 3, "nccl"),  # 12 bytes: not whole 16-byte packs
-])
+@pytest.mark.parametrize(
+    "rows, dtype, width, want",
+    [
+        (64, torch.bfloat16, KIMI_VOCAB_SHARD, "pcie_ipc"),  # the widest verify's logits shard
+        (65, torch.bfloat16, KIMI_VOCAB_SHARD, "nccl"),  # wider: NCCL keeps it
+        (64, torch.float32, 4, "pcie_ipc"),  # the greedy verify's (max, index, 0, 0) rows
+        (1, torch.int32, 3, "nccl"),  # 12 bytes: not whole 16-byte packs
+    ],
+)
 def test_decode_sized_all_gathers_take_pcie_ipc(tp8, rows, dtype, width, want):
     got = recorded("draft_decode", lambda: gather(tp8, rows, width, dtype))
     assert got["calls"] == {"all_gather": {want: 1}}
@@ -206,8 +234,10 @@ def test_an_in_place_all_gather_falls_back_to_nccl(tp8):
     """FlashInfer refuses an output that overlaps the input; NCCL gathers in place. The same gather out of place
     takes PCIe IPC."""
     out = torch.empty((8 * 64, 4), dtype=torch.float32)
-    got = recorded("target_verify", lambda: (tp8.all_gather_into_tensor(out, torch.zeros((64, 4))),
-                                             tp8.all_gather_into_tensor(out, out[:64])))
+    got = recorded(
+        "target_verify",
+        lambda: (tp8.all_gather_into_tensor(out, torch.zeros((64, 4))), tp8.all_gather_into_tensor(out, out[:64])),
+    )
     assert got["calls"] == {"all_gather": {"pcie_ipc": 1, "nccl": 1}}
 
 
@@ -221,7 +251,8 @@ def test_the_all_gather_is_tuned_with_the_all_reduce_and_says_when_it_is_not_bui
         assert pcie_ipc(max_rows=None)._gather_workspace is None
     assert [r.getMessage() for r in caplog.records if "all-gather not built" in r.getMessage()] == [
         "FlashInfer PCIe-IPC all-gather not built: no captured decode graphs to size it (CUDA graphs off); "
-        "all-gathers and broadcasts stay on NCCL."]
+        "all-gathers and broadcasts stay on NCCL."
+    ]
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])
@@ -237,8 +268,9 @@ def test_the_all_gather_memory_vote_sizes_the_layouts_of_its_world(monkeypatch, 
             raise RuntimeError("CopyEngine storage requires world_size 8")
         return max_numel * elem * (2 if copy_engine else 1)
 
-    monkeypatch.setattr(_ag_rs_module, "get_pcie_ipc_ag_rs_module",
-                        lambda: SimpleNamespace(all_gather_workspace_size=size))
+    monkeypatch.setattr(
+        _ag_rs_module, "get_pcie_ipc_ag_rs_module", lambda: SimpleNamespace(all_gather_workspace_size=size)
+    )
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (0, 96 << 30))
     comm = PcieIpcCommunicator.__new__(PcieIpcCommunicator)
     vars(comm).update(_world_size=world, _device=torch.device("meta"))
@@ -269,20 +301,38 @@ def test_the_greedy_verify_needs_only_the_argmax_when_nothing_reads_the_logits(m
     from sglang.srt.speculative import eagle_worker_common as ewc
 
     def batch(**kw):
-        info = dict(is_all_greedy=True, has_custom_logit_processor=False, acc_additive_penalties=None,
-                    acc_scaling_penalties=None, logit_bias=None, penalizer_orchestrator=None,
-                    has_watermark_candidates=False, sampling_mask_batch_indices=None)
+        info = dict(
+            is_all_greedy=True,
+            has_custom_logit_processor=False,
+            acc_additive_penalties=None,
+            acc_scaling_penalties=None,
+            logit_bias=None,
+            penalizer_orchestrator=None,
+            has_watermark_candidates=False,
+            sampling_mask_batch_indices=None,
+        )
         info.update({k: v for k, v in kw.items() if k in info})
-        return SimpleNamespace(has_grammar=kw.get("has_grammar", False),
-                               return_logprob=kw.get("return_logprob", False),
-                               sampling_info=None if kw.get("no_info") else SimpleNamespace(**info))
+        return SimpleNamespace(
+            has_grammar=kw.get("has_grammar", False),
+            return_logprob=kw.get("return_logprob", False),
+            sampling_info=None if kw.get("no_info") else SimpleNamespace(**info),
+        )
 
     assert ewc._verify_needs_only_argmax(batch())
     assert ewc._verify_needs_only_argmax(batch(penalizer_orchestrator=SimpleNamespace(is_required=False)))
-    for kw in ({"is_all_greedy": False}, {"has_grammar": True}, {"return_logprob": True}, {"logit_bias": 1},
-               {"acc_additive_penalties": 1}, {"acc_scaling_penalties": 1}, {"has_watermark_candidates": True},
-               {"penalizer_orchestrator": SimpleNamespace(is_required=True)}, {"has_custom_logit_processor": True},
-               {"sampling_mask_batch_indices": torch.tensor([0])}, {"no_info": True}):
+    for kw in (
+        {"is_all_greedy": False},
+        {"has_grammar": True},
+        {"return_logprob": True},
+        {"logit_bias": 1},
+        {"acc_additive_penalties": 1},
+        {"acc_scaling_penalties": 1},
+        {"has_watermark_candidates": True},
+        {"penalizer_orchestrator": SimpleNamespace(is_required=True)},
+        {"has_custom_logit_processor": True},
+        {"sampling_mask_batch_indices": torch.tensor([0])},
+        {"no_info": True},
+    ):
         assert not ewc._verify_needs_only_argmax(batch(**kw)), kw
     monkeypatch.setattr(ewc, "SIMULATE_ACC_LEN", 2.5)
     assert not ewc._verify_needs_only_argmax(batch())
@@ -327,9 +377,13 @@ def test_a_target_that_post_processes_its_logits_keeps_the_full_gather(kimi):
         assert (dflash._defer_target_verify_gather() is not None) is defers, cls
 
 
-@pytest.mark.parametrize("module, worker, draft", [
-    ("standalone_worker_v2", "StandaloneWorkerV2", "StandaloneDraftWorker"),
-    ("frozen_kv_mtp_worker_v2", "FrozenKVMTPWorkerV2", "FrozenKVMTPDraftWorker")])
+@pytest.mark.parametrize(
+    "module, worker, draft",
+    [
+        ("standalone_worker_v2", "StandaloneWorkerV2", "StandaloneDraftWorker"),
+        ("frozen_kv_mtp_worker_v2", "FrozenKVMTPWorkerV2", "FrozenKVMTPDraftWorker"),
+    ],
+)
 def test_workers_without_the_deferral_verify(kimi, monkeypatch, module, worker, draft):
     """STANDALONE and Frozen-KV MTP build their own state instead of calling EAGLEWorkerV2.__init__ and inherit its
     verify(): their real __init__ (the draft worker and the GPU streams stood in), then verify() reaches
@@ -339,15 +393,20 @@ def test_workers_without_the_deferral_verify(kimi, monkeypatch, module, worker, 
     from sglang.srt.speculative import eagle_worker_v2
 
     mod = importlib.import_module(f"sglang.srt.speculative.{module}")
-    draft_worker = SimpleNamespace(draft_runner=SimpleNamespace(model_config=SimpleNamespace(vocab_size=163840)),
-                                   draft_worker=SimpleNamespace(tokenizer=None),
-                                   alloc_memory_pool=lambda **kw: None)
+    draft_worker = SimpleNamespace(
+        draft_runner=SimpleNamespace(model_config=SimpleNamespace(vocab_size=163840)),
+        draft_worker=SimpleNamespace(tokenizer=None),
+        alloc_memory_pool=lambda **kw: None,
+    )
     monkeypatch.setattr(mod, draft, lambda *a, **k: draft_worker)
     monkeypatch.setattr(mod, "get_device", lambda: SimpleNamespace(device="cpu"), raising=False)
     calls = []
     monkeypatch.setattr(eagle_worker_v2, "run_eagle_verify", lambda batch, **kw: calls.append(kw) or "verified")
-    target = SimpleNamespace(model_runner=SimpleNamespace(model_config=SimpleNamespace(vocab_size=163840)),
-                             tokenizer=None, get_memory_pool=lambda: ("req_to_token", "kv_allocator"))
+    target = SimpleNamespace(
+        model_runner=SimpleNamespace(model_config=SimpleNamespace(vocab_size=163840)),
+        tokenizer=None,
+        get_memory_pool=lambda: ("req_to_token", "kv_allocator"),
+    )
     w = getattr(mod, worker)(server_args=None, gpu_id=0, nccl_port=0, target_worker=target)
     if worker == "StandaloneWorkerV2":
         w.alloc_memory_pool(req_to_token_pool="req_to_token", token_to_kv_pool_allocator="kv_allocator")
@@ -383,6 +442,8 @@ def test_kimi_tp8_cycle_has_no_nccl_call(tp8):
     assert tp8.pynccl_comm.calls == []
     for mode in ("greedy", "sampling"):
         for stage, counts in table["per_forward"][mode].items():
-            got = {op: sum(v for (s, o, w), v in totals.items() if s == stage and o == op and w in ("always", mode))
-                   for op in counts}
+            got = {
+                op: sum(v for (s, o, w), v in totals.items() if s == stage and o == op and w in ("always", mode))
+                for op in counts
+            }
             assert got == counts, (mode, stage)

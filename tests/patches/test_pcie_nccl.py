@@ -28,9 +28,20 @@ from _sgl import platform, server_args
 REPO = Path(__file__).resolve().parents[2]
 HIDDEN = 7168  # Kimi-K2.5 / DeepSeek-V3
 # Variables the launcher may touch; cleared before each test so the host's environment cannot leak in.
-WATCHED = ("CUDA_VISIBLE_DEVICES", "SGLANG_PCIE_NCCL_DEFAULTS", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE",
-           "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_MIN_NRINGS", "NCCL_MAX_NRINGS", "NCCL_MIN_CTAS",
-           "NCCL_MAX_CTAS", "NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE", "NCCL_GRAPH_MIXING_SUPPORT")
+WATCHED = (
+    "CUDA_VISIBLE_DEVICES",
+    "SGLANG_PCIE_NCCL_DEFAULTS",
+    "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE",
+    "NCCL_MIN_NCHANNELS",
+    "NCCL_MAX_NCHANNELS",
+    "NCCL_MIN_NRINGS",
+    "NCCL_MAX_NRINGS",
+    "NCCL_MIN_CTAS",
+    "NCCL_MAX_CTAS",
+    "NCCL_CUMEM_ENABLE",
+    "NCCL_NVLS_ENABLE",
+    "NCCL_GRAPH_MIXING_SUPPORT",
+)
 # What upstream's launcher itself sets among NCCL_* on one node (engine.py _set_envs_and_config).
 UPSTREAM_NCCL = {"NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE", "NCCL_MNNVL_ENABLE"}
 SET_LINE = "No NVLink between the visible GPUs: set NCCL_MIN_NCHANNELS=8 (SGLANG_PCIE_NCCL_DEFAULTS=0 skips this)."
@@ -88,8 +99,12 @@ def launch(monkeypatch, caplog):
 
 
 def launcher_log(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "sglang.srt.entrypoints.engine"
-            and ("NVLink" in r.getMessage() or "NCCL defaults" in r.getMessage())]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "sglang.srt.entrypoints.engine"
+        and ("NVLink" in r.getMessage() or "NCCL defaults" in r.getMessage())
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -99,8 +114,9 @@ def launcher_log(caplog) -> list[str]:
 def test_pcie_nccl_default_applied_without_nvlink(launch, kimi_tp8, monkeypatch, caplog):
     nvml(monkeypatch)
     changed = launch(kimi_tp8)
-    assert changed["NCCL_MIN_NCHANNELS"] == "8" and {k for k in changed if k.startswith("NCCL_")} <= \
-        UPSTREAM_NCCL | {"NCCL_MIN_NCHANNELS"}
+    assert changed["NCCL_MIN_NCHANNELS"] == "8" and {k for k in changed if k.startswith("NCCL_")} <= UPSTREAM_NCCL | {
+        "NCCL_MIN_NCHANNELS"
+    }
     assert launcher_log(caplog) == [SET_LINE]
 
 
@@ -118,8 +134,16 @@ def test_pcie_nccl_probes_the_visible_gpus(launch, monkeypatch):
     assert fake.pairs == all_pairs([4, 5, 6, 7]) and changed["NCCL_MIN_NCHANNELS"] == "8"
 
 
-@pytest.mark.parametrize("user", [{"NCCL_MIN_NCHANNELS": "4"}, {"NCCL_MAX_NCHANNELS": "16"},
-                                  {"NCCL_MIN_NRINGS": "2"}, {"NCCL_MAX_CTAS": "8"}, {"NCCL_MIN_CTAS": "1"}])
+@pytest.mark.parametrize(
+    "user",
+    [
+        {"NCCL_MIN_NCHANNELS": "4"},
+        {"NCCL_MAX_NCHANNELS": "16"},
+        {"NCCL_MIN_NRINGS": "2"},
+        {"NCCL_MAX_CTAS": "8"},
+        {"NCCL_MIN_CTAS": "1"},
+    ],
+)
 def test_pcie_nccl_default_never_overrides_a_channel_setting(launch, kimi_tp8, monkeypatch, caplog, user):
     """NCCL runs max(floor, min(found, ceiling)) channels: a floor would override any channel setting of the
     user's, so none is set then, and the log says which setting kept it off."""
@@ -202,10 +226,17 @@ def test_pcie_ipc_allreduce_default_stays_off(published, monkeypatch, case):
     turns it on."""
     import pynvml
 
-    nvml(monkeypatch, nvlink=[(2, 5)] if case == "nvlink" else (),
-         init_error=pynvml.NVML_ERROR_UNKNOWN if case == "nvml_error" else None)
-    kw = {"sm90": dict(major=9), "tp2": dict(world=2), "no_custom_all_reduce": dict(custom_allreduce=False),
-          "deterministic": dict(deterministic=True)}.get(case, {})
+    nvml(
+        monkeypatch,
+        nvlink=[(2, 5)] if case == "nvlink" else (),
+        init_error=pynvml.NVML_ERROR_UNKNOWN if case == "nvml_error" else None,
+    )
+    kw = {
+        "sm90": dict(major=9),
+        "tp2": dict(world=2),
+        "no_custom_all_reduce": dict(custom_allreduce=False),
+        "deterministic": dict(deterministic=True),
+    }.get(case, {})
     assert not eligible(**kw)
     nvml(monkeypatch)
     assert eligible()
@@ -243,8 +274,16 @@ def test_pcie_ipc_allreduce_explicit_value_wins(published, monkeypatch, value, o
 PROFILES = REPO / "docker" / "profiles"
 RTX_PRO_6000_MIB = 97887
 # Profile keys that name files or the HTTP front end rather than how the model runs.
-NOT_SERVER_SHAPE = {"model_path", "speculative_draft_model_path", "host", "port", "tool_call_parser",
-                    "reasoning_parser", "trust_remote_code", "enable_metrics"}
+NOT_SERVER_SHAPE = {
+    "model_path",
+    "speculative_draft_model_path",
+    "host",
+    "port",
+    "tool_call_parser",
+    "reasoning_parser",
+    "trust_remote_code",
+    "enable_metrics",
+}
 
 
 def profile_args() -> dict:
@@ -286,9 +325,12 @@ def widest_decode_rows(sa, pool: int | None = None) -> int:
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     mr = ModelRunner.__new__(ModelRunner)
-    vars(mr).update(spec_algorithm=SpeculativeAlgorithm.EAGLE3, is_draft_worker=False, server_args=sa,
-                    req_to_token_pool=SimpleNamespace(
-                        size=pool or sa.max_running_requests // get_parallel().attn_dp_size))
+    vars(mr).update(
+        spec_algorithm=SpeculativeAlgorithm.EAGLE3,
+        is_draft_worker=False,
+        server_args=sa,
+        req_to_token_pool=SimpleNamespace(size=pool or sa.max_running_requests // get_parallel().attn_dp_size),
+    )
     return BaseRunner._widest_decode_rows(SimpleNamespace(model_runner=mr))
 
 
@@ -325,8 +367,11 @@ def device_memory(monkeypatch):
     state = {"free": 80 * GIB}
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (state["free"], 96 * GIB))
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    monkeypatch.setattr(fi_ar, "get_pcie_ipc_comm_module",
-                        lambda: SimpleNamespace(workspace_size=lambda world, numel, elem, blocks: 2 * numel * elem))
+    monkeypatch.setattr(
+        fi_ar,
+        "get_pcie_ipc_comm_module",
+        lambda: SimpleNamespace(workspace_size=lambda world, numel, elem, blocks: 2 * numel * elem),
+    )
     monkeypatch.setattr(fi_comm, "PcieIpcAllGatherWorkspace", PcieIpcWorkspace, raising=False)
     PcieIpcWorkspace.built = []
     return lambda free: state.__setitem__("free", free)
@@ -338,9 +383,22 @@ def communicator(disabled=False, **attrs):
     from sglang.srt.distributed.device_communicators.pcie_ipc_ar import PcieIpcCommunicator
 
     c = PcieIpcCommunicator.__new__(PcieIpcCommunicator)
-    vars(c).update(dict(disabled=disabled, max_numel=0, _workspace=None, _bound_stream=None, _cpu_group=None,
-                        _max_rows=None, _group=None, _device=torch.device("meta"), _world_size=8,
-                        _workspace_cls=PcieIpcWorkspace, _build_failed=False), **attrs)
+    vars(c).update(
+        dict(
+            disabled=disabled,
+            max_numel=0,
+            _workspace=None,
+            _bound_stream=None,
+            _cpu_group=None,
+            _max_rows=None,
+            _group=None,
+            _device=torch.device("meta"),
+            _world_size=8,
+            _workspace_cls=PcieIpcWorkspace,
+            _build_failed=False,
+        ),
+        **attrs,
+    )
     return c
 
 
@@ -364,9 +422,18 @@ def fusion_workspace(monkeypatch):
         ws.metadata = {"max_token_num": tokens, "tp_size": 8, "hidden_dim": HIDDEN, "use_fp32_lamport": False}
         ws._destroyed = True  # nothing was allocated, nothing to free
         manager = fcf._get_workspace_manager(True)
-        vars(manager).update(workspace=ws, world_size=8, rank=0, group=(None, None), max_token_num=tokens,
-                             hidden_dim=HIDDEN, dtype=torch.bfloat16, backend="trtllm", use_fp32_lamport=False,
-                             initialized=True)
+        vars(manager).update(
+            workspace=ws,
+            world_size=8,
+            rank=0,
+            group=(None, None),
+            max_token_num=tokens,
+            hidden_dim=HIDDEN,
+            dtype=torch.bfloat16,
+            backend="trtllm",
+            use_fp32_lamport=False,
+            initialized=True,
+        )
         manager._configure_workspace_size_check()
         monkeypatch.setattr(fcf, "_flashinfer_allreduce_unavailable", False)
         monkeypatch.setattr(fcf, "_flashinfer_comm", SimpleNamespace())
@@ -384,8 +451,11 @@ def coordinator(monkeypatch):
 
     calls = []
     monkeypatch.setattr(ps, "flashinfer_allreduce", lambda t, group_name: calls.append("flashinfer") or t)
-    monkeypatch.setattr(ps, "outplace_all_reduce",
-                        lambda t, group_name, outplace_all_reduce_method: calls.append(outplace_all_reduce_method) or t)
+    monkeypatch.setattr(
+        ps,
+        "outplace_all_reduce",
+        lambda t, group_name, outplace_all_reduce_method: calls.append(outplace_all_reduce_method) or t,
+    )
     monkeypatch.setattr(ps, "inplace_all_reduce", lambda t, group_name: calls.append("nccl"))
 
     def make(pcie_ipc=None, fi=True):
@@ -428,19 +498,27 @@ def test_pcie_ipc_workspace_is_sized_from_the_profile(published_profile):
     assert ws.max_numel == 64 * HIDDEN and max(ws.tune_batches) == 64
 
 
-@pytest.mark.parametrize("n, fusion_on, want", [
-    # decode and chain verify (bs x 4 draft tokens up to bs 16): PCIe-IPC ahead of FlashInfer's one-shot kernel
-    (1, True, "pcie_ipc"), (4, True, "pcie_ipc"), (16, True, "pcie_ipc"), (64, True, "pcie_ipc"),
-    # wider than the PCIe-IPC workspace: a short prefill or a draft-extend chunk keeps FlashInfer up to its cap...
-    pytest.param(65, True, "flashinfer", marks=U), pytest.param(256, True, "flashinfer", marks=U),
-    # ... and NCCL above it
-    pytest.param(257, True, "nccl", marks=U), pytest.param(8192, True, "nccl", marks=U),
-    # fusion off (the TP8 default): no FlashInfer workspace, PCIe-IPC up to 64 rows, NCCL above
-    pytest.param(64, False, "pcie_ipc", marks=U), pytest.param(65, False, "nccl", marks=U),
-    pytest.param(8192, False, "nccl", marks=U),
-])
-def test_pcie_ipc_routing_from_the_profile_sizes(published_profile, coordinator, fusion_workspace, n, fusion_on,
-                                                 want):
+@pytest.mark.parametrize(
+    "n, fusion_on, want",
+    [
+        # decode and chain verify (bs x 4 draft tokens up to bs 16): PCIe-IPC ahead of FlashInfer's one-shot kernel
+        (1, True, "pcie_ipc"),
+        (4, True, "pcie_ipc"),
+        (16, True, "pcie_ipc"),
+        (64, True, "pcie_ipc"),
+        # wider than the PCIe-IPC workspace: a short prefill or a draft-extend chunk keeps FlashInfer up to its cap...
+        pytest.param(65, True, "flashinfer", marks=U),
+        pytest.param(256, True, "flashinfer", marks=U),
+        # ... and NCCL above it
+        pytest.param(257, True, "nccl", marks=U),
+        pytest.param(8192, True, "nccl", marks=U),
+        # fusion off (the TP8 default): no FlashInfer workspace, PCIe-IPC up to 64 rows, NCCL above
+        pytest.param(64, False, "pcie_ipc", marks=U),
+        pytest.param(65, False, "nccl", marks=U),
+        pytest.param(8192, False, "nccl", marks=U),
+    ],
+)
+def test_pcie_ipc_routing_from_the_profile_sizes(published_profile, coordinator, fusion_workspace, n, fusion_on, want):
     """Which collective takes a plain TP all-reduce of n rows x 7168 bf16, with the workspaces sized as the patched
     server sizes them for the shipped profile on SM120."""
     make, calls = coordinator
@@ -466,8 +544,9 @@ def test_pcie_ipc_absent_disabled_or_refusing_keeps_flashinfer(published_profile
 # Building the workspaces: every group decision taken together, the first prepare() wins
 
 
-def test_pcie_ipc_short_of_memory_stays_off_with_a_reason(published_profile, coordinator, fusion_workspace,
-                                                          device_memory, caplog):
+def test_pcie_ipc_short_of_memory_stays_off_with_a_reason(
+    published_profile, coordinator, fusion_workspace, device_memory, caplog
+):
     """A rank that cannot allocate the workspace (FlashInfer's cudaMalloc comes before its handle exchange) does
     not enter the build: the communicator is disabled, says why, and reductions keep the FlashInfer/NCCL route."""
     make, calls = coordinator
@@ -476,8 +555,10 @@ def test_pcie_ipc_short_of_memory_stays_off_with_a_reason(published_profile, coo
     with caplog.at_level(logging.WARNING):
         pcie_ipc = prepared_pcie_ipc(widest_decode_rows(published_profile))
     assert pcie_ipc.disabled and PcieIpcWorkspace.built == []
-    assert any("this rank (it has 1048576 bytes free" in r.getMessage() and "could not allocate it" in r.getMessage()
-               for r in caplog.records)
+    assert any(
+        "this rank (it has 1048576 bytes free" in r.getMessage() and "could not allocate it" in r.getMessage()
+        for r in caplog.records
+    )
     assert route(make, calls, 8, pcie_ipc=pcie_ipc) == "flashinfer"
 
 
@@ -505,8 +586,7 @@ def test_pcie_ipc_prepare_resizes_a_workspace_built_before_it(published_profile)
     lazy = PcieIpcWorkspace.built[0]
     c.prepare(hidden=HIDDEN, max_rows=widest_decode_rows(published_profile, pool=8))
     assert lazy.max_numel == 64 * HIDDEN and lazy.destroyed
-    assert c.max_numel == 32 * HIDDEN and [w.max_numel for w in PcieIpcWorkspace.built] == [lazy.max_numel,
-                                                                                            32 * HIDDEN]
+    assert c.max_numel == 32 * HIDDEN and [w.max_numel for w in PcieIpcWorkspace.built] == [lazy.max_numel, 32 * HIDDEN]
     assert not c.should_pcie_ipc_ar(rows(33)) and c.should_pcie_ipc_ar(rows(32))
 
 
@@ -531,8 +611,9 @@ def test_pcie_ipc_tune_cache_save_failing_on_rank_0_is_no_hang():
     assert _gloo.run("tune_cache_save_fails", timeout=400) == [{"disabled": False, "barrier_broken": []}] * 2
 
 
-def test_pcie_ipc_logs_each_ranks_numa_node_and_warns_on_a_split_island(published_profile, monkeypatch, tmp_path,
-                                                                       caplog):
+def test_pcie_ipc_logs_each_ranks_numa_node_and_warns_on_a_split_island(
+    published_profile, monkeypatch, tmp_path, caplog
+):
     """On a two-NUMA 8-GPU host the first build logs each rank's GPU and NUMA node (from CUDA's PCI address and
     sysfs) and warns for an island of the 8-rank schedule (ranks 0-3, 4-7) on both nodes. The host-group
     collectives are stood in by what 8 ranks would exchange: each rank's answer from the same code."""
@@ -545,12 +626,22 @@ def test_pcie_ipc_logs_each_ranks_numa_node_and_warns_on_a_split_island(publishe
         (tmp_path / bus).mkdir()
         (tmp_path / bus / "numa_node").write_text(f"{node}\n")
     monkeypatch.setattr(pcie_ipc_ar, "_SYSFS_PCI_DEVICES", str(tmp_path))
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(
-        pci_domain_id=0, pci_bus_id=int(BUS[d.index or 0].split(":")[1], 16), pci_device_id=0))
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda d: SimpleNamespace(
+            pci_domain_id=0, pci_bus_id=int(BUS[d.index or 0].split(":")[1], 16), pci_device_id=0
+        ),
+    )
     monkeypatch.setattr(dist, "all_reduce", lambda flag, op, group: None)  # every rank agrees
     monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
-    monkeypatch.setattr(dist, "all_gather_object", lambda out, obj, group: out.__setitem__(
-        slice(None), [pcie_ipc_ar._gpu_placement(torch.device("cuda", r)) for r in range(8)]))
+    monkeypatch.setattr(
+        dist,
+        "all_gather_object",
+        lambda out, obj, group: out.__setitem__(
+            slice(None), [pcie_ipc_ar._gpu_placement(torch.device("cuda", r)) for r in range(8)]
+        ),
+    )
     monkeypatch.setenv("FLASHINFER_AUTOTUNE_DIR", str(tmp_path / "tune"))
     c = communicator(_cpu_group="host-group", _tune=lambda hidden: None)
     with caplog.at_level(logging.INFO):
@@ -581,8 +672,12 @@ def timed(monkeypatch):
     calls = []
 
     def install(us):
-        monkeypatch.setattr(pcie_ipc_ar, "_time_backends", lambda comm, tp, hidden, rows, backends: calls.append(
-            rows) or [[us(b, n) for b in backends] for n in rows], raising=False)
+        monkeypatch.setattr(
+            pcie_ipc_ar,
+            "_time_backends",
+            lambda comm, tp, hidden, rows, backends: calls.append(rows) or [[us(b, n) for b in backends] for n in rows],
+            raising=False,
+        )
         return calls
 
     monkeypatch.setattr(pcie_ipc_ar, "_decision", {}, raising=False)
@@ -590,8 +685,9 @@ def timed(monkeypatch):
 
 
 @pytest.mark.parametrize("fusion_on", [False, True])
-def test_allreduce_timing_routes_each_size_to_its_fastest(published_profile, coordinator, fusion_workspace, timed,
-                                                         caplog, fusion_on):
+def test_allreduce_timing_routes_each_size_to_its_fastest(
+    published_profile, coordinator, fusion_workspace, timed, caplog, fusion_on
+):
     """Prepared as the model runner prepares it (the profile's 64-row workspace, the TP group's coordinator), each
     tuned row count is timed and GroupCoordinator.all_reduce routes by the table: PCIe IPC up to 16 rows (>= 1.2x
     faster), NCCL where it is within 1.2x (32 rows) or faster (64), FlashInfer's kernel where it is the fastest
@@ -605,21 +701,26 @@ def test_allreduce_timing_routes_each_size_to_its_fastest(published_profile, coo
     timings = timed(crossing)
     pcie_ipc = communicator()
     with caplog.at_level(logging.INFO):
-        pcie_ipc.prepare(hidden=HIDDEN, max_rows=widest_decode_rows(published_profile),
-                         coordinator=make(pcie_ipc=pcie_ipc, fi=fusion_on))
+        pcie_ipc.prepare(
+            hidden=HIDDEN,
+            max_rows=widest_decode_rows(published_profile),
+            coordinator=make(pcie_ipc=pcie_ipc, fi=fusion_on),
+        )
     assert timings == [(1, 2, 4, 8, 16, 32, 64)]
     mid = "flashinfer" if fusion_on else "nccl"
     assert [s["backend"] for s in allreduce_backends()["sizes"]] == ["pcie_ipc"] * 5 + [mid, "nccl"]
-    for n, want in ((1, "pcie_ipc"), (3, "pcie_ipc"), (16, "pcie_ipc"), (17, mid), (32, mid), (64, "nccl"),
-                    (65, mid)):
+    for n, want in ((1, "pcie_ipc"), (3, "pcie_ipc"), (16, "pcie_ipc"), (17, mid), (32, mid), (64, "nccl"), (65, mid)):
         assert route(make, calls, n, pcie_ipc=pcie_ipc, fi=fusion_on) == want, n
         assert pcie_ipc.should_pcie_ipc_ar(rows(n)) is (want == "pcie_ipc")
     (table,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("All-reduce backend per")]
     assert "timed at start in CUDA graphs" in table and "SGLANG_PCIE_IPC_MIN_SPEEDUP=1.2x" in table
     assert "pcie_ipc   PCIe IPC 5.5 us vs NCCL 20.1 us, wins 3.7x >= 1.2x" in table
     assert "nccl       NCCL faster: PCIe IPC 37.0 us vs NCCL 26.4 us" in table
-    assert ("flashinfer FlashInfer within 1.2x: PCIe IPC 21.0 us vs FlashInfer 22.0 us" if fusion_on else
-            "nccl       NCCL within 1.2x: PCIe IPC 21.0 us vs NCCL 23.2 us") in table
+    assert (
+        "flashinfer FlashInfer within 1.2x: PCIe IPC 21.0 us vs FlashInfer 22.0 us"
+        if fusion_on
+        else "nccl       NCCL within 1.2x: PCIe IPC 21.0 us vs NCCL 23.2 us"
+    ) in table
 
 
 def test_allreduce_timing_in_server_info(published_profile, coordinator, timed):
@@ -637,12 +738,24 @@ def test_allreduce_timing_in_server_info(published_profile, coordinator, timed):
     info = json.loads(json.dumps(state))["allreduce_backends"]
     assert info["source"] == "measured" and info["margin"] == 1.2 and info["why"].startswith("timed at start")
     assert [s["rows"] for s in info["sizes"]] == [1, 2, 4, 8, 16, 32, 64]
-    assert info["sizes"][0] == {"rows": 1, "bytes": 2 * HIDDEN, "us": {"pcie_ipc": 5.5, "nccl": 20.1},
-                                "backend": "pcie_ipc", "why": "PCIe IPC 5.5 us vs NCCL 20.1 us, wins 3.7x >= 1.2x"}
+    assert info["sizes"][0] == {
+        "rows": 1,
+        "bytes": 2 * HIDDEN,
+        "us": {"pcie_ipc": 5.5, "nccl": 20.1},
+        "backend": "pcie_ipc",
+        "why": "PCIe IPC 5.5 us vs NCCL 20.1 us, wins 3.7x >= 1.2x",
+    }
 
 
-@pytest.mark.parametrize("setting", ["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0",
-                                     "--disable-custom-all-reduce", "SGLANG_PCIE_IPC_MIN_SPEEDUP=4"])
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1",
+        "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0",
+        "--disable-custom-all-reduce",
+        "SGLANG_PCIE_IPC_MIN_SPEEDUP=4",
+    ],
+)
 def test_allreduce_timing_a_user_setting_wins(published, monkeypatch, timed, caplog, setting):
     """=1 keeps every size on PCIe IPC untimed; =0 and --disable-custom-all-reduce keep it off, untimed, and say so
     in the log and /server_info; a margin the user set is the one applied (here no size wins by 4x)."""
@@ -669,14 +782,21 @@ def test_allreduce_timing_a_user_setting_wins(published, monkeypatch, timed, cap
         assert info["why"] == f"{setting} is set" and f"FlashInfer PCIe-IPC all-reduce off: {setting} is set." in log
 
 
-CHANGES = ["NCCL_P2P_LEVEL=SYS", "NCCL_PROTO=Simple", "NCCL_CONF_FILE edited", "~/.nccl.conf written",
-           "kernels untuned", "FlashInfer takes fewer sizes", "another SGLang"]
+CHANGES = [
+    "NCCL_P2P_LEVEL=SYS",
+    "NCCL_PROTO=Simple",
+    "NCCL_CONF_FILE edited",
+    "~/.nccl.conf written",
+    "kernels untuned",
+    "FlashInfer takes fewer sizes",
+    "another SGLang",
+]
 
 
 @pytest.mark.parametrize("change", CHANGES)
-def test_allreduce_timing_cache_is_keyed_on_every_input_of_the_measurement(published_profile, coordinator, timed,
-                                                                          fusion_workspace, monkeypatch, tmp_path,
-                                                                          change):
+def test_allreduce_timing_cache_is_keyed_on_every_input_of_the_measurement(
+    published_profile, coordinator, timed, fusion_workspace, monkeypatch, tmp_path, change
+):
     """A second start on the same box reads the table the first one timed (FlashInfer's real store, NVML faked); a
     start that changed anything the timing depended on times again: NCCL's environment or a config file it reads,
     whether the PCIe-IPC kernels run measured tactics, the sizes FlashInfer's kernel can take, SGLang's version."""
@@ -684,8 +804,11 @@ def test_allreduce_timing_cache_is_keyed_on_every_input_of_the_measurement(publi
     from sglang.srt.distributed.device_communicators.pcie_ipc_ar import PcieIpcCommunicator, allreduce_backends
 
     nvml(monkeypatch)
-    monkeypatch.setattr(torch.cuda, "get_device_properties",
-                        lambda device: SimpleNamespace(pci_domain_id=0, pci_bus_id=1, pci_device_id=0))
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda device: SimpleNamespace(pci_domain_id=0, pci_bus_id=1, pci_device_id=0),
+    )
     for k in [k for k in os.environ if k.startswith("NCCL_")]:
         monkeypatch.delenv(k)
     conf = tmp_path / "nccl.conf"
@@ -732,19 +855,22 @@ TABLE = ["pcie_ipc", "pcie_ipc", "nccl", "nccl"]  # the MAX of both ranks' times
 def test_allreduce_timing_is_one_group_decision(timing_starts):
     """Each rank's own times would route 1, 4 or 8 rows differently: the group reduces them with MAX on the host
     group and both ranks route by the same table."""
-    assert [r["differ"] for r in timing_starts] == [{"timed": 1, "disabled": False, "source": "measured",
-                                                     "table": TABLE}] * 2
+    assert [r["differ"] for r in timing_starts] == [
+        {"timed": 1, "disabled": False, "source": "measured", "table": TABLE}
+    ] * 2
 
 
 def test_allreduce_timing_second_start_reads_the_cache(timing_starts):
     """The first rank reads the cache for the group: a second start on the same box times nothing and routes alike;
     another driver is another box, timed again."""
-    assert [r["cached"] for r in timing_starts] == [{"timed": 0, "disabled": False, "source": "cache",
-                                                     "table": TABLE}] * 2
+    assert [r["cached"] for r in timing_starts] == [
+        {"timed": 0, "disabled": False, "source": "cache", "table": TABLE}
+    ] * 2
     assert [r["new_driver"]["timed"] for r in timing_starts] == [1, 1]
 
 
 def test_allreduce_timing_failing_on_one_rank_turns_it_off_everywhere(timing_starts):
     """Rank 1 cannot time: both ranks turn PCIe IPC off (reductions keep NCCL), and neither is left waiting."""
-    assert [r["fails"] for r in timing_starts] == [{"timed": 1, "disabled": True, "source": "off",
-                                                    "table": [None] * 4}] * 2
+    assert [r["fails"] for r in timing_starts] == [
+        {"timed": 1, "disabled": True, "source": "off", "table": [None] * 4}
+    ] * 2

@@ -51,11 +51,20 @@ def _runner(**overrides):
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     r = DecodeCudaGraphRunner.__new__(DecodeCudaGraphRunner)
-    attrs = dict(ragged_verify_mode=False, captured_req_width=WIDTH, require_mlp_tp_gather=False,
-                 enable_pdmux=False, disable_padding=False, max_bs=MAX_BS, require_mlp_sync=False,
-                 is_encoder_decoder=False, enable_two_batch_overlap=False, record_nolora_graph=False,
-                 attention_graph_variants=None,
-                 model_runner=SimpleNamespace(spec_algorithm=SpeculativeAlgorithm.EAGLE3))
+    attrs = dict(
+        ragged_verify_mode=False,
+        captured_req_width=WIDTH,
+        require_mlp_tp_gather=False,
+        enable_pdmux=False,
+        disable_padding=False,
+        max_bs=MAX_BS,
+        require_mlp_sync=False,
+        is_encoder_decoder=False,
+        enable_two_batch_overlap=False,
+        record_nolora_graph=False,
+        attention_graph_variants=None,
+        model_runner=SimpleNamespace(spec_algorithm=SpeculativeAlgorithm.EAGLE3),
+    )
     attrs.update(overrides)
     for k, v in attrs.items():
         setattr(r, k, v)
@@ -67,11 +76,19 @@ def _verify_batch(bs: int = 8, width: int = WIDTH, **overrides):
 
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    fb = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, batch_size=bs,
-                         spec_info=SimpleNamespace(num_tokens_per_req=width, ragged_verify_layout=None),
-                         input_ids=torch.zeros(bs * width, dtype=torch.long), replace_embeds=None,
-                         can_run_decode_cuda_graph=True, can_run_tbo=True, lora_ids=None, encoder_lens=None,
-                         global_num_tokens_cpu=None, moe_num_token_non_padded=None)
+    fb = SimpleNamespace(
+        forward_mode=ForwardMode.TARGET_VERIFY,
+        batch_size=bs,
+        spec_info=SimpleNamespace(num_tokens_per_req=width, ragged_verify_layout=None),
+        input_ids=torch.zeros(bs * width, dtype=torch.long),
+        replace_embeds=None,
+        can_run_decode_cuda_graph=True,
+        can_run_tbo=True,
+        lora_ids=None,
+        encoder_lens=None,
+        global_num_tokens_cpu=None,
+        moe_num_token_non_padded=None,
+    )
     for k, v in overrides.items():
         setattr(fb, k, v)
     return fb
@@ -91,22 +108,38 @@ def _cases():
         "mlp_sync_ok": (dict(require_mlp_sync=True), dict(), None),
         "ragged_verify": (dict(ragged_verify_mode=True), dict(), "ragged_verify"),
         "tbo": (dict(enable_two_batch_overlap=True), dict(can_run_tbo=False), "tbo"),
-        "bs_not_captured": (dict(disable_padding=True,
-                                 backend=SimpleNamespace(can_run=lambda fb, key: key.size in (1, 2, 4, 8))),
-                            dict(bs=3), "bs_not_captured"),
-        "exact_bs_captured": (dict(disable_padding=True,
-                                   backend=SimpleNamespace(can_run=lambda fb, key: key.size in (1, 2, 4, 8))),
-                              dict(bs=4), None),
+        "bs_not_captured": (
+            dict(disable_padding=True, backend=SimpleNamespace(can_run=lambda fb, key: key.size in (1, 2, 4, 8))),
+            dict(bs=3),
+            "bs_not_captured",
+        ),
+        "exact_bs_captured": (
+            dict(disable_padding=True, backend=SimpleNamespace(can_run=lambda fb, key: key.size in (1, 2, 4, 8))),
+            dict(bs=4),
+            None,
+        ),
     }
 
 
-CASES = ["bs1", "bs_at_max", "batch_above_max_bs", "width_mismatch", "replace_embeds", "mlp_sync", "mlp_sync_ok",
-         "ragged_verify", "tbo", "bs_not_captured", "exact_bs_captured"]
+CASES = [
+    "bs1",
+    "bs_at_max",
+    "batch_above_max_bs",
+    "width_mismatch",
+    "replace_embeds",
+    "mlp_sync",
+    "mlp_sync_ok",
+    "ragged_verify",
+    "tbo",
+    "bs_not_captured",
+    "exact_bs_captured",
+]
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # can_run_graph decisions
 # ---------------------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.unchanged
 @pytest.mark.parametrize("case", CASES)
@@ -136,11 +169,19 @@ def test_verify_batches_never_carry_replace_embeds(monkeypatch):
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     handed = []
-    monkeypatch.setattr(spec_utils, "spec_prepare_for_decode",
-                        lambda b: handed.append((b.replace_embeds, b.replace_positions, b.input_embeds)))
-    batch = SimpleNamespace(spec_algorithm=SpeculativeAlgorithm.EAGLE3, forward_mode=None,
-                            replace_embeds=torch.zeros(2, 8), replace_positions=torch.tensor([0, 1]),
-                            input_embeds=torch.zeros(2, 8), attn_cp_metadata=None)
+    monkeypatch.setattr(
+        spec_utils,
+        "spec_prepare_for_decode",
+        lambda b: handed.append((b.replace_embeds, b.replace_positions, b.input_embeds)),
+    )
+    batch = SimpleNamespace(
+        spec_algorithm=SpeculativeAlgorithm.EAGLE3,
+        forward_mode=None,
+        replace_embeds=torch.zeros(2, 8),
+        replace_positions=torch.tensor([0, 1]),
+        input_embeds=torch.zeros(2, 8),
+        attn_cp_metadata=None,
+    )
     ScheduleBatch.prepare_for_decode(batch)
     assert handed == [(None, None, None)]
 
@@ -148,6 +189,7 @@ def test_verify_batches_never_carry_replace_embeds(monkeypatch):
 # ---------------------------------------------------------------------------------------------------------------
 # Counters: SpecGraphStats, ModelRunner.forward, the EAGLE draft stages, /server_info, Prometheus
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def _eager_runner():
     from sglang.srt.model_executor.runner.eager_runner import EagerRunner
@@ -167,9 +209,16 @@ def _graph(n=0, piecewise=0, eager=0, **reasons):
 
 def test_spec_graph_stats_count_outcomes_and_warn_once_per_stage_and_reason(caplog):
     stats, r = _stats(), _runner()
-    forwards = [(r, _verify_batch(bs=4)), (r, _verify_batch(bs=MAX_BS)), (r, _verify_batch(bs=MAX_BS + 8)),
-                (r, _verify_batch(bs=MAX_BS + 1)), (r, _verify_batch(width=1)), (None, _verify_batch()),
-                (_eager_runner(), _verify_batch()), (r, _verify_batch(bs=1))]
+    forwards = [
+        (r, _verify_batch(bs=4)),
+        (r, _verify_batch(bs=MAX_BS)),
+        (r, _verify_batch(bs=MAX_BS + 8)),
+        (r, _verify_batch(bs=MAX_BS + 1)),
+        (r, _verify_batch(width=1)),
+        (None, _verify_batch()),
+        (_eager_runner(), _verify_batch()),
+        (r, _verify_batch(bs=1)),
+    ]
     with caplog.at_level(logging.WARNING):
         for runner, fb in forwards:
             can = bool(runner is not None and runner.can_run_graph(fb))
@@ -178,21 +227,30 @@ def test_spec_graph_stats_count_outcomes_and_warn_once_per_stage_and_reason(capl
         stats.record_forward("draft_decode", None, _verify_batch(bs=2), "eager")
         stats.record_forward("draft_extend", r, _verify_batch(bs=2), "eager", "dsa_topk_seed")
     got = stats.to_dict()
-    assert got["target_verify"] == _graph(3, piecewise=1, eager=5, batch_above_max_bs=3, width_mismatch=1,
-                                          no_graph_runner=2)
+    assert got["target_verify"] == _graph(
+        3, piecewise=1, eager=5, batch_above_max_bs=3, width_mismatch=1, no_graph_runner=2
+    )
     assert got["draft_decode"] == _graph(eager=1, no_graph_runner=1)
     assert got["draft_extend"] == _graph(eager=1, dsa_topk_seed=1)
     warned = [rec.getMessage() for rec in caplog.records if rec.levelno == logging.WARNING]
     assert len(warned) == 5, warned
-    for stage, reason in (("target_verify", "batch_above_max_bs"), ("target_verify", "width_mismatch"),
-                          ("target_verify", "no_graph_runner"), ("draft_decode", "no_graph_runner"),
-                          ("draft_extend", "dsa_topk_seed")):
+    for stage, reason in (
+        ("target_verify", "batch_above_max_bs"),
+        ("target_verify", "width_mismatch"),
+        ("target_verify", "no_graph_runner"),
+        ("draft_decode", "no_graph_runner"),
+        ("draft_extend", "dsa_topk_seed"),
+    ):
         assert sum(f"Speculative {stage} forward" in m and f"reason={reason}" in m for m in warned) == 1, warned
     assert sorted(stats.pop_unexported()) == [
-        ("draft_decode", "eager", "no_graph_runner", 1), ("draft_extend", "eager", "dsa_topk_seed", 1),
-        ("target_verify", "eager", "batch_above_max_bs", 2), ("target_verify", "eager", "no_graph_runner", 2),
-        ("target_verify", "eager", "width_mismatch", 1), ("target_verify", "graph", "", 3),
-        ("target_verify", "piecewise", "batch_above_max_bs", 1)]
+        ("draft_decode", "eager", "no_graph_runner", 1),
+        ("draft_extend", "eager", "dsa_topk_seed", 1),
+        ("target_verify", "eager", "batch_above_max_bs", 2),
+        ("target_verify", "eager", "no_graph_runner", 2),
+        ("target_verify", "eager", "width_mismatch", 1),
+        ("target_verify", "graph", "", 3),
+        ("target_verify", "piecewise", "batch_above_max_bs", 1),
+    ]
     assert stats.pop_unexported() == []
 
 
@@ -218,17 +276,30 @@ def _model_runner(decode_runner, is_draft_worker=False, piecewise=False):
     mr = ModelRunner.__new__(ModelRunner)
     if decode_runner is not None:
         decode_runner.execute = lambda fb, pp_proxy_tensors=None: "graph"
-    prefill = SimpleNamespace(can_run_graph=lambda fb: True, execute=lambda fb, **kw: "piecewise") if piecewise \
-        else None
+    prefill = (
+        SimpleNamespace(can_run_graph=lambda fb: True, execute=lambda fb, **kw: "piecewise") if piecewise else None
+    )
     vars(mr).update(
-        model=SimpleNamespace(shared_experts_config=None), attn_backend=None, device="cuda",
-        decode_cuda_graph_runner=decode_runner, prefill_cuda_graph_runner=prefill, hisparse_coordinator=None,
-        is_draft_worker=is_draft_worker, pp_group=SimpleNamespace(is_last_rank=True),
-        spec_graph_stats=_stats(), forward_pass_id=0, msprobe_debugger=None, canary_manager=None,
-        enable_elastic_ep=False, eplb_manager=None, device_timer=None,
+        model=SimpleNamespace(shared_experts_config=None),
+        attn_backend=None,
+        device="cuda",
+        decode_cuda_graph_runner=decode_runner,
+        prefill_cuda_graph_runner=prefill,
+        hisparse_coordinator=None,
+        is_draft_worker=is_draft_worker,
+        pp_group=SimpleNamespace(is_last_rank=True),
+        spec_graph_stats=_stats(),
+        forward_pass_id=0,
+        msprobe_debugger=None,
+        canary_manager=None,
+        enable_elastic_ep=False,
+        eplb_manager=None,
+        device_timer=None,
         eager_runner=SimpleNamespace(execute=lambda fb, pp_proxy_tensors=None: "eager"),
-        _prepare_eager_forward_batch=lambda fb: None, _extend_forward_kwargs=lambda fb, pp: {},
-        _maybe_execute_deferred_mamba_cow_and_clear=lambda fb: None)
+        _prepare_eager_forward_batch=lambda fb: None,
+        _extend_forward_kwargs=lambda fb, pp: {},
+        _maybe_execute_deferred_mamba_cow_and_clear=lambda fb: None,
+    )
     return mr
 
 
@@ -289,8 +360,13 @@ def test_eager_speculative_forwards_record_their_collectives(published, monkeypa
     _forward(mr, _verify_batch(bs=1))  # no graph runner: eager, narrower than the widest recorded
     _forward(mr, _verify_batch(bs=2, forward_mode=ForwardMode.DECODE, spec_info=None))  # plain decode
     rows = (MAX_BS + 1) * WIDTH
-    assert collective_stats.snapshot() == {"target_verify_eager": {
-        "calls": {"all_reduce": {"pcie_ipc": 1}}, "bytes": {"all_reduce": rows * 8 * 2}, "forwards": 2}}
+    assert collective_stats.snapshot() == {
+        "target_verify_eager": {
+            "calls": {"all_reduce": {"pcie_ipc": 1}},
+            "bytes": {"all_reduce": rows * 8 * 2},
+            "forwards": 2,
+        }
+    }
 
     draft = _model_runner(None, is_draft_worker=True)
     draft.eager_runner.execute = eager
@@ -299,10 +375,16 @@ def test_eager_speculative_forwards_record_their_collectives(published, monkeypa
         _forward(draft, _verify_batch(bs=2, width=1, forward_mode=ForwardMode.DECODE))
         _forward(draft, _verify_batch(bs=2, width=1, forward_mode=ForwardMode.DRAFT_EXTEND_V2))
     got = collective_stats.snapshot()
-    assert got["draft_extend_eager"] == {"calls": {"all_reduce": {"pcie_ipc": 1}},
-                                         "bytes": {"all_reduce": 2 * WIDTH * 8 * 2}, "forwards": 1}
-    assert got["draft_decode"] == {"calls": {"all_reduce": {"pcie_ipc": 2}}, "bytes": {"all_reduce": 2 * 2 * 8 * 2},
-                                   "graphs": 1}
+    assert got["draft_extend_eager"] == {
+        "calls": {"all_reduce": {"pcie_ipc": 1}},
+        "bytes": {"all_reduce": 2 * WIDTH * 8 * 2},
+        "forwards": 1,
+    }
+    assert got["draft_decode"] == {
+        "calls": {"all_reduce": {"pcie_ipc": 2}},
+        "bytes": {"all_reduce": 2 * 2 * 8 * 2},
+        "graphs": 1,
+    }
     assert set(got) == {"target_verify_eager", "draft_extend_eager", "draft_decode"}
     collective_stats.reset()
 
@@ -323,8 +405,9 @@ def _draft_runner(**overrides):
     from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
 
     r = EAGLEDraftCudaGraphRunner.__new__(EAGLEDraftCudaGraphRunner)
-    attrs = dict(captured_req_width=1, require_mlp_tp_gather=False, disable_padding=False, max_bs=MAX_BS,
-                 require_mlp_sync=False)
+    attrs = dict(
+        captured_req_width=1, require_mlp_tp_gather=False, disable_padding=False, max_bs=MAX_BS, require_mlp_sync=False
+    )
     attrs.update(overrides)
     vars(r).update(attrs)
     return r
@@ -334,8 +417,13 @@ def _draft_extend_runner(**overrides):
     from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import EAGLEDraftExtendCudaGraphRunner
 
     r = EAGLEDraftExtendCudaGraphRunner.__new__(EAGLEDraftExtendCudaGraphRunner)
-    attrs = dict(captured_req_width=WIDTH, require_mlp_tp_gather=False, disable_padding=False, max_bs=MAX_BS,
-                 require_mlp_sync=False)
+    attrs = dict(
+        captured_req_width=WIDTH,
+        require_mlp_tp_gather=False,
+        disable_padding=False,
+        max_bs=MAX_BS,
+        require_mlp_sync=False,
+    )
     attrs.update(overrides)
     vars(r).update(attrs)
     return r
@@ -346,9 +434,15 @@ def _draft_batch(bs=8, width=1, **overrides):
 
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    fb = SimpleNamespace(forward_mode=ForwardMode.DECODE, batch_size=bs, seq_lens=torch.ones(bs),
-                         spec_info=SimpleNamespace(num_tokens_per_req=width), can_run_decode_cuda_graph=True,
-                         can_run_dp_draft_cuda_graph=True, sampling_info=None)
+    fb = SimpleNamespace(
+        forward_mode=ForwardMode.DECODE,
+        batch_size=bs,
+        seq_lens=torch.ones(bs),
+        spec_info=SimpleNamespace(num_tokens_per_req=width),
+        can_run_decode_cuda_graph=True,
+        can_run_dp_draft_cuda_graph=True,
+        sampling_info=None,
+    )
     vars(fb).update(overrides)
     return fb
 
@@ -393,14 +487,23 @@ def _eagle_draft_worker(monkeypatch, graph_runner, extend_runner):
 
     target = SimpleNamespace(model_runner=SimpleNamespace(spec_graph_stats=_stats(), kv_index_translator=None))
     w = ew.EagleDraftWorker.__new__(ew.EagleDraftWorker)
-    vars(w).update(req_to_token_pool=None, cuda_graph_runner=graph_runner, cuda_graph_runner_for_draft_extend=
-                   extend_runner, draft_runner=SimpleNamespace(canary_manager=None,
-                                                               forward=lambda fb: (_ for _ in ()).throw(_Stop())),
-                   topk=1, speculative_num_steps=3, speculative_num_draft_tokens=WIDTH, target_worker=target,
-                   seed_dsa_topk_from_draft_extend=False, tree_mask_mode=None, device="cpu",
-                   draft_attn_backend=SimpleNamespace(init_forward_metadata=lambda fb: None),
-                   draft_forward=lambda fb: (None, None, None, None), plan_stream=None,
-                   plan_stream_ctx=__import__("contextlib").nullcontext())
+    vars(w).update(
+        req_to_token_pool=None,
+        cuda_graph_runner=graph_runner,
+        cuda_graph_runner_for_draft_extend=extend_runner,
+        draft_runner=SimpleNamespace(canary_manager=None, forward=lambda fb: (_ for _ in ()).throw(_Stop())),
+        topk=1,
+        speculative_num_steps=3,
+        speculative_num_draft_tokens=WIDTH,
+        target_worker=target,
+        seed_dsa_topk_from_draft_extend=False,
+        tree_mask_mode=None,
+        device="cpu",
+        draft_attn_backend=SimpleNamespace(init_forward_metadata=lambda fb: None),
+        draft_forward=lambda fb: (None, None, None, None),
+        plan_stream=None,
+        plan_stream_ctx=__import__("contextlib").nullcontext(),
+    )
     if graph_runner is not None:
         graph_runner.execute = lambda fb: (None, None, None, None)
     if extend_runner is not None:
@@ -430,13 +533,19 @@ def test_spec_graph_eagle_draft_decode_counted(monkeypatch):
     collective_stats.reset()
     for bs in (4, MAX_BS + 1):
         fb = _draft_batch(bs=bs, mark_forward_metadata_ready=lambda: None)
-        monkeypatch.setattr(ew, "prepare_for_draft",
-                            lambda *a, fb=fb, **k: (fb, w.cuda_graph_runner.can_run_graph(fb), None))
+        monkeypatch.setattr(
+            ew, "prepare_for_draft", lambda *a, fb=fb, **k: (fb, w.cuda_graph_runner.can_run_graph(fb), None)
+        )
         w.draft(SimpleNamespace(spec_info=SimpleNamespace(dsa_topk_indices=None)))
     assert stats.to_dict()["draft_decode"] == _graph(1, eager=1, batch_above_max_bs=1)
     # the eager one's collectives, both steps as one forward (issue 22 item 1)
-    assert collective_stats.snapshot() == {"draft_decode_eager": {
-        "calls": {"all_reduce": {"pcie_ipc": 2}}, "bytes": {"all_reduce": 2 * (MAX_BS + 1) * 8 * 2}, "forwards": 1}}
+    assert collective_stats.snapshot() == {
+        "draft_decode_eager": {
+            "calls": {"all_reduce": {"pcie_ipc": 2}},
+            "bytes": {"all_reduce": 2 * (MAX_BS + 1) * 8 * 2},
+            "forwards": 1,
+        }
+    }
     collective_stats.reset()
 
 
@@ -450,8 +559,11 @@ def test_spec_graph_eagle_draft_extend_counted(monkeypatch):
     for bs in (4, MAX_BS + 1):
         fb = _draft_batch(bs=bs, width=WIDTH)
         monkeypatch.setattr(ew, "prepare_for_draft_extend", lambda *a, fb=fb, **k: fb)
-        result = SimpleNamespace(prepared_draft_extend_inputs=(None, None, None), logits_output=SimpleNamespace(
-            hidden_states=None), accept_lens=torch.ones(bs, dtype=torch.int32))
+        result = SimpleNamespace(
+            prepared_draft_extend_inputs=(None, None, None),
+            logits_output=SimpleNamespace(hidden_states=None),
+            accept_lens=torch.ones(bs, dtype=torch.int32),
+        )
         with pytest.raises(_Stop):
             w._draft_extend_for_decode(SimpleNamespace(seq_lens=torch.ones(bs)), result)
     assert stats.to_dict()["draft_extend"] == _graph(1, eager=1, batch_above_max_bs=1)
@@ -461,9 +573,11 @@ def _scheduler_with(stats):
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     return SimpleNamespace(
-        spec_algorithm=SpeculativeAlgorithm.EAGLE3, draft_worker=None,
+        spec_algorithm=SpeculativeAlgorithm.EAGLE3,
+        draft_worker=None,
         tp_worker=SimpleNamespace(model_runner=SimpleNamespace(spec_graph_stats=stats)),
-        metrics_reporter=SimpleNamespace(spec_total_num_accept_tokens=30, spec_total_num_forward_ct=10))
+        metrics_reporter=SimpleNamespace(spec_total_num_accept_tokens=30, spec_total_num_forward_ct=10),
+    )
 
 
 def test_spec_graph_counts_in_server_info():
@@ -471,8 +585,13 @@ def test_spec_graph_counts_in_server_info():
     from sglang.srt.managers.scheduler_components.internal_state import SchedulerInternalStateController
 
     stats = _stats()
-    for outcome, reason in (("graph", ""), ("graph", ""), ("eager", "batch_above_max_bs"), ("eager", "mlp_sync"),
-                            ("piecewise", "batch_above_max_bs")):
+    for outcome, reason in (
+        ("graph", ""),
+        ("graph", ""),
+        ("eager", "batch_above_max_bs"),
+        ("eager", "mlp_sync"),
+        ("piecewise", "batch_above_max_bs"),
+    ):
         stats.record("target_verify", outcome, reason)
     stats.record("draft_extend", "eager", "mlp_sync")
     state = {}
@@ -482,7 +601,8 @@ def test_spec_graph_counts_in_server_info():
     # MultiLayerEagleDraftWorker, must not read as zero fallbacks)
     assert state["spec_cuda_graph"] == {
         "target_verify": _graph(2, piecewise=1, eager=2, batch_above_max_bs=2, mlp_sync=1),
-        "draft_extend": _graph(eager=1, mlp_sync=1)}
+        "draft_extend": _graph(eager=1, mlp_sync=1),
+    }
 
 
 def test_spec_graph_counts_in_prometheus_metrics(published):
@@ -505,14 +625,27 @@ def test_spec_graph_counts_in_prometheus_metrics(published):
     collector = Collector(labels={"model_name": "kimi", "tp_rank": 0, "moe_ep_rank": 0}, server_args=published)
     stats = _stats()
     reporter = SchedulerMetricsReporter.__new__(SchedulerMetricsReporter)
-    vars(reporter).update(scheduler=_scheduler_with(stats), metrics_collector=collector,
-                          current_scheduler_metrics_enabled=True, is_stats_logging_rank=False,
-                          enable_mfu_metrics=False, scheduler_status_logger=None,
-                          forward_ct_decode=1, decode_log_interval=40)
+    vars(reporter).update(
+        scheduler=_scheduler_with(stats),
+        metrics_collector=collector,
+        current_scheduler_metrics_enabled=True,
+        is_stats_logging_rank=False,
+        enable_mfu_metrics=False,
+        scheduler_status_logger=None,
+        forward_ct_decode=1,
+        decode_log_interval=40,
+    )
     batch = SimpleNamespace(dp_cooperation_info=None)
-    steps = [[("target_verify", "graph", ""), ("target_verify", "graph", ""),
-              ("target_verify", "eager", "batch_above_max_bs"), ("draft_decode", "graph", "")],
-             [("target_verify", "graph", "")], []]
+    steps = [
+        [
+            ("target_verify", "graph", ""),
+            ("target_verify", "graph", ""),
+            ("target_verify", "eager", "batch_above_max_bs"),
+            ("draft_decode", "graph", ""),
+        ],
+        [("target_verify", "graph", "")],
+        [],
+    ]
     for step in steps:
         for stage, outcome, reason in step:
             stats.record(stage, outcome, reason)
@@ -520,20 +653,27 @@ def test_spec_graph_counts_in_prometheus_metrics(published):
 
     collector.increment_decode_cuda_graph_pass(True)  # upstream's per-batch count keeps its modes
     collector.increment_prefill_cuda_graph_pass(False)
-    samples = {(s.labels["mode"], s.labels["stage"], s.labels["outcome"], s.labels["reason"]): s.value
-               for metric in registry.collect() if metric.name == "sglang:cuda_graph_passes"
-               for s in metric.samples if s.name.endswith("_total")}
-    assert samples == {("target_verify_cuda_graph", "target_verify", "graph", ""): 3.0,
-                       ("target_verify_none", "target_verify", "eager", "batch_above_max_bs"): 1.0,
-                       ("draft_decode_cuda_graph", "draft_decode", "graph", ""): 1.0,
-                       ("decode_cuda_graph", "decode", "graph", ""): 1.0,
-                       ("prefill_none", "prefill", "eager", ""): 1.0}
+    samples = {
+        (s.labels["mode"], s.labels["stage"], s.labels["outcome"], s.labels["reason"]): s.value
+        for metric in registry.collect()
+        if metric.name == "sglang:cuda_graph_passes"
+        for s in metric.samples
+        if s.name.endswith("_total")
+    }
+    assert samples == {
+        ("target_verify_cuda_graph", "target_verify", "graph", ""): 3.0,
+        ("target_verify_none", "target_verify", "eager", "batch_above_max_bs"): 1.0,
+        ("draft_decode_cuda_graph", "draft_decode", "graph", ""): 1.0,
+        ("decode_cuda_graph", "decode", "graph", ""): 1.0,
+        ("prefill_none", "prefill", "eager", ""): 1.0,
+    }
     assert "spec_cuda_graph_forwards" not in generate_latest(registry).decode()
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Capture sizes cover every batch the scheduler can form (resolved ServerArgs, faked SM120)
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def _pool_size(sa) -> int:
     """req_to_token_pool.size as the server sizes it: KVCacheConfigurator.resolve_max_num_reqs (max_running_requests
@@ -612,14 +752,19 @@ def test_verify_running_requests_capped_to_the_largest_captured_graph(kimi_sm120
     assert max(capture_bs) == 14
     graph_runner = _runner(max_bs=max(capture_bs), capture_bs=capture_bs)
     mr = ModelRunner.__new__(ModelRunner)
-    vars(mr).update(is_draft_worker=False, spec_algorithm=SpeculativeAlgorithm.EAGLE3, max_running_requests=pool_size,
-                    decode_cuda_graph_runner=graph_runner, memory_pool_config=SimpleNamespace(max_running_requests=
-                                                                                             pool_size))
+    vars(mr).update(
+        is_draft_worker=False,
+        spec_algorithm=SpeculativeAlgorithm.EAGLE3,
+        max_running_requests=pool_size,
+        decode_cuda_graph_runner=graph_runner,
+        memory_pool_config=SimpleNamespace(max_running_requests=pool_size),
+    )
     with caplog.at_level(logging.WARNING):
         mr._cap_running_requests_to_verify_graphs()
     assert (mr.max_running_requests, mr.memory_pool_config.max_running_requests) == (14, 14)
-    assert all(graph_runner.graph_fallback_reason(_verify_batch(bs=bs)) is None
-               for bs in range(1, mr.max_running_requests + 1))
+    assert all(
+        graph_runner.graph_fallback_reason(_verify_batch(bs=bs)) is None for bs in range(1, mr.max_running_requests + 1)
+    )
     assert any("capped from 15 to 14" in r.getMessage() for r in caplog.records)
 
 
@@ -634,13 +779,23 @@ def test_verify_running_requests_capped_through_init_cuda_graphs(kimi_sm120_tbo_
     sa = kimi_sm120_tbo_odd_max
     pool_size, capture_bs = _captured_bs(sa)
     graph_runner = _runner(max_bs=max(capture_bs), capture_bs=capture_bs)
-    captured = SimpleNamespace(eager_runner=None, prefill=SimpleNamespace(runner=None),
-                               decode=SimpleNamespace(runner=graph_runner), memory_usage={}, time_usage={})
+    captured = SimpleNamespace(
+        eager_runner=None,
+        prefill=SimpleNamespace(runner=None),
+        decode=SimpleNamespace(runner=graph_runner),
+        memory_usage={},
+        time_usage={},
+    )
     monkeypatch.setattr(mr_mod, "capture_cuda_graphs", lambda **kw: captured)
     monkeypatch.setattr(mr_mod, "prebuild_deepep_v2_buffer", lambda model: None)
     mr = mr_mod.ModelRunner.__new__(mr_mod.ModelRunner)
-    vars(mr).update(is_draft_worker=False, spec_algorithm=SpeculativeAlgorithm.EAGLE3, max_running_requests=pool_size,
-                    memory_pool_config=SimpleNamespace(max_running_requests=pool_size), model=None)
+    vars(mr).update(
+        is_draft_worker=False,
+        spec_algorithm=SpeculativeAlgorithm.EAGLE3,
+        max_running_requests=pool_size,
+        memory_pool_config=SimpleNamespace(max_running_requests=pool_size),
+        model=None,
+    )
     with rc.use_context(rc.create_context(sa, role="scheduler")), caplog.at_level(logging.WARNING):
         mr.init_cuda_graphs()
     assert mr.max_running_requests == max(capture_bs) == 14
@@ -676,6 +831,7 @@ def test_verify_cap_covers_the_draft_graphs(kimi_sm120_dp_attention, monkeypatch
             def __init__(self, worker):  # the sizing line of the real __init__; no graphs
                 self.capture_bs, _ = get_batch_sizes_to_capture(worker.draft_runner)
                 runner_of[cls.__name__] = self
+
         return Runner
 
     monkeypatch.setattr(ew, "EAGLEDraftCudaGraphRunner", uncaptured(ew.EAGLEDraftCudaGraphRunner))
@@ -687,17 +843,29 @@ def test_verify_cap_covers_the_draft_graphs(kimi_sm120_dp_attention, monkeypatch
     with rc.use_context(rc.create_context(sa, role="scheduler")):
         pool = SimpleNamespace(size=_pool_size(sa))
         _, target_bs = _captured_bs(sa)
-        vars(target).update(is_draft_worker=False, spec_algorithm=SpeculativeAlgorithm.EAGLE3,
-                            max_running_requests=pool.size, memory_pool_config=None,
-                            decode_cuda_graph_runner=SimpleNamespace(capture_bs=target_bs))
+        vars(target).update(
+            is_draft_worker=False,
+            spec_algorithm=SpeculativeAlgorithm.EAGLE3,
+            max_running_requests=pool.size,
+            memory_pool_config=None,
+            decode_cuda_graph_runner=SimpleNamespace(capture_bs=target_bs),
+        )
         target._cap_running_requests_to_verify_graphs()
         assert target.max_running_requests == 15  # the target's own graphs cover 15
         w = ew.EagleDraftWorker.__new__(ew.EagleDraftWorker)
-        vars(w).update(target_worker=SimpleNamespace(model_runner=target, device="xpu"), speculative_num_steps=3,
-                       speculative_num_draft_tokens=WIDTH, topk=1, speculative_algorithm=SpeculativeAlgorithm.EAGLE3,
-                       draft_runner=SimpleNamespace(req_to_token_pool=pool, server_args=sa),
-                       draft_extend_attn_backend=TritonAttnBackend.__new__(TritonAttnBackend), device="xpu",
-                       gpu_id=0, _specialized_graph_memory_usage={}, _specialized_graph_time_usage={})
+        vars(w).update(
+            target_worker=SimpleNamespace(model_runner=target, device="xpu"),
+            speculative_num_steps=3,
+            speculative_num_draft_tokens=WIDTH,
+            topk=1,
+            speculative_algorithm=SpeculativeAlgorithm.EAGLE3,
+            draft_runner=SimpleNamespace(req_to_token_pool=pool, server_args=sa),
+            draft_extend_attn_backend=TritonAttnBackend.__new__(TritonAttnBackend),
+            device="xpu",
+            gpu_id=0,
+            _specialized_graph_memory_usage={},
+            _specialized_graph_time_usage={},
+        )
         with caplog.at_level(logging.WARNING):
             w._capture_cuda_graphs()
     assert runner_of["EAGLEDraftCudaGraphRunner"].capture_bs == [4, 8, 12]
@@ -712,9 +880,13 @@ def test_verify_running_request_cap_leaves_draft_and_plain_runners(draft, spec):
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     mr = ModelRunner.__new__(ModelRunner)
-    vars(mr).update(is_draft_worker=draft, max_running_requests=48, memory_pool_config=None,
-                    spec_algorithm=SpeculativeAlgorithm.EAGLE3 if spec else SpeculativeAlgorithm.NONE,
-                    decode_cuda_graph_runner=_runner(capture_bs=[1, 2, 4, 8]))
+    vars(mr).update(
+        is_draft_worker=draft,
+        max_running_requests=48,
+        memory_pool_config=None,
+        spec_algorithm=SpeculativeAlgorithm.EAGLE3 if spec else SpeculativeAlgorithm.NONE,
+        decode_cuda_graph_runner=_runner(capture_bs=[1, 2, 4, 8]),
+    )
     mr._cap_running_requests_to_verify_graphs()
     assert mr.max_running_requests == 48
 
@@ -722,6 +894,7 @@ def test_verify_running_request_cap_leaves_draft_and_plain_runners(draft, spec):
 # ---------------------------------------------------------------------------------------------------------------
 # Eager verify said at startup: decode CUDA graphs off, compact ragged verify without ragged graphs
 # ---------------------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("flag", ["disable_cuda_graph", "disable_decode_cuda_graph"])
 def test_verify_warns_at_startup_without_decode_cuda_graph(flag, caplog):
@@ -776,12 +949,22 @@ def test_verify_compact_ragged_verify_warning_is_wired_into_the_runner(published
     backend = TritonAttnBackend.__new__(TritonAttnBackend)
     backend.dllm_attention = None
     mr = mock.MagicMock()
-    mr.configure_mock(spec_algorithm=SpeculativeAlgorithm.EAGLE3, is_draft_worker=False, lora_manager=None,
-                      server_args=published, attn_backend=backend, device="cpu", **{
-                          "model_config.is_encoder_decoder": False, "model_config.hf_config": SimpleNamespace(),
-                          "ngram_embedding_manager.enabled": False, "req_to_token_pool.size": 48,
-                          "decode_num_tokens_per_req.return_value": WIDTH,
-                          "decode_graph_gather_requirements.return_value": (False, False)})
+    mr.configure_mock(
+        spec_algorithm=SpeculativeAlgorithm.EAGLE3,
+        is_draft_worker=False,
+        lora_manager=None,
+        server_args=published,
+        attn_backend=backend,
+        device="cpu",
+        **{
+            "model_config.is_encoder_decoder": False,
+            "model_config.hf_config": SimpleNamespace(),
+            "ngram_embedding_manager.enabled": False,
+            "req_to_token_pool.size": 48,
+            "decode_num_tokens_per_req.return_value": WIDTH,
+            "decode_graph_gather_requirements.return_value": (False, False),
+        },
+    )
     monkeypatch.setattr(dcgr, "create_dsv41_candidate_graph_variants", lambda *a: None)
     monkeypatch.setattr(base_runner, "TboCudaGraphRunnerPlugin", lambda: None)  # allocates on the GPU
     with caplog.at_level(logging.WARNING), pytest.raises(AttributeError):

@@ -53,8 +53,10 @@ def why_not(standins: bool) -> str:
     import torch
 
     if not torch.cuda.is_available():
-        return ("test-serve starts servers on a CUDA GPU and torch sees none here: run `make test-serve` on the box, "
-                "or `pytest tests/gpu/serve` on a machine with a GPU and the patched SGLang")
+        return (
+            "test-serve starts servers on a CUDA GPU and torch sees none here: run `make test-serve` on the box, "
+            "or `pytest tests/gpu/serve` on a machine with a GPU and the patched SGLang"
+        )
     try:
         import sglang.test.test_utils  # noqa: F401
     except Exception as e:  # noqa: BLE001 - said as the reason
@@ -89,17 +91,28 @@ def server(request, tmp_path_factory):
     world = opt("--serve-world") or max(n for n in (1, 2, 4, 8) if n <= gpus)
     work = tmp_path_factory.mktemp("servers")
     flags = sv.LENT_FLAGS if opt("--standins") else ()
-    servers = {n: sv.Server.plan(p, i, opt("--serve-port"), world, tiny_models, flags, work)
-               for i, (n, p) in enumerate(sv.PHASES.items())}
+    servers = {
+        n: sv.Server.plan(p, i, opt("--serve-port"), world, tiny_models, flags, work)
+        for i, (n, p) in enumerate(sv.PHASES.items())
+    }
     from sglang.srt.utils.network import is_port_available
 
     busy = [s.port for s in servers.values() if not is_port_available(s.port)]
     if world > gpus or busy:
-        pytest.fail(f"--serve-world {world}, but {gpus} GPU(s) are visible" if world > gpus else
-                    f"port(s) {busy} in use: stop what listens there or pass --serve-port BASE")
+        pytest.fail(
+            f"--serve-world {world}, but {gpus} GPU(s) are visible"
+            if world > gpus
+            else f"port(s) {busy} in use: stop what listens there or pass --serve-port BASE"
+        )
     env, kept = sv.server_env(opt("--standins"))
-    RUN.update(servers=servers, world=world, kept=kept, tmp=tmp_path_factory.getbasetemp(), t0=time.monotonic(),
-               gpus=[torch.cuda.get_device_name(i) for i in range(gpus)])
+    RUN.update(
+        servers=servers,
+        world=world,
+        kept=kept,
+        tmp=tmp_path_factory.getbasetemp(),
+        t0=time.monotonic(),
+        gpus=[torch.cuda.get_device_name(i) for i in range(gpus)],
+    )
     guard = {"EAGLE_SYNC_GUARD": str(work / sv.GUARD_FILE)}
     with contextlib.redirect_stdout(io.StringIO()), cf.ThreadPoolExecutor(len(servers)) as ex:  # it tees the logs
         list(ex.map(lambda s: s.start({**env, **(guard if s.phase.name == sv.GUARDED else {})}), servers.values()))
@@ -107,6 +120,7 @@ def server(request, tmp_path_factory):
     def get(name: str) -> sv.Server:
         assert not servers[name].error, servers[name].error
         return servers[name]
+
     yield get
     with cf.ThreadPoolExecutor(len(servers)) as ex:
         stops = dict(zip(servers, ex.map(lambda s: s.stop(), servers.values())))
@@ -127,11 +141,22 @@ def pytest_sessionfinish(session):
     out = Path(session.config.option.xmlpath or "")
     if not out.is_file():
         return
-    masks = {str(p): m for p, m in ((Path.home(), "~"), (sys.prefix, "<python>"), (sv.HERE.parents[2], "<repo>"),
-                                    (out.parent.resolve(), "<results>"), (RUN.get("tmp"), "<tmp>")) if p}
+    masks = {
+        str(p): m
+        for p, m in (
+            (Path.home(), "~"),
+            (sys.prefix, "<python>"),
+            (sv.HERE.parents[2], "<repo>"),
+            (out.parent.resolve(), "<results>"),
+            (RUN.get("tmp"), "<tmp>"),
+        )
+        if p
+    }
     finish_junit(out, properties(session.config), masks)
-    logs = "".join(f"===== {n}: {' '.join(s.command)}\n{s.log.read_text(errors='replace') if s.log.is_file() else ''}"
-                   for n, s in RUN["servers"].items())
+    logs = "".join(
+        f"===== {n}: {' '.join(s.command)}\n{s.log.read_text(errors='replace') if s.log.is_file() else ''}"
+        for n, s in RUN["servers"].items()
+    )
     for path in sorted(masks, key=len, reverse=True):  # no path of the machine that ran it
         logs = logs.replace(path, masks[path])
     out.with_suffix(".log").write_text(logs)
@@ -143,22 +168,34 @@ def properties(config) -> dict:
     from scripts.lib.repo import revision
 
     standins = config.getoption("--standins")
-    versions = {m: getattr(sys.modules.get(m), "__version__", None) for m in ("torch", "triton", "transformers",
-                                                                             "sglang")}
+    versions = {
+        m: getattr(sys.modules.get(m), "__version__", None) for m in ("torch", "triton", "transformers", "sglang")
+    }
     versions["patchset"] = os.environ.get("EAGLE_PATCHSET")  # the image's; a tree's from git (contract 8):
     with contextlib.suppress(Exception):
         from scripts.series.pin import applied_patchset
 
         versions["patchset"] = versions["patchset"] or applied_patchset(Path(sys.modules["sglang"].__file__).parent)
-    doc = {"world": RUN["world"], "gpus": RUN["gpus"], "route": "lent-gpu" if standins else "box",
-           "command": " ".join(["python3", "-m", "pytest", *config.invocation_params.args]),
-           "revision": revision(short=True)[0], "seconds": round(time.monotonic() - RUN["t0"]) if RUN["t0"] else 0,
-           "versions": versions, "refused": RUN["refused"],
-           "phases": {n: {"command": " ".join(s.command), "error": s.error, **s.report}
-                      for n, s in RUN["servers"].items()},
-           "route_env": sv.LENT_ENV if standins else {}, "kept_env": RUN.get("kept", {}), "proxy": None}
+    doc = {
+        "world": RUN["world"],
+        "gpus": RUN["gpus"],
+        "route": "lent-gpu" if standins else "box",
+        "command": " ".join(["python3", "-m", "pytest", *config.invocation_params.args]),
+        "revision": revision(short=True)[0],
+        "seconds": round(time.monotonic() - RUN["t0"]) if RUN["t0"] else 0,
+        "versions": versions,
+        "refused": RUN["refused"],
+        "phases": {
+            n: {"command": " ".join(s.command), "error": s.error, **s.report} for n, s in RUN["servers"].items()
+        },
+        "route_env": sv.LENT_ENV if standins else {},
+        "kept_env": RUN.get("kept", {}),
+        "proxy": None,
+    }
     if standins and RUN["gpus"]:
-        doc["proxy"] = (f"proxy: torch {versions['torch']}, stand-ins sgl_kernel, flash_mla, "
-                        f"{' '.join(sv.LENT_FLAGS)}; {RUN['gpus'][0]} x{RUN['world']} at TP{RUN['world']}, not the "
-                        f"box's SM120 GPUs, kernels or collectives")
+        doc["proxy"] = (
+            f"proxy: torch {versions['torch']}, stand-ins sgl_kernel, flash_mla, "
+            f"{' '.join(sv.LENT_FLAGS)}; {RUN['gpus'][0]} x{RUN['world']} at TP{RUN['world']}, not the "
+            f"box's SM120 GPUs, kernels or collectives"
+        )
     return doc

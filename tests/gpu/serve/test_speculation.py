@@ -55,6 +55,7 @@ def served(server):
     def get(name):
         assert name not in errors, errors[name]
         return server(name).report
+
     return get
 
 
@@ -135,8 +136,9 @@ def test_max_running_requests_above_the_captured_batches_is_capped_at_start(serv
 @pytest.mark.parametrize("phase", ["llama-eager"])
 def test_without_decode_graphs_every_verify_is_eager_counted_and_announced(served, server, phase):
     c, log = stage(served(phase), "target_verify"), server(phase).log.read_text()
-    assert c.get("eager", 0) > 0 and not c.get("graph") and c.get("fallback_reasons") == {
-        "no_graph_runner": c["eager"]}, c
+    assert (
+        c.get("eager", 0) > 0 and not c.get("graph") and c.get("fallback_reasons") == {"no_graph_runner": c["eager"]}
+    ), c
     assert EAGER_START in log, "the eager verify is not announced at start"
     assert ("target_verify", "no_graph_runner") in set(EAGER_FORWARD.findall(log)), "first eager forward not logged"
 

@@ -41,8 +41,9 @@ def test_the_tiny_profiles_are_sglang_config_files(profile):
 
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
-    argv = ConfigArgumentMerger(parser).merge_config_with_args(["--model-path", "m", "--config",
-                                                                str(sv.PROFILES / profile)])
+    argv = ConfigArgumentMerger(parser).merge_config_with_args(
+        ["--model-path", "m", "--config", str(sv.PROFILES / profile)]
+    )
     a = parser.parse_args(argv + ["--max-running-requests", "16"])  # the command line wins, as llama-cap's does
     assert a.max_running_requests == 16 and a.cuda_graph_bs_decode == [1, 2, 4, sv.CAPTURED_MAX]
     assert a.speculative_num_draft_tokens == (sv.DRAFT_TOKENS if profile == "eagle3.yaml" else None)
@@ -52,8 +53,12 @@ def test_the_bad_request_list_is_well_formed():
     def ids(body) -> list[int]:  # every token id a body names
         if isinstance(body, dict):
             keys = [int(k) for k in body.get("logit_bias", {})]
-            return keys + [i for k, v in body.items() if k in ("input_ids", "prompt", "token_ids_logprob",
-                                                                "stop_token_ids", "sampling_params") for i in ids(v)]
+            return keys + [
+                i
+                for k, v in body.items()
+                if k in ("input_ids", "prompt", "token_ids_logprob", "stop_token_ids", "sampling_params")
+                for i in ids(v)
+            ]
         return [i for v in body for i in ids(v)] if isinstance(body, list) else [body] if type(body) is int else []
 
     assert len({b[0] for b in BAD}) == len(BAD)
@@ -68,9 +73,26 @@ def test_the_bad_request_list_is_well_formed():
 
 
 def suite(tmp_path, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", str(sv.HERE),
-                           "--ignore", __file__, *args], cwd=sv.HERE.parents[2], capture_output=True, text=True,
-                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, timeout=600)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-rs",
+            "-p",
+            "no:cacheprovider",
+            str(sv.HERE),
+            "--ignore",
+            __file__,
+            *args,
+        ],
+        cwd=sv.HERE.parents[2],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+        timeout=600,
+    )
 
 
 def test_without_a_gpu_the_server_tests_skip_with_one_reason(tmp_path):
