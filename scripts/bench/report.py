@@ -126,35 +126,31 @@ def summarize(records: list[dict]) -> list[Row]:
         spec = es[0].get("variant_spec") or {}
         rows.append(
             Row(
-                sc,
-                var,
-                es[0].get("letter", "?"),
-                len(recs),
-                sorted({str(e.get("patchset", "unknown")) for e in es}),
-                {m: stat([x[m] for x in per]) for m in METRICS},
-                sum(int(v.get("eager", 0)) for v in vs) + pw if vs else None,
-                reasons,
-                es[0].get("scenario_spec") or {},
-                sum(int(v.get("graph", 0)) for v in vs) if vs else None,
-                pw,
-                spec.get("setting") or {},
-                spec.get("speculative"),
+                scenario=sc,
+                variant=var,
+                letter=es[0].get("letter", "?"),
+                n=len(recs),
+                patchsets=sorted({str(e.get("patchset", "unknown")) for e in es}),
+                stats={m: stat([x[m] for x in per]) for m in METRICS},
+                eager=sum(int(v.get("eager", 0)) for v in vs) + pw if vs else None,
+                eager_reasons=reasons,
+                scenario_spec=es[0].get("scenario_spec") or {},
+                graph=sum(int(v.get("graph", 0)) for v in vs) if vs else None,
+                piecewise=pw,
+                setting=spec.get("setting") or {},
+                speculative=spec.get("speculative"),
             )
         )
     return sorted(rows, key=lambda row: (order.index(row.scenario), row.letter, row.variant))
 
 
 def make_baseline(rows: list[Row], meta: dict, thresholds: dict) -> dict:
-    entries = [
-        {
-            "scenario": r.scenario,
-            "variant": r.variant,
-            "patchset": ",".join(r.patchsets),
-            "n": r.n,
-            **{m: round(s.median, 4) if (s := r.stats.get(m)) else None for m in BASELINE_METRICS},
-        }
-        for r in rows
-    ]
+    entries = []
+    for r in rows:
+        medians = {m: round(s.median, 4) if (s := r.stats.get(m)) else None for m in BASELINE_METRICS}
+        entries.append(
+            {"scenario": r.scenario, "variant": r.variant, "patchset": ",".join(r.patchsets), "n": r.n, **medians}
+        )
     return {
         "schema": BASELINE_SCHEMA,
         "box": meta.get("box"),
@@ -173,11 +169,9 @@ def load_baseline(path: Path) -> dict:
         raise UserError(
             f"baseline {path}: {e}; write one with --write-baseline {path} (bench/baselines/README.md)"
         ) from e
-    if (
-        not isinstance(d, dict)
-        or d.get("schema") != BASELINE_SCHEMA
-        or not all(isinstance(e, dict) and "scenario" in e and "variant" in e for e in d.get("entries") or [None])
-    ):
+    entries = d.get("entries") if isinstance(d, dict) else None
+    keyed = all(isinstance(e, dict) and "scenario" in e and "variant" in e for e in entries or [None])
+    if not isinstance(d, dict) or d.get("schema") != BASELINE_SCHEMA or not keyed:
         raise UserError(f"baseline {path} is not a {BASELINE_SCHEMA} file (bench/baselines/README.md)")
     return d
 
@@ -222,24 +216,11 @@ def compare(rows: list[Row], baseline: dict, th: dict) -> list[BaselineCheck]:
         for m in (m for m in BASELINE_METRICS if _f(e.get(m)) is not None):
             base, s = _f(e[m]), row.stats.get(m) if row else None
             floor = base - drop - 1e-12 if m == "accept_length" else base * (1.0 - pct / 100.0)
-            status = (
-                "not run"
-                if row is None
-                else "not measured"
-                if s is None
-                else ("REGRESSION" if s.median < floor else "ok")
-            )
-            out.append(
-                BaselineCheck(
-                    e["scenario"],
-                    e["variant"],
-                    m,
-                    base,
-                    s.median if s else None,
-                    f"-{drop:g}" if m == "accept_length" else f"-{pct:g}%",
-                    status,
-                )
-            )
+            status = "not run" if row is None else "not measured" if s is None else "ok"
+            if s is not None and s.median < floor:
+                status = "REGRESSION"
+            limit = f"-{drop:g}" if m == "accept_length" else f"-{pct:g}%"
+            out.append(BaselineCheck(e["scenario"], e["variant"], m, base, s.median if s else None, limit, status))
     return out
 
 
@@ -254,26 +235,25 @@ def hit_cell(r: Row) -> str:
     return "–" if r.hit_rate is None else f"{100 * r.hit_rate:.1f}%"
 
 
-def _row(r: Row, ref: Row) -> list:
-    a, b = r.stats.get(r.main), ref.stats.get(r.main)
+def _row(r: Row, ref: Row) -> str:
+    a, b, st = r.stats.get(r.main), ref.stats.get(r.main), r.stats
     vs = "–"
     if a and b and b.median:
         vs = f"{a.median / b.median:.2f}×" + (" (output)" if r.main != "decode_tok_s" else "")
-    return [
-        r.letter,
-        r.variant,
-        f"`{'/'.join(r.patchsets)}`",
-        r.n,
-        _cell(r.stats["decode_tok_s"]),
-        vs,
-        _cell(r.stats["output_tok_s"]),
-        _cell(r.stats["ttft_ms"]),
-        _cell(r.stats["itl_ms"], 2),
-        _cell(r.stats["tpot_ms"], 2),
-        _cell(r.stats["accept_length"], 3),
-        hit_cell(r),
-        "–" if r.eager is None else (f"**{r.eager}** ⚠" if r.eager else "0"),
-    ]
+    off = "–" if r.eager is None else (f"**{r.eager}** ⚠" if r.eager else "0")
+    return (
+        f"{r.letter} | {r.variant} | `{'/'.join(r.patchsets)}` | {r.n} | {_cell(st['decode_tok_s'])} | {vs} | "
+        f"{_cell(st['output_tok_s'])} | {_cell(st['ttft_ms'])} | {_cell(st['itl_ms'], 2)} | "
+        f"{_cell(st['tpot_ms'], 2)} | {_cell(st['accept_length'], 3)} | {hit_cell(r)} | {off}"
+    )
+
+
+CELLS = (
+    "- cells: median over repeats (min–max). decode tok/s: the server's own rate (sglang:gen_throughput, median "
+    "of its decode-stats windows during the measured phase); output tok/s, TTFT, ITL, TPOT: bench_serving; accept "
+    "length: bench_serving's, else the server's counters; verify graph: share of target verify forwards replayed "
+    "by their CUDA graph; off-graph verify: the others, eager or piecewise (– without counters)."
+)
 
 
 def markdown(
@@ -282,90 +262,55 @@ def markdown(
     patchsets: dict[str, set] = {}
     for r in rows:
         patchsets.setdefault(r.variant, set()).update(r.patchsets)
-    L = [
-        f"# Bench results {meta.get('stem', '')}",
-        "",
-        f"- box: `{meta.get('box')}` · git: `{meta.get('git_rev')}` · runs: {meta.get('runs')}"
-        + (f" (failed: {meta['failed']})" if meta.get("failed") else "")
-        + (f" · {meta.get('started_at')} → {meta.get('finished_at')}" if meta.get("started_at") else ""),
-        "- patch sets: " + ", ".join(f"{v} `{'/'.join(sorted(p))}`" for v, p in patchsets.items()),
-        "- cells: median over repeats (min–max). decode tok/s: the server's own rate (sglang:gen_throughput, median "
-        "of its decode-stats windows during the measured phase); output tok/s, TTFT, ITL, TPOT: bench_serving; "
-        "accept length: bench_serving's, else the server's counters; verify graph: share of target verify forwards "
-        "replayed by their CUDA graph; off-graph verify: the others, eager or piecewise (– without counters).",
-        "",
-    ]
+    runs = f"- box: `{meta.get('box')}` · git: `{meta.get('git_rev')}` · runs: {meta.get('runs')}"
+    if meta.get("failed"):
+        runs += f" (failed: {meta['failed']})"
+    if meta.get("started_at"):
+        runs += f" · {meta.get('started_at')} → {meta.get('finished_at')}"
+    shown = ", ".join(f"{v} `{'/'.join(sorted(p))}`" for v, p in patchsets.items())
+    out = [f"# Bench results {meta.get('stem', '')}", "", runs, f"- patch sets: {shown}", CELLS, ""]
     for sc in dict.fromkeys(r.scenario for r in rows):
-        srows = [r for r in rows if r.scenario == sc]
-        spec = srows[0].scenario_spec
-        L += [
-            f"## {sc}"
-            + (
-                f" (concurrency {spec.get('max_concurrency')}, {spec.get('num_prompts')} prompts, in "
-                f"{spec.get('input_len')} / out {spec.get('output_len')} tokens)"
-                if spec
-                else ""
-            ),
-            "",
-            md_table(
-                [
-                    "",
-                    "variant",
-                    "patch set",
-                    "n",
-                    "decode tok/s",
-                    f"vs {srows[0].letter}",
-                    "output tok/s",
-                    "TTFT ms",
-                    "ITL ms",
-                    "TPOT ms",
-                    "accept length",
-                    "verify graph",
-                    "off-graph verify",
-                ],
-                [_row(r, srows[0]) for r in srows],
-                "lllrrrrrrrrrr",
-            ),
-            "",
-        ]
+        out += scenario_markdown([r for r in rows if r.scenario == sc])
     flagged = [r for r in rows if r.eager]
-    L += ["## ⚠ Verify forwards off their CUDA graph", ""] * bool(flagged) + [
-        f"- {r.scenario} / {r.variant}: {r.eager} verify forwards ran off their CUDA graph ({r.eager - r.piecewise} "
-        f"eager"
-        + (f", {r.piecewise} piecewise" if r.piecewise else "")
-        + "; "
-        + (", ".join(f"{k}: {n}" for k, n in sorted(r.eager_reasons.items())) or "no reason given")
-        + ")"
-        for r in flagged
-    ]
-    L += [""] + sweep_markdown(rows)
+    if flagged:
+        out += ["## ⚠ Verify forwards off their CUDA graph", ""]
+    for r in flagged:
+        reasons = ", ".join(f"{k}: {n}" for k, n in sorted(r.eager_reasons.items())) or "no reason given"
+        piecewise = f", {r.piecewise} piecewise" if r.piecewise else ""
+        out.append(
+            f"- {r.scenario} / {r.variant}: {r.eager} verify forwards ran off their CUDA graph "
+            f"({r.eager - r.piecewise} eager{piecewise}; {reasons})"
+        )
+    out += [""] + sweep_markdown(rows)
     if checks is not None:
         bad = sum(c.status == "REGRESSION" for c in checks)
-        L += [
-            f"## Baseline comparison ({baseline_path})",
-            "",
-            f"**{bad} regression(s)**" if bad else "No regression.",
-            "",
-            md_table(
-                ["scenario", "variant", "metric", "baseline", "now", "change", "limit", "status"],
-                [
-                    [
-                        c.scenario,
-                        c.variant,
-                        LABELS[c.metric],
-                        num(c.baseline, 2, small=True),
-                        num(c.current, 2, small=True),
-                        c.change,
-                        c.limit,
-                        f"**{c.status}**" if c.status == "REGRESSION" else c.status,
-                    ]
-                    for c in checks
-                ],
-                "lllrrrrl",
-            ),
-            "",
-        ]
-    return "\n".join(L)
+        cells = []
+        for c in checks:
+            status = f"**{c.status}**" if c.status == "REGRESSION" else c.status
+            cells.append(
+                f"{c.scenario} | {c.variant} | {LABELS[c.metric]} | {num(c.baseline, 2, small=True)} | "
+                f"{num(c.current, 2, small=True)} | {c.change} | {c.limit} | {status}"
+            )
+        table = md_table("scenario | variant | metric | baseline | now | change | limit | status", cells, "lllrrrrl")
+        said = f"**{bad} regression(s)**" if bad else "No regression."
+        out += [f"## Baseline comparison ({baseline_path})", "", said, "", table, ""]
+    return "\n".join(out)
+
+
+def scenario_markdown(srows: list[Row]) -> list[str]:
+    """One scenario's table: every variant against the first."""
+    spec, first = srows[0].scenario_spec, srows[0].letter
+    title = f"## {srows[0].scenario}"
+    if spec:
+        title += (
+            f" (concurrency {spec.get('max_concurrency')}, {spec.get('num_prompts')} prompts, in "
+            f"{spec.get('input_len')} / out {spec.get('output_len')} tokens)"
+        )
+    header = (
+        f" | variant | patch set | n | decode tok/s | vs {first} | output tok/s | TTFT ms | ITL ms | TPOT ms | accept "
+        "length | verify graph | off-graph verify"
+    )
+    return [title, "", md_table(header, [_row(r, srows[0]) for r in srows], "lllrrrrrrrrrr"), ""]
 
 
 def publish(records: list[dict], stem: Path, meta: dict, judging) -> bool:
@@ -514,37 +459,15 @@ def sweep_markdown(rows: list[Row]) -> list[str]:
         table = []
         for r in sorted((r for r in rows if r.scenario == sc and r.setting), key=lambda r: r.variant):
             s, p = r.setting, next((p for p in points if p.name == r.variant), None)
+            cycle, model = f"{p.cycle_ms:.1f}" if p else "–", f"{model_cycle(f, p):.1f}" if f and p else "–"
             table.append(
-                [
-                    s["drafter"],
-                    s["draft_quantization"],
-                    f"{s['steps']}/{s['topk']}/{s['draft_tokens']}",
-                    _cell(r.stats["accept_length"], 3),
-                    _cell(r.stats["decode_tok_s"]),
-                    hit_cell(r),
-                    f"{p.cycle_ms:.1f}" if p else "–",
-                    f"{model_cycle(f, p):.1f}" if f and p else "–",
-                ]
+                f"{s['drafter']} | {s['draft_quantization']} | {s['steps']}/{s['topk']}/{s['draft_tokens']} | "
+                f"{_cell(r.stats['accept_length'], 3)} | {_cell(r.stats['decode_tok_s'])} | {hit_cell(r)} | "
+                f"{cycle} | {model}"
             )
-        L += [
-            f"## Sweep: drafters and speculative settings ({sc})",
-            "",
-            md_table(
-                [
-                    "drafter",
-                    "draft weights",
-                    "steps/topk/tokens",
-                    "accept length",
-                    "decode tok/s",
-                    "verify graph",
-                    "cycle ms",
-                    "model cycle ms",
-                ],
-                table,
-                "lllrrrrr",
-            ),
-            "",
-        ]
+        header = "drafter | draft weights | steps/topk/tokens | accept length | decode tok/s | verify graph | cycle ms | model"
+        title = f"## Sweep: drafters and speculative settings ({sc})"
+        L += [title, "", md_table(header + " cycle ms", table, "lllrrrrr"), ""]
         L += (verdict(points, f) if f else [f"No cost-model verdict: {why}."]) + [""]
     return L
 

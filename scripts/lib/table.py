@@ -8,12 +8,18 @@ import statistics
 DASH = "–"
 
 
-def md_table(header: list[str], rows: list[list], align: str = "") -> str:
-    """A markdown table; align: one letter per column, "l" (default) or "r" (numbers). No trailing newline."""
+def md_table(header: list[str] | str, rows: list[list | str], align: str = "") -> str:
+    """A markdown table. The header and each row: its cells, or one string of them as the table shows them
+    ("a | b | c"); align: one letter per column, "l" (default) or "r" (numbers). No trailing newline."""
+    header, rows = _cells(header), [_cells(r) for r in rows]
     marks = [":" if (align[i : i + 1] == "r") else "" for i in range(len(header))]
     lines = ["| " + " | ".join(map(str, header)) + " |", "|" + "|".join(f"---{m}" for m in marks) + "|"]
     lines += ["| " + " | ".join("" if c is None else str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def _cells(row: list | str) -> list:
+    return row.split(" | ") if isinstance(row, str) else row
 
 
 def num(x: float | None, digits: int = 1, *, none: str = DASH, small: bool = False) -> str:

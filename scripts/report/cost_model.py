@@ -80,103 +80,54 @@ class Box:
         n = sum(self.cyc["stages"]["target_verify"].values())
         peer_b = [1000 / p["nospec"] - n * p["ar_us"] / 1000 for p in self.inp["peer"] if "ar_us" in p]
         lo, hi = (a * s["decode_tok_s"] / s["eagle_tok_s"] for a in s["eagle_al"])
+        plain, b = self.each(sm.Model.decode_tok_s, "nccl", seed=True), self.each(sm.Model.B, seed=True)
+        decode, low, high = f"{s['decode_tok_s']:.0f}", min(peer_b), max(peer_b)
         rows = [
-            [
-                "Plain decode, tok/s",
-                f"{s['decode_tok_s']:.0f}",
-                "input (calibrates B)",
-                band(self.each(sm.Model.decode_tok_s, "nccl", seed=True)),
-                "0 % (by construction)",
-            ],
-            [
-                "B, ms",
-                f"peers {min(peer_b):.1f}-{max(peer_b):.1f}",
-                "cross-check (peers)",
-                band(self.each(sm.Model.B, seed=True), 2),
-                err(self.m[C].B(), min(peer_b), max(peer_b)),
-            ],
+            ["Plain decode, tok/s", decode, "input (calibrates B)", band(plain), "0 % (by construction)"],
+            ["B, ms", f"peers {low:.1f}-{high:.1f}", "cross-check (peers)", band(b, 2), err(self.m[C].B(), low, high)],
         ]
         run_ = next((r for r in self.runs if r["_file"] == self.inp["eager"]["proxy_run"]), None)
         if rec := run_ and record(run_, kind="verify_forward", impl="nccl", rows=4, mode="eager"):
             us = rec["us"] / (LAYERS * (len(ATTN_GEMMS) + len(MOE_GEMMS) + 4))  # per launch, the proxy's eager forward
             k = self.inp["eager"]["kernels_per_forward"]
-            rows.append(
-                [
-                    "Eager verify (4 tokens), ms",
-                    f"~{v:.0f}",
-                    f"input; cross-check: launch-bound, {us:.1f} us per launch (H200 proxy) x {k} kernels (estimated)",
-                    f"{k * us / 1e3:.1f}",
-                    err(k * us / 1e3, v),
-                ]
-            )
-        rows += [
-            [
-                "... in NCCL kernels, ms",
-                f"~{s['verify_nccl_ms']:.0f}",
-                "prediction",
-                band(nccl),
-                err(nccl[C], s["verify_nccl_ms"]),
-            ],
-            [
-                "Verify share of the cycle",
-                f"{100 * s['verify_share']:.0f} %",
-                "prediction",
-                band(share, 0, True),
-                err(share[C], s["verify_share"]),
-            ],
-        ]
+            role = f"input; cross-check: launch-bound, {us:.1f} us per launch (H200 proxy) x {k} kernels (estimated)"
+            rows.append(["Eager verify (4 tokens), ms", f"~{v:.0f}", role, f"{k * us / 1e3:.1f}", err(k * us / 1e3, v)])
+        nccl_ms, verify_share = s["verify_nccl_ms"], s["verify_share"]
+        rows.append(f"... in NCCL kernels, ms | ~{nccl_ms:.0f} | prediction | {band(nccl)} | {err(nccl[C], nccl_ms)}")
+        rows.append(
+            f"Verify share of the cycle | {100 * verify_share:.0f} % | prediction | {band(share, 0, True)} | "
+            f"{err(share[C], verify_share)}"
+        )
         for name, tok, al in (
             *(("EAGLE-3", s["eagle_tok_s"], a) for a in s["eagle_al"]),
             ("AQ-MedAI drafter", s["aq_tok_s"], s["aq_al"]),
         ):
             got = {c: 1000 * al / x for c, x in cyc.items()}
             rows.append([f"{name} at AL {al}, tok/s", f"{tok:.0f}", "prediction", band(got), err(got[C], tok)])
-        be = v * s["decode_tok_s"] / 1000
-        rows += [
-            [
-                "Break-even AL, verify / decode",
-                f"{s['break_even']:.2f}",
-                "from two inputs",
-                f"{be:.2f}",
-                err(be, s["break_even"]),
-            ],
-            [
-                "Break-even AL, cycle / decode",
-                f"{lo:.2f}-{hi:.2f} (AL x 82 / 60)",
-                "prediction",
-                band(be2, 2),
-                err(be2[C], lo, hi),
-            ],
-        ]
-        return md_table(["seed number", "seed (box)", "role", "model: central (band)", "error"], rows)
+        be, even = v * s["decode_tok_s"] / 1000, s["break_even"]
+        rows.append(["Break-even AL, verify / decode", f"{even:.2f}", "from two inputs", f"{be:.2f}", err(be, even)])
+        rows.append(
+            f"Break-even AL, cycle / decode | {lo:.2f}-{hi:.2f} (AL x 82 / 60) | prediction | {band(be2, 2)} | "
+            f"{err(be2[C], lo, hi)}"
+        )
+        return md_table("seed number | seed (box) | role | model: central (band) | error", rows)
 
     def physics(self) -> str:
-        m, kib = self.m[C], self.cyc["kib"]["target_verify"]["all_reduce"]
-        rows = [
-            [
-                w,
-                f"{m.non_routed():.2f} + {m.gb(w) - m.non_routed():.2f} = {m.gb(w):.2f}",
-                f"{m.gb(w) / m.m['bandwidth_tb_s']:.2f}",
-                f"{m.oneshot_us(w):.1f} ({2 * m.oneshot_us(w) / m.tp:.1f})",
-                band(self.each(sm.Model.lat, "pcie_ipc", w * kib)),
-                f"{m.floor_ms(w):.2f}",
-                band(self.each(sm.Model.forward_ms, w), 2),
-                f"{m.forward_ms(w) / m.floor_ms(w):.1f}x",
-            ]
-            for w in (1, 4, 8)
-        ]
+        m, kib, rows = self.m[C], self.cyc["kib"]["target_verify"]["all_reduce"], []
+        for w in (1, 4, 8):
+            gb, fixed, shot = m.gb(w), m.non_routed(), m.oneshot_us(w)
+            ipc, fwd = self.each(sm.Model.lat, "pcie_ipc", w * kib), self.each(sm.Model.forward_ms, w)
+            rows.append(
+                f"{w} | {fixed:.2f} + {gb - fixed:.2f} = {gb:.2f} | {gb / m.m['bandwidth_tb_s']:.2f} | "
+                f"{shot:.1f} ({2 * shot / m.tp:.1f}) | {band(ipc)} | {m.floor_ms(w):.2f} | {band(fwd, 2)} | "
+                f"{m.forward_ms(w) / m.floor_ms(w):.1f}x"
+            )
+        calls = self.cyc["stages"]["target_verify"]["all_reduce"]
         return md_table(
-            [
-                "tokens",
-                "GB per GPU: non-routed + routed = total",
-                "bytes at 1.792 TB/s, ms",
-                "all-reduce egress floor per call, one-shot (two-shot), us",
-                "PCIe IPC per call, modelled, us",
-                f"floor: bytes + {self.cyc['stages']['target_verify']['all_reduce']} all-reduces at the "
-                "one-shot floor, ms",
-                "modelled forward (PCIe IPC), ms",
-                "modelled / floor",
-            ],
+            "tokens | GB per GPU: non-routed + routed = total | bytes at 1.792 TB/s, ms | all-reduce egress "
+            "floor per call, one-shot (two-shot), us | PCIe IPC per call, modelled, us | floor: bytes + "
+            f"{calls} all-reduces at the one-shot floor, ms | modelled forward (PCIe IPC), ms | modelled / "
+            "floor",
             rows,
         )
 
@@ -187,31 +138,18 @@ class Box:
             seed, b = step["backend"] == "seed", "nccl" if step["backend"] == "seed" else step["backend"]
             cyc = self.each(sm.Model.cycle_ms, st, b, v if seed else None, seed=seed)
             verify = dict.fromkeys(sm.CORNERS, v) if seed else self.each(sm.Model.verify_ms, st + 1, b)
-            out["series"].append(
-                {
-                    "name": step["name"],
-                    "cycle": cyc,
-                    "tok2": {c: 2000 / x for c, x in cyc.items()},
-                    "verify": verify,
-                    "decode": self.each(sm.Model.decode_tok_s, b, seed=seed),
-                    "tok": {c: 1000 * self.al / x for c, x in cyc.items()},
-                }
-            )
+            tok = {c: 1000 * self.al / x for c, x in cyc.items()}
+            decode, tok2 = self.each(sm.Model.decode_tok_s, b, seed=seed), {c: 2000 / x for c, x in cyc.items()}
+            out["series"].append(dict(name=step["name"], cycle=cyc, tok2=tok2, verify=verify, decode=decode, tok=tok))
         for s in range(1, len(self.inp["acceptance"]["per_position"]) + 1):
             cyc = self.each(sm.Model.cycle_ms, s)
+            need = [{c: g * x / 1000 for c, x in cyc.items()} for g in (self.goal, self.inp["goals"]["stretch_tok_s"])]
+            verify = self.each(sm.Model.verify_ms, s + 1)
+            tok, ratio = self.each(sm.Model.tok_s, s), self.each(sm.Model.cycle_ratio, s)
             out["settings"].append(
-                {
-                    "name": f"{s}/1/{s + 1}",
-                    "al": self.m[C].al(s),
-                    "cycle": cyc,
-                    "verify": self.each(sm.Model.verify_ms, s + 1),
-                    "tok": self.each(sm.Model.tok_s, s),
-                    "ratio": self.each(sm.Model.cycle_ratio, s),
-                    "need": [
-                        {c: g * x / 1000 for c, x in cyc.items()}
-                        for g in (self.goal, self.inp["goals"]["stretch_tok_s"])
-                    ],
-                }
+                dict(
+                    name=f"{s}/1/{s + 1}", al=self.m[C].al(s), cycle=cyc, verify=verify, tok=tok, ratio=ratio, need=need
+                )
             )
         return out
 
@@ -221,23 +159,15 @@ class Box:
             [UNKNOWN.get(k, k), f"{v[0]} -> {v[2]}", *(self.at(**{k: v[i]}).tok_s() for i in (0, 2))]
             for k, v in self.inp["band"].items()
         ]
-        rows.append(
-            [
-                "accept length",
-                f"{self.al - 0.3:.2f} -> {self.al + 0.3:.2f}",
-                *(self.at(al_delta=d).tok_s() for d in (-0.3, 0.3)),
-            ]
-        )
+        al = f"{self.al - 0.3:.2f} -> {self.al + 0.3:.2f}"
+        rows.append(["accept length", al, *(self.at(al_delta=d).tok_s() for d in (-0.3, 0.3))])
         us1 = t0 - self.at(ipc_us=[[x, y * self.m[C].p["ipc_scale"] + 1] for x, y in ipc]).tok_s()
-        calls = sum(
-            sum(v.values()) * (self.steps - 1 if k == "draft_decode" else 1) for k, v in self.cyc["stages"].items()
-        )
+        stages = self.cyc["stages"].items()
+        calls = sum(sum(v.values()) * (self.steps - 1 if k == "draft_decode" else 1) for k, v in stages)
+        ranked = sorted(rows, key=lambda r: -abs(r[3] - r[2]))
         table = md_table(
-            ["unknown", "pessimistic -> optimistic", f"tok/s at {self.name}", "span"],
-            [
-                [a, b, f"{lo:.0f} - {hi:.0f}", f"{abs(hi - lo):.0f}"]
-                for a, b, lo, hi in sorted(rows, key=lambda r: -abs(r[3] - r[2]))
-            ],
+            f"unknown | pessimistic -> optimistic | tok/s at {self.name} | span",
+            [[a, b, f"{lo:.0f} - {hi:.0f}", f"{abs(hi - lo):.0f}"] for a, b, lo, hi in ranked],
         )
         return (
             f"{table}\n\nAt the central {t0:.0f} tok/s: every 1 ms of cycle is {t0 / c0:.1f} tok/s, every +0.1 AL "
@@ -266,163 +196,99 @@ class Box:
             for i, (k, lv, cells, plain) in enumerate(sorted(rows, key=lambda r: -r[0]))
         ]
         for st in self.inp["stack"]:
-            m = self.at(
-                **{k: v for lv in self.inp["lever"] if lv["id"] in st["levers"] for k, v in lv["knobs"].items()}
-            )
+            knobs = {k: v for lv in self.inp["lever"] if lv["id"] in st["levers"] for k, v in lv["knobs"].items()}
+            m = self.at(**knobs)
             out.append(
-                [
-                    "stack",
-                    st["name"],
-                    "-",
-                    f"{m.cycle_ms() - c0:+.2f}",
-                    f"{m.tok_s():.0f} ({m.tok_s() - t0:+.0f})",
-                    f"{1000 / m.decode_ms():.0f}",
-                    "-",
-                    f"AL for {self.goal:.0f}: {self.goal * m.cycle_ms() / 1e3:.2f}",
-                ]
+                f"stack | {st['name']} | - | {m.cycle_ms() - c0:+.2f} | {m.tok_s():.0f} ({m.tok_s() - t0:+.0f}) | "
+                f"{m.decode_tok_s():.0f} | - | AL for {self.goal:.0f}: {self.goal * m.cycle_ms() / 1e3:.2f}"
             )
-        return md_table(
-            [
-                "#",
-                "lever",
-                "in the series?",
-                "ms per cycle",
-                f"tok/s at {self.name}, AL {self.al:.2f}",
-                "plain decode tok/s",
-                "effort",
-                "note",
-            ],
-            out,
+        header = (
+            f"# | lever | in the series? | ms per cycle | tok/s at {self.name}, AL {self.al:.2f} | plain decode tok/s"
         )
+        return md_table(header + " | effort | note", out)
 
     def problems(self) -> list[str]:
-        return [
+        out = [
             f"{c}, {b}: {p}" for c, m in self.m.items() for b in ("pcie_ipc", "nccl", "nccl_xml") for p in m.problems(b)
-        ] + [
-            f"lever {lv['id']}: {p}"
-            for lv in self.inp["lever"]
-            if "knobs" in lv
-            for p in self.at(**lv["knobs"]).problems()
         ]
+        for lv in (lv for lv in self.inp["lever"] if "knobs" in lv):
+            out += [f"lever {lv['id']}: {p}" for p in self.at(**lv["knobs"]).problems()]
+        return out
 
     def goals(self) -> str:
         sets, g, plain = self.table["settings"], self.inp["goals"], self.each(sm.Model.decode_tok_s)
         d, best = next(r for r in sets if r["name"] == self.name), max(sets, key=lambda r: r["tok"][C])
         met = ", ".join(r["name"] for r in sets if r["ratio"][C] <= g["cycle_ratio"]) or "none"
-        return md_table(
-            ["goal", "model at the patched defaults", "accept length", "verdict"],
+        spec = f"{band(d['tok'], 0)} at {self.name}; the best setting, {best['name']}: {band(best['tok'], 0)}"
+        al = (
+            f"prior {d['al']:.2f}; {self.goal:.0f} needs {band(d['need'][0], 2)} ({best['name']}: "
+            f"{band(best['need'][0], 2)}); {g['stretch_tok_s']:.0f} needs {band(d['need'][1], 2)}"
+        )
+        spec_verdict = "expected"
+        if d["tok"][C] < self.goal:
+            spec_verdict = "not at the prior AL (central); in the band's optimistic half, or with a higher AL"
+        plain_verdict = "expected"
+        if plain[C] < g["plain_tok_s"]:
+            plain_verdict = f"not expected ({plain[C] / g['plain_tok_s'] - 1:+.0%} central)"
+        ratios = "; ".join(f"{r['name']} {band(r['ratio'], 2)}" for r in sets)
+        cycle = "met" if d["ratio"][C] <= g["cycle_ratio"] else "missed"
+        rows = [
+            [f">= {self.goal:.0f} tok/s with EAGLE-3", spec, al, spec_verdict],
+            f">= {g['plain_tok_s']:.0f} tok/s without speculation | {band(plain, 0)} | plays no part | {plain_verdict}",
+            f"spec cycle <= {g['cycle_ratio']}x the plain step | {ratios} | any (the ratio does not depend on it) | "
+            f"{cycle} at {self.name} (central); met at {met}",
+        ]
+        return md_table("goal | model at the patched defaults | accept length | verdict", rows)
+
+    def series(self) -> str:
+        header = (
+            f"step ({self.name}, batch 1) | verify ms | cycle ms | tok/s at AL 2.0 | tok/s at AL {self.al:.2f} | "
+            "plain decode tok/s, same backend"
+        )
+        rows = [
+            f"{r['name']} | {band(r['verify'])} | {band(r['cycle'], 2)} | {band(r['tok2'], 0)} | {band(r['tok'], 0)} | "
+            f"{band(r['decode'], 0)}"
+            for r in self.table["series"]
+        ]
+        return md_table(header, rows)
+
+    def settings(self) -> str:
+        header = (
+            f"steps/topk/draft tokens | AL (prior) | verify ms | cycle ms | tok/s central (pessimistic-optimistic) "
+            f"| cycle / plain step | AL for {self.goal:.0f} tok/s | AL for {self.inp['goals']['stretch_tok_s']:.0f} "
+            "tok/s"
+        )
+        rows = [
             [
-                [
-                    f">= {self.goal:.0f} tok/s with EAGLE-3",
-                    f"{band(d['tok'], 0)} at {self.name}; the best setting, {best['name']}: {band(best['tok'], 0)}",
-                    f"prior {d['al']:.2f}; {self.goal:.0f} needs "
-                    f"{band(d['need'][0], 2)} ({best['name']}: {band(best['need'][0], 2)}); {g['stretch_tok_s']:.0f} needs "
-                    f"{band(d['need'][1], 2)}",
-                    "expected"
-                    if d["tok"][C] >= self.goal
-                    else "not at the prior AL (central); in the band's optimistic half, or with a higher AL",
-                ],
-                [
-                    f">= {g['plain_tok_s']:.0f} tok/s without speculation",
-                    band(plain, 0),
-                    "plays no part",
-                    "expected"
-                    if plain[C] >= g["plain_tok_s"]
-                    else f"not expected ({plain[C] / g['plain_tok_s'] - 1:+.0%} central)",
-                ],
-                [
-                    f"spec cycle <= {g['cycle_ratio']}x the plain step",
-                    "; ".join(f"{r['name']} {band(r['ratio'], 2)}" for r in sets),
-                    "any (the ratio does not depend on it)",
-                    f"{'met' if d['ratio'][C] <= g['cycle_ratio'] else 'missed'} "
-                    f"at {self.name} (central); met at {met}",
-                ],
-            ],
+                r["name"],
+                f"{r['al']:.2f}",
+                band(r["verify"]),
+                band(r["cycle"], 2),
+                band(r["tok"], 0),
+                band(r["ratio"], 2),
+                *(band(x, 2) for x in r["need"]),
+            ]
+            for r in self.table["settings"]
+        ]
+        return md_table(header, rows)
+
+    def peers(self) -> str:
+        rows = []
+        for p in self.inp["peer"]:
+            cycle = f"{1000 * p['al'] / p['tok_s']:.1f}" if {"al", "tok_s"} <= set(p) else "-"
+            step = f"{1000 / p['nospec']:.1f}" if "nospec" in p else "-"
+            ratio = f"{p['al'] * p['nospec'] / p['tok_s']:.2f}" if {"al", "tok_s", "nospec"} <= set(p) else "-"
+            spec = f"{p.get('tok_s', '-')} / {p.get('nospec', '-')}"
+            rows.append([p["stack"], spec, p.get("al", "n/a"), cycle, step, ratio, p["window"], p["date"], p["source"]])
+        return md_table(
+            "peer stack (someone else's 8x RTX PRO 6000) | tok/s spec / none | AL | cycle ms (1000 AL / "
+            "tok/s) | plain step ms | cycle / plain | window | date | source",
+            rows,
         )
 
     def blocks(self) -> dict[str, str]:
-        t, g = self.table, self.inp["goals"]
-        has = lambda p, *k: set(k) <= set(p)  # noqa: E731
-        peers = [
-            [
-                p["stack"],
-                f"{p.get('tok_s', '-')} / {p.get('nospec', '-')}",
-                p.get("al", "n/a"),
-                f"{1000 * p['al'] / p['tok_s']:.1f}" if has(p, "al", "tok_s") else "-",
-                f"{1000 / p['nospec']:.1f}" if has(p, "nospec") else "-",
-                f"{p['al'] * p['nospec'] / p['tok_s']:.2f}" if has(p, "al", "tok_s", "nospec") else "-",
-                p["window"],
-                p["date"],
-                p["source"],
-            ]
-            for p in self.inp["peer"]
-        ]
-        return {
-            "backtest": self.backtest(),
-            "physics": self.physics(),
-            "goals": self.goals(),
-            "series": md_table(
-                [
-                    f"step ({self.name}, batch 1)",
-                    "verify ms",
-                    "cycle ms",
-                    "tok/s at AL 2.0",
-                    f"tok/s at AL {self.al:.2f}",
-                    "plain decode tok/s, same backend",
-                ],
-                [
-                    [
-                        r["name"],
-                        band(r["verify"]),
-                        band(r["cycle"], 2),
-                        band(r["tok2"], 0),
-                        band(r["tok"], 0),
-                        band(r["decode"], 0),
-                    ]
-                    for r in t["series"]
-                ],
-            ),
-            "settings": md_table(
-                [
-                    "steps/topk/draft tokens",
-                    "AL (prior)",
-                    "verify ms",
-                    "cycle ms",
-                    "tok/s central (pessimistic-optimistic)",
-                    "cycle / plain step",
-                    f"AL for {self.goal:.0f} tok/s",
-                    f"AL for {g['stretch_tok_s']:.0f} tok/s",
-                ],
-                [
-                    [
-                        r["name"],
-                        f"{r['al']:.2f}",
-                        band(r["verify"]),
-                        band(r["cycle"], 2),
-                        band(r["tok"], 0),
-                        band(r["ratio"], 2),
-                        *(band(x, 2) for x in r["need"]),
-                    ]
-                    for r in t["settings"]
-                ],
-            ),
-            "sensitivity": self.sensitivity(),
-            "levers": self.levers(),
-            "peers": md_table(
-                [
-                    "peer stack (someone else's 8x RTX PRO 6000)",
-                    "tok/s spec / none",
-                    "AL",
-                    "cycle ms (1000 AL / tok/s)",
-                    "plain step ms",
-                    "cycle / plain",
-                    "window",
-                    "date",
-                    "source",
-                ],
-                peers,
-            ),
-        }
+        names = ("backtest", "physics", "goals", "series", "settings", "sensitivity", "levers", "peers")
+        return {name: getattr(self, name)() for name in names}
 
 
 def load_runs(pattern: str = "bench-comm_H200_x2_*.json") -> list[dict]:
@@ -524,81 +390,54 @@ def receipt_block(box: Box, r: dict) -> str:
     best = spec["measured"].get("speculative") if spec["verdict"] != "inconclusive" else None
     al = best["accept_length"] if best and best.get("accept_length") else m.al()
     env, n = data["receipt"].get("environment", {}), m.cyc["stages"]["target_verify"]["all_reduce"]
-    out = [
-        (
-            "**A proxy, not the box** (" + "; ".join(r["proxy"]) + "): its numbers stand in for the box's, the "
-            "verdicts on the box's defaults are inconclusive. "
-            if r["proxy"]
-            else ""
+    head = ""
+    if r["proxy"]:
+        head = (
+            f"**A proxy, not the box** ({'; '.join(r['proxy'])}): its numbers stand in for the box's, the verdicts "
+            "on the box's defaults are inconclusive. "
         )
-        + f"Receipt `{r['name']}` (box "
-        f"{env.get('box')}: {rd.describe_box(rd.box_class(data))}; {data['receipt'].get('created')}, patch set "
-        f"{env.get('patchset')}): AL {al:.2f} ({'measured' if best else 'prior'}).",
-        "",
-    ]
+    head += (
+        f"Receipt `{r['name']}` (box {env.get('box')}: {rd.describe_box(rd.box_class(data))}; "
+        f"{data['receipt'].get('created')}, patch set {env.get('patchset')}): AL {al:.2f} "
+        f"({'measured' if best else 'prior'})."
+    )
     rows = []
     for label, us in (rd.per_call_latencies(data["bench_comm"]) if data.get("bench_comm") else {}).items():
         x = box.at(ipc_us=[[0.0, us], [1e6, us]])
-        rows.append(
-            [
-                label,
-                f"{us:.1f}",
-                f"{n * us / 1000:.2f}",
-                f"{x.verify_ms(box.steps + 1):.1f}",
-                f"{1000 * al / x.cycle_ms():.0f}",
-            ]
-        )
-    out.append(
-        md_table(
-            [
-                f"path, {rd.VERIFY_ROWS_C1} rows (C1 verify), graph chain",
-                "per call (us)",
-                f"{n} x (ms)",
-                "modelled verify (ms)",
-                "modelled tok/s",
-            ],
-            rows or [["(no bench-comm in it)", *"----"]],
-        )
+        verify, tok = x.verify_ms(box.steps + 1), 1000 * al / x.cycle_ms()
+        rows.append([label, f"{us:.1f}", f"{n * us / 1000:.2f}", f"{verify:.1f}", f"{tok:.0f}"])
+    header = (
+        f"path, {rd.VERIFY_ROWS_C1} rows (C1 verify), graph chain | per call (us) | {n} x (ms) | modelled verify (ms)"
     )
-    if p := r["profile"]:
-        old, s = sm.Model(box.inp, box.cyc), p["steps"]
-        new = sm.Model(box.inp, box.cyc, **sm.refit(p, old))
-        q = [
-            ("plain decode, ms", p["decode"]["forward_ms"], old.decode_ms(), new.decode_ms()),
-            ("verify, ms", p["target_verify"]["forward_ms"], old.verify_ms(s + 1), new.verify_ms(s + 1)),
-            ("cycle, ms", p["cycle_ms"], old.cycle_ms(s), new.cycle_ms(s)),
-            (
-                "tok/s at its AL",
-                1000 * p["accept_length"] / p["cycle_ms"],
-                1000 * p["accept_length"] / old.cycle_ms(s),
-                new.tok_s(s),
-            ),
-        ]
-        d = p["decode"]
-        out += [
-            "",
-            f"Profile ({p['gpu']}, TP{p['tp']}, {s}/1/{s + 1}, AL {p['accept_length']:.2f}; B {new.B():.2f} "
-            f"ms = {d['busy_ms']:.2f} kernel-busy + {d['gap_ms']:.2f} gaps over {d['kernels']} kernels; glue "
-            f"{new.p['glue_ms']:.2f} ms): "
-            + ("shown, not applied (a proxy)." if r["proxy"] else "the model above is refitted from it."),
-            "",
-            md_table(
-                ["quantity", "measured", "model before (seed-calibrated, central)", "model refitted"],
-                [[a, *(f"{v:.2f}" for v in vs)] for a, *vs in q],
-            ),
-        ]
+    out = [head, "", md_table(header + " | modelled tok/s", rows or [["(no bench-comm in it)", *"----"]])]
+    if r["profile"]:
+        out += profile_block(box, r["profile"], applied=not r["proxy"])
     if best:
         out += ["", f"Served (make bench, {spec['measured']['scenario']}): {spec['why']}."]
-    return "\n".join(
-        out
-        + [
-            "",
-            md_table(
-                ["default of the series", "verdict", "measured", "setting"],
-                [[x["default"], x["verdict"], x["why"], x["setting"] or "-"] for x in recs],
-            ),
-        ]
+    verdicts = [[x["default"], x["verdict"], x["why"], x["setting"] or "-"] for x in recs]
+    return "\n".join(out + ["", md_table("default of the series | verdict | measured | setting", verdicts)])
+
+
+def profile_block(box: Box, p: dict, applied: bool) -> list[str]:
+    """A receipt's profile beside the model before and after its refit."""
+    old, s = sm.Model(box.inp, box.cyc), p["steps"]
+    new, al, d = sm.Model(box.inp, box.cyc, **sm.refit(p, old)), p["accept_length"], p["decode"]
+    q = [
+        ("plain decode, ms", d["forward_ms"], old.decode_ms(), new.decode_ms()),
+        ("verify, ms", p["target_verify"]["forward_ms"], old.verify_ms(s + 1), new.verify_ms(s + 1)),
+        ("cycle, ms", p["cycle_ms"], old.cycle_ms(s), new.cycle_ms(s)),
+        ("tok/s at its AL", 1000 * al / p["cycle_ms"], 1000 * al / old.cycle_ms(s), new.tok_s(s)),
+    ]
+    said = (
+        f"Profile ({p['gpu']}, TP{p['tp']}, {s}/1/{s + 1}, AL {al:.2f}; B {new.B():.2f} ms = {d['busy_ms']:.2f} "
+        f"kernel-busy + {d['gap_ms']:.2f} gaps over {d['kernels']} kernels; glue {new.p['glue_ms']:.2f} ms): "
     )
+    said += "the model above is refitted from it." if applied else "shown, not applied (a proxy)."
+    table = md_table(
+        "quantity | measured | model before (seed-calibrated, central) | model refitted",
+        [[a, *(f"{v:.2f}" for v in vs)] for a, *vs in q],
+    )
+    return ["", said, "", table]
 
 
 def plot(box: Box, png: Path) -> str:

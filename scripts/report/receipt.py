@@ -81,14 +81,9 @@ def done(part: rd.Part, d: Path, old: dict) -> bool:
 
 def bench_plan(d: Path, a: argparse.Namespace, redo: bool) -> pl.Plan:
     """bench's plan as its part will run it (what raw/bench lacks), with make report's BENCH_ARGS."""
+    image = ["--image", a.image] if a.image else []
     args, server_args = pl.parse(
-        [
-            "--results-dir",
-            str(d / rd.PARTS["bench"].result),
-            "--resume",
-            *(["--image", a.image] if a.image else []),
-            *a.bench_args,
-        ]
+        ["--results-dir", str(d / rd.PARTS["bench"].result), "--resume", *image, *a.bench_args]
     )
     args.resume = not redo
     return pl.build(args, server_args)
@@ -115,34 +110,21 @@ def collect(a: argparse.Namespace) -> int:
     seconds = {p.name: bp.seconds if p.name == "bench" and bp else p.estimate_s for p in todo}
     have = ", ".join(p for p, r in old.items() if r.get("ok"))
     print(f"receipt {d} ({f'resuming: {have} done' if old else 'new'})")
-    print(
-        md_table(
-            ["part", "", "time", "command"],
-            [
-                [
-                    p.name,
-                    "run" if p in todo else "have it, skipped",
-                    f"~{duration(seconds[p.name])}" if p in todo else "",
-                    f"`{' '.join(p.command(d, a))}`",
-                ]
-                for p in parts
-            ],
-            "llrl",
-        )
-    )
+    rows = []
+    for p in parts:
+        plan = ["run", f"~{duration(seconds[p.name])}"] if p in todo else ["have it, skipped", ""]
+        rows.append([p.name, *plan, f"`{' '.join(p.command(d, a))}`"])
+    print(md_table("part |  | time | command", rows, "llrl"))
     if bp:
-        print(
-            f"bench: {len(bp.runs)} run(s) in {len(bp.sessions)} server session(s) to go"
-            + (f", {len(bp.earlier)} already in {d / rd.PARTS['bench'].result}" if bp.earlier else "")
-        )
+        held = f", {len(bp.earlier)} already in {d / rd.PARTS['bench'].result}" if bp.earlier else ""
+        print(f"bench: {len(bp.runs)} run(s) in {len(bp.sessions)} server session(s) to go{held}")
     print(f"total: ~{duration(sum(seconds.values()))}")
     found = checks(todo, d, a, bp) if todo else []
     print("checks:\n" + "\n".join("  " + c.line() for c in found))
     failed = [c for c in found if not c.ok]
     if failed:
-        msg = f"make report cannot start: {len(failed)} check(s) failed; nothing was run or written:\n  " + "\n  ".join(
-            c.line() for c in failed
-        )
+        lines = "\n  ".join(c.line() for c in failed)
+        msg = f"make report cannot start: {len(failed)} check(s) failed; nothing was run or written:\n  {lines}"
         if a.dry_run:
             print(msg)
             return 2
@@ -164,14 +146,8 @@ def run_part(part: rd.Part, d: Path, a: argparse.Namespace) -> dict:
     with open(log_path, "w") as log:
         out = open(d / part.result, "w") if part.stdout else None
         try:
-            p = proc.spawn(
-                argv,
-                cwd=REPO_ROOT,
-                stdout=out or proc.PIPE,
-                stderr=proc.PIPE if out else proc.STDOUT,
-                text=True,
-                bufsize=1,
-            )
+            err = proc.PIPE if out else proc.STDOUT
+            p = proc.spawn(argv, cwd=REPO_ROOT, stdout=out or proc.PIPE, stderr=err, text=True, bufsize=1)
             for line in p.stderr if out else p.stdout:
                 sys.stderr.write(f"  {part.name}| {line}")
                 log.write(line)
@@ -183,13 +159,9 @@ def run_part(part: rd.Part, d: Path, a: argparse.Namespace) -> dict:
     ok = rc == 0 or (part.name == "doctor" and rc == 1 and wrote)  # doctor: 1 = error findings, recorded
     if part.stdout and not wrote:
         (d / part.result).unlink(missing_ok=True)
-    return {
-        "command": argv,
-        "status": "done" if rc == 0 else "done, with error findings" if ok else f"failed (exit {rc})",
-        "ok": ok,
-        "seconds": round(time.monotonic() - t0, 1),
-        "log": str(log_path.relative_to(d)),
-    }
+    status = "done" if rc == 0 else "done, with error findings" if ok else f"failed (exit {rc})"
+    seconds = round(time.monotonic() - t0, 1)
+    return {"command": argv, "status": status, "ok": ok, "seconds": seconds, "log": str(log_path.relative_to(d))}
 
 
 def run_parts(d: Path, a, parts: list[rd.Part], todo: list[rd.Part], old: dict, seconds: dict) -> int:
@@ -202,16 +174,13 @@ def run_parts(d: Path, a, parts: list[rd.Part], todo: list[rd.Part], old: dict, 
         say(f"[{i}/{len(parts)}] {part.name}: about {duration(seconds[part.name])}; {duration(left)} left in all")
         results[part.name] = run_part(part, d, a)
         left -= seconds[part.name]
-        say(
-            f"[{i}/{len(parts)}] {part.name}: {results[part.name]['status']} in "
-            f"{duration(results[part.name]['seconds'])} ({duration(time.monotonic() - t_all)} so far)"
-        )
-        if part.name == "test-serve" and not results[part.name]["ok"]:
+        got = results[part.name]
+        so_far = duration(time.monotonic() - t_all)
+        say(f"[{i}/{len(parts)}] {part.name}: {got['status']} in {duration(got['seconds'])} ({so_far} so far)")
+        if part.name == "test-serve" and not got["ok"]:
             bad = [c["name"] for c in (rd.junit(d, part.result) or {}).get("cases", []) if c["outcome"] == "failed"]
-            say(
-                f"stopping: test-serve failed ({'; '.join(bad[:5]) or 'see ' + results[part.name]['log']}), so "
-                f"nothing that loads Kimi-K2.5 runs; fix that first"
-            )
+            why = "; ".join(bad[:5]) or "see " + got["log"]
+            say(f"stopping: test-serve failed ({why}), so nothing that loads Kimi-K2.5 runs; fix that first")
             results |= {p.name: {"status": "not run: test-serve failed", "ok": False} for p in parts[i:]}
             break
     measured = [p for p, r in results.items() if rd.measures(p) and r.get("ok")]
@@ -225,11 +194,8 @@ def environment(d: Path, a: argparse.Namespace) -> dict:
     env: dict = {"git_rev": revision(short=True)[0], "box": a.box}
     try:
         pin = load_pin()
-        env["pin"] = {
-            "sglang": pin.version,
-            "image": f"{pin.image_name}:{pin.image_tag}"
-            + (f"@{pin.image_digest}" if pin.image_digest else " (no digest pinned)"),
-        }
+        digest = f"@{pin.image_digest}" if pin.image_digest else " (no digest pinned)"
+        env["pin"] = {"sglang": pin.version, "image": f"{pin.image_name}:{pin.image_tag}{digest}"}
         env["patchset"] = patchset_id()
     except (UserError, OSError) as e:  # a receipt without the series still records the box
         env.setdefault("pin", f"unreadable: {e}")
@@ -261,119 +227,89 @@ def plots(data: dict, out: Path) -> list[str]:
 def summary_markdown(data: dict, plot_files: list[str]) -> str:
     meta, cls = data["receipt"], rd.box_class(data)
     env, reasons = meta.get("environment", {}), rd.proxy_reasons(cls)
-    L = [
-        f"# Box receipt: {env.get('box', '?')}",
-        "",
-        f"Measured on {rd.describe_box(cls)}" + (f": a proxy, not the box ({'; '.join(reasons)})." if reasons else "."),
-        "",
+    where = f"Measured on {rd.describe_box(cls)}" + (
+        f": a proxy, not the box ({'; '.join(reasons)})." if reasons else "."
+    )
+    made = (
         f"Made {meta.get('created')} at git {env.get('git_rev')}, patch set {env.get('patchset')}, pin "
-        f"{json.dumps(env.get('pin'))}.",
-        "",
-        "## Environment",
-        "",
+        f"{json.dumps(env.get('pin'))}."
+    )
+    out = [f"# Box receipt: {env.get('box', '?')}", "", where, "", made, "", "## Environment", ""]
+    out += [f"- {k}: {v}" for k, v in (env.get("doctor") or {}).items()]
+    out += [f"- {k}: {env[k]}" for k in ("nccl", "image") if env.get(k)]
+    parts = [
+        [p, r.get("status"), r.get("seconds", "-"), f"`{' '.join(r['command'])}`" if r.get("command") else "-"]
+        for p, r in meta.get("parts", {}).items()
     ]
-    L += [f"- {k}: {v}" for k, v in (env.get("doctor") or {}).items()]
-    L += [f"- {k}: {env[k]}" for k in ("nccl", "image") if env.get(k)]
-    L += [
+    recs = [
+        [r["default"], r["verdict"], r["why"], r["threshold"], r["setting"] or "-"]
+        for r in meta.get("recommendations", [])
+    ]
+    thresholds = "Thresholds: " + ", ".join(f"{k} = {v}" for k, v in meta["thresholds"].items())
+    out += [
         "",
         "## Parts",
         "",
-        md_table(
-            ["part", "status", "seconds", "command"],
-            [
-                [p, r.get("status"), r.get("seconds", "-"), f"`{' '.join(r['command'])}`" if r.get("command") else "-"]
-                for p, r in meta.get("parts", {}).items()
-            ],
-        ),
+        md_table("part | status | seconds | command", parts),
         "",
         "## Recommendations",
         "",
-        "Thresholds: " + ", ".join(f"{k} = {v}" for k, v in meta["thresholds"].items()),
+        thresholds,
         "",
-        md_table(
-            ["default", "verdict", "why", "threshold", "setting"],
-            [
-                [r["default"], r["verdict"], r["why"], r["threshold"], r["setting"] or "-"]
-                for r in meta.get("recommendations", [])
-            ],
-        ),
+        md_table("default | verdict | why | threshold | setting", recs),
     ]
-    ts, tg, bc = data.get("test_serve"), data.get("test_gpu"), data.get("bench_comm")
+    out += tiers_markdown(data) + measured_markdown(data)
+    return "\n".join(out + [""] + [f"![{Path(p).stem}]({p})" for p in plot_files]) + "\n"
+
+
+def tiers_markdown(data: dict) -> list[str]:
+    """make test-serve's and make test-gpu's counts, with what failed."""
+    out, ts, tg = [], data.get("test_serve"), data.get("test_gpu")
     if ts:
         props = ts["properties"]
-        L += [
-            "",
-            "## make test-serve",
-            "",
-            f"TP{props.get('world')}: {ts['passed']} passed, {ts['failed']} failed"
-            + (f" ({props['proxy']})" if props.get("proxy") else ""),
-        ]
-        L += [f"- FAILED {c['name']}: {c['message'][:300]}" for c in ts["cases"] if c["outcome"] == "failed"]
-        L += [f"- {props['refused']}"] * bool(props.get("refused"))
+        said = f"TP{props.get('world')}: {ts['passed']} passed, {ts['failed']} failed"
+        out += ["", "## make test-serve", "", said + (f" ({props['proxy']})" if props.get("proxy") else "")]
+        out += [f"- FAILED {c['name']}: {c['message'][:300]}" for c in ts["cases"] if c["outcome"] == "failed"]
+        out += [f"- {props['refused']}"] * bool(props.get("refused"))
     if tg:
-        L += [
-            "",
-            "## make test-gpu",
-            "",
-            f"world {tg['properties'].get('world')}: {tg['passed']} passed, "
-            f"{tg['failed']} failed, {tg['skipped']} skipped",
-        ]
+        counts = f"{tg['passed']} passed, {tg['failed']} failed, {tg['skipped']} skipped"
+        out += ["", "## make test-gpu", "", f"world {tg['properties'].get('world')}: {counts}"]
+    return out
+
+
+def measured_markdown(data: dict) -> list[str]:
+    """bench-comm's table, the startup all-reduce table, the doctor's PCIe probes, make bench's medians."""
+    out, bc, table = [], data.get("bench_comm"), rd.startup_table(data)
     if bc:
-        L += ["", "## make bench-comm", comm_report.table(comm_report.summarize(bc))]
-    if table := rd.startup_table(data):
-        L += [
-            "",
-            f"## All-reduce backend per decode size, chosen at start ({table.get('source')}, margin "
-            f"{table.get('margin')}x)",
-            "",
-            md_table(
-                ["rows", "us per backend", "backend", "why"],
-                [
-                    [
-                        s_["rows"],
-                        ", ".join(f"{k} {v}" for k, v in (s_.get("us") or {}).items()),
-                        s_["backend"],
-                        s_.get("why", ""),
-                    ]
-                    for s_ in table.get("sizes") or []
-                ],
-            )
-            or table.get("why", ""),
+        out += ["", "## make bench-comm", comm_report.table(comm_report.summarize(bc))]
+    if table:
+        sizes = [
+            [x["rows"], ", ".join(f"{k} {v}" for k, v in (x.get("us") or {}).items()), x["backend"], x.get("why", "")]
+            for x in table.get("sizes") or []
         ]
+        title = (
+            f"## All-reduce backend per decode size, chosen at start ({table.get('source')}, margin "
+            f"{table.get('margin')}x)"
+        )
+        out += ["", title, "", md_table("rows | us per backend | backend | why", sizes) or table.get("why", "")]
     facts = (data.get("doctor") or {}).get("facts") or {}
     if facts.get("pcie_ipc_smoke") or facts.get("peer_bandwidth"):
         smoke, bw = facts.get("pcie_ipc_smoke") or {}, facts.get("peer_bandwidth") or {}
-        L += [
-            "",
-            "## The doctor's PCIe probes",
-            "",
-            f"PCIe-IPC smoke: {json.dumps(smoke)}; peer writes: lowest "
-            f"{bw.get('min_gbps')} GB/s per flow ({bw.get('why') or 'measured'}).",
-        ]
-    rows = rd.bench_rows(data.get("bench") or [])
+        said = (
+            f"PCIe-IPC smoke: {json.dumps(smoke)}; peer writes: lowest {bw.get('min_gbps')} GB/s per flow "
+            f"({bw.get('why') or 'measured'})."
+        )
+        out += ["", "## The doctor's PCIe probes", "", said]
+    rows = []
+    for r in rd.bench_rows(data.get("bench") or []):
+        tok = f"{r['tok_s']:.1f}" if r["tok_s"] else "-"
+        spread = f"{r['tok_s_min']:.1f}-{r['tok_s_max']:.1f}" if r["tok_s"] else "-"
+        al = f"{r['accept_length']:.2f}" if r["accept_length"] else "-"
+        rows.append([r["scenario"], r["variant"], r["n"], tok, spread, al, r["eager_verifies"]])
     if rows:
-        L += [
-            "",
-            "## Serving (make bench)",
-            "",
-            md_table(
-                ["scenario", "variant", "n", "decode tok/s (median)", "min-max", "accept length", "eager verifies"],
-                [
-                    [
-                        r["scenario"],
-                        r["variant"],
-                        r["n"],
-                        f"{r['tok_s']:.1f}" if r["tok_s"] else "-",
-                        f"{r['tok_s_min']:.1f}-{r['tok_s_max']:.1f}" if r["tok_s"] else "-",
-                        f"{r['accept_length']:.2f}" if r["accept_length"] else "-",
-                        r["eager_verifies"],
-                    ]
-                    for r in rows
-                ],
-                "llrrrrr",
-            ),
-        ]
-    return "\n".join(L + [""] + [f"![{Path(p).stem}]({p})" for p in plot_files]) + "\n"
+        header = "scenario | variant | n | decode tok/s (median) | min-max | accept length | eager verifies"
+        out += ["", "## Serving (make bench)", "", md_table(header, rows, "llrrrrr")]
+    return out
 
 
 def write(d: Path, parts: dict, env: dict, tarball: bool = True) -> None:
