@@ -51,18 +51,9 @@ RUN_TIMEOUT_S = 3600.0  # one bench_serving run
 # ------------------------------------------------------------------------------------------------------ client
 def client_args(p: pl.Plan, r: pl.Run, url: str, out: str) -> list[str]:
     """bench_serving's arguments for one run."""
-    a = [
-        "--backend",
-        "sglang",
-        "--base-url",
-        url,
-        *r.scenario.bench_args(),
-        "--output-file",
-        out,
-        "--tag",
-        f"{r.scenario.name}/{r.variant.name}/r{r.repeat}",
-        "--disable-tqdm",
-    ]
+    tag = f"{r.scenario.name}/{r.variant.name}/r{r.repeat}"
+    a = ["--backend", "sglang", "--base-url", url, *r.scenario.bench_args(), "--output-file", out, "--tag", tag]
+    a.append("--disable-tqdm")
     if p.tokenizer:
         a += ["--tokenizer", p.tokenizer]
     return a + p.client_args
@@ -71,15 +62,17 @@ def client_args(p: pl.Plan, r: pl.Run, url: str, out: str) -> list[str]:
 def client_cmd(p: pl.Plan, args: list[str], out_dir: Path) -> list[str]:
     """bench_serving in the serving image (its bench-client verb, on the host's network), results in out_dir."""
     local = [x for t in [p.tokenizer] if t and Path(t).is_absolute() for x in ("-v", f"{t}:{t}:ro")]
+    env = ("OPENAI_API_KEY", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    cache = hf_cache_dir()
     return docker_run(
         p.client_image,
         ["bench-client", *args],
         gpus=False,
         results=out_dir,
-        hf_cache=hf_cache_dir(),
+        hf_cache=cache,
         network_host=True,
         extra=local,
-        env_names=("OPENAI_API_KEY", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"),
+        env_names=env,
     )
 
 
@@ -90,15 +83,8 @@ def run_client(cmd: list[str], log_path: Path, sampler: observe.Sampler) -> tupl
     with open(log_path, "a") as log:
         log.write(f"\n$ {shlex.join(cmd)}\n")
         log.flush()
-        child = proc.spawn(
-            cmd,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            stdout=proc.PIPE,
-            stderr=proc.STDOUT,
-            text=True,
-            errors="replace",
-            bufsize=1,
-        )
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        child = proc.spawn(cmd, env=env, stdout=proc.PIPE, stderr=proc.STDOUT, text=True, errors="replace", bufsize=1)
         timer = threading.Timer(RUN_TIMEOUT_S, child.kill)
         timer.start()
         try:

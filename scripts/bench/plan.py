@@ -94,17 +94,10 @@ class Scenario:
 
     def bench_args(self) -> list[str]:
         d = {**dataclasses.asdict(self), "warmup_requests": self.warmup_requests or self.max_concurrency}
-        a = [
-            x
-            for flag, key in SCENARIO_FLAGS.items()
-            if not (key == "request_rate" and str(d[key]) == "inf")
-            for x in (flag, str(d[key]))
-        ]
+        given = {flag: d[key] for flag, key in SCENARIO_FLAGS.items() if key != "request_rate" or str(d[key]) != "inf"}
+        a = [x for flag, value in given.items() for x in (flag, str(value))]
         return (
-            a
-            + ["--tokenize-prompt"] * self.tokenize_prompt
-            + ["--flush-cache"] * self.flush_cache
-            + list(self.extra_args)
+            a + ["--tokenize-prompt"] * self.tokenize_prompt + ["--flush-cache"] * self.flush_cache + [*self.extra_args]
         )
 
     def to_dict(self) -> dict:
@@ -187,15 +180,8 @@ def load_variants(path: Path) -> VariantSet:
             raise UserError(f'{where}: env is a table of NAME = "value", args a list of SGLang arguments')
         if any(o.name == v["name"] for o in out):
             raise UserError(f"{path}: variant {v['name']} is defined twice")
-        out.append(
-            Variant(
-                **{
-                    **v,
-                    "env": tuple((str(k), str(x)) for k, x in v.get("env", {}).items()),
-                    "args": tuple(str(x) for x in v.get("args", ())),
-                }
-            )
-        )
+        env, args = tuple((str(k), str(x)) for k, x in v.get("env", {}).items()), tuple(map(str, v.get("args", ())))
+        out.append(Variant(**{**v, "env": env, "args": args}))
     return VariantSet(out, defaults, Path(path))
 
 
@@ -244,11 +230,9 @@ def make_plan(scenarios: list[Scenario], variants: list[Variant], repeats: int, 
     """aba: odd rounds visit the variants forward, even rounds backward; blocked: every repeat of A, then of B."""
     if repeats < 1 or order not in ORDERS:
         raise UserError(f"repeats must be at least 1 and order one of {', '.join(ORDERS)}")
-    seq = (
-        [(r, v) for v in variants for r in range(repeats)]
-        if order == "blocked"
-        else [(r, v) for r in range(repeats) for v in (variants if r % 2 == 0 else variants[::-1])]
-    )
+    seq = [(r, v) for r in range(repeats) for v in (variants if r % 2 == 0 else variants[::-1])]
+    if order == "blocked":
+        seq = [(r, v) for v in variants for r in range(repeats)]
     letters = {v.name: letter(i) for i, v in enumerate(variants)}
     runs: list[Run] = []
     for r, v in seq:

@@ -133,12 +133,13 @@ def load(path: Path = SWEEP_FILE) -> Sweep:
     if dup:
         raise UserError(f"{path}: points listed twice: {', '.join(dup)}")
     scen = d.get("scenarios")
+    reference, scenarios = [str(x) for x in d.get("reference", [])], ",".join(scen) if scen else None
     return Sweep(
         Path(path),
         str(d["base"]),
-        [str(x) for x in d.get("reference", [])],
+        reference,
         points,
-        ",".join(scen) if scen else None,
+        scenarios,
         d.get("repeats"),
         d.get("order"),
         str(d.get("description", "")),
@@ -163,6 +164,7 @@ def variants(sw: Sweep, vset) -> list:
     for p in sw.points:
         extra = p.setting.args() + (["--speculative-draft-model-quantization", p.quant] if p.quant else [])
         bad += [f"{p.name}: {w}" for w in problems(p.setting)]
+        said = f"{base.description}; drafter {p.drafter}, {p.setting.label}" + (f", draft {p.quant}" if p.quant else "")
         out.append(
             dataclasses.replace(
                 base,
@@ -170,8 +172,7 @@ def variants(sw: Sweep, vset) -> list:
                 default=True,
                 draft_model=p.drafter,
                 args=(*base.args, *extra),
-                description=f"{base.description}; drafter {p.drafter}, {p.setting.label}"
-                + (f", draft {p.quant}" if p.quant else ""),
+                description=said,
                 setting=tuple(p.describe().items()),
             )
         )

@@ -120,15 +120,15 @@ def machine(a: argparse.Namespace, meta: dict) -> int:
 def measure(a: argparse.Namespace, vmap: dict, world: int, meta: dict) -> list[dict]:
     """Every variant in its own ranks (the first one also runs the SGLang rows); their records."""
     ints = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
-    cfg = {
-        "device": a.device,
-        "rows": ints(a.rows),
-        "prefill_rows": ints(a.prefill_rows),
-        "layers": a.layers,
-        "chain": a.chain,
-        "reps": a.reps,
-        "flashinfer": not a.no_flashinfer,
-    }
+    cfg = dict(
+        device=a.device,
+        rows=ints(a.rows),
+        prefill_rows=ints(a.prefill_rows),
+        layers=a.layers,
+        chain=a.chain,
+        reps=a.reps,
+        flashinfer=not a.no_flashinfer,
+    )
     why_not = (
         "--device cpu"
         if a.device == "cpu"
@@ -158,27 +158,17 @@ def measure(a: argparse.Namespace, vmap: dict, world: int, meta: dict) -> list[d
     for i, (name, env) in enumerate(vmap.items(), 1):
         first = i == 1 and sglang_args is not None
         say(f"[{i}/{len(vmap)}] variant {name} {env or '(environment as is)'}" + (", with the SGLang rows" * first))
-        res = run_variant(
-            name,
-            env,
-            world,
-            {
-                **cfg,
-                "steps": ["allreduce", "verify"] + ["sglang"] * first,
-                "verify_impls": ["nccl"] + ["sglang_fused_op", "sglang_tp"] * first,
-                "sglang": sglang_args if first else None,
-            },
-            a.timeout + (600 if first and not a.no_autotune else 0),
-        )  # + the PCIe-IPC autotune
+        steps, impls = ["allreduce", "verify"] + ["sglang"] * first, ["nccl"] + ["sglang_fused_op", "sglang_tp"] * first
+        timeout = a.timeout + (600 if first and not a.no_autotune else 0)  # + the PCIe-IPC autotune
+        cfg_i = {**cfg, "steps": steps, "verify_impls": impls, "sglang": sglang_args if first else None}
+        res = run_variant(name, env, world, cfg_i, timeout)
         records += [{**r, "variant": name} for r in res.get("records", [])]
         if res.get("error"):
             records.append({"kind": "variant_error", "variant": name, "error": res["error"][-2000:]})
             say(f"variant {name} failed: {(res['error'].strip().splitlines() or ['?'])[-1]}")
         meta.setdefault("per_variant", {})[name] = {**res.get("meta", {}), "seconds": res.get("seconds")}
-        say(
-            f"[{i}/{len(vmap)}] variant {name} done ({res.get('seconds', 0):.0f}s; {time.monotonic() - t_all:.0f}s "
-            f"total)"
-        )
+        took = f"{res.get('seconds', 0):.0f}s; {time.monotonic() - t_all:.0f}s total"
+        say(f"[{i}/{len(vmap)}] variant {name} done ({took})")
     return records
 
 
@@ -186,16 +176,16 @@ def nccl_axis() -> dict:
     """The NCCL this run used: the library torch loaded, torch's build, the pip package, the one meant to run."""
     rep = nccl_report()
     expected, source = expected_nccl()
-    return {
-        "loaded": rep.get("nccl"),
-        "library": rep.get("nccl_lib"),
-        "torch_build": rep.get("nccl_build"),
-        "package": rep.get("dist"),
-        "package_version": rep.get("dist_version"),
-        "expected": expected or None,
-        "expected_from": source,
-        "error": rep.get("error"),
-    }
+    return dict(
+        loaded=rep.get("nccl"),
+        library=rep.get("nccl_lib"),
+        torch_build=rep.get("nccl_build"),
+        package=rep.get("dist"),
+        package_version=rep.get("dist_version"),
+        expected=expected or None,
+        expected_from=source,
+        error=rep.get("error"),
+    )
 
 
 def main(argv=None) -> int:

@@ -49,21 +49,9 @@ def main(argv=None) -> int:
     out = (a.out or result_file("test-gpu", ".xml", box_name(names), results)).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "EAGLE_GPU_TIMEOUT": str(a.timeout), **({"EAGLE_GPU_WORLD": str(a.world)} if a.world else {})}
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-v",
-        "-p",
-        "no:cacheprovider",
-        "-o",
-        "addopts=",
-        f"--junitxml={out}",
-        str(REPO_ROOT / "tests" / "gpu"),
-        "--ignore",
-        str(REPO_ROOT / "tests" / "gpu" / "serve"),
-        *a.pytest_args,
-    ]
+    tier = REPO_ROOT / "tests" / "gpu"
+    pytest = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-o", "addopts=", f"--junitxml={out}"]
+    cmd = [*pytest, str(tier), "--ignore", str(tier / "serve"), *a.pytest_args]
     say(f"running: {' '.join(cmd)}")
     rc = proc.run(cmd, timeout=None, cwd=REPO_ROOT, env=env, capture=False).returncode
     if not out.is_file():

@@ -130,24 +130,20 @@ def profile(plain: dict, spec: dict, *, tp: int, steps: int, accept_length: floa
         )
     med = {s: sorted(r, key=lambda x: x["forward_ms"])[(len(r) - 1) // 2] for s, r in recs.items()}
     starts = sorted(r["t0"] for r in spec["stages"]["draft_decode"])
-    calls = {
-        b: {
-            str(rows): round(statistics.median(us), 2)
-            for d in (plain, spec)
-            for rows, us in sorted(d["calls"][b].items())
-            if us
-        }
-        for b in PER_CALL
-    }
+    calls = {b: {} for b in PER_CALL}
+    for b, d in ((b, d) for b in PER_CALL for d in (plain, spec)):
+        calls[b] |= {str(rows): round(statistics.median(us), 2) for rows, us in sorted(d["calls"][b].items()) if us}
+    cycle_ms = round(statistics.median(b - a for a, b in zip(starts, starts[1:])) / 1000, 4)
+    stages = {s: {k: round(v, 4) for k, v in r.items() if k != "t0"} for s, r in med.items()}
     return {
         "gpu": spec["gpu"],
         "tp": tp,
         "steps": steps,
         "accept_length": round(accept_length, 4),
-        "cycle_ms": round(statistics.median(b - a for a, b in zip(starts, starts[1:])) / 1000, 4),
+        "cycle_ms": cycle_ms,
         "nccl_graph_us": calls["nccl"],
         "pcie_ipc_us": calls["pcie_ipc"],
-        **{s: {k: round(v, 4) for k, v in r.items() if k != "t0"} for s, r in med.items()},
+        **stages,
     }
 
 
@@ -169,19 +165,11 @@ def launch(a, name: str, prof: str, spec: bool, traces: Path) -> Launch:
     or the running server of --server-url."""
     if a.server_url:
         return Launch(name, a.server_url[spec].rstrip("/"))
-    args = [
-        "--profile",
-        prof,
-        "--port",
-        str(a.port),
-        *(["--model", a.model] if a.model else []),
-        *(["--draft-model", a.draft_model] if a.draft_model and spec else []),
-        *(["--", *a.sglang_args] if a.sglang_args else []),
-    ]
-    image, cname = a.image or load_pin().serving_image, f"eagle-profile-{name}-{os.getpid()}"
-    argv = docker_run(
-        image, ["serve", *args], hf_cache=hf_cache_dir(), network_host=True, detach=True, name=cname, results=traces
-    )
+    args = ["serve", "--profile", prof, "--port", str(a.port), *(["--model", a.model] if a.model else [])]
+    args += ["--draft-model", a.draft_model] if a.draft_model and spec else []
+    args += ["--", *a.sglang_args] if a.sglang_args else []
+    image, cname, cache = a.image or load_pin().serving_image, f"eagle-profile-{name}-{os.getpid()}", hf_cache_dir()
+    argv = docker_run(image, args, hf_cache=cache, network_host=True, detach=True, name=cname, results=traces)
     return Launch(name, f"http://127.0.0.1:{a.port}", image, tuple(argv), cname)
 
 
@@ -193,17 +181,18 @@ def capture(a, server: Server, traces: Path) -> tuple[Path, dict, float | None]:
         if not isinstance((info := get_json(url + "/server_info", 60) or {}).get("tp_size"), int):
             raise UserError(f"{name}: GET /server_info gave no tp_size; its log: {log}")
         _post(url + "/generate", {"text": PROMPT, "sampling_params": {**SAMPLING, "max_new_tokens": 32}})
+        where = RESULTS_IN_IMAGE if server.argv else str(traces.resolve())
         _post(
             url + "/start_profile",
-            {
-                "output_dir": RESULTS_IN_IMAGE if server.argv else str(traces.resolve()),
-                "num_steps": a.steps,
-                "activities": ["CPU", "GPU"],
-                "profile_by_stage": True,
-                "with_stack": False,
-                "record_shapes": False,
-                "profile_prefix": name,
-            },
+            dict(
+                output_dir=where,
+                num_steps=a.steps,
+                activities=["CPU", "GPU"],
+                profile_by_stage=True,
+                with_stack=False,
+                record_shapes=False,
+                profile_prefix=name,
+            ),
         )
         before = observe.snapshot(url)  # SGLang stops the profiler and writes the traces within this request:
         _post(url + "/generate", {"text": PROMPT, "sampling_params": {**SAMPLING, "max_new_tokens": 8 * a.steps + 200}})

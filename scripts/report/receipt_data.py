@@ -354,16 +354,14 @@ def rec_speculation(recs: list[dict]) -> list[dict]:
     keep, setting = ratio >= th, "" if ratio >= th else "serve --profile kimi-k25-tp8"
     ranked = sorted(on, key=lambda r: -r["tok_s"])
     fastest, shipped = ranked[0]["variant"], ranked[0]["variant"] == "patched-eagle3"
+    settings = f"speculative settings and drafter (profile {SHIPPED_PROFILE})"
+    fastest_why = f"fastest speculative variant at {scenario}: {fastest}"
+    ranking = {"ranked": [(r["variant"], round(r["tok_s"], 1), r["accept_length"]) for r in ranked]}
+    rule = "highest median decode tok/s among patched speculative variants with no eager verify"
+    fastest_setting = "" if shipped else f"the settings of bench variant {fastest}"
     return [
         _verdict(name, "keep" if keep else "change", why, measured, thr, setting),
-        _verdict(
-            f"speculative settings and drafter (profile {SHIPPED_PROFILE})",
-            "keep" if shipped else "change",
-            f"fastest speculative variant at {scenario}: {fastest}",
-            {"ranked": [(r["variant"], round(r["tok_s"], 1), r["accept_length"]) for r in ranked]},
-            "highest median decode tok/s among patched speculative variants with no eager verify",
-            "" if shipped else f"the settings of bench variant {fastest}",
-        ),
+        _verdict(settings, "keep" if shipped else "change", fastest_why, ranking, rule, fastest_setting),
     ]
 
 
@@ -422,15 +420,12 @@ def recommendations(data: dict) -> list[dict]:
 
 def per_call_latencies(bc: dict, rows: int = VERIFY_ROWS_C1) -> dict[str, float]:
     """Measured per-call latency (us) of each reduction path at `rows`, for the cost model's box section."""
-    out = {
-        label: us
-        for label, impl, variant in (
-            ("NCCL, environment as is", "nccl", "default"),
-            ("NCCL, NCCL_PROTO=LL", "nccl", "LL"),
-            ("tp.all_reduce -> PCIe IPC (SGLang)", "sglang_tp_default", "default"),
-            ("tp.all_reduce -> pynccl (SGLang)", "sglang_tp_nccl", "default"),
-        )
-        if (us := _ar(bc, impl, rows, variant))
-    }
+    paths = (
+        ("NCCL, environment as is", "nccl", "default"),
+        ("NCCL, NCCL_PROTO=LL", "nccl", "LL"),
+        ("tp.all_reduce -> PCIe IPC (SGLang)", "sglang_tp_default", "default"),
+        ("tp.all_reduce -> pynccl (SGLang)", "sglang_tp_nccl", "default"),
+    )
+    out = {label: us for label, impl, variant in paths if (us := _ar(bc, impl, rows, variant))}
     r = record(bc, kind="fused", impl="sglang_fused_op", rows=rows, mode="graph")
     return out | ({"fused all-reduce + RMSNorm op (SGLang)": r["us_per_call"]} if r else {})
