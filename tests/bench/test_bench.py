@@ -81,6 +81,11 @@ esac
 """
 
 
+def bench_verb(*args) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "scripts.bench.bench", *map(str, args)]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+
+
 def client_env() -> dict[str, str]:
     return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(TREE)}
 
@@ -117,22 +122,16 @@ def box(tmp_path, monkeypatch) -> dict:
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     res = tmp_path / "results"
-    args = [
-        "--variants-file",
-        str(variants),
-        "--scenarios-file",
-        str(scenarios),
-        "--results-dir",
-        str(res),
-        "--repeats",
-        "1",
-        "--tokenizer",
-        str(FIX / "tokenizer"),
-        "--sample-interval",
-        "0.05",
-        "--box",
-        "b",
-    ]
+    opts = {
+        "--variants-file": variants,
+        "--scenarios-file": scenarios,
+        "--results-dir": res,
+        "--repeats": 1,
+        "--tokenizer": FIX / "tokenizer",
+        "--sample-interval": 0.05,
+        "--box": "b",
+    }
+    args = [str(x) for option in opts.items() for x in option]
     return {"state": state, "res": res, "args": args, "tmp": tmp_path}
 
 
@@ -164,66 +163,37 @@ def test_the_counters_read_from_a_recorded_patched_and_stock_server():
 
 def _metrics(graph: int, eager: dict, gen: float = 0, calls: float = 0) -> str:
     m = 'sglang:cuda_graph_passes_total{tp_rank="0",mode="x",stage='
-    return "\n".join(
-        [
-            f'{m}"target_verify",outcome="graph",reason=""}} {graph}',
-            f'{m}"decode",outcome="graph",reason=""}} 999',
-            *(f'{m}"target_verify",outcome="eager",reason="{r}"}} {n}' for r, n in eager.items()),
-            f'sglang:generation_tokens_total{{tp_rank="0"}} {gen}',
-            f'sglang:generation_tokens_total{{tp_rank="1"}} {gen}',
-            f'sglang:spec_verify_calls_total{{tp_rank="0"}} {calls}',
-        ]
-    )
+    lines = [f'{m}"target_verify",outcome="graph",reason=""}} {graph}', f'{m}"decode",outcome="graph",reason=""}} 999']
+    lines += [f'{m}"target_verify",outcome="eager",reason="{r}"}} {n}' for r, n in eager.items()]
+    lines += [f'sglang:generation_tokens_total{{tp_rank="{rank}"}} {gen}' for rank in (0, 1)]
+    return "\n".join(lines + [f'sglang:spec_verify_calls_total{{tp_rank="0"}} {calls}'])
 
 
 def test_deltas_per_run_survive_resets_and_give_the_accept_length():
-    d = observe.graph_delta(
-        snap(None, _metrics(100, {"bs>max": 4}, 1000, 500)),
-        snap(None, _metrics(160, {"bs>max": 4, "mixed": 2}, 1300, 620)),
-    )
+    before, after = _metrics(100, {"bs>max": 4}, 1000, 500), _metrics(160, {"bs>max": 4, "mixed": 2}, 1300, 620)
+    d = observe.graph_delta(snap(None, before), snap(None, after))
     assert (d["graph"], d["eager"], d["fallback_reasons"], set(d["stages"])) == (60, 2, {"mixed": 2}, {"target_verify"})
-    assert observe.accept_length(
-        snap(None, _metrics(0, {}, 1000, 500)), snap(None, _metrics(0, {}, 1300, 620))
-    ) == pytest.approx(300 / 120)
+    counted = snap(None, _metrics(0, {}, 1000, 500)), snap(None, _metrics(0, {}, 1300, 620))
+    assert observe.accept_length(*counted) == pytest.approx(300 / 120)
     info = lambda g: {"internal_states": [{"spec_cuda_graph": {"target_verify": {"graph": g, "eager": 0}}}]}  # noqa
     assert observe.graph_delta(snap(info(50)), snap(info(12)))["graph"] == 12  # reset by /flush_cache: from zero
-    samples = [
-        (0.0, 70.0, 0),
-        (2.0, 70.0, 1),
-        (3.0, 10.0, 1),
-        (3.5, 60.0, 1),
-        (4.0, 60.0, 1),
-        (5.0, None, None),
-        (6.0, 64.0, 1),
-        (9.0, 500.0, 0),
-    ]  # 70: the last run's window; 500: after the phase
+    # 70: the last run's window; 500: after the phase
+    samples = [(0.0, 70.0, 0), (2.0, 70.0, 1), (3.0, 10.0, 1), (3.5, 60.0, 1), (4.0, 60.0, 1), (5.0, None, None)]
+    samples += [(6.0, 64.0, 1), (9.0, 500.0, 0)]
     assert observe.decode_rate(samples, 2.0, 8.0, "metrics")["decode_tok_s_samples"] == [10.0, 60.0, 64.0]
 
 
 def test_the_committed_plan_is_aba_over_four_variants_at_c1_c4_c16():
     p = pl.build(*pl.parse([]))
-    assert [s.name for s in p.scenarios] == ["C1", "C4", "C16"] and all(
-        s.dataset_name == "random-ids" for s in p.scenarios
-    )
+    assert [s.name for s in p.scenarios] == ["C1", "C4", "C16"]
+    assert all(s.dataset_name == "random-ids" for s in p.scenarios)
     assert [v.name for v in p.variants] == ["stock-nospec", "stock-eagle3", "patched-nospec", "patched-eagle3"]
     assert [r.letter for r in p.runs[::3]] == list("ABCDDCBAABCD")
-    assert (
-        len(p.runs) == 36
-        and len(p.sessions) == 10
-        and p.seconds == pytest.approx(3 * 4 * (92.16 + 51.2 + 51.2) + 10 * pl.ASSUMED_LOAD_S, rel=0.01)
-    )
+    assert len(p.runs) == 36 and len(p.sessions) == 10
+    assert p.seconds == pytest.approx(3 * 4 * (92.16 + 51.2 + 51.2) + 10 * pl.ASSUMED_LOAD_S, rel=0.01)
     stock, patched = p.launches["stock-eagle3"].argv, p.launches["patched-eagle3"].argv
-    assert patched[patched.index(IMAGE) + 1 :] == (
-        "serve",
-        "--profile",
-        "kimi-k25-eagle3-tp8",
-        "--model",
-        "moonshotai/Kimi-K2.5",
-        "--port",
-        "30000",
-        "--draft-model",
-        "lightseekorg/kimi-k2.5-eagle3",
-    )
+    serve = "serve --profile kimi-k25-eagle3-tp8 --model moonshotai/Kimi-K2.5 --port 30000 --draft-model"
+    assert patched[patched.index(IMAGE) + 1 :] == (*serve.split(), "lightseekorg/kimi-k2.5-eagle3")
     assert stock[stock.index("--entrypoint") + 1] == "python3" and "scripts.host.serve" in stock
     assert (p.gpus, p.port, p.weights) == (8, 30000, ["moonshotai/Kimi-K2.5", "lightseekorg/kimi-k2.5-eagle3"])
 
@@ -234,22 +204,20 @@ def test_the_dry_run_prints_the_plan_its_checks_and_every_command_and_writes_not
     out = capsys.readouterr().out
     assert "plan: 2 run(s) (1 scenario(s) x 2 variant(s) x 1 repeat(s)) in 2 server session(s)" in out
     assert "2 load(s) of " in out and "~20m" in out  # 2 x 10 min of loads + the runs
-    assert (
-        "docker run -d " in out
-        and "--name eagle-bench-nospec-" in out
-        and f"{IMAGE} serve --profile kimi-k25-tp8" in out
-    )
+    assert "docker run -d " in out and "--name eagle-bench-nospec-" in out
+    assert f"{IMAGE} serve --profile kimi-k25-tp8" in out
     assert "-- --max-running-requests 8" in out and f"{IMAGE} bench-client --backend sglang" in out
     assert f"-v {box['tmp'] / 'hf'}:/root/.cache/huggingface" in out  # $HF_HOME, what serve mounts too
+    idle = "FAIL GPUs idle: 4242, python3, 81000 MiB. Fix: stop what holds them"
     for line in (
         "ok   docker engine",
         f"ok   image {IMAGE}",
         "ok   GPUs: 8 x NVIDIA RTX PRO 6000",
-        "FAIL GPUs idle: 4242, python3, 81000 MiB. Fix: stop what holds them",
+        idle,
         "ok   weights",
-        "ok   results directory",
     ):
         assert line in out, line
+    assert "ok   results directory" in out
     assert not box["res"].exists() and not [c for c in docker_calls(box) if "-d" in c]
 
 
@@ -276,33 +244,16 @@ def test_concurrency_above_max_running_requests_stops_before_anything(box, tmp_p
     scen.write_text(
         '[[scenario]]\nname = "C1000"\nmax_concurrency = 1000\nnum_prompts = 1000\ninput_len = 8\noutput_len = 8\n'
     )
+    dry = [*box["args"], "--scenarios-file", str(scen), "--dry-run"]
     with pytest.raises(UserError, match="max_concurrency 1000 is above max-running-requests 16 of eagle3"):
-        bench.main([*box["args"], "--scenarios-file", str(scen), "--dry-run"])
-    assert (
-        bench.main([*box["args"], "--scenarios-file", str(scen), "--dry-run", "--", "--max-running-requests", "1000"])
-        == 0
-    )
+        bench.main(dry)
+    assert bench.main([*dry, "--", "--max-running-requests", "1000"]) == 0
 
 
 def test_the_box_route_end_to_end(box):
     """Each variant's server in a named detached container, bench_serving from the image, the records with the
     server's counters; a container that dies while starting is stopped by its name all the same."""
-    cp = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "scripts.bench.bench",
-            *box["args"],
-            "--variants",
-            "nospec,eagle3,broken",
-            "--write-baseline",
-            str(box["tmp"] / "base.json"),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    cp = bench_verb(*box["args"], "--variants", "nospec,eagle3,broken", "--write-baseline", box["tmp"] / "base.json")
     assert cp.returncode == 4, cp.stderr[-3000:]  # the broken variant's run produced no result
     assert "[3/3] C2 broken repeat 1 (C): server did not start: broken exited while starting" in cp.stderr
     runs = [c for c in docker_calls(box) if c[0] == "run" and "-d" in c]
@@ -316,9 +267,7 @@ def test_the_box_route_end_to_end(box):
     assert a["patchset"] == b["patchset"] == "0123456789ab" and a["box"] == "b" and a["launched"]
     assert a["verify"] is None and b["verify"]["source"] == "metrics" and b["verify"]["eager"] > 0
     assert b["accept_length_metrics"] == pytest.approx(2.0, abs=0.15) and recs[1]["completed"] == 8
-    assert a["decode_tok_s"] > 0 and a["client_args"][a["client_args"].index("--output-file") + 1].startswith(
-        "/results/"
-    )
+    assert a["decode_tok_s"] > 0 and a["client_args"][a["client_args"].index("--output-file") + 1][:9] == "/results/"
     md = results.with_suffix(".md").read_text()
     assert "| A | nospec |" in md and "Verify forwards off their CUDA graph" in md
     assert {e["variant"] for e in json.loads((box["tmp"] / "base.json").read_text())["entries"]} == {"nospec", "eagle3"}
@@ -332,16 +281,7 @@ def test_a_running_server_with_an_api_key(box, tmp_path):
     (tmp_path / "key").write_text(key + "\n")
     args = [*box["args"], "--server-url", f"s={server.url}", "--patchset", "s=abc"]
     try:
-        no_key = subprocess.run(
-            [sys.executable, "-m", "scripts.bench.bench", *args], cwd=ROOT, capture_output=True, text=True, timeout=900
-        )
-        keyed = subprocess.run(
-            [sys.executable, "-m", "scripts.bench.bench", *args, "--api-key-file", str(tmp_path / "key")],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
+        no_key, keyed = bench_verb(*args), bench_verb(*args, "--api-key-file", tmp_path / "key")
     finally:
         server.stop()
     assert no_key.returncode == 4 and "export SGLANG_API_KEY=<its key>, or pass --api-key-file FILE" in no_key.stderr
@@ -373,30 +313,16 @@ def test_reports_and_baselines_of_a_results_file(tmp_path, capsys):
     [("bench", "BENCH_ARGS"), ("bench-sweep", "BENCH_ARGS"), ("bench-comm", "BENCH_ARGS"), ("report", "REPORT_ARGS")],
 )
 def test_make_dry_runs_print_their_plans_and_write_nothing(target, var, tmp_path):
-    before = subprocess.run(
-        ["git", "status", "--porcelain", "--ignored", "bench"], cwd=ROOT, capture_output=True, text=True
-    ).stdout
+    status = ["git", "status", "--porcelain", "--ignored", "bench"]
+    before = subprocess.run(status, cwd=ROOT, capture_output=True, text=True).stdout
+    env = {**client_env(), "PATH": f"{tmp_path}{os.pathsep}/usr/bin:/bin", "DOCKER_HOST": f"unix://{tmp_path}/x.sock"}
     cp = subprocess.run(
-        ["make", "-s", target, f"{var}=--dry-run"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={
-            **client_env(),
-            "PATH": f"{tmp_path}{os.pathsep}/usr/bin:/bin",
-            "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock",
-        },
+        ["make", "-s", target, f"{var}=--dry-run"], cwd=ROOT, capture_output=True, text=True, timeout=900, env=env
     )
     flat = " ".join(cp.stdout.replace("\\\n", " ").split())  # make bench-comm: the docker run, one option a line
     assert "plan:" in cp.stdout or "total: ~" in cp.stdout or "docker run --rm --gpus all" in flat, cp.stderr
     assert "Traceback" not in cp.stderr and cp.returncode in (0, 2)
-    assert (
-        subprocess.run(
-            ["git", "status", "--porcelain", "--ignored", "bench"], cwd=ROOT, capture_output=True, text=True
-        ).stdout
-        == before
-    )
+    assert subprocess.run(status, cwd=ROOT, capture_output=True, text=True).stdout == before
 
 
 def test_the_lent_route_benches_its_servers_through_server_url(tmp_path, monkeypatch):
@@ -408,16 +334,13 @@ def test_the_lent_route_benches_its_servers_through_server_url(tmp_path, monkeyp
     import lent
 
     args = lent.server_args("eagle3.yaml", 32010, tmp_path / "draft-pi")
-    assert Path(args[args.index("--config") + 1]).is_file() and args[-2:] == [
-        "--speculative-draft-model-path",
-        str(tmp_path / "draft-pi"),
-    ]
+    assert Path(args[args.index("--config") + 1]).is_file()
+    assert args[-2:] == ["--speculative-draft-model-path", str(tmp_path / "draft-pi")]
     assert set(_servers.LENT_FLAGS) <= set(args) and args[args.index("--nccl-port") + 1] == "32015"
     urls = {"tiny-nospec": "http://127.0.0.1:32000", "tiny-eagle3": "http://127.0.0.1:32010"}
     argv = lent.bench_argv(urls, tmp_path, FIX / "tokenizer", "0123456789ab", "H200-x1-lent")
     p = pl.build(*pl.parse(argv[3:]))
     assert [r.letter for r in p.runs] == list("ABBA") and p.port is None and p.results_dir == tmp_path
-    assert {x.patchset for x in p.launches.values()} == {"0123456789ab"} and not any(
-        x.argv for x in p.launches.values()
-    )
+    assert {x.patchset for x in p.launches.values()} == {"0123456789ab"}
+    assert not any(x.argv for x in p.launches.values())
     assert lent.profile_argv(urls, tmp_path)[-2:] == ["--out", str(tmp_path / "profile.json")]

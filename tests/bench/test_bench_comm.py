@@ -33,26 +33,8 @@ def bench_comm(*args, path: str, **env) -> subprocess.CompletedProcess:
 
 def test_bench_comm_end_to_end_on_cpu_ranks(tmp_path):
     out = tmp_path / "bc.json"
-    cp = bench_comm(
-        "--device",
-        "cpu",
-        "--variants",
-        "default,LL",
-        "--rows",
-        "4",
-        "--prefill-rows",
-        "64",
-        "--layers",
-        "1",
-        "--chain",
-        "4",
-        "--reps",
-        "1",
-        "--out",
-        str(out),
-        path=os.environ["PATH"],
-        PYTHONPATH=str(TREE),
-    )
+    small = "--device cpu --variants default,LL --rows 4 --prefill-rows 64 --layers 1 --chain 4 --reps 1".split()
+    cp = bench_comm(*small, "--out", str(out), path=os.environ["PATH"], PYTHONPATH=str(TREE))
     assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-3000:]
     res = json.loads(out.read_text())
     recs, meta = res["records"], res["meta"]
@@ -95,18 +77,18 @@ def test_table_and_plot_name_the_measured_layers_and_chain(tmp_path):
         {"kind": "verify_forward", "variant": "default", "impl": "nccl", "rows": 4, "layers": 2, "mode": m, "us": us}
         for m, us in (("eager", 900.0), ("graph", 300.0))
     ]
-    recs += [
-        {
-            "kind": "allreduce",
-            "variant": "default",
-            "impl": "nccl",
-            "rows": 4,
-            "chain": 4,
-            "mode": "graph",
-            "us_per_call": 20.0,
-            "us_chain": 80.0,
-        }
-    ]
+    recs.append(
+        dict(
+            kind="allreduce",
+            variant="default",
+            impl="nccl",
+            rows=4,
+            chain=4,
+            mode="graph",
+            us_per_call=20.0,
+            us_chain=80.0,
+        )
+    )
     res = {"meta": {"world": 2, "gpu_name": "cpu"}, "records": recs}
     text = comm_report.table(comm_report.summarize(res))
     assert "Verify-shaped forward, 2 layers (ms)" in text and "61 layers" not in text

@@ -67,19 +67,15 @@ def _profile(**over) -> dict:
     def stage(f, c):
         return {"forward_ms": f, "comm_ms": c, "busy_ms": f - c - 1, "gap_ms": 1.0, "kernels": 1500}
 
-    return {
-        "gpu": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
-        "tp": 8,
-        "steps": 3,
-        "accept_length": 2.5,
-        "cycle_ms": 17.0,
-        "nccl_graph_us": {"1": 30.0, "4": 32.0},
-        "pcie_ipc_us": {"1": 6.0, "4": 11.0, "8": 17.0},
-        "decode": stage(10.0, 1.0),
-        "target_verify": stage(14.0, 1.5),
-        "draft_decode": stage(0.6, 0.05),
-        "draft_extend": stage(0.8, 0.08),
-    } | over
+    measured = dict(gpu="NVIDIA RTX PRO 6000 Blackwell Server Edition", tp=8, steps=3, accept_length=2.5, cycle_ms=17.0)
+    calls = {"nccl_graph_us": {"1": 30.0, "4": 32.0}, "pcie_ipc_us": {"1": 6.0, "4": 11.0, "8": 17.0}}
+    stages = dict(
+        decode=stage(10.0, 1.0),
+        target_verify=stage(14.0, 1.5),
+        draft_decode=stage(0.6, 0.05),
+        draft_extend=stage(0.8, 0.08),
+    )
+    return measured | calls | stages | over
 
 
 def test_refit_takes_what_the_profile_measured():

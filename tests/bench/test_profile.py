@@ -40,31 +40,19 @@ def trace(spans: list[str], iterations: int = 4, period: float = 15000.0) -> dic
                 (("cudaLaunchKernel", [("glue", 4)]), ("cudaGraphLaunch", FORWARDS[name]))
             ):
                 corr += 1
-                ev.append(
-                    {
-                        "ph": "X",
-                        "cat": "cuda_runtime",
-                        "name": launch,
-                        "pid": 9,
-                        "tid": 9,
-                        "ts": cpu + 10 + k,
-                        "dur": 1,
-                        "args": {"correlation": corr},
-                    }
-                )
+                call = {
+                    "ph": "X",
+                    "cat": "cuda_runtime",
+                    "name": launch,
+                    "pid": 9,
+                    "tid": 9,
+                    "ts": cpu + 10 + k,
+                    "dur": 1,
+                }
+                ev.append(call | {"args": {"correlation": corr}})
                 for kname, us in kernels:
-                    ev.append(
-                        {
-                            "ph": "X",
-                            "cat": "kernel",
-                            "name": kname,
-                            "pid": 0,
-                            "tid": 7,
-                            "ts": gpu,
-                            "dur": us,
-                            "args": {"correlation": corr, "device": 0, "stream": 7},
-                        }
-                    )
+                    ran = {"ph": "X", "cat": "kernel", "name": kname, "pid": 0, "tid": 7, "ts": gpu, "dur": us}
+                    ev.append(ran | {"args": {"correlation": corr, "device": 0, "stream": 7}})
                     gpu += us + 10
     ev.append({"ph": "X", "cat": "gpu_user_annotation", "name": "draft", "pid": 0, "tid": 7, "ts": 0, "dur": 1e9})
     return {"deviceProperties": [{"id": 0, "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition"}], "traceEvents": ev}

@@ -271,20 +271,8 @@ def test_the_startup_table_and_the_doctors_smoke_decide_the_pcie_ipc_verdict(tmp
         gpu_name="NVIDIA RTX PRO 6000 Blackwell Server Edition",
         topo_m=bc["meta"]["topo_m"].replace("NV18", "SYS"),
     )
-    table = {
-        "source": "measured",
-        "margin": 1.2,
-        "why": "",
-        "sizes": [
-            {
-                "rows": 4,
-                "bytes": 57344,
-                "us": {"pcie_ipc": 6.0, "nccl": 30.0},
-                "backend": "pcie_ipc",
-                "why": "wins 5.0x",
-            }
-        ],
-    }
+    size = dict(rows=4, bytes=57344, us={"pcie_ipc": 6.0, "nccl": 30.0}, backend="pcie_ipc", why="wins 5.0x")
+    table = {"source": "measured", "margin": 1.2, "why": "", "sizes": [size]}
     files = {
         "bench_comm": bc,
         "profile": {"allreduce_backends": {"spec": table, "nospec": table}},

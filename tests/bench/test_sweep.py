@@ -51,15 +51,9 @@ def test_the_requested_settings_are_accepted():
 
 def test_committed_sweep_becomes_checked_variants():
     sw = sweep.load()
-    assert [s.label for s in dict.fromkeys(p.setting for p in sw.points)] == [
-        "1/1/2",
-        "2/1/3",
-        "3/1/4",
-        "4/1/5",
-        "5/1/6",
-        "3/4/8",
-        "4/4/8",
-    ]
+    assert [
+        s.label for s in dict.fromkeys(p.setting for p in sw.points)
+    ] == "1/1/2 2/1/3 3/1/4 4/1/5 5/1/6 3/4/8 4/4/8".split()
     assert {p.drafter for p in sw.points} == {
         "AQ-MedAI/Kimi-K25-eagle3",
         "lightseekorg/kimi-k2.5-eagle3",
@@ -80,18 +74,8 @@ def test_committed_sweep_becomes_checked_variants():
     }
     argv = plan.launches[mla.name].argv
     after = list(argv[argv.index("--") + 1 :])  # after serve's --: sglang flags that replace the profile's
-    assert after == [
-        "--speculative-num-steps",
-        "4",
-        "--speculative-eagle-topk",
-        "4",
-        "--speculative-num-draft-tokens",
-        "8",
-        "--speculative-draft-model-quantization",
-        "fp8",
-        "--log-level",
-        "info",
-    ]
+    setting = "--speculative-num-steps 4 --speculative-eagle-topk 4 --speculative-num-draft-tokens 8"
+    assert after == [*setting.split(), "--speculative-draft-model-quantization", "fp8", "--log-level", "info"]
     assert argv[argv.index("--draft-model") + 1] == "lightseekorg/kimi-k2.5-eagle3-mla"
 
 
@@ -135,18 +119,9 @@ def test_bench_sweep_dry_run_and_what_it_refuses(tmp_path, monkeypatch, capsys):
 # the cost model's optimum against the measured one
 
 T1, V, DRAFT = 12.0, 0.9, {"A/one": 0.8, "B/two": 1.4}  # ms: one-token forward, per verified token, per draft step
-AL = {
-    ("A/one", "3/1/4"): 2.2,
-    ("A/one", "4/1/5"): 2.35,
-    ("A/one", "5/1/6"): 2.42,
-    ("A/one", "3/4/8"): 2.65,
-    ("A/one", "4/4/8"): 2.9,
-    ("B/two", "3/1/4"): 2.0,
-    ("B/two", "4/1/5"): 2.1,
-    ("B/two", "5/1/6"): 2.15,
-    ("B/two", "3/4/8"): 2.3,
-    ("B/two", "4/4/8"): 2.35,
-}
+SETTINGS = ("3/1/4", "4/1/5", "5/1/6", "3/4/8", "4/4/8")
+AL = {("A/one", s): al for s, al in zip(SETTINGS, (2.2, 2.35, 2.42, 2.65, 2.9))}
+AL |= {("B/two", s): al for s, al in zip(SETTINGS, (2.0, 2.1, 2.15, 2.3, 2.35))}
 
 
 def sweep_records(slow: dict[str, float] | None = None, hit: dict[str, float] | None = None) -> list[dict]:

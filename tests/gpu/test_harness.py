@@ -60,21 +60,9 @@ def test_gpu_tests_skip_with_their_reason_without_gpus(tmp_path):
     if gpu_count() >= 2:
         pytest.skip("this machine has GPUs: the GPU tests run instead of skipping")
     out = tmp_path / "result.xml"
+    tier = [str(HERE), "--ignore", str(HERE / "serve"), "-k", "not harness", f"--junitxml={out}"]
     cp = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            str(HERE),
-            "--ignore",
-            str(HERE / "serve"),
-            "-k",
-            "not harness",
-            f"--junitxml={out}",
-        ],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tier],
         cwd=HERE.parents[1],
         capture_output=True,
         text=True,

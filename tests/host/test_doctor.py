@@ -66,24 +66,8 @@ def test_the_pcie_only_rule():
 def test_clean_pcie_box(capsys):
     f, facts = run(capture("pcie8x"))
     assert not {k: v for k, v in sev(f).items() if v in ("warn", "error")}
-    for key in (
-        "gpu.model",
-        "gpu.count",
-        "driver.cuda",
-        "topo.nvlink",
-        "topo.p2p",
-        "topo.numa",
-        "pcie.link",
-        "pcie.bar1",
-        "host.hmm",
-        "host.iommu",
-        "nccl.version",
-        "nccl.transport",
-        "nccl.latency",
-        "pcie_ipc.smoke",
-        "pcie.peer_write",
-        "disk.free",
-    ):
+    ids = "gpu.model gpu.count driver.cuda topo.nvlink topo.p2p topo.numa pcie.link pcie.bar1 host.hmm host.iommu "
+    for key in (ids + "nccl.version nccl.transport nccl.latency pcie_ipc.smoke pcie.peer_write disk.free").split():
         assert f[key].severity == "ok", (key, f[key])
     assert "GPUs 0-3 on NUMA node 0; GPUs 4-7 on NUMA node 1" in f["topo.numa"].message
     assert "300 each of 4 and 8 rows, every sum right (4x7168 9.8 us, 8x7168 11.2 us)" in f["pcie_ipc.smoke"].message
@@ -97,16 +81,8 @@ def test_clean_pcie_box(capsys):
         "links": {"P2P": 16},
         "nccl": "2.29.7+cuda13.0",
     }
-    assert facts["pcie_ipc_smoke"] == {
-        "measured": True,
-        "world": 8,
-        "engaged": True,
-        "sum_ok": True,
-        "wrong": {},
-        "rows": [4, 8],
-        "iters": 300,
-        "us": {"4": 9.8, "8": 11.2},
-    }
+    smoke = dict(measured=True, world=8, engaged=True, sum_ok=True, wrong={}, rows=[4, 8], iters=300)
+    assert facts["pcie_ipc_smoke"] == {**smoke, "us": {"4": 9.8, "8": 11.2}}
     assert facts["peer_bandwidth"]["min_gbps"] == 25.9 and len(facts["peer_bandwidth"]["rounds"]) == 7
     assert doctor.main(["--replay", str(FIX / "pcie8x"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

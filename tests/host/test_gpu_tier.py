@@ -31,19 +31,8 @@ def verb(*args: str, path: str, module: str = "scripts.host.in_image", **env) ->
 
 def test_the_image_runs_it_and_refuses_without_gpus_with_advice_for_the_image(tmp_path):
     fake = _fake_docker.install(tmp_path, images=(IMAGE,))
-    cp = verb(
-        "--image",
-        IMAGE,
-        "--results",
-        str(tmp_path / "r"),
-        "test-gpu",
-        "--out",
-        "/results/t.xml",
-        "--",
-        "-k",
-        "faults",
-        path=_fake_docker.path_with(fake.bindir),
-    )
+    args = ["--image", IMAGE, "--results", str(tmp_path / "r"), "test-gpu", "--out", "/results/t.xml", "--", "-k"]
+    cp = verb(*args, "faults", path=_fake_docker.path_with(fake.bindir))
     (run,) = fake.runs()
     assert run[:5] == ["run", "--rm", "--gpus", "all", "--ipc=host"] and docker.FLASHINFER_MOUNT in run
     assert f"{tmp_path / 'r'}:/results" in run
@@ -81,22 +70,9 @@ def test_fails():
 def test_a_tiers_result_is_pytests_junitxml_with_the_runs_properties(tmp_path):
     (tmp_path / "test_tier.py").write_text(TIER)
     out = tmp_path / "out" / "r.xml"
+    pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "junit_family=xunit1"]
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-o",
-            "junit_family=xunit1",
-            f"--junitxml={out}",
-            str(tmp_path / "test_tier.py"),
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        timeout=300,
+        [*pytest, f"--junitxml={out}", str(tmp_path / "test_tier.py")], cwd=tmp_path, capture_output=True, timeout=300
     )
     results.finish_junit(out, {"world": 2, "command": f"pytest {tmp_path}"}, {str(tmp_path): "<tmp>"})
     doc = results.read_junit(out)

@@ -94,16 +94,9 @@ def test_the_tolerance_does_not_hide_other_failures(tmp_path):
 
 def test_modules_come_from_the_patches(tmp_path):
     (tmp_path / "series").write_text("# a comment\n0001-a.patch\n")
-    (tmp_path / "0001-a.patch").write_text(
-        "".join(
-            f"diff --git a/{f} b/{f}\n"
-            for f in (
-                "python/sglang/srt/x.py",
-                "python/sglang/srt/pkg/__init__.py",
-                "python/sglang/srt/k.cu",
-                "test/t.py",
-                "python/sglang/srt/x.py",
-            )
-        )
-    )
+    touched = (
+        "python/sglang/srt/x.py python/sglang/srt/pkg/__init__.py python/sglang/srt/k.cu test/t.py "
+        "python/sglang/srt/x.py"
+    )  # the first one twice
+    (tmp_path / "0001-a.patch").write_text("".join(f"diff --git a/{f} b/{f}\n" for f in touched.split()))
     assert smoke.series_modules(tmp_path) == ["sglang.srt.x", "sglang.srt.pkg"]
