@@ -32,7 +32,7 @@ RUN: dict = {"servers": {}, "world": 0, "gpus": [], "t0": None, "refused": ""}
 
 def pytest_addoption(parser):
     g = parser.getgroup("test-serve")
-    g.addoption("--serve-out", type=Path, help="the result document: a FILE, or a DIR for its default name")
+    g.addoption("--serve-out", type=Path, help="the result (junitxml): a FILE, or a DIR for its default name")
     g.addoption("--serve-world", type=int, help="tensor-parallel size of every server")
     g.addoption("--serve-port", type=int, default=31000, help="first HTTP port (phase i: BASE + 10 i)")
     g.addoption("--standins", action="store_true", help="the lent-GPU route: stand-ins for what cannot load")
