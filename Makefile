@@ -1,4 +1,5 @@
-# Thin targets; the work lives in scripts/ (series/, host/, bench/: one module per verb). `make help` lists them.
+# Thin targets; the work lives in scripts/ (one module per verb: series/, host/, bench/, comm/, report/, over box/ and
+# lib/). `make help` lists them.
 # Nothing here names the release: patches/pin.toml does, and the verbs read it (make image tags the image with it).
 PY        ?= python3
 VENV      ?= .venv
@@ -9,6 +10,7 @@ BPY       := $(if $(wildcard $(VPY)),$(VPY),$(PY))
 SGLANG_SRC ?=
 SGLANG_BASE ?= auto
 PYTEST_ARGS ?=
+RUFF      ?= $(VENV)/bin/ruff
 IMAGE     ?=
 export SGLANG_BASE
 
@@ -47,7 +49,8 @@ help:            ## list targets and the variables they take
 #:   TEST_SERVE_ARGS="..."    test-serve: pytest options for tests/gpu/serve (e.g. -k client, --serve-world 2)
 #:   REPORT_ARGS="..."        report: its options (--dry-run: the plan only, --redo PART, -- BENCH_ARGS)
 #:   RECEIPT=FILE             docs: ingest this receipt (.tar.gz or directory) only
-#:   PYTEST_ARGS="..."        test: pytest options
+#:   PYTEST_ARGS="..."        test: pytest options (RUFF=PATH: another ruff; `ruff format scripts tests bench`
+#:                            writes what make test checks)
 #:   VENV=DIR PY=PYTHON       the test environment (default .venv) and the python for the host verbs (python3)
 
 setup: $(VENV)/.done   ## test environment: .venv with pinned torch 2.14.1 + sglang's deps (not sglang itself), ~6 GB
@@ -72,7 +75,9 @@ check-patches:   ## lint the series, git am it onto a pristine base, re-export, 
 refresh: setup   ## the series onto a new release with git am -3: TO=v0.5.24 [WHEEL=FILE]; WRITE=1 moves the pin + patches/
 	$(VPY) -m scripts.series.refresh $(if $(TO),--to $(TO)) $(if $(WHEEL),--wheel $(WHEEL)) $(if $(WRITE),--write)
 
-test: setup apply  ## the whole check: pytest against build/sglang, series round trip, Dockerfile lint, prove-tests
+test: setup apply  ## the whole check: code format and lint, pytest, series round trip, Dockerfile lint, prove-tests
+	$(RUFF) format --check scripts tests bench
+	$(RUFF) check scripts tests bench
 	$(VPY) -m pytest $(PYTEST_ARGS)
 	$(VPY) -m scripts.series.check_patches
 	$(VPY) -m scripts.host.image --lint-only
@@ -106,17 +111,17 @@ doctor:          ## preflight of this box (GPUs, NVLink/P2P, NUMA, driver, NCCL,
 bench:           ## A/B serving benchmarks, servers and client in the serving image (BENCH_ARGS="--variants ... --scenarios C1")
 	$(BPY) -m scripts.bench.bench $(if $(IMAGE),--image $(IMAGE)) $(BENCH_ARGS)
 
-bench-sweep:     ## drafters x speculative settings (bench/sweep.toml), each checked first (its setting; SGLang's parser)
+bench-sweep:     ## drafters x speculative settings (bench/sweep.toml), each point's setting checked first
 	$(BPY) -m scripts.bench.bench --sweep $(if $(IMAGE),--image $(IMAGE)) $(BENCH_ARGS)
 
 bench-comm:      ## all-reduce / verify-shaped communication benchmark on >= 2 GPUs, in the serving image
 	$(PY) -m scripts.host.in_image $(if $(IMAGE),--image $(IMAGE)) bench-comm $(BENCH_ARGS)
 
 report:          ## the box receipt: test-serve, doctor, test-gpu, bench-comm, bench -> bench/receipts/<box>_<date>/ + .tar.gz (resumable; REPORT_ARGS)
-	$(BPY) -m scripts.bench.receipt $(if $(IMAGE),--image $(IMAGE)) $(REPORT_ARGS)
+	$(BPY) -m scripts.report.receipt $(if $(IMAGE),--image $(IMAGE)) $(REPORT_ARGS)
 
 docs:            ## regenerate eagle-fast-verify.md's tables and plot from bench/ and receipts (RECEIPT=<.tar.gz>: that one)
-	$(BPY) -m scripts.bench.cost_model --write $(if $(RECEIPT),--receipt $(RECEIPT))
+	$(BPY) -m scripts.report.cost_model --write $(if $(RECEIPT),--receipt $(RECEIPT))
 
 clean:           ## remove the trees under build/ (keeps the wheel and base cache, and .venv)
 	rm -rf build/sglang build/sglang-* build/sglang.new build/wt-* build/image-context

@@ -1,19 +1,23 @@
 """cuda-python's driver as SGLang's fusion workspace preflight calls it, on a CPU rank (tests/gpu/_ranks.py,
-tests/patches/_gloo.py). Imported as `_fake_cuda` (tests/ is on sys.path through tests/conftest.py)."""
+tests/patches/_gloo.py, tests/patches/test_fusion_sm120.py). Imported as `_fake_cuda` (tests/ is on sys.path
+through tests/conftest.py)."""
 
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 
 class FakeCudaDriver:
-    """The cuda-python driver calls of the fusion workspace preflight, on a CPU rank: sizes from a 2 MiB
-    granularity, no multicast, and shareable handles that are real file descriptors (so FlashInfer's own
-    SCM_RIGHTS exchange moves them). `fail` names the call that fails on this rank."""
+    """The cuda-python driver calls of the fusion workspace preflight, on a CPU rank: sizes from the allocation
+    granularity (2 MiB), multicast as asked (a PCIe-only GPU has none: its granularity call answers not supported),
+    and shareable handles that are real file descriptors (so FlashInfer's own SCM_RIGHTS exchange moves them).
+    `fail` names the call that fails on this rank; `calls` lists the calls made, `created` the sizes allocated."""
 
     class CUresult:
         CUDA_SUCCESS = 0
         CUDA_ERROR_INVALID_VALUE = 1
+        CUDA_ERROR_NOT_SUPPORTED = 801
 
     class CUdevice_attribute:
         CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 132
@@ -27,21 +31,41 @@ class FakeCudaDriver:
     class CUmemAccessDesc:
         pass
 
-    def __init__(self, fail: str | None):
-        self.fail, self.calls = fail, []
+    class CUmulticastGranularity_flags:
+        CU_MULTICAST_GRANULARITY_RECOMMENDED = 1
+
+    CUmulticastObjectProp = SimpleNamespace
+
+    def __init__(
+        self,
+        fail: str | None = None,
+        multicast: bool = False,
+        granularity: int = 2 << 20,
+        mc_granularity: int = 512 << 20,
+    ):
+        self.fail, self.multicast, self.granularity, self.mc_granularity = fail, multicast, granularity, mc_granularity
+        self.calls: list[str] = []
+        self.created: list[int] = []
 
     def _answer(self, name, *values):
         self.calls.append(name)
         return (self.CUresult.CUDA_ERROR_INVALID_VALUE if name == self.fail else self.CUresult.CUDA_SUCCESS, *values)
 
     def cuDeviceGetAttribute(self, attr, device):
-        return self.CUresult.CUDA_SUCCESS, 0
+        return self._answer("cuDeviceGetAttribute", int(self.multicast))
 
     def cuMemGetAllocationGranularity(self, prop, flags):
-        return self.CUresult.CUDA_SUCCESS, 2 << 20
+        return self.CUresult.CUDA_SUCCESS, self.granularity
+
+    def cuMulticastGetGranularity(self, prop, flags):
+        self.calls.append("cuMulticastGetGranularity")
+        if not self.multicast:
+            return self.CUresult.CUDA_ERROR_NOT_SUPPORTED, 0
+        return self.CUresult.CUDA_SUCCESS, self.mc_granularity
 
     def cuMemCreate(self, size, prop, flags):
-        return self._answer("cuMemCreate", len(self.calls) + 1)
+        self.created.append(size)
+        return self._answer("cuMemCreate", len(self.created))
 
     def cuMemRelease(self, handle):
         return self._answer("cuMemRelease")

@@ -6,9 +6,10 @@ image inspect` for the images it has, and runs `docker run ... IMAGE ARGS` throu
 docker/entrypoint with the image's environment (EAGLE_HOME = this checkout, EAGLE_IMAGE, EAGLE_RESULTS = the host
 directory mounted at /results, else /results itself, which the image does not create and this machine lacks),
 the `-e` variables it was given, and this interpreter as the image's python3 (host directories of -v are made when
-missing, as docker makes them). So a printed `docker run` command is
-tested by running it: a missing mount or an unknown image fails as it would on the box. Imported as
-`_fake_docker` (tests/ is on sys.path through tests/conftest.py).
+missing, as docker makes them; an argument naming a path under a mount names the host's). So a printed `docker run`
+command is tested by running it: a missing mount or an unknown image fails as it would on the box. Imported as
+`_fake_docker` (tests/ is on sys.path through tests/conftest.py); bench/device/lent.py runs make bench's client
+through it on a lent GPU machine, which has no docker.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NO_ENGINE = "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?"
 IMAGE_ID = "sha256:0123456789abcdef0123456789abcdef"
 
-CLIENT = r'''#!{python}
+CLIENT = r"""#!{python}
 import json, os, subprocess, sys
 from pathlib import Path
 state = Path({state!r})
@@ -58,6 +59,9 @@ while i < len(argv) and argv[i].startswith("-"):
             env[name] = v if eq2 else os.environ[name]
     i += 1
 image, args = argv[i], argv[i + 1:]
+for dst, src in mounts.items():  # a path under a mount, as the container sees it, is the host's
+    if dst.startswith("/") and src.startswith("/"):
+        args = [src + a[len(dst):] if a == dst or a.startswith(dst + "/") else a for a in args]
 if image not in images:
     sys.exit(print(f"Unable to find image '{{image}}' locally", file=sys.stderr) or 125)
 bindir = state / "image-bin"
@@ -69,7 +73,7 @@ image_env = {{"PYTHONPATH": {pythonpath!r}}} if {pythonpath!r} else {{}}
 env = {{"PATH": f"{{bindir}}:/usr/bin:/bin", "HOME": str(state / "container-home"), "EAGLE_HOME": {root!r},
         "EAGLE_RESULTS": results, "EAGLE_IMAGE": image, **image_env, **env}}
 sys.exit(subprocess.run([{entrypoint!r}, *args], env=env, cwd={root!r}).returncode)
-'''
+"""
 
 
 class FakeDocker:
@@ -84,8 +88,9 @@ class FakeDocker:
         return [c for c in self.calls() if c[:1] == ["run"]]
 
 
-def install(tmp_path: Path, images: tuple[str, ...] = (), engine_up: bool = True,
-            pythonpath: tuple[Path, ...] = ()) -> FakeDocker:
+def install(
+    tmp_path: Path, images: tuple[str, ...] = (), engine_up: bool = True, pythonpath: tuple[Path, ...] = ()
+) -> FakeDocker:
     """pythonpath: what the image's python3 imports besides this interpreter's packages (its installed sglang)."""
     state, bindir = tmp_path / "docker-state", tmp_path / "docker-bin"
     state.mkdir(parents=True)
@@ -94,9 +99,17 @@ def install(tmp_path: Path, images: tuple[str, ...] = (), engine_up: bool = True
     if not engine_up:
         (state / "down").touch()
     client = bindir / "docker"
-    client.write_text(CLIENT.format(python=sys.executable, state=str(state), no_engine=NO_ENGINE, image_id=IMAGE_ID,
-                                    root=str(ROOT), entrypoint=str(ROOT / "docker" / "entrypoint"),
-                                    pythonpath=os.pathsep.join(map(str, pythonpath))))
+    client.write_text(
+        CLIENT.format(
+            python=sys.executable,
+            state=str(state),
+            no_engine=NO_ENGINE,
+            image_id=IMAGE_ID,
+            root=str(ROOT),
+            entrypoint=str(ROOT / "docker" / "entrypoint"),
+            pythonpath=os.pathsep.join(map(str, pythonpath)),
+        )
+    )
     client.chmod(0o755)
     return FakeDocker(state, bindir)
 

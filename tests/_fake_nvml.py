@@ -7,8 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 # PCI bus ids of an 8-GPU two-socket box: GPUs 0-3 under socket 0, 4-7 under socket 1 (sysfs spelling).
-BUS = ["0000:01:00.0", "0000:21:00.0", "0000:41:00.0", "0000:61:00.0",
-       "0000:81:00.0", "0000:a1:00.0", "0000:c1:00.0", "0000:e1:00.0"]
+BUS = [f"0000:{b}1:00.0" for b in "02468ace"]  # 0000:01:00.0, 0000:21:00.0, ... 0000:e1:00.0
 
 
 class FakeNvml:
@@ -29,9 +28,8 @@ class FakeNvml:
         self.nvlink = {frozenset(p) for p in nvlink}
         self.pairs: set[frozenset] = set()
         self.inits = 0
-        for name in ("nvmlInit", "nvmlShutdown", "nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex",
-                     "nvmlDeviceGetP2PStatus", "nvmlSystemGetDriverVersion", "nvmlDeviceGetPciInfo",
-                     "nvmlDeviceGetUUID", "nvmlDeviceGetName"):
+        device = "Count HandleByIndex P2PStatus PciInfo UUID Name".split()
+        for name in ["nvmlInit", "nvmlShutdown", "nvmlSystemGetDriverVersion", *(f"nvmlDeviceGet{d}" for d in device)]:
             monkeypatch.setattr(pynvml, name, getattr(self, name))
 
     @staticmethod

@@ -15,17 +15,37 @@ KIMI_K25_EAGLE3 = FIXTURES / "kimi-k25-eagle3"  # config.json only: a Llama EAGL
 KIMI_K25_DFLASH = FIXTURES / "kimi-k25-dflash"  # config.json only: a DFlash block draft for it (block 8)
 RTX_PRO_6000_MIB = 97887  # RTX PRO 6000 Blackwell (96 GB) as nvidia-smi reports it
 
-EAGLE3_CHAIN = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=str(KIMI_K25_EAGLE3),
-                    speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4)
+EAGLE3_CHAIN = dict(
+    speculative_algorithm="EAGLE3",
+    speculative_draft_model_path=str(KIMI_K25_EAGLE3),
+    speculative_num_steps=3,
+    speculative_eagle_topk=1,
+    speculative_num_draft_tokens=4,
+)
 DFLASH_BLOCK = dict(speculative_algorithm="DFLASH", speculative_draft_model_path=str(KIMI_K25_DFLASH))
 
 
 def facts(major: int, **extra) -> dict:
     """Platform facts of a CUDA GPU with compute capability major.0 (9: H100/H200, 10: B200, 12: RTX PRO 6000)."""
-    d = dict(is_cuda=True, is_hip=False, is_npu=False, is_xpu=False, is_musa=False, is_mps=False,
-             is_sm90=major == 9, is_sm100=major == 10, is_sm100_or_sm110=major == 10, is_sm110=False,
-             is_sm120=major == 12, is_blackwell=major >= 10, is_hopper_with_cuda_12_3=major == 9,
-             has_amx=False, has_flashinfer=True, device_sm=major * 10, device_capability=(major, 0))
+    d = dict(
+        is_cuda=True,
+        is_hip=False,
+        is_npu=False,
+        is_xpu=False,
+        is_musa=False,
+        is_mps=False,
+        is_sm90=major == 9,
+        is_sm100=major == 10,
+        is_sm100_or_sm110=major == 10,
+        is_sm110=False,
+        is_sm120=major == 12,
+        is_blackwell=major >= 10,
+        is_hopper_with_cuda_12_3=major == 9,
+        has_amx=False,
+        has_flashinfer=True,
+        device_sm=major * 10,
+        device_capability=(major, 0),
+    )
     d.update(extra)
     return d
 

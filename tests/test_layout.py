@@ -1,6 +1,8 @@
-"""The shape of scripts/: three families over a shared lib, and the rules that keep it that way.
+"""The shape of scripts/: the verbs' families over a shared layer, and the rules that keep it that way.
 
-- the families stack: series imports neither host nor bench, host does not import bench;
+- the families stack, every import downward: lib (the ground) <- series and box (what every verb touching the box
+  shares: docker, ranks, results, preflight) <- host (the box and the image: doctor, serve, image, the GPU tier)
+  <- bench (make bench, bench-sweep) and comm (make bench-comm) <- report (make report, make docs);
 - a verb (a module run as `python -m scripts.<family>.<verb>`) imports no other verb: what two verbs share lives
   in a library module of the family (or in scripts/lib);
 - no module imports another module's private (_-prefixed) names, nor reaches for them through a module alias;
@@ -9,7 +11,8 @@
 - every verb's docstring says how to run it and lists its exit status;
 - the hidden size is defined once; no code or doc names a path outside the repository;
 - no shell script under pipefail pipes into a reader that stops early (head, grep -q);
-- scripts/ holds at most 8,000 lines of Python and tests/ at most 9,500 (every *.py, as `cat | wc -l` counts them).
+- scripts/ holds at most 9,500 lines of Python and tests/ at most 10,500, as `ruff format` writes them (make test
+  checks that every file is formatted so; `cat | wc -l` counts them).
 """
 
 from __future__ import annotations
@@ -22,9 +25,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
-FAMILIES = ("series", "host", "bench")
+# the families by floor, the ground first: a family imports from its own modules and the floors below it only
+FLOORS = {
+    family: floor
+    for floor, families in enumerate(("lib", "series box", "host", "bench comm", "report"))
+    for family in families.split()
+}
 MAX_FUNCTION_LINES = 80
-BUDGETS = {"scripts": 8000, "tests": 9500}  # lines of Python: a new feature pays for itself
+BUDGETS = {"scripts": 9500, "tests": 10500}  # formatted lines of Python: a new feature pays for itself
 
 
 def module_name(path: Path) -> str:
@@ -56,24 +64,27 @@ def imports(name: str) -> list[tuple[str, list[str], int]]:
             base = node.module or ""
             if node.level:
                 parts = package.split(".")
-                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
             out.append((base, [a.name for a in node.names], node.lineno))
     return out
 
 
-def test_the_three_families_and_their_verbs():
-    verbs = {v.split(".", 1)[1] for v in VERBS}
-    assert verbs == {"series.apply", "series.export", "series.check_patches", "series.refresh", "series.prove_tests",
-                     "host.doctor", "host.serve", "host.smoke", "host.image", "host.gpu_tier", "host.in_image",
-                     "bench.bench", "bench.bench_comm", "bench.cost_model", "bench.receipt",
-                     "bench.profile"}
-    assert not [n for n in VERBS if n.startswith("scripts.lib")]
+def test_the_families_and_their_verbs():
+    verbs = "series.apply series.export series.check_patches series.refresh series.prove_tests host.doctor host.serve "
+    verbs += "host.smoke host.image host.gpu_tier host.in_image bench.bench comm.bench_comm report.cost_model "
+    assert {v.split(".", 1)[1] for v in VERBS} == set((verbs + "report.receipt report.profile").split())
+    assert {n.split(".")[1] for n in MODULES if n.count(".") > 1} == set(FLOORS)
+    assert not [n for n in VERBS if n.startswith(("scripts.lib", "scripts.box"))]
 
 
 def test_the_families_import_downward_only():
-    above = {"series": ("host", "bench"), "host": ("bench",), "bench": (), "lib": FAMILIES}
-    bad = [f"{name}:{line} imports {target}" for name in MODULES for target, _, line in imports(name)
-           for up in above[(name.split(".") + ["lib"])[1]] if target == f"scripts.{up}" or target.startswith(f"scripts.{up}.")]
+    bad = []
+    for name in (n for n in MODULES if n.count(".") > 1):
+        family = name.split(".")[1]
+        for target, _, line in imports(name):
+            other = target.split(".")[1] if target.startswith("scripts.") and target.count(".") else family
+            if other != family and FLOORS[other] >= FLOORS[family]:
+                bad.append(f"{name}:{line} imports {target}")
     assert not bad, "\n".join(bad)
 
 
@@ -100,16 +111,24 @@ def test_no_private_names_across_modules():
             if isinstance(node, ast.alias) and node.asname and node.name.split(".")[-1] in aliases:
                 aliases.add(node.asname)
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
-                    and node.attr.startswith("_") and not node.attr.startswith("__")):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in aliases
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+            ):
                 bad.append(f"{name}:{node.lineno} uses {node.value.id}.{node.attr}")
     assert not bad, "\n".join(bad)
 
 
 def test_no_function_over_80_lines():
-    long = [f"{name}.{n.name} ({n.end_lineno - n.lineno + 1} lines)" for name, tree in TREES.items()
-            for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
+    functions = [(name, n) for name, tree in TREES.items() for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
+    long = [
+        f"{name}.{n.name} ({n.end_lineno - n.lineno + 1} lines)"
+        for name, n in functions
+        if n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES
+    ]
     assert not long, long
 
 
@@ -121,13 +140,19 @@ def test_one_subprocess_helper():
 def test_verbs_document_usage_and_exit_status():
     for name in VERBS:
         doc = ast.get_docstring(TREES[name]) or ""
-        assert f"python -m {name}" in doc or name.endswith(".cost_model") and "scripts.bench.cost_model" in doc, name
+        assert f"python -m {name}" in doc, name
         assert "Exit status" in doc, f"{name}: the docstring does not list the exit status"
 
 
 def test_hidden_size_defined_once():
-    defs = [name for name, tree in TREES.items() for n in ast.walk(tree) if isinstance(n, ast.Assign)
-            for t in n.targets if isinstance(t, ast.Name) and t.id == "HIDDEN"]
+    assigned = [
+        (name, t)
+        for name, tree in TREES.items()
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Assign)
+        for t in n.targets
+    ]
+    defs = [name for name, t in assigned if isinstance(t, ast.Name) and t.id == "HIDDEN"]
     assert defs == ["scripts.lib.kimi"]
 
 
@@ -137,9 +162,8 @@ OUTSIDE = re.compile(r"(?<![\w.])(/[w]ork/|/[h]ome/\w|\.\./[s]hared/|/[U]sers/)"
 
 def test_nothing_names_a_path_outside_the_repository():
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
-    docs_and_code = [f for f in tracked if re.search(r"(\.(py|md|toml|sh|in|txt|cfg|ini|json|log)|Makefile|"
-                                                      r"Dockerfile|entrypoint|\.ci/run)$", f)
-                     and not f.startswith("tests/fixtures/")]
+    kinds = re.compile(r"(\.(py|md|toml|sh|in|txt|cfg|ini|json|log)|Makefile|Dockerfile|entrypoint|\.ci/run)$")
+    docs_and_code = [f for f in tracked if kinds.search(f) and not f.startswith("tests/fixtures/")]
     bad = []
     for f in docs_and_code:
         for n, line in enumerate((ROOT / f).read_text(errors="replace").splitlines(), 1):
@@ -151,11 +175,16 @@ def test_nothing_names_a_path_outside_the_repository():
 def test_the_image_verbs_need_nothing_the_upstream_image_lacks():
     """serve, doctor, smoke, gpu_tier, in_image, bench_comm, image and apply run on the upstream image's python3,
     which has no tomlkit: they import (and apply --help runs) with it blocked."""
-    verbs = ["scripts.host.serve", "scripts.host.doctor", "scripts.host.smoke", "scripts.host.gpu_tier",
-             "scripts.host.in_image", "scripts.bench.bench_comm", "scripts.host.image", "scripts.series.apply"]
-    code = ("import sys, importlib; sys.modules['tomlkit'] = None; "
-            f"[importlib.import_module(m) for m in {verbs!r}]; "
-            "from scripts.series.apply import main; main(['--help'])")
+    verbs = [
+        f"scripts.{v}"
+        for v in "host.serve host.doctor host.smoke host.gpu_tier host.in_image comm.bench_comm "
+        "host.image series.apply".split()
+    ]
+    code = (
+        "import sys, importlib; sys.modules['tomlkit'] = None; "
+        f"[importlib.import_module(m) for m in {verbs!r}]; "
+        "from scripts.series.apply import main; main(['--help'])"
+    )
     cp = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert cp.returncode == 0, cp.stderr[-2000:]
 
@@ -182,7 +211,8 @@ def test_no_pipefail_script_pipes_into_a_reader_that_stops_early():
 
 
 def test_the_line_budgets_hold():
+    """Counted as the files are: make test's `ruff format --check` keeps them as ruff format writes them."""
     counts = {d: sum(p.read_bytes().count(b"\n") for p in (ROOT / d).rglob("*.py")) for d in BUDGETS}
-    shown = ", ".join(f"{d}/ {n:,} lines of Python (budget {BUDGETS[d]:,})" for d, n in counts.items())
-    assert all(n <= BUDGETS[d] for d, n in counts.items()), \
-        f"{shown}: delete machinery: what can SGLang, git or docker do instead?"
+    shown = ", ".join(f"{d}/ {n:,} formatted lines of Python (budget {BUDGETS[d]:,})" for d, n in counts.items())
+    hint = "delete machinery: what can SGLang, git or docker do instead?"
+    assert all(n <= BUDGETS[d] for d, n in counts.items()), f"{shown}: {hint}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from scripts.bench.numbers import duration, num, spread
+from scripts.lib.table import duration, num, spread
 from scripts.lib import git, proc, repo
 from scripts.lib.errors import UserError
 

@@ -8,7 +8,7 @@ the fusions the lent-GPU route can run (issue 39). On a lent GPU, from the repos
 Servers, all started at once (each its own process group), measured one at a time once up:
   tiny-<variant>-{nospec,eagle3}  the Kimi-shaped tiny target of tests/gpu/serve/tiny_models.py, with its draft-pi
       drafter and the tiny profiles (test-serve's): greedy output equal to the target's chain token for token, and
-      the kernels of a decode step and of a verify(4), by class (scripts/bench/kernels.py).
+      the kernels of a decode step and of a verify(4), by class (scripts/report/kernels.py).
   slice-<variant>  a Kimi-K2.5 slice at the per-rank TP8 shapes (slice_config), N layers (the first dense), random
       weights (--load-format dummy), the routed experts INT4 g32 through compressed-tensors as the checkpoint stores
       them (the Triton W4A16 MoE: the box runs Marlin, which needs sgl-kernel here), or bf16 (slice-bf16-*): decode
@@ -38,16 +38,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests/gpu/serve")]
 
-from scripts.bench import kernels as kn  # noqa: E402
+from scripts.report import kernels as kn  # noqa: E402
 from scripts.bench import observe  # noqa: E402
-from scripts.bench import profile as pf  # noqa: E402
-from scripts.bench import spec_model as sm  # noqa: E402
+from scripts.report import profile as pf  # noqa: E402
+from scripts.report import spec_model as sm  # noqa: E402
 from scripts.lib.errors import UserError  # noqa: E402
 from scripts.lib.http import get_json, post_json  # noqa: E402
 
 JIT = {"SGLANG_FORCE_FUSED_OP_BACKEND": None, "EAGLE_JIT_NORM": "1"}
-SWIGLU, SHARED, GEMV = ({"SGLANG_OPT_FUSE_SWIGLU_INTERLEAVED": "1"}, ("--enforce-shared-experts-fusion",),
-                        ("--bf16-gemm-backend", "gemv"))
+SWIGLU, SHARED, GEMV = (
+    {"SGLANG_OPT_FUSE_SWIGLU_INTERLEAVED": "1"},
+    ("--enforce-shared-experts-fusion",),
+    ("--bf16-gemm-backend", "gemv"),
+)
 VARIANTS = {  # name: (environment changes (None: unset), SGLang flags, the servers it runs on)
     "lent": ({}, (), ("tiny", "slice")),
     "jit": (JIT, (), ("tiny", "slice", "slice-bf16")),
@@ -61,9 +64,25 @@ VARIANTS = {  # name: (environment changes (None: unset), SGLang flags, the serv
 KIMI = ROOT / "tests/fixtures/kimi-k25/config.json"
 PLUGIN = Path(__file__).resolve().parent / "kernels_plugin"
 TINY = ROOT / "docker/profiles/tiny"
-SLICE_FLAGS = ("--load-format", "dummy", "--skip-tokenizer-init", "--context-length", "4096", "--max-total-tokens",
-               "32768", "--max-running-requests", "8", "--cuda-graph-bs-decode", "1", "4", "8",
-               "--disable-prefill-cuda-graph", "--skip-server-warmup", "--moe-runner-backend", "triton")
+SLICE_FLAGS = (
+    "--load-format",
+    "dummy",
+    "--skip-tokenizer-init",
+    "--context-length",
+    "4096",
+    "--max-total-tokens",
+    "32768",
+    "--max-running-requests",
+    "8",
+    "--cuda-graph-bs-decode",
+    "1",
+    "4",
+    "8",
+    "--disable-prefill-cuda-graph",
+    "--skip-server-warmup",
+    "--moe-runner-backend",
+    "triton",
+)
 BATCHES, NEW_TOKENS, STEPS = (1, 4, 8), 40, 6
 BOX_TB_S = 1.792  # the box's GDDR7, bench/inputs/cost-model.toml [memory]
 
@@ -75,8 +94,14 @@ def slice_config(layers: int, tp: int = 8, int4: bool = True) -> dict:
     cfg = copy.deepcopy(full["text_config"])
     quant = cfg.pop("quantization_config", None) or full.get("quantization_config")
     split = ("num_attention_heads", "num_key_value_heads", "moe_intermediate_size", "intermediate_size", "vocab_size")
-    cfg.update({k: cfg[k] // tp for k in split}, num_hidden_layers=layers, architectures=["DeepseekV3ForCausalLM"],
-               bos_token_id=1, eos_token_id=2, pad_token_id=3)  # inside the rank's 20,480 rows
+    cfg.update(
+        {k: cfg[k] // tp for k in split},
+        num_hidden_layers=layers,
+        architectures=["DeepseekV3ForCausalLM"],
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=3,
+    )  # inside the rank's 20,480 rows
     return cfg | ({"quantization_config": quant} if int4 else {})
 
 
@@ -87,10 +112,13 @@ def layer_bytes(cfg: dict) -> dict:
     heads, nope, v = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["v_head_dim"]
     e = cfg["moe_intermediate_size"]
     per_param = 0.5 + 2 / 32 if "quantization_config" in cfg else 2  # INT4 with a bf16 scale per 32
-    return {"q_a_kv_a": 2 * h * (q + kv + rope), "attention": 2 * (q * heads * (nope + rope) + kv * heads * (nope + v)
-                                                                    + heads * v * h),
-            "router": 2 * h * cfg["n_routed_experts"], "shared_expert": 2 * 3 * h * e * cfg["n_shared_experts"],
-            "routed_per_expert": per_param * 3 * h * e}
+    return {
+        "q_a_kv_a": 2 * h * (q + kv + rope),
+        "attention": 2 * (q * heads * (nope + rope) + kv * heads * (nope + v) + heads * v * h),
+        "router": 2 * h * cfg["n_routed_experts"],
+        "shared_expert": 2 * 3 * h * e * cfg["n_shared_experts"],
+        "routed_per_expert": per_param * 3 * h * e,
+    }
 
 
 def servers(models: Path, only: set[str] | None, port: int) -> list[dict]:
@@ -100,17 +128,45 @@ def servers(models: Path, only: set[str] | None, port: int) -> list[dict]:
     for v, (env, flags, kinds) in VARIANTS.items():
         for mode in ("nospec", "eagle3") if "tiny" in kinds else ():
             spec = ["--speculative-draft-model-path", str(models / "kimi/draft-pi")] if mode == "eagle3" else []
-            out.append({"name": f"tiny-{v}-{mode}", "env": env, "args": ["--model-path", str(models / "kimi/target"),
-                        "--config", str(TINY / f"{mode}.yaml"), *LENT_FLAGS, *flags, *spec]})
+            out.append(
+                {
+                    "name": f"tiny-{v}-{mode}",
+                    "env": env,
+                    "args": [
+                        "--model-path",
+                        str(models / "kimi/target"),
+                        "--config",
+                        str(TINY / f"{mode}.yaml"),
+                        *LENT_FLAGS,
+                        *flags,
+                        *spec,
+                    ],
+                }
+            )
         for kind in (k for k in kinds if k.startswith("slice")):
             model = models / ("slice-bf16" if kind == "slice-bf16" else "slice-int4")
-            out.append({"name": f"{kind}-{v}", "env": env,
-                        "args": ["--model-path", str(model), *SLICE_FLAGS, *LENT_FLAGS, *flags]})
+            out.append(
+                {
+                    "name": f"{kind}-{v}",
+                    "env": env,
+                    "args": ["--model-path", str(model), *SLICE_FLAGS, *LENT_FLAGS, *flags],
+                }
+            )
     out = [s for s in out if not only or s["name"] in only]
     for i, s in enumerate(out):
         s |= {"port": port + 10 * i, "url": f"http://127.0.0.1:{port + 10 * i}"}
-        s["args"] += ["--tp-size", "1", "--mem-fraction-static", "0.7", "--host", "127.0.0.1", "--port",
-                      str(s["port"]), "--nccl-port", str(s["port"] + 5)]
+        s["args"] += [
+            "--tp-size",
+            "1",
+            "--mem-fraction-static",
+            "0.7",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(s["port"]),
+            "--nccl-port",
+            str(s["port"] + 5),
+        ]
     return out
 
 
@@ -130,8 +186,13 @@ def start(s: dict, work: Path) -> None:
         env.pop(k, None) if v is None else env.__setitem__(k, v)
     s["log"] = work / f"{s['name']}.log"
     with open(s["log"], "w") as log:
-        s["proc"] = subprocess.Popen([sys.executable, "-m", "sglang.launch_server", *s["args"]], env=env, stdout=log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        s["proc"] = subprocess.Popen(
+            [sys.executable, "-m", "sglang.launch_server", *s["args"]],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     s["t0"] = time.monotonic()
 
 
@@ -154,9 +215,19 @@ def stop(*plan: dict, wait: float = 15.0) -> None:
 def capture(s: dict, traces: Path, tag: str, prompts: list[list[int]]) -> dict:
     """One profiled request batch: /start_profile (STEPS decode steps), /generate; the decode trace, reduced."""
     prefix = f"{s['name']}-{tag}"
-    got = post_json(s["url"] + "/start_profile", {"output_dir": str(traces), "num_steps": STEPS, "activities":
-                    ["CPU", "GPU"], "profile_by_stage": True, "with_stack": False, "record_shapes": False,
-                    "profile_prefix": prefix}, timeout=30)
+    got = post_json(
+        s["url"] + "/start_profile",
+        {
+            "output_dir": str(traces),
+            "num_steps": STEPS,
+            "activities": ["CPU", "GPU"],
+            "profile_by_stage": True,
+            "with_stack": False,
+            "record_shapes": False,
+            "profile_prefix": prefix,
+        },
+        timeout=30,
+    )
     if got[0] != 200:
         raise RuntimeError(f"/start_profile answered {got[0]}: {str(got[1])[:200]}")
     out = generate(s, prompts)
@@ -173,19 +244,29 @@ def capture(s: dict, traces: Path, tag: str, prompts: list[list[int]]) -> dict:
 
 
 def reduce(trace: dict) -> dict:
-    """One capture's trace: its step spans, and per stage the forward of median length (scripts/bench/kernels.py's
+    """One capture's trace: its step spans, and per stage the forward of median length (scripts/report/kernels.py's
     summary with the profile part's times)."""
-    spans = {e["name"].split(" toks")[0] for e in trace["traceEvents"] if e.get("cat") == "user_annotation"
-             and e["name"].startswith("step[")}
-    stages = {st: min(r, key=lambda x: abs(x["forward_ms"] - statistics.median(y["forward_ms"] for y in r)))
-              for st, r in pf.forwards(trace, draft_tokens=4)["stages"].items() if r}
-    return {"spans": sorted(spans), "stages": {st: {k: v for k, v in r.items() if k != "t0"}
-                                               for st, r in stages.items()}}
+    spans = {
+        e["name"].split(" toks")[0]
+        for e in trace["traceEvents"]
+        if e.get("cat") == "user_annotation" and e["name"].startswith("step[")
+    }
+    stages = {
+        st: min(r, key=lambda x: abs(x["forward_ms"] - statistics.median(y["forward_ms"] for y in r)))
+        for st, r in pf.forwards(trace, draft_tokens=4)["stages"].items()
+        if r
+    }
+    return {
+        "spans": sorted(spans),
+        "stages": {st: {k: v for k, v in r.items() if k != "t0"} for st, r in stages.items()},
+    }
 
 
 def generate(s: dict, prompts: list[list[int]]) -> list[list[int]]:
-    body = {"input_ids": prompts if len(prompts) > 1 else prompts[0],
-            "sampling_params": {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}}
+    body = {
+        "input_ids": prompts if len(prompts) > 1 else prompts[0],
+        "sampling_params": {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True},
+    }
     got = post_json(s["url"] + "/generate", body, timeout=60)
     if got[0] != 200:
         raise RuntimeError(f"/generate answered {got[0]}: {str(got[1])[:200]}")
@@ -237,8 +318,12 @@ def scaled(stage: dict, bw: float, layers: int) -> dict:
     grow = f * ratio + 1 - f
     layer = stage["per_layer"].get("us", 0.0)
     fwd = stage["forward_ms"] * grow + (61 - layers) * layer * grow / 1000
-    return {"bytes_share": round(f, 3), "ratio": round(ratio, 3), "layer_us": round(layer * grow, 1),
-            "forward_61_ms": round(fwd, 2)}
+    return {
+        "bytes_share": round(f, 3),
+        "ratio": round(ratio, 3),
+        "layer_us": round(layer * grow, 1),
+        "forward_61_ms": round(fwd, 2),
+    }
 
 
 def tables(res: dict) -> str:
@@ -255,23 +340,32 @@ def tables(res: dict) -> str:
         for tag, run in runs.items():
             for st, x in run["stages"].items():
                 pl = x["per_layer"]
-                rows.append(f"| {name} | {m.get('greedy_equal', '-')} | {m.get('accept_length') or '-'} | {st} "
-                            f"{tag} | {x['forward_ms']:.3f} | {x['nodes']} | {pl.get('total', 0):g} | "
-                            + " | ".join(f"{pl.get(c, 0):g}" for c in cls) + " |")
+                rows.append(
+                    f"| {name} | {m.get('greedy_equal', '-')} | {m.get('accept_length') or '-'} | {st} "
+                    f"{tag} | {x['forward_ms']:.3f} | {x['nodes']} | {pl.get('total', 0):g} | "
+                    + " | ".join(f"{pl.get(c, 0):g}" for c in cls)
+                    + " |"
+                )
     b = {k: layer_bytes(slice_config(res["layers"], int4=k == "int4")) for k in ("int4", "bf16")}
-    out = [f"GPU {res['gpu']}, read bandwidth {res['bw_tb_s']} TB/s; slice {res['layers']} layers; one routed expert"
-           f" per rank {b['int4']['routed_per_expert'] / 1e6:.2f} MB INT4 g32 (the checkpoint's), "
-           f"{b['bf16']['routed_per_expert'] / 1e6:.2f} MB bf16 (slice-bf16-*)", "", *rows]
+    out = [
+        f"GPU {res['gpu']}, read bandwidth {res['bw_tb_s']} TB/s; slice {res['layers']} layers; one routed expert"
+        f" per rank {b['int4']['routed_per_expert'] / 1e6:.2f} MB INT4 g32 (the checkpoint's), "
+        f"{b['bf16']['routed_per_expert'] / 1e6:.2f} MB bf16 (slice-bf16-*)",
+        "",
+        *rows,
+    ]
     for name, r in res["servers"].items():
         for tag, run in (r.get("measured") or {}).items():
             if name.startswith("slice") and (x := run["stages"].get("decode")) and res["bw_tb_s"]:
                 sc = scaled(x, res["bw_tb_s"], res["layers"])
-                out.append(f"- {name} {tag}: layer {x['per_layer'].get('us', 0):.1f} us here, {sc['layer_us']} us on "
-                           f"the box; B over 61 layers {sc['forward_61_ms']} ms (GEMM+MoE share {sc['bytes_share']}, "
-                           f"scaled x{sc['ratio']}); nodes at 61 layers "
-                           f"{x['nodes'] + (61 - res['layers']) * x['per_layer'].get('total', 0):.0f} + 124 "
-                           "collectives "
-                           "(2 all-reduces per layer, the embedding's, the logits' gather: TP8)")
+                out.append(
+                    f"- {name} {tag}: layer {x['per_layer'].get('us', 0):.1f} us here, {sc['layer_us']} us on "
+                    f"the box; B over 61 layers {sc['forward_61_ms']} ms (GEMM+MoE share {sc['bytes_share']}, "
+                    f"scaled x{sc['ratio']}); nodes at 61 layers "
+                    f"{x['nodes'] + (61 - res['layers']) * x['per_layer'].get('total', 0):.0f} + 124 "
+                    "collectives "
+                    "(2 all-reduces per layer, the embedding's, the logits' gather: TP8)"
+                )
     return "\n".join(out) + "\n"
 
 
@@ -313,15 +407,20 @@ def run(plan: list[dict], res: dict, models: Path, traces: Path, out: Path, budg
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="bench/device/kernels.py", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="bench/device/kernels.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--budget", type=float, default=430.0, help="seconds for all of it (default 430)")
     ap.add_argument("--only", help="comma-separated server names (default: all)")
     ap.add_argument("--layers", type=int, default=4, help="slice layers, the first dense (default 4)")
     ap.add_argument("--port", type=int, default=34000)
-    ap.add_argument("--work", type=Path, default=Path("/tmp/eagle-kernels"), help="models, traces, logs (not --out:"
-                    " the device tool brings back 8 files)")
+    ap.add_argument(
+        "--work",
+        type=Path,
+        default=Path("/tmp/eagle-kernels"),
+        help="models, traces, logs (not --out: the device tool brings back 8 files)",
+    )
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args(argv)
     t0, work = time.monotonic(), a.work

@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # On a lent GPU machine (device tool), from the repository root, with .device/ carried (bench/device/prepare.sh):
-#   bench/device/run.sh test-gpu            make test-gpu's pytest run -> $OUT/test-gpu.json (+ .log)
+#   bench/device/run.sh test-gpu            make test-gpu's pytest run -> $OUT/test-gpu.xml (+ .log)
 #   bench/device/run.sh bench-comm [ARGS]   bench-comm -> $OUT/bench-comm.json (+ .log)
 #   bench/device/run.sh both [ARGS]         both, test-gpu first
 #   bench/device/run.sh pytest [ARGS]       pytest tests/gpu ARGS directly (a subset, e.g. -k faults)
 #   bench/device/run.sh test-serve [ARGS]   make test-serve on its lent-GPU route: pytest tests/gpu/serve --standins
-#                                           ARGS -> $OUT/test-serve.json (+ .log: the servers' logs, paths masked),
+#                                           ARGS -> $OUT/test-serve.xml (+ .log: the servers' logs, paths masked),
 #                                           interrupted after SERVE_BUDGET seconds (default 480)
-#   bench/device/run.sh bench-tiny [ARGS]   the real make bench once, on the tiny models (bench/device/tiny-*.toml:
-#                                           local launcher, no docker) -> $OUT/bench-tiny.tgz (results, report, logs)
-#   bench/device/run.sh profile [ARGS]      make report's profile part on the tiny Llama pair (TP1, --here, the route's
-#                                           flags), then the doctor's GPU probes at TP1 -> $OUT/profile.json (+ traces,
-#                                           logs), $OUT/doctor-tp1.json, $OUT/probes-tp1.log
+#   bench/device/run.sh bench-tiny [ARGS]   the real make bench once, against the tiny pair served as test-serve
+#                                           serves it (bench/device/lent.py: --server-url, tiny-scenarios.toml)
+#                                           -> $OUT/bench-tiny.tgz (results, report, logs)
+#   bench/device/run.sh profile [ARGS]      make report's profile part against the tiny pair (lent.py, TP1), then
+#                                           the doctor's GPU probes at TP1 -> $OUT/profile.json (+ traces, logs),
+#                                           $OUT/doctor-tp1.json, $OUT/probes-tp1.log
 #   bench/device/run.sh serve-all [ARGS]    test-serve (ARGS go to it) and bench-tiny at the same time, the bench
 #                                           within DEADLINE seconds of the start (default 360)
 #   bench/device/run.sh kernels [ARGS]      the kernels of a Kimi-K2.5 layer and the forward at real dimensions, on
@@ -56,47 +57,27 @@ python3 -c "import torch, sglang; print('torch', torch.__version__, 'nccl', torc
 test_serve() {  # interrupted after SERVE_BUDGET seconds (default 480): it still stops its servers and writes
   local rc=0
   timeout --signal=INT --kill-after=60 "${SERVE_BUDGET:-480}" python3 -m pytest -v -p no:cacheprovider tests/gpu/serve \
-    --standins --serve-out "$OUT/test-serve.json" "$@" 2>&1 | tee "$OUT/test-serve.run.log" || rc=$?
+    --standins --serve-out "$OUT/test-serve.xml" "$@" 2>&1 | tee "$OUT/test-serve.run.log" || rc=$?
   return $rc
 }
-bench_tiny() {  # A/B/A of the tiny pair without and with EAGLE-3: the route's env and flags from test-serve's LENT_*
-  local models=/tmp/tiny-models res=/tmp/bench-tiny
-  eval "$(PYTHONPATH=tests/gpu/serve:$PYTHONPATH python3 -c "import shlex, sys; from pathlib import Path
-from _servers import LENT_ENV, LENT_FLAGS, LENT_PATHS; from tiny_models import write_pair
-write_pair(Path(sys.argv[1]), 'llama')
-print('export ' + ' '.join(f'{k}={shlex.quote(v)}' for k, v in LENT_ENV.items()))
-print('export PYTHONPATH=' + ':'.join(map(str, LENT_PATHS)) + ':\$PYTHONPATH')
-print('ROUTE_FLAGS=' + shlex.quote(shlex.join(LENT_FLAGS)))" $models)"
-  rm -rf $res && mkdir -p $res
+bench_tiny() {  # A/B/A of the tiny pair without and with EAGLE-3, both served at once (bench/device/lent.py)
   [ "${BENCH_BUDGET:-3600}" -gt 60 ] || { echo "[device] bench-tiny: no time left (${BENCH_BUDGET} s)"; return 1; }
-  timeout --signal=INT --kill-after=20 "${BENCH_BUDGET:-3600}" python3 -m scripts.bench.bench \
-    --variants-file bench/device/tiny-variants.toml --scenarios-file bench/device/tiny-scenarios.toml --repeats 2 \
-    --box H200-x1-lent --results-dir $res --model $models/llama/target --draft-model $models/llama/draft-pi \
-    --launch-timeout 240 "$@" -- $ROUTE_FLAGS \
-    2>&1 | tee $res/bench.run.log
+  rm -rf /tmp/bench-tiny && mkdir -p /tmp/bench-tiny
+  timeout --signal=INT --kill-after=20 "${BENCH_BUDGET:-3600}" python3 bench/device/lent.py bench-tiny /tmp "$@" \
+    2>&1 | tee /tmp/bench-tiny/bench.run.log
   local rc=${PIPESTATUS[0]}
   # the files are committed: machine paths masked
   local prefix
   prefix=$(python3 -c 'import sys; print(sys.prefix)')
-  find $res -type f \( -name '*.jsonl' -o -name '*.md' -o -name '*.log' \) -exec sed -i -e "s#$PWD#<repo>#g" \
-    -e "s#$models#<models>#g" -e "s#/tmp/sgl-tree#<sgl-tree>#g" -e "s#/tmp/site#<site>#g" -e "s#$prefix#<python>#g" {} +
+  find /tmp/bench-tiny -type f \( -name '*.jsonl' -o -name '*.md' -o -name '*.log' \) -exec sed -i -e "s#$PWD#<repo>#g" \
+    -e "s#/tmp/lent-[^/]*/models#<models>#g" -e "s#/tmp/sgl-tree#<sgl-tree>#g" -e "s#/tmp/site#<site>#g" \
+    -e "s#$prefix#<python>#g" {} +
   tar czf "$OUT/bench-tiny.tgz" -C /tmp bench-tiny
   return $rc
 }
-route_env() {  # the lent route's environment and flags (test-serve's LENT_*), and the tiny Llama pair in $1
-  eval "$(PYTHONPATH=tests/gpu/serve:$PYTHONPATH python3 -c "import shlex, sys; from pathlib import Path
-from _servers import LENT_ENV, LENT_FLAGS, LENT_PATHS; from tiny_models import write_pair
-write_pair(Path(sys.argv[1]), 'llama')
-print('export ' + ' '.join(f'{k}={shlex.quote(v)}' for k, v in LENT_ENV.items()))
-print('export PYTHONPATH=' + ':'.join(map(str, LENT_PATHS)) + ':\$PYTHONPATH')
-print('ROUTE_FLAGS=' + shlex.quote(shlex.join(LENT_FLAGS)))" "$1")"
-}
 profile() {
-  local models=/tmp/tiny-models rc=0
-  route_env $models
-  timeout --signal=INT --kill-after=30 "${PROFILE_BUDGET:-300}" python3 -m scripts.bench.profile --here --port 32000 \
-    --steps 8 --launch-timeout 240 --profiles docker/profiles/tiny/nospec.yaml,docker/profiles/tiny/eagle3.yaml \
-    --model $models/llama/target --draft-model $models/llama/draft-pi --out "$OUT/profile.json" "$@" -- $ROUTE_FLAGS \
+  local rc=0
+  timeout --signal=INT --kill-after=30 "${PROFILE_BUDGET:-300}" python3 bench/device/lent.py profile "$OUT" "$@" \
     2>&1 | tee "$OUT/profile.run.log" || rc=$?
   # the doctor at TP1 (no GPU pair: its probes say why), its smoke's bring-up and watchdog on a real GPU
   python3 -m scripts.host.doctor --tp 1 --json > "$OUT/doctor-tp1.json" 2> "$OUT/probes-tp1.log" || true
@@ -115,14 +96,14 @@ rc=0
 [ "$what" = profile ] && { profile "$@" || rc=$?; }
 [ "$what" = kernels ] && { kernels "$@" || rc=$?; }
 if [ "$what" = test-gpu ] || [ "$what" = both ]; then
-  python3 -m scripts.host.gpu_tier --out "$OUT/test-gpu.json" 2>&1 | tee "$OUT/test-gpu.log" || rc=$?
+  python3 -m scripts.host.gpu_tier --out "$OUT/test-gpu.xml" 2>&1 | tee "$OUT/test-gpu.log" || rc=$?
 fi
 if [ "$what" = pytest ]; then
-  EAGLE_GPU_RESULTS="$OUT/test-gpu.json" python3 -m pytest -v -p no:cacheprovider tests/gpu "$@" 2>&1 \
-    | tee "$OUT/test-gpu.log" || rc=$?
+  python3 -m pytest -v -p no:cacheprovider tests/gpu --ignore tests/gpu/serve --junitxml "$OUT/test-gpu.xml" "$@" \
+    2>&1 | tee "$OUT/test-gpu.log" || rc=$?
 fi
 if [ "$what" = bench-comm ] || [ "$what" = both ]; then
-  python3 -m scripts.bench.bench_comm --box H200 --out "$OUT/bench-comm.json" "$@" 2>&1 | tee "$OUT/bench-comm.log" || rc=$?
+  python3 -m scripts.comm.bench_comm --out "$OUT/bench-comm.json" "$@" 2>&1 | tee "$OUT/bench-comm.log" || rc=$?
 fi
 [ "$what" = test-serve ] && { test_serve "$@" || rc=$?; }
 [ "$what" = bench-tiny ] && { bench_tiny "$@" || rc=$?; }

@@ -1,1 +1,1 @@
-"""Measurement: make bench (bench, plan, servers, observe, report, sweep), bench-comm, report (receipt), docs."""
+"""make bench and make bench-sweep: bench (the verb), plan, sweep, servers, observe, report."""

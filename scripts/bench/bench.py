@@ -3,12 +3,12 @@
   python -m scripts.bench.bench [--variants A,B] [--scenarios C1] [--repeats 3] [--resume] [--dry-run] [-- SGLANG_ARGS]
   python -m scripts.bench.bench --sweep [FILE]          the drafter x speculative-settings sweep (bench/sweep.toml)
   python -m scripts.bench.bench --server-url [NAME=]URL  bench servers that run already
-  python -m scripts.bench.bench --here ...               servers and client from the SGLang this python imports
   python -m scripts.bench.bench --report RESULTS.jsonl   rebuild the .md/.png of a results file (and compare)
 
 Each variant (bench/variants.toml) is served in turn by the serving image's `serve`, each run is SGLang's own
-bench_serving (the image's `bench-client` verb; --here: this python's). First the plan, its time and the box's checks
-(--dry-run prints them with every command and stops). Results: bench/results/<UTC time>_<git rev>_<box>.jsonl
+bench_serving (the image's `bench-client` verb). First the plan (plan.py: every value resolved once), its time and
+the box's checks (--dry-run prints them with every command and stops). Results: bench/results/<UTC stamp>_<git
+rev>_<box>.jsonl
 (bench_serving's record plus an "eagle" object: decode tok/s, CUDA-graph counter deltas, accept length, patch set),
 with a .md table, a .png plot and the logs.
 
@@ -19,10 +19,8 @@ Exit status: 0 fine; 1 a regression against --baseline, or with --fail-on-eager 
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
 import json
 import os
-import re
 import shlex
 import sys
 import tempfile
@@ -30,68 +28,52 @@ import threading
 import time
 from pathlib import Path
 
-from ..host.docker_run import docker_run, hf_cache_dir
+from ..box import preflight
+from ..box.docker import RESULTS_IN_IMAGE, docker_run, hf_cache_dir
+from ..box.results import iso
 from ..lib import proc
 from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.http import use_api_key
 from ..lib.progress import say
-from ..lib.repo import REPO_ROOT, revision
-from . import observe, preflight
+from ..lib.table import duration, num
+from . import observe
 from . import plan as pl
 from . import report as rep
-from .numbers import duration, num
-from .servers import InfraError, Server, dry_run_args
+from .servers import InfraError, Server
 
 SCHEMA = "eagle-bench/1"
 EXIT_REGRESSION, EXIT_RUNS_FAILED = 1, 4
 MARK_START, MARK_END = "Starting main benchmark run", "Serving Benchmark Result"  # bench_serving's own lines
 RUN_TIMEOUT_S = 3600.0  # one bench_serving run
-IN_IMAGE_REPO = "/opt/eagle-fast-verify"  # where a stock image sees this checkout (its serve)
 
 
-def utcnow() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-
-
-# ------------------------------------------------------------------------------------------------ servers, client
-def make_server(p: pl.Plan, v: pl.Variant, log: Path) -> Server:
-    if v.url:
-        return Server(v.name, "url", v.url, log, patchset=v.patchset)
-    url = f"http://127.0.0.1:{p.port()}"
-    if p.args.here:
-        return Server(v.name, "here", url, log, serve_args=p.serve_args(v), env=dict(v.env))
-    name = re.sub(r"[^A-Za-z0-9_.-]", "-", f"eagle-bench-{v.name}-{os.getpid()}-{int(time.time())}")
-    image, cmd, extra = launch_of(p, v)
-    argv = docker_run(image, [*cmd, *p.serve_args(v)], hf_cache=hf_cache_dir(), network_host=True, detach=True,
-                      name=name, extra=[*(x for k, val in v.env for x in ("-e", f"{k}={val}")), *extra])
-    return Server(v.name, "docker", url, log, argv=argv, container=name, image=image)
-
-
-def launch_of(p: pl.Plan, v: pl.Variant) -> tuple[str, list[str], list[str]]:
-    """(image, command before serve's arguments, docker options): the serving image's serve verb, or a stock image
-    running this checkout's serve (mounted read-only)."""
-    if v.image != "stock":
-        return p.image(v), ["serve"], []
-    return p.image(v), ["-m", "scripts.host.serve"], [
-        "--entrypoint", "python3", "-v", f"{REPO_ROOT}:{IN_IMAGE_REPO}:ro", "-e", f"PYTHONPATH={IN_IMAGE_REPO}"]
-
-
-def client_args(p: pl.Plan, r: pl.Run, url: str, out: str, tokenizer: str | None) -> list[str]:
+# ------------------------------------------------------------------------------------------------------ client
+def client_args(p: pl.Plan, r: pl.Run, url: str, out: str) -> list[str]:
     """bench_serving's arguments for one run."""
-    a = ["--backend", "sglang", "--base-url", url, *r.scenario.bench_args(), "--output-file", out, "--tag",
-         f"{r.scenario.name}/{r.variant.name}/r{r.repeat}", "--disable-tqdm"]
-    return a + ["--tokenizer", tokenizer] * bool(tokenizer) + shlex.split(p.args.bench_args)
+    tag = f"{r.scenario.name}/{r.variant.name}/r{r.repeat}"
+    a = ["--backend", "sglang", "--base-url", url, *r.scenario.bench_args(), "--output-file", out, "--tag", tag]
+    a.append("--disable-tqdm")
+    if p.tokenizer:
+        a += ["--tokenizer", p.tokenizer]
+    return a + p.client_args
 
 
-def client_cmd(p: pl.Plan, args: list[str], out_dir: Path, tokenizer: str | None) -> list[str]:
-    """bench_serving here (--here) or in the serving image (its bench-client verb, on the host's network)."""
-    if p.args.here:
-        return [sys.executable, "-m", "sglang.benchmark.serving", *args]
-    local = [x for t in [tokenizer] if t and Path(t).is_absolute() for x in ("-v", f"{t}:{t}:ro")]
-    return docker_run(p.client_image(), ["bench-client", *args], gpus=False,
-                      results=out_dir, hf_cache=hf_cache_dir(), network_host=True, extra=local,
-                      env_names=("OPENAI_API_KEY", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+def client_cmd(p: pl.Plan, args: list[str], out_dir: Path) -> list[str]:
+    """bench_serving in the serving image (its bench-client verb, on the host's network), results in out_dir."""
+    local = [x for t in [p.tokenizer] if t and Path(t).is_absolute() for x in ("-v", f"{t}:{t}:ro")]
+    env = ("OPENAI_API_KEY", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    cache = hf_cache_dir()
+    return docker_run(
+        p.client_image,
+        ["bench-client", *args],
+        gpus=False,
+        results=out_dir,
+        hf_cache=cache,
+        network_host=True,
+        extra=local,
+        env_names=env,
+    )
 
 
 def run_client(cmd: list[str], log_path: Path, sampler: observe.Sampler) -> tuple[int, list[str]]:
@@ -101,8 +83,8 @@ def run_client(cmd: list[str], log_path: Path, sampler: observe.Sampler) -> tupl
     with open(log_path, "a") as log:
         log.write(f"\n$ {shlex.join(cmd)}\n")
         log.flush()
-        child = proc.spawn(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdout=proc.PIPE, stderr=proc.STDOUT,
-                           text=True, errors="replace", bufsize=1)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        child = proc.spawn(cmd, env=env, stdout=proc.PIPE, stderr=proc.STDOUT, text=True, errors="replace", bufsize=1)
         timer = threading.Timer(RUN_TIMEOUT_S, child.kill)
         timer.start()
         try:
@@ -125,7 +107,6 @@ class Session:
     """The whole plan's progress."""
 
     plan: pl.Plan
-    results: Path
     meta: dict
     tmp: Path
     records: list[dict] = dataclasses.field(default_factory=list)
@@ -145,40 +126,60 @@ def one_run(st: Session, r: pl.Run, server: Server, patch: dict) -> tuple[dict |
     """bench_serving once, the server observed around it: (its record with "eagle", '', 0) or (None, why, its exit
     code)."""
     p, out = st.plan, st.tmp / f"run{r.index}.jsonl"
-    in_image = not p.args.here
-    args = client_args(p, r, server.url, f"/results/{out.name}" if in_image else str(out), st.meta["tokenizer"])
-    t0, started = time.monotonic(), utcnow()
+    args = client_args(p, r, server.url, f"{RESULTS_IN_IMAGE}/{out.name}")
+    t0, started = time.monotonic(), iso()
     before = observe.snapshot(server.url)
-    sampler = observe.Sampler(server.url, p.args.sample_interval).start()
+    sampler = observe.Sampler(server.url, p.sample_interval).start()
     try:
-        rc, lines = run_client(client_cmd(p, args, st.tmp, st.meta["tokenizer"]), st.results.with_suffix(
-            ".bench_serving.log"), sampler)
+        rc, lines = run_client(client_cmd(p, args, st.tmp), p.stem.with_suffix(".bench_serving.log"), sampler)
     finally:
         decode = sampler.stop()
     after = observe.snapshot(server.url)
     rec = json.loads(out.read_text().splitlines()[-1]) if out.is_file() and out.read_text().strip() else None
     out.unlink(missing_ok=True)
     if rc != 0 or not rec or not rec.get("completed"):
-        return None, f"bench_serving exit {rc}, no result; its last lines:\n" + "\n".join(
-            "  | " + x for x in lines[-15:]), rc
+        last = "\n".join("  | " + x for x in lines[-15:])
+        return None, f"bench_serving exit {rc}, no result; its last lines:\n{last}", rc
     rec["eagle"] = {
-        "schema": SCHEMA, "scenario": r.scenario.name, "scenario_spec": r.scenario.to_dict(),
-        "variant": r.variant.name, "variant_spec": r.variant.to_dict(), "letter": r.letter, "repeat": r.repeat,
-        "round": r.round, "position": r.index, "plan_size": len(p.runs),
-        "server_url": server.url, "launched": server.kind != "url", "launch_s": server.launch_s,
-        "speculative_algorithm": (after.server_info or {}).get("speculative_algorithm"), **patch,
-        "git_rev": st.meta["git_rev"], "git_dirty": st.meta["git_dirty"], "box": st.meta["box"],
-        "started_at": started, "finished_at": utcnow(), "wall_s": round(time.monotonic() - t0, 3), **decode,
-        "verify": observe.graph_delta(before, after), "accept_length_metrics": observe.accept_length(before, after),
+        "schema": SCHEMA,
+        "scenario": r.scenario.name,
+        "scenario_spec": r.scenario.to_dict(),
+        "variant": r.variant.name,
+        "variant_spec": r.variant.to_dict(),
+        "letter": r.letter,
+        "repeat": r.repeat,
+        "round": r.round,
+        "position": r.index,
+        "plan_size": len(p.runs),
+        "server_url": server.url,
+        "launched": bool(server.argv),
+        "launch_s": server.launch_s,
+        "speculative_algorithm": (after.server_info or {}).get("speculative_algorithm"),
+        **patch,
+        "git_rev": p.meta["git_rev"],
+        "git_dirty": p.meta["git_dirty"],
+        "box": p.meta["box"],
+        "started_at": started,
+        "finished_at": iso(),
+        "wall_s": round(time.monotonic() - t0, 3),
+        **decode,
+        "verify": observe.graph_delta(before, after),
+        "accept_length_metrics": observe.accept_length(before, after),
         "spec_collectives": observe.spec_collectives(after.server_info),
-        "failed_requests": max(0, r.scenario.num_prompts - int(rec.get("completed") or 0)), "client_args": args}
+        "failed_requests": max(0, r.scenario.num_prompts - int(rec.get("completed") or 0)),
+        "client_args": args,
+    }
     return rec, "", 0
 
 
 def one_line(rec: dict) -> str:
     m, v = rep.run_metrics(rec), rec["eagle"].get("verify")
-    parts = [f"decode {num(m['decode_tok_s'], small=True)} tok/s", f"output {num(m['output_tok_s'], small=True)} "
-             f"tok/s", f"TTFT {num(m['ttft_ms'], small=True)} ms", f"AL {num(m['accept_length'], 3)}"]
+    parts = [
+        f"decode {num(m['decode_tok_s'], small=True)} tok/s",
+        f"output {num(m['output_tok_s'], small=True)} tok/s",
+        f"TTFT {num(m['ttft_ms'], small=True)} ms",
+        f"AL {num(m['accept_length'], 3)}",
+    ]
     if isinstance(v, dict):
         off = v["eager"] + v["piecewise"]
         parts.append(f"verify {v['graph']} graph / {off} off-graph" + (" ⚠" if off else ""))
@@ -187,10 +188,10 @@ def one_line(rec: dict) -> str:
 
 def session(st: Session, si: int, runs: list[pl.Run], server: Server) -> None:
     """One server: start it, its consecutive runs (each record appended as it ends), stop it."""
-    total = len(st.plan.runs)
+    p, total = st.plan, len(st.plan.runs)
     try:
         try:
-            server.start(st.plan.args.launch_timeout)
+            server.start(p.launch_timeout)
         except InfraError:
             raise
         except UserError as e:
@@ -204,9 +205,8 @@ def session(st: Session, si: int, runs: list[pl.Run], server: Server) -> None:
             if r.scenario.name in st.bad_scenarios:
                 st.failures.append(f"{r.label(total)}: not run: {st.bad_scenarios[r.scenario.name]}")
                 continue
-            left = st.plan.runs[r.index - 1:]
-            loads = sum(1 for s in st.plan.sessions[si + 1:] if not s[0].variant.url)
-            say(f"{r.label(total)}... {st.eta(left, loads)}")
+            loads = sum(1 for s in p.sessions[si + 1 :] if p.launches[s[0].variant.name].argv)
+            say(f"{r.label(total)}... {st.eta(p.runs[r.index - 1 :], loads)}")
             t0 = time.monotonic()
             rec, why, rc = one_run(st, r, server, patch)
             st.durations.append((time.monotonic() - t0, r.scenario.seconds()))
@@ -216,7 +216,7 @@ def session(st: Session, si: int, runs: list[pl.Run], server: Server) -> None:
                 st.failures.append(f"{r.label(total)}: scenario {r.scenario.name}: {why}")
                 say(f"{r.label(total)} FAILED: scenario {r.scenario.name}: {why}")
                 continue
-            with open(st.results, "a") as f:
+            with open(p.stem.with_suffix(".jsonl"), "a") as f:
                 f.write(json.dumps(rec) + "\n")
             st.records.append(rec)
             say(f"{r.label(total)} done in {duration(st.durations[-1][0])}: {one_line(rec)}")
@@ -226,93 +226,48 @@ def session(st: Session, si: int, runs: list[pl.Run], server: Server) -> None:
 
 # --------------------------------------------------------------------------------------------- checks, dry run
 def box_checks(p: pl.Plan) -> list[preflight.Check]:
-    """The box's checks for this plan (scripts/bench/preflight.py)."""
-    out = preflight.docker_checks(p.images()) + [preflight.writable_check(p.args.results_dir)]
-    if p.launched:
-        out += preflight.gpu_checks(p.gpus(), idle=not p.args.here) + [preflight.port_check(p.port())]
-        out.append(preflight.weights_check(p.weights()))
+    """What the box must have for this plan (scripts/box/preflight.py), each with its fix."""
+    out = preflight.docker_checks(p.images) + [preflight.writable_check(p.results_dir)]
+    if p.port is not None:
+        out += preflight.gpu_checks(p.gpus) + [preflight.port_check(p.port), preflight.weights_check(p.weights)]
     return out
 
 
-def serve_checks(p: pl.Plan, servers: dict[str, Server], image_ok: set[str]) -> list[preflight.Check]:
-    """serve's own check of every variant's arguments (contract 1's dry run), in the image that will serve it."""
-    out, seen = [], set()
-    for v in p.variants:
-        s, args = servers[v.name], dry_run_args(p.serve_args(v))
-        if s.kind == "url" or (s.image, *args) in seen or s.kind == "docker" and s.image not in image_ok:
-            continue
-        seen.add((s.image, *args))
-        if s.kind == "here":
-            res = proc.run([sys.executable, "-m", "scripts.host.serve", *args], timeout=600)
-        else:
-            image, cmd, extra = launch_of(p, v)
-            res = proc.run(docker_run(image, [*cmd, *args], gpus=False, hf_cache=hf_cache_dir(), extra=extra),
-                           timeout=600)
-        said = res.stderr[res.stderr.find("error: ") + 7:].strip() if "error: " in res.stderr else res.why
-        out.append(preflight.Check(f"serve {v.name}", res.ok, "serve accepts its arguments" if res.ok else said,
-                                   "fix the variant's args in bench/variants.toml or the arguments after --"))
-    return out
-
-
-def print_plan(p: pl.Plan, servers: dict[str, Server], st_results: Path, tokenizer: str | None) -> None:
+def print_plan(p: pl.Plan) -> None:
     runs, ses = p.runs, p.sessions
-    print(f"plan: {len(runs)} run(s) ({len(p.scenarios)} scenario(s) x {len(p.variants)} variant(s) x "
-          f"{p.args.repeats or 3} repeat(s)) in {len(ses)} server session(s)"
-          + (f"; {len(p.earlier)} run(s) already in {p.args.results_dir}" if p.earlier else ""))
-    loads = len(ses) * p.launched
-    print(f"  time: {len(runs)} run(s) ~{duration(sum(r.scenario.seconds() for r in runs))} + {loads} load(s) of "
-          f"{p.model() or 'the model'} x ~{duration(pl.ASSUMED_LOAD_S)} = ~{duration(p.seconds())} (assumed "
-          f"{pl.ASSUMED_STREAM_TOK_S:g} tok/s per stream)")
-    print(f"  results: {st_results}")
+    print(
+        f"plan: {len(runs)} run(s) ({len(p.scenarios)} scenario(s) x {len(p.variants)} variant(s) x "
+        f"{p.repeats} repeat(s)) in {len(ses)} server session(s)"
+        + (f"; {len(p.earlier)} run(s) already in {p.results_dir}" if p.earlier else "")
+    )
+    loads = len(ses) * (p.port is not None)
+    print(
+        f"  time: {len(runs)} run(s) ~{duration(sum(r.scenario.seconds() for r in runs))} + {loads} load(s) of "
+        f"{p.model or 'the model'} x ~{duration(pl.ASSUMED_LOAD_S)} = ~{duration(p.seconds)} (assumed "
+        f"{pl.ASSUMED_STREAM_TOK_S:g} tok/s per stream)"
+    )
+    print(f"  results: {p.stem.with_suffix('.jsonl')}")
+    out_dir = Path(tempfile.gettempdir()) / "eagle-bench-RUN"
     for s in ses:
-        print(f"  session {s[0].variant.name} ({s[0].letter}): {servers[s[0].variant.name].describe()}")
+        launch = p.launches[s[0].variant.name]
+        print(f"  session {launch.name} ({s[0].letter}): {Server(launch, Path()).describe()}")
         for r in s:
-            out = "/results/OUT.jsonl" if not p.args.here else "OUT.jsonl"
-            cmd = client_cmd(p, client_args(p, r, servers[r.variant.name].url, out, tokenizer),
-                             Path(tempfile.gettempdir()) / "eagle-bench-RUN", tokenizer)
+            cmd = client_cmd(p, client_args(p, r, launch.url, f"{RESULTS_IN_IMAGE}/OUT.jsonl"), out_dir)
             print(f"    {r.label(len(runs))}: {shlex.join(cmd)}")
 
 
 # -------------------------------------------------------------------------------------------------- reports
-def write_reports(records: list[dict], stem: Path, meta: dict, a) -> int:
-    """The .md and .png beside the results; the baseline comparison and writing. Returns the exit status."""
-    rows = rep.summarize(records)
-    base_path = (Path(a.baseline) if a.baseline else pl.BASELINES_DIR / f"{meta['box']}.json") if a.baseline \
-        is not None else None
-    baseline = rep.load_baseline(base_path) if base_path else None
-    th = rep.thresholds(baseline, a.max_tok_s_drop, a.max_accept_drop)
-    checks = rep.compare(rows, baseline, th) if baseline else None
-    stem.with_suffix(".md").write_text(rep.markdown(rows, meta, checks, str(base_path) if base_path else None))
-    drawn = rep.plot(rows, stem.with_suffix(".png"), title=stem.name)
-    say(f"report: {stem.with_suffix('.md')}" + (f" and {stem.with_suffix('.png')}" if drawn else " (no plot: no "
-                                                "matplotlib here; make bench uses .venv's python, make setup)"))
-    for r in (r for r in rows if r.eager):
-        say(f"⚠ {r.scenario} / {r.variant}: {r.eager} verify forward(s) off their CUDA graph: "
-            + ", ".join(f"{k}: {n}" for k, n in sorted(r.eager_reasons.items())))
-    if a.write_baseline is not None:
-        bp = Path(a.write_baseline) if a.write_baseline else pl.BASELINES_DIR / f"{meta['box']}.json"
-        bp.parent.mkdir(parents=True, exist_ok=True)
-        bp.write_text(json.dumps(rep.make_baseline(rows, meta, th), indent=1) + "\n")
-        say(f"baseline written: {bp}")
-    bad = [c for c in checks or [] if c.status == "REGRESSION"]
-    for c in bad:
-        print(f"REGRESSION against {base_path}: {c.line()}", file=sys.stderr)
-    if checks is not None and not bad:
-        say(f"no regression against {base_path} ({sum(c.status == 'ok' for c in checks)} checks)")
-    eager = a.fail_on_eager and any(r.eager for r in rows)
-    return EXIT_REGRESSION if bad or eager else 0
-
-
-def finish(st: Session, stem: Path) -> int:
-    st.meta.update(runs=len(st.records), failed=len(st.failures), finished_at=utcnow())
+def finish(st: Session) -> int:
+    st.meta.update(runs=len(st.records), failed=len(st.failures), finished_at=iso())
     for f in st.failures:
         print(f"  {f}", file=sys.stderr)
     if not st.records:
         print(f"no run produced a result ({len(st.failures)} failed)", file=sys.stderr)
         return EXIT_RUNS_FAILED
-    say(f"results: {st.results} ({len(st.records)} runs)")
-    status = write_reports(st.plan.earlier + st.records, stem, st.meta, st.plan.args)
-    return status or (EXIT_RUNS_FAILED if st.failures else 0)
+    say(f"results: {st.plan.stem.with_suffix('.jsonl')} ({len(st.records)} runs)")
+    if rep.publish(st.plan.earlier + st.records, st.plan.stem, st.meta, st.plan.judging):
+        return EXIT_REGRESSION
+    return EXIT_RUNS_FAILED if st.failures else 0
 
 
 def report_only(path: Path, a) -> int:
@@ -320,16 +275,25 @@ def report_only(path: Path, a) -> int:
     if not records:
         raise UserError(f"{path} holds no runs")
     e = records[0]["eagle"]
-    meta = {"stem": path.stem, "box": a.box or e.get("box"), "git_rev": e.get("git_rev"), "runs": len(records),
-            "started_at": e.get("started_at"), "finished_at": records[-1]["eagle"].get("finished_at")}
-    return write_reports(records, path.with_suffix(""), meta, a)
+    meta = {
+        "stem": path.stem,
+        "box": a.box or e.get("box"),
+        "git_rev": e.get("git_rev"),
+        "runs": len(records),
+        "started_at": e.get("started_at"),
+        "finished_at": records[-1]["eagle"].get("finished_at"),
+    }
+    return EXIT_REGRESSION if rep.publish(records, path.with_suffix(""), meta, pl.judging(a, meta["box"])) else 0
 
 
 def api_key(key_file: str | None) -> None:
     """The servers' key from where serve reads it (--api-key-file, else $SGLANG_API_KEY): sent by the harness and
     by bench_serving ($OPENAI_API_KEY: in its environment, on no command line)."""
-    key, source = (Path(key_file).read_text().strip(), f"the file {key_file}") if key_file else (
-        os.environ.get("SGLANG_API_KEY", ""), "$SGLANG_API_KEY")
+    key, source = (
+        (Path(key_file).read_text().strip(), f"the file {key_file}")
+        if key_file
+        else (os.environ.get("SGLANG_API_KEY", ""), "$SGLANG_API_KEY")
+    )
     use_api_key(key, source)
     if key:
         if os.environ.get("OPENAI_API_KEY") not in (None, key):
@@ -343,50 +307,41 @@ def main(argv: list[str] | None = None) -> int:
     if a.report:
         return report_only(Path(a.report), a)
     p = pl.build(a, server_args)
-    too_many = pl.concurrency_problems(p)
-    if too_many:
-        raise UserError(f"{a.scenarios_file}: {len(too_many)} scenario(s) would not measure what they say:\n  "
-                        + "\n  ".join(too_many))
     if not p.runs:
-        say(f"every run of the plan is already in {a.results_dir} (--resume): nothing to run")
+        say(f"every run of the plan is already in {p.results_dir} (--resume): nothing to run")
         return 0
-    rev, dirty = revision(short=True)
-    box = a.box or preflight.default_box()
-    stem = a.results_dir / f"{_dt.datetime.now(_dt.timezone.utc):%Y%m%dT%H%M%SZ}_{rev}{'-dirty' * dirty}_{box}"
-    tokenizer = a.tokenizer or (p.model() if p.launched else None)
-    tokenizer = str(Path(tokenizer).resolve()) if tokenizer and Path(tokenizer).exists() else tokenizer
-    servers = {v.name: make_server(p, v, stem.with_name(f"{stem.name}.server-{v.name}.log")) for v in p.variants}
     checks = box_checks(p)
-    checks += serve_checks(p, servers, {c.name[6:] for c in checks if c.ok and c.name.startswith("image ")})
     if a.dry_run:
-        print_plan(p, servers, stem.with_suffix(".jsonl"), tokenizer)
+        print_plan(p)
         print("checks (a real run stops when one fails):\n" + "\n".join("  " + c.line() for c in checks))
         return 0
-    failed = [c for c in checks if not c.ok]
+    failed = [c.line() for c in checks if not c.ok]
     if failed:
-        raise UserError("make bench cannot start; nothing was started or written:\n  " + "\n  ".join(
-            c.line() for c in failed))
+        raise UserError("make bench cannot start; nothing was started or written:\n  " + "\n  ".join(failed))
     api_key(a.api_key_file)
-    return run_plan(p, servers, stem, {"stem": stem.name, "box": box, "git_rev": rev + "-dirty" * dirty,
-                                       "git_dirty": dirty, "tokenizer": tokenizer, "started_at": utcnow()})
+    return run_plan(p)
 
 
-def run_plan(p: pl.Plan, servers: dict[str, Server], stem: Path, meta: dict) -> int:
-    say(f"plan: {len(p.runs)} run(s) in {len(p.sessions)} session(s), ~{duration(p.seconds())}; results "
-        f"{stem.with_suffix('.jsonl')}")
-    p.args.results_dir.mkdir(parents=True, exist_ok=True)
+def run_plan(p: pl.Plan) -> int:
+    say(
+        f"plan: {len(p.runs)} run(s) in {len(p.sessions)} session(s), ~{duration(p.seconds)}; results "
+        f"{p.stem.with_suffix('.jsonl')}"
+    )
+    p.results_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="eagle-bench-") as tmp:
-        st = Session(p, stem.with_suffix(".jsonl"), meta, Path(tmp))
+        st = Session(p, {"stem": p.stem.name, **p.meta, "started_at": iso()}, Path(tmp))
         stopped = ""
         for si, runs in enumerate(p.sessions):
+            name = runs[0].variant.name
             try:
-                session(st, si, runs, servers[runs[0].variant.name])
+                session(st, si, runs, Server(p.launches[name], p.stem.with_name(f"{p.stem.name}.server-{name}.log")))
             except InfraError as e:
-                st.failures += [f"{r.label(len(p.runs))}: not run (the plan stopped)" for s in p.sessions[si:]
-                                for r in s]
+                st.failures += [
+                    f"{r.label(len(p.runs))}: not run (the plan stopped)" for s in p.sessions[si:] for r in s
+                ]
                 stopped = str(e)
                 break
-        status = finish(st, stem)
+        status = finish(st)
     if stopped:
         raise InfraError(f"the plan stopped after {len(st.records)} run(s): {stopped}")
     return status

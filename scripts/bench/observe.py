@@ -18,7 +18,7 @@ from ..lib.errors import UserError
 from ..lib.http import get_json, http_get
 
 GRAPH_METRIC = "sglang:cuda_graph_passes_total"
-STAGES = ("target_verify", "draft_decode", "draft_extend")
+STAGES = ("target_verify", "draft_decode", "draft_extend", "draft_block")
 OUTCOMES = ("graph", "piecewise", "eager")
 
 
@@ -27,8 +27,9 @@ def parse_metrics(text: str) -> list[tuple[str, dict, float]]:
     try:
         from prometheus_client.parser import text_string_to_metric_families as families
     except ImportError as e:
-        raise UserError("reading /metrics needs prometheus_client: pip install prometheus-client (make setup puts it "
-                        "in .venv)") from e
+        raise UserError(
+            "reading /metrics needs prometheus_client: pip install prometheus-client (make setup puts it in .venv)"
+        ) from e
     try:
         return [(s.name, dict(s.labels), float(s.value)) for f in families(text) for s in f.samples]
     except ValueError:
@@ -78,9 +79,14 @@ def graph_counts_from_info(server_info: dict | None) -> dict | None:
     raw = internal_state(server_info).get("spec_cuda_graph")
     if not isinstance(raw, dict):
         return None
-    return {stage: {**{o: int(c.get(o, 0)) for o in OUTCOMES},
-                    "fallback_reasons": {str(k): int(n) for k, n in (c.get("fallback_reasons") or {}).items()}}
-            for stage, c in raw.items() if isinstance(c, dict)}
+    return {
+        stage: {
+            **{o: int(c.get(o, 0)) for o in OUTCOMES},
+            "fallback_reasons": {str(k): int(n) for k, n in (c.get("fallback_reasons") or {}).items()},
+        }
+        for stage, c in raw.items()
+        if isinstance(c, dict)
+    }
 
 
 def spec_collectives(server_info: dict | None) -> dict | None:
@@ -117,8 +123,10 @@ def _stage_delta(b: dict, a: dict) -> dict:
 def graph_delta(before: Snapshot, after: Snapshot) -> dict | None:
     """Speculative forwards during a run, from the first source both snapshots have (/metrics, /server_info): the
     target verify's counts and graph hit rate at the top, every stage under "stages"; None for a stock server."""
-    for source, read in (("metrics", lambda s: graph_counts_from_metrics(s.metrics or [])),
-                         ("server_info", lambda s: graph_counts_from_info(s.server_info))):
+    for source, read in (
+        ("metrics", lambda s: graph_counts_from_metrics(s.metrics or [])),
+        ("server_info", lambda s: graph_counts_from_info(s.server_info)),
+    ):
         a = read(after)
         if a is not None:
             b = read(before) or {}
@@ -133,10 +141,14 @@ def accept_length(before: Snapshot, after: Snapshot) -> float | None:
     """Generated tokens per verify call over the run, from the server's counters."""
     if not before.metrics or not after.metrics:
         return None
-    toks = _delta(metric_sum(before.metrics, "sglang:generation_tokens_total"),
-                  metric_sum(after.metrics, "sglang:generation_tokens_total"))
-    calls = _delta(metric_sum(before.metrics, "sglang:spec_verify_calls_total"),
-                   metric_sum(after.metrics, "sglang:spec_verify_calls_total"))
+    toks = _delta(
+        metric_sum(before.metrics, "sglang:generation_tokens_total"),
+        metric_sum(after.metrics, "sglang:generation_tokens_total"),
+    )
+    calls = _delta(
+        metric_sum(before.metrics, "sglang:spec_verify_calls_total"),
+        metric_sum(after.metrics, "sglang:spec_verify_calls_total"),
+    )
     return toks / calls if toks and calls else None
 
 
@@ -155,11 +167,14 @@ def decode_rate(samples: list, start: float | None, end: float | None, source: s
         if v != last:
             last = v
             windows += [v] if v > 0 else []
-    return {"decode_tok_s": statistics.median(windows) if windows else None,
-            "decode_tok_s_mean": statistics.fmean(windows) if windows else None,
-            "decode_windows": len(windows), "decode_tok_s_source": source,
-            "decode_tok_s_samples": [round(w, 3) for w in windows[:1000]],
-            "running_reqs_mean": statistics.fmean(running) if running else None}
+    return {
+        "decode_tok_s": statistics.median(windows) if windows else None,
+        "decode_tok_s_mean": statistics.fmean(windows) if windows else None,
+        "decode_windows": len(windows),
+        "decode_tok_s_source": source,
+        "decode_tok_s_samples": [round(w, 3) for w in windows[:1000]],
+        "running_reqs_mean": statistics.fmean(running) if running else None,
+    }
 
 
 class Sampler:

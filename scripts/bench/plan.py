@@ -9,21 +9,29 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import re
+import shlex
 import string
+import time
 from pathlib import Path
 
+from ..box.docker import docker_run, hf_cache_dir
+from ..box.results import box_name, stamp
+from ..lib import profiles
 from ..lib.errors import UserError
-from ..lib.repo import PROFILES_DIR, REPO_ROOT
+from ..lib.repo import REPO_ROOT, revision
 from ..lib.tomlfile import load_toml
 from ..series.pin import load_pin
 from . import sweep
+from .servers import Launch
 
 BENCH_DIR = REPO_ROOT / "bench"
 RESULTS_DIR = BENCH_DIR / "results"
 BASELINES_DIR = BENCH_DIR / "baselines"
 ORDERS = ("aba", "blocked")
 ASSUMED_LOAD_S = 600.0  # one Kimi-K2.5 TP8 server: weights from the page cache or NVMe, graphs, JIT
+IN_IMAGE_REPO = "/opt/eagle-fast-verify"  # where a stock image sees this checkout (its serve)
 ASSUMED_STREAM_TOK_S = 50.0  # decode tok/s per stream (the seed box: 82 without speculation, 60 with EAGLE-3)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 
@@ -51,10 +59,17 @@ def _fail(msg: str):
 
 
 # bench_serving flag -> the scenario key that gives its value
-SCENARIO_FLAGS = {"--dataset-name": "dataset_name", "--num-prompts": "num_prompts", "--random-input-len": "input_len",
-                  "--random-output-len": "output_len", "--random-range-ratio": "range_ratio",
-                  "--max-concurrency": "max_concurrency", "--seed": "seed", "--warmup-requests": "warmup_requests",
-                  "--request-rate": "request_rate"}
+SCENARIO_FLAGS = {
+    "--dataset-name": "dataset_name",
+    "--num-prompts": "num_prompts",
+    "--random-input-len": "input_len",
+    "--random-output-len": "output_len",
+    "--random-range-ratio": "range_ratio",
+    "--max-concurrency": "max_concurrency",
+    "--seed": "seed",
+    "--warmup-requests": "warmup_requests",
+    "--request-rate": "request_rate",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,10 +94,11 @@ class Scenario:
 
     def bench_args(self) -> list[str]:
         d = {**dataclasses.asdict(self), "warmup_requests": self.warmup_requests or self.max_concurrency}
-        a = [x for flag, key in SCENARIO_FLAGS.items() if not (key == "request_rate" and str(d[key]) == "inf")
-             for x in (flag, str(d[key]))]
-        return a + ["--tokenize-prompt"] * self.tokenize_prompt + ["--flush-cache"] * self.flush_cache + list(
-            self.extra_args)
+        given = {flag: d[key] for flag, key in SCENARIO_FLAGS.items() if key != "request_rate" or str(d[key]) != "inf"}
+        a = [x for flag, value in given.items() for x in (flag, str(value))]
+        return (
+            a + ["--tokenize-prompt"] * self.tokenize_prompt + ["--flush-cache"] * self.flush_cache + [*self.extra_args]
+        )
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -161,11 +177,11 @@ def load_variants(path: Path) -> VariantSet:
         if not _NAME.match(str(v.get("name", ""))) or not v.get("profile"):
             raise UserError(f"{where}: needs a name (letters, digits, '.', '_', '+', '-') and a profile")
         if not isinstance(v.get("env", {}), dict) or not isinstance(v.get("args", []), list):
-            raise UserError(f"{where}: env is a table of NAME = \"value\", args a list of SGLang arguments")
+            raise UserError(f'{where}: env is a table of NAME = "value", args a list of SGLang arguments')
         if any(o.name == v["name"] for o in out):
             raise UserError(f"{path}: variant {v['name']} is defined twice")
-        out.append(Variant(**{**v, "env": tuple((str(k), str(x)) for k, x in v.get("env", {}).items()),
-                              "args": tuple(str(x) for x in v.get("args", ()))}))
+        env, args = tuple((str(k), str(x)) for k, x in v.get("env", {}).items()), tuple(map(str, v.get("args", ())))
+        out.append(Variant(**{**v, "env": env, "args": args}))
     return VariantSet(out, defaults, Path(path))
 
 
@@ -184,26 +200,6 @@ def server_variants(specs: list[str], patchsets: list[str]) -> list[Variant]:
     if unknown:
         raise UserError(f"--patchset {', '.join(unknown)}: write NAME=ID with the NAME of a --server-url")
     return [dataclasses.replace(v, patchset=declared.get(v.name, "unknown")) for v in out]
-
-
-def profile_path(profile: str) -> Path:
-    """A profile by name (docker/profiles/NAME.yaml) or by path."""
-    if "/" in profile or profile.endswith((".yaml", ".yml")):
-        return Path(profile) if Path(profile).is_absolute() else REPO_ROOT / profile
-    return PROFILES_DIR / f"{profile}.yaml"
-
-
-def profile_int(profile: str, key: str, args: tuple[str, ...] | list[str] = ()) -> int:
-    """An integer SGLang setting of a variant: the last `--key N` in its arguments, else the profile's (0: unset)."""
-    flag = f"--{key}"
-    given = [args[i + 1] for i, a in enumerate(args[:-1]) if a == flag]
-    given += [a.split("=", 1)[1] for a in args if a.startswith(flag + "=")]
-    if given:
-        return int(given[-1])
-    path = profile_path(profile)
-    text = path.read_text(errors="replace") if path.is_file() else ""
-    found = re.search(rf"^\s*{key.replace('-', '[-_]')}\s*[:=]\s*(\d+)", text, re.M)
-    return int(found.group(1)) if found else 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,8 +230,9 @@ def make_plan(scenarios: list[Scenario], variants: list[Variant], repeats: int, 
     """aba: odd rounds visit the variants forward, even rounds backward; blocked: every repeat of A, then of B."""
     if repeats < 1 or order not in ORDERS:
         raise UserError(f"repeats must be at least 1 and order one of {', '.join(ORDERS)}")
-    seq = [(r, v) for v in variants for r in range(repeats)] if order == "blocked" else [
-        (r, v) for r in range(repeats) for v in (variants if r % 2 == 0 else variants[::-1])]
+    seq = [(r, v) for r in range(repeats) for v in (variants if r % 2 == 0 else variants[::-1])]
+    if order == "blocked":
+        seq = [(r, v) for v in variants for r in range(repeats)]
     letters = {v.name: letter(i) for i, v in enumerate(variants)}
     runs: list[Run] = []
     for r, v in seq:
@@ -270,64 +267,44 @@ def held(runs: list[Run], results_dir: Path) -> tuple[list[Run], list[dict]]:
     return [dataclasses.replace(r, index=i) for i, r in enumerate(left, 1)], records
 
 
+@dataclasses.dataclass(frozen=True)
+class Judging:
+    """What the report compares against: the baseline to read and to write, the allowed drops, eager verifies."""
+
+    baseline: Path | None
+    write_baseline: Path | None
+    max_tok_s_drop: float | None
+    max_accept_drop: float | None
+    fail_on_eager: bool
+
+
 @dataclasses.dataclass
 class Plan:
-    """The runs to make (after --resume), their sessions and the variants' servers."""
+    """The runs to make (after --resume), their sessions, how each variant is served and benched, and what the box
+    must have for it: every value resolved from the command line and the files once."""
 
-    args: argparse.Namespace
-    server_args: list[str]
     scenarios: list[Scenario]
     variants: list[Variant]
     runs: list[Run]
+    sessions: list[list[Run]]
     earlier: list[dict]
-    defaults: dict
-
-    @property
-    def sessions(self) -> list[list[Run]]:
-        return sessions(self.runs)
-
-    @property
-    def launched(self) -> bool:
-        return not self.args.server_url
-
-    def seconds(self) -> float:
-        """runs x their duration + loads x ASSUMED_LOAD_S."""
-        return sum(r.scenario.seconds() for r in self.runs) + ASSUMED_LOAD_S * len(self.sessions) * self.launched
-
-    def model(self) -> str:
-        return self.args.model or self.defaults.get("model", "")
-
-    def drafter(self, v: Variant) -> str:
-        return v.draft_model or self.args.draft_model or self.defaults.get("draft_model", "")
-
-    def port(self) -> int:
-        return int(self.args.port or self.defaults.get("port", 30000))
-
-    def image(self, v: Variant) -> str:
-        pin = load_pin()
-        return {"patched": self.args.image or pin.serving_image, "stock": pin.upstream_image}.get(v.image, v.image)
-
-    def client_image(self) -> str:
-        """The serving image: bench_serving runs from it (its bench-client verb)."""
-        return self.args.image or load_pin().serving_image
-
-    def images(self) -> list[str]:
-        """The images the plan runs: its servers' and the client's (none with --here)."""
-        return [] if self.args.here else [*(self.image(v) for v in self.variants if not v.url), self.client_image()]
-
-    def gpus(self) -> int:
-        """The GPUs its launched servers need: the widest tp-size."""
-        return max((profile_int(v.profile, "tp-size", (*v.args, *self.server_args)) for v in self.variants
-                    if self.launched), default=0)
-
-    def weights(self) -> list[str]:
-        return [self.model(), *(self.drafter(v) for v in self.variants if v.speculative)] if self.launched else []
-
-    def serve_args(self, v: Variant) -> list[str]:
-        """serve's command line for variant v (contract 1)."""
-        a = ["--profile", v.profile, "--model", self.model(), "--port", str(self.port())]
-        rest = [*v.args, *self.server_args]
-        return a + ["--draft-model", self.drafter(v)] * v.speculative + (["--", *rest] if rest else [])
+    launches: dict[str, Launch]
+    client_image: str
+    client_args: list[str]  # more bench_serving arguments, after the run's own
+    tokenizer: str | None
+    images: list[str]  # to check: the servers' and the client's
+    gpus: int  # the widest tp-size of the launched servers (0: none launched)
+    port: int | None  # the launched servers' (None: none launched)
+    weights: list[str]
+    model: str
+    repeats: int
+    seconds: float  # the estimate: runs x their duration + loads x ASSUMED_LOAD_S
+    results_dir: Path
+    stem: Path  # results_dir/<UTC stamp>_<git rev>_<box>: the results file's name without .jsonl
+    meta: dict  # box, git revision: what every record says
+    launch_timeout: float
+    sample_interval: float
+    judging: Judging
 
 
 def parser() -> argparse.ArgumentParser:
@@ -341,7 +318,6 @@ def parser() -> argparse.ArgumentParser:
     add("--sweep", nargs="?", const=str(BENCH_DIR / "sweep.toml"), metavar="FILE", help="the drafter x settings sweep")
     add("--server-url", action="append", metavar="[NAME=]URL", help="bench a server that runs already")
     add("--patchset", action="append", default=[], metavar="NAME=ID", help="the patch set of a --server-url server")
-    add("--here", action="store_true", help="servers and client from the SGLang this python imports, not docker")
     add("--image", help="the serving image: patched variants and the client (default: the pin's)")
     add("--model", help="the target model (default: [defaults] model)")
     add("--draft-model", help="the speculative variants' drafter (default: [defaults] draft_model)")
@@ -367,45 +343,140 @@ def parser() -> argparse.ArgumentParser:
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """(options, SGLang arguments after --)."""
     i = argv.index("--") if "--" in argv else len(argv)
-    return parser().parse_args(argv[:i]), argv[i + 1:]
+    return parser().parse_args(argv[:i]), argv[i + 1 :]
+
+
+def judging(a: argparse.Namespace, box: str) -> Judging:
+    """--baseline [FILE] and --write-baseline [FILE] (no FILE: bench/baselines/<box>.json), the allowed drops."""
+    default = BASELINES_DIR / f"{box}.json"
+    base = None if a.baseline is None else Path(a.baseline) if a.baseline else default
+    write = None if a.write_baseline is None else Path(a.write_baseline) if a.write_baseline else default
+    return Judging(base, write, a.max_tok_s_drop, a.max_accept_drop, a.fail_on_eager)
+
+
+def select(a: argparse.Namespace, server_args: list[str]) -> tuple[list[Variant], dict, str | None]:
+    """(the variants: the sweep's points, the variants file's, or --server-url's; the variants file's [defaults];
+    the order)."""
+    if a.server_url and (a.variants or a.sweep or server_args):
+        raise UserError("--server-url benches servers that run already: drop --variants, --sweep and -- ARGS")
+    if a.server_url:
+        return server_variants(a.server_url, a.patchset), {}, None
+    if a.sweep and a.draft_model:
+        raise UserError(
+            "--draft-model sets the variants' drafter, but a sweep's drafters are its own (drafters = "
+            "[...] in the sweep file): drop --draft-model"
+        )
+    vset = load_variants(a.variants_file)
+    if not a.sweep:
+        return _pick(vset.variants, a.variants, "variant", vset.path), vset.defaults, None
+    sw = sweep.load(Path(a.sweep))
+    a.scenarios, a.repeats = a.scenarios or sw.scenarios, a.repeats or sw.repeats
+    vset = VariantSet(sweep.variants(sw, vset), vset.defaults, sw.path)
+    return _pick(vset.variants, a.variants, "variant", vset.path), vset.defaults, sw.order
+
+
+def launch(v: Variant, image: str, serve: list[str], port: int) -> Launch:
+    """A variant's server: the image's serve verb in a named detached container on the host's network, or (a stock
+    image) this checkout's serve, mounted read-only."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", f"eagle-bench-{v.name}-{os.getpid()}-{int(time.time())}")
+    cmd, extra = ["serve"], [x for k, val in v.env for x in ("-e", f"{k}={val}")]
+    if v.image == "stock":
+        cmd = ["-m", "scripts.host.serve"]
+        extra += [
+            "--entrypoint",
+            "python3",
+            "-v",
+            f"{REPO_ROOT}:{IN_IMAGE_REPO}:ro",
+            "-e",
+            f"PYTHONPATH={IN_IMAGE_REPO}",
+        ]
+    argv = docker_run(
+        image, [*cmd, *serve], hf_cache=hf_cache_dir(), network_host=True, detach=True, name=name, extra=extra
+    )
+    return Launch(v.name, f"http://127.0.0.1:{port}", image, tuple(argv), name)
 
 
 def build(a: argparse.Namespace, server_args: list[str]) -> Plan:
-    """The plan of these options: scenarios, variants (the sweep's, or --server-url's), runs, --resume."""
-    if a.server_url and (a.variants or a.sweep or server_args):
-        raise UserError("--server-url benches servers that run already: drop --variants, --sweep and -- ARGS")
-    if a.sweep and a.draft_model:
-        raise UserError("--draft-model sets the variants' drafter, but a sweep's drafters are its own (drafters = "
-                        "[...] in the sweep file): drop --draft-model")
-    vset = VariantSet([], {}, a.variants_file) if a.server_url else load_variants(a.variants_file)
-    order = None
-    if a.sweep:
-        sw = sweep.load(Path(a.sweep))
-        a.scenarios, a.repeats, order = a.scenarios or sw.scenarios, a.repeats or sw.repeats, sw.order
-        vset = VariantSet(sweep.variants(sw, vset), vset.defaults, sw.path)
-    variants = server_variants(a.server_url, a.patchset) if a.server_url else _pick(
-        vset.variants, a.variants, "variant", vset.path)
-    if a.here and any(v.image == "stock" for v in variants):
-        raise UserError("--here serves with the SGLang this python imports, so a stock variant would not be stock: "
-                        "pick patched variants (--variants patched-nospec,patched-eagle3)")
+    """The plan of these options, every value resolved: scenarios, variants, runs (--resume), each variant's server,
+    the client, what the box must have; a UserError for what would not measure what it says."""
+    variants, defaults, order = select(a, server_args)
     scenarios = load_scenarios(a.scenarios_file, a.scenarios)
     runs = make_plan(scenarios, variants, a.repeats or 3, order or "aba")
     runs, earlier = held(runs, a.results_dir) if a.resume else (runs, [])
-    return Plan(a, server_args, scenarios, variants, runs, earlier, vset.defaults)
+    pin = load_pin()
+    images = {"patched": a.image or pin.serving_image, "stock": pin.upstream_image}
+    model = a.model or defaults.get("model", "")
+    port = int(a.port or defaults.get("port", 30000))
+    launches, gpus, weights, caps = {}, 0, [], {}
+    for v in variants:
+        if v.url:
+            launches[v.name] = Launch(v.name, v.url, patchset=v.patchset)
+            continue
+        rest = [*v.args, *server_args]
+        served = profiles.settings(v.profile, rest)
+        gpus = max(gpus, int(served.get("tp-size") or 1))
+        caps[v.name] = int(served.get("max-running-requests") or 0)
+        drafter = v.draft_model or a.draft_model or defaults.get("draft_model", "")
+        serve = ["--profile", v.profile, "--model", model, "--port", str(port)]
+        if v.speculative:
+            serve += ["--draft-model", drafter]
+        if rest:
+            serve += ["--", *rest]
+        launches[v.name] = launch(v, images.get(v.image, v.image), serve, port)
+        weights += [model, drafter] if v.speculative else [model]
+    launched = bool(weights)
+    tokenizer = a.tokenizer or (model if launched else None)
+    if tokenizer and Path(tokenizer).exists():
+        tokenizer = str(Path(tokenizer).resolve())
+    all_sessions = sessions(runs)
+    box = a.box or box_name()
+    rev, dirty = revision(short=True)
+    plan = Plan(
+        scenarios=scenarios,
+        variants=variants,
+        runs=runs,
+        sessions=all_sessions,
+        earlier=earlier,
+        launches=launches,
+        client_image=a.image or pin.serving_image,
+        client_args=shlex.split(a.bench_args),
+        tokenizer=tokenizer,
+        images=[*(x.image for x in launches.values() if x.image), a.image or pin.serving_image],
+        gpus=gpus,
+        port=port if launched else None,
+        weights=list(dict.fromkeys(weights)),
+        model=model if launched else "",
+        repeats=a.repeats or 3,
+        seconds=sum(r.scenario.seconds() for r in runs) + ASSUMED_LOAD_S * len(all_sessions) * launched,
+        results_dir=a.results_dir,
+        stem=a.results_dir / f"{stamp()}_{rev}{'-dirty' * dirty}_{box}",
+        meta={"box": box, "git_rev": rev + "-dirty" * dirty, "git_dirty": dirty, "tokenizer": tokenizer},
+        launch_timeout=a.launch_timeout,
+        sample_interval=a.sample_interval,
+        judging=judging(a, box),
+    )
+    too_many = concurrency_problems(scenarios, caps, variants)
+    if too_many:
+        raise UserError(
+            f"{a.scenarios_file}: {len(too_many)} scenario(s) would not measure what they say:\n  "
+            + "\n  ".join(too_many)
+        )
+    return plan
 
 
-def concurrency_problems(p: Plan) -> list[str]:
-    """Scenarios asking more concurrent requests than a launched server runs at once (its max-running-requests):
-    the rest would queue, and the run would not measure that concurrency."""
+def concurrency_problems(scenarios: list[Scenario], caps: dict[str, int], variants: list[Variant]) -> list[str]:
+    """Scenarios asking more concurrent requests than a launched server runs at once (caps: its max-running-requests,
+    0 unset): the rest would queue, and the run would not measure that concurrency."""
+    profile = {v.name: v.profile for v in variants}
     out = []
-    for s in p.scenarios:
-        caps = sorted((cap, v.name, v.profile) for v in p.variants if p.launched
-                      and 0 < (cap := profile_int(v.profile, "max-running-requests", (*v.args, *p.server_args)))
-                      < s.max_concurrency)
-        if caps:
-            cap, name, profile = caps[0]
-            out.append(f"scenario {s.name}: max_concurrency {s.max_concurrency} is above max-running-requests {cap} "
-                       f"of {name} (profile {profile}): {cap} would run at a time. Fix: max_concurrency <= {cap} in "
-                       f"[[scenario]] {s.name}, or make bench BENCH_ARGS=\"... -- --max-running-requests "
-                       f"{s.max_concurrency}\"")
+    for s in scenarios:
+        below = sorted((cap, name) for name, cap in caps.items() if 0 < cap < s.max_concurrency)
+        if below:
+            cap, name = below[0]
+            out.append(
+                f"scenario {s.name}: max_concurrency {s.max_concurrency} is above max-running-requests {cap} "
+                f"of {name} (profile {profile[name]}): {cap} would run at a time. Fix: max_concurrency <= {cap} "
+                f'in [[scenario]] {s.name}, or make bench BENCH_ARGS="... -- --max-running-requests '
+                f'{s.max_concurrency}"'
+            )
     return out

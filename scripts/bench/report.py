@@ -1,5 +1,5 @@
 """Results of `make bench`: the summary per scenario x variant, its markdown tables and the plot of the same rows,
-the baseline file and the comparison with it.
+the baseline file and the comparison with it; publish() writes them all beside a results file.
 
 A results file is JSONL: bench_serving's own record plus an "eagle" object (scripts/bench/bench.py). Per run: the
 client's medians (TTFT, ITL, TPOT), its output throughput, the server's decode tok/s and the accept length; per
@@ -10,21 +10,28 @@ tok/s median falls more than the allowed percentage below it, or the accept leng
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
 import json
 import statistics
+import sys
 from pathlib import Path
 
+from ..box.results import iso, write_json
 from ..lib.errors import UserError
-from ..lib.table import md_table
-from .numbers import num
+from ..lib.progress import say
+from ..lib.table import md_table, num
 
 BASELINE_SCHEMA = "eagle-bench-baseline/1"
 DEFAULT_THRESHOLDS = {"tok_s_drop_pct": 5.0, "accept_length_drop": 0.05}
 METRICS = ("decode_tok_s", "output_tok_s", "ttft_ms", "itl_ms", "tpot_ms", "accept_length")
 BASELINE_METRICS = ("decode_tok_s", "output_tok_s", "accept_length")
-LABELS = {"decode_tok_s": "decode tok/s", "output_tok_s": "output tok/s", "ttft_ms": "TTFT ms",
-          "itl_ms": "ITL ms", "tpot_ms": "TPOT ms", "accept_length": "accept length"}
+LABELS = {
+    "decode_tok_s": "decode tok/s",
+    "output_tok_s": "output tok/s",
+    "ttft_ms": "TTFT ms",
+    "itl_ms": "ITL ms",
+    "tpot_ms": "TPOT ms",
+    "accept_length": "accept length",
+}
 
 
 def load_results(path: Path) -> list[dict]:
@@ -39,7 +46,7 @@ def load_results(path: Path) -> list[dict]:
         except ValueError as e:
             raise UserError(f"{path}:{i} is not JSON: {e}") from e
         if not isinstance(rec, dict) or not isinstance(rec.get("eagle"), dict):
-            raise UserError(f"{path}:{i} has no \"eagle\" object: not a scripts.bench results file")
+            raise UserError(f'{path}:{i} has no "eagle" object: not a scripts.bench results file')
         out.append(rec)
     return out
 
@@ -50,10 +57,14 @@ def _f(x) -> float | None:
 
 def run_metrics(rec: dict) -> dict[str, float | None]:
     e = rec.get("eagle", {})
-    return {"decode_tok_s": _f(e.get("decode_tok_s")), "output_tok_s": _f(rec.get("output_throughput")),
-            "ttft_ms": _f(rec.get("median_ttft_ms")), "itl_ms": _f(rec.get("median_itl_ms")),
-            "tpot_ms": _f(rec.get("median_tpot_ms")),
-            "accept_length": _f(rec.get("accept_length")) or _f(e.get("accept_length_metrics"))}
+    return {
+        "decode_tok_s": _f(e.get("decode_tok_s")),
+        "output_tok_s": _f(rec.get("output_throughput")),
+        "ttft_ms": _f(rec.get("median_ttft_ms")),
+        "itl_ms": _f(rec.get("median_itl_ms")),
+        "tpot_ms": _f(rec.get("median_tpot_ms")),
+        "accept_length": _f(rec.get("accept_length")) or _f(e.get("accept_length_metrics")),
+    }
 
 
 @dataclasses.dataclass
@@ -113,31 +124,54 @@ def summarize(records: list[dict]) -> list[Row]:
         pw = sum(int(v.get("piecewise", 0)) for v in vs)
         per = [run_metrics(r) for r in recs]
         spec = es[0].get("variant_spec") or {}
-        rows.append(Row(sc, var, es[0].get("letter", "?"), len(recs),
-                        sorted({str(e.get("patchset", "unknown")) for e in es}),
-                        {m: stat([x[m] for x in per]) for m in METRICS},
-                        sum(int(v.get("eager", 0)) for v in vs) + pw if vs else None, reasons,
-                        es[0].get("scenario_spec") or {}, sum(int(v.get("graph", 0)) for v in vs) if vs else None,
-                        pw, spec.get("setting") or {}, spec.get("speculative")))
+        rows.append(
+            Row(
+                scenario=sc,
+                variant=var,
+                letter=es[0].get("letter", "?"),
+                n=len(recs),
+                patchsets=sorted({str(e.get("patchset", "unknown")) for e in es}),
+                stats={m: stat([x[m] for x in per]) for m in METRICS},
+                eager=sum(int(v.get("eager", 0)) for v in vs) + pw if vs else None,
+                eager_reasons=reasons,
+                scenario_spec=es[0].get("scenario_spec") or {},
+                graph=sum(int(v.get("graph", 0)) for v in vs) if vs else None,
+                piecewise=pw,
+                setting=spec.get("setting") or {},
+                speculative=spec.get("speculative"),
+            )
+        )
     return sorted(rows, key=lambda row: (order.index(row.scenario), row.letter, row.variant))
 
 
 def make_baseline(rows: list[Row], meta: dict, thresholds: dict) -> dict:
-    entries = [{"scenario": r.scenario, "variant": r.variant, "patchset": ",".join(r.patchsets), "n": r.n,
-                **{m: round(s.median, 4) if (s := r.stats.get(m)) else None for m in BASELINE_METRICS}} for r in rows]
-    return {"schema": BASELINE_SCHEMA, "box": meta.get("box"), "git_rev": meta.get("git_rev"),
-            "source": meta.get("stem"), "thresholds": thresholds, "entries": entries,
-            "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    entries = []
+    for r in rows:
+        medians = {m: round(s.median, 4) if (s := r.stats.get(m)) else None for m in BASELINE_METRICS}
+        entries.append(
+            {"scenario": r.scenario, "variant": r.variant, "patchset": ",".join(r.patchsets), "n": r.n, **medians}
+        )
+    return {
+        "schema": BASELINE_SCHEMA,
+        "box": meta.get("box"),
+        "git_rev": meta.get("git_rev"),
+        "source": meta.get("stem"),
+        "thresholds": thresholds,
+        "entries": entries,
+        "created_at": iso(),
+    }
 
 
 def load_baseline(path: Path) -> dict:
     try:
         d = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise UserError(f"baseline {path}: {e}; write one with --write-baseline {path} "
-                        f"(bench/baselines/README.md)") from e
-    if not isinstance(d, dict) or d.get("schema") != BASELINE_SCHEMA or not all(
-            isinstance(e, dict) and "scenario" in e and "variant" in e for e in d.get("entries") or [None]):
+        raise UserError(
+            f"baseline {path}: {e}; write one with --write-baseline {path} (bench/baselines/README.md)"
+        ) from e
+    entries = d.get("entries") if isinstance(d, dict) else None
+    keyed = all(isinstance(e, dict) and "scenario" in e and "variant" in e for e in entries or [None])
+    if not isinstance(d, dict) or d.get("schema") != BASELINE_SCHEMA or not keyed:
         raise UserError(f"baseline {path} is not a {BASELINE_SCHEMA} file (bench/baselines/README.md)")
     return d
 
@@ -168,8 +202,10 @@ class BaselineCheck:
         return f"{100.0 * (self.current - self.baseline) / self.baseline:+.1f}%"
 
     def line(self) -> str:
-        return (f"{self.scenario} / {self.variant}: {LABELS[self.metric]} {num(self.current, small=True)} vs "
-                f"baseline {num(self.baseline, small=True)} ({self.change}, limit {self.limit})")
+        return (
+            f"{self.scenario} / {self.variant}: {LABELS[self.metric]} {num(self.current, small=True)} vs "
+            f"baseline {num(self.baseline, small=True)} ({self.change}, limit {self.limit})"
+        )
 
 
 def compare(rows: list[Row], baseline: dict, th: dict) -> list[BaselineCheck]:
@@ -180,10 +216,11 @@ def compare(rows: list[Row], baseline: dict, th: dict) -> list[BaselineCheck]:
         for m in (m for m in BASELINE_METRICS if _f(e.get(m)) is not None):
             base, s = _f(e[m]), row.stats.get(m) if row else None
             floor = base - drop - 1e-12 if m == "accept_length" else base * (1.0 - pct / 100.0)
-            status = "not run" if row is None else "not measured" if s is None else (
-                "REGRESSION" if s.median < floor else "ok")
-            out.append(BaselineCheck(e["scenario"], e["variant"], m, base, s.median if s else None,
-                                     f"-{drop:g}" if m == "accept_length" else f"-{pct:g}%", status))
+            status = "not run" if row is None else "not measured" if s is None else "ok"
+            if s is not None and s.median < floor:
+                status = "REGRESSION"
+            limit = f"-{drop:g}" if m == "accept_length" else f"-{pct:g}%"
+            out.append(BaselineCheck(e["scenario"], e["variant"], m, base, s.median if s else None, limit, status))
     return out
 
 
@@ -198,52 +235,107 @@ def hit_cell(r: Row) -> str:
     return "–" if r.hit_rate is None else f"{100 * r.hit_rate:.1f}%"
 
 
-def _row(r: Row, ref: Row) -> list:
-    a, b = r.stats.get(r.main), ref.stats.get(r.main)
-    vs = f"{a.median / b.median:.2f}×" + (" (output)" if r.main != "decode_tok_s" else "") if a and b and b.median \
-        else "–"
-    return [r.letter, r.variant, f"`{'/'.join(r.patchsets)}`", r.n, _cell(r.stats["decode_tok_s"]), vs,
-            _cell(r.stats["output_tok_s"]), _cell(r.stats["ttft_ms"]), _cell(r.stats["itl_ms"], 2),
-            _cell(r.stats["tpot_ms"], 2), _cell(r.stats["accept_length"], 3), hit_cell(r),
-            "–" if r.eager is None else (f"**{r.eager}** ⚠" if r.eager else "0")]
+def _row(r: Row, ref: Row) -> str:
+    a, b, st = r.stats.get(r.main), ref.stats.get(r.main), r.stats
+    vs = "–"
+    if a and b and b.median:
+        vs = f"{a.median / b.median:.2f}×" + (" (output)" if r.main != "decode_tok_s" else "")
+    off = "–" if r.eager is None else (f"**{r.eager}** ⚠" if r.eager else "0")
+    return (
+        f"{r.letter} | {r.variant} | `{'/'.join(r.patchsets)}` | {r.n} | {_cell(st['decode_tok_s'])} | {vs} | "
+        f"{_cell(st['output_tok_s'])} | {_cell(st['ttft_ms'])} | {_cell(st['itl_ms'], 2)} | "
+        f"{_cell(st['tpot_ms'], 2)} | {_cell(st['accept_length'], 3)} | {hit_cell(r)} | {off}"
+    )
 
 
-def markdown(rows: list[Row], meta: dict, checks: list[BaselineCheck] | None = None,
-             baseline_path: str | None = None) -> str:
+CELLS = (
+    "- cells: median over repeats (min–max). decode tok/s: the server's own rate (sglang:gen_throughput, median "
+    "of its decode-stats windows during the measured phase); output tok/s, TTFT, ITL, TPOT: bench_serving; accept "
+    "length: bench_serving's, else the server's counters; verify graph: share of target verify forwards replayed "
+    "by their CUDA graph; off-graph verify: the others, eager or piecewise (– without counters)."
+)
+
+
+def markdown(
+    rows: list[Row], meta: dict, checks: list[BaselineCheck] | None = None, baseline_path: str | None = None
+) -> str:
     patchsets: dict[str, set] = {}
     for r in rows:
         patchsets.setdefault(r.variant, set()).update(r.patchsets)
-    L = [f"# Bench results {meta.get('stem', '')}", "",
-         f"- box: `{meta.get('box')}` · git: `{meta.get('git_rev')}` · runs: {meta.get('runs')}"
-         + (f" (failed: {meta['failed']})" if meta.get("failed") else "")
-         + (f" · {meta.get('started_at')} → {meta.get('finished_at')}" if meta.get("started_at") else ""),
-         "- patch sets: " + ", ".join(f"{v} `{'/'.join(sorted(p))}`" for v, p in patchsets.items()),
-         "- cells: median over repeats (min–max). decode tok/s: the server's own rate (sglang:gen_throughput, median "
-         "of its decode-stats windows during the measured phase); output tok/s, TTFT, ITL, TPOT: bench_serving; "
-         "accept length: bench_serving's, else the server's counters; verify graph: share of target verify forwards "
-         "replayed by their CUDA graph; off-graph verify: the others, eager or piecewise (– without counters).", ""]
+    runs = f"- box: `{meta.get('box')}` · git: `{meta.get('git_rev')}` · runs: {meta.get('runs')}"
+    if meta.get("failed"):
+        runs += f" (failed: {meta['failed']})"
+    if meta.get("started_at"):
+        runs += f" · {meta.get('started_at')} → {meta.get('finished_at')}"
+    shown = ", ".join(f"{v} `{'/'.join(sorted(p))}`" for v, p in patchsets.items())
+    out = [f"# Bench results {meta.get('stem', '')}", "", runs, f"- patch sets: {shown}", CELLS, ""]
     for sc in dict.fromkeys(r.scenario for r in rows):
-        srows = [r for r in rows if r.scenario == sc]
-        spec = srows[0].scenario_spec
-        L += [f"## {sc}" + (f" (concurrency {spec.get('max_concurrency')}, {spec.get('num_prompts')} prompts, in "
-                            f"{spec.get('input_len')} / out {spec.get('output_len')} tokens)" if spec else ""), "",
-              md_table(["", "variant", "patch set", "n", "decode tok/s", f"vs {srows[0].letter}", "output tok/s",
-                        "TTFT ms", "ITL ms", "TPOT ms", "accept length", "verify graph", "off-graph verify"],
-                       [_row(r, srows[0]) for r in srows], "lllrrrrrrrrrr"), ""]
+        out += scenario_markdown([r for r in rows if r.scenario == sc])
     flagged = [r for r in rows if r.eager]
-    L += ["## ⚠ Verify forwards off their CUDA graph", ""] * bool(flagged) + [
-        f"- {r.scenario} / {r.variant}: {r.eager} verify forwards ran off their CUDA graph ({r.eager - r.piecewise} "
-        f"eager" + (f", {r.piecewise} piecewise" if r.piecewise else "") + "; " + (", ".join(
-            f"{k}: {n}" for k, n in sorted(r.eager_reasons.items())) or "no reason given") + ")" for r in flagged]
-    L += [""] + sweep_markdown(rows)
+    if flagged:
+        out += ["## ⚠ Verify forwards off their CUDA graph", ""]
+    for r in flagged:
+        reasons = ", ".join(f"{k}: {n}" for k, n in sorted(r.eager_reasons.items())) or "no reason given"
+        piecewise = f", {r.piecewise} piecewise" if r.piecewise else ""
+        out.append(
+            f"- {r.scenario} / {r.variant}: {r.eager} verify forwards ran off their CUDA graph "
+            f"({r.eager - r.piecewise} eager{piecewise}; {reasons})"
+        )
+    out += [""] + sweep_markdown(rows)
     if checks is not None:
         bad = sum(c.status == "REGRESSION" for c in checks)
-        L += [f"## Baseline comparison ({baseline_path})", "", f"**{bad} regression(s)**" if bad else "No regression.",
-              "", md_table(["scenario", "variant", "metric", "baseline", "now", "change", "limit", "status"], [
-                  [c.scenario, c.variant, LABELS[c.metric], num(c.baseline, 2, small=True),
-                   num(c.current, 2, small=True), c.change, c.limit,
-                   f"**{c.status}**" if c.status == "REGRESSION" else c.status] for c in checks], "lllrrrrl"), ""]
-    return "\n".join(L)
+        cells = []
+        for c in checks:
+            status = f"**{c.status}**" if c.status == "REGRESSION" else c.status
+            cells.append(
+                f"{c.scenario} | {c.variant} | {LABELS[c.metric]} | {num(c.baseline, 2, small=True)} | "
+                f"{num(c.current, 2, small=True)} | {c.change} | {c.limit} | {status}"
+            )
+        table = md_table("scenario | variant | metric | baseline | now | change | limit | status", cells, "lllrrrrl")
+        said = f"**{bad} regression(s)**" if bad else "No regression."
+        out += [f"## Baseline comparison ({baseline_path})", "", said, "", table, ""]
+    return "\n".join(out)
+
+
+def scenario_markdown(srows: list[Row]) -> list[str]:
+    """One scenario's table: every variant against the first."""
+    spec, first = srows[0].scenario_spec, srows[0].letter
+    title = f"## {srows[0].scenario}"
+    if spec:
+        title += (
+            f" (concurrency {spec.get('max_concurrency')}, {spec.get('num_prompts')} prompts, in "
+            f"{spec.get('input_len')} / out {spec.get('output_len')} tokens)"
+        )
+    header = (
+        f" | variant | patch set | n | decode tok/s | vs {first} | output tok/s | TTFT ms | ITL ms | TPOT ms | accept "
+        "length | verify graph | off-graph verify"
+    )
+    return [title, "", md_table(header, [_row(r, srows[0]) for r in srows], "lllrrrrrrrrrr"), ""]
+
+
+def publish(records: list[dict], stem: Path, meta: dict, judging) -> bool:
+    """The .md and .png beside the results (stem), the baseline comparison and writing (judging: plan.Judging).
+    True when the run fails its judging: a regression, or (fail_on_eager) a verify forward off its CUDA graph."""
+    rows = summarize(records)
+    baseline = load_baseline(judging.baseline) if judging.baseline else None
+    th = thresholds(baseline, judging.max_tok_s_drop, judging.max_accept_drop)
+    checks = compare(rows, baseline, th) if baseline else None
+    stem.with_suffix(".md").write_text(markdown(rows, meta, checks, str(judging.baseline)))
+    drawn = plot(rows, stem.with_suffix(".png"), title=stem.name)
+    no_plot = " (no plot: no matplotlib here; make bench uses .venv's python, make setup)"
+    say(f"report: {stem.with_suffix('.md')}" + (f" and {stem.with_suffix('.png')}" if drawn else no_plot))
+    for r in (r for r in rows if r.eager):
+        reasons = ", ".join(f"{k}: {n}" for k, n in sorted(r.eager_reasons.items()))
+        say(f"⚠ {r.scenario} / {r.variant}: {r.eager} verify forward(s) off their CUDA graph: {reasons}")
+    if judging.write_baseline:
+        write_json(judging.write_baseline, make_baseline(rows, meta, th))
+        say(f"baseline written: {judging.write_baseline}")
+    bad = [c for c in checks or [] if c.status == "REGRESSION"]
+    for c in bad:
+        print(f"REGRESSION against {judging.baseline}: {c.line()}", file=sys.stderr)
+    if checks is not None and not bad:
+        say(f"no regression against {judging.baseline} ({sum(c.status == 'ok' for c in checks)} checks)")
+    return bool(bad) or judging.fail_on_eager and any(r.eager for r in rows)
 
 
 # -------------------------------------------------------------------------------------------------------------
@@ -273,24 +365,23 @@ def sweep_points(rows: list[Row], scenario: str) -> tuple[list[Point], float | N
     for r in rows:
         s, al, tps = r.setting, r.stats.get("accept_length"), r.stats.get("decode_tok_s")
         if r.scenario == scenario and s and al and tps and tps.median > 0:
-            points.append(Point(r.variant, f"{s['drafter']} ({s['draft_quantization']})", s["steps"],
-                                s["draft_tokens"], al.median, tps.median, r.hit_rate))
-    refs = [r.stats["decode_tok_s"].median for r in rows if r.scenario == scenario and r.speculative is False
-            and r.stats.get("decode_tok_s")]
+            points.append(
+                Point(
+                    r.variant,
+                    f"{s['drafter']} ({s['draft_quantization']})",
+                    s["steps"],
+                    s["draft_tokens"],
+                    al.median,
+                    tps.median,
+                    r.hit_rate,
+                )
+            )
+    refs = [
+        r.stats["decode_tok_s"].median
+        for r in rows
+        if r.scenario == scenario and r.speculative is False and r.stats.get("decode_tok_s")
+    ]
     return points, (1000.0 / max(refs) if refs else None)
-
-
-def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
-    """x with a x = b (Gaussian elimination, partial pivoting); None when a is singular."""
-    n, m = len(b), [row[:] + [b[i]] for i, row in enumerate(a)]
-    for c in range(n):
-        piv = max(range(c, n), key=lambda r: abs(m[r][c]))
-        if abs(m[piv][c]) < 1e-9 * max(1.0, max(abs(x) for row in m for x in row[:n])):
-            return None
-        m[c], m[piv] = m[piv], m[c]
-        for r in (r for r in range(n) if r != c):
-            m[r] = [x - m[r][c] / m[c][c] * y for x, y in zip(m[r], m[c])]
-    return [m[i][n] / m[i][i] for i in range(n)]
 
 
 def fit(points: list[Point], t1: float | None) -> tuple[dict | None, str]:
@@ -300,16 +391,26 @@ def fit(points: list[Point], t1: float | None) -> tuple[dict | None, str]:
     n = int(free) + 1 + len(groups)
     if len(points) < n + 1:
         return None, f"{len(points)} point(s) for {n} unknowns: the sweep needs more points"
-    rows = [[1.0] * free + [p.draft_tokens - 1.0] + [float(p.steps) * (g == p.group) for g in groups] for p in points]
-    ys = [p.cycle_ms - (0.0 if free else t1) for p in points]
-    x = _solve([[sum(r[i] * r[j] for r in rows) for j in range(n)] for i in range(n)],
-               [sum(r[i] * y for r, y in zip(rows, ys)) for i in range(n)])
-    if x is None:
-        return None, ("the points cannot separate the verify cost per token from the draft cost per step (chain "
-                      "points only: draft tokens - 1 = steps); add tree points (topk > 1)")
+    import numpy as np
+
+    design = np.array(
+        [[1.0] * free + [p.draft_tokens - 1.0] + [float(p.steps) * (g == p.group) for g in groups] for p in points]
+    )
+    cycles = np.array([p.cycle_ms - (0.0 if free else t1) for p in points])
+    solved, _, rank, _ = np.linalg.lstsq(design, cycles, rcond=None)
+    if rank < n:
+        return None, (
+            "the points cannot separate the verify cost per token from the draft cost per step (chain "
+            "points only: draft tokens - 1 = steps); add tree points (topk > 1)"
+        )
+    x = [float(v) for v in solved]
     t1 = x.pop(0) if free else t1
-    return {"t1": t1, "source": "fitted (no reference run without speculation)" if free else "measured by the "
-            "reference run", "per_token": x[0], "per_step": dict(zip(groups, x[1:]))}, ""
+    return {
+        "t1": t1,
+        "source": "fitted (no reference run without speculation)" if free else "measured by the reference run",
+        "per_token": x[0],
+        "per_step": dict(zip(groups, x[1:])),
+    }, ""
 
 
 def model_cycle(f: dict, p: Point) -> float:
@@ -322,17 +423,32 @@ def verdict(points: list[Point], f: dict) -> list[str]:
     pr, me = max(points, key=tok), max(points, key=lambda p: p.decode_tok_s)
     misses = sorted(((p, p.decode_tok_s / tok(p) - 1.0) for p in points), key=lambda x: -abs(x[1]))[:3]
     worst = [(p, d) for p, d in misses if abs(d) > 0.02]
-    return [f"Cost model over {len(points)} point(s): cycle = {f['t1']:.2f} ms (t1, {f['source']}) + "
-            f"{f['per_token']:.3f} ms per verified token beyond the first + per draft step: "
-            + ", ".join(f"{g} {v:.2f} ms" for g, v in f["per_step"].items()) + ".",
-            f"Predicted optimum: {pr.name} ({tok(pr):.1f} tok/s predicted, {pr.decode_tok_s:.1f} measured). "
-            f"Measured optimum: {me.name} ({me.decode_tok_s:.1f} tok/s). " + (
-                "The sweep agrees with the model." if pr.name == me.name else "The sweep does NOT agree with the "
-                f"model (the predicted point measured {100 * (1 - pr.decode_tok_s / me.decode_tok_s):.1f}% below "
-                "the best): the linear costs miss something at one of them (look at its verify graph hit rate).")] + (
-        ["Largest misses (measured vs predicted tok/s): " + ", ".join(
-            f"{p.name} {100 * d:+.1f}%" + (f" (verify graph {100 * p.hit_rate:.0f}%)" if p.hit_rate is not None
-                                           else "") for p, d in worst)] if worst else [])
+    return [
+        f"Cost model over {len(points)} point(s): cycle = {f['t1']:.2f} ms (t1, {f['source']}) + "
+        f"{f['per_token']:.3f} ms per verified token beyond the first + per draft step: "
+        + ", ".join(f"{g} {v:.2f} ms" for g, v in f["per_step"].items())
+        + ".",
+        f"Predicted optimum: {pr.name} ({tok(pr):.1f} tok/s predicted, {pr.decode_tok_s:.1f} measured). "
+        f"Measured optimum: {me.name} ({me.decode_tok_s:.1f} tok/s). "
+        + (
+            "The sweep agrees with the model."
+            if pr.name == me.name
+            else "The sweep does NOT agree with the "
+            f"model (the predicted point measured {100 * (1 - pr.decode_tok_s / me.decode_tok_s):.1f}% below "
+            "the best): the linear costs miss something at one of them (look at its verify graph hit rate)."
+        ),
+    ] + (
+        [
+            "Largest misses (measured vs predicted tok/s): "
+            + ", ".join(
+                f"{p.name} {100 * d:+.1f}%"
+                + (f" (verify graph {100 * p.hit_rate:.0f}%)" if p.hit_rate is not None else "")
+                for p, d in worst
+            )
+        ]
+        if worst
+        else []
+    )
 
 
 def sweep_markdown(rows: list[Row]) -> list[str]:
@@ -343,12 +459,15 @@ def sweep_markdown(rows: list[Row]) -> list[str]:
         table = []
         for r in sorted((r for r in rows if r.scenario == sc and r.setting), key=lambda r: r.variant):
             s, p = r.setting, next((p for p in points if p.name == r.variant), None)
-            table.append([s["drafter"], s["draft_quantization"], f"{s['steps']}/{s['topk']}/{s['draft_tokens']}",
-                          _cell(r.stats["accept_length"], 3), _cell(r.stats["decode_tok_s"]), hit_cell(r),
-                          f"{p.cycle_ms:.1f}" if p else "–", f"{model_cycle(f, p):.1f}" if f and p else "–"])
-        L += [f"## Sweep: drafters and speculative settings ({sc})", "", md_table(
-            ["drafter", "draft weights", "steps/topk/tokens", "accept length", "decode tok/s", "verify graph",
-             "cycle ms", "model cycle ms"], table, "lllrrrrr"), ""]
+            cycle, model = f"{p.cycle_ms:.1f}" if p else "–", f"{model_cycle(f, p):.1f}" if f and p else "–"
+            table.append(
+                f"{s['drafter']} | {s['draft_quantization']} | {s['steps']}/{s['topk']}/{s['draft_tokens']} | "
+                f"{_cell(r.stats['accept_length'], 3)} | {_cell(r.stats['decode_tok_s'])} | {hit_cell(r)} | "
+                f"{cycle} | {model}"
+            )
+        header = "drafter | draft weights | steps/topk/tokens | accept length | decode tok/s | verify graph | cycle ms | model"
+        title = f"## Sweep: drafters and speculative settings ({sc})"
+        L += [title, "", md_table(header + " cycle ms", table, "lllrrrrr"), ""]
         L += (verdict(points, f) if f else [f"No cost-model verdict: {why}."]) + [""]
     return L
 
@@ -370,16 +489,25 @@ def plot(rows: list[Row], path: Path, title: str = "") -> bool:
     scenarios = list(dict.fromkeys(r.scenario for r in rows))
     metrics = [m for m in BASELINE_METRICS if any(r.stats.get(m) for r in rows)] or ["output_tok_s"]
     variants = list(dict.fromkeys(r.variant for r in sorted(rows, key=lambda r: r.letter)))
-    fig, axes = plt.subplots(len(metrics), len(scenarios), squeeze=False, figsize=(
-        max(4.0, 1.2 + 0.9 * len(variants)) * len(scenarios), 3.2 * len(metrics)))
+    fig, axes = plt.subplots(
+        len(metrics),
+        len(scenarios),
+        squeeze=False,
+        figsize=(max(4.0, 1.2 + 0.9 * len(variants)) * len(scenarios), 3.2 * len(metrics)),
+    )
     for (i, m), (j, sc) in ((im, js) for im in enumerate(metrics) for js in enumerate(scenarios)):
         ax = axes[i][j]
         for k, r in enumerate(next((r for r in rows if r.scenario == sc and r.variant == v), None) for v in variants):
             if s := (r.stats.get(m) if r else None):
                 ax.bar(k, s.median, color=plt.get_cmap("tab10")(k % 10), alpha=0.55, width=0.7)
                 ax.errorbar(k, s.median, yerr=[[s.median - s.min], [s.max - s.median]], color="black", capsize=4)
-                ax.scatter([k + (x - (len(s.values) - 1) / 2) * 0.12 for x in range(len(s.values))], s.values,
-                           color="black", s=12, zorder=3)
+                ax.scatter(
+                    [k + (x - (len(s.values) - 1) / 2) * 0.12 for x in range(len(s.values))],
+                    s.values,
+                    color="black",
+                    s=12,
+                    zorder=3,
+                )
                 if r.eager:
                     ax.annotate("eager!", (k, s.median), ha="center", va="bottom", color="red", fontsize=8)
         ax.set_xticks(range(len(variants)), variants, rotation=20, ha="right", fontsize=8)

@@ -16,12 +16,21 @@ import re
 from pathlib import Path
 
 from ..lib.errors import UserError
-from ..lib.tomlfile import load_toml
 from ..lib.repo import REPO_ROOT
+from ..lib.tomlfile import load_toml
 
 SWEEP_FILE = REPO_ROOT / "bench" / "sweep.toml"
-KEYS = {"base", "reference", "drafters", "draft_quantization", "settings", "scenarios", "repeats", "order",
-        "description"}
+KEYS = {
+    "base",
+    "reference",
+    "drafters",
+    "draft_quantization",
+    "settings",
+    "scenarios",
+    "repeats",
+    "order",
+    "description",
+}
 SETTING_RE = re.compile(r"^(\d+)/(\d+)/(\d+)$")
 
 
@@ -36,14 +45,20 @@ class Setting:
         return f"{self.steps}/{self.topk}/{self.draft_tokens}"
 
     def args(self) -> list[str]:
-        return ["--speculative-num-steps", str(self.steps), "--speculative-eagle-topk", str(self.topk),
-                "--speculative-num-draft-tokens", str(self.draft_tokens)]
+        return [
+            "--speculative-num-steps",
+            str(self.steps),
+            "--speculative-eagle-topk",
+            str(self.topk),
+            "--speculative-num-draft-tokens",
+            str(self.draft_tokens),
+        ]
 
 
 def parse_setting(text: str, where: str) -> Setting:
     m = SETTING_RE.match(str(text).strip())
     if not m:
-        raise UserError(f"{where}: setting {text!r} is not steps/topk/draft_tokens (e.g. \"3/1/4\")")
+        raise UserError(f'{where}: setting {text!r} is not steps/topk/draft_tokens (e.g. "3/1/4")')
     return Setting(*map(int, m.groups()))
 
 
@@ -59,21 +74,30 @@ class Point:
         return f"sweep-{short}-{self.setting.label.replace('/', '-')}" + (f"-{self.quant}" if self.quant else "")
 
     def describe(self) -> dict:
-        return {"drafter": self.drafter, "steps": self.setting.steps, "topk": self.setting.topk,
-                "draft_tokens": self.setting.draft_tokens, "draft_quantization": self.quant or "checkpoint"}
+        return {
+            "drafter": self.drafter,
+            "steps": self.setting.steps,
+            "topk": self.setting.topk,
+            "draft_tokens": self.setting.draft_tokens,
+            "draft_quantization": self.quant or "checkpoint",
+        }
 
 
 def problems(s: Setting) -> list[str]:
     """Why SGLang would change this setting or fail on it mid-run; [] when it runs as written."""
     if min(s.steps, s.topk) < 1 or s.draft_tokens < 2:
         return [f"{s.label}: steps and topk must be at least 1 and draft tokens at least 2"]
-    candidates = s.topk + (s.steps - 1) * s.topk ** 2
+    candidates = s.topk + (s.steps - 1) * s.topk**2
     if s.topk == 1 and s.draft_tokens != s.steps + 1:
-        return [f"{s.label}: with topk 1 SGLang replaces {s.draft_tokens} draft tokens by steps + 1 = "
-                f"{s.steps + 1} (speculative_hook.py, a warning only); write {s.steps}/1/{s.steps + 1}"]
+        return [
+            f"{s.label}: with topk 1 SGLang replaces {s.draft_tokens} draft tokens by steps + 1 = "
+            f"{s.steps + 1} (speculative_hook.py, a warning only); write {s.steps}/1/{s.steps + 1}"
+        ]
     if s.topk > 1 and s.draft_tokens - 1 > candidates:
-        return [f"{s.label}: the draft tree offers {candidates} candidates, fewer than draft tokens - 1 = "
-                f"{s.draft_tokens - 1} (eagle_utils.organize_draft_results' torch.topk fails)"]
+        return [
+            f"{s.label}: the draft tree offers {candidates} candidates, fewer than draft tokens - 1 = "
+            f"{s.draft_tokens - 1} (eagle_utils.organize_draft_results' torch.topk fails)"
+        ]
     return []
 
 
@@ -109,8 +133,17 @@ def load(path: Path = SWEEP_FILE) -> Sweep:
     if dup:
         raise UserError(f"{path}: points listed twice: {', '.join(dup)}")
     scen = d.get("scenarios")
-    return Sweep(Path(path), str(d["base"]), [str(x) for x in d.get("reference", [])], points,
-                 ",".join(scen) if scen else None, d.get("repeats"), d.get("order"), str(d.get("description", "")))
+    reference, scenarios = [str(x) for x in d.get("reference", [])], ",".join(scen) if scen else None
+    return Sweep(
+        Path(path),
+        str(d["base"]),
+        reference,
+        points,
+        scenarios,
+        d.get("repeats"),
+        d.get("order"),
+        str(d.get("description", "")),
+    )
 
 
 def variants(sw: Sweep, vset) -> list:
@@ -123,16 +156,26 @@ def variants(sw: Sweep, vset) -> list:
             raise UserError(f"{sw.path}: variant {n!r} is not in {vset.path} ({', '.join(by_name)})")
     base = by_name[sw.base]
     if not base.speculative:
-        raise UserError(f"{sw.path}: base variant {base.name} does not speculate, so the sweep cannot set its "
-                        f"drafter; pick an EAGLE-3 variant such as patched-eagle3")
+        raise UserError(
+            f"{sw.path}: base variant {base.name} does not speculate, so the sweep cannot set its "
+            f"drafter; pick an EAGLE-3 variant such as patched-eagle3"
+        )
     bad, out = [], [dataclasses.replace(by_name[n], default=True) for n in sw.reference]
     for p in sw.points:
         extra = p.setting.args() + (["--speculative-draft-model-quantization", p.quant] if p.quant else [])
         bad += [f"{p.name}: {w}" for w in problems(p.setting)]
-        out.append(dataclasses.replace(
-            base, name=p.name, default=True, draft_model=p.drafter, args=(*base.args, *extra),
-            description=f"{base.description}; drafter {p.drafter}, {p.setting.label}"
-                        + (f", draft {p.quant}" if p.quant else ""), setting=tuple(p.describe().items())))
+        said = f"{base.description}; drafter {p.drafter}, {p.setting.label}" + (f", draft {p.quant}" if p.quant else "")
+        out.append(
+            dataclasses.replace(
+                base,
+                name=p.name,
+                default=True,
+                draft_model=p.drafter,
+                args=(*base.args, *extra),
+                description=said,
+                setting=tuple(p.describe().items()),
+            )
+        )
     if bad:
         raise UserError(f"{sw.path}: {len(bad)} point(s) SGLang would change or fail on:\n  " + "\n  ".join(bad))
     return out

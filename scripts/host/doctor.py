@@ -35,28 +35,48 @@ def _pin() -> tuple[str | None, tuple[int, int] | None, str | None]:
         return None, None, None
 
 
-def diagnose(probe: Probe, *, tp: int = 8, need_gb: float = DEFAULT_NEED_GB, environ: dict | None = None,
-             expected_patchset: str | None = None, **asked) -> tuple[list[Finding], dict]:
+def diagnose(
+    probe: Probe,
+    *,
+    tp: int = 8,
+    need_gb: float = DEFAULT_NEED_GB,
+    environ: dict | None = None,
+    expected_patchset: str | None = None,
+    **asked,
+) -> tuple[list[Finding], dict]:
     """Every registered check over the facts of `probe`: (findings, the facts as plain data)."""
     env = dict(os.environ if environ is None else environ)
-    facts = build_facts(probe, tp=tp, need_gb=need_gb, environ=env, image_cuda=_pin()[1],
-                        expected_patchset=env.get("EAGLE_PATCHSET") or expected_patchset,
-                        expected_nccl=expected_nccl(env), **asked)
+    facts = build_facts(
+        probe,
+        tp=tp,
+        need_gb=need_gb,
+        environ=env,
+        image_cuda=_pin()[1],
+        expected_patchset=env.get("EAGLE_PATCHSET") or expected_patchset,
+        expected_nccl=expected_nccl(env),
+        **asked,
+    )
     return run_checks(facts), summary(facts)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="scripts.host.doctor", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="scripts.host.doctor", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--list", action="store_true", help="list the checks and exit")
     ap.add_argument("--tp", type=int, default=8, help="tensor-parallel size to check for (default 8)")
     ap.add_argument("--need-gb", type=float, default=DEFAULT_NEED_GB, help="disk the model needs (default 700)")
     ap.add_argument("--python", default=sys.executable, help="interpreter whose torch, NCCL and sglang to check")
-    ap.add_argument("--image", help="where the GPU probes run when --python's torch sees under 2 GPUs (default: "
-                                    "the pinned image)")
+    ap.add_argument(
+        "--image", help="where the GPU probes run when --python's torch sees under 2 GPUs (default: the pinned image)"
+    )
     ap.add_argument("--timeout", type=float, default=30.0, help="seconds each tool may take (default 30)")
-    ap.add_argument("--probe-timeout", type=float, help="seconds before a GPU probe counts as hung (default: 120, "
-                                                        "600 for the PCIe-IPC smoke with its JIT, 60 for bandwidth)")
+    ap.add_argument(
+        "--probe-timeout",
+        type=float,
+        help="seconds before a GPU probe counts as hung (default: 120, "
+        "600 for the PCIe-IPC smoke with its JIT, 60 for bandwidth)",
+    )
     ap.add_argument("--json", action="store_true", help="one JSON object: findings, facts, errors")
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--record", type=Path, metavar="DIR", help="also write every output read to DIR")
@@ -67,14 +87,29 @@ def main(argv=None) -> int:
         return 0
     patchset, _, pinned_image = _pin()
     image = None if os.environ.get("EAGLE_IMAGE") else a.image or pinned_image  # in the image: no docker
-    probe = Probe(load_capture(a.replay) if a.replay else None, python=a.python, timeout=a.timeout, image=image,
-                  ranks=a.tp, probe_timeout=a.probe_timeout)
+    probe = Probe(
+        load_capture(a.replay) if a.replay else None,
+        python=a.python,
+        timeout=a.timeout,
+        image=image,
+        ranks=a.tp,
+        probe_timeout=a.probe_timeout,
+    )
     findings, facts = diagnose(probe, tp=a.tp, need_gb=a.need_gb, expected_patchset=patchset)
     if a.record:
         print(f"recorded {len(probe.record(a.record))} outputs in {a.record}", file=sys.stderr)
     if a.json:
-        print(json.dumps({"findings": [dataclasses.asdict(f) for f in findings], "facts": facts,
-                          "errors": sum(f.severity == "error" for f in findings)}, indent=1, default=str))
+        print(
+            json.dumps(
+                {
+                    "findings": [dataclasses.asdict(f) for f in findings],
+                    "facts": facts,
+                    "errors": sum(f.severity == "error" for f in findings),
+                },
+                indent=1,
+                default=str,
+            )
+        )
     else:
         print(table(findings, shutil.get_terminal_size((110, 20)).columns))
     return 1 if any(f.severity == "error" for f in findings) else 0

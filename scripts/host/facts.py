@@ -8,40 +8,62 @@ import dataclasses
 import itertools
 import json
 import os
-import shlex
 import re
+import shlex
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from types import SimpleNamespace
 
+from ..box.docker import docker_run, hf_cache_dir, image_id
 from ..lib import proc
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
 from ..series.pin import applied_patchset
 from ..series.sglang_pkg import find_sglang
 from . import drafters, nccl
-from .docker_run import docker_run, hf_cache_dir
-from .engine import image_id
 
 TARGET_REPO = "moonshotai/Kimi-K2.5"
 QUERY = "index,name,pci.bus_id,compute_cap"
 CAPTURE_FILES = {  # key -> file name in a recording (doctor --record DIR / --replay DIR)
-    "smi-xml": "nvidia-smi-q.xml", "smi-query": "query-gpu.csv", "topo-m": "topo-m.txt",
-    "topo-p2p-r": "topo-p2p-r.txt", "topo-p2p-n": "topo-p2p-n.txt",
-    "uvm-hmm": "uvm_disable_hmm", "cmdline": "proc-cmdline",
-    "iommu-groups": "iommu-groups", "df": "df.txt", "model-present": "model-present", "nccl": "nccl.json",
+    "smi-xml": "nvidia-smi-q.xml",
+    "smi-query": "query-gpu.csv",
+    "topo-m": "topo-m.txt",
+    "topo-p2p-r": "topo-p2p-r.txt",
+    "topo-p2p-n": "topo-p2p-n.txt",
+    "uvm-hmm": "uvm_disable_hmm",
+    "cmdline": "proc-cmdline",
+    "iommu-groups": "iommu-groups",
+    "df": "df.txt",
+    "model-present": "model-present",
+    "nccl": "nccl.json",
     "drafters-present": "drafters-present",
-    "sglang": "sglang-path", "patchset": "patchset", "nvidia-params": "proc-driver-nvidia-params",
+    "sglang": "sglang-path",
+    "patchset": "patchset",
+    "nvidia-params": "proc-driver-nvidia-params",
     **{k: f"{k}.txt" for k in nccl.PROBES},  # nccl-transport, pcie-ipc-smoke, peer-bandwidth
 }
-COMMANDS = {"smi-xml": ["nvidia-smi", "-q", "-x"], "smi-query": ["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv"],
-            "topo-m": ["nvidia-smi", "topo", "-m"], "topo-p2p-r": ["nvidia-smi", "topo", "-p2p", "r"],
-            "topo-p2p-n": ["nvidia-smi", "topo", "-p2p", "n"]}
-FILES = {"uvm-hmm": "/sys/module/nvidia_uvm/parameters/uvm_disable_hmm", "cmdline": "/proc/cmdline",
-         "nvidia-params": "/proc/driver/nvidia/params", "iommu-groups": "/sys/kernel/iommu_groups"}
-P2P_LEGEND = {"OK": "ok", "CNS": "chipset not supported", "GNS": "GPU not supported", "TNS": "topology not supported",
-              "NS": "not supported", "U": "unknown"}
+COMMANDS = {
+    "smi-xml": ["nvidia-smi", "-q", "-x"],
+    "smi-query": ["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv"],
+    "topo-m": ["nvidia-smi", "topo", "-m"],
+    "topo-p2p-r": ["nvidia-smi", "topo", "-p2p", "r"],
+    "topo-p2p-n": ["nvidia-smi", "topo", "-p2p", "n"],
+}
+FILES = {
+    "uvm-hmm": "/sys/module/nvidia_uvm/parameters/uvm_disable_hmm",
+    "cmdline": "/proc/cmdline",
+    "nvidia-params": "/proc/driver/nvidia/params",
+    "iommu-groups": "/sys/kernel/iommu_groups",
+}
+P2P_LEGEND = {
+    "OK": "ok",
+    "CNS": "chipset not supported",
+    "GNS": "GPU not supported",
+    "TNS": "topology not supported",
+    "NS": "not supported",
+    "U": "unknown",
+}
 
 
 def image_doctor(image: str) -> str:
@@ -57,9 +79,17 @@ Out = collections.namedtuple("Out", "ok text why", defaults=("", ""))
 class Probe:
     """Reads each output once: live (tools, files, the GPU probes of scripts/host/nccl.py) or from `recorded`."""
 
-    def __init__(self, recorded: dict[str, str] | None = None, *, python: str = sys.executable,
-                 hf_cache: str | None = None, timeout: float = 30.0, image: str | None = None, ranks: int = 0,
-                 probe_timeout: float | None = None):
+    def __init__(
+        self,
+        recorded: dict[str, str] | None = None,
+        *,
+        python: str = sys.executable,
+        hf_cache: str | None = None,
+        timeout: float = 30.0,
+        image: str | None = None,
+        ranks: int = 0,
+        probe_timeout: float | None = None,
+    ):
         self.recorded, self.python, self.timeout, self.image, self.ranks = recorded, python, timeout, image, ranks
         self.hf_cache, self.probe_timeout = Path(hf_cache or hf_cache_dir()), probe_timeout
         self.cache: dict[str, Out] = {}
@@ -71,8 +101,10 @@ class Probe:
     def get(self, key: str) -> Out:
         if key not in self.cache:
             text = (self.recorded or {}).get(key)
-            self.cache[key] = self._live(key) if self.live else Out(True, text) if text is not None else \
-                Out(False, why="not recorded")
+            if self.live:
+                self.cache[key] = self._live(key)
+            else:
+                self.cache[key] = Out(True, text) if text is not None else Out(False, why="not recorded")
         return self.cache[key]
 
     def command(self, argv: list[str], timeout: float | None = None) -> Out:
@@ -114,8 +146,9 @@ class Probe:
         """Probe `key` here when this interpreter's torch sees 2 GPUs (and has sglang, for the smoke), else in the
         image: its output, whose result line says why when it could run nowhere."""
         timeout, info = self.probe_timeout or nccl.TIMEOUTS[key], nccl_info(self.get("nccl"))
-        why = f"torch {info['torch']} sees {info.get('gpus', 0)} CUDA GPU(s), and the {nccl.WHAT[key]} needs 2" \
-            if "torch" in info else f"no usable torch for {self.python} ({info.get('error') or self.get('nccl').why})"
+        why = f"no usable torch for {self.python} ({info.get('error') or self.get('nccl').why})"
+        if "torch" in info:
+            why = f"torch {info['torch']} sees {info.get('gpus', 0)} CUDA GPU(s), and the {nccl.WHAT[key]} needs 2"
         if info.get("gpus", 0) >= 2:
             if key != "pcie-ipc-smoke" or self.get("sglang").ok:
                 src = nccl.source(key, self.ranks, timeout, REPO_ROOT)
@@ -123,8 +156,11 @@ class Probe:
             why = f"{self.python} has no sglang ({self.get('sglang').why})"
         if not self.image:
             return nccl.unmeasured(why)
-        found, missing = image_id(self.image) if proc.which("docker") else (None, "docker is not installed (no docker "
-                                                                                  "client on PATH)")
+        found, missing = (
+            image_id(self.image)
+            if proc.which("docker")
+            else (None, "docker is not installed (no docker client on PATH)")
+        )
         if not found:
             return nccl.unmeasured(f"here, {why}; in the image: {missing}")
         cmd = docker_run(self.image, ["python3", "-c", nccl.source(key, self.ranks, timeout)])
@@ -159,15 +195,23 @@ def parse_smi_xml(text: str) -> tuple[str, str, list[SimpleNamespace]]:
         raise ValueError(f"not XML: {e}") from e
     if root.tag != "nvidia_smi_log":
         raise ValueError(f"root element <{root.tag}>, not <nvidia_smi_log>")
-    t = (lambda el, path: (el.findtext(path) or "").strip())
-    link = (lambda g, path: to_int(t(g, f"pci/pci_gpu_link_info/{path}")))
-    gpus = [SimpleNamespace(bus_id=g.get("id") or t(g, "pci/pci_bus_id"), name=t(g, "product_name") or "?",
-                            index=to_int(t(g, "minor_number")), compute_cap="", addressing_mode=t(g, "addressing_mode"),
-                            fb_total_mib=to_int(t(g, "fb_memory_usage/total")),
-                            bar1_total_mib=to_int(t(g, "bar1_memory_usage/total")),
-                            gen_max=link(g, "pcie_gen/max_device_link_gen") or link(g, "pcie_gen/max_link_gen"),
-                            width_max=link(g, "link_widths/max_link_width"),
-                            width_current=link(g, "link_widths/current_link_width")) for g in root.findall("gpu")]
+    t = lambda el, path: (el.findtext(path) or "").strip()
+    link = lambda g, path: to_int(t(g, f"pci/pci_gpu_link_info/{path}"))
+    gpus = [
+        SimpleNamespace(
+            bus_id=g.get("id") or t(g, "pci/pci_bus_id"),
+            name=t(g, "product_name") or "?",
+            index=to_int(t(g, "minor_number")),
+            compute_cap="",
+            addressing_mode=t(g, "addressing_mode"),
+            fb_total_mib=to_int(t(g, "fb_memory_usage/total")),
+            bar1_total_mib=to_int(t(g, "bar1_memory_usage/total")),
+            gen_max=link(g, "pcie_gen/max_device_link_gen") or link(g, "pcie_gen/max_link_gen"),
+            width_max=link(g, "link_widths/max_link_width"),
+            width_current=link(g, "link_widths/current_link_width"),
+        )
+        for g in root.findall("gpu")
+    ]
     return t(root, "driver_version"), t(root, "cuda_version"), gpus
 
 
@@ -196,9 +240,14 @@ def parse_topo_m(text: str) -> dict:
             break
         if re.fullmatch(r"GPU\d+", cells[0]):
             i = int(cells[0][3:])
-            links.update({(i, int(d[3:])): c for d, c in zip(devices, cells[1:1 + len(devices)])
-                          if d.startswith("GPU") and int(d[3:]) != i})
-            rest = [c for c in cells[1 + len(devices):] if c]  # CPU affinity, NUMA affinity, GPU NUMA ID
+            links.update(
+                {
+                    (i, int(d[3:])): c
+                    for d, c in zip(devices, cells[1 : 1 + len(devices)])
+                    if d.startswith("GPU") and int(d[3:]) != i
+                }
+            )
+            rest = [c for c in cells[1 + len(devices) :] if c]  # CPU affinity, NUMA affinity, GPU NUMA ID
             numa.update({i: rest[1]} if len(rest) > 1 else {})
     return {"links": links, "numa": numa}
 
@@ -289,8 +338,10 @@ class Facts:
         if forced in ("0", "false") or self.tp < 2:
             return f"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE={forced} is set" if self.tp > 1 else f"TP{self.tp}: no all-reduce"
         if forced not in ("1", "true") and (not self.sm120 or self.pcie_only is False or self.tp < 4):
-            return ("the series turns PCIe IPC on only for SM120 GPUs without NVLink at TP >= 4 "
-                    "(SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 runs the smoke anyway)")
+            return (
+                "the series turns PCIe IPC on only for SM120 GPUs without NVLink at TP >= 4 "
+                "(SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 runs the smoke anyway)"
+            )
         return ""
 
     def hmm(self) -> tuple[bool | None, str]:
@@ -341,8 +392,12 @@ def build_facts(probe: Probe, *, tp: int, need_gb: float, environ: dict | None =
 
 def summary(f: Facts) -> dict:
     """The facts as plain data (doctor --json "facts"; the receipt stores it)."""
-    out: dict = {"gpus": [{"index": g.index, "name": g.name, "bus_id": g.bus_id, "compute_cap": g.compute_cap}
-                          for g in f.gpus], "pcie_only": f.pcie_only, "driver": f.driver, "cuda": f.cuda}
+    out: dict = {
+        "gpus": [{"index": g.index, "name": g.name, "bus_id": g.bus_id, "compute_cap": g.compute_cap} for g in f.gpus],
+        "pcie_only": f.pcie_only,
+        "driver": f.driver,
+        "cuda": f.cuda,
+    }
     if f.get("cmdline").ok:
         out["cmdline_iommu"] = [t for t in f.get("cmdline").text.split() if "iommu" in t or "pcie_port_pm" in t]
     info = f.nccl_info()
@@ -350,9 +405,11 @@ def summary(f: Facts) -> dict:
     if f.tp > 1:
         out["nccl_transport"] = nccl.transport_summary(*f.probe_result("nccl-transport"))
         skip = f.smoke_skipped()
-        smoke, bandwidth = f.probe_result("pcie-ipc-smoke")[0] if not skip else {}, f.probe_result("peer-bandwidth")[0]
-        out["pcie_ipc_smoke"] = {k: v for k, v in smoke.items() if k in nccl.SMOKE_KEYS} if not skip else \
-            {"measured": False, "why": f"not run: {skip}"}
+        out["pcie_ipc_smoke"] = {"measured": False, "why": f"not run: {skip}"}
+        if not skip:
+            smoke = f.probe_result("pcie-ipc-smoke")[0]
+            out["pcie_ipc_smoke"] = {k: v for k, v in smoke.items() if k in nccl.SMOKE_KEYS}
+        bandwidth = f.probe_result("peer-bandwidth")[0]
         out["peer_bandwidth"] = {k: v for k, v in bandwidth.items() if k in nccl.BANDWIDTH_KEYS}
     if f.get("patchset").ok:
         out["patchset"] = f.get("patchset").text.strip()

@@ -18,14 +18,13 @@ import shutil
 import sys
 from pathlib import Path
 
+from ..box.docker import engine, shown
 from ..lib import proc
 from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.progress import say
 from ..lib.repo import REPO_ROOT, revision, source_url
 from ..series.pin import Pin, load_pin, patchset_id
-from .docker_run import shown
-from .engine import engine
 from .nccl import KNOWN_BAD_NCCL
 
 DOCKERFILE = REPO_ROOT / "docker" / "Dockerfile"
@@ -39,11 +38,15 @@ def base_reference(pin: Pin, base: str | None) -> tuple[str, str]:
         return base, ""
     ref = f"{pin.image_name}:{pin.image_tag}"
     if not pin.image_digest:
-        return ref, (f"patches/pin.toml [image] has no digest: FROM {ref} by tag, which the registry can move. Pin "
-                     f"it: docker buildx imagetools inspect {ref} (its Digest: line) into digest = \"sha256:...\"")
+        return ref, (
+            f"patches/pin.toml [image] has no digest: FROM {ref} by tag, which the registry can move. Pin "
+            f'it: docker buildx imagetools inspect {ref} (its Digest: line) into digest = "sha256:..."'
+        )
     if not re.fullmatch(r"sha256:[0-9a-f]{64}", pin.image_digest):
-        raise UserError(f"patches/pin.toml [image] digest {pin.image_digest!r} is not sha256:<64 hex digits>: copy "
-                        f"it from docker buildx imagetools inspect {ref}")
+        raise UserError(
+            f"patches/pin.toml [image] digest {pin.image_digest!r} is not sha256:<64 hex digits>: copy "
+            f"it from docker buildx imagetools inspect {ref}"
+        )
     return f"{ref}@{pin.image_digest}", ""
 
 
@@ -59,16 +62,22 @@ def nccl_version(pin: Pin, version: str | None, allow_bad: bool) -> str:
     """The NCCL release to install: --nccl, else [nccl]'s (whose package must fit the base image's CUDA major)."""
     want = f"nvidia-nccl-cu{pin.image_cuda[0]}" if pin.image_cuda else pin.nccl_package
     if not pin.nccl_version or not pin.nccl_package or pin.nccl_package != want:
-        raise UserError(f"{pin.path} [nccl] must name package = \"{want}\" (the base image's CUDA major) and a "
-                        f"version from `pip index versions {want}`")
+        raise UserError(
+            f'{pin.path} [nccl] must name package = "{want}" (the base image\'s CUDA major) and a '
+            f"version from `pip index versions {want}`"
+        )
     version = version or pin.nccl_version
     if not re.fullmatch(r"\d+\.\d+\.\d+(\.post\d+)?", version):
-        raise UserError(f"NCCL {version!r} is not a release number such as {pin.nccl_version}: see "
-                        f"pip index versions {pin.nccl_package}")
+        raise UserError(
+            f"NCCL {version!r} is not a release number such as {pin.nccl_version}: see "
+            f"pip index versions {pin.nccl_package}"
+        )
     if version in KNOWN_BAD_NCCL and not allow_bad:
-        raise UserError(f"NCCL {version} {KNOWN_BAD_NCCL[version]}. Build another release (the pin's is "
-                        f"{pin.nccl_version}); to reproduce the fault on purpose: make image NCCL={version} "
-                        f"ALLOW_BAD_NCCL=1")
+        raise UserError(
+            f"NCCL {version} {KNOWN_BAD_NCCL[version]}. Build another release (the pin's is "
+            f"{pin.nccl_version}); to reproduce the fault on purpose: make image NCCL={version} "
+            f"ALLOW_BAD_NCCL=1"
+        )
     return version
 
 
@@ -86,17 +95,27 @@ def build_command(a: argparse.Namespace, pin: Pin) -> tuple[list[str], str, str]
     base, warning = base_reference(pin, a.base)
     patchset = patchset_id()
     head, dirty = revision(False, *CONTEXT)
-    args = {"BASE": base, "PATCHSET": patchset, "NCCL_PACKAGE": pin.nccl_package,
-            "NCCL_VERSION": nccl, "PYTEST_VERSION": pytest_version(), "IMAGE_TAG": tag,
-            "REVISION": head + "-dirty" * dirty}
+    args = {
+        "BASE": base,
+        "PATCHSET": patchset,
+        "NCCL_PACKAGE": pin.nccl_package,
+        "NCCL_VERSION": nccl,
+        "PYTEST_VERSION": pytest_version(),
+        "IMAGE_TAG": tag,
+        "REVISION": head + "-dirty" * dirty,
+    }
     name, _, digest = base.partition("@")
-    labels = {"org.opencontainers.image.title": "SGLang for Kimi-K2.5 + EAGLE-3 on PCIe-only SM120",
-              "org.opencontainers.image.source": source_url(),
-              "org.opencontainers.image.version": f"{pin.version}+patches.{patchset}",
-              "org.opencontainers.image.revision": args["REVISION"],
-              "org.opencontainers.image.base.name": qualified(name),
-              "org.opencontainers.image.base.digest": digest or "unpinned",
-              f"{NS}.base-ref": base, f"{NS}.patchset": patchset, f"{NS}.nccl": f"{args['NCCL_PACKAGE']}=={nccl}"}
+    labels = {
+        "org.opencontainers.image.title": "SGLang for Kimi-K2.5 + EAGLE-3 on PCIe-only SM120",
+        "org.opencontainers.image.source": source_url(),
+        "org.opencontainers.image.version": f"{pin.version}+patches.{patchset}",
+        "org.opencontainers.image.revision": args["REVISION"],
+        "org.opencontainers.image.base.name": qualified(name),
+        "org.opencontainers.image.base.digest": digest or "unpinned",
+        f"{NS}.base-ref": base,
+        f"{NS}.patchset": patchset,
+        f"{NS}.nccl": f"{args['NCCL_PACKAGE']}=={nccl}",
+    }
     cmd = [a.docker, "build", "--force-rm", "-f", str(DOCKERFILE), "-t", tag]
     cmd += [x for k, v in args.items() for x in ("--build-arg", f"{k}={v}")]
     cmd += [x for k, v in labels.items() for x in ("--label", f"{k}={v}")]
@@ -129,15 +148,19 @@ def build(cmd: list[str], docker: str, tag: str) -> None:
         return say(f"built {tag}; try: docker run --rm {tag} serve --dry-run")
     eng = engine(docker)
     if not eng.ok:
-        raise UserError(f"docker build failed because the docker engine {eng.why}; no build step is at fault. Fix: "
-                        f"{eng.fix}")
-    raise UserError(f"docker build failed ({res.why}); the log above names the step (apply: a patch does not fit "
-                    f"the base's sglang; pip: the NCCL release; smoke: a module that does not import)")
+        raise UserError(
+            f"docker build failed because the docker engine {eng.why}; no build step is at fault. Fix: {eng.fix}"
+        )
+    raise UserError(
+        f"docker build failed ({res.why}); the log above names the step (apply: a patch does not fit "
+        f"the base's sglang; pip: the NCCL release; smoke: a module that does not import)"
+    )
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="scripts.host.image", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="scripts.host.image", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--dry-run", action="store_true", help="print the docker build command and exit")
     ap.add_argument("--lint-only", action="store_true", help="run hadolint on docker/Dockerfile and exit")
     ap.add_argument("--tag", help="name:tag to build (default eagle-fast-verify/sglang:<the pinned tag>)")

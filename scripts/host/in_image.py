@@ -2,7 +2,7 @@
 
   python -m scripts.host.in_image [--image IMAGE] [--results DIR] VERB [ARGS...]
 
-The docker run (scripts/host/docker_run.py: the GPUs, the host's IPC, bench/results mounted at /results, the HF
+The docker run (scripts/box/docker.py: the GPUs, the host's IPC, bench/results mounted at /results, the HF
 cache, FlashInfer's cache, the CUDA/NCCL/SGLang variables by name) is printed first, then this process becomes it;
 with --dry-run among ARGS it is only printed (on stdout).
 Exit status: the verb's; 0 a dry run; 2 when the docker engine or the image is missing (named with the fix).
@@ -15,26 +15,31 @@ import os
 import sys
 from pathlib import Path
 
+from ..box.docker import docker_run, hf_cache_dir, image_id, shown
 from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
 from ..series.pin import load_pin
-from .docker_run import docker_run, hf_cache_dir, shown
-from .engine import image_id
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="scripts.host.in_image", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="scripts.host.in_image", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--image", help="the image (default: the one make image builds)")
-    ap.add_argument("--results", type=Path, default=REPO_ROOT / "bench" / "results",
-                    help="the host directory mounted at /results (default bench/results)")
+    ap.add_argument(
+        "--results",
+        type=Path,
+        default=REPO_ROOT / "bench" / "results",
+        help="the host directory mounted at /results (default bench/results)",
+    )
     ap.add_argument("verb", help="test-serve, test-gpu, bench-comm, doctor, ...")
     ap.add_argument("args", nargs=argparse.REMAINDER, help="the verb's arguments")
     a = ap.parse_args(argv)
     image, dry = a.image or load_pin().serving_image, "--dry-run" in a.args
-    cmd = docker_run(image, [a.verb, *(t for t in a.args if t != "--dry-run")], results=a.results.resolve(),
-                     hf_cache=hf_cache_dir())
+    cmd = docker_run(
+        image, [a.verb, *(t for t in a.args if t != "--dry-run")], results=a.results.resolve(), hf_cache=hf_cache_dir()
+    )
     print(shown(cmd), file=sys.stdout if dry else sys.stderr, flush=True)
     if dry:
         return 0

@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import inspect
 import json
 import os
 import re
 import signal
-import socket
 import tempfile
 import textwrap
 import time
 from pathlib import Path
 
+from ..box import ranks
 from ..lib import proc
 from ..lib.kimi import HIDDEN
 from ..lib.progress import say
@@ -26,9 +27,9 @@ from ..series.pin import load_pin
 
 KNOWN_BAD_NCCL = {
     "2.26.2": "crashes with an illegal memory access on collectives of 512 KiB and more between RTX PRO 6000 "
-              "pairs (NVIDIA/nccl#2418)",
+    "pairs (NVIDIA/nccl#2418)",
     "2.30.4": "hangs on the first all-reduce between RTX PRO 6000 pairs unless P2P is disabled "
-              "(local-inference-lab/rtx6kpro#15)",
+    "(local-inference-lab/rtx6kpro#15)",
 }
 EXPECTED_VAR = "EAGLE_NCCL_VERSION"  # set in the image: the NCCL its build installed (docker/Dockerfile)
 MARK = "EAGLE_PROBE "
@@ -51,8 +52,9 @@ def nccl_report() -> dict:
     import importlib.metadata as md
 
     def dotted(v):  # NCCL_VERSION_CODE: 2.9 and later major*10000 + minor*100 + patch, before *1000 + *100
-        return "%d.%d.%d" % ((v // 10000, v // 100 % 100, v % 100) if v >= 10000 else (v // 1000, v // 100 % 10,
-                                                                                       v % 100))
+        return "%d.%d.%d" % (
+            (v // 10000, v // 100 % 100, v % 100) if v >= 10000 else (v // 1000, v // 100 % 10, v % 100)
+        )
 
     r = {}
     try:
@@ -97,15 +99,20 @@ def result(text: str) -> dict:
     """The last result line of a probe's output ({} when there is none)."""
     lines = [ln for ln in (text or "").splitlines() if ln.startswith(MARK)]
     try:
-        return json.loads(lines[-1][len(MARK):]) if lines else {}
+        return json.loads(lines[-1][len(MARK) :]) if lines else {}
     except ValueError:
         return {"measured": False, "why": f"unreadable result line: {lines[-1][:120]}"}
 
 
 def unmeasured(why: str, text: str = "", **extra) -> str:
     """`text` with a result line saying why nothing was measured."""
-    return text + ("\n" if text and not text.endswith("\n") else "") + MARK + json.dumps(
-        {"measured": False, **extra, "why": why}) + "\n"
+    return (
+        text
+        + ("\n" if text and not text.endswith("\n") else "")
+        + MARK
+        + json.dumps({"measured": False, **extra, "why": why})
+        + "\n"
+    )
 
 
 def watch(argv: list[str], timeout: float, what: str = "") -> str:
@@ -130,73 +137,19 @@ def watch(argv: list[str], timeout: float, what: str = "") -> str:
     return out
 
 
-def source(key: str, ranks: int, timeout: float, home: str | Path | None = None) -> str:
+def source(key: str, world: int, timeout: float, home: str | Path | None = None) -> str:
     """`python -c` code that runs probe `key` with this package found at `home` (None: $EAGLE_HOME, the image's)."""
     where = repr(str(home)) if home else "os.environ['EAGLE_HOME']"
-    return (f"import os, sys; sys.path.insert(0, {where}); from scripts.host.nccl import run; "
-            f"run({key!r}, {int(ranks)}, {float(timeout)})")
+    return (
+        f"import os, sys; sys.path.insert(0, {where}); from scripts.host.nccl import run; "
+        f"run({key!r}, {int(world)}, {float(timeout)})"
+    )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rank_main(fn, rank: int, world: int, port: int, tmp: str, args: tuple) -> None:
-    def phase(name: str) -> None:
-        Path(tmp, f"{rank}.phase").write_text(name)
-
-    try:
-        out = fn(rank, world, port, phase, *args)
-    except BaseException as e:  # noqa: BLE001 - said in the result, the peers are stopped by the parent
-        out = {"error": f"{type(e).__name__}: {e}".strip()[:500]}
-    Path(tmp, f"{rank}.json").write_text(json.dumps(out))
-
-
-def _phases(tmp: str, world: int) -> str:
-    """'ranks 0,1,2: iterate 8x7168; rank 3: workspace'."""
-    by: dict[str, list[int]] = {}
-    for r in range(world):
-        p = Path(tmp, f"{r}.phase")
-        by.setdefault(p.read_text() if p.exists() else "starting", []).append(r)
-    return "; ".join(f"rank{'s' if len(v) > 1 else ''} {','.join(map(str, v))}: {k}" for k, v in by.items())
-
-
-def spawn_ranks(fn, world: int, timeout: float, *args) -> dict:
-    """fn(rank, world, port, phase, *args) on `world` spawned processes: {"ranks": [their results]}, or why there
-    are none: a rank failed (the others killed), or hung (past `timeout`, or STALL seconds in an "iterate" phase)."""
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("spawn")
-    with tempfile.TemporaryDirectory(prefix="eagle-probe-") as tmp:
-        port = free_port()
-        procs = [ctx.Process(target=_rank_main, args=(fn, r, world, port, tmp, args)) for r in range(world)]
-        for p in procs:
-            p.start()
-        start = since = time.monotonic()
-        seen, got = "", {}
-        try:
-            while len(got) < world:
-                time.sleep(0.2)
-                got = {r: json.loads(Path(tmp, f"{r}.json").read_text()) for r in range(world)
-                       if Path(tmp, f"{r}.json").exists()}
-                failed = [f"rank {r}: {x['error']}" for r, x in got.items() if "error" in x]
-                failed += [f"rank {r} exited {p.exitcode}" for r, p in enumerate(procs)
-                           if p.exitcode not in (None, 0) and r not in got]
-                if failed:
-                    return {"why": f"a rank failed: {failed[0]}"}
-                now, phases = time.monotonic(), _phases(tmp, world)
-                since, seen = (since, seen) if phases == seen else (now, phases)
-                limit = STALL if "iterate" in phases else timeout
-                if now - since > limit or now - start > timeout:
-                    return {"hung": True, "phase": phases, "why": f"no progress within {min(limit, timeout):.0f} s "
-                                                                  f"({phases}); the ranks were killed"}
-        finally:
-            for p in procs:
-                p.kill()
-                p.join()
-        return {"ranks": [got[r] for r in range(world)]}
+def failure(got: ranks.Ranks) -> dict:
+    """A probe's result keys for ranks that brought back no result: why, and where they hung."""
+    hung = {"hung": True, "phase": got.phase} if got.hung and not got.errors else {}
+    return {"measured": False, **hung, "why": got.why()}
 
 
 def _gpus(world: int, what: str, need: int = 2) -> tuple[dict, int]:
@@ -208,8 +161,11 @@ def _gpus(world: int, what: str, need: int = 2) -> tuple[dict, int]:
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     r = {"torch": torch.__version__, "gpus": n}
     if n < need:
-        return {**r, "measured": False, "why": f"torch {torch.__version__} sees {n} CUDA GPU(s), and the {what} "
-                                               f"needs {need}"}, 0
+        return {
+            **r,
+            "measured": False,
+            "why": f"torch {torch.__version__} sees {n} CUDA GPU(s), and the {what} needs {need}",
+        }, 0
     return r, min(world, n) if world > 0 else n
 
 
@@ -231,8 +187,9 @@ def _transport_rank(rank: int, world: int, port: int, phase) -> dict:
 
     torch.cuda.set_device(rank)
     phase("bring-up")
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            device_id=torch.device("cuda", rank))
+    dist.init_process_group(
+        "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, device_id=torch.device("cuda", rank)
+    )
     try:
         phase("all-reduce")
         x = torch.full((ROWS, HIDDEN), float(rank + 1), dtype=torch.bfloat16, device="cuda")
@@ -241,8 +198,13 @@ def _transport_rank(rank: int, world: int, port: int, phase) -> dict:
         want, y = world * (world + 1) / 2, torch.zeros_like(x)
         us = _time_us(lambda: dist.all_reduce(y), ITERS)
         dist.barrier()
-        return {"sum_ok": bool((x == want).all().item()), "sum": float(x[0, 0].item()), "sum_expected": want,
-                "allreduce_us": us, "bytes": x.numel() * x.element_size()}
+        return {
+            "sum_ok": bool((x == want).all().item()),
+            "sum": float(x[0, 0].item()),
+            "sum_expected": want,
+            "allreduce_us": us,
+            "bytes": x.numel() * x.element_size(),
+        }
     finally:
         dist.destroy_process_group()
 
@@ -255,12 +217,14 @@ def nccl_transport(world: int = 0, timeout: float = TIMEOUTS["nccl-transport"]) 
     os.environ.update(DEBUG)
     os.environ.pop("NCCL_DEBUG_FILE", None)  # NCCL's lines must reach stdout
     r.update(world=n, nccl_env={k: v for k, v in sorted(os.environ.items()) if k[:5] == "NCCL_" and k not in DEBUG})
-    got = spawn_ranks(_transport_rank, n, timeout)
-    return {**r, "measured": True, **got["ranks"][0]} if "ranks" in got else {**r, "measured": False, **got}
+    got = ranks.run(_transport_rank, n, timeout, stall=STALL)
+    return {**r, "measured": True, **got.results[0]} if got.ok else {**r, **failure(got)}
 
 
-CHANNEL_RE = re.compile(r"NCCL INFO Channel (\d+)(?:/(\d+))? : (\d+)\[(\w+)\] -> (\d+)\[(\w+)\] "
-                        r"(?:\[(send|receive)\] )?via (\S+(?: pointer)?)")
+CHANNEL_RE = re.compile(
+    r"NCCL INFO Channel (\d+)(?:/(\d+))? : (\d+)\[(\w+)\] -> (\d+)\[(\w+)\] "
+    r"(?:\[(send|receive)\] )?via (\S+(?: pointer)?)"
+)
 
 
 def transport_links(text: str) -> tuple[str, list[dict]]:
@@ -268,15 +232,21 @@ def transport_links(text: str) -> tuple[str, list[dict]]:
     lines (src/transport/p2p.cc, shm.cc, net.cc formats: "Channel %02d[/%d] : rank[dev] -> rank[dev] [send] via X")."""
     version = next((m.group(1) for m in re.finditer(r"NCCL INFO NCCL version (\S+)", text or "")), "")
     links, seen = [], set()
-    name = (lambda rank, dev: f"GPU{dev}" if dev.isdigit() else f"rank {rank}")  # older NCCL printed a bus id
+    name = lambda rank, dev: f"GPU{dev}" if dev.isdigit() else f"rank {rank}"  # older NCCL printed a bus id
     for m in CHANNEL_RE.finditer(text or ""):
         ch, conn, sr, sd, dr, dd, side, via = m.groups()
         if (ch, conn, sr, dr, side) not in seen:
             seen.add((ch, conn, sr, dr, side))
             kind = via.split("/")[0]
-            links.append({"src": int(sd) if sd.isdigit() else None, "dst": int(dd) if dd.isdigit() else None,
-                          "pair": f"{name(sr, sd)}->{name(dr, dd)}", "via": via,
-                          "kind": kind if kind in ("P2P", "SHM", "NET") else "other"})
+            links.append(
+                {
+                    "src": int(sd) if sd.isdigit() else None,
+                    "dst": int(dd) if dd.isdigit() else None,
+                    "pair": f"{name(sr, sd)}->{name(dr, dd)}",
+                    "via": via,
+                    "kind": kind if kind in ("P2P", "SHM", "NET") else "other",
+                }
+            )
     return version, links
 
 
@@ -297,8 +267,13 @@ def _smoke_rank(rank: int, world: int, port: int, phase, device: str, tune_dir: 
     if device == "cuda":
         torch.cuda.set_device(rank)
     phase("bring-up")
-    ps.init_distributed_environment(world_size=world, rank=rank, distributed_init_method=f"tcp://127.0.0.1:{port}",
-                                    local_rank=rank, backend="nccl" if device == "cuda" else "gloo")
+    ps.init_distributed_environment(
+        world_size=world,
+        rank=rank,
+        distributed_init_method=f"tcp://127.0.0.1:{port}",
+        local_rank=rank,
+        backend="nccl" if device == "cuda" else "gloo",
+    )
     publish_build_topology(tp_size=world, world_rank=rank, device=device)
     ps.set_custom_all_reduce(False)  # it comes first at TP2; PCIe-only TP >= 4, where PCIe IPC is on, has none
     ps.initialize_model_parallel()
@@ -306,8 +281,11 @@ def _smoke_rank(rank: int, world: int, port: int, phase, device: str, tune_dir: 
         tp = ps.get_tp_group()
         comm = getattr(tp, "pcie_ipc_comm", None)  # None too in an unpatched sglang
         if comm is None or comm.disabled:
-            return {"engaged": False, "why": f"SGLang built no PCIe-IPC all-reduce for its tp group of {world} "
-                                             f"{device} rank(s) (FlashInfer's kernels serve 2, 4 or 8 CUDA GPUs)"}
+            return {
+                "engaged": False,
+                "why": f"SGLang built no PCIe-IPC all-reduce for its tp group of {world} "
+                f"{device} rank(s) (FlashInfer's kernels serve 2, 4 or 8 CUDA GPUs)",
+            }
         phase("workspace")  # built and autotuned as the model runner's warmup does; may JIT-compile FlashInfer
         comm.prepare(hidden=HIDDEN, max_rows=max(SMOKE_ROWS))
         calls, real = [0], comm.pcie_ipc_all_reduce
@@ -316,15 +294,19 @@ def _smoke_rank(rank: int, world: int, port: int, phase, device: str, tune_dir: 
         want = world * (world + 1) // 2
         for rows in SMOKE_ROWS:
             phase(f"iterate {rows}x{HIDDEN}")
-            xs = [torch.full((rows, HIDDEN), float((rank + 1) * k), dtype=torch.bfloat16, device=device)
-                  for k in (1, 2, 3, 4)]
+            xs = [
+                torch.full((rows, HIDDEN), float((rank + 1) * k), dtype=torch.bfloat16, device=device)
+                for k in (1, 2, 3, 4)
+            ]
             bad = (tp.all_reduce(xs[0]) != want).sum()
             if not calls[0]:  # every rank decides alike: same shape, same workspace
                 return {"engaged": False, "why": f"SGLang's tp group did not route {rows}x{HIDDEN} bf16 to PCIe IPC"}
             for i in range(1, SMOKE_ITERS):
                 bad += (tp.all_reduce(xs[i % 4]) != want * (i % 4 + 1)).sum()
             out["bad"] += int(bad.item())
-            out["us"][str(rows)] = _time_us(lambda: tp.all_reduce(xs[0]), TIMED) if device == "cuda" else None
+            out["us"][str(rows)] = (
+                _time_us(functools.partial(tp.all_reduce, xs[0]), TIMED) if device == "cuda" else None
+            )
         phase("done")
         return out
     finally:
@@ -333,27 +315,43 @@ def _smoke_rank(rank: int, world: int, port: int, phase, device: str, tune_dir: 
             ps.destroy_distributed_environment()
 
 
-def pcie_ipc_smoke(world: int = 0, timeout: float = TIMEOUTS["pcie-ipc-smoke"], device: str = "cuda",
-                   rank_fn=_smoke_rank) -> dict:
+def pcie_ipc_smoke(
+    world: int = 0, timeout: float = TIMEOUTS["pcie-ipc-smoke"], device: str = "cuda", rank_fn=_smoke_rank
+) -> dict:
     """The smoke (see the module docstring); device "cpu" brings the group up over gloo (the CPU tests)."""
     r, n = _gpus(world, "PCIe-IPC smoke", need=1 if world == 1 else 2) if device == "cuda" else ({}, max(world, 1))
     if not n:
         return r
     with tempfile.TemporaryDirectory(prefix="eagle-tune-") as tune:
-        got = spawn_ranks(rank_fn, n, timeout, device, tune)
-    if "ranks" not in got:
-        return {**r, "measured": False, "world": n, **got}
-    ranks = got["ranks"]
-    if not all(x.get("engaged") for x in ranks):
-        return {**r, "measured": False, "world": n, "engaged": False,
-                "why": next(x["why"] for x in ranks if not x.get("engaged"))}
-    wrong = {str(i): x["bad"] for i, x in enumerate(ranks) if x["bad"]}
-    return {**r, "measured": True, "world": n, "engaged": True, "rows": list(SMOKE_ROWS), "iters": SMOKE_ITERS,
-            "sum_ok": not wrong, "wrong": wrong, "us": ranks[0]["us"]}
+        got = ranks.run(rank_fn, n, timeout, device, tune, stall=STALL)
+    if not got.ok:
+        return {**r, "world": n, **failure(got)}
+    each = got.results
+    if not all(x.get("engaged") for x in each):
+        return {
+            **r,
+            "measured": False,
+            "world": n,
+            "engaged": False,
+            "why": next(x["why"] for x in each if not x.get("engaged")),
+        }
+    wrong = {str(i): x["bad"] for i, x in enumerate(each) if x["bad"]}
+    return {
+        **r,
+        "measured": True,
+        "world": n,
+        "engaged": True,
+        "rows": list(SMOKE_ROWS),
+        "iters": SMOKE_ITERS,
+        "sum_ok": not wrong,
+        "wrong": wrong,
+        "us": each[0]["us"],
+    }
 
 
-def peer_bandwidth(world: int = 0, timeout: float = TIMEOUTS["peer-bandwidth"], size: int = 64 << 20,
-                   seconds: float = 2.0) -> dict:
+def peer_bandwidth(
+    world: int = 0, timeout: float = TIMEOUTS["peer-bandwidth"], size: int = 64 << 20, seconds: float = 2.0
+) -> dict:
     r, n = _gpus(world, "peer-write probe")
     if not n:
         return r

@@ -26,31 +26,42 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..box.docker import docker_run, hf_cache_dir, shown
+from ..lib import profiles
 from ..lib.cli import run
 from ..lib.errors import UserError
-from ..lib.repo import PROFILES_DIR, SHIPPED_PROFILE
+from ..lib.repo import SHIPPED_PROFILE
 from . import drafters
-from .docker_run import docker_run, hf_cache_dir, shown
 
 LAUNCH = "sglang.launch_server"
 KEY_VAR, KEY_FILE = "SGLANG_API_KEY", "/etc/sglang/api_key"
-FIX = (f"write a key file readable by you only, (umask 077 && mkdir -p /etc/sglang && openssl rand -hex 32 > "
-       f"{KEY_FILE}), mount it (docker run -v {KEY_FILE}:/run/secrets/sglang_api_key:ro) and name it (serve "
-       f"--api-key-file /run/secrets/sglang_api_key); or export {KEY_VAR}=$(openssl rand -hex 32) and pass it by "
-       f"name (docker run -e {KEY_VAR}: docker inspect shows it); or stay on loopback (leave out --host)")
-LAUNCHER_NOTE = ("the patched launcher decides the PCIe-only NCCL defaults and the PCIe-IPC all-reduce when it starts "
-                 "(NVML topology) and logs what it applied")
-OWN = {"--profile": f"profile name in docker/profiles or a .yaml path (default {SHIPPED_PROFILE})",
-       "--model": "target model (HF id or path): --model-path",
-       "--draft-model": "drafter (EAGLE-3 or DFlash): --speculative-draft-model-path", "--port": "HTTP port",
-       "--host": "address to listen on (beyond loopback it needs an API key)",
-       "--api-key-file": "file holding the API key (e.g. a mounted docker secret)"}
+FIX = (
+    f"write a key file readable by you only, (umask 077 && mkdir -p /etc/sglang && openssl rand -hex 32 > "
+    f"{KEY_FILE}), mount it (docker run -v {KEY_FILE}:/run/secrets/sglang_api_key:ro) and name it (serve "
+    f"--api-key-file /run/secrets/sglang_api_key); or export {KEY_VAR}=$(openssl rand -hex 32) and pass it by "
+    f"name (docker run -e {KEY_VAR}: docker inspect shows it); or stay on loopback (leave out --host)"
+)
+LAUNCHER_NOTE = (
+    "the patched launcher decides the PCIe-only NCCL defaults and the PCIe-IPC all-reduce when it starts "
+    "(NVML topology) and logs what it applied"
+)
+OWN = {
+    "--profile": f"profile name in docker/profiles or a .yaml path (default {SHIPPED_PROFILE})",
+    "--model": "target model (HF id or path): --model-path",
+    "--draft-model": "drafter (EAGLE-3 or DFlash): --speculative-draft-model-path",
+    "--port": "HTTP port",
+    "--host": "address to listen on (beyond loopback it needs an API key)",
+    "--api-key-file": "file holding the API key (e.g. a mounted docker secret)",
+}
 # Values SGLang's parser takes by type but that fail only once the server starts, after the weights load.
-RULES = {"mem_fraction_static": (lambda v: 0 < v < 1, "a fraction between 0 and 1 (e.g. 0.85)"),
-         "speculative_eagle_topk": (lambda v: v >= 1, "at least 1"),
-         "speculative_num_steps": (lambda v: v >= 1, "at least 1"),
-         "speculative_num_draft_tokens": (lambda v: v >= 1, "at least 1"),
-         "max_running_requests": (lambda v: v >= 1, "at least 1"), "tp_size": (lambda v: v >= 1, "at least 1")}
+RULES = {
+    "mem_fraction_static": (lambda v: 0 < v < 1, "a fraction between 0 and 1 (e.g. 0.85)"),
+    "speculative_eagle_topk": (lambda v: v >= 1, "at least 1"),
+    "speculative_num_steps": (lambda v: v >= 1, "at least 1"),
+    "speculative_num_draft_tokens": (lambda v: v >= 1, "at least 1"),
+    "max_running_requests": (lambda v: v >= 1, "at least 1"),
+    "tp_size": (lambda v: v >= 1, "at least 1"),
+}
 
 
 @dataclasses.dataclass
@@ -71,8 +82,10 @@ def read_key(environ: dict[str, str], key_file: str | None) -> tuple[str, str]:
         try:
             key = Path(key_file).read_text().strip()
         except OSError as e:
-            raise UserError(f"--api-key-file {key_file}: cannot read it ({e.strerror}); mount it into the "
-                            f"container (docker run -v /path/on/host:{key_file}:ro) or fix the path") from e
+            raise UserError(
+                f"--api-key-file {key_file}: cannot read it ({e.strerror}); mount it into the "
+                f"container (docker run -v /path/on/host:{key_file}:ro) or fix the path"
+            ) from e
         where = f"the file {key_file}"
     elif KEY_VAR in environ:
         key, where = environ[KEY_VAR].strip(), f"${KEY_VAR}"
@@ -90,30 +103,11 @@ def listening(host: str, key_from: str) -> str:
     except ValueError:
         loopback = False  # a name other than localhost may resolve to any interface
     if not loopback and not key_from:
-        raise UserError(f"refusing to listen on {host} without an API key: anyone who reaches the port could use "
-                        f"it. Fix: {FIX}")
+        raise UserError(
+            f"refusing to listen on {host} without an API key: anyone who reaches the port could use it. Fix: {FIX}"
+        )
     key = f" with an API key from {key_from}" if key_from else ""
     return f"listening on {host}" + (" only" if loopback else "") + key
-
-
-def resolve_profile(name: str) -> Path:
-    path = Path(name) if name.endswith((".yaml", ".yml")) else PROFILES_DIR / f"{name}.yaml"
-    if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.yaml")))
-        raise UserError(f"no profile {name} (known: {known}); or pass the path of a .yaml file that exists")
-    return path
-
-
-def load_profile(path: Path) -> dict:
-    try:
-        import yaml
-    except ImportError as e:
-        raise UserError("serve reads profiles with PyYAML: pip install pyyaml, or run it in the image (make serve)"
-                        ) from e
-    data = yaml.safe_load(path.read_text())
-    if not isinstance(data, dict):
-        raise UserError(f"profile {path} is not a YAML mapping of SGLang flags (key: value)")
-    return data
 
 
 def parse_with_sglang(args: list[str]):
@@ -131,15 +125,19 @@ def parse_with_sglang(args: list[str]):
         usage, said = err.getvalue(), (err.getvalue().strip().splitlines() or [str(e)])[-1]
         flags = set(re.findall(r"--[\w-]+", usage.replace(said, "")))  # the usage SGLang printed lists its flags
         close = [c for t in said.split() if t.startswith("--") for c in difflib.get_close_matches(t, flags, 1, 0.8)]
-        raise UserError(f"SGLang refuses the command: {said}" + (f" (did you mean {', '.join(close)}?)" if close
-                                                                 else "")) from None
+        raise UserError(
+            f"SGLang refuses the command: {said}" + (f" (did you mean {', '.join(close)}?)" if close else "")
+        ) from None
 
 
 def check_values(sa) -> None:
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    bad = [f"{k.replace('_', '-')} {getattr(sa, k)}: must be {what}" for k, (ok, what) in RULES.items()
-           if isinstance(getattr(sa, k, None), (int, float)) and not ok(getattr(sa, k))]
+    bad = [
+        f"{k.replace('_', '-')} {getattr(sa, k)}: must be {what}"
+        for k, (ok, what) in RULES.items()
+        if isinstance(getattr(sa, k, None), (int, float)) and not ok(getattr(sa, k))
+    ]
     try:
         SpeculativeAlgorithm.from_string(sa.speculative_algorithm)
     except ValueError as e:
@@ -147,14 +145,18 @@ def check_values(sa) -> None:
     draft, algorithm = sa.speculative_draft_model_path, sa.speculative_algorithm
     drafts_for = drafters.KNOWN.get(draft, ("EAGLE3",))[0]
     if draft and not algorithm:
-        bad.append(f"a drafter without --speculative-algorithm is never loaded: add -- --speculative-algorithm "
-                   f"{drafts_for}")
+        bad.append(
+            f"a drafter without --speculative-algorithm is never loaded: add -- --speculative-algorithm {drafts_for}"
+        )
     elif draft in drafters.KNOWN and algorithm.upper() != drafts_for:
-        bad.append(f"drafter {draft} drafts for {drafts_for}, not {algorithm}: add -- --speculative-algorithm "
-                   f"{drafts_for}")
+        bad.append(
+            f"drafter {draft} drafts for {drafts_for}, not {algorithm}: add -- --speculative-algorithm {drafts_for}"
+        )
     if bad:
-        raise UserError("SGLang would fail on these only after loading the weights; fix them in the profile or "
-                        "after --:\n  " + "\n  ".join(bad))
+        raise UserError(
+            "SGLang would fail on these only after loading the weights; fix them in the profile or "
+            "after --:\n  " + "\n  ".join(bad)
+        )
 
 
 def last_flag(args: list[str], flag: str, default=None):
@@ -167,10 +169,14 @@ def last_flag(args: list[str], flag: str, default=None):
 
 
 def build_plan(a: argparse.Namespace, extra: list[str], environ: dict[str, str]) -> Plan:
-    path = resolve_profile(a.profile)
-    prof = load_profile(path)
-    given = [("--model-path", a.model), ("--speculative-draft-model-path", a.draft_model), ("--port", a.port),
-             ("--host", a.host)]
+    path = profiles.find(a.profile)
+    prof = profiles.load(path)
+    given = [
+        ("--model-path", a.model),
+        ("--speculative-draft-model-path", a.draft_model),
+        ("--port", a.port),
+        ("--host", a.host),
+    ]
     sgl = ["--config", str(path), *[x for f, v in given if v is not None for x in (f, str(v))], *extra]
     plan = Plan(path, [sys.executable, "-m", LAUNCH, *sgl])
     sa = parse_with_sglang(sgl)
@@ -188,8 +194,10 @@ def build_plan(a: argparse.Namespace, extra: list[str], environ: dict[str, str])
     if draft:
         plan.notes.append(drafters.drafter_note(draft))
     if model and not drafters.cached(model):
-        plan.notes.append(f"model {model} is not in the HF cache {hf_cache_dir()}: SGLang downloads it at start "
-                          f"(Kimi-K2.5: ~600 GB; the doctor asks for 700 GB free)")
+        plan.notes.append(
+            f"model {model} is not in the HF cache {hf_cache_dir()}: SGLang downloads it at start "
+            f"(Kimi-K2.5: ~600 GB; the doctor asks for 700 GB free)"
+        )
     return plan
 
 
@@ -234,21 +242,29 @@ def in_image(a: argparse.Namespace, extra: list[str]) -> int:
             mounts += ["-v", f"{Path(v).resolve()}:/run/serve/{Path(v).name}:ro"]
             v = f"/run/serve/{Path(v).name}"
         args += [opt, str(v)] if v is not None and v != SHIPPED_PROFILE else []
-    cmd = docker_run(a.image or load_pin().serving_image, ["serve", *args, *(["--", *extra] if extra else [])],
-                     hf_cache=hf_cache_dir(), network_host=True, extra=mounts)
+    cmd = docker_run(
+        a.image or load_pin().serving_image,
+        ["serve", *args, *(["--", *extra] if extra else [])],
+        hf_cache=hf_cache_dir(),
+        network_host=True,
+        extra=mounts,
+    )
     print(shown(cmd), flush=True)
     if not a.dry_run:
         os.execvp(cmd[0], cmd)
     at = cmd.index("serve") + 1
-    print(f"# what SGLang resolves from it, and the patched launcher's decisions, without serving: "
-          f"{shlex.join([*cmd[:at], '--dry-run', *cmd[at:]])}")
+    print(
+        f"# what SGLang resolves from it, and the patched launcher's decisions, without serving: "
+        f"{shlex.join([*cmd[:at], '--dry-run', *cmd[at:]])}"
+    )
     return 0
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    own, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    ap = argparse.ArgumentParser(prog="serve", description=__doc__, allow_abbrev=False,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    own, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
+    ap = argparse.ArgumentParser(
+        prog="serve", description=__doc__, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     for opt, what in OWN.items():
         ap.add_argument(opt, type=int if opt == "--port" else str, help=what)
     ap.set_defaults(profile=SHIPPED_PROFILE)
@@ -258,8 +274,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     a, unknown = ap.parse_known_args(own)
     for t in unknown:
         close = difflib.get_close_matches(t.split("=")[0], [*OWN, "--dry-run", "--json", "--image"], 1, 0.8)
-        raise UserError(f"serve has no option {t}: " + (f"did you mean {close[0]}?" if close else
-                                                        f"an SGLang flag goes after --: serve ... -- {t}"))
+        raise UserError(
+            f"serve has no option {t}: "
+            + (f"did you mean {close[0]}?" if close else f"an SGLang flag goes after --: serve ... -- {t}")
+        )
     return a, extra
 
 
@@ -270,18 +288,31 @@ def main(argv=None) -> int:
     environ = dict(os.environ)
     plan = build_plan(a, extra, environ)
     if plan.key:
-        plan.notes.append(f"the API key from {plan.key_from} reaches SGLang in a private copy of the profile "
-                          f"(read once through a pipe), on no command line")
-    shown = "\n".join([f"# profile {plan.profile}", *(f"# {n}" for n in [*plan.notes, LAUNCHER_NOTE,
-                                                                         plan.listen]), shlex.join(plan.argv)])
+        plan.notes.append(
+            f"the API key from {plan.key_from} reaches SGLang in a private copy of the profile "
+            f"(read once through a pipe), on no command line"
+        )
+    shown = "\n".join(
+        [
+            f"# profile {plan.profile}",
+            *(f"# {n}" for n in [*plan.notes, LAUNCHER_NOTE, plan.listen]),
+            shlex.join(plan.argv),
+        ]
+    )
     if a.dry_run:
-        doc = {"argv": plan.argv, "env": {}, "listen": plan.listen, "notes": plan.notes,
-               "profile": str(plan.profile), "launcher": LAUNCHER_NOTE}
+        doc = {
+            "argv": plan.argv,
+            "env": {},
+            "listen": plan.listen,
+            "notes": plan.notes,
+            "profile": str(plan.profile),
+            "launcher": LAUNCHER_NOTE,
+        }
         print(json.dumps(doc, indent=1) if a.json else shown)
         return 0
     print(shown, file=sys.stderr, flush=True)  # what starts, and what it will download
     if plan.key:
-        plan.argv[plan.argv.index("--config") + 1] = private_config(load_profile(plan.profile), plan.key)
+        plan.argv[plan.argv.index("--config") + 1] = private_config(profiles.load(plan.profile), plan.key)
     environ.pop(KEY_VAR, None)
     os.execve(plan.argv[0], plan.argv, environ)
     return 0  # not reached

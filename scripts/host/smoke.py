@@ -20,19 +20,34 @@ from ..lib.cli import run
 from ..lib.repo import REPO_ROOT
 from .nccl import nccl_report
 
-ENTRY = ("sglang.srt.server_args", "sglang.launch_server", "sglang.srt.entrypoints.http_server",
-         "sglang.benchmark.serving")
-NO_DRIVER = ("libcuda.so", "libnvidia-ml.so", "Found no NVIDIA driver", "no CUDA-capable device",
-             "CUDA driver version is insufficient", "NVML Shared Library Not Found", "cudaErrorNoDevice")
+ENTRY = (
+    "sglang.srt.server_args",
+    "sglang.launch_server",
+    "sglang.srt.entrypoints.http_server",
+    "sglang.benchmark.serving",
+)
+NO_DRIVER = (
+    "libcuda.so",
+    "libnvidia-ml.so",
+    "Found no NVIDIA driver",
+    "no CUDA-capable device",
+    "CUDA driver version is insufficient",
+    "NVML Shared Library Not Found",
+    "cudaErrorNoDevice",
+)
 
 
 def series_modules(patches: Path = REPO_ROOT / "patches") -> list[str]:
     """The modules of python/sglang/**.py that the patches in patches/series change, in series order."""
     names = [n.strip() for n in (patches / "series").read_text().splitlines() if n.strip() and n[0] != "#"]
-    files = dict.fromkeys(f for n in names for f in re.findall(r"^diff --git a/(\S+) b/", (patches / n).read_text(),
-                                                                re.M))
-    return [f[7:-3].replace("/", ".").removesuffix(".__init__") for f in files
-            if f.startswith("python/sglang/") and f.endswith(".py")]
+    files = dict.fromkeys(
+        f for n in names for f in re.findall(r"^diff --git a/(\S+) b/", (patches / n).read_text(), re.M)
+    )
+    return [
+        f[7:-3].replace("/", ".").removesuffix(".__init__")
+        for f in files
+        if f.startswith("python/sglang/") and f.endswith(".py")
+    ]
 
 
 def try_import(mod: str, pkg_parent: Path, tolerate: bool) -> tuple[str, str]:
@@ -50,11 +65,15 @@ def try_import(mod: str, pkg_parent: Path, tolerate: bool) -> tuple[str, str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="scripts.host.smoke", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="scripts.host.smoke", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--expect-nccl", metavar="VERSION", help="fail unless torch loads this NCCL release")
-    ap.add_argument("--tolerate-no-driver", action="store_true", help="count a driver-only import failure as "
-                    "compiled only (docker build)")
+    ap.add_argument(
+        "--tolerate-no-driver",
+        action="store_true",
+        help="count a driver-only import failure as compiled only (docker build)",
+    )
     a = ap.parse_args(argv)
     try:
         pkg = importlib.import_module("sglang")
@@ -71,10 +90,14 @@ def main(argv=None) -> int:
     if a.expect_nccl:
         nccl = nccl_report()
         bad_nccl = nccl.get("nccl") != a.expect_nccl
-        print(f"{'FAIL' if bad_nccl else 'ok':<9} NCCL {nccl.get('nccl') or nccl.get('error')} loaded by torch "
-              f"{nccl.get('torch')} from {nccl.get('nccl_lib')}; expected {a.expect_nccl}")
-    print(f"smoke: {counts['ok']} import, {counts['compiled']} compiled only (need the NVIDIA driver), "
-          f"{counts['FAIL']} failed, of {sum(counts.values())} modules")
+        print(
+            f"{'FAIL' if bad_nccl else 'ok':<9} NCCL {nccl.get('nccl') or nccl.get('error')} loaded by torch "
+            f"{nccl.get('torch')} from {nccl.get('nccl_lib')}; expected {a.expect_nccl}"
+        )
+    print(
+        f"smoke: {counts['ok']} import, {counts['compiled']} compiled only (need the NVIDIA driver), "
+        f"{counts['FAIL']} failed, of {sum(counts.values())} modules"
+    )
     return 1 if counts["FAIL"] or bad_nccl else 0
 
 

@@ -42,8 +42,15 @@ def git_env(fixed_date: bool = False) -> dict[str, str]:
     return env
 
 
-def git(repo: Path, *args: str, check: bool = True, fixed_date: bool = False, input: str | None = None,
-        timeout: float | None = TIMEOUT, env: dict[str, str] | None = None) -> proc.Result:
+def git(
+    repo: Path,
+    *args: str,
+    check: bool = True,
+    fixed_date: bool = False,
+    input: str | None = None,
+    timeout: float | None = TIMEOUT,
+    env: dict[str, str] | None = None,
+) -> proc.Result:
     res = proc.run(["git", "-C", str(repo), *args], env=env or git_env(fixed_date), input=input, timeout=timeout)
     if check and not res.ok:
         said = res.stderr.strip() or res.stdout.strip() or res.why
@@ -68,8 +75,9 @@ def rev(repo: Path, ref: str) -> str | None:
 
 
 def is_repo(path: Path) -> bool:
-    return path.is_dir() and git(path, "rev-parse", "--git-dir", check=False).returncode == 0 and \
-        git(path, "rev-parse", "--show-toplevel", check=False).stdout.strip() == str(path.resolve())
+    if not path.is_dir() or git(path, "rev-parse", "--git-dir", check=False).returncode != 0:
+        return False
+    return git(path, "rev-parse", "--show-toplevel", check=False).stdout.strip() == str(path.resolve())
 
 
 def blob_id(data: bytes) -> str:

@@ -53,8 +53,9 @@ def get_json(url: str, timeout: float = 10.0) -> dict | None:
 
 def post_json(url: str, payload: dict, timeout: float = 300.0) -> tuple[int, dict | str]:
     """(status, the JSON answer, or the body as text when it is not JSON); status 0 when nothing answered."""
-    req = urllib.request.Request(url, data=json.dumps(payload).encode(),
-                                 headers={"Content-Type": "application/json", **API_KEY.headers()})
+    req = urllib.request.Request(
+        url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json", **API_KEY.headers()}
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             status, body = r.status, r.read()

@@ -41,16 +41,30 @@ def which(program: str) -> str | None:
     return shutil.which(program)
 
 
-def run(argv: list[str], *, timeout: float | None = DEFAULT_TIMEOUT, cwd: Path | str | None = None,
-        env: dict[str, str] | None = None, input: str | None = None, capture: bool = True) -> Result:
+def run(
+    argv: list[str],
+    *,
+    timeout: float | None = DEFAULT_TIMEOUT,
+    cwd: Path | str | None = None,
+    env: dict[str, str] | None = None,
+    input: str | None = None,
+    capture: bool = True,
+) -> Result:
     """Run argv to completion. capture=False lets the output through to the terminal (downloads, builds)."""
     shown = " ".join(map(str, argv))
     exe = which(str(argv[0]))
     if exe is None:
         return Result(False, why=f"{argv[0]} not found (not installed or not on PATH)")
     try:
-        cp = subprocess.run([exe, *map(str, argv[1:])], capture_output=capture, text=True, timeout=timeout,
-                            cwd=cwd, env=env, input=input)
+        cp = subprocess.run(
+            [exe, *map(str, argv[1:])],
+            capture_output=capture,
+            text=True,
+            timeout=timeout,
+            cwd=cwd,
+            env=env,
+            input=input,
+        )
     except subprocess.TimeoutExpired:
         return Result(False, why=f"`{shown}` did not answer within {timeout:.0f}s")
     except OSError as e:
@@ -60,8 +74,9 @@ def run(argv: list[str], *, timeout: float | None = DEFAULT_TIMEOUT, cwd: Path |
     out, err = cp.stdout or "", cp.stderr or ""
     if cp.returncode != 0:
         lines = (out + err).strip().splitlines()
-        return Result(False, cp.returncode, out, err, f"`{shown}` exit {cp.returncode}: "
-                                                      f"{lines[-1] if lines else '(no output)'}")
+        return Result(
+            False, cp.returncode, out, err, f"`{shown}` exit {cp.returncode}: {lines[-1] if lines else '(no output)'}"
+        )
     return Result(True, 0, out, err)
 
 

@@ -23,20 +23,34 @@ def check_base(root: Path, prefix: str, pin: Pin, patches: list[PatchInfo], fix:
     holds sglang/ itself."""
     base = {f: pre for p in reversed(patches) for f, (pre, _) in p.files.items()}  # a file's first pre-image
     found = {f: git.file_blob(root / f.removeprefix(prefix)) or NULL_BLOB for f in sorted(base)}
-    wrong = [f"  {f}: {'absent' if b == NULL_BLOB else 'blob ' + b[:12]}, the base has "
-             f"{'none' if base[f] == NULL_BLOB else base[f][:12]}" for f, b in found.items() if b != base[f]]
+    wrong = [
+        f"  {f}: {'absent' if b == NULL_BLOB else 'blob ' + b[:12]}, the base has "
+        f"{'none' if base[f] == NULL_BLOB else base[f][:12]}"
+        for f, b in found.items()
+        if b != base[f]
+    ]
     more = [f"  ... and {len(wrong) - 8} more"] if len(wrong) > 8 else []
     if wrong:
-        raise UserError("\n".join([f"{root} is not the pinned base SGLang {pin.version}, so nothing was changed:",
-                                   *wrong[:8], *more, f"Fix: {fix}"]))
+        raise UserError(
+            "\n".join(
+                [
+                    f"{root} is not the pinned base SGLang {pin.version}, so nothing was changed:",
+                    *wrong[:8],
+                    *more,
+                    f"Fix: {fix}",
+                ]
+            )
+        )
 
 
 def dirty(repo: Path) -> None:
     changed = git.status_porcelain(repo, untracked=False)
     if changed:
         shown = "\n  ".join(changed.splitlines()[:10])
-        raise UserError(f"{repo} has uncommitted changes, so nothing was applied:\n  {shown}\nCommit them, or stash "
-                        f"them (git -C {repo} stash), and apply again.")
+        raise UserError(
+            f"{repo} has uncommitted changes, so nothing was applied:\n  {shown}\nCommit them, or stash "
+            f"them (git -C {repo} stash), and apply again."
+        )
 
 
 def rollback(repo: Path, orig: str) -> None:
@@ -58,14 +72,16 @@ def am(repo: Path, patches: list[PatchInfo], strip: int = 1) -> None:
     if not res.ok:
         at = re.findall(r"Patch failed at (\d+)", res.output)
         name = patches[int(at[0]) - 1].path.name if at and int(at[0]) <= len(patches) else "a patch"
-        files = git.git(repo, "diff", "--name-only", "--diff-filter=U", check=False).stdout.split() or \
-            sorted(set(re.findall(r"patch failed: (\S+?):\d+", res.output)))
+        files = git.git(repo, "diff", "--name-only", "--diff-filter=U", check=False).stdout.split()
+        files = files or sorted(set(re.findall(r"patch failed: (\S+?):\d+", res.output)))
         rollback(repo, orig)
         said = "\n".join(ln for ln in res.output.strip().splitlines() if not re.search(r"git am --|^hint: ", ln))
-        raise ConflictError(f"{name} does not apply to {repo} (conflict in {', '.join(files) or 'see below'}), "
-                            f"although its files were the pinned base: the patch changed since it was exported. "
-                            f"{repo} is back as it was. Restore the patch (git checkout -- patches/{name}, or make "
-                            f"export), then make check-patches.\n--- git am said:\n{said[-2000:]}")
+        raise ConflictError(
+            f"{name} does not apply to {repo} (conflict in {', '.join(files) or 'see below'}), "
+            f"although its files were the pinned base: the patch changed since it was exported. "
+            f"{repo} is back as it was. Restore the patch (git checkout -- patches/{name}, or make "
+            f"export), then make check-patches.\n--- git am said:\n{said[-2000:]}"
+        )
     git.git(repo, "update-ref", APPLIED, "HEAD")
     say(f"applied {len(patches)} patches; HEAD {git.head(repo)[:12]}")
 
@@ -78,11 +94,16 @@ def apply_tree(top: Path, pin: Pin, patches: list[PatchInfo], installed: bool = 
     if have == want:
         say(f"{top} already holds this series ({want}); nothing to do")
         return "already"
-    fix = (f"pip install --no-deps --force-reinstall {pin.wheel_requirement}, with the python that owns {top}"
-           if installed else f"git -C {top} checkout {pin.tag}, or build a fresh tree: make apply")
+    fix = (
+        f"pip install --no-deps --force-reinstall {pin.wheel_requirement}, with the python that owns {top}"
+        if installed
+        else f"git -C {top} checkout {pin.tag}, or build a fresh tree: make apply"
+    )
     if have is not None or installed and (top / ".git").exists():
-        raise UserError(f"{top} holds patch set {have or 'none'}, not patches/' {want}, so nothing was applied: "
-                        + (f"rm -rf {top}/.git; {fix}" if installed else f"git -C {top} reset --hard {UPSTREAM_HEAD}"))
+        raise UserError(
+            f"{top} holds patch set {have or 'none'}, not patches/' {want}, so nothing was applied: "
+            + (f"rm -rf {top}/.git; {fix}" if installed else f"git -C {top} reset --hard {UPSTREAM_HEAD}")
+        )
     if not installed:
         dirty(top)
     check_base(top, "python/" if installed else "", pin, patches, fix)

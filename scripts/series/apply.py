@@ -43,8 +43,10 @@ def build_tree(pin, patches, dest: Path, source: str, rebuild: bool) -> str:
             return "already"
         dirty(dest)
         if git.head(dest) not in (git.rev(dest, APPLIED), git.rev(dest, UPSTREAM_HEAD)):
-            raise UserError(f"{dest} has commits that are not in patches/: export them (make export), or drop them "
-                            f"and build the tree again (make apply REBUILD=1)")
+            raise UserError(
+                f"{dest} has commits that are not in patches/: export them (make export), or drop them "
+                f"and build the tree again (make apply REBUILD=1)"
+            )
         say(f"{dest} holds patch set {have}, patches/ is {want}: building {pin.tag} + the series beside it")
     again = "make apply REBUILD=1" if rebuild else "make apply"
     kept = f"{dest} was left as it was." if dest.exists() else f"Nothing was written to {dest}."
@@ -78,8 +80,9 @@ def apply_python(python: str, pin, patches) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="scripts.series.apply", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="scripts.series.apply", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     where = ap.add_mutually_exclusive_group()
     where.add_argument("--src", type=Path, help="a clean SGLang checkout of the pinned tag (make apply SGLANG_SRC=)")
     where.add_argument("--python", help="apply to the sglang this interpreter imports")

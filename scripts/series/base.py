@@ -52,15 +52,19 @@ def pinned_wheel(pin: Pin, cache_dir: Path) -> Path:
         return local
     if os.environ.get("SGLANG_WHEEL"):
         what = f"sha256 {sha256_file(local)}" if local.is_file() else "no such file"
-        raise UserError(f"SGLANG_WHEEL={local} is not the pinned wheel ({what}); patches/pin.toml wants "
-                        f"{pin.wheel_filename}, sha256 {pin.wheel_sha256}. Point SGLANG_WHEEL at that wheel, or unset "
-                        f"it to download it")
+        raise UserError(
+            f"SGLANG_WHEEL={local} is not the pinned wheel ({what}); patches/pin.toml wants "
+            f"{pin.wheel_filename}, sha256 {pin.wheel_sha256}. Point SGLANG_WHEEL at that wheel, or unset "
+            f"it to download it"
+        )
     local.unlink(missing_ok=True)  # a broken download
     say(f"downloading {pin.wheel_requirement} ({pin.wheel_filename}) from PyPI; pip checks its sha256")
-    if not pip_download(pin.wheel_requirement, cache_dir, pin.wheel_sha256, pin.wheel_filename).ok or \
-            not local.is_file():
-        raise UserError(f"pip could not download {pin.wheel_filename} (pip says why above). Copy it from a machine "
-                        f"that can, and set SGLANG_WHEEL=/path/to/{pin.wheel_filename}")
+    got = pip_download(pin.wheel_requirement, cache_dir, pin.wheel_sha256, pin.wheel_filename)
+    if not got.ok or not local.is_file():
+        raise UserError(
+            f"pip could not download {pin.wheel_filename} (pip says why above). Copy it from a machine "
+            f"that can, and set SGLANG_WHEEL=/path/to/{pin.wheel_filename}"
+        )
     return local
 
 
@@ -83,11 +87,17 @@ def _wheel_repo(wheel: Path, work: Path, tag: str) -> dict:
 def pick_source(source: str, repository: str, tag: str) -> str:
     """auto: clone when the repository answers, else the wheel (and say so)."""
     repository = os.environ.get("SGLANG_REPO") or repository
-    if source != "auto" or proc.run(["git", "ls-remote", "--exit-code", repository, f"refs/tags/{tag}"],
-                                    timeout=20, env=git.git_env()).ok:
+    if (
+        source != "auto"
+        or proc.run(
+            ["git", "ls-remote", "--exit-code", repository, f"refs/tags/{tag}"], timeout=20, env=git.git_env()
+        ).ok
+    ):
         return "clone" if source == "auto" else source
-    say(f"{repository} does not answer: taking the base from the PyPI wheel (the same sources as the tag, sha256 "
-        f"checked; SGLANG_BASE=clone insists on the clone)")
+    say(
+        f"{repository} does not answer: taking the base from the PyPI wheel (the same sources as the tag, sha256 "
+        f"checked; SGLANG_BASE=clone insists on the clone)"
+    )
     return "wheel"
 
 
@@ -114,10 +124,16 @@ def ensure_base(pin: Pin, source: str = "auto", tag: str | None = None, wheel: P
         work = Path(tmp) / "work"
         if source == "clone":
             say(f"cloning {repository} at {tag}")
-            if not proc.run(["git", "clone", "--progress", "--depth", "1", "--branch", tag, repository, str(work)],
-                            env=git.git_env(), timeout=NETWORK_TIMEOUT, capture=False).ok:
-                raise UserError(f"git clone of {repository} at {tag} failed (git says why above); without GitHub, "
-                                f"take the base from the PyPI wheel: SGLANG_BASE=wheel")
+            if not proc.run(
+                ["git", "clone", "--progress", "--depth", "1", "--branch", tag, repository, str(work)],
+                env=git.git_env(),
+                timeout=NETWORK_TIMEOUT,
+                capture=False,
+            ).ok:
+                raise UserError(
+                    f"git clone of {repository} at {tag} failed (git says why above); without GitHub, "
+                    f"take the base from the PyPI wheel: SGLANG_BASE=wheel"
+                )
             git.git(work, "tag", "-f", tag)
             info = {"source": "clone", "repository": repository}
         else:

@@ -37,8 +37,9 @@ def round_trip(patches_dir: Path | None) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="scripts.series.check_patches", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="scripts.series.check_patches", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--patches-dir", type=Path)
     a = ap.parse_args(argv)
     problems = lint(a.patches_dir)
@@ -49,8 +50,10 @@ def main(argv=None) -> int:
     say("lint: ok")
     diff = round_trip(a.patches_dir)
     if diff:
-        print(f"{diff}check-patches: the re-export differs from patches/ (above): make export from the tree the patch "
-              f"came from, or restore the patch (git checkout -- patches/)")
+        print(
+            f"{diff}check-patches: the re-export differs from patches/ (above): make export from the tree the patch "
+            f"came from, or restore the patch (git checkout -- patches/)"
+        )
         return 1
     say("round trip: apply + export gives patches/ back byte for byte")
     return 0

@@ -21,16 +21,19 @@ from .readme import write_readme
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="scripts.series.export", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="scripts.series.export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--tree", type=Path, default=BUILD_DIR / "sglang")
     ap.add_argument("--patches-dir", type=Path)
     a = ap.parse_args(argv)
     pin = load_pin(a.patches_dir)
     names = export_series(a.tree, pin, pin.patches_dir)
     git.git(a.tree, "update-ref", APPLIED, "HEAD")  # the tree and patches/ agree again
-    say(f"exported {len(names)} patches to {pin.patches_dir}" + (" and README.md's series table" if
-                                                                  write_readme(pin) else ""))
+    say(
+        f"exported {len(names)} patches to {pin.patches_dir}"
+        + (" and README.md's series table" if write_readme(pin) else "")
+    )
     return 0
 
 

@@ -28,22 +28,33 @@ URL = re.compile(r"^https?://\S+$")
 def check_series(pin: Pin) -> list[str]:
     listed = [p.name for p in pin.series()]
     problems = [f"{n}: listed twice in {pin.series_file}" for n in sorted({n for n in listed if listed.count(n) > 1})]
-    problems += [f"{n}: listed in {pin.series_file}, but there is no such file" for n in listed
-                 if not (pin.patches_dir / n).is_file()]
-    return problems + [f"{f.name}: not in {pin.series_file} (add it there, or delete it)"
-                       for f in sorted(pin.patches_dir.glob("*.patch")) if f.name not in listed]
+    problems += [
+        f"{n}: listed in {pin.series_file}, but there is no such file"
+        for n in listed
+        if not (pin.patches_dir / n).is_file()
+    ]
+    return problems + [
+        f"{f.name}: not in {pin.series_file} (add it there, or delete it)"
+        for f in sorted(pin.patches_dir.glob("*.patch"))
+        if f.name not in listed
+    ]
 
 
 def check_readable(path: Path) -> list[str]:
     text = path.read_text()
     res = git.git(path.parent, "apply", "--numstat", input=text, check=False)
     if not res.ok:
-        return [f"{path.name}: git apply cannot read it ({(res.stderr.strip().splitlines() or [res.why])[0]}): "
-                f"restore it (git checkout -- patches/{path.name}) or make export"]
+        return [
+            f"{path.name}: git apply cannot read it ({(res.stderr.strip().splitlines() or [res.why])[0]}): "
+            f"restore it (git checkout -- patches/{path.name}) or make export"
+        ]
     info = git.git(path.parent, "mailinfo", os.devnull, os.devnull, input=text, check=False).stdout
     fields = dict(row.split(": ", 1) for row in info.splitlines() if ": " in row)
-    problems = [f"{path.name}: git mailinfo finds no {k} in the mail headers" for k in ("Author", "Subject")
-                if not fields.get(k, "").strip()]
+    problems = [
+        f"{path.name}: git mailinfo finds no {k} in the mail headers"
+        for k in ("Author", "Subject")
+        if not fields.get(k, "").strip()
+    ]
     if re.search(r"^index [0-9a-f]{1,39}\.\.", text, re.M):
         problems.append(f"{path.name}: abbreviated blob ids (not format-patch --full-index): make export")
     return problems
@@ -71,8 +82,10 @@ def header_problems(message: str, author: str, filename: str) -> list[str]:
         out.append("Patch-Filename: is not the message's last line")
     name, addr = email.utils.parseaddr(author)
     if not name or "@" not in addr or addr == git.TOOL_IDENT["GIT_AUTHOR_EMAIL"] or addr.endswith("@localhost"):
-        out.append(f"From: {author} is not a real author (commit with your identity: git commit --amend "
-                   f"--reset-author, then make export)")
+        out.append(
+            f"From: {author} is not a real author (commit with your identity: git commit --amend "
+            f"--reset-author, then make export)"
+        )
     return out
 
 

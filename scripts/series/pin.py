@@ -24,8 +24,17 @@ DEFAULT_PATCHES_DIR = REPO_ROOT / "patches"
 NULL_BLOB = "0" * 40
 SERVING_IMAGE = "eagle-fast-verify/sglang"  # the image `make image` builds; its tag is the pinned release tag
 UPSTREAM_HEAD = "refs/patches/upstream-head"  # the pristine base under a patched tree's commits (Electron's name)
-FORMAT_PATCH = ["format-patch", "--full-index", "--no-signature", "--zero-commit", "--no-numbered", "--no-stat",
-                "--no-renames", "--encode-email-headers", "--filename-max-length=100"]
+FORMAT_PATCH = [
+    "format-patch",
+    "--full-index",
+    "--no-signature",
+    "--zero-commit",
+    "--no-numbered",
+    "--no-stat",
+    "--no-renames",
+    "--encode-email-headers",
+    "--filename-max-length=100",
+]
 INDEX = re.compile(r"^diff --git a/\S+ b/(\S+)\n(?:(?!diff --git).*\n)*?index ([0-9a-f]+)\.\.([0-9a-f]+)", re.M)
 
 
@@ -76,11 +85,25 @@ def load_pin(patches_dir: Path | None = None) -> Pin:
     d = load_toml(patches_dir / "pin.toml", "pin", "restore it: git checkout -- patches/pin.toml")
     try:
         up, wh, im, nc = d["upstream"], d["wheel"], d["image"], d.get("nccl", {})
-        return Pin(patches_dir, up["repository"], up["tag"], up["version"], wh["requirement"], wh["filename"],
-                   wh["sha256"], im["name"], im["tag"], im.get("digest", ""), d["series"]["file"],
-                   nc.get("package", ""), nc.get("version", ""))
+        return Pin(
+            patches_dir,
+            up["repository"],
+            up["tag"],
+            up["version"],
+            wh["requirement"],
+            wh["filename"],
+            wh["sha256"],
+            im["name"],
+            im["tag"],
+            im.get("digest", ""),
+            d["series"]["file"],
+            nc.get("package", ""),
+            nc.get("version", ""),
+        )
     except KeyError as e:
-        raise UserError(f"{patches_dir / 'pin.toml'} lacks the key {e}: compare with git show HEAD:patches/pin.toml")
+        raise UserError(
+            f"{patches_dir / 'pin.toml'} lacks the key {e}: compare with git show HEAD:patches/pin.toml"
+        ) from e
 
 
 def write_pin(pin: Pin) -> None:
@@ -106,8 +129,10 @@ class PatchInfo:
 def parse_patch(path: Path) -> PatchInfo:
     """Subject, author, message and per-file blob ids of a `git format-patch --full-index` file."""
     if not path.is_file():
-        raise UserError(f"the series lists {path.name}, but there is no {path}: restore it (git checkout -- "
-                        f"patches/), or take it out of the series file")
+        raise UserError(
+            f"the series lists {path.name}, but there is no {path}: restore it (git checkout -- "
+            f"patches/), or take it out of the series file"
+        )
     mail, _, diff = path.read_text().partition("\ndiff --git ")
     msg = email.parser.HeaderParser(policy=email.policy.default).parsestr(mail.split("\n", 1)[-1] + "\n")
     subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", " ".join(str(msg.get("Subject", "")).split()))
@@ -136,8 +161,21 @@ def format_series(repo: Path, base: str, prefix: str = "") -> list[tuple[str, st
     root (python/ for an installed package made a repository)."""
     env = {**git.git_env(), "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
     with tempfile.TemporaryDirectory() as tmp:
-        res = proc.run(["git", "-C", str(repo), *FORMAT_PATCH, f"--src-prefix=a/{prefix}", f"--dst-prefix=b/{prefix}",
-                        "-o", tmp, f"{base}..HEAD"], env=env, timeout=git.TIMEOUT)
+        res = proc.run(
+            [
+                "git",
+                "-C",
+                str(repo),
+                *FORMAT_PATCH,
+                f"--src-prefix=a/{prefix}",
+                f"--dst-prefix=b/{prefix}",
+                "-o",
+                tmp,
+                f"{base}..HEAD",
+            ],
+            env=env,
+            timeout=git.TIMEOUT,
+        )
         if not res.ok:
             raise UserError(f"git format-patch failed in {repo}: {res.stderr.strip() or res.why}")
         out = []
@@ -162,15 +200,19 @@ def export_series(tree: Path, pin: Pin, out: Path) -> list[str]:
     named = format_series(tree, base)
     names = [n for n, _ in named]
     if len(set(names)) < len(names):
-        raise UserError(f"two commits make one patch file name ({', '.join(names)}): reword a subject, or fix its "
-                        f"Patch-Filename: line")
+        raise UserError(
+            f"two commits make one patch file name ({', '.join(names)}): reword a subject, or fix its "
+            f"Patch-Filename: line"
+        )
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*.patch"):
         old.unlink()
     for name, text in named:
         (out / name).write_text(text)
-    (out / pin.series_file).write_text(f"# Patch series against SGLang {pin.tag}, applied in this order (make "
-                                       f"apply).\n" + "".join(n + "\n" for n in names))
+    (out / pin.series_file).write_text(
+        f"# Patch series against SGLang {pin.tag}, applied in this order (make "
+        f"apply).\n" + "".join(n + "\n" for n in names)
+    )
     return names
 
 

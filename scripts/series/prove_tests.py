@@ -32,8 +32,10 @@ def base_tree(pin, dest: Path) -> Path:
     """A pristine tree of the pinned base at dest (made once from the base cache)."""
     if git.is_repo(dest):
         if git.head(dest) != git.rev(dest, f"refs/tags/{pin.tag}") or git.status_porcelain(dest, untracked=False):
-            raise UserError(f"{dest} is not the pristine {pin.tag} any more: rm -rf {dest} (made from the base "
-                            f"cache) and run it again")
+            raise UserError(
+                f"{dest} is not the pristine {pin.tag} any more: rm -rf {dest} (made from the base "
+                f"cache) and run it again"
+            )
         return dest
     clone_base(ensure_base(pin, os.environ.get("SGLANG_BASE") or "auto")[0], dest, pin.tag)
     return dest
@@ -45,18 +47,26 @@ def run_pytest(tree: Path, tests: list[str], marker: str | None = None) -> dict[
         xml = Path(tmp) / "junit.xml"
         cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}", *tests]
         say(f"pytest against {tree}" + (f" (-m '{marker}')" if marker else ""))
-        res = proc.run(cmd + (["-m", marker] if marker else []), cwd=REPO_ROOT, timeout=3600,
-                       env={**os.environ, "SGLANG_TREE": str(tree)})
+        res = proc.run(
+            cmd + (["-m", marker] if marker else []),
+            cwd=REPO_ROOT,
+            timeout=3600,
+            env={**os.environ, "SGLANG_TREE": str(tree)},
+        )
         if not xml.is_file():
             raise UserError(f"pytest wrote no report against {tree} ({res.why}):\n{res.output[-3000:]}")
-        return {f"{c.get('classname')}::{c.get('name')}": next((k for k in ("failure", "error", "skipped")
-                                                                 if c.find(k) is not None), "passed")
-                for c in ET.parse(xml).iter("testcase")}
+        return {
+            f"{c.get('classname')}::{c.get('name')}": next(
+                (k for k in ("failure", "error", "skipped") if c.find(k) is not None), "passed"
+            )
+            for c in ET.parse(xml).iter("testcase")
+        }
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="scripts.series.prove_tests", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="scripts.series.prove_tests", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("tests", nargs="*", default=["tests/patches"])
     ap.add_argument("--patched", type=Path, default=BUILD_DIR / "sglang")
     ap.add_argument("--base", type=Path, default=BUILD_DIR / "sglang-base")
@@ -66,13 +76,21 @@ def main(argv=None) -> int:
     must_fail = run_pytest(base, a.tests, "not unchanged")
     guards = run_pytest(base, a.tests, "unchanged")
     problems = [f"{n}: {o} on the patched tree" for n, o in patched.items() if o != "passed"]
-    problems += [f"{n}: {o} on the unpatched tree (a patch test must fail there; mark it 'unchanged' if it guards "
-                 f"upstream behaviour)" for n, o in must_fail.items() if o not in ("failure", "error")]
+    problems += [
+        f"{n}: {o} on the unpatched tree (a patch test must fail there; mark it 'unchanged' if it guards "
+        f"upstream behaviour)"
+        for n, o in must_fail.items()
+        if o not in ("failure", "error")
+    ]
     problems += [f"{n}: marked unchanged but {o} on the unpatched tree" for n, o in guards.items() if o != "passed"]
-    print(f"patched tree: {dict(Counter(patched.values()))}; base, patch tests: {dict(Counter(must_fail.values()))};"
-          f" base, guards: {dict(Counter(guards.values()))}")
-    print("".join(f"problem: {p}\n" for p in problems + ["no tests were collected"] * (not patched or not must_fail)),
-          end="")
+    print(
+        f"patched tree: {dict(Counter(patched.values()))}; base, patch tests: {dict(Counter(must_fail.values()))};"
+        f" base, guards: {dict(Counter(guards.values()))}"
+    )
+    print(
+        "".join(f"problem: {p}\n" for p in problems + ["no tests were collected"] * (not patched or not must_fail)),
+        end="",
+    )
     return 1 if problems or not patched or not must_fail else 0
 
 

@@ -28,8 +28,10 @@ from .am import apply_tree
 from .base import CACHE_DIR, clone_base, ensure_base, pick_source, pip_download, sha256_file
 from .pin import UPSTREAM_HEAD, export_series, load_pin, series_patches, write_pin
 
-BY_HAND = ("requirements/ (what the new release requires, then make setup); pin.toml [nccl] (from the NCCL the new "
-           "torch pins); pin.toml [image] digest (make image says how to read it on the box)")
+BY_HAND = (
+    "requirements/ (what the new release requires, then make setup); pin.toml [nccl] (from the NCCL the new "
+    "torch pins); pin.toml [image] digest (make image says how to read it on the box)"
+)
 
 
 def new_wheel(pin, version: str, given: Path | None) -> Path:
@@ -37,8 +39,10 @@ def new_wheel(pin, version: str, given: Path | None) -> Path:
     name = pin.wheel_requirement.split("==")[0]
     if given is not None:
         if not given.is_file() or not given.name.startswith(f"{name}-{version}-"):
-            raise UserError(f"WHEEL={given} is not a {name}-{version}-*.whl file: name the {version} wheel as PyPI "
-                            f"names it, or leave WHEEL out")
+            raise UserError(
+                f"WHEEL={given} is not a {name}-{version}-*.whl file: name the {version} wheel as PyPI "
+                f"names it, or leave WHEEL out"
+            )
         return given
     found = sorted(CACHE_DIR.glob(f"{name}-{version}-*.whl"))
     if not found:
@@ -46,8 +50,10 @@ def new_wheel(pin, version: str, given: Path | None) -> Path:
         pip_download(f"{name}=={version}", CACHE_DIR, like=pin.wheel_filename.replace(pin.version, version))
         found = sorted(CACHE_DIR.glob(f"{name}-{version}-*.whl"))
     if len(found) != 1:
-        raise UserError(f"no {name} {version} wheel (pip says why above): refresh to a release PyPI has (pip index "
-                        f"versions {name}), or name a wheel you have (WHEEL=FILE)")
+        raise UserError(
+            f"no {name} {version} wheel (pip says why above): refresh to a release PyPI has (pip index "
+            f"versions {name}), or name a wheel you have (WHEEL=FILE)"
+        )
     return found[0]
 
 
@@ -67,25 +73,44 @@ def start(pin, a, version: str) -> int:
         apply_tree(Path(tmp) / "old", pin, series_patches(pin))
         git.git(a.dest, "fetch", "-q", "--no-tags", str(Path(tmp) / "old"), "HEAD:refs/patches/previous")
     say(f"git am -3 of {len(pin.series())} patches onto {a.to} in {a.dest}")
-    return proc.run(["git", "-C", str(a.dest), "am", "-3", "--no-gpg-sign", *[str(p.resolve()) for p in pin.series()]],
-                    env=git.git_env(), timeout=git.TIMEOUT, capture=False).returncode or 0
+    return (
+        proc.run(
+            ["git", "-C", str(a.dest), "am", "-3", "--no-gpg-sign", *[str(p.resolve()) for p in pin.series()]],
+            env=git.git_env(),
+            timeout=git.TIMEOUT,
+            capture=False,
+        ).returncode
+        or 0
+    )
 
 
 def write(pin, a, version: str) -> None:
     """Move the pin to the new release and export patches/ from the refresh tree."""
     wheel, image_tag = new_wheel(pin, version, a.wheel), pin.image_tag.replace(pin.version, version)
-    write_pin(new := dataclasses.replace(
-        pin, tag=a.to, version=version, wheel_requirement=f"{pin.wheel_requirement.split('==')[0]}=={version}",
-        wheel_filename=wheel.name, wheel_sha256=sha256_file(wheel), image_tag=image_tag, image_digest=""))
+    write_pin(
+        new := dataclasses.replace(
+            pin,
+            tag=a.to,
+            version=version,
+            wheel_requirement=f"{pin.wheel_requirement.split('==')[0]}=={version}",
+            wheel_filename=wheel.name,
+            wheel_sha256=sha256_file(wheel),
+            image_tag=image_tag,
+            image_digest="",
+        )
+    )
     names = export_series(a.dest, new, pin.patches_dir)
-    say(f"patches/ ({len(names)} patches) and pin.toml now target {a.to}: review them (git diff), then make apply "
-        f"REBUILD=1 and make test")
+    say(
+        f"patches/ ({len(names)} patches) and pin.toml now target {a.to}: review them (git diff), then make apply "
+        f"REBUILD=1 and make test"
+    )
     print(f"left to you: {BY_HAND}; what else names {pin.version}: git grep -n '{pin.version}' -- ':!bench/results'")
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="scripts.series.refresh", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="scripts.series.refresh", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--to", help="the new upstream tag, e.g. v0.5.24")
     ap.add_argument("--wheel", type=Path, help="its PyPI wheel, a file you have (default: pip downloads it)")
     ap.add_argument("--write", action="store_true", help="move patches/pin.toml and re-export patches/")
@@ -102,14 +127,18 @@ def main(argv=None) -> int:
     again = f"make refresh TO={a.to}" + (f" WHEEL={a.wheel}" if a.wheel else "")
     ours = git.is_repo(a.dest) and git.rev(a.dest, f"refs/tags/{a.to}") is not None
     if ours and stopped(a.dest):
-        raise UserError(f"git am is stopped in {a.dest}: resolve, git -C {a.dest} add <files>, git -C {a.dest} am "
-                        f"--continue (or --skip to drop that patch; --abort to give up), then {again} again")
+        raise UserError(
+            f"git am is stopped in {a.dest}: resolve, git -C {a.dest} add <files>, git -C {a.dest} am "
+            f"--continue (or --skip to drop that patch; --abort to give up), then {again} again"
+        )
     if ours and git.rev(a.dest, f"refs/tags/{a.to}") == git.rev(a.dest, UPSTREAM_HEAD):
         say(f"going on from {a.dest} as you left it (rm -rf {a.dest} to start again)")
     elif start(pin, a, version):
-        print(f"git am stopped at a conflict in {a.dest} (git's words above). Resolve the files it names, then\n"
-              f"  git -C {a.dest} add <files> && git -C {a.dest} am --continue\n"
-              f"or drop that patch from the series: git -C {a.dest} am --skip\nThen: {again} WRITE=1")
+        print(
+            f"git am stopped at a conflict in {a.dest} (git's words above). Resolve the files it names, then\n"
+            f"  git -C {a.dest} add <files> && git -C {a.dest} am --continue\n"
+            f"or drop that patch from the series: git -C {a.dest} am --skip\nThen: {again} WRITE=1"
+        )
         return 1
     if a.write:
         write(pin, a, version)

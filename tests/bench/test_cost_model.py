@@ -1,4 +1,4 @@
-"""make docs (scripts/bench/cost_model.py) and the box model (scripts/bench/spec_model.py): the back-test against
+"""make docs (scripts/report/cost_model.py) and the box model (scripts/report/spec_model.py): the back-test against
 the seed box, the physical floors it refuses to go below, the refit from a receipt's profile, the operator's
 mistakes."""
 
@@ -10,9 +10,8 @@ import sys
 
 import pytest
 
-from scripts.bench import cost_model as cm
-from scripts.bench import receipt_data as rd
-from scripts.bench import spec_model as sm
+from scripts.report import cost_model as cm
+from scripts.report import spec_model as sm
 from scripts.lib.errors import UserError
 
 INP, CYC = sm.load()
@@ -25,9 +24,14 @@ def test_the_document_is_current():
 def test_the_back_test_predicts_every_seed_number_within_10_percent():
     table = cm.Box(INP, CYC, runs=cm.load_runs()).backtest()
     rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in table.splitlines()[2:]]
-    assert {r[0] for r in rows} >= {"Plain decode, tok/s", "EAGLE-3 at AL 2.0, tok/s", "AQ-MedAI drafter at AL 1.5, "
-                                    "tok/s", "Break-even AL, verify / decode", "Break-even AL, cycle / decode"}
-    for name, _, role, _, error in rows:
+    assert {r[0] for r in rows} >= {
+        "Plain decode, tok/s",
+        "EAGLE-3 at AL 2.0, tok/s",
+        "AQ-MedAI drafter at AL 1.5, tok/s",
+        "Break-even AL, verify / decode",
+        "Break-even AL, cycle / decode",
+    }
+    for name, _, _, _, error in rows:
         assert error.startswith(("within", "0 %")) or abs(float(error.split()[0])) <= 10, (name, error)
     assert next(r for r in rows if r[0].startswith("Plain"))[3] == "82.0"  # the calibration input, reproduced
 
@@ -63,10 +67,15 @@ def _profile(**over) -> dict:
     def stage(f, c):
         return {"forward_ms": f, "comm_ms": c, "busy_ms": f - c - 1, "gap_ms": 1.0, "kernels": 1500}
 
-    return {"gpu": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "tp": 8, "steps": 3, "accept_length": 2.5,
-            "cycle_ms": 17.0, "nccl_graph_us": {"1": 30.0, "4": 32.0}, "pcie_ipc_us": {"1": 6.0, "4": 11.0, "8": 17.0},
-            "decode": stage(10.0, 1.0), "target_verify": stage(14.0, 1.5), "draft_decode": stage(0.6, 0.05),
-            "draft_extend": stage(0.8, 0.08)} | over
+    measured = dict(gpu="NVIDIA RTX PRO 6000 Blackwell Server Edition", tp=8, steps=3, accept_length=2.5, cycle_ms=17.0)
+    calls = {"nccl_graph_us": {"1": 30.0, "4": 32.0}, "pcie_ipc_us": {"1": 6.0, "4": 11.0, "8": 17.0}}
+    stages = dict(
+        decode=stage(10.0, 1.0),
+        target_verify=stage(14.0, 1.5),
+        draft_decode=stage(0.6, 0.05),
+        draft_extend=stage(0.8, 0.08),
+    )
+    return measured | calls | stages | over
 
 
 def test_refit_takes_what_the_profile_measured():
@@ -79,28 +88,17 @@ def test_refit_takes_what_the_profile_measured():
         sm.refit(_profile(cycle_ms=None, target_verify={"forward_ms": 1.0}))
 
 
-def _receipt(tmp_path, profile: dict):
-    d = tmp_path / "box"
-    (d / "raw").mkdir(parents=True)
-    rec = {"default": "EAGLE-3 in the shipped profile", "verdict": "inconclusive", "why": "no bench", "measured": {},
-           "threshold": "", "setting": ""}
-    (d / "receipt.json").write_text(json.dumps({"schema": rd.SCHEMA, "parts": {}, "recommendations": [rec],
-                                                "thresholds": rd.THRESHOLDS, "environment": {"box": "box"}}))
-    (d / "raw" / "profile.json").write_text(json.dumps(profile))
-    return d
-
-
-def test_make_docs_refits_the_model_from_a_box_receipt_s_profile_not_a_proxy_s(tmp_path, capsys):
+def test_make_docs_refits_the_model_from_a_box_receipt_s_profile_not_a_proxy_s(tmp_path, capsys, profile_receipt):
     doc = tmp_path / "plan.md"
     doc.write_text(cm.DOC.read_text())
-    assert cm.main(["--write", "--doc", str(doc), "--receipt", str(_receipt(tmp_path, _profile()))]) == 0
+    assert cm.main(["--write", "--doc", str(doc), "--receipt", str(profile_receipt(tmp_path, _profile()))]) == 0
     text = doc.read_text()
     assert cm.block(text, "backtest").startswith("Refitted from the profile of receipt `box`.")
     assert "the model above is refitted from it." in cm.block(text, "box-measured")
     assert "| plain decode, ms | 10.00 |" in cm.block(text, "box-measured")
     assert cm.block(text, "settings") != cm.block(cm.DOC.read_text(), "settings")
     assert "plot cost-model.png: drawn" in capsys.readouterr().out and (tmp_path / "cost-model.png").stat().st_size
-    proxy = _receipt(tmp_path / "h200", _profile(gpu="NVIDIA H200", tp=1))  # the lent H200: shown, not applied
+    proxy = profile_receipt(tmp_path / "h200", _profile(gpu="NVIDIA H200", tp=1))  # the lent H200: shown, not applied
     assert cm.main(["--write", "--doc", str(doc), "--receipt", str(proxy)]) == 0
     assert "shown, not applied (a proxy)" in doc.read_text() and "Refitted" not in cm.block(doc.read_text(), "backtest")
 
@@ -108,8 +106,13 @@ def test_make_docs_refits_the_model_from_a_box_receipt_s_profile_not_a_proxy_s(t
 def test_a_typo_or_a_corrupt_receipt_exits_2_with_the_fix(tmp_path):
     (tmp_path / "bad.tar.gz").write_bytes(b"not a tarball")
     for path in (tmp_path / "nope.tar.gz", tmp_path / "bad.tar.gz"):
-        cp = subprocess.run([sys.executable, "-m", "scripts.bench.cost_model", "--check", "--receipt", str(path)],
-                            cwd=cm.REPO_ROOT, capture_output=True, text=True, timeout=120)
+        cp = subprocess.run(
+            [sys.executable, "-m", "scripts.report.cost_model", "--check", "--receipt", str(path)],
+            cwd=cm.REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert cp.returncode == 2 and "make docs RECEIPT=<file>" in cp.stderr and "Traceback" not in cp.stderr
 
 
@@ -122,8 +125,14 @@ def test_without_matplotlib_the_plot_names_the_fix(monkeypatch, tmp_path):
 def test_the_proxy_table_follows_its_result_files():
     runs = cm.load_runs()
     before = cm.h200_table(runs, INP["proxy"])
-    rec = next(r for r in runs[0]["records"] if r.get("kind") == "allreduce" and r.get("variant") == "SIMPLE"
-               and r.get("rows") == 8 and r.get("mode") == "graph")
+    rec = next(
+        r
+        for r in runs[0]["records"]
+        if r.get("kind") == "allreduce"
+        and r.get("variant") == "SIMPLE"
+        and r.get("rows") == 8
+        and r.get("mode") == "graph"
+    )
     rec["us_per_call"] *= 10
     assert before != cm.h200_table(runs, INP["proxy"]) and "NVLink: not the box" in before.splitlines()[0]
 

@@ -1,4 +1,4 @@
-"""The kernel cost of a forward (scripts/bench/kernels.py) on a recorded trace: tests/fixtures/bench/
+"""The kernel cost of a forward (scripts/report/kernels.py) on a recorded trace: tests/fixtures/bench/
 kernels-h200-tiny.json.gz is cut from bench/results/profile-tiny_H200_x1_20261201's two traces (the tiny Llama pair
 on the lent H200, torch-reference route): two plain decode steps, and two speculative cycles (draft, verify, draft
 extend, the next draft); every span, launch and GPU event kept, names cut at 160 characters, times from the first
@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from scripts.bench import kernels as kn
-from scripts.bench import profile as pf
-from scripts.bench import spec_model as sm
+from scripts.report import kernels as kn
+from scripts.report import profile as pf
+from scripts.report import spec_model as sm
 
-TRACES = json.loads(gzip.decompress((Path(__file__).parents[1] / "fixtures/bench/kernels-h200-tiny.json.gz")
-                                    .read_bytes()))
+TRACES = json.loads(
+    gzip.decompress((Path(__file__).parents[1] / "fixtures/bench/kernels-h200-tiny.json.gz").read_bytes())
+)
 NAMES = {  # kernels SGLang v0.5.23 launches for a Kimi-K2.5 layer on the box or the lent route, by class
     "all_reduce": ["ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "pcie_ipc::flat_push_kernel", "allreduce_fusion_kernel"],
     "routing": ["_router_triton_kernel", "_topk_gate_small_m", "moe_fused_gate_kernel"],
@@ -28,7 +29,8 @@ NAMES = {  # kernels SGLang v0.5.23 launches for a Kimi-K2.5 layer on the box or
     "rope_kv": ["rotary_embedding_kernel<bf16>", "sglang::store_kvcache_kernel", "set_mla_kv_buffer_kernel"],
     "gemm": ["nvjet_sm120_tst_8x64_64x16_4x1_v_bz_TNN", "tiny_gemm_n_kernel", "sm90_xmma_gemm_bf16bf16_bf16f32"],
     "sampling": ["softcap_inplace_logits_kernel", "at::native::ArgMaxOps<float>", "VerifyTreeGreedy<int, long>"],
-    "other": ["act_and_mul_kernel", "Memcpy DtoD (Device -> Device)", "CatArrayBatchedCopy_vectorized"]}
+    "other": ["act_and_mul_kernel", "Memcpy DtoD (Device -> Device)", "CatArrayBatchedCopy_vectorized"],
+}
 
 
 def test_each_kernel_name_has_its_class():

@@ -1,4 +1,4 @@
-"""make report's profile part (scripts/bench/profile.py): a chrome trace as SGLang v0.5.23's torch profiler writes it
+"""make report's profile part (scripts/report/profile.py): a chrome trace as SGLang v0.5.23's torch profiler writes it
 (its record_function spans, CUDA-graph launches and the kernels CUPTI correlates with them), reduced per forward to
 the profile the cost model refits from, and make docs refitting from a receipt that holds it."""
 
@@ -11,20 +11,21 @@ import sys
 
 import pytest
 
-from scripts.bench import cost_model as cm
-from scripts.bench import kernels as kn
-from scripts.bench import profile as pf
-from scripts.bench import receipt_data as rd
-from scripts.bench import spec_model as sm
+from scripts.report import cost_model as cm
+from scripts.report import kernels as kn
+from scripts.report import profile as pf
+from scripts.report import receipt_data as rd
+from scripts.report import spec_model as sm
 from scripts.lib.errors import UserError
 
-NCCL, IPC = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", \
-    "void flashinfer::comm::pcie_ipc::flat_push_kernel<__nv_bfloat16, 8>(flashinfer::comm::pcie_ipc::KernelParams)"
+NCCL = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+IPC = "void flashinfer::comm::pcie_ipc::flat_push_kernel<__nv_bfloat16, 8>(flashinfer::comm::pcie_ipc::KernelParams)"
 FORWARDS = {  # kernels (name, us) of each forward's graph, 10 us apart on the GPU
     "step[DECODE bs=1]": [("gemm", 4500), (NCCL, 30), (IPC, 6), ("gemm", 4500)],
     "step[VERIFY bs=1]": [("gemm", 6500), (NCCL, 40), (IPC, 12), ("gemm", 6500)],
     "draft": [("gemm", 300), ("ncclDevKernel_AllGather_RING_LL(x)", 8)],
-    "draft_extend": [("gemm", 400), ("void flashinfer::comm::pcie_ipc::all_gather::push_kernel<8>(p)", 5)]}
+    "draft_extend": [("gemm", 400), ("void flashinfer::comm::pcie_ipc::all_gather::push_kernel<8>(p)", 5)],
+}
 
 
 def trace(spans: list[str], iterations: int = 4, period: float = 15000.0) -> dict:
@@ -36,18 +37,26 @@ def trace(spans: list[str], iterations: int = 4, period: float = 15000.0) -> dic
         for j, name in enumerate(spans):
             cpu = i * period + 200 * j
             ev.append({"ph": "X", "cat": "user_annotation", "name": name, "pid": 9, "tid": 9, "ts": cpu, "dur": 100})
-            for k, (launch, kernels) in enumerate((("cudaLaunchKernel", [("glue", 4)]),
-                                                   ("cudaGraphLaunch", FORWARDS[name]))):
+            for k, (launch, kernels) in enumerate(
+                (("cudaLaunchKernel", [("glue", 4)]), ("cudaGraphLaunch", FORWARDS[name]))
+            ):
                 corr += 1
-                ev.append({"ph": "X", "cat": "cuda_runtime", "name": launch, "pid": 9, "tid": 9, "ts": cpu + 10 + k,
-                           "dur": 1, "args": {"correlation": corr}})
+                call = {
+                    "ph": "X",
+                    "cat": "cuda_runtime",
+                    "name": launch,
+                    "pid": 9,
+                    "tid": 9,
+                    "ts": cpu + 10 + k,
+                    "dur": 1,
+                }
+                ev.append(call | {"args": {"correlation": corr}})
                 for kname, us in kernels:
-                    ev.append({"ph": "X", "cat": "kernel", "name": kname, "pid": 0, "tid": 7, "ts": gpu, "dur": us,
-                               "args": {"correlation": corr, "device": 0, "stream": 7}})
+                    ran = {"ph": "X", "cat": "kernel", "name": kname, "pid": 0, "tid": 7, "ts": gpu, "dur": us}
+                    ev.append(ran | {"args": {"correlation": corr, "device": 0, "stream": 7}})
                     gpu += us + 10
     ev.append({"ph": "X", "cat": "gpu_user_annotation", "name": "draft", "pid": 0, "tid": 7, "ts": 0, "dur": 1e9})
-    return {"deviceProperties": [{"id": 0, "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition"}],
-            "traceEvents": ev}
+    return {"deviceProperties": [{"id": 0, "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition"}], "traceEvents": ev}
 
 
 def recorded(tmp_path, name: str, spans: list[str]) -> dict:
@@ -71,8 +80,13 @@ def test_a_recorded_trace_reduces_to_the_profile_per_forward(tmp_path):
     # the graph's kernels only (the glue kernel launched before it is not the forward's); gaps are the 10 us between
     got = {s: {k: p[s][k] for k in sm.STAGE_FIELDS} for s in sm.PROFILE_STAGES}
     assert got["decode"] == {"forward_ms": 9.066, "comm_ms": 0.036, "busy_ms": 9.0, "gap_ms": 0.03, "kernels": 4}
-    assert got["target_verify"] == {"forward_ms": 13.082, "comm_ms": 0.052, "busy_ms": 13.0, "gap_ms": 0.03,
-                                    "kernels": 4}
+    assert got["target_verify"] == {
+        "forward_ms": 13.082,
+        "comm_ms": 0.052,
+        "busy_ms": 13.0,
+        "gap_ms": 0.03,
+        "kernels": 4,
+    }
     assert got["draft_decode"] == {"forward_ms": 0.318, "comm_ms": 0.008, "busy_ms": 0.3, "gap_ms": 0.01, "kernels": 2}
     assert p["decode"]["classes"] == {"all_reduce": [2, 36.0], "gemm": [2, 9000.0]} and p["decode"]["nodes"] == 4
     assert p["draft_extend"]["comm_ms"] == 0.005 and p["cycle_ms"] == 15.0  # first GPU work of one draft to the next
@@ -97,17 +111,11 @@ def test_a_trace_without_a_stage_is_named(tmp_path):
         pf.main(["--profiles", "kimi-k25-tp8", "--out", str(tmp_path / "p.json")])
 
 
-def test_make_docs_refits_from_the_profile_the_part_wrote(tmp_path):
+def test_make_docs_refits_from_the_profile_the_part_wrote(tmp_path, profile_receipt):
     p = made_profile(tmp_path)
     m = sm.Model(*sm.load(), **sm.refit(p))
     assert m.B() == pytest.approx(9.03) and m.p["glue_ms"] == pytest.approx(15.0 - 13.082 - 0.318 - 0.415)
-    d = tmp_path / "box"
-    (d / "raw").mkdir(parents=True)
-    rec = {"default": "EAGLE-3 in the shipped profile", "verdict": "inconclusive", "why": "no bench", "measured": {},
-           "threshold": "", "setting": ""}
-    (d / "receipt.json").write_text(json.dumps({"schema": rd.SCHEMA, "parts": {"profile": {"ok": True}},
-                                                "recommendations": [rec], "thresholds": rd.THRESHOLDS}))
-    (d / "raw" / "profile.json").write_text(json.dumps(p))
+    d = profile_receipt(tmp_path, p)
     doc = tmp_path / "plan.md"
     doc.write_text(cm.DOC.read_text())
     assert cm.main(["--write", "--doc", str(doc), "--receipt", str(d)]) == 0
@@ -119,4 +127,11 @@ def test_the_receipt_runs_the_part_as_its_own_verb(tmp_path):
     part = rd.PARTS["profile"]
     assert part.result == "raw/profile.json" and part.measures
     assert part.command(tmp_path, argparse.Namespace(image="img:1")) == [
-        sys.executable, "-m", "scripts.bench.profile", "--out", str(tmp_path / "raw/profile.json"), "--image", "img:1"]
+        sys.executable,
+        "-m",
+        "scripts.report.profile",
+        "--out",
+        str(tmp_path / "raw/profile.json"),
+        "--image",
+        "img:1",
+    ]

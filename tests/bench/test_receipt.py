@@ -1,4 +1,4 @@
-"""`make report` (scripts/bench/receipt.py) and `make docs` ingesting its receipt (scripts/bench/cost_model.py): the
+"""`make report` (scripts/report/receipt.py) and `make docs` ingesting its receipt (scripts/report/cost_model.py): the
 round trip from committed H200 results to the plan's box section, the plan and checks before anything runs,
 resuming, a failed part, the tarball that leaves the box, and a bad receipt."""
 
@@ -17,31 +17,46 @@ from pathlib import Path
 import pytest
 
 import _fake_docker
-from scripts.bench import cost_model, receipt, receipt_data
+from scripts.report import cost_model, receipt, receipt_data
 from scripts.lib.errors import UserError
 from scripts.series.pin import load_pin
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "bench" / "results"
 BENCH_COMM = RESULTS / "bench-comm_H200_x2_sglang1.json"
-TEST_GPU = RESULTS / "test-gpu_H200_x2_20261130-run4.json"
 BENCH_JSONL = ROOT / "tests" / "fixtures" / "bench" / "results_abba.jsonl"
 DOCTOR_CAPTURE = ROOT / "tests" / "fixtures" / "doctor" / "pcie8x"
 
 
 def _receipt(*args, env=None, timeout=900):
-    return subprocess.run([sys.executable, "-m", "scripts.bench.receipt", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "scripts.report.receipt", *map(str, args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def junit(path: Path, passed: int, failed: int = 0, **properties) -> Path:
+    """A test tier's result as pytest writes it (its junitxml), with the suite properties the tier adds."""
+    cases = [f'<testcase classname="t" name="ok{i}"/>' for i in range(passed)]
+    cases += [f'<testcase classname="t" name="bad{i}"><failure message="boom {i}"/></testcase>' for i in range(failed)]
+    props = "".join(f"<property name={json.dumps(k)} value='{json.dumps(v)}'/>" for k, v in properties.items())
+    path.write_text(f"<testsuites><testsuite><properties>{props}</properties>{''.join(cases)}</testsuite></testsuites>")
+    return path
 
 
 def made_receipt(d: Path, box: str, **raw: Path) -> Path:
     """A receipt of results made separately: raw/ by hand, then --summarize derives the rest."""
     (d / "raw" / "bench").mkdir(parents=True)
     for part, src in raw.items():
-        dest = {"bench": f"raw/bench/{src.name}"}.get(part, f"raw/{part.replace('_', '-')}.json")
+        dest = {"bench": f"raw/bench/{src.name}"}.get(part, f"raw/{part.replace('_', '-')}{src.suffix}")
         shutil.copyfile(src, d / dest)
-    (d / "receipt.json").write_text(json.dumps({"parts": {p.replace("_", "-"): {"ok": True} for p in raw},
-                                                "environment": {"box": box}}))
+    (d / "receipt.json").write_text(
+        json.dumps({"parts": {p.replace("_", "-"): {"ok": True} for p in raw}, "environment": {"box": box}})
+    )
     cp = _receipt("--summarize", d)
     assert cp.returncode == 0, cp.stderr[-3000:]
     return d
@@ -55,8 +70,9 @@ def _plan_md(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def proxy_receipt(tmp_path_factory):
-    return made_receipt(tmp_path_factory.mktemp("r") / "h200-proxy", "h200-proxy", bench_comm=BENCH_COMM,
-                        test_gpu=TEST_GPU, bench=BENCH_JSONL)
+    tmp = tmp_path_factory.mktemp("r")
+    test_gpu = junit(tmp / "test-gpu.xml", 6, world=2, gpus=["NVIDIA H200"] * 2)
+    return made_receipt(tmp / "h200-proxy", "h200-proxy", bench_comm=BENCH_COMM, test_gpu=test_gpu, bench=BENCH_JSONL)
 
 
 def test_a_receipt_of_committed_results_recommends_from_the_measured_numbers(proxy_receipt, tmp_path):
@@ -68,7 +84,8 @@ def test_a_receipt_of_committed_results_recommends_from_the_measured_numbers(pro
     # measured per size and backend on 2 H200 with NVLink: the numbers are kept, no verdict on the PCIe-only default
     assert ipc["measured"]["ratio_by_rows"]["4"][1] == "flashinfer" and "0.9" in ipc["threshold"]
     assert ipc["verdict"] == "inconclusive" and ipc["why"].startswith(
-        "measured on 2x NVIDIA H200, NVLink (2 GPU(s), the profile serves TP8; its GPUs have NVLink")
+        "measured on 2x NVIDIA H200, NVLink (2 GPU(s), the profile serves TP8; its GPUs have NVLink"
+    )
     assert recs["EAGLE-3 in the shipped profile"]["verdict"] == "inconclusive"  # the patched run verified eagerly
     summary = (d / "summary.md").read_text()
     assert "Measured on 2x NVIDIA H200, NVLink: a proxy, not the box" in summary
@@ -88,8 +105,11 @@ def pcie_receipt(tmp_path_factory):
     """The committed H200 numbers as if measured on 8 GPUs without NVLink (the box class the series is for)."""
     tmp = tmp_path_factory.mktemp("pcie")
     bc = json.loads(BENCH_COMM.read_text())
-    bc["meta"].update(world=8, gpu_name="NVIDIA RTX PRO 6000 Blackwell Server Edition",
-                      topo_m=bc["meta"]["topo_m"].replace("NV18", "SYS"))
+    bc["meta"].update(
+        world=8,
+        gpu_name="NVIDIA RTX PRO 6000 Blackwell Server Edition",
+        topo_m=bc["meta"]["topo_m"].replace("NV18", "SYS"),
+    )
     (tmp / "bc.json").write_text(json.dumps(bc))
     return made_receipt(tmp / "box", "box", bench_comm=tmp / "bc.json")
 
@@ -102,8 +122,10 @@ def test_on_the_box_class_the_verdicts_are_judged_and_stored(pcie_receipt, tmp_p
     ipc = recs["PCIe IPC all-reduce for plain TP reductions"]
     assert ipc["verdict"] == "change" and ipc["setting"] == "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0"
     assert "PCIe IPC / flashinfer = 1.25 at 4 rows" in ipc["why"] and meta["thresholds"] == receipt_data.THRESHOLDS
-    assert "Measured on 8x NVIDIA RTX PRO 6000 Blackwell Server Edition, PCIe only." in (
-        pcie_receipt / "summary.md").read_text()
+    assert (
+        "Measured on 8x NVIDIA RTX PRO 6000 Blackwell Server Edition, PCIe only."
+        in (pcie_receipt / "summary.md").read_text()
+    )
     monkeypatch.setitem(receipt_data.THRESHOLDS, "pcie_ipc_max_ratio", 9.0)  # today it would be "keep"
     doc = _plan_md(tmp_path)
     assert cost_model.main(["--write", "--doc", str(doc), "--receipt", str(pcie_receipt)]) == 0
@@ -113,8 +135,8 @@ def test_on_the_box_class_the_verdicts_are_judged_and_stored(pcie_receipt, tmp_p
     (bare / "receipt.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "recommendations"}))
     capsys.readouterr()
     cost_model.main(["--check", "--doc", str(doc), "--receipt", str(bare)])
-    assert "skipping receipt bare: receipt.json holds no recommendations: python -m scripts.bench.receipt " \
-           "--summarize" in capsys.readouterr().err
+    said = "skipping receipt bare: receipt.json holds no recommendations: python -m scripts.report.receipt --summarize"
+    assert said in capsys.readouterr().err
 
 
 def test_the_dry_run_shows_the_plan_and_total_when_the_box_cannot_run_it(tmp_path):
@@ -144,8 +166,13 @@ def test_only_the_doctor_writes_no_tarball_and_runs_again(tmp_path):
     assert doctor["findings"] and json.loads((d / "receipt.json").read_text())["environment"]["doctor"]
     again = _receipt("--dir", d, "--parts", "doctor", "--box", "cpu-ci", "--dry-run")
     assert again.returncode == 0 and "| doctor | run |" in again.stdout, again.stderr
-    docs = subprocess.run([sys.executable, "-m", "scripts.bench.cost_model", "--write", "--doc", _plan_md(tmp_path),
-                           "--receipt", d], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    docs = subprocess.run(
+        [sys.executable, "-m", "scripts.report.cost_model", "--write", "--doc", _plan_md(tmp_path), "--receipt", d],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert docs.returncode == 0 and "skipping receipt box: no part measured anything (doctor: done" in docs.stderr
 
 
@@ -155,8 +182,10 @@ def test_a_failed_test_serve_stops_the_report_and_runs_again_next_time(tmp_path)
     docker = _fake_docker.install(tmp_path, images=(load_pin().serving_image,))
     smi = tmp_path / "smi"
     smi.mkdir()
-    (smi / "nvidia-smi").write_text("#!/bin/sh\ncase \"$1\" in --query-gpu*) echo 'NVIDIA RTX PRO 6000'; echo "
-                                    "'NVIDIA RTX PRO 6000';; -L) echo 'GPU 0: NVIDIA RTX PRO 6000 (UUID: G0)';; esac\n")
+    (smi / "nvidia-smi").write_text(
+        "#!/bin/sh\n[ \"$1\" = -L ] && echo 'GPU 0: NVIDIA RTX PRO 6000 (UUID: G0)' && echo "
+        "'GPU 1: NVIDIA RTX PRO 6000 (UUID: G1)'\n"
+    )
     (smi / "nvidia-smi").chmod(0o755)
     env, d = {**os.environ, "PATH": _fake_docker.path_with(docker.bindir, smi)}, tmp_path / "box"
     cp = _receipt("--dir", d, "--parts", "test-serve,doctor", "--box", "cpu-ci", env=env)
@@ -164,9 +193,10 @@ def test_a_failed_test_serve_stops_the_report_and_runs_again_next_time(tmp_path)
     assert "stopping: test-serve failed" in cp.stderr
     meta = json.loads((d / "receipt.json").read_text())
     assert meta["parts"]["doctor"] == {"status": "not run: test-serve failed", "ok": False}
-    (d / "raw" / "test-serve.json").write_text(json.dumps({"world": 8, "passed": 60, "failed": 1, "checks": []}))
+    junit(d / "raw" / "test-serve.xml", 60, 1, world=8)
     again = _receipt("--dir", d, "--parts", "test-serve", "--dry-run", env=env)
-    assert "| test-serve | run |" in again.stdout and "--results " + str(d / "raw") + " test-serve --serve-out /results/test-serve.json" in again.stdout
+    assert "| test-serve | run |" in again.stdout
+    assert f"--results {d / 'raw'} test-serve --serve-out /results/test-serve.xml" in again.stdout
 
 
 def test_unknown_parts_and_bad_receipts_are_named(tmp_path):
@@ -176,8 +206,10 @@ def test_unknown_parts_and_bad_receipts_are_named(tmp_path):
         receipt_data.open_receipt(bad)
     with pytest.raises(UserError, match="has no receipt.json"):
         receipt_data.open_receipt(tmp_path)
-    for args, said in ((["--parts", "doctor,nonsense"], "unknown part(s) nonsense"),
-                       (["--redo", "foo"], "unknown --redo part(s) foo: choose from test-serve, doctor")):
+    for args, said in (
+        (["--parts", "doctor,nonsense"], "unknown part(s) nonsense"),
+        (["--redo", "foo"], "unknown --redo part(s) foo: choose from test-serve, doctor"),
+    ):
         cp = _receipt(*args, "--dir", tmp_path / "x")
         assert cp.returncode == 2 and said in cp.stderr
     assert not (tmp_path / "x").exists()
@@ -190,24 +222,33 @@ def test_the_tarball_leaves_out_what_names_the_machine(tmp_path):
     shutil.copytree(DOCTOR_CAPTURE, d / "env" / "tools")
     doctor = tmp_path / "doctor.json"
     with open(doctor, "w") as out:
-        subprocess.run([sys.executable, "-m", "scripts.host.doctor", "--json", "--replay", DOCTOR_CAPTURE], cwd=ROOT,
-                       stdout=out, timeout=300)
+        subprocess.run(
+            [sys.executable, "-m", "scripts.host.doctor", "--json", "--replay", DOCTOR_CAPTURE],
+            cwd=ROOT,
+            stdout=out,
+            timeout=300,
+        )
     bc = json.loads(BENCH_COMM.read_text())
-    bc["meta"]["command"] = f"{sys.executable} -m scripts.bench.bench_comm --out {ROOT}/x.json ({Path.home()}) " \
-                            f"on {platform.node()}"
+    home, host = Path.home(), platform.node()
+    bc["meta"]["command"] = f"{sys.executable} -m scripts.comm.bench_comm --out {ROOT}/x.json ({home}) on {host}"
     (tmp_path / "bc.json").write_text(json.dumps(bc))
     made_receipt(d, "box", doctor=doctor, bench_comm=tmp_path / "bc.json")
     with tarfile.open(d.with_name("box_1.tar.gz")) as tar:
-        texts = {n: tar.extractfile(n).read().decode("utf-8", "replace") for n in tar.getnames()
-                 if tar.getmember(n).isfile() and not n.endswith(".png")}
+        texts = {
+            n: tar.extractfile(n).read().decode("utf-8", "replace")
+            for n in tar.getnames()
+            if tar.getmember(n).isfile() and not n.endswith(".png")
+        }
     tools = {Path(n).name for n in texts if "/env/tools/" in n}
     assert "topo-m.txt" in tools and not tools & {"proc-cmdline", "nvidia-smi-q.xml", "df.txt"}
     for n, text in texts.items():
         for private in (str(ROOT), str(Path.home()), platform.node()):
             assert not re.search(rf"(?<![\w.-]){re.escape(private)}(?![\w-])", text), (n, private)
     assert "<repo>/x.json" in texts["box_1/raw/bench-comm.json"]
-    assert cost_model.main(["--write", "--doc", str(_plan_md(tmp_path)), "--receipt",
-                            str(d.with_name("box_1.tar.gz"))]) == 0
+    assert (
+        cost_model.main(["--write", "--doc", str(_plan_md(tmp_path)), "--receipt", str(d.with_name("box_1.tar.gz"))])
+        == 0
+    )
 
 
 def test_the_default_receipt_resumes_this_boxs_newest_unfinished_one(tmp_path):
@@ -225,22 +266,30 @@ def test_the_startup_table_and_the_doctors_smoke_decide_the_pcie_ipc_verdict(tmp
     """The served model's own startup timing (kept by the profile part) overrides bench-comm's row for the sizes it
     measured, and shows in summary.md; a PCIe-IPC smoke that hung in the doctor is a "change" whatever the timing."""
     bc = json.loads(BENCH_COMM.read_text())
-    bc["meta"].update(world=8, gpu_name="NVIDIA RTX PRO 6000 Blackwell Server Edition",
-                      topo_m=bc["meta"]["topo_m"].replace("NV18", "SYS"))
-    table = {"source": "measured", "margin": 1.2, "why": "", "sizes": [
-        {"rows": 4, "bytes": 57344, "us": {"pcie_ipc": 6.0, "nccl": 30.0}, "backend": "pcie_ipc", "why": "wins 5.0x"}]}
-    files = {"bench_comm": bc, "profile": {"allreduce_backends": {"spec": table, "nospec": table}},
-             "doctor": {"findings": [], "facts": {"pcie_ipc_smoke": {"measured": True, "hung": False, "sum_ok": True}}}}
+    bc["meta"].update(
+        world=8,
+        gpu_name="NVIDIA RTX PRO 6000 Blackwell Server Edition",
+        topo_m=bc["meta"]["topo_m"].replace("NV18", "SYS"),
+    )
+    size = dict(rows=4, bytes=57344, us={"pcie_ipc": 6.0, "nccl": 30.0}, backend="pcie_ipc", why="wins 5.0x")
+    table = {"source": "measured", "margin": 1.2, "why": "", "sizes": [size]}
+    files = {
+        "bench_comm": bc,
+        "profile": {"allreduce_backends": {"spec": table, "nospec": table}},
+        "doctor": {"findings": [], "facts": {"pcie_ipc_smoke": {"measured": True, "hung": False, "sum_ok": True}}},
+    }
     for name, doc in files.items():
         (tmp_path / f"{name}.json").write_text(json.dumps(doc))
     d = made_receipt(tmp_path / "box", "box", **{n: tmp_path / f"{n}.json" for n in files})
     ipc = {r["default"].split(" (")[0]: r for r in json.loads((d / "receipt.json").read_text())["recommendations"]}[
-        "PCIe IPC all-reduce for plain TP reductions"]
+        "PCIe IPC all-reduce for plain TP reductions"
+    ]
     assert ipc["verdict"] == "keep" and "PCIe IPC / flashinfer" not in ipc["why"], ipc
     assert "All-reduce backend per decode size, chosen at start (measured" in (d / "summary.md").read_text()
     files["doctor"]["facts"]["pcie_ipc_smoke"] = {"measured": False, "hung": True, "phase": "rank 3: iterate"}
     (tmp_path / "doctor.json").write_text(json.dumps(files["doctor"]))
     hung = made_receipt(tmp_path / "hung", "box", **{n: tmp_path / f"{n}.json" for n in files})
     ipc = {r["default"].split(" (")[0]: r for r in json.loads((hung / "receipt.json").read_text())["recommendations"]}[
-        "PCIe IPC all-reduce for plain TP reductions"]
+        "PCIe IPC all-reduce for plain TP reductions"
+    ]
     assert ipc["verdict"] == "change" and "smoke hung" in ipc["why"] and ipc["setting"].endswith("=0")

@@ -27,11 +27,14 @@ def point(label: str, drafter: str = "lightseekorg/kimi-k2.5-eagle3", quant: str
 # the settings SGLang would change or fail on mid-run
 
 
-@pytest.mark.parametrize("label, match", [
-    ("3/1/5", "with topk 1 SGLang replaces 5 draft tokens by steps \\+ 1 = 4"),
-    ("2/2/8", "the draft tree offers 6 candidates, fewer than draft tokens - 1 = 7"),
-    ("0/1/1", "at least 1"),
-])
+@pytest.mark.parametrize(
+    "label, match",
+    [
+        ("3/1/5", "with topk 1 SGLang replaces 5 draft tokens by steps \\+ 1 = 4"),
+        ("2/2/8", "the draft tree offers 6 candidates, fewer than draft tokens - 1 = 7"),
+        ("0/1/1", "at least 1"),
+    ],
+)
 def test_settings_sglang_would_change_or_fail_on(label, match):
     found = sweep.problems(sweep.parse_setting(label, "test"))
     assert found and re.search(match, found[0]), found
@@ -48,22 +51,31 @@ def test_the_requested_settings_are_accepted():
 
 def test_committed_sweep_becomes_checked_variants():
     sw = sweep.load()
-    assert [s.label for s in dict.fromkeys(p.setting for p in sw.points)] == ["1/1/2", "2/1/3", "3/1/4", "4/1/5",
-                                                                              "5/1/6", "3/4/8", "4/4/8"]
-    assert {p.drafter for p in sw.points} == {"AQ-MedAI/Kimi-K25-eagle3", "lightseekorg/kimi-k2.5-eagle3",
-                                              "lightseekorg/kimi-k2.5-eagle3-mla"}
+    assert [
+        s.label for s in dict.fromkeys(p.setting for p in sw.points)
+    ] == "1/1/2 2/1/3 3/1/4 4/1/5 5/1/6 3/4/8 4/4/8".split()
+    assert {p.drafter for p in sw.points} == {
+        "AQ-MedAI/Kimi-K25-eagle3",
+        "lightseekorg/kimi-k2.5-eagle3",
+        "lightseekorg/kimi-k2.5-eagle3-mla",
+    }
     assert {p.quant for p in sw.points} == {"", "fp8"} and len(sw.points) == 42
     plan = pl.build(*pl.parse(["--sweep", "--", "--log-level", "info"]))
     vs = plan.variants
     # the names keep the drafter's org (two orgs' drafters of one name stay apart; issue 23 item 10)
     assert [v.name for v in vs][:2] == ["patched-nospec", "sweep-AQ-MedAI-Kimi-K25-eagle3-1-1-2"]
     mla = next(v for v in vs if v.name == "sweep-lightseekorg-kimi-k2.5-eagle3-mla-4-4-8-fp8")
-    assert mla.to_dict()["setting"] == {"drafter": "lightseekorg/kimi-k2.5-eagle3-mla", "steps": 4, "topk": 4,
-                                        "draft_tokens": 8, "draft_quantization": "fp8"}
-    argv = plan.serve_args(mla)
-    after = argv[argv.index("--") + 1:]  # after serve's --: sglang flags that replace the profile's
-    assert after == ["--speculative-num-steps", "4", "--speculative-eagle-topk", "4", "--speculative-num-draft-tokens",
-                     "8", "--speculative-draft-model-quantization", "fp8", "--log-level", "info"]
+    assert mla.to_dict()["setting"] == {
+        "drafter": "lightseekorg/kimi-k2.5-eagle3-mla",
+        "steps": 4,
+        "topk": 4,
+        "draft_tokens": 8,
+        "draft_quantization": "fp8",
+    }
+    argv = plan.launches[mla.name].argv
+    after = list(argv[argv.index("--") + 1 :])  # after serve's --: sglang flags that replace the profile's
+    setting = "--speculative-num-steps 4 --speculative-eagle-topk 4 --speculative-num-draft-tokens 8"
+    assert after == [*setting.split(), "--speculative-draft-model-quantization", "fp8", "--log-level", "info"]
     assert argv[argv.index("--draft-model") + 1] == "lightseekorg/kimi-k2.5-eagle3-mla"
 
 
@@ -107,9 +119,9 @@ def test_bench_sweep_dry_run_and_what_it_refuses(tmp_path, monkeypatch, capsys):
 # the cost model's optimum against the measured one
 
 T1, V, DRAFT = 12.0, 0.9, {"A/one": 0.8, "B/two": 1.4}  # ms: one-token forward, per verified token, per draft step
-AL = {("A/one", "3/1/4"): 2.2, ("A/one", "4/1/5"): 2.35, ("A/one", "5/1/6"): 2.42, ("A/one", "3/4/8"): 2.65,
-      ("A/one", "4/4/8"): 2.9, ("B/two", "3/1/4"): 2.0, ("B/two", "4/1/5"): 2.1, ("B/two", "5/1/6"): 2.15,
-      ("B/two", "3/4/8"): 2.3, ("B/two", "4/4/8"): 2.35}
+SETTINGS = ("3/1/4", "4/1/5", "5/1/6", "3/4/8", "4/4/8")
+AL = {("A/one", s): al for s, al in zip(SETTINGS, (2.2, 2.35, 2.42, 2.65, 2.9))}
+AL |= {("B/two", s): al for s, al in zip(SETTINGS, (2.0, 2.1, 2.15, 2.3, 2.35))}
 
 
 def sweep_records(slow: dict[str, float] | None = None, hit: dict[str, float] | None = None) -> list[dict]:
@@ -124,14 +136,26 @@ def sweep_records(slow: dict[str, float] | None = None, hit: dict[str, float] | 
         g = round(100 * (hit or {}).get(p.name, 1.0))
         r = copy.deepcopy(base)
         r["accept_length"] = al
-        r["eagle"] = {"scenario": "C1", "variant": p.name, "letter": "A", "position": len(out) + 1,
-                      "decode_tok_s": tok_s, "variant_spec": {"speculative": True, "setting": p.describe()},
-                      "verify": {"graph": g, "piecewise": 0, "eager": 100 - g, "fallback_reasons": {}}}
+        r["eagle"] = {
+            "scenario": "C1",
+            "variant": p.name,
+            "letter": "A",
+            "position": len(out) + 1,
+            "decode_tok_s": tok_s,
+            "variant_spec": {"speculative": True, "setting": p.describe()},
+            "verify": {"graph": g, "piecewise": 0, "eager": 100 - g, "fallback_reasons": {}},
+        }
         out.append(r)
     ref = copy.deepcopy(base)
     ref["accept_length"] = None
-    ref["eagle"] = {"scenario": "C1", "variant": "patched-nospec", "letter": "B", "position": 99,
-                    "decode_tok_s": 1000 / T1, "variant_spec": {"speculative": False}}
+    ref["eagle"] = {
+        "scenario": "C1",
+        "variant": "patched-nospec",
+        "letter": "B",
+        "position": 99,
+        "decode_tok_s": 1000 / T1,
+        "variant_spec": {"speculative": False},
+    }
     return out + [ref]
 
 
@@ -142,7 +166,8 @@ def test_cost_model_recovers_the_costs_and_agrees_with_a_consistent_sweep():
     f, why = report.fit(points, t1)
     assert f is not None, why
     assert f["per_token"] == pytest.approx(V) and f["per_step"] == pytest.approx(
-        {"A/one (checkpoint)": 0.8, "B/two (checkpoint)": 1.4})
+        {"A/one (checkpoint)": 0.8, "B/two (checkpoint)": 1.4}
+    )
     assert "Predicted optimum: sweep-A-one-4-4-8 " in report.verdict(points, f)[1]
     md = report.markdown(rows, {"stem": "S"})
     assert "## Sweep: drafters and speculative settings (C1)" in md
@@ -155,8 +180,8 @@ def test_a_point_off_its_verify_graph_makes_the_sweep_disagree():
     rows = report.summarize(recs)
     out = "\n".join(report.sweep_markdown(rows))  # what make bench's report prints
     assert "Predicted optimum: sweep-A-one-4-4-8 " in out and "Measured optimum: sweep-A-one-4-4-8 " not in out
-    assert "does NOT agree with the model" in out and "misses (measured vs predicted tok/s): sweep-A-one-4-4-8 -" \
-        in out and "(verify graph 35%)" in out
+    assert "does NOT agree with the model" in out and "(verify graph 35%)" in out
+    assert "misses (measured vs predicted tok/s): sweep-A-one-4-4-8 -" in out
 
 
 def test_chain_points_alone_cannot_separate_verify_and_draft_costs():

@@ -1,6 +1,6 @@
 """What each rank runs in the GPU tier: scenario functions of a Rank (tests/gpu/_harness.py), returning JSON dicts.
 
-Every scenario brings SGLang's distributed state up the way the model runner does (scripts/bench/sglang_comm.py
+Every scenario brings SGLang's distributed state up the way the model runner does (scripts/comm/sglang_comm.py
 bring_up: ServerArgs for Kimi-K2.5 resolved on this device, published as the scheduler publishes them,
 bootstrap.init_parallel_runtime) and then drives SGLang's own code: GroupCoordinator.all_reduce, the PCIe-IPC
 communicator and its start-up decision, the fused all-reduce + residual + RMSNorm op and its workspace manager.
@@ -14,7 +14,7 @@ import os
 import time
 from pathlib import Path
 
-from scripts.bench import sglang_comm as sc
+from scripts.comm import sglang_comm as sc
 from scripts.lib.kimi import HIDDEN
 from scripts.series.pin import applied_patchset
 
@@ -23,8 +23,9 @@ from scripts.series.pin import applied_patchset
 # (one scenario measures it; elsewhere it would cost minutes per process), SGLang's own custom all-reduce off:
 # on an NVLink host it would take the reductions PCIe IPC is here to serve, and on the PCIe-only box upstream
 # disables it beyond 2 GPUs anyway.
-DEFAULT_SA = dict(flashinfer_allreduce_fusion_backend="trtllm", disable_flashinfer_autotune=True,
-                  disable_custom_all_reduce=True)
+DEFAULT_SA = dict(
+    flashinfer_allreduce_fusion_backend="trtllm", disable_flashinfer_autotune=True, disable_custom_all_reduce=True
+)
 
 
 def _up(r, *, pcie_ipc: bool = True, **server_args):
@@ -55,8 +56,14 @@ def routing_only(r, rows=(1, 8), **server_args):
         calls.append({"rows": n, "backend": log.take(), **t.errors(y, t.ref_sum(n, seed=n))})
     from sglang.srt.runtime_context import get_exec
 
-    return {"tp_size": tp.world_size, "rank_in_group": tp.rank_in_group, "device": sa.device, "calls": calls,
-            "pid": os.getpid(), "fusion_backend_published": get_exec().comm.flashinfer_allreduce_fusion_backend}
+    return {
+        "tp_size": tp.world_size,
+        "rank_in_group": tp.rank_in_group,
+        "device": sa.device,
+        "calls": calls,
+        "pid": os.getpid(),
+        "fusion_backend_published": get_exec().comm.flashinfer_allreduce_fusion_backend,
+    }
 
 
 def fail_on(r, bad_rank: int):
@@ -81,13 +88,19 @@ def _routing(r, sa, rows, prefill_rows) -> list[dict]:
             y = tp.all_reduce(t.randn(n, seed=n))
             out.append({"rows": n, "mode": "eager", "backend": log.take(), **t.errors(y, t.ref_sum(n, seed=n))})
             static, held = t.randn(n, seed=n), {}
-            graph = timer.capture(lambda: held.__setitem__("y", tp.all_reduce(static)))
+            graph = timer.capture(lambda held=held, static=static: held.__setitem__("y", tp.all_reduce(static)))
             routed = log.take()
             static.copy_(t.randn(n, seed=n + 50000))
             graph.replay()
             timer.sync()
-            out.append({"rows": n, "mode": "graph", "backend": routed[-1:],
-                        **t.errors(held["y"], t.ref_sum(n, seed=n + 50000))})
+            out.append(
+                {
+                    "rows": n,
+                    "mode": "graph",
+                    "backend": routed[-1:],
+                    **t.errors(held["y"], t.ref_sum(n, seed=n + 50000)),
+                }
+            )
             del graph
     finally:
         log.close()
@@ -115,14 +128,18 @@ def _fused(r, rows) -> list[dict]:
         rec["unfused"] = {"norm": t.errors(y, ref_norm), "residual": t.errors(res2, ref_res)}
         if norm is not None:
             sx, sres, held = x.clone(), res.clone(), {}
-            graph = timer.capture(lambda: held.__setitem__("o", sc.fused_allreduce_rmsnorm(sx, sres, gamma)))
+            graph = timer.capture(
+                lambda held=held, sx=sx, sres=sres: held.__setitem__("o", sc.fused_allreduce_rmsnorm(sx, sres, gamma))
+            )
             sx.copy_(t.randn(n, seed=n + 60000))
             sres.copy_(t.randn(n, seed=n + 60001, rank=0))
             graph.replay()
             timer.sync()
             ref2 = t.ref_sum(n, seed=n + 60000) + sres.float()
-            rec["fused_graph"] = {"norm": t.errors(held["o"][0], t.rmsnorm_ref(ref2, gamma)),
-                                  "residual": t.errors(held["o"][1], ref2)}
+            rec["fused_graph"] = {
+                "norm": t.errors(held["o"][0], t.rmsnorm_ref(ref2, gamma)),
+                "residual": t.errors(held["o"][1], ref2),
+            }
             del graph
         out.append(rec)
         torch.cuda.synchronize()
@@ -139,9 +156,12 @@ def _fusion_sizes(world: int, dtype) -> dict:
     handles = getattr(manager.workspace, "mem_handles", None) or [] if manager.workspace is not None else []
     drv = fcf.get_cuda_driver_bindings()
     prop = fcf._make_flashinfer_workspace_allocation_prop(drv)
-    return {"allocated": [getattr(h, "allocation_size", None) for h in handles],
-            "preflight_sizes": fcf._flashinfer_trtllm_workspace_allocation_sizes(
-                drv, prop, world, FUSE_ALLREDUCE_MAX_BATCH_SIZE, HIDDEN, dtype)}
+    return {
+        "allocated": [getattr(h, "allocation_size", None) for h in handles],
+        "preflight_sizes": fcf._flashinfer_trtllm_workspace_allocation_sizes(
+            drv, prop, world, FUSE_ALLREDUCE_MAX_BATCH_SIZE, HIDDEN, dtype
+        ),
+    }
 
 
 def _versions() -> dict:
@@ -171,8 +191,11 @@ def _versions() -> dict:
 
     out["sglang"] = str(Path(sglang.__file__).parent)
     out["patchset"] = applied_patchset(Path(sglang.__file__).parent)
-    out["env"] = {k: v for k, v in os.environ.items()
-                  if k.startswith(("NCCL_", "SGLANG_ENABLE_PCIE", "SGLANG_SM120", "CUDA_VISIBLE"))}
+    out["env"] = {
+        k: v
+        for k, v in os.environ.items()
+        if k.startswith(("NCCL_", "SGLANG_ENABLE_PCIE", "SGLANG_SM120", "CUDA_VISIBLE"))
+    }
     return out
 
 
@@ -193,7 +216,7 @@ def _pdl_race(r, rows, *, chain: int = 16, trials: int = 20) -> list[dict]:
             res0 = t.randn(n, seed=899, rank=0)
             outs, resid = [None] * chain, [None] * chain
 
-            def run(kw=kw):
+            def run(kw=kw, xs=xs, res0=res0, outs=outs, resid=resid):
                 h = res0
                 for i in range(chain):
                     norm, h = sc.fused_allreduce_rmsnorm(xs[i], h, gamma, **kw)
@@ -221,14 +244,31 @@ def _pdl_race(r, rows, *, chain: int = 16, trials: int = 20) -> list[dict]:
                 worst = max([worst] + [e["max_abs_err"] for e in errs])
                 bad += int(any(e["nan"] or e["max_abs_err"] > 1.0 for e in errs))
             del graph
-            out.append({"rows": n, "variant": label, "chain": chain, "trials": trials, "bad_trials": bad,
-                        "worst_abs_err": worst})
+            out.append(
+                {
+                    "rows": n,
+                    "variant": label,
+                    "chain": chain,
+                    "trials": trials,
+                    "bad_trials": bad,
+                    "worst_abs_err": worst,
+                }
+            )
     return out
 
 
-def battery(r, rows=(1, 2, 4, 8, 16, 32, 64), prefill_rows=(2048,),
-            fused_rows=(1, 2, 4, 8, 16, 32, 64, 128, 192, 256), race_rows=(4, 16, 64), race_chain=16,
-            race_trials=20, timing_rows=(1, 4, 8, 16, 32, 64), chain=122, reps=10):
+def battery(
+    r,
+    rows=(1, 2, 4, 8, 16, 32, 64),
+    prefill_rows=(2048,),
+    fused_rows=(1, 2, 4, 8, 16, 32, 64, 128, 192, 256),
+    race_rows=(4, 16, 64),
+    race_chain=16,
+    race_trials=20,
+    timing_rows=(1, 4, 8, 16, 32, 64),
+    chain=122,
+    reps=10,
+):
     """One bring-up, then: routing + correctness, fused op, PDL race stress, per-call timings."""
     sa = _up(r)
     result = {"pcie_ipc": sc.prepare_pcie_ipc(sa), "fusion": sc.prepare_fusion(_torch().bfloat16)}
@@ -314,8 +354,7 @@ def fault_pcie_ipc_oom(r, bad_rank: int):
 
     torch = _torch()
     sa = _up(r)
-    need = get_pcie_ipc_comm_module().workspace_size(r.world, sc.HIDDEN * sc.widest_decode_rows(sa), 2,
-                                                     AR_MAX_BLOCKS)
+    need = get_pcie_ipc_comm_module().workspace_size(r.world, sc.HIDDEN * sc.widest_decode_rows(sa), 2, AR_MAX_BLOCKS)
     hog = _hog_memory(need // 2) if r.rank == bad_rank else []
     info = sc.prepare_pcie_ipc(sa)
     del hog
@@ -417,8 +456,12 @@ def fault_fusion_oom(r, bad_rank: int):
     t = sc.Tensors(r.rank, r.world, _device(r))
     gamma = torch.ones(sc.HIDDEN, dtype=torch.bfloat16, device=_device(r))
     norm, _ = sc.fused_allreduce_rmsnorm(t.randn(8, seed=8), t.randn(8, seed=9, rank=0), gamma)
-    return {"fusion": info, "fused_declined": norm is None, "server_args_backend": sa.flashinfer_allreduce_fusion_backend,
-            **_after_fault(r)}
+    return {
+        "fusion": info,
+        "fused_declined": norm is None,
+        "server_args_backend": sa.flashinfer_allreduce_fusion_backend,
+        **_after_fault(r),
+    }
 
 
 def fault_nvml(r, bad_rank: int):
@@ -448,12 +491,23 @@ def _cpu_pcie_ipc(r, workspace_cls, free_bytes: int):
     torch.cuda.mem_get_info = lambda device=None: (free_bytes, 96 << 30)
     torch.cuda.is_current_stream_capturing = lambda: False
     fi_ar.get_pcie_ipc_comm_module = lambda: types.SimpleNamespace(
-        workspace_size=lambda world, numel, elem, blocks: 2 * numel * elem)
+        workspace_size=lambda world, numel, elem, blocks: 2 * numel * elem
+    )
     tp = sc.tp_group()
     comm = PcieIpcCommunicator.__new__(PcieIpcCommunicator)
-    vars(comm).update(disabled=False, max_numel=0, _workspace=None, _bound_stream=None, _cpu_group=tp.cpu_group,
-                      _max_rows=None, _group=tp.device_group, _device=torch.device("cpu"), _world_size=r.world,
-                      _workspace_cls=workspace_cls, _build_failed=False)
+    vars(comm).update(
+        disabled=False,
+        max_numel=0,
+        _workspace=None,
+        _bound_stream=None,
+        _cpu_group=tp.cpu_group,
+        _max_rows=None,
+        _group=tp.device_group,
+        _device=torch.device("cpu"),
+        _world_size=r.world,
+        _workspace_cls=workspace_cls,
+        _build_failed=False,
+    )
     return comm
 
 
@@ -530,10 +584,15 @@ def fusion_exchange_vote(r, bad_rank: int, fail: str | None):
     # FlashInfer's TorchDistBackend over the gloo group: what SGLang's _FixedTorchDistBackend subclasses (that
     # subclass is defined only where FlashInfer is available for the device, which a CPU rank is not)
     comm = mnnvl.TorchDistBackend(group=tp.cpu_group)
-    proceed = fcf._preflight_check_workspace_memory(r.world, 256, sc.HIDDEN, torch.bfloat16,
-                                                    cpu_group=tp.cpu_group, comm_backend=comm)
-    return {"proceed": proceed, "imports": drv.calls.count("cuMemImportFromShareableHandle"),
-            "creates": drv.calls.count("cuMemCreate"), "releases": drv.calls.count("cuMemRelease")}
+    proceed = fcf._preflight_check_workspace_memory(
+        r.world, 256, sc.HIDDEN, torch.bfloat16, cpu_group=tp.cpu_group, comm_backend=comm
+    )
+    return {
+        "proceed": proceed,
+        "imports": drv.calls.count("cuMemImportFromShareableHandle"),
+        "creates": drv.calls.count("cuMemCreate"),
+        "releases": drv.calls.count("cuMemRelease"),
+    }
 
 
 def eagle3_draft_embedding(r, replicate: bool):
@@ -554,9 +613,17 @@ def eagle3_draft_embedding(r, replicate: bool):
     full = torch.randn(vocab, hidden, generator=torch.Generator().manual_seed(0))
     target = VocabParallelEmbedding(vocab, hidden, params_dtype=torch.float32, **get_embedding_tp_kwargs())
     target.weight_loader(target.weight, full)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=128, num_hidden_layers=1,
-                         num_attention_heads=4, num_key_value_heads=2, draft_vocab_size=vocab,
-                         target_hidden_size=hidden, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        draft_vocab_size=vocab,
+        target_hidden_size=hidden,
+        tie_word_embeddings=False,
+    )
     draft = LlamaForCausalLMEagle3(config)
     draft.set_embed(target.weight)
     ids = torch.tensor([0, 1, vocab // 2 - 1, vocab // 2, vocab - 1])

@@ -19,8 +19,12 @@ REL_TOL = 2e-2  # bf16 rounding of sums of up to 8 ranks, relative to the larges
 
 @pytest.fixture(scope="module")
 def battery(gpu_world, gpu_timeout, record):
-    outcome = run_ranks("battery", world=gpu_world, timeout=gpu_timeout,
-                        params=dict(rows=ROWS, prefill_rows=PREFILL, fused_rows=FUSED_ROWS))
+    outcome = run_ranks(
+        "battery",
+        world=gpu_world,
+        timeout=gpu_timeout,
+        params=dict(rows=ROWS, prefill_rows=PREFILL, fused_rows=FUSED_ROWS),
+    )
     assert outcome.ok, outcome.explain()
     record("battery", {"world": gpu_world, "seconds": round(outcome.seconds, 1), "rank0": outcome.results[0]})
     return outcome.results
@@ -83,8 +87,10 @@ def test_fusion_preflight_probes_what_flashinfer_allocates(battery, record):
     record("fusion_sizes", {k: fusion[k] for k in ("allocated", "preflight_sizes", "max_token_num")})
     assert fusion["preflight_sizes"], fusion
     if not fusion["allocated"]:
-        pytest.skip("FlashInfer built the fusion workspace without cuMem handles (its legacy IPC path): "
-                    "nothing to compare the preflight with")
+        pytest.skip(
+            "FlashInfer built the fusion workspace without cuMem handles (its legacy IPC path): "
+            "nothing to compare the preflight with"
+        )
     assert len(fusion["allocated"]) == len(fusion["preflight_sizes"]), fusion
     for probe, real in zip(fusion["preflight_sizes"], fusion["allocated"]):
         assert real <= probe <= real + (2 << 20), (fusion["preflight_sizes"], fusion["allocated"])

@@ -13,10 +13,19 @@ ROUTED = {"pcie_ipc": {"pcie_ipc"}, "nccl": {"pynccl", "torch_distributed"}, "fl
 
 def test_allreduce_backend_decision_on_this_device(gpu_world, gpu_timeout, record, tmp_path):
     tables = {}
-    for start, setting, source in (("timed", None, "measured"), ("cached", None, "cache"), ("forced", "1", "forced"),
-                                   ("off", "0", "off")):
-        outcome = run_ranks("decisions", world=gpu_world, timeout=gpu_timeout, params={"setting": setting},
-                            env={"FLASHINFER_AUTOTUNE_DIR": str(tmp_path)})
+    for start, setting, source in (
+        ("timed", None, "measured"),
+        ("cached", None, "cache"),
+        ("forced", "1", "forced"),
+        ("off", "0", "off"),
+    ):
+        outcome = run_ranks(
+            "decisions",
+            world=gpu_world,
+            timeout=gpu_timeout,
+            params={"setting": setting},
+            env={"FLASHINFER_AUTOTUNE_DIR": str(tmp_path)},
+        )
         assert outcome.ok, outcome.explain()
         record(f"allreduce_backends_{start}", outcome.results[0])
         reports = [x["report"] for x in outcome.results]

@@ -31,11 +31,19 @@ def _same_backends_and_right(results):
     return calls[0], disabled[0]
 
 
-@pytest.mark.parametrize("scenario, bad_rank", [("fault_pcie_ipc_oom", -1), ("fault_pcie_ipc_bind", -1),
-                                               ("fault_pcie_ipc_tune", -1), ("fault_pcie_ipc_tune_dir", 0)])
+@pytest.mark.parametrize(
+    "scenario, bad_rank",
+    [
+        ("fault_pcie_ipc_oom", -1),
+        ("fault_pcie_ipc_bind", -1),
+        ("fault_pcie_ipc_tune", -1),
+        ("fault_pcie_ipc_tune_dir", 0),
+    ],
+)
 def test_pcie_ipc_fault_on_one_rank_ends_in_agreement(gpu_world, gpu_timeout, record, scenario, bad_rank):
-    results = _ok(run_ranks(scenario, world=gpu_world, timeout=min(gpu_timeout, 180),
-                            params={"bad_rank": bad_rank % gpu_world}))
+    results = _ok(
+        run_ranks(scenario, world=gpu_world, timeout=min(gpu_timeout, 180), params={"bad_rank": bad_rank % gpu_world})
+    )
     calls, disabled = _same_backends_and_right(results)
     record(scenario, {"calls": calls, "pcie_ipc_disabled": disabled, "prepare": [r["prepare"] for r in results]})
     if scenario in ("fault_pcie_ipc_oom", "fault_pcie_ipc_bind"):  # a failed build leaves PCIe IPC off everywhere
@@ -46,8 +54,9 @@ def test_pcie_ipc_fault_on_one_rank_ends_in_agreement(gpu_world, gpu_timeout, re
 
 @pytest.mark.parametrize("scenario", ["fault_fusion_oom", "fault_fusion_exchange"])
 def test_fusion_workspace_fault_on_one_rank_ends_in_agreement(gpu_world, gpu_timeout, record, scenario):
-    results = _ok(run_ranks(scenario, world=gpu_world, timeout=min(gpu_timeout, 180),
-                            params={"bad_rank": gpu_world - 1}))
+    results = _ok(
+        run_ranks(scenario, world=gpu_world, timeout=min(gpu_timeout, 180), params={"bad_rank": gpu_world - 1})
+    )
     declined = [r["fused_declined"] for r in results]
     record(scenario, {"declined": declined, "fusion": [r["fusion"] for r in results]})
     assert len(set(declined)) == 1 and declined[0], f"the fused op ran on some ranks only: {declined}"
@@ -55,7 +64,8 @@ def test_fusion_workspace_fault_on_one_rank_ends_in_agreement(gpu_world, gpu_tim
 
 
 def test_nvml_answer_differing_on_one_rank_changes_nothing(gpu_world, gpu_timeout, record):
-    results = _ok(run_ranks("fault_nvml", world=gpu_world, timeout=min(gpu_timeout, 180),
-                            params={"bad_rank": gpu_world - 1}))
+    results = _ok(
+        run_ranks("fault_nvml", world=gpu_world, timeout=min(gpu_timeout, 180), params={"bad_rank": gpu_world - 1})
+    )
     record("fault_nvml", {"prepare": [r["prepare"] for r in results]})
     _same_backends_and_right(results)

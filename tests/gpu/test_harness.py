@@ -7,7 +7,6 @@ tested where CI runs.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from _harness import gpu_count, run_ranks
+from scripts.box.results import read_junit
 
 HERE = Path(__file__).resolve().parent
 
@@ -56,17 +56,22 @@ def test_harness_ends_a_hang_at_the_timeout():
 
 
 def test_gpu_tests_skip_with_their_reason_without_gpus(tmp_path):
-    """On a machine without GPUs the tier's GPU tests skip, each saying why, and the result document counts them."""
+    """On a machine without GPUs the tier's GPU tests skip, each saying why, and its result counts them."""
     if gpu_count() >= 2:
         pytest.skip("this machine has GPUs: the GPU tests run instead of skipping")
-    out = tmp_path / "result.json"
-    cp = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(HERE),
-                         "-k", "not harness"], cwd=HERE.parents[1], capture_output=True, text=True,
-                        env={**__import__("os").environ, "EAGLE_GPU_RESULTS": str(out)}, timeout=600)
+    out = tmp_path / "result.xml"
+    tier = [str(HERE), "--ignore", str(HERE / "serve"), "-k", "not harness", f"--junitxml={out}"]
+    cp = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tier],
+        cwd=HERE.parents[1],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
-    doc = json.loads(out.read_text())
+    doc = read_junit(out)
     assert doc["passed"] == doc["failed"] == 0 and doc["skipped"] >= 5, doc
-    assert all("needs >= 2 GPUs" in t["skip_reason"] for t in doc["tests"]), doc["tests"]
+    assert all("needs >= 2 GPUs" in c["message"] for c in doc["cases"]), doc["cases"]
 
 
 @pytest.mark.parametrize("short_rank", [None, 1])
@@ -88,8 +93,9 @@ def test_pcie_ipc_autotune_is_a_group_decision(fault, bad_rank):
     """Two CPU ranks, SGLang's real TP group over gloo: a tune cache one rank cannot write keeps every rank from
     tuning (all on the seed policy, PCIe IPC kept); a tune() that raises on one rank takes PCIe IPC off on every
     rank (each destroys its workspace), so no rank is left in a collective its peers never enter."""
-    outcome = run_ranks("pcie_ipc_tune_vote", world=2, device="cpu", timeout=240,
-                        params={"bad_rank": bad_rank, "fault": fault})
+    outcome = run_ranks(
+        "pcie_ipc_tune_vote", world=2, device="cpu", timeout=240, params={"bad_rank": bad_rank, "fault": fault}
+    )
     assert outcome.ok, outcome.explain()
     got = [(x["disabled"], x["tune"], x["destroy"]) for x in outcome.results]
     if fault == "unwritable":
@@ -98,14 +104,16 @@ def test_pcie_ipc_autotune_is_a_group_decision(fault, bad_rank):
         assert got == [(True, 1, 1)] * 2
 
 
-@pytest.mark.parametrize("fail", [None, "cuMemExportToShareableHandle", "cuMemImportFromShareableHandle",
-                                  "cuMemMap", "cuMemSetAccess"])
+@pytest.mark.parametrize(
+    "fail", [None, "cuMemExportToShareableHandle", "cuMemImportFromShareableHandle", "cuMemMap", "cuMemSetAccess"]
+)
 def test_fusion_workspace_handle_exchange_is_a_group_decision(fail):
     """Two CPU ranks, SGLang's TP group over gloo, FlashInfer's own SCM_RIGHTS exchange: the fusion preflight
     exports, exchanges, imports and maps one probe handle per workspace buffer. One rank failing any step makes
     every rank skip the fusion; with no failure both proceed, and every probe handle is released."""
-    outcome = run_ranks("fusion_exchange_vote", world=2, device="cpu", timeout=240,
-                        params={"bad_rank": 1, "fail": fail})
+    outcome = run_ranks(
+        "fusion_exchange_vote", world=2, device="cpu", timeout=240, params={"bad_rank": 1, "fail": fail}
+    )
     assert outcome.ok, outcome.explain()
     proceed = [x["proceed"] for x in outcome.results]
     assert proceed == [fail is None] * 2, outcome.results

@@ -35,7 +35,7 @@ def sev(findings) -> dict[str, str]:
 def changed(rec: dict, key: str, **kw) -> dict:
     """The recording with the result line of probe `key` changed (its other lines kept)."""
     lines = rec[key].splitlines()
-    res = json.loads(lines[-1][len(MARK):]) | kw
+    res = json.loads(lines[-1][len(MARK) :]) | kw
     return {**rec, key: "\n".join(lines[:-1] + [MARK + json.dumps(res)]) + "\n"}
 
 
@@ -43,8 +43,8 @@ def test_parsers_on_the_real_captures():
     rec = capture("h200x2")
     driver, cuda, gpus = F.parse_smi_xml(rec["smi-xml"])
     assert (driver, cuda, [g.bus_id for g in gpus]) == ("580.159.04", "13.0", ["00000000:00:06.0", "00000000:00:07.0"])
-    assert (gpus[0].name, gpus[0].bar1_total_mib, gpus[0].fb_total_mib, gpus[0].gen_max, gpus[0].width_max) == \
-        ("NVIDIA H200", 262144, 143771, 5, 16)
+    g = gpus[0]
+    assert (g.name, g.bar1_total_mib, g.fb_total_mib, g.gen_max, g.width_max) == ("NVIDIA H200", 262144, 143771, 5, 16)
     topo = F.parse_topo_m(rec["topo-m"])
     assert topo["links"] == {(0, 1): "NV18", (1, 0): "NV18"} and topo["numa"] == {0: "0", 1: "0"}
     assert F.parse_p2p(rec["topo-p2p-r"]) == F.parse_p2p(rec["topo-p2p-n"]) == {(0, 1): "OK", (1, 0): "OK"}
@@ -66,18 +66,23 @@ def test_the_pcie_only_rule():
 def test_clean_pcie_box(capsys):
     f, facts = run(capture("pcie8x"))
     assert not {k: v for k, v in sev(f).items() if v in ("warn", "error")}
-    for key in ("gpu.model", "gpu.count", "driver.cuda", "topo.nvlink", "topo.p2p", "topo.numa", "pcie.link",
-                "pcie.bar1", "host.hmm", "host.iommu", "nccl.version", "nccl.transport", "nccl.latency",
-                "pcie_ipc.smoke", "pcie.peer_write", "disk.free"):
+    ids = "gpu.model gpu.count driver.cuda topo.nvlink topo.p2p topo.numa pcie.link pcie.bar1 host.hmm host.iommu "
+    for key in (ids + "nccl.version nccl.transport nccl.latency pcie_ipc.smoke pcie.peer_write disk.free").split():
         assert f[key].severity == "ok", (key, f[key])
     assert "GPUs 0-3 on NUMA node 0; GPUs 4-7 on NUMA node 1" in f["topo.numa"].message
     assert "300 each of 4 and 8 rows, every sum right (4x7168 9.8 us, 8x7168 11.2 us)" in f["pcie_ipc.smoke"].message
     assert "25.9-50.1 GB/s per flow with all 8 GPUs writing at once" in f["pcie.peer_write"].message
     assert facts["pcie_only"] is True and facts["nccl"] == "2.28.3"
-    assert facts["nccl_transport"] == {"measured": True, "world": 8, "allreduce_us": 24.6, "sum_ok": True,
-                                       "links": {"P2P": 16}, "nccl": "2.29.7+cuda13.0"}
-    assert facts["pcie_ipc_smoke"] == {"measured": True, "world": 8, "engaged": True, "sum_ok": True, "wrong": {},
-                                       "rows": [4, 8], "iters": 300, "us": {"4": 9.8, "8": 11.2}}
+    assert facts["nccl_transport"] == {
+        "measured": True,
+        "world": 8,
+        "allreduce_us": 24.6,
+        "sum_ok": True,
+        "links": {"P2P": 16},
+        "nccl": "2.29.7+cuda13.0",
+    }
+    smoke = dict(measured=True, world=8, engaged=True, sum_ok=True, wrong={}, rows=[4, 8], iters=300)
+    assert facts["pcie_ipc_smoke"] == {**smoke, "us": {"4": 9.8, "8": 11.2}}
     assert facts["peer_bandwidth"]["min_gbps"] == 25.9 and len(facts["peer_bandwidth"]["rounds"]) == 7
     assert doctor.main(["--replay", str(FIX / "pcie8x"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -128,8 +133,14 @@ def test_h200_nvlink_box_and_its_live_recording():
 
 def test_known_bad_nccl_releases_and_the_loaded_library():
     rec = capture("pcie8x")
-    rec["nccl"] = json.dumps({"torch": "2.14.1+cu130", "nccl_build": "2.30.7", "nccl": "2.30.4",
-                              "nccl_lib": "/usr/lib/x86_64-linux-gnu/libnccl.so.2"})
+    rec["nccl"] = json.dumps(
+        {
+            "torch": "2.14.1+cu130",
+            "nccl_build": "2.30.7",
+            "nccl": "2.30.4",
+            "nccl_lib": "/usr/lib/x86_64-linux-gnu/libnccl.so.2",
+        }
+    )
     n = run(rec)[0]["nccl.version"]
     assert n.severity == "error" and n.message.startswith("NCCL 2.30.4 (loaded by torch 2.14.1+cu130 from /usr/lib")
     assert "built against 2.30.7" in n.message and "NCCL_P2P_DISABLE=1" in n.fix
@@ -178,7 +189,7 @@ def test_disk_is_judged_in_the_hf_cache_serve_mounts(monkeypatch):
     rec["df"] = "Filesystem 1024-blocks Used Available Capacity Mounted on\n/dev/sda1 5 4 100000000 80% /\n"
     d = run(rec)[0]["disk.free"]
     assert d.severity == "error" and d.message.startswith("102 GB free at the HF cache /models (filesystem /)")
-    assert 'export HF_HOME=' in d.fix and '-v "$HF_HOME":/root/.cache/huggingface' in d.fix
+    assert "export HF_HOME=" in d.fix and '-v "$HF_HOME":/root/.cache/huggingface' in d.fix
     d = run(rec, environ={"EAGLE_IMAGE": "eagle-fast-verify/sglang:v0.5.23"})[0]["disk.free"]  # nothing mounted
     assert d.severity == "warn" and "the container's own disk" in d.message
     assert '-v "${HF_HOME:-$HOME/.cache/huggingface}":/root/.cache/huggingface' in d.fix and "--ipc=host" in d.fix
@@ -249,13 +260,15 @@ def test_nccl_shm_inside_a_switch_names_acs_and_net_names_the_settings():
         if cells[0].strip() in ("GPU0", "GPU1"):
             cells[2 if cells[0].strip() == "GPU0" else 1] = "CNS"
     rec["topo-p2p-r"] = "\n".join("\t".join(c) for c in rows) + "\n"
-    rec["nccl-transport"] = rec["nccl-transport"].replace("Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM",
-                                                          "Channel 00 : 0[0] -> 1[1] via SHM/direct/direct")
+    rec["nccl-transport"] = rec["nccl-transport"].replace(
+        "Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM", "Channel 00 : 0[0] -> 1[1] via SHM/direct/direct"
+    )
     t = run(rec)[0]["nccl.transport"]
     assert "GPU0-GPU1 CNS (PIX), which share a PCIe switch" in t.fix and "ECAP_ACS+6.w=0000" in t.fix
     t = run(capture("pcie8x-net"))[0]["nccl.transport"]
     assert "GPU3->GPU4 NET/Socket/0" in t.message and t.fix.startswith(
-        "the ranks ran with NCCL_P2P_DISABLE=1, NCCL_SHM_DISABLE=1: unset NCCL_P2P_DISABLE NCCL_SHM_DISABLE")
+        "the ranks ran with NCCL_P2P_DISABLE=1, NCCL_SHM_DISABLE=1: unset NCCL_P2P_DISABLE NCCL_SHM_DISABLE"
+    )
     assert "--ipc=host" in run(changed(capture("pcie8x-net"), "nccl-transport", nccl_env={}))[0]["nccl.transport"].fix
     rec = capture("pcie8x")
     rec["nccl-transport"] = rec["nccl-transport"].replace("3[3] -> 4[4] via P2P/CUMEM", "3[3] -> 4[4] via SHM/direct")
@@ -280,8 +293,8 @@ def test_nccl_hang_wrong_sum_no_lines_slow_and_unmeasured():
     rec = capture("pcie8x")
     del rec["nccl-transport"]
     f, facts = run(rec)
-    assert f["nccl.transport"].severity == "warn" and "docker run --rm --gpus all --ipc=host -v" in \
-        f["nccl.transport"].fix
+    assert f["nccl.transport"].severity == "warn"
+    assert "docker run --rm --gpus all --ipc=host -v" in f["nccl.transport"].fix
     assert facts["nccl_transport"]["measured"] is False
     t = run(rec, environ={"EAGLE_IMAGE": "eagle-fast-verify/sglang:x"})[0]["nccl.transport"]
     assert "already runs in the image eagle-fast-verify/sglang:x" in t.fix and "--gpus all" in t.fix
@@ -293,8 +306,13 @@ def test_nccl_hang_wrong_sum_no_lines_slow_and_unmeasured():
 
 
 def test_pcie_ipc_hang_or_wrong_sum_fails_with_the_switch_and_the_host_cause():
-    hung = {"measured": False, "hung": True, "world": 8, "phase": "ranks 0-7: iterate 8x7168",
-            "why": "no progress within 60 s (ranks 0,1,2,3,4,5,6,7: iterate 8x7168); the ranks were killed"}
+    hung = {
+        "measured": False,
+        "hung": True,
+        "world": 8,
+        "phase": "ranks 0-7: iterate 8x7168",
+        "why": "no progress within 60 s (ranks 0,1,2,3,4,5,6,7: iterate 8x7168); the ranks were killed",
+    }
     rec = capture("pcie8x-hmm-iommu") | {"pcie-ipc-smoke": MARK + json.dumps(hung) + "\n"}
     f, facts = run(rec)
     s = f["pcie_ipc.smoke"]

@@ -62,9 +62,13 @@ def test_the_printed_command_runs_as_printed(capsys, tmp_path):
     assert ["docker", *docker.calls()[0]] == shlex.split(printed.replace("\\\n", " "))
 
 
-@pytest.mark.parametrize("base, name, digest", [
-    ("localhost/sglang-standin:0.5.23", "localhost/sglang-standin:0.5.23", "unpinned"),
-    ("mirror.example/sglang:v1@sha256:" + "ab" * 32, "mirror.example/sglang:v1", "sha256:" + "ab" * 32)])
+@pytest.mark.parametrize(
+    "base, name, digest",
+    [
+        ("localhost/sglang-standin:0.5.23", "localhost/sglang-standin:0.5.23", "unpinned"),
+        ("mirror.example/sglang:v1@sha256:" + "ab" * 32, "mirror.example/sglang:v1", "sha256:" + "ab" * 32),
+    ],
+)
 def test_another_base_is_what_the_labels_name(capsys, base, name, digest):
     cmd, _ = dry_run(capsys, "--base", base)
     labels = pairs(cmd, "--label")
@@ -121,18 +125,30 @@ def test_dockerignore_lets_through_what_the_dockerfile_copies():
 def test_the_entrypoint_verbs(tmp_path):
     (tmp_path / "python3").symlink_to(sys.executable)  # the image's python3
     env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "EAGLE_HOME": str(ROOT), "HOME": str(tmp_path)}
-    run = lambda *a: subprocess.run(["sh", str(ROOT / "docker" / "entrypoint"), *a], env=env, capture_output=True,
-                                    text=True, timeout=60)
+    run = lambda *a: subprocess.run(
+        ["sh", str(ROOT / "docker" / "entrypoint"), *a], env=env, capture_output=True, text=True, timeout=60
+    )
     assert run("echo", "hi").stdout == "hi\n"  # any other command runs as is
     assert run("serve", "--bad").returncode == run("--bad").returncode == 2  # "-..." goes to serve
     assert "--draft-model" in run("serve", "--help").stdout
 
 
-@pytest.mark.parametrize("typo, right", [("DRYRUN=1", "DRY_RUN"), ("dry-run=1", "DRY_RUN"),
-                                         ("BENCH_ARG=x", "BENCH_ARGS"), ("TEST_SERVE_ARG=x", "TEST_SERVE_ARGS"),
-                                         ("SERVE_ARG=x", "SERVE_ARGS")])
+@pytest.mark.parametrize(
+    "typo, right",
+    [
+        ("DRYRUN=1", "DRY_RUN"),
+        ("dry-run=1", "DRY_RUN"),
+        ("BENCH_ARG=x", "BENCH_ARGS"),
+        ("TEST_SERVE_ARG=x", "TEST_SERVE_ARGS"),
+        ("SERVE_ARG=x", "SERVE_ARGS"),
+    ],
+)
 def test_a_make_variable_that_looks_like_ours_stops_make_with_its_name(typo, right):
     cp = subprocess.run(["make", "-n", "image", typo], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert cp.returncode == 2 and f"did you mean {right}?" in cp.stderr and not cp.stdout
-    assert subprocess.run(["make", "-n", "image", "DRY_RUN=1", "UNRELATED=1"], cwd=ROOT, capture_output=True,
-                          timeout=60).returncode == 0
+    assert (
+        subprocess.run(
+            ["make", "-n", "image", "DRY_RUN=1", "UNRELATED=1"], cwd=ROOT, capture_output=True, timeout=60
+        ).returncode
+        == 0
+    )

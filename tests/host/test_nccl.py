@@ -12,6 +12,7 @@ import time
 import zipfile
 from pathlib import Path
 
+import _fake_docker
 from scripts.host import facts as F
 from scripts.host import nccl
 from scripts.series.pin import load_pin
@@ -26,8 +27,13 @@ def test_the_probe_reports_the_nccl_torch_loaded_not_the_one_it_was_built_with(n
     wheel = next(nccl_wheels.glob(f"{PIN.nccl_package.replace('-', '_')}-{PIN.nccl_version}-*.whl"))
     with zipfile.ZipFile(wheel) as z:
         z.extractall(tmp_path / "site")
-    cp = subprocess.run([sys.executable, "-c", nccl.NCCL_PROBE], capture_output=True, text=True, timeout=120,
-                        env={**os.environ, "PYTHONPATH": str(tmp_path / "site")})
+    cp = subprocess.run(
+        [sys.executable, "-c", nccl.NCCL_PROBE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
+    )
     info = json.loads(cp.stdout.strip().splitlines()[-1])
     import torch
 
@@ -37,15 +43,13 @@ def test_the_probe_reports_the_nccl_torch_loaded_not_the_one_it_was_built_with(n
 
 
 def test_nccl_transport_lines_in_their_spellings():
-    text = "\n".join([
-        "h:1:2 [0] NCCL INFO NCCL version 2.29.7+cuda13.0",
-        "h:1:2 [0] NCCL INFO Channel 03/0 : 0[0] -> 1[1] via P2P/IPC/read",
-        "[2026-12-01 10:00:00] h:1:2 [1] NCCL INFO Channel 00/1 : 1[1] -> 0[0] via P2P/CUMEM/CE",
-        "h:1:2 [1] NCCL INFO Channel 05 : 11[3e000] -> 9[1b000] via P2P/direct pointer",  # older NCCL: bus ids
-        "h:1:2 [3] NCCL INFO Channel 00/0 : 3[3] -> 4[4] [send] via NET/Socket/0",
-        "h:1:2 [3] NCCL INFO Channel 00/0 : 3[3] -> 4[4] [receive] via NET/Socket/0",
-        "not an NCCL line: Channel 00 : 0[0] -> 1[1] via SHM/direct/direct",
-    ])
+    text = """h:1:2 [0] NCCL INFO NCCL version 2.29.7+cuda13.0
+h:1:2 [0] NCCL INFO Channel 03/0 : 0[0] -> 1[1] via P2P/IPC/read
+[2026-12-01 10:00:00] h:1:2 [1] NCCL INFO Channel 00/1 : 1[1] -> 0[0] via P2P/CUMEM/CE
+h:1:2 [1] NCCL INFO Channel 05 : 11[3e000] -> 9[1b000] via P2P/direct pointer
+h:1:2 [3] NCCL INFO Channel 00/0 : 3[3] -> 4[4] [send] via NET/Socket/0
+h:1:2 [3] NCCL INFO Channel 00/0 : 3[3] -> 4[4] [receive] via NET/Socket/0
+not an NCCL line: Channel 00 : 0[0] -> 1[1] via SHM/direct/direct"""  # the third: older NCCL printed bus ids
     version, links = nccl.transport_links(text)
     assert version == "2.29.7+cuda13.0" and [x["kind"] for x in links] == ["P2P"] * 3 + ["NET"] * 2
     assert [x["via"] for x in links][:3] == ["P2P/IPC/read", "P2P/CUMEM/CE", "P2P/direct pointer"]
@@ -55,8 +59,10 @@ def test_nccl_transport_lines_in_their_spellings():
 def test_the_watchdog_kills_a_probe_that_hangs_and_says_so():
     """A fake probe child that starts a grandchild and then hangs: both are killed at the deadline, the output so
     far is kept, and the result line says hung (the doctor's error and fix: tests/host/test_doctor.py)."""
-    code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-            "print('bring-up done', flush=True); time.sleep(60)")
+    code = (
+        "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        "print('bring-up done', flush=True); time.sleep(60)"
+    )
     t0 = time.monotonic()
     out = nccl.watch([sys.executable, "-c", code], timeout=3)
     assert time.monotonic() - t0 < 20 and out.startswith("bring-up done\n")
@@ -106,48 +112,38 @@ def test_the_smoke_brings_up_sglangs_own_tp_group(sglang_tree):
     publish_build_topology and initialize_model_parallel with SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1: SGLang builds no
     PCIe-IPC all-reduce for one CPU rank, and the smoke says so (on GPUs this is the path the kernels run on)."""
     r = nccl.pcie_ipc_smoke(1, 300, device="cpu")
-    assert r == {"measured": False, "world": 1, "engaged": False, "why": "SGLang built no PCIe-IPC all-reduce for its "
-                 "tp group of 1 cpu rank(s) (FlashInfer's kernels serve 2, 4 or 8 CUDA GPUs)"}, r
-
-
-DOCKER = """#!{python}
-import json, os, subprocess, sys
-argv = sys.argv[1:]
-with open({log!r}, "a") as f:
-    f.write(json.dumps(argv) + "\\n")
-if argv[:1] == ["version"]:
-    sys.exit(print("28.2.2") or 0)
-if argv[:2] == ["image", "inspect"]:
-    sys.exit(print("sha256:0123456789abcdef0123") or 0)
-i = argv.index({image!r})
-env = {{k: os.environ[k] for k in ("PATH", "HOME")}} | {{"EAGLE_HOME": {root!r}}}
-env |= {{argv[j + 1]: os.environ[argv[j + 1]] for j in range(i) if argv[j] == "-e" and argv[j + 1] in os.environ}}
-sys.exit(subprocess.run([{python!r}, *argv[i + 2:]], env=env, cwd="/").returncode)
-"""
+    assert r == {
+        "measured": False,
+        "world": 1,
+        "engaged": False,
+        "why": "SGLang built no PCIe-IPC all-reduce for its "
+        "tp group of 1 cpu rank(s) (FlashInfer's kernels serve 2, 4 or 8 CUDA GPUs)",
+    }, r
 
 
 def test_without_gpus_here_the_probes_run_in_the_image(tmp_path, monkeypatch):
     """This python's torch sees no GPU (its NCCL probe says so), so each probe runs in the image: `docker run --gpus
     all --ipc=host`, FlashInfer's cache volume, the caller's NCCL_* variables by name, the code found through the
     image's $EAGLE_HOME; a fake docker runs that command with this interpreter, so the code printed is what runs."""
-    log, image = tmp_path / "docker.log", "eagle-fast-verify/sglang:test"
-    (tmp_path / "docker").write_text(DOCKER.format(python=sys.executable, log=str(log), image=image, root=str(ROOT)))
-    (tmp_path / "docker").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    image = "eagle-fast-verify/sglang:test"
+    fake = _fake_docker.install(tmp_path, images=(image,))
+    monkeypatch.setenv("PATH", _fake_docker.path_with(fake.bindir))
     monkeypatch.setenv("NCCL_P2P_DISABLE", "1")
     probe = F.Probe(python=sys.executable, image=image, ranks=8)
     probe.cache["nccl"] = F.Out(True, json.dumps({"torch": "2.14.1+cu130", "gpus": 0}))  # what this python says
     for key in ("peer-bandwidth", "nccl-transport"):
         r = nccl.result(probe.get(key).text)  # what the image's python said: no GPU there either (this machine)
         assert r["measured"] is False and "sees 0 CUDA GPU(s)" in r["why"], r
-    run = [c for c in map(json.loads, log.read_text().splitlines()) if c[0] == "run"][-1]
+    run = fake.runs()[-1]
     assert run[:5] == ["run", "--rm", "--gpus", "all", "--ipc=host"]
     assert "sglang-flashinfer:/root/.cache/flashinfer" in run
-    assert run[run.index("NCCL_P2P_DISABLE") - 1] == "-e" and run[run.index(image) + 1:run.index(image) + 3] == \
-        ["python3", "-c"]
+    assert run[run.index("NCCL_P2P_DISABLE") - 1] == "-e"
+    assert run[run.index(image) + 1 : run.index(image) + 3] == ["python3", "-c"]
     assert "os.environ['EAGLE_HOME']" in run[-1] and "run('nccl-transport', 8, 120.0)" in run[-1]
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no docker client at all
     probe.cache.pop("nccl-transport")
     why = nccl.result(probe.get("nccl-transport").text)["why"]
-    assert why == ("here, torch 2.14.1+cu130 sees 0 CUDA GPU(s), and the all-reduce needs 2; in the image: docker is "
-                   "not installed (no docker client on PATH)")
+    assert why == (
+        "here, torch 2.14.1+cu130 sees 0 CUDA GPU(s), and the all-reduce needs 2; in the image: docker is "
+        "not installed (no docker client on PATH)"
+    )

@@ -66,31 +66,52 @@ def test_the_dflash_draft_attends_on_triton_on_sm120_unless_told_otherwise(sglan
     """SGLang's resolution of the DFlash profile for Kimi-K2.5 on an SM120 GPU (the fixtures' configs)."""
     import _sgl
 
-    argv = ["--config", str(PROFILES["kimi-k25-dflash-tp8"]), "--model-path", str(_sgl.KIMI_K25),
-            "--speculative-draft-model-path", str(_sgl.FIXTURES / "kimi-k25-dflash"), "--device", "cuda", *extra]
+    argv = [
+        "--config",
+        str(PROFILES["kimi-k25-dflash-tp8"]),
+        "--model-path",
+        str(_sgl.KIMI_K25),
+        "--speculative-draft-model-path",
+        str(_sgl.FIXTURES / "kimi-k25-dflash"),
+        "--device",
+        "cuda",
+        *extra,
+    ]
     sa = serve.parse_with_sglang(argv)
     with _sgl.platform(12):
         sa.resolve_once()
     assert (_sgl.resolved(sa, "attention_backend"), _sgl.resolved(sa, "speculative_draft_attention_backend")) == (
-        "triton", want)
+        "triton",
+        want,
+    )
 
 
 def test_dry_run_is_sglangs_own_command_line(capsys, sglang_tree, hf):
-    doc = dry_run(capsys, "--model", "/m", "--draft-model", "x/own-drafter", "--port", "31000", "--",
-                  "--context-length", "4096")
+    doc = dry_run(
+        capsys, "--model", "/m", "--draft-model", "x/own-drafter", "--port", "31000", "--", "--context-length", "4096"
+    )
     assert {"argv", "env", "listen", "notes", "profile", "launcher"} <= set(doc)
     assert doc["argv"][1:5] == ["-m", "sglang.launch_server", "--config", str(PROFILES["kimi-k25-eagle3-tp8"])]
     sa = sglang_parse(doc["argv"])  # the command line wins over the file: SGLang's rule
-    assert (sa.model_path, sa.speculative_draft_model_path, sa.port, sa.context_length) == ("/m", "x/own-drafter",
-                                                                                            31000, 4096)
+    assert (sa.model_path, sa.speculative_draft_model_path, sa.port, sa.context_length) == (
+        "/m",
+        "x/own-drafter",
+        31000,
+        4096,
+    )
     assert sa.tp_size == 8 and doc["listen"] == "listening on 127.0.0.1 only"
 
 
-@pytest.mark.parametrize("extra, named", [(["--mem-fraction-static", "1.5"], "mem-fraction-static"),
-                                          (["--speculative-eagle-topk", "0"], "speculative-eagle-topk"),
-                                          (["--speculative-algorithm", "EAGLE9"], "EAGLE9"),
-                                          (["--speculative-num-stpes", "2"], "--speculative-num-steps"),
-                                          (["--tp-size", "eight"], "eight")])
+@pytest.mark.parametrize(
+    "extra, named",
+    [
+        (["--mem-fraction-static", "1.5"], "mem-fraction-static"),
+        (["--speculative-eagle-topk", "0"], "speculative-eagle-topk"),
+        (["--speculative-algorithm", "EAGLE9"], "EAGLE9"),
+        (["--speculative-num-stpes", "2"], "--speculative-num-steps"),
+        (["--tp-size", "eight"], "eight"),
+    ],
+)
 def test_values_sglang_would_fail_on_after_the_load_are_refused_first(capsys, sglang_tree, hf, extra, named):
     with pytest.raises(UserError) as e:
         dry_run(capsys, "--", *extra)
@@ -102,13 +123,22 @@ def test_a_drafter_without_its_algorithm_is_refused(capsys, sglang_tree, hf):
         dry_run(capsys, "--profile", "kimi-k25-tp8", "--draft-model", "lightseekorg/kimi-k2.5-eagle3")
     with pytest.raises(UserError, match="drafts for DFLASH, not EAGLE3: add -- --speculative-algorithm DFLASH"):
         dry_run(capsys, "--draft-model", "z-lab/Kimi-K2.5-DFlash")
-    doc = dry_run(capsys, "--profile", "kimi-k25-tp8", "--draft-model", "lightseekorg/kimi-k2.5-eagle3", "--",
-                  "--speculative-algorithm", "EAGLE3")
+    doc = dry_run(
+        capsys,
+        "--profile",
+        "kimi-k25-tp8",
+        "--draft-model",
+        "lightseekorg/kimi-k2.5-eagle3",
+        "--",
+        "--speculative-algorithm",
+        "EAGLE3",
+    )
     assert sglang_parse(doc["argv"]).speculative_algorithm == "EAGLE3"
 
 
-@pytest.mark.parametrize("argv, right", [(["--draft-modle", "x"], "--draft-model"), (["--prot", "1"], "--port"),
-                                         (["--tp", "4"], "-- --tp")])
+@pytest.mark.parametrize(
+    "argv, right", [(["--draft-modle", "x"], "--draft-model"), (["--prot", "1"], "--port"), (["--tp", "4"], "-- --tp")]
+)
 def test_serves_own_typos_name_the_right_option(capsys, argv, right):
     with pytest.raises(UserError) as e:
         serve.main(argv)
@@ -124,8 +154,11 @@ def test_drafters_are_checked_against_the_known_ones_and_the_hf_cache(capsys, hf
     known = dry_run(capsys, "--draft-model", "AQ-MedAI/Kimi-K25-eagle3")["notes"]
     assert any(n.startswith("drafter AQ-MedAI/Kimi-K25-eagle3") and str(hf) in n for n in known)
     notes = dry_run(capsys, "--profile", "kimi-k25-dflash-tp8")["notes"]  # make serve SERVE_ARGS="--profile ..."
-    assert any(n.startswith("drafter z-lab/Kimi-K2.5-DFlash (DFLASH): block drafting")
-               and n.endswith("(or before: hf download z-lab/Kimi-K2.5-DFlash)") for n in notes), notes
+    assert any(
+        n.startswith("drafter z-lab/Kimi-K2.5-DFlash (DFLASH): block drafting")
+        and n.endswith("(or before: hf download z-lab/Kimi-K2.5-DFlash)")
+        for n in notes
+    ), notes
 
 
 def test_profile_lookup(capsys, tmp_path, hf):
@@ -170,14 +203,21 @@ def fake_sglang(tmp_path: Path) -> Path:
     (pkg / "launch_server.py").write_text(
         "import json, os, sys\nc = sys.argv[sys.argv.index('--config') + 1]\n"
         "print(json.dumps({'argv': sys.argv[1:], 'config': open(c).read(), 'env_key': os.environ.get("
-        "'SGLANG_API_KEY'), 'cmdline': open('/proc/self/cmdline').read()}))\n")
+        "'SGLANG_API_KEY'), 'cmdline': open('/proc/self/cmdline').read()}))\n"
+    )
     return pkg.parent
 
 
 def test_the_key_reaches_sglang_in_a_private_copy_read_once(tmp_path, hf):
     env = {**os.environ, "PYTHONPATH": str(fake_sglang(tmp_path)), "SGLANG_API_KEY": KEY, "TMPDIR": str(tmp_path)}
-    cp = subprocess.run([sys.executable, "-m", "scripts.host.serve", "--host", "0.0.0.0"], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=120)
+    cp = subprocess.run(
+        [sys.executable, "-m", "scripts.host.serve", "--host", "0.0.0.0"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert cp.returncode == 0, cp.stderr
     got = json.loads(cp.stdout)
     import yaml
@@ -194,7 +234,7 @@ def test_the_key_reaches_sglang_in_a_private_copy_read_once(tmp_path, hf):
 def printed_command(out: str) -> list[str]:
     lines = out.splitlines()
     end = next(i for i, ln in enumerate(lines) if not ln.endswith("\\"))
-    return shlex.split(" ".join(ln.rstrip("\\") for ln in lines[:end + 1]))
+    return shlex.split(" ".join(ln.rstrip("\\") for ln in lines[: end + 1]))
 
 
 def test_make_serve_runs_the_images_serve_through_docker_run(tmp_path, hf, capsys, monkeypatch):
@@ -215,10 +255,16 @@ def test_make_serve_runs_the_images_serve_through_docker_run(tmp_path, hf, capsy
     assert f"{key}:/run/serve/key:ro" in cmd and cmd[cmd.index("--api-key-file") + 1] == "/run/serve/key"
     docker = _fake_docker.install(tmp_path, images=(image,), pythonpath=(fake_sglang(tmp_path),))
     env = {**os.environ, "PATH": _fake_docker.path_with(docker.bindir), "HF_HOME": str(hf)}
-    cp = subprocess.run([sys.executable, "-m", "scripts.host.serve", f"--image={image}", "--", "--tp-size", "2"],
-                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    cp = subprocess.run(
+        [sys.executable, "-m", "scripts.host.serve", f"--image={image}", "--", "--tp-size", "2"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert cp.returncode == 0, cp.stderr
-    run, = docker.runs()
+    (run,) = docker.runs()
     assert printed_command(cp.stdout) == ["docker", *run] and run[run.index(image) + 1] == "serve"
     reached = json.loads(cp.stdout.splitlines()[-1])
     assert reached["argv"] == ["--config", str(PROFILES["kimi-k25-eagle3-tp8"]), "--tp-size", "2"]

@@ -16,8 +16,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def run_smoke(pythonpath: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(pythonpath)}
-    return subprocess.run([sys.executable, "-m", "scripts.host.smoke", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "scripts.host.smoke", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def counts(out: str) -> tuple[int, int, int]:
@@ -75,15 +81,22 @@ def test_driver_only_failures_are_counted_apart_from_imports(tmp_path):
 
 
 def test_the_tolerance_does_not_hide_other_failures(tmp_path):
-    site = fake_sglang(tmp_path, {"sglang.launch_server": "raise ValueError('libcuda.so.1: cannot open')\n",
-                                  "sglang.srt.server_args": "import a_module_that_does_not_exist\n"})
+    site = fake_sglang(
+        tmp_path,
+        {
+            "sglang.launch_server": "raise ValueError('libcuda.so.1: cannot open')\n",
+            "sglang.srt.server_args": "import a_module_that_does_not_exist\n",
+        },
+    )
     cp = run_smoke(site, "--tolerate-no-driver")
     assert cp.returncode == 1 and counts(cp.stdout)[2] == 2
 
 
 def test_modules_come_from_the_patches(tmp_path):
     (tmp_path / "series").write_text("# a comment\n0001-a.patch\n")
-    (tmp_path / "0001-a.patch").write_text("".join(f"diff --git a/{f} b/{f}\n" for f in (
-        "python/sglang/srt/x.py", "python/sglang/srt/pkg/__init__.py", "python/sglang/srt/k.cu", "test/t.py",
-        "python/sglang/srt/x.py")))
+    touched = (
+        "python/sglang/srt/x.py python/sglang/srt/pkg/__init__.py python/sglang/srt/k.cu test/t.py "
+        "python/sglang/srt/x.py"
+    )  # the first one twice
+    (tmp_path / "0001-a.patch").write_text("".join(f"diff --git a/{f} b/{f}\n" for f in touched.split()))
     assert smoke.series_modules(tmp_path) == ["sglang.srt.x", "sglang.srt.pkg"]

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from scripts.host.docker_run import docker_run
+from scripts.box.docker import docker_run
 from scripts.lib import proc
 from scripts.lib.cli import run
 from scripts.lib.errors import UserError
@@ -53,22 +53,31 @@ def can_run() -> str:
     """'' when this machine can run the test, else why not."""
     free = shutil.disk_usage(BUILD_DIR.parent).free / 2**30
     missing = [t for t in ("dockerd", "mmdebstrap") if shutil.which(t) is None]
-    return "; ".join(w for cond, w in [
-        (os.geteuid() != 0, "it needs root (dockerd, mmdebstrap, chroot)"),
-        (free < NEED_GB, f"only {free:.0f} GB free under {BUILD_DIR.parent}, it needs {NEED_GB}"),
-        (not VENV_PY.is_file(), ".venv is missing: make setup"),
-        (not (BUILD_DIR / "cache" / load_pin().wheel_filename).is_file(), "the pinned wheel is missing: make apply"),
-        (missing and shutil.which("apt-get") is None, f"{' and '.join(missing)} missing and no apt-get to install"),
-        (proc.run(["ip", "link", "show", "docker0"]).ok, "another docker engine's docker0 exists (stop it first)"),
-    ] if cond)
+    return "; ".join(
+        w
+        for cond, w in [
+            (os.geteuid() != 0, "it needs root (dockerd, mmdebstrap, chroot)"),
+            (free < NEED_GB, f"only {free:.0f} GB free under {BUILD_DIR.parent}, it needs {NEED_GB}"),
+            (not VENV_PY.is_file(), ".venv is missing: make setup"),
+            (
+                not (BUILD_DIR / "cache" / load_pin().wheel_filename).is_file(),
+                "the pinned wheel is missing: make apply",
+            ),
+            (missing and shutil.which("apt-get") is None, f"{' and '.join(missing)} missing and no apt-get to install"),
+            (proc.run(["ip", "link", "show", "docker0"]).ok, "another docker engine's docker0 exists (stop it first)"),
+        ]
+        if cond
+    )
 
 
 def tools() -> None:
     missing = [p for p, t in (("docker.io", "dockerd"), ("mmdebstrap", "mmdebstrap")) if shutil.which(t) is None]
     if missing:
         say(f"apt-get install {' '.join(missing)}")
-        sh(f"apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
-           f"{' '.join(missing)}")
+        sh(
+            f"apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "
+            f"{' '.join(missing)}"
+        )
 
 
 class Engine:
@@ -82,15 +91,30 @@ class Engine:
 
     @staticmethod
     def network() -> dict:
-        return {"tables": {t: sh(["iptables", "-t", t, "-S"]).stdout.splitlines() for t in ("filter", "nat")},
-                "links": [ln.split(": ")[1].split("@")[0] for ln in sh(["ip", "-o", "link"]).stdout.splitlines()],
-                "forward": sh(["sysctl", "-n", "net.ipv4.ip_forward"]).stdout.strip()}
+        return {
+            "tables": {t: sh(["iptables", "-t", t, "-S"]).stdout.splitlines() for t in ("filter", "nat")},
+            "links": [ln.split(": ")[1].split("@")[0] for ln in sh(["ip", "-o", "link"]).stdout.splitlines()],
+            "forward": sh(["sysctl", "-n", "net.ipv4.ip_forward"]).stdout.strip(),
+        }
 
     def start(self) -> None:
         log = (self.run_dir / "dockerd.log").open("w")
-        self.dockerd = proc.spawn(["dockerd", "-H", self.host, "--data-root", str(self.data), "--exec-root",
-                                   str(self.run_dir / "exec"), "--pidfile", str(self.run_dir / "pid")],
-                                  stdout=log, stderr=log, start_new_session=True)
+        self.dockerd = proc.spawn(
+            [
+                "dockerd",
+                "-H",
+                self.host,
+                "--data-root",
+                str(self.data),
+                "--exec-root",
+                str(self.run_dir / "exec"),
+                "--pidfile",
+                str(self.run_dir / "pid"),
+            ],
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
         os.environ["DOCKER_HOST"] = self.host  # this process, make image and docker run use this engine only
         for _ in range(60):
             if proc.run(["docker", "version", "--format", "{{.Server.Version}}"]).ok:
@@ -142,22 +166,40 @@ def standin(tag: str) -> str:
     rootfs, pin = WORK / "rootfs", load_pin()
     shutil.rmtree(rootfs, ignore_errors=True)
     say("mmdebstrap bookworm minbase + python3 python3-pip git ca-certificates (30-70 s)")
-    sh(["mmdebstrap", "--quiet", "--variant=minbase", "--include=python3,python3-pip,git,ca-certificates",
-        *[f"--dpkgopt=path-exclude=/usr/share/{d}/*" for d in ("man", "doc", "locale")], "bookworm", str(rootfs)])
-    sh(f"cp /usr/local/share/ca-certificates/*.crt {rootfs}/usr/local/share/ca-certificates/ 2>/dev/null; "
-       f"chroot {rootfs} update-ca-certificates")  # this machine's TLS egress re-signs certificates
+    sh(
+        [
+            "mmdebstrap",
+            "--quiet",
+            "--variant=minbase",
+            "--include=python3,python3-pip,git,ca-certificates",
+            *[f"--dpkgopt=path-exclude=/usr/share/{d}/*" for d in ("man", "doc", "locale")],
+            "bookworm",
+            str(rootfs),
+        ]
+    )
+    sh(
+        f"cp /usr/local/share/ca-certificates/*.crt {rootfs}/usr/local/share/ca-certificates/ 2>/dev/null; "
+        f"chroot {rootfs} update-ca-certificates"
+    )  # this machine's TLS egress re-signs certificates
     ver = sh(["chroot", str(rootfs), "python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"]).stdout
     site = f"usr/local/lib/python{ver.strip()}/dist-packages"
-    res = sh([str(VENV_PY), "-m", "tests.image.build", "--link-venv", str(rootfs / site)], cwd=REPO_ROOT,
-             env={**os.environ, "PYTHONPATH": str(BUILD_DIR / "sglang" / "python")})
+    res = sh(
+        [str(VENV_PY), "-m", "tests.image.build", "--link-venv", str(rootfs / site)],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(BUILD_DIR / "sglang" / "python")},
+    )
     say(f".venv packages hard-linked: {res.stdout.strip().splitlines()[-1]}")
-    sh(f"cp {BUILD_DIR}/cache/{pin.wheel_filename} {rootfs}/tmp && chroot {rootfs} python3 -m pip install -q "
-       f"--no-deps --no-index --break-system-packages --root-user-action=ignore /tmp/{pin.wheel_filename} && rm "
-       f"{rootfs}/tmp/{pin.wheel_filename}")
+    sh(
+        f"cp {BUILD_DIR}/cache/{pin.wheel_filename} {rootfs}/tmp && chroot {rootfs} python3 -m pip install -q "
+        f"--no-deps --no-index --break-system-packages --root-user-action=ignore /tmp/{pin.wheel_filename} && rm "
+        f"{rootfs}/tmp/{pin.wheel_filename}"
+    )
     say("docker import of the stand-in (45-135 s)")
-    sh(f"tar --numeric-owner -C {shlex.quote(str(rootfs))} -cf - . | docker import --change 'CMD [\"python3\"]' "
-       f"--change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' --change "
-       f"'LABEL io.eagle-fast-verify.standin=\"Debian bookworm stand-in for {pin.upstream_image}\"' - {tag}")
+    sh(
+        f"tar --numeric-owner -C {shlex.quote(str(rootfs))} -cf - . | docker import --change 'CMD [\"python3\"]' "
+        f"--change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' --change "
+        f"'LABEL io.eagle-fast-verify.standin=\"Debian bookworm stand-in for {pin.upstream_image}\"' - {tag}"
+    )
     shutil.rmtree(rootfs)
     return site
 
@@ -172,45 +214,87 @@ def make_image(checks: Checks, name: str, base: str, tag: str, ok: bool, repo: P
     t = time.monotonic()
     res = proc.run(["make", "-C", str(repo), "image", f"BASE={base}", f"IMAGE={tag}"], timeout=3600, capture=not ok)
     left = sh(["docker", "ps", "-aq"]).stdout.split()  # --force-rm: a failed RUN leaves no container
-    checks.add(f"{name} ({time.monotonic() - t:.0f} s)", res.ok == ok and not left,
-               f"make image exit {res.returncode}" + (f", {len(left)} container(s) left" if left else ""))
+    checks.add(
+        f"{name} ({time.monotonic() - t:.0f} s)",
+        res.ok == ok and not left,
+        f"make image exit {res.returncode}" + (f", {len(left)} container(s) left" if left else ""),
+    )
 
 
 def failures(checks: Checks, standin_tag: str, site: str) -> None:
     """A base whose sglang is not the pinned one, and a patch that does not apply: both must fail the build."""
     wrong = standin_tag + "-wrong"
-    sh(["docker", "build", "-q", "--force-rm", "-t", wrong, "-"],
-       input=f"FROM {standin_tag}\nRUN sed -i 1i# /{site}/sglang/srt/environ.py\n")
-    make_image(checks, "a base whose sglang is not the pinned release fails the build", wrong,
-               "eagle-fast-verify/sglang:test-wrong-base", False)
+    sh(
+        ["docker", "build", "-q", "--force-rm", "-t", wrong, "-"],
+        input=f"FROM {standin_tag}\nRUN sed -i 1i# /{site}/sglang/srt/environ.py\n",
+    )
+    make_image(
+        checks,
+        "a base whose sglang is not the pinned release fails the build",
+        wrong,
+        "eagle-fast-verify/sglang:test-wrong-base",
+        False,
+    )
     copy = WORK / "broken"
-    sh(f"mkdir {copy} && cp -a scripts patches docker tests requirements pytest.ini Makefile .dockerignore {copy}",
-       cwd=REPO_ROOT)
+    sh(
+        f"mkdir {copy} && cp -a scripts patches docker tests requirements pytest.ini Makefile .dockerignore {copy}",
+        cwd=REPO_ROOT,
+    )
     first = next(copy / "patches" / n for n in (copy / "patches" / "series").read_text().split() if n[-6:] == ".patch")
     text = first.read_text().splitlines(keepends=True)
     hunk = next(i for i, ln in enumerate(text) if ln.startswith("@@"))
     text[next(i for i in range(hunk, len(text)) if text[i].startswith(" "))] = " # a line the base does not have\n"
     first.write_text("".join(text))
-    make_image(checks, "a patch that does not apply fails the build", standin_tag,
-               "eagle-fast-verify/sglang:test-broken-patch", False, copy)
+    make_image(
+        checks,
+        "a patch that does not apply fails the build",
+        standin_tag,
+        "eagle-fast-verify/sglang:test-broken-patch",
+        False,
+        copy,
+    )
 
 
 def verbs(checks: Checks, image: str) -> None:
     (results := WORK / "results").mkdir(exist_ok=True)
-    comm = ["--device", "cpu", "--variants", "default", "--rows", "4", "--prefill-rows", "", "--layers", "2",
-            "--chain", "4", "--reps", "2"]
-    for args, want in ((["serve", "--dry-run"], 0), (["smoke"], 0), (["doctor"], 1), (["test-serve"], 2),
-                       (["test-gpu"], 2), (["bench-comm", *comm], 0)):  # no GPU: doctor errors, GPU verbs refuse
+    comm = [
+        "--device",
+        "cpu",
+        "--variants",
+        "default",
+        "--rows",
+        "4",
+        "--prefill-rows",
+        "",
+        "--layers",
+        "2",
+        "--chain",
+        "4",
+        "--reps",
+        "2",
+    ]
+    for args, want in (
+        (["serve", "--dry-run"], 0),
+        (["smoke"], 0),
+        (["doctor"], 1),
+        (["test-serve"], 2),
+        (["test-gpu"], 2),
+        (["bench-comm", *comm], 0),
+    ):  # no GPU: doctor errors, GPU verbs refuse
         t = time.monotonic()
         res = proc.run(docker_run(image, args, gpus=False, results=results), timeout=600)
         ok = res.returncode == want and (args[0] != "bench-comm" or any(results.glob("bench-comm_*.json")))
-        checks.add(f"docker run {image} {args[0]} exits {want} ({time.monotonic() - t:.0f} s)", ok,
-                   f"exit {res.returncode}: {(res.output.strip().splitlines() or [''])[-1][:140]}")
+        checks.add(
+            f"docker run {image} {args[0]} exits {want} ({time.monotonic() - t:.0f} s)",
+            ok,
+            f"exit {res.returncode}: {(res.output.strip().splitlines() or [''])[-1][:140]}",
+        )
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="tests.image.build", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="tests.image.build", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--can-run", action="store_true", help="say whether this machine can run it; change nothing")
     ap.add_argument("--link-venv", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -230,8 +314,11 @@ def main(argv=None) -> int:
         site = standin(standin_tag)
         make_image(checks, f"make image BASE={standin_tag}", standin_tag, image, True)
         base = sh(["docker", "inspect", "-f", '{{index .Config.Labels "org.opencontainers.image.base.name"}}', image])
-        checks.add("the labels name the stand-in, and nothing is tagged as upstream", base.stdout.strip() ==
-                   standin_tag and not sh(["docker", "image", "ls", "-q", load_pin().image_name]).stdout.strip())
+        checks.add(
+            "the labels name the stand-in, and nothing is tagged as upstream",
+            base.stdout.strip() == standin_tag
+            and not sh(["docker", "image", "ls", "-q", load_pin().image_name]).stdout.strip(),
+        )
         verbs(checks, image)
         failures(checks, standin_tag, site)
     except UserError as e:  # a step that failed on its own: a failed check, after the clean-up below
@@ -241,8 +328,10 @@ def main(argv=None) -> int:
         engine.stop()
         shutil.rmtree(WORK, ignore_errors=True)
     bad = [name for name, ok in checks if not ok]
-    say(f"{len(checks) - len(bad)}/{len(checks)} checks passed; peak disk use {(FREE[0] - min(FREE)) / 2**30:.1f} GB"
-        + (f"; FAILED: {'; '.join(bad)}" if bad else ""))
+    say(
+        f"{len(checks) - len(bad)}/{len(checks)} checks passed; peak disk use {(FREE[0] - min(FREE)) / 2**30:.1f} GB"
+        + (f"; FAILED: {'; '.join(bad)}" if bad else "")
+    )
     return 1 if bad else 0
 
 

@@ -11,19 +11,17 @@ call it replaces.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
-import json
-import multiprocessing as mp
 import os
-import socket
 import sys
 import tempfile
-import time
-import traceback
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
+from scripts.box import ranks
 
 TESTS = Path(__file__).resolve().parents[1]
 KIMI = TESTS / "fixtures" / "kimi-k25"
@@ -32,44 +30,21 @@ CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "SGLANG_NCCL_SO_PATH": "/nonexistent/li
 
 
 def run(scenario: str, world: int = 2, timeout: float = 240, **params) -> list:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    with tempfile.TemporaryDirectory() as out:
-        procs = [ctx.Process(target=_child, args=(scenario, r, world, port, params, out)) for r in range(world)]
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and any(p.is_alive() for p in procs):
-            time.sleep(0.2)
-        hung = [r for r, p in enumerate(procs) if p.is_alive()]
-        for p in procs:
-            p.kill() if p.is_alive() else None
-            p.join(5)
-        got = [json.loads(f.read_text()) if (f := Path(out) / f"{r}.json").is_file() else None
-               for r in range(world)]
-    if hung:
-        pytest.fail(f"{scenario}: ranks {hung} still waiting after {timeout:.0f} s (a hang); the others: {got}")
-    errors = [g["error"] if g else f"rank {r} exited without a result" for r, g in enumerate(got)
-              if g is None or "error" in g]
-    if errors:
-        pytest.fail(f"{scenario} failed:\n" + "\n".join(errors))
-    return [g["result"] for g in got]
+    """One dict per rank (scripts/box/ranks.py spawns and watches them); fails the test on an error or a hang."""
+    got = ranks.run(_child, world, timeout, scenario, params, env=CPU_ENV)
+    if not got.ok:
+        pytest.fail(dataclasses.replace(got, name=scenario).explain() + f"\nthe ranks' results: {got.results}")
+    return got.results
 
 
-def _child(scenario, rank, world, port, params, out):
-    os.environ.update(CPU_ENV, SGLANG_CPU_OMP_THREADS_BIND="|".join(str(i % (os.cpu_count() or 1))
-                                                                    for i in range(world)),
-                      FLASHINFER_AUTOTUNE_DIR=tempfile.mkdtemp())
+def _child(rank, world, port, phase, scenario, params):
+    os.environ.update(
+        SGLANG_CPU_OMP_THREADS_BIND="|".join(str(i % (os.cpu_count() or 1)) for i in range(world)),
+        FLASHINFER_AUTOTUNE_DIR=tempfile.mkdtemp(),
+    )
     if importlib.util.find_spec("sgl_kernel") is None:
         sys.path.append(str(STANDIN))
-    try:
-        doc = {"result": globals()[scenario](rank, world, port, **params)}
-    except BaseException:  # noqa: BLE001 - what a rank hits is the evidence
-        doc = {"error": f"rank {rank}: {traceback.format_exc()}"}
-    Path(out, f"{rank}.json").write_text(json.dumps(doc, default=str))
-    os._exit(0)  # a peer that died must not hold this rank in process-group teardown
+    return globals()[scenario](rank, world, port, **params)
 
 
 def _up(rank, world, port, **server_args):
@@ -99,8 +74,13 @@ def _pcie_ipc(tp, workspace_cls=None):
 
     from _pcie import Workspace, communicator
 
-    tp.pcie_ipc_comm = communicator(tp.world_size, _cpu_group=tp.cpu_group, _group=tp.device_group,
-                                    _device=torch.device("cpu"), _workspace_cls=workspace_cls or Workspace)
+    tp.pcie_ipc_comm = communicator(
+        tp.world_size,
+        _cpu_group=tp.cpu_group,
+        _group=tp.device_group,
+        _device=torch.device("cpu"),
+        _workspace_cls=workspace_cls or Workspace,
+    )
     return tp.pcie_ipc_comm
 
 
@@ -157,16 +137,22 @@ def gather_semantics(rank, world, port):
         x = data(rank, torch.int32)
         tp.broadcast(x, src=src)
         result[f"broadcast_src{src}"] = bool(torch.equal(x, data(src, torch.int32)))
-    parts = [torch.arange(6, dtype=torch.int32) + rank, torch.arange(4, dtype=torch.int32).view(2, 2) * (rank + 2),
-             torch.full((3,), rank, dtype=torch.int32)]  # 13 values, padded to 16
-    want = [torch.arange(6, dtype=torch.int32), torch.arange(4, dtype=torch.int32).view(2, 2) * 2,
-            torch.zeros(3, dtype=torch.int32)]
+    parts = [
+        torch.arange(6, dtype=torch.int32) + rank,
+        torch.arange(4, dtype=torch.int32).view(2, 2) * (rank + 2),
+        torch.full((3,), rank, dtype=torch.int32),
+    ]  # 13 values, padded to 16
+    want = [
+        torch.arange(6, dtype=torch.int32),
+        torch.arange(4, dtype=torch.int32).view(2, 2) * 2,
+        torch.zeros(3, dtype=torch.int32),
+    ]
     broadcast_packed(tp, parts)
     result["packed"] = all(torch.equal(a, b) for a, b in zip(parts, want, strict=True))
     result["pcie_ipc_calls"] = len(calls)
     out = torch.empty((4 * world, 8), dtype=torch.int32)
-    out[4 * rank: 4 * rank + 4] = data(rank, torch.int32)
-    tp.all_gather_into_tensor(out, out[4 * rank: 4 * rank + 4])  # in place: FlashInfer refuses it
+    out[4 * rank : 4 * rank + 4] = data(rank, torch.int32)
+    tp.all_gather_into_tensor(out, out[4 * rank : 4 * rank + 4])  # in place: FlashInfer refuses it
     result["in_place"] = bool(torch.equal(out, torch.cat([data(r, torch.int32) for r in range(world)])))
     result["in_place_on_pcie_ipc"] = len(calls) > result["pcie_ipc_calls"]
     return result
@@ -214,8 +200,11 @@ def verify_wiring(rank, world, port, vocab):
     outputs = []
 
     def forward(**kw):  # the target's verify forward: its logits processor on the given hidden states
-        outputs.append(LogitsProcessorOutput(next_token_logits=model.logits_processor._get_logits(
-            states, lm_head, meta), hidden_states=None))
+        outputs.append(
+            LogitsProcessorOutput(
+                next_token_logits=model.logits_processor._get_logits(states, lm_head, meta), hidden_states=None
+            )
+        )
         return SimpleNamespace(logits_output=outputs[-1])
 
     target = SimpleNamespace(model_runner=runner, forward_batch_generation=forward)
@@ -229,18 +218,40 @@ def verify_wiring(rank, world, port, vocab):
     ewc.eagle_prepare_for_verify = lambda *a, **k: (None, False)
     ewc.record_stream_for_v2_verify = ewc.record_stream_each = lambda *a, **k: None
     worker = EAGLEWorkerV2.__new__(EAGLEWorkerV2)
-    vars(worker).update(_target_worker=target, req_to_token_pool=None, token_to_kv_pool_allocator=None,
-                        plan_stream=None, plan_stream_ctx=contextlib.nullcontext(), topk=1,
-                        speculative_num_draft_tokens=width, device="cpu",
-                        _target_logits_processor=defer_target_verify_gather(target))
+    vars(worker).update(
+        _target_worker=target,
+        req_to_token_pool=None,
+        token_to_kv_pool_allocator=None,
+        plan_stream=None,
+        plan_stream_ctx=contextlib.nullcontext(),
+        topk=1,
+        speculative_num_draft_tokens=width,
+        device="cpu",
+        _target_logits_processor=defer_target_verify_gather(target),
+    )
     tree = torch.zeros(bs * width, dtype=torch.long)
-    verify_input = SimpleNamespace(draft_token=tree, draft_token_num=width, max_tree_depth=width, tree_topk=1,
-                                   retrieve_index=tree, retrieve_next_token=tree, retrieve_next_sibling=tree)
+    verify_input = SimpleNamespace(
+        draft_token=tree,
+        draft_token_num=width,
+        max_tree_depth=width,
+        tree_topk=1,
+        retrieve_index=tree,
+        retrieve_next_token=tree,
+        retrieve_next_sibling=tree,
+    )
     out = {"reference": reference, "deferred": worker._target_logits_processor is not None}
     for kind, bias in (("greedy", None), ("logit_bias", torch.zeros(bs, vocab))):
-        batch = SimpleNamespace(device="cpu", forward_mode=ForwardMode.DECODE, seq_lens=torch.ones(bs),
-                                sampling_info=greedy_sampling(logit_bias=bias), has_grammar=False, return_logprob=False, spec_info=verify_input,
-                                input_ids=None, out_cache_loc=None)
+        batch = SimpleNamespace(
+            device="cpu",
+            forward_mode=ForwardMode.DECODE,
+            seq_lens=torch.ones(bs),
+            sampling_info=greedy_sampling(logit_bias=bias),
+            has_grammar=False,
+            return_logprob=False,
+            spec_info=verify_input,
+            input_ids=None,
+            out_cache_loc=None,
+        )
         try:
             worker.verify(batch)
         except _Stop:
@@ -295,15 +306,18 @@ def fusion_exchange_fails_early(rank, world, port, bad_rank):
 
     tp = _up(rank, world, port)
     side = dist.new_group(backend="gloo")
-    prop = SimpleNamespace(location=SimpleNamespace(id=0),
-                           requestedHandleTypes=mnnvl.cuda.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    prop = SimpleNamespace(
+        location=SimpleNamespace(id=0),
+        requestedHandleTypes=mnnvl.cuda.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+    )
     fcf.get_cuda_driver_bindings = lambda: FakeCudaDriver(None)
     fcf._make_flashinfer_workspace_allocation_prop = lambda driver: prop
     mnnvl.is_mnnvl_fabric_supported = lambda device: False  # a PCIe-only GPU: POSIX file descriptors
     if rank == bad_rank:
         tempfile.tempdir = "/nonexistent/tmp"
-    proceed = fcf._preflight_check_workspace_memory(world, 256, 7168, torch.bfloat16, cpu_group=tp.cpu_group,
-                                                    comm_backend=mnnvl.TorchDistBackend(group=side))
+    proceed = fcf._preflight_check_workspace_memory(
+        world, 256, 7168, torch.bfloat16, cpu_group=tp.cpu_group, comm_backend=mnnvl.TorchDistBackend(group=side)
+    )
     return {"proceed": proceed}
 
 
@@ -330,7 +344,8 @@ def allreduce_timing(rank, world, port, cache_dir):
     patch = pytest.MonkeyPatch()
     FakeNvml(patch, count=world)
     torch.cuda.get_device_properties = lambda device: SimpleNamespace(
-        pci_domain_id=0, pci_bus_id=int(BUS[rank].split(":")[1], 16), pci_device_id=0)
+        pci_domain_id=0, pci_bus_id=int(BUS[rank].split(":")[1], 16), pci_device_id=0
+    )
     own = {0: {"pcie_ipc": [5, 5, 5, 28], "nccl": [30] * 4}, 1: {"pcie_ipc": [5, 5, 26, 5], "nccl": [3, 30, 30, 30]}}
     timed, step = [], None
 
@@ -342,14 +357,22 @@ def allreduce_timing(rank, world, port, cache_dir):
 
     PcieIpcCommunicator._time_backends = measure
     out = {"before": {k: before[k] for k in ("source", "why")}}
-    for step, driver in (("differ", "580.95.05"), ("cached", "580.95.05"), ("new_driver", "590.44.01"),
-                         ("fails", "595.1")):
+    for step, driver in (
+        ("differ", "580.95.05"),
+        ("cached", "580.95.05"),
+        ("new_driver", "590.44.01"),
+        ("fails", "595.1"),
+    ):
         patch.setattr(pynvml, "nvmlSystemGetDriverVersion", lambda driver=driver: driver)
         timed.clear()
         comm = _pcie_ipc(tp)
         comm.prepare(hidden=64, max_rows=8, coordinator=tp)
-        out[step] = {"timed": len(timed), "disabled": comm.disabled, "source": pcie_ipc_ar.allreduce_backends()["source"],
-                     "table": [comm.backend_for(torch.empty(r, 64)) for r in (1, 2, 4, 8)]}
+        out[step] = {
+            "timed": len(timed),
+            "disabled": comm.disabled,
+            "source": pcie_ipc_ar.allreduce_backends()["source"],
+            "table": [comm.backend_for(torch.empty(r, 64)) for r in (1, 2, 4, 8)],
+        }
     return out
 
 
@@ -375,19 +398,30 @@ def dflash_packing(rank, world, port):
     start, end = 128 * rank, min(250, 128 * rank + 128)
     shard = torch.zeros(128, 16, dtype=torch.bfloat16)
     shard[: end - start] = full[start:end]
-    sampler = _DflashDraftSampler(weight=shard, block_size=8, num_org=end - start, org_vocab_start=start, max_bs=1,
-                                  tp_group=tp)
+    sampler = _DflashDraftSampler(
+        weight=shard, block_size=8, num_org=end - start, org_vocab_start=start, max_bs=1, tp_group=tp
+    )
     sampler(hidden)
     worker = DFlashWorkerV2.__new__(DFlashWorkerV2)
     vars(worker).update(_draft_greedy_local_max_buf=None, _draft_greedy_local_arg_buf=None, _draft_greedy_local_cap=0)
-    head = SimpleNamespace(weight=shard, shard_indices=SimpleNamespace(
-        org_vocab_start_index=start, num_org_elements=end - start, num_org_elements_padded=128,
-        num_added_elements=0, added_vocab_start_index=256))
+    head = SimpleNamespace(
+        weight=shard,
+        shard_indices=SimpleNamespace(
+            org_vocab_start_index=start,
+            num_org_elements=end - start,
+            num_org_elements_padded=128,
+            num_added_elements=0,
+            added_vocab_start_index=256,
+        ),
+    )
     eager = worker._greedy_sample_from_vocab_parallel_head(hidden_states=hidden[1:], lm_head=head)
     accept_len = torch.tensor([2, 0, 7], dtype=torch.int32) if rank == 0 else torch.zeros(3, dtype=torch.int32)
     bonus = torch.tensor([2**40 + 5, 17, 250]) if rank == 0 else torch.full((3,), -1)
     SpecTpSync(tp).sync_packed(SpecTpSyncSite.DFLASH_ACCEPT_SAMPLE, (accept_len, bonus))
     assert len(calls) == 3, calls  # the two heads' gathers and the broadcast, each one PCIe-IPC gather
-    return {"reference": (hidden[1:] @ full.T).argmax(-1).tolist(), "sampler": sampler.out[:7].tolist(),
-            "eager": eager.tolist(), "accept": {"accept_len": accept_len.tolist(), "bonus": bonus.tolist()}}
-
+    return {
+        "reference": (hidden[1:] @ full.T).argmax(-1).tolist(),
+        "sampler": sampler.out[:7].tolist(),
+        "eager": eager.tolist(),
+        "accept": {"accept_len": accept_len.tolist(), "bonus": bonus.tolist()},
+    }

@@ -22,11 +22,21 @@ def runner(width=4, algorithm="EAGLE3", is_draft_worker=False, **attrs):
 
     r = DecodeCudaGraphRunner.__new__(DecodeCudaGraphRunner)
     model_runner = SimpleNamespace(spec_algorithm=SpeculativeAlgorithm[algorithm], is_draft_worker=is_draft_worker)
-    vars(r).update(ragged_verify_mode=False, captured_req_width=width, require_mlp_tp_gather=False,
-                   enable_pdmux=False, disable_padding=False, max_bs=MAX_BS, require_mlp_sync=False,
-                   is_encoder_decoder=False, enable_two_batch_overlap=False, record_nolora_graph=False,
-                   attention_graph_variants=None, capture_forward_mode=ForwardMode.TARGET_VERIFY,
-                   model_runner=model_runner)
+    vars(r).update(
+        ragged_verify_mode=False,
+        captured_req_width=width,
+        require_mlp_tp_gather=False,
+        enable_pdmux=False,
+        disable_padding=False,
+        max_bs=MAX_BS,
+        require_mlp_sync=False,
+        is_encoder_decoder=False,
+        enable_two_batch_overlap=False,
+        record_nolora_graph=False,
+        attention_graph_variants=None,
+        capture_forward_mode=ForwardMode.TARGET_VERIFY,
+        model_runner=model_runner,
+    )
     vars(r).update(attrs)
     return r
 
@@ -35,20 +45,35 @@ def verify_batch(bs=8, width=4, **overrides):
     """A TARGET_VERIFY forward batch of bs requests, `width` rows each."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    fb = SimpleNamespace(forward_mode=ForwardMode.TARGET_VERIFY, batch_size=bs,
-                         spec_info=SimpleNamespace(num_tokens_per_req=width, ragged_verify_layout=None),
-                         input_ids=torch.zeros(bs * width, dtype=torch.long), replace_embeds=None,
-                         can_run_decode_cuda_graph=True, can_run_tbo=True, lora_ids=None, encoder_lens=None,
-                         global_num_tokens_cpu=None, moe_num_token_non_padded=None)
+    fb = SimpleNamespace(
+        forward_mode=ForwardMode.TARGET_VERIFY,
+        batch_size=bs,
+        spec_info=SimpleNamespace(num_tokens_per_req=width, ragged_verify_layout=None),
+        input_ids=torch.zeros(bs * width, dtype=torch.long),
+        replace_embeds=None,
+        can_run_decode_cuda_graph=True,
+        can_run_tbo=True,
+        lora_ids=None,
+        encoder_lens=None,
+        global_num_tokens_cpu=None,
+        moe_num_token_non_padded=None,
+    )
     vars(fb).update(overrides)
     return fb
 
 
 def greedy_sampling(**kw):
     """A greedy batch's SamplingBatchInfo, nothing reading or changing its logits (kw: what differs)."""
-    info = dict(is_all_greedy=True, has_custom_logit_processor=False, acc_additive_penalties=None,
-                acc_scaling_penalties=None, logit_bias=None, penalizer_orchestrator=None,
-                has_watermark_candidates=False, sampling_mask_batch_indices=None)
+    info = dict(
+        is_all_greedy=True,
+        has_custom_logit_processor=False,
+        acc_additive_penalties=None,
+        acc_scaling_penalties=None,
+        logit_bias=None,
+        penalizer_orchestrator=None,
+        has_watermark_candidates=False,
+        sampling_mask_batch_indices=None,
+    )
     return SimpleNamespace(**{**info, **kw})
 
 
@@ -70,8 +95,9 @@ def scheduler(stats, algorithm="EAGLE3"):
 
     target = SimpleNamespace(model_runner=SimpleNamespace(spec_graph_stats=stats))
     accepted = SimpleNamespace(spec_total_num_accept_tokens=30, spec_total_num_forward_ct=10)
-    return SimpleNamespace(spec_algorithm=SpeculativeAlgorithm[algorithm], draft_worker=None, tp_worker=target,
-                           metrics_reporter=accepted)
+    return SimpleNamespace(
+        spec_algorithm=SpeculativeAlgorithm[algorithm], draft_worker=None, tp_worker=target, metrics_reporter=accepted
+    )
 
 
 def speculative_state(stats, algorithm="EAGLE3") -> dict:
@@ -96,14 +122,26 @@ def model_runner(decode_runner, is_draft_worker=False, piecewise=False):
     if piecewise:
         prefill = SimpleNamespace(can_run_graph=lambda fb: True, execute=lambda fb, **kw: "piecewise")
     vars(mr).update(
-        model=SimpleNamespace(shared_experts_config=None), attn_backend=None, device="cuda",
-        decode_cuda_graph_runner=decode_runner, prefill_cuda_graph_runner=prefill, hisparse_coordinator=None,
-        is_draft_worker=is_draft_worker, pp_group=SimpleNamespace(is_last_rank=True),
-        spec_graph_stats=stats(), forward_pass_id=0, msprobe_debugger=None, canary_manager=None,
-        enable_elastic_ep=False, eplb_manager=None, device_timer=None,
+        model=SimpleNamespace(shared_experts_config=None),
+        attn_backend=None,
+        device="cuda",
+        decode_cuda_graph_runner=decode_runner,
+        prefill_cuda_graph_runner=prefill,
+        hisparse_coordinator=None,
+        is_draft_worker=is_draft_worker,
+        pp_group=SimpleNamespace(is_last_rank=True),
+        spec_graph_stats=stats(),
+        forward_pass_id=0,
+        msprobe_debugger=None,
+        canary_manager=None,
+        enable_elastic_ep=False,
+        eplb_manager=None,
+        device_timer=None,
         eager_runner=SimpleNamespace(execute=lambda fb, pp_proxy_tensors=None: "eager"),
-        _prepare_eager_forward_batch=lambda fb: None, _extend_forward_kwargs=lambda fb, pp: {},
-        _maybe_execute_deferred_mamba_cow_and_clear=lambda fb: None)
+        _prepare_eager_forward_batch=lambda fb: None,
+        _extend_forward_kwargs=lambda fb, pp: {},
+        _maybe_execute_deferred_mamba_cow_and_clear=lambda fb: None,
+    )
     return mr
 
 

@@ -18,8 +18,16 @@ HIDDEN = 7168  # Kimi-K2.5 / DeepSeek-V3
 KIMI_VOCAB_SHARD = 163840 // 8  # the logits' vocab shard at TP8
 SM120_FUSION_CAP = 256  # SGLANG_SM120_ALLREDUCE_FUSION_MAX_TOKENS default: sizes the FlashInfer fusion workspace
 # Profile keys that name files or the HTTP front end rather than how the model runs.
-NOT_SERVER_SHAPE = {"model_path", "speculative_draft_model_path", "host", "port", "tool_call_parser",
-                    "reasoning_parser", "trust_remote_code", "enable_metrics"}
+NOT_SERVER_SHAPE = {
+    "model_path",
+    "speculative_draft_model_path",
+    "host",
+    "port",
+    "tool_call_parser",
+    "reasoning_parser",
+    "trust_remote_code",
+    "enable_metrics",
+}
 
 
 class Workspace:
@@ -70,9 +78,19 @@ def communicator(world=8, **attrs):
     from sglang.srt.distributed.device_communicators.pcie_ipc_ar import PcieIpcCommunicator
 
     comm = PcieIpcCommunicator.__new__(PcieIpcCommunicator)
-    vars(comm).update(disabled=False, max_numel=0, _workspace=None, _bound_stream=None, _cpu_group=None,
-                      _max_rows=None, _group=None, _device=torch.device("meta"), _world_size=world,
-                      _workspace_cls=Workspace, _build_failed=False)
+    vars(comm).update(
+        disabled=False,
+        max_numel=0,
+        _workspace=None,
+        _bound_stream=None,
+        _cpu_group=None,
+        _max_rows=None,
+        _group=None,
+        _device=torch.device("meta"),
+        _world_size=world,
+        _workspace_cls=Workspace,
+        _build_failed=False,
+    )
     vars(comm).update(attrs)
     return comm
 
@@ -123,6 +141,10 @@ def widest_decode_rows(sa, pool: int | None = None, spec=None) -> int:
 
     mr = ModelRunner.__new__(ModelRunner)
     size = pool or resolved(sa, "max_running_requests") // get_parallel().attn_dp_size
-    vars(mr).update(spec_algorithm=spec or SpeculativeAlgorithm.EAGLE3, is_draft_worker=False, server_args=sa,
-                    req_to_token_pool=SimpleNamespace(size=size))
+    vars(mr).update(
+        spec_algorithm=spec or SpeculativeAlgorithm.EAGLE3,
+        is_draft_worker=False,
+        server_args=sa,
+        req_to_token_pool=SimpleNamespace(size=size),
+    )
     return BaseRunner._widest_decode_rows(SimpleNamespace(model_runner=mr))

@@ -31,8 +31,11 @@ def no_gpu(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free["bytes"], 96 * GIB))
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
-    monkeypatch.setattr(fi_ar, "get_pcie_ipc_comm_module",
-                        lambda: SimpleNamespace(workspace_size=lambda world, numel, elem, blocks: 2 * numel * elem))
+    monkeypatch.setattr(
+        fi_ar,
+        "get_pcie_ipc_comm_module",
+        lambda: SimpleNamespace(workspace_size=lambda world, numel, elem, blocks: 2 * numel * elem),
+    )
     monkeypatch.setattr(fi_comm, "PcieIpcAllGatherWorkspace", Workspace, raising=False)
     Workspace.built = []
     return lambda n: free.__setitem__("bytes", n)
@@ -81,11 +84,13 @@ def tp8(monkeypatch, no_gpu):
         return g._all_reduce_out_place(t, outplace_all_reduce_method)
 
     monkeypatch.setattr(ps, "outplace_all_reduce", outplace)
-    monkeypatch.setattr(ps, "inplace_all_reduce", lambda t, group_name: g.routed.append("nccl")
-                        or g._all_reduce_in_place(t))
+    monkeypatch.setattr(
+        ps, "inplace_all_reduce", lambda t, group_name: g.routed.append("nccl") or g._all_reduce_in_place(t)
+    )
     monkeypatch.setattr(ps, "flashinfer_allreduce", lambda t, group_name: g.routed.append("flashinfer") or t)
-    monkeypatch.setattr(ps, "reg_all_gather_into_tensor",
-                        lambda out, inp, group_name: g._all_gather_into_tensor(out, inp))
+    monkeypatch.setattr(
+        ps, "reg_all_gather_into_tensor", lambda out, inp, group_name: g._all_gather_into_tensor(out, inp)
+    )
     monkeypatch.setenv("SGLANG_RECORD_SPEC_COLLECTIVES", "1")
     return g
 
@@ -103,9 +108,18 @@ def fusion_workspace(monkeypatch):
         ws.metadata = {"max_token_num": tokens, "tp_size": 8, "hidden_dim": HIDDEN, "use_fp32_lamport": False}
         ws._destroyed = True  # nothing was allocated, nothing to free
         manager = fcf._get_workspace_manager(True)
-        vars(manager).update(workspace=ws, world_size=8, rank=0, group=(None, None), max_token_num=tokens,
-                             hidden_dim=HIDDEN, dtype=torch.bfloat16, backend="trtllm", use_fp32_lamport=False,
-                             initialized=True)
+        vars(manager).update(
+            workspace=ws,
+            world_size=8,
+            rank=0,
+            group=(None, None),
+            max_token_num=tokens,
+            hidden_dim=HIDDEN,
+            dtype=torch.bfloat16,
+            backend="trtllm",
+            use_fp32_lamport=False,
+            initialized=True,
+        )
         manager._configure_workspace_size_check()
         monkeypatch.setattr(fcf, "_flashinfer_allreduce_unavailable", False)
         monkeypatch.setattr(fcf, "_flashinfer_comm", SimpleNamespace())

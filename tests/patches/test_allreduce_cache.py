@@ -15,13 +15,22 @@ import torch
 
 from _pcie import HIDDEN, SM120_FUSION_CAP, communicator, nvml
 
-CHANGES = ["NCCL_P2P_LEVEL=SYS", "NCCL_PROTO=Simple", "NCCL_CONF_FILE edited", "~/.nccl.conf written",
-           "kernels untuned", "FlashInfer takes fewer sizes", "another SGLang", "another driver"]
+CHANGES = [
+    "NCCL_P2P_LEVEL=SYS",
+    "NCCL_PROTO=Simple",
+    "NCCL_CONF_FILE edited",
+    "~/.nccl.conf written",
+    "kernels untuned",
+    "FlashInfer takes fewer sizes",
+    "another SGLang",
+    "another driver",
+]
 
 
 @pytest.mark.parametrize("change", CHANGES)
-def test_allreduce_timing_cache_is_keyed_on_every_input_of_the_measurement(tp8, fusion_workspace, monkeypatch,
-                                                                          tmp_path, change):
+def test_allreduce_timing_cache_is_keyed_on_every_input_of_the_measurement(
+    tp8, fusion_workspace, monkeypatch, tmp_path, change
+):
     """A second start on the same box reads the table the first one timed; a start that changed anything the timing
     depended on times again: NCCL's environment or a config file it reads, whether the PCIe-IPC kernels run
     measured tactics, the sizes FlashInfer's kernel can take, SGLang's version, the driver."""
@@ -31,8 +40,11 @@ def test_allreduce_timing_cache_is_keyed_on_every_input_of_the_measurement(tp8, 
     from sglang.srt.distributed.device_communicators.pcie_ipc_ar import PcieIpcCommunicator
 
     nvml(monkeypatch)
-    monkeypatch.setattr(torch.cuda, "get_device_properties",
-                        lambda device: SimpleNamespace(pci_domain_id=0, pci_bus_id=1, pci_device_id=0))
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda device: SimpleNamespace(pci_domain_id=0, pci_bus_id=1, pci_device_id=0),
+    )
     for k in [k for k in os.environ if k.startswith("NCCL_")]:
         monkeypatch.delenv(k)
     conf = tmp_path / "nccl.conf"
@@ -41,8 +53,11 @@ def test_allreduce_timing_cache_is_keyed_on_every_input_of_the_measurement(tp8, 
     monkeypatch.setenv("HOME", str(tmp_path))
     tuned, calls = {"now": True}, []
     monkeypatch.setattr(PcieIpcCommunicator, "_tune", lambda self, hidden: tuned["now"])
-    monkeypatch.setattr(PcieIpcCommunicator, "_time_backends", lambda self, tp, hidden, rows, backends: calls.append(
-        rows) or [[10.0] * len(backends) for _ in rows])
+    monkeypatch.setattr(
+        PcieIpcCommunicator,
+        "_time_backends",
+        lambda self, tp, hidden, rows, backends: calls.append(rows) or [[10.0] * len(backends) for _ in rows],
+    )
     fusion_workspace(SM120_FUSION_CAP)
     tp8._fi_workspace_hint = "attn_tp"
 
@@ -72,6 +87,7 @@ def test_allreduce_timing_cache_is_keyed_on_every_input_of_the_measurement(tp8, 
 def test_allreduce_timing_second_start_reads_the_cache_for_the_group(timing_starts):
     """Two CPU ranks: the first rank reads the cache for the group, so a second start on the same box times nothing
     on either rank and routes alike; another driver is another box, timed again on both."""
-    assert [r["cached"] for r in timing_starts] == [{"timed": 0, "disabled": False, "source": "cache",
-                                                     "table": ["pcie_ipc", "pcie_ipc", "nccl", "nccl"]}] * 2
+    assert [r["cached"] for r in timing_starts] == [
+        {"timed": 0, "disabled": False, "source": "cache", "table": ["pcie_ipc", "pcie_ipc", "nccl", "nccl"]}
+    ] * 2
     assert [r["new_driver"]["timed"] for r in timing_starts] == [1, 1]

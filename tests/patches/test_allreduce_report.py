@@ -15,11 +15,14 @@ import torch
 from _pcie import HIDDEN, communicator, prepared, server_info
 
 
-@pytest.mark.parametrize("setting, world, deterministic, why", [
-    ("0", 8, False, "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0 is set"),
-    ("1", 1, False, "one rank: nothing to reduce"),
-    ("1", 8, True, "deterministic inference is on"),
-])
+@pytest.mark.parametrize(
+    "setting, world, deterministic, why",
+    [
+        ("0", 8, False, "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0 is set"),
+        ("1", 1, False, "one rank: nothing to reduce"),
+        ("1", 8, True, "deterministic inference is on"),
+    ],
+)
 def test_server_info_says_why_the_tp_group_built_no_pcie_ipc(monkeypatch, setting, world, deterministic, why):
     from sglang.srt.distributed.device_communicators.pcie_ipc_ar import off_reason
 
@@ -29,11 +32,15 @@ def test_server_info_says_why_the_tp_group_built_no_pcie_ipc(monkeypatch, settin
     assert server_info(monkeypatch, tp) == {"source": "off", "margin": 1.2, "why": why, "sizes": []}
 
 
-@pytest.mark.parametrize("case, why", [
-    ("world 3", "its kernels serve 2, 4 or 8 ranks, not 3"), ("cpu", "not a CUDA device"),
-    ("no pcie_ipc_comm", "this FlashInfer has no pcie_ipc_comm"),
-    ("short of memory", "its workspace could not be built or tuned on every rank"),
-])
+@pytest.mark.parametrize(
+    "case, why",
+    [
+        ("world 3", "its kernels serve 2, 4 or 8 ranks, not 3"),
+        ("cpu", "not a CUDA device"),
+        ("no pcie_ipc_comm", "this FlashInfer has no pcie_ipc_comm"),
+        ("short of memory", "its workspace could not be built or tuned on every rank"),
+    ],
+)
 def test_server_info_says_why_the_communicator_serves_nothing(monkeypatch, no_gpu, case, why):
     """The real PcieIpcCommunicator constructor on a world it cannot serve, a CPU device, a FlashInfer build without
     the kernels (its import failing); and a workspace that could not be allocated."""
@@ -58,5 +65,8 @@ def test_server_info_says_what_pcie_ipc_takes_when_it_is_on(monkeypatch, no_gpu)
     assert server_info(monkeypatch, SimpleNamespace(pcie_ipc_comm=comm))["why"] == "its workspace is built at warm-up"
     comm.prepare(hidden=HIDDEN, max_rows=64)
     assert server_info(monkeypatch, SimpleNamespace(pcie_ipc_comm=comm)) == {
-        "source": "on", "margin": 1.2, "sizes": [],
-        "why": f"it takes every bf16 all-reduce of up to {64 * HIDDEN} elements its kernels support"}
+        "source": "on",
+        "margin": 1.2,
+        "sizes": [],
+        "why": f"it takes every bf16 all-reduce of up to {64 * HIDDEN} elements its kernels support",
+    }

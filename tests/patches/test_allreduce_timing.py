@@ -52,16 +52,18 @@ def test_allreduce_timing_routes_each_size_to_its_fastest(profile, tp8, fusion_w
     assert timed == [(1, 2, 4, 8, 16, 32, 64)]
     mid = "flashinfer" if fusion_on else "nccl"
     assert [s["backend"] for s in comm.report()["sizes"]] == ["pcie_ipc"] * 5 + [mid, "nccl"]
-    for n, want in ((1, "pcie_ipc"), (3, "pcie_ipc"), (16, "pcie_ipc"), (17, mid), (32, mid), (64, "nccl"),
-                    (65, mid)):
+    for n, want in ((1, "pcie_ipc"), (3, "pcie_ipc"), (16, "pcie_ipc"), (17, mid), (32, mid), (64, "nccl"), (65, mid)):
         assert route(tp8, n) == want, n
         assert comm.should_pcie_ipc_ar(rows(n)) is (want == "pcie_ipc")
     (table,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("All-reduce backend per")]
     assert "timed at start in CUDA graphs" in table and "SGLANG_PCIE_IPC_MIN_SPEEDUP=1.2x" in table
     assert "pcie_ipc   PCIe IPC 5.5 us vs NCCL 20.1 us, wins 3.7x >= 1.2x" in table
     assert "nccl       NCCL faster: PCIe IPC 37.0 us vs NCCL 26.4 us" in table
-    assert ("flashinfer FlashInfer within 1.2x: PCIe IPC 21.0 us vs FlashInfer 22.0 us" if fusion_on else
-            "nccl       NCCL within 1.2x: PCIe IPC 21.0 us vs NCCL 23.2 us") in table
+    assert (
+        "flashinfer FlashInfer within 1.2x: PCIe IPC 21.0 us vs FlashInfer 22.0 us"
+        if fusion_on
+        else "nccl       NCCL within 1.2x: PCIe IPC 21.0 us vs NCCL 23.2 us"
+    ) in table
 
 
 def test_allreduce_timing_in_server_info(profile, tp8, timed, monkeypatch):
@@ -70,12 +72,24 @@ def test_allreduce_timing_in_server_info(profile, tp8, timed, monkeypatch):
     info = server_info(monkeypatch, tp8)
     assert info["source"] == "measured" and info["margin"] == 1.2 and info["why"].startswith("timed at start")
     assert [s["rows"] for s in info["sizes"]] == [1, 2, 4, 8, 16, 32, 64]
-    assert info["sizes"][0] == {"rows": 1, "bytes": 2 * HIDDEN, "us": {"pcie_ipc": 5.5, "nccl": 20.1},
-                                "backend": "pcie_ipc", "why": "PCIe IPC 5.5 us vs NCCL 20.1 us, wins 3.7x >= 1.2x"}
+    assert info["sizes"][0] == {
+        "rows": 1,
+        "bytes": 2 * HIDDEN,
+        "us": {"pcie_ipc": 5.5, "nccl": 20.1},
+        "backend": "pcie_ipc",
+        "why": "PCIe IPC 5.5 us vs NCCL 20.1 us, wins 3.7x >= 1.2x",
+    }
 
 
-@pytest.mark.parametrize("setting", ["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0",
-                                     "--disable-custom-all-reduce", "SGLANG_PCIE_IPC_MIN_SPEEDUP=4"])
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1",
+        "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0",
+        "--disable-custom-all-reduce",
+        "SGLANG_PCIE_IPC_MIN_SPEEDUP=4",
+    ],
+)
 def test_allreduce_timing_a_user_setting_wins(profile, tp8, monkeypatch, timed, caplog, setting):
     """=1 keeps every size on PCIe IPC untimed; =0 and --disable-custom-all-reduce keep it off, untimed, and say so
     in the log and /server_info; a margin the user set is the one applied (here no size wins by 4x)."""
@@ -85,8 +99,12 @@ def test_allreduce_timing_a_user_setting_wins(profile, tp8, monkeypatch, timed, 
     if setting.startswith("SGLANG_"):
         monkeypatch.setenv(*setting.split("="))
     with caplog.at_level(logging.INFO), platform(12):
-        tp8.pcie_ipc_off_reason = off_reason(group_name="tp", world_size=8, deterministic=False,
-                                             custom_allreduce=setting != "--disable-custom-all-reduce")
+        tp8.pcie_ipc_off_reason = off_reason(
+            group_name="tp",
+            world_size=8,
+            deterministic=False,
+            custom_allreduce=setting != "--disable-custom-all-reduce",
+        )
         if tp8.pcie_ipc_off_reason is None:
             tp8.pcie_ipc_comm = prepared(64, coordinator=tp8)
     info, log = server_info(monkeypatch, tp8), [r.getMessage() for r in caplog.records]
@@ -108,13 +126,16 @@ def test_allreduce_timing_is_one_group_decision(timing_starts):
     """Each rank's own times would route 1, 4 or 8 rows differently: the group reduces them with MAX on the host
     group and both ranks route by the same table. Before, the real GroupCoordinator of this 2-rank CPU group said
     why it built none (/server_info)."""
-    assert [r["differ"] for r in timing_starts] == [{"timed": 1, "disabled": False, "source": "measured",
-                                                     "table": TABLE}] * 2
-    assert [r["before"] for r in timing_starts] == [{"source": "off", "why": "not a TP group of >= 4 SM120 GPUs "
-                                                     "without NVLink"}] * 2
+    assert [r["differ"] for r in timing_starts] == [
+        {"timed": 1, "disabled": False, "source": "measured", "table": TABLE}
+    ] * 2
+    assert [r["before"] for r in timing_starts] == [
+        {"source": "off", "why": "not a TP group of >= 4 SM120 GPUs without NVLink"}
+    ] * 2
 
 
 def test_allreduce_timing_failing_on_one_rank_turns_it_off_everywhere(timing_starts):
     """Rank 1 cannot time: both ranks turn PCIe IPC off (reductions keep NCCL), and neither is left waiting."""
-    assert [r["fails"] for r in timing_starts] == [{"timed": 1, "disabled": True, "source": "off",
-                                                    "table": [None] * 4}] * 2
+    assert [r["fails"] for r in timing_starts] == [
+        {"timed": 1, "disabled": True, "source": "off", "table": [None] * 4}
+    ] * 2

@@ -62,8 +62,11 @@ def test_collectives_counted_by_op_and_backend(tp):
         tp.broadcast(torch.zeros(12, dtype=torch.int32))
 
     got = recorded("target_verify", forward)
-    assert got["calls"] == {"all_reduce": {"nccl": 1, "pcie_ipc": 1}, "all_gather": {"pcie_ipc": 1},
-                            "broadcast": {"pcie_ipc": 1}}
+    assert got["calls"] == {
+        "all_reduce": {"nccl": 1, "pcie_ipc": 1},
+        "all_gather": {"pcie_ipc": 1},
+        "broadcast": {"pcie_ipc": 1},
+    }
     assert got["graphs"] == 1 and got["bytes"]["all_gather"] == 64 * KIMI_VOCAB_SHARD * 2
     assert tp.pynccl_comm.calls == ["all_reduce"]
 
@@ -78,12 +81,15 @@ def test_collectives_recorded_only_when_asked(tp, monkeypatch):
         assert ("spec_collectives" in state) is listed and "spec_cuda_graph" in state
 
 
-@pytest.mark.parametrize("n, dtype, width, want", [
-    (64, torch.bfloat16, KIMI_VOCAB_SHARD, "pcie_ipc"),  # the widest verify's logits shard
-    (65, torch.bfloat16, KIMI_VOCAB_SHARD, "nccl"),  # wider: NCCL keeps it
-    (64, torch.float32, 4, "pcie_ipc"),  # the greedy verify's (max, index, 0, 0) rows
-    (1, torch.int32, 3, "nccl"),  # 12 bytes: not whole 16-byte packs
-])
+@pytest.mark.parametrize(
+    "n, dtype, width, want",
+    [
+        (64, torch.bfloat16, KIMI_VOCAB_SHARD, "pcie_ipc"),  # the widest verify's logits shard
+        (65, torch.bfloat16, KIMI_VOCAB_SHARD, "nccl"),  # wider: NCCL keeps it
+        (64, torch.float32, 4, "pcie_ipc"),  # the greedy verify's (max, index, 0, 0) rows
+        (1, torch.int32, 3, "nccl"),  # 12 bytes: not whole 16-byte packs
+    ],
+)
 def test_decode_sized_all_gathers_take_pcie_ipc(tp, n, dtype, width, want):
     assert recorded("draft_decode", lambda: gather(tp, n, width, dtype))["calls"] == {"all_gather": {want: 1}}
 
@@ -92,8 +98,10 @@ def test_an_in_place_all_gather_falls_back_to_nccl(tp):
     """FlashInfer refuses an output that overlaps the input; NCCL gathers in place. The same gather out of place
     takes PCIe IPC."""
     out = torch.empty((8 * 64, 4), dtype=torch.float32)
-    got = recorded("target_verify", lambda: (tp.all_gather_into_tensor(out, torch.zeros((64, 4))),
-                                             tp.all_gather_into_tensor(out, out[:64])))
+    got = recorded(
+        "target_verify",
+        lambda: (tp.all_gather_into_tensor(out, torch.zeros((64, 4))), tp.all_gather_into_tensor(out, out[:64])),
+    )
     assert got["calls"] == {"all_gather": {"pcie_ipc": 1, "nccl": 1}}
 
 
@@ -106,7 +114,8 @@ def test_the_all_gather_is_tuned_with_the_all_reduce_and_says_when_it_is_not_bui
         assert prepared(None, gather_width=KIMI_VOCAB_SHARD)._gather_workspace is None
     assert [r.getMessage() for r in caplog.records if "all-gather not built" in r.getMessage()] == [
         "FlashInfer PCIe-IPC all-gather not built: no captured decode graphs to size it (CUDA graphs off); "
-        "all-gathers and broadcasts stay on NCCL."]
+        "all-gathers and broadcasts stay on NCCL."
+    ]
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])
@@ -122,8 +131,9 @@ def test_the_all_gather_memory_vote_sizes_the_layouts_of_its_world(monkeypatch, 
             raise RuntimeError("CopyEngine storage requires world_size 8")
         return max_numel * elem * (2 if copy_engine else 1)
 
-    monkeypatch.setattr(_ag_rs_module, "get_pcie_ipc_ag_rs_module",
-                        lambda: SimpleNamespace(all_gather_workspace_size=size))
+    monkeypatch.setattr(
+        _ag_rs_module, "get_pcie_ipc_ag_rs_module", lambda: SimpleNamespace(all_gather_workspace_size=size)
+    )
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (0, 96 << 30))
     comm = communicator(world)
     ok, why = comm._can_allocate(64 * KIMI_VOCAB_SHARD, gather=True)
@@ -158,10 +168,19 @@ def test_the_greedy_verify_needs_only_the_argmax_when_nothing_reads_the_logits(m
 
     assert ewc._verify_needs_only_argmax(batch())
     assert ewc._verify_needs_only_argmax(batch(penalizer_orchestrator=SimpleNamespace(is_required=False)))
-    for kw in ({"is_all_greedy": False}, {"has_grammar": True}, {"return_logprob": True}, {"logit_bias": 1},
-               {"acc_additive_penalties": 1}, {"acc_scaling_penalties": 1}, {"has_watermark_candidates": True},
-               {"penalizer_orchestrator": SimpleNamespace(is_required=True)}, {"has_custom_logit_processor": True},
-               {"sampling_mask_batch_indices": torch.tensor([0])}, {"no_info": True}):
+    for kw in (
+        {"is_all_greedy": False},
+        {"has_grammar": True},
+        {"return_logprob": True},
+        {"logit_bias": 1},
+        {"acc_additive_penalties": 1},
+        {"acc_scaling_penalties": 1},
+        {"has_watermark_candidates": True},
+        {"penalizer_orchestrator": SimpleNamespace(is_required=True)},
+        {"has_custom_logit_processor": True},
+        {"sampling_mask_batch_indices": torch.tensor([0])},
+        {"no_info": True},
+    ):
         assert not ewc._verify_needs_only_argmax(batch(**kw)), kw
     monkeypatch.setattr(ewc, "SIMULATE_ACC_LEN", 2.5)
     assert not ewc._verify_needs_only_argmax(batch())
@@ -195,9 +214,13 @@ def test_a_target_that_post_processes_its_logits_keeps_the_full_gather(kimi):
         assert (dflash._defer_target_verify_gather() is not None) is defers, cls
 
 
-@pytest.mark.parametrize("module, worker, draft", [
-    ("standalone_worker_v2", "StandaloneWorkerV2", "StandaloneDraftWorker"),
-    ("frozen_kv_mtp_worker_v2", "FrozenKVMTPWorkerV2", "FrozenKVMTPDraftWorker")])
+@pytest.mark.parametrize(
+    "module, worker, draft",
+    [
+        ("standalone_worker_v2", "StandaloneWorkerV2", "StandaloneDraftWorker"),
+        ("frozen_kv_mtp_worker_v2", "FrozenKVMTPWorkerV2", "FrozenKVMTPDraftWorker"),
+    ],
+)
 def test_workers_without_the_deferral_verify(kimi, monkeypatch, module, worker, draft):
     """STANDALONE and Frozen-KV MTP build their own state instead of calling EAGLEWorkerV2.__init__ and inherit its
     verify(): their real __init__ (the draft worker and the GPU streams stood in), then verify() reaches
@@ -207,15 +230,20 @@ def test_workers_without_the_deferral_verify(kimi, monkeypatch, module, worker, 
     from sglang.srt.speculative import eagle_worker_v2
 
     mod = importlib.import_module(f"sglang.srt.speculative.{module}")
-    draft_worker = SimpleNamespace(draft_runner=SimpleNamespace(model_config=SimpleNamespace(vocab_size=163840)),
-                                   draft_worker=SimpleNamespace(tokenizer=None),
-                                   alloc_memory_pool=lambda **kw: None)
+    draft_worker = SimpleNamespace(
+        draft_runner=SimpleNamespace(model_config=SimpleNamespace(vocab_size=163840)),
+        draft_worker=SimpleNamespace(tokenizer=None),
+        alloc_memory_pool=lambda **kw: None,
+    )
     monkeypatch.setattr(mod, draft, lambda *a, **k: draft_worker)
     monkeypatch.setattr(mod, "get_device", lambda: SimpleNamespace(device="cpu"), raising=False)
     calls = []
     monkeypatch.setattr(eagle_worker_v2, "run_eagle_verify", lambda batch, **kw: calls.append(kw) or "verified")
-    target = SimpleNamespace(model_runner=SimpleNamespace(model_config=SimpleNamespace(vocab_size=163840)),
-                             tokenizer=None, get_memory_pool=lambda: ("req_to_token", "kv_allocator"))
+    target = SimpleNamespace(
+        model_runner=SimpleNamespace(model_config=SimpleNamespace(vocab_size=163840)),
+        tokenizer=None,
+        get_memory_pool=lambda: ("req_to_token", "kv_allocator"),
+    )
     w = getattr(mod, worker)(server_args=None, gpu_id=0, nccl_port=0, target_worker=target)
     if worker == "StandaloneWorkerV2":
         w.alloc_memory_pool(req_to_token_pool="req_to_token", token_to_kv_pool_allocator="kv_allocator")
@@ -251,8 +279,10 @@ def test_kimi_tp8_cycle_has_no_nccl_call(tp):
     assert tp.pynccl_comm.calls == []
     for mode in ("greedy", "sampling"):
         for stage, counts in table["per_forward"][mode].items():
-            got = {op: sum(v for (s, o, w), v in totals.items() if s == stage and o == op and w in ("always", mode))
-                   for op in counts}
+            got = {
+                op: sum(v for (s, o, w), v in totals.items() if s == stage and o == op and w in ("always", mode))
+                for op in counts
+            }
             assert got == counts, (mode, stage)
 
 
@@ -281,25 +311,46 @@ def test_the_dflash_cycle_has_no_nccl_call_at_any_captured_batch(kimi_dflash, tp
         pool = SimpleNamespace(req_to_token_pool=SimpleNamespace(size=48), server_args=kimi_dflash)
         capture_bs, _ = get_batch_sizes_to_capture(pool, BLOCK)
     assert max_rows == BLOCK * max(capture_bs) == BLOCK * 48
-    monkeypatch.setattr(PcieIpcCommunicator, "_time_backends", lambda self, tp, hidden, rows, backends: [
-        [1.0] + [10.0] * (len(backends) - 1) for _ in rows])
+    monkeypatch.setattr(
+        PcieIpcCommunicator,
+        "_time_backends",
+        lambda self, tp, hidden, rows, backends: [[1.0] + [10.0] * (len(backends) - 1) for _ in rows],
+    )
     comm = tp8.pcie_ipc_comm = prepared(max_rows, gather_width=KIMI_VOCAB_SHARD, coordinator=tp8)
     for module in (dw, lp):
         monkeypatch.setattr(module, "get_parallel", lambda: SimpleNamespace(tp_group=tp8))
     processor = lp.LogitsProcessor.__new__(lp.LogitsProcessor)
     vars(processor).update(vocab_size=163840, final_logit_softcapping=None)
-    shard = SimpleNamespace(org_vocab_start_index=0, num_org_elements=256, num_org_elements_padded=256,
-                            num_added_elements=0, added_vocab_start_index=0)
+    shard = SimpleNamespace(
+        org_vocab_start_index=0,
+        num_org_elements=256,
+        num_org_elements_padded=256,
+        num_added_elements=0,
+        added_vocab_start_index=0,
+    )
     head = SimpleNamespace(weight=torch.zeros(256, 64, dtype=torch.bfloat16), shard_indices=shard)
-    sampler = dw._DflashDraftSampler(weight=head.weight, block_size=BLOCK, num_org=256, org_vocab_start=0,
-                                     max_bs=max(capture_bs), tp_group=tp8)
+    sampler = dw._DflashDraftSampler(
+        weight=head.weight, block_size=BLOCK, num_org=256, org_vocab_start=0, max_bs=max(capture_bs), tp_group=tp8
+    )
     monkeypatch.setattr(dw, "is_dflash_sampling_verify_available", lambda: True)
-    monkeypatch.setattr(dw, "compute_dflash_sampling_correct_drafts_and_bonus", lambda candidates, **kw: (
-        torch.zeros(len(candidates), dtype=torch.int32), torch.zeros(len(candidates), dtype=torch.int64)))
+    monkeypatch.setattr(
+        dw,
+        "compute_dflash_sampling_correct_drafts_and_bonus",
+        lambda candidates, **kw: (
+            torch.zeros(len(candidates), dtype=torch.int32),
+            torch.zeros(len(candidates), dtype=torch.int64),
+        ),
+    )
     worker = dw.DFlashWorkerV2.__new__(dw.DFlashWorkerV2)
-    vars(worker).update(_draft_greedy_local_max_buf=None, _draft_greedy_local_arg_buf=None, _draft_greedy_local_cap=0,
-                        _selector_sample=None, _tp_sync=SpecTpSync(tp8), block_size=BLOCK,
-                        _use_triton_accept_bonus=False)
+    vars(worker).update(
+        _draft_greedy_local_max_buf=None,
+        _draft_greedy_local_arg_buf=None,
+        _draft_greedy_local_cap=0,
+        _selector_sample=None,
+        _tp_sync=SpecTpSync(tp8),
+        block_size=BLOCK,
+        _use_triton_accept_bonus=False,
+    )
     sampled = SimpleNamespace(is_all_greedy=False), SimpleNamespace(max_top_k=None, uniform_top_k_value=None)
     for bs in capture_bs:
         n = BLOCK * bs
@@ -312,8 +363,13 @@ def test_the_dflash_cycle_has_no_nccl_call_at_any_captured_batch(kimi_dflash, tp
             processor.deferred_argmax(torch.zeros(n, KIMI_VOCAB_SHARD, dtype=torch.bfloat16))
             gather(tp8, n, KIMI_VOCAB_SHARD)  # finish_deferred_gather's, as all_gather issues it on a GPU
             block = dict(candidates=torch.zeros(bs, BLOCK, dtype=torch.int64), prefix_lens=torch.zeros(bs), bs=bs)
-            worker._accept_block(**block, next_token_logits=None, sampling_info=None, draft_input=None,
-                                 target_predict=torch.zeros(n, dtype=torch.int64))  # greedy
+            worker._accept_block(
+                **block,
+                next_token_logits=None,
+                sampling_info=None,
+                draft_input=None,
+                target_predict=torch.zeros(n, dtype=torch.int64),
+            )  # greedy
             worker._accept_block(**block, next_token_logits=None, sampling_info=sampled[0], draft_input=sampled[1])
 
         calls = recorded("draft_block", step)["calls"]  # the eager head gathers per 256 rows

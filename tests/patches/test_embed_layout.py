@@ -20,8 +20,7 @@ from _harness import run_ranks  # noqa: E402
 
 @pytest.mark.parametrize("replicate", [True, pytest.param(False, marks=pytest.mark.unchanged)])
 def test_eagle3_draft_embeds_the_targets_rows_at_tp2(replicate):
-    outcome = run_ranks("eagle3_draft_embedding", world=2, device="cpu", timeout=240,
-                        params={"replicate": replicate})
+    outcome = run_ranks("eagle3_draft_embedding", world=2, device="cpu", timeout=240, params={"replicate": replicate})
     assert outcome.ok, outcome.explain()
     tables = [x["table"] for x in outcome.results]
     assert tables == [[512, 64]] * 2 if replicate else tables == [[256, 64]] * 2

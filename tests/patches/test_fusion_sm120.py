@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import socket
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 import _gloo
+from _fake_cuda import FakeCudaDriver
 from _sgl import platform, published, resolved, server_args
+from scripts.box.ranks import free_port
 
 unchanged = pytest.mark.unchanged
 
@@ -46,19 +47,28 @@ def test_fusion_sm120_rejects_multi_node(fcf, backend):
 
 
 @unchanged
-@pytest.mark.parametrize("major,backend,multi,want", [
-    (10, "auto", False, "mnnvl"), (10, "auto", True, "mnnvl"), (10, "trtllm", False, "trtllm"),
-    (10, "mnnvl", True, "mnnvl"), (10, "cutedsl", False, "cutedsl"),
-    (9, "auto", False, "trtllm"), (9, "trtllm", False, "trtllm"), (9, "mnnvl", False, "mnnvl"),
-])
+@pytest.mark.parametrize(
+    "major,backend,multi,want",
+    [
+        (10, "auto", False, "mnnvl"),
+        (10, "auto", True, "mnnvl"),
+        (10, "trtllm", False, "trtllm"),
+        (10, "mnnvl", True, "mnnvl"),
+        (10, "cutedsl", False, "cutedsl"),
+        (9, "auto", False, "trtllm"),
+        (9, "trtllm", False, "trtllm"),
+        (9, "mnnvl", False, "mnnvl"),
+    ],
+)
 def test_fusion_resolver_sm90_sm100_unchanged(fcf, major, backend, multi, want):
     with platform(major):
         assert fcf._resolve_backend(backend, is_multi_node=multi) == want
 
 
 @unchanged
-@pytest.mark.parametrize("major,backend,multi", [(9, "auto", True), (9, "cutedsl", False), (10, "trtllm", True),
-                                                 (8, "auto", False)])
+@pytest.mark.parametrize(
+    "major,backend,multi", [(9, "auto", True), (9, "cutedsl", False), (10, "trtllm", True), (8, "auto", False)]
+)
 def test_fusion_resolver_rejections_unchanged(fcf, major, backend, multi):
     with platform(major), pytest.raises(ValueError):
         fcf._resolve_backend(backend, is_multi_node=multi)
@@ -72,8 +82,9 @@ def test_fusion_sm120_auto_enable_gate_kimi_k25(monkeypatch):
     """Evidence gate: auto-enable on SM12X at TP2 on one node only (TP4 regressed upstream, TP8 one-shot lost
     to NCCL across NUMA). Real resolution of a Kimi-K2.5 config at TP 2/4/8 x nnodes 1/2 (EAGLE-3 on at TP8)."""
     monkeypatch.delenv("SGLANG_SM120_ALLREDUCE_FUSION", raising=False)
-    got = {(tp, n): resolved(server_args(12, tp=tp, nnodes=n, spec=(tp == 8)), FUSION)
-           for tp in (2, 4, 8) for n in (1, 2)}
+    got = {
+        (tp, n): resolved(server_args(12, tp=tp, nnodes=n, spec=(tp == 8)), FUSION) for tp in (2, 4, 8) for n in (1, 2)
+    }
     assert got == {(2, 1): "auto", (4, 1): None, (8, 1): None, (2, 2): None, (4, 2): None, (8, 2): None}
 
 
@@ -162,8 +173,11 @@ def test_fusion_sm120_token_cap_sizes_the_workspaces(reload_add_norm, monkeypatc
 
     seen = {}
     monkeypatch.setattr(fcf, "pre_initialize_workspaces", lambda **kw: seen.update(kw))
-    runner = SimpleNamespace(model_runner=SimpleNamespace(model_config=SimpleNamespace(hidden_size=7168),
-                                                          dtype=torch.bfloat16, is_draft_worker=False))
+    runner = SimpleNamespace(
+        model_runner=SimpleNamespace(
+            model_config=SimpleNamespace(hidden_size=7168), dtype=torch.bfloat16, is_draft_worker=False
+        )
+    )
     from sglang.srt.runtime_context import get_context
 
     with get_context().override_server_args(flashinfer_allreduce_fusion_backend="trtllm"):
@@ -178,8 +192,15 @@ def test_fusion_sm120_per_batch_predicate(reload_add_norm, monkeypatch, fusion_o
     monkeypatch.setattr(mod, "_is_flashinfer_available", True)
     assert (mod._is_sm90_supported, mod._is_sm100_supported, mod._is_sm120_supported) == (False, False, True)
     assert mod.FUSE_ALLREDUCE_MAX_BATCH_SIZE == 256
-    assert [mod.flashinfer_ar_fusion_applies(n) for n in (0, 1, 8, 64, 256, 257, 2048)] == \
-        [False, True, True, True, True, False, False]
+    assert [mod.flashinfer_ar_fusion_applies(n) for n in (0, 1, 8, 64, 256, 257, 2048)] == [
+        False,
+        True,
+        True,
+        True,
+        True,
+        False,
+        False,
+    ]
     monkeypatch.setattr(mod, "_is_sm120_supported", False)
     assert not mod.flashinfer_ar_fusion_applies(8)
 
@@ -192,8 +213,9 @@ def kimi_tp8_context():
 
 
 @pytest.mark.parametrize("rows", [1, 8, 64, 256])
-def test_fusion_sm120_layernorm_asks_for_the_capped_workspace(reload_add_norm, monkeypatch, fake_flashinfer,
-                                                              kimi_tp8_context, rows):
+def test_fusion_sm120_layernorm_asks_for_the_capped_workspace(
+    reload_add_norm, monkeypatch, fake_flashinfer, kimi_tp8_context, rows
+):
     """The fused RMSNorm path (layernorm._forward_with_allreduce_fusion) asks ensure_workspace_initialized for the
     workspace BaseRunner pre-initialized (256 tokens on SM12X), so a re-init cannot build a 2048-token one (~0.9 GiB
     per GPU at TP8), possibly inside graph capture."""
@@ -219,55 +241,11 @@ def test_fusion_token_cap_sm90_unchanged(reload_add_norm):
 
 
 # --------------------------------------------------------------------------------- workspace preflight
-class FakeDriver:
-    """The cuda-python driver calls the preflight makes, with a switchable multicast capability."""
-
-    class CUresult:
-        CUDA_SUCCESS = 0
-        CUDA_ERROR_NOT_SUPPORTED = 801
-
-    class CUdevice_attribute:
-        CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 132
-
-    class CUmemAllocationGranularity_flags:
-        CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1
-
-    class CUmulticastGranularity_flags:
-        CU_MULTICAST_GRANULARITY_RECOMMENDED = 1
-
-    CUmulticastObjectProp = SimpleNamespace
-
-    def __init__(self, multicast: bool, granularity: int = 2 << 20, mc_granularity: int = 512 << 20):
-        self.multicast, self.granularity, self.mc_granularity = multicast, granularity, mc_granularity
-        self.calls: list[str] = []
-        self.created: list[int] = []
-
-    def cuDeviceGetAttribute(self, attr, device):
-        self.calls.append("cuDeviceGetAttribute")
-        return self.CUresult.CUDA_SUCCESS, int(self.multicast)
-
-    def cuMemGetAllocationGranularity(self, prop, flags):
-        return self.CUresult.CUDA_SUCCESS, self.granularity
-
-    def cuMulticastGetGranularity(self, prop, flags):
-        self.calls.append("cuMulticastGetGranularity")
-        if not self.multicast:  # what a PCIe-only GPU answers
-            return self.CUresult.CUDA_ERROR_NOT_SUPPORTED, 0
-        return self.CUresult.CUDA_SUCCESS, self.mc_granularity
-
-    def cuMemCreate(self, size, prop, flags):
-        self.created.append(size)
-        return self.CUresult.CUDA_SUCCESS, len(self.created)
-
-    def cuMemRelease(self, handle):
-        return (self.CUresult.CUDA_SUCCESS,)
-
-
 class _FlashInferStop(Exception):
     pass
 
 
-def flashinfer_allocation_sizes(monkeypatch, world, tokens, hidden, drv: FakeDriver, multicast: bool) -> list[int]:
+def flashinfer_allocation_sizes(monkeypatch, world, tokens, hidden, drv: FakeCudaDriver, multicast: bool) -> list[int]:
     """What FlashInfer 0.7.2 itself allocates per rank for the trtllm fusion workspace, from its own code: the
     three buffer sizes trtllm_create_ipc_workspace_for_all_reduce_fusion asks SymmDeviceMemory for, each turned
     into an allocation size by SymmDeviceMemory._get_allocation_prop with this driver's granularities (multicast
@@ -291,8 +269,14 @@ def flashinfer_allocation_sizes(monkeypatch, world, tokens, hidden, drv: FakeDri
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     with pytest.raises(_FlashInferStop):
         trtllm_ar.trtllm_create_ipc_workspace_for_all_reduce_fusion(
-            tp_rank=0, tp_size=world, max_token_num=tokens, hidden_dim=hidden, create_metadata=True,
-            comm_backend=object(), use_symm_dev_mem=True)
+            tp_rank=0,
+            tp_size=world,
+            max_token_num=tokens,
+            hidden_dim=hidden,
+            create_metadata=True,
+            comm_backend=object(),
+            use_symm_dev_mem=True,
+        )
 
     ok = SimpleNamespace(value=0)
     fake_cuda = types.SimpleNamespace(**{k: getattr(mnnvl.cuda, k) for k in dir(mnnvl.cuda) if not k.startswith("_")})
@@ -304,7 +288,9 @@ def flashinfer_allocation_sizes(monkeypatch, world, tokens, hidden, drv: FakeDri
         mem = mnnvl.SymmDeviceMemory.__new__(mnnvl.SymmDeviceMemory)
         mem.device_idx, mem.group_size, mem.SIGNAL_PAD_SIZE = 0, world, mnnvl.SIGNAL_PAD_SIZE
         mem._enable_multicast = multicast
-        mem._exchanger = SimpleNamespace(handle_type=mnnvl.cuda.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        mem._exchanger = SimpleNamespace(
+            handle_type=mnnvl.cuda.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        )
         mem._get_allocation_prop(buf_size)
         sizes.append(mem.allocation_size)
     return sizes
@@ -322,30 +308,29 @@ PROP = SimpleNamespace(location=SimpleNamespace(id=0), requestedHandleTypes=1)
 
 
 def test_fusion_preflight_sizes_without_multicast(fcf, monkeypatch):
-    drv = FakeDriver(multicast=False)
+    drv = FakeCudaDriver(multicast=False)
     sizes = fcf._flashinfer_trtllm_workspace_allocation_sizes(drv, PROP, 8, 256, 7168, torch.bfloat16)
     assert "cuMulticastGetGranularity" not in drv.calls
-    assert_probes_cover(sizes, flashinfer_allocation_sizes(monkeypatch, 8, 256, 7168, drv, multicast=False),
-                        drv.granularity)
+    assert_probes_cover(
+        sizes, flashinfer_allocation_sizes(monkeypatch, 8, 256, 7168, drv, multicast=False), drv.granularity
+    )
 
 
 @unchanged
 def test_fusion_preflight_sizes_with_multicast_unchanged(fcf, monkeypatch):
-    drv = FakeDriver(multicast=True)
+    drv = FakeCudaDriver(multicast=True)
     sizes = fcf._flashinfer_trtllm_workspace_allocation_sizes(drv, PROP, 8, 2048, 7168, torch.bfloat16)
     assert drv.calls.count("cuMulticastGetGranularity") == 3
-    assert_probes_cover(sizes, flashinfer_allocation_sizes(monkeypatch, 8, 2048, 7168, drv, multicast=True),
-                        drv.mc_granularity)
+    assert_probes_cover(
+        sizes, flashinfer_allocation_sizes(monkeypatch, 8, 2048, 7168, drv, multicast=True), drv.mc_granularity
+    )
 
 
 @pytest.fixture
 def gloo_group():
     import torch.distributed as dist
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     yield dist.group.WORLD
     dist.destroy_process_group()
 
@@ -353,13 +338,14 @@ def gloo_group():
 def test_fusion_preflight_votes_proceed_without_multicast(fcf, monkeypatch, gloo_group):
     """The collective preflight on a multicast-less GPU: unpatched it raises inside, votes SKIP and turns the
     fusion off for the whole group; patched it probes FlashInfer's real allocation sizes and proceeds."""
-    drv = FakeDriver(multicast=False)
+    drv = FakeCudaDriver(multicast=False)
     monkeypatch.setattr(fcf, "get_cuda_driver_bindings", lambda: drv)
     monkeypatch.setattr(fcf, "_make_flashinfer_workspace_allocation_prop", lambda d: PROP)
     assert fcf._preflight_check_workspace_memory(8, 256, 7168, torch.bfloat16, cpu_group=gloo_group) is True
     assert drv.created == fcf._flashinfer_trtllm_workspace_allocation_sizes(drv, PROP, 8, 256, 7168, torch.bfloat16)
-    assert_probes_cover(drv.created, flashinfer_allocation_sizes(monkeypatch, 8, 256, 7168, drv, multicast=False),
-                        drv.granularity)
+    assert_probes_cover(
+        drv.created, flashinfer_allocation_sizes(monkeypatch, 8, 256, 7168, drv, multicast=False), drv.granularity
+    )
 
 
 # ------------------------------------------------------------------------ PDL completion at kernel end
@@ -414,8 +400,9 @@ def test_fusion_oneshot_range_reaches_past_16_tokens():
 
 
 @pytest.mark.parametrize("rows", [r for r in PDL_ROWS if r <= 256])
-def test_fusion_pdl_completion_at_end_through_the_layernorm_caller(reload_add_norm, monkeypatch, fcf,
-                                                                   fake_flashinfer, kimi_tp8_context, rows):
+def test_fusion_pdl_completion_at_end_through_the_layernorm_caller(
+    reload_add_norm, monkeypatch, fcf, fake_flashinfer, kimi_tp8_context, rows
+):
     """The production caller (layernorm._forward_with_allreduce_fusion, every row count the SM12X cap admits, which
     FlashInfer may run one-shot) reaches FlashInfer's fused call with PDL on and the completion trigger at kernel
     end, on the workspace BaseRunner pre-initialized (256 tokens)."""
@@ -468,8 +455,16 @@ def test_fusion_workspace_preflight_gets_the_workspace_comm_backend(fcf, monkeyp
     monkeypatch.setattr(fcf, "in_the_same_node_as", lambda group, source_rank: [True])
     monkeypatch.setattr(fcf, "_flashinfer_allreduce_unavailable", False)
     manager = fcf.FlashInferWorkspaceManager()
-    manager.initialize(world_size=8, rank=0, max_token_num=256, hidden_dim=7168, backend="trtllm",
-                       dtype=torch.bfloat16, device_group=gloo_group, cpu_group=gloo_group)
+    manager.initialize(
+        world_size=8,
+        rank=0,
+        max_token_num=256,
+        hidden_dim=7168,
+        backend="trtllm",
+        dtype=torch.bfloat16,
+        device_group=gloo_group,
+        cpu_group=gloo_group,
+    )
     assert seen["comm_backend"] is seen["backend"] and not manager.initialized
 
 

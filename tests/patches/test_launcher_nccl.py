@@ -21,9 +21,20 @@ from _pcie import nvml
 from _sgl import platform, server_args
 
 # Variables the launcher may touch; cleared before each test so the host's environment cannot leak in.
-WATCHED = ("CUDA_VISIBLE_DEVICES", "SGLANG_PCIE_NCCL_DEFAULTS", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE",
-           "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS", "NCCL_MIN_NRINGS", "NCCL_MAX_NRINGS", "NCCL_MIN_CTAS",
-           "NCCL_MAX_CTAS", "NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE", "NCCL_GRAPH_MIXING_SUPPORT")
+WATCHED = (
+    "CUDA_VISIBLE_DEVICES",
+    "SGLANG_PCIE_NCCL_DEFAULTS",
+    "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE",
+    "NCCL_MIN_NCHANNELS",
+    "NCCL_MAX_NCHANNELS",
+    "NCCL_MIN_NRINGS",
+    "NCCL_MAX_NRINGS",
+    "NCCL_MIN_CTAS",
+    "NCCL_MAX_CTAS",
+    "NCCL_CUMEM_ENABLE",
+    "NCCL_NVLS_ENABLE",
+    "NCCL_GRAPH_MIXING_SUPPORT",
+)
 # What upstream's launcher itself sets among NCCL_* on one node (engine.py _set_envs_and_config).
 UPSTREAM_NCCL = {"NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE", "NCCL_MNNVL_ENABLE"}
 SET_LINE = "No NVLink between the visible GPUs: set NCCL_MIN_NCHANNELS=8 (SGLANG_PCIE_NCCL_DEFAULTS=0 skips this)."
@@ -71,15 +82,20 @@ def launch(monkeypatch, caplog):
 
 
 def launcher_log(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "sglang.srt.entrypoints.engine"
-            and ("NVLink" in r.getMessage() or "NCCL defaults" in r.getMessage())]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "sglang.srt.entrypoints.engine"
+        and ("NVLink" in r.getMessage() or "NCCL defaults" in r.getMessage())
+    ]
 
 
 def test_pcie_nccl_default_applied_without_nvlink(launch, kimi_tp8, monkeypatch, caplog):
     nvml(monkeypatch)
     changed = launch(kimi_tp8)
-    assert changed["NCCL_MIN_NCHANNELS"] == "8" and {k for k in changed if k.startswith("NCCL_")} <= \
-        UPSTREAM_NCCL | {"NCCL_MIN_NCHANNELS"}
+    assert changed["NCCL_MIN_NCHANNELS"] == "8" and {k for k in changed if k.startswith("NCCL_")} <= UPSTREAM_NCCL | {
+        "NCCL_MIN_NCHANNELS"
+    }
     assert launcher_log(caplog) == [SET_LINE]
 
 
@@ -97,8 +113,16 @@ def test_pcie_nccl_probes_the_visible_gpus(launch, monkeypatch):
     assert fake.pairs == all_pairs([4, 5, 6, 7]) and changed["NCCL_MIN_NCHANNELS"] == "8"
 
 
-@pytest.mark.parametrize("user", [{"NCCL_MIN_NCHANNELS": "4"}, {"NCCL_MAX_NCHANNELS": "16"},
-                                  {"NCCL_MIN_NRINGS": "2"}, {"NCCL_MAX_CTAS": "8"}, {"NCCL_MIN_CTAS": "1"}])
+@pytest.mark.parametrize(
+    "user",
+    [
+        {"NCCL_MIN_NCHANNELS": "4"},
+        {"NCCL_MAX_NCHANNELS": "16"},
+        {"NCCL_MIN_NRINGS": "2"},
+        {"NCCL_MAX_CTAS": "8"},
+        {"NCCL_MIN_CTAS": "1"},
+    ],
+)
 def test_pcie_nccl_default_never_overrides_a_channel_setting(launch, kimi_tp8, monkeypatch, caplog, user):
     """NCCL runs max(floor, min(found, ceiling)) channels: a floor would override any channel setting of the
     user's, so none is set then, and the log says which setting kept it off."""

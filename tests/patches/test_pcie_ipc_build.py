@@ -21,8 +21,10 @@ def test_pcie_ipc_short_of_memory_stays_off_with_a_reason(profile, tp8, fusion_w
     with caplog.at_level(logging.WARNING):
         tp8.pcie_ipc_comm = prepared(widest_decode_rows(profile.args))
     assert tp8.pcie_ipc_comm.disabled and Workspace.built == []
-    assert any("this rank (it has 1048576 bytes free" in r.getMessage() and "could not allocate it" in r.getMessage()
-               for r in caplog.records)
+    assert any(
+        "this rank (it has 1048576 bytes free" in r.getMessage() and "could not allocate it" in r.getMessage()
+        for r in caplog.records
+    )
     assert route(tp8, 8) == "flashinfer"
 
 

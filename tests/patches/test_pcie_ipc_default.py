@@ -37,10 +37,17 @@ def test_pcie_ipc_allreduce_default_stays_off(monkeypatch, case):
     turns it on."""
     import pynvml
 
-    nvml(monkeypatch, nvlink=[(2, 5)] if case == "nvlink" else (),
-         init_error=pynvml.NVML_ERROR_UNKNOWN if case == "nvml_error" else None)
-    kw = {"sm90": dict(major=9), "tp2": dict(world=2), "no_custom_all_reduce": dict(custom_allreduce=False),
-          "deterministic": dict(deterministic=True)}.get(case, {})
+    nvml(
+        monkeypatch,
+        nvlink=[(2, 5)] if case == "nvlink" else (),
+        init_error=pynvml.NVML_ERROR_UNKNOWN if case == "nvml_error" else None,
+    )
+    kw = {
+        "sm90": dict(major=9),
+        "tp2": dict(world=2),
+        "no_custom_all_reduce": dict(custom_allreduce=False),
+        "deterministic": dict(deterministic=True),
+    }.get(case, {})
     assert off(**kw) is not None
     nvml(monkeypatch)
     assert off() is None

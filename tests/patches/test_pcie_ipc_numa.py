@@ -24,12 +24,22 @@ def test_pcie_ipc_logs_each_ranks_numa_node_and_warns_on_a_split_island(profile,
         (tmp_path / bus).mkdir()
         (tmp_path / bus / "numa_node").write_text(f"{node}\n")
     monkeypatch.setattr(pcie_ipc_ar, "_SYSFS_PCI_DEVICES", str(tmp_path))
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(
-        pci_domain_id=0, pci_bus_id=int(BUS[d.index or 0].split(":")[1], 16), pci_device_id=0))
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda d: SimpleNamespace(
+            pci_domain_id=0, pci_bus_id=int(BUS[d.index or 0].split(":")[1], 16), pci_device_id=0
+        ),
+    )
     monkeypatch.setattr(dist, "all_reduce", lambda flag, op, group: None)  # every rank agrees
     monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
-    monkeypatch.setattr(dist, "all_gather_object", lambda out, obj, group: out.__setitem__(
-        slice(None), [pcie_ipc_ar._gpu_placement(torch.device("cuda", r)) for r in range(8)]))
+    monkeypatch.setattr(
+        dist,
+        "all_gather_object",
+        lambda out, obj, group: out.__setitem__(
+            slice(None), [pcie_ipc_ar._gpu_placement(torch.device("cuda", r)) for r in range(8)]
+        ),
+    )
     monkeypatch.setenv("FLASHINFER_AUTOTUNE_DIR", str(tmp_path / "tune"))
     with caplog.at_level(logging.INFO):
         communicator(_cpu_group="host-group", _tune=lambda hidden: None).prepare(hidden=HIDDEN, max_rows=64)

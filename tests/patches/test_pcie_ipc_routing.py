@@ -24,17 +24,26 @@ def test_pcie_ipc_workspace_is_sized_from_the_profile(profile):
     assert max_rows == 64 and ws.max_numel == 64 * HIDDEN and max(ws.kw["tune_batches"]) == 64
 
 
-@pytest.mark.parametrize("n, fusion_on, want", [
-    # decode and chain verify (bs x 4 draft tokens up to bs 16): PCIe-IPC ahead of FlashInfer's one-shot kernel
-    (1, True, "pcie_ipc"), (4, True, "pcie_ipc"), (16, True, "pcie_ipc"), (64, True, "pcie_ipc"),
-    # wider than the PCIe-IPC workspace: a short prefill or a draft-extend chunk keeps FlashInfer up to its cap...
-    pytest.param(65, True, "flashinfer", marks=U), pytest.param(256, True, "flashinfer", marks=U),
-    # ... and NCCL above it
-    pytest.param(257, True, "nccl", marks=U), pytest.param(8192, True, "nccl", marks=U),
-    # fusion off (the TP8 default): no FlashInfer workspace, PCIe-IPC up to 64 rows, NCCL above
-    pytest.param(64, False, "pcie_ipc", marks=U), pytest.param(65, False, "nccl", marks=U),
-    pytest.param(8192, False, "nccl", marks=U),
-])
+@pytest.mark.parametrize(
+    "n, fusion_on, want",
+    [
+        # decode and chain verify (bs x 4 draft tokens up to bs 16): PCIe-IPC ahead of FlashInfer's one-shot kernel
+        (1, True, "pcie_ipc"),
+        (4, True, "pcie_ipc"),
+        (16, True, "pcie_ipc"),
+        (64, True, "pcie_ipc"),
+        # wider than the PCIe-IPC workspace: a short prefill or a draft-extend chunk keeps FlashInfer up to its cap...
+        pytest.param(65, True, "flashinfer", marks=U),
+        pytest.param(256, True, "flashinfer", marks=U),
+        # ... and NCCL above it
+        pytest.param(257, True, "nccl", marks=U),
+        pytest.param(8192, True, "nccl", marks=U),
+        # fusion off (the TP8 default): no FlashInfer workspace, PCIe-IPC up to 64 rows, NCCL above
+        pytest.param(64, False, "pcie_ipc", marks=U),
+        pytest.param(65, False, "nccl", marks=U),
+        pytest.param(8192, False, "nccl", marks=U),
+    ],
+)
 def test_pcie_ipc_routing_from_the_profile_sizes(profile, tp8, fusion_workspace, n, fusion_on, want):
     """Which collective takes a plain TP all-reduce of n rows x 7168 bf16."""
     if fusion_on:

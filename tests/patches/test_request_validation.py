@@ -35,24 +35,52 @@ BAD = {  # name: (path, JSON body, what the 400 must say)
     "completions-batch-oov": (CMPL, {"model": "m", "prompt": [[5], [OOV]], "max_tokens": 1}, OOV_MSG),
     "completions-stream-oov": (CMPL, {"model": "m", "prompt": [5, OOV], "max_tokens": 1, "stream": True}, OOV_MSG),
     "chat-input-ids-oov": (CHAT, {"model": "m", "messages": MSG, "input_ids": [5, OOV], "max_tokens": 1}, OOV_MSG),
-    "stop-token-ids": (GEN, {"input_ids": [5], "sampling_params": {"stop_token_ids": [OOV], "min_new_tokens": 1}},
-                       f"stop_token_ids contains {OOV_MSG}"),
-    "completions-stop-token-ids": (CMPL, {"model": "m", "prompt": [5], "stop_token_ids": [-2]},
-                                   "stop_token_ids contains out-of-vocabulary token id -2"),
-    "top-logprobs-num": (GEN, {"input_ids": [5], "return_logprob": True, "top_logprobs_num": 10**9},
-                         f"top_logprobs_num must be an integer in [0, {VOCAB}]"),
-    "completions-logprobs": (CMPL, {"model": "m", "prompt": [5], "logprobs": VOCAB + 1},
-                             f"top_logprobs_num must be an integer in [0, {VOCAB}]"),
-    "chat-top-logprobs": (CHAT, {"model": "m", "messages": MSG, "input_ids": [5], "logprobs": True,
-                                 "top_logprobs": 10**6}, "top_logprobs_num must be an integer"),
+    "stop-token-ids": (
+        GEN,
+        {"input_ids": [5], "sampling_params": {"stop_token_ids": [OOV], "min_new_tokens": 1}},
+        f"stop_token_ids contains {OOV_MSG}",
+    ),
+    "completions-stop-token-ids": (
+        CMPL,
+        {"model": "m", "prompt": [5], "stop_token_ids": [-2]},
+        "stop_token_ids contains out-of-vocabulary token id -2",
+    ),
+    "top-logprobs-num": (
+        GEN,
+        {"input_ids": [5], "return_logprob": True, "top_logprobs_num": 10**9},
+        f"top_logprobs_num must be an integer in [0, {VOCAB}]",
+    ),
+    "completions-logprobs": (
+        CMPL,
+        {"model": "m", "prompt": [5], "logprobs": VOCAB + 1},
+        f"top_logprobs_num must be an integer in [0, {VOCAB}]",
+    ),
+    "chat-top-logprobs": (
+        CHAT,
+        {"model": "m", "messages": MSG, "input_ids": [5], "logprobs": True, "top_logprobs": 10**6},
+        "top_logprobs_num must be an integer",
+    ),
     "top-k-int32": (GEN, {"input_ids": [5], "sampling_params": {"top_k": 2**31}}, "top_k must be -1 (disable) or at"),
-    "logit-bias-key": (CMPL, {"model": "m", "prompt": [5], "logit_bias": {"w5": 1.0}},
-                       "logit_bias keys must be token ids, got 'w5'"),
-    "pool-positions": (GEN, {"input_ids": [5, 6], "token_indices_to_pool": [9], "sampling_params":
-                             {"max_new_tokens": 0}}, "token_indices_to_pool contains position 9; valid range is [0, 2)"),
-    "delimiter-positions": (GEN, {"input_ids": [5, 6], "multi_item_delimiter_indices": [-1]},
-                            "multi_item_delimiter_indices contains position -1"),
-    "n-zero": (CHAT, {"model": "m", "messages": MSG, "input_ids": [5], "n": 0}, "n must be an integer in [1, 16384], got 0"),
+    "logit-bias-key": (
+        CMPL,
+        {"model": "m", "prompt": [5], "logit_bias": {"w5": 1.0}},
+        "logit_bias keys must be token ids, got 'w5'",
+    ),
+    "pool-positions": (
+        GEN,
+        {"input_ids": [5, 6], "token_indices_to_pool": [9], "sampling_params": {"max_new_tokens": 0}},
+        "token_indices_to_pool contains position 9; valid range is [0, 2)",
+    ),
+    "delimiter-positions": (
+        GEN,
+        {"input_ids": [5, 6], "multi_item_delimiter_indices": [-1]},
+        "multi_item_delimiter_indices contains position -1",
+    ),
+    "n-zero": (
+        CHAT,
+        {"model": "m", "messages": MSG, "input_ids": [5], "n": 0},
+        "n must be an integer in [1, 16384], got 0",
+    ),
     "client-lora-id": (GEN, {"input_ids": [5], "lora_id": "0"}, "lora_id is assigned by the server"),
     # a model without a multimodal processor drops such data and passes the ids on unchecked: refused instead
     "generate-oov-empty-image": (GEN, {"input_ids": [5, OOV], "image_data": ""}, NO_MM),
@@ -60,27 +88,50 @@ BAD = {  # name: (path, JSON body, what the 400 must say)
     "generate-video": (GEN, {"input_ids": [5], "video_data": "v"}, NO_MM),
     "generate-audio-list": (GEN, {"input_ids": [5, OOV], "audio_data": ["a"]}, NO_MM),
     # a negative start slices the prompt from its end while the scheduler counts from its start: an assert there
-    "logprob-start-negative": (GEN, {"input_ids": [5, 6, 7, 8, 9, 10, 11], "return_logprob": True,
-                                     "logprob_start_len": -5}, "logprob_start_len must be -1 (output tokens only)"),
+    "logprob-start-negative": (
+        GEN,
+        {"input_ids": [5, 6, 7, 8, 9, 10, 11], "return_logprob": True, "logprob_start_len": -5},
+        "logprob_start_len must be -1 (output tokens only)",
+    ),
     # the request is copied n times before SamplingParams.verify: OverflowError / MemoryError / TypeError there
     "n-beyond-int64": (GEN, {"input_ids": [5], "sampling_params": {"n": 2**63}}, "n must be an integer in [1, 16384]"),
     "n-null": (GEN, {"input_ids": [5], "sampling_params": {"n": None, "max_new_tokens": 0}}, None),
     "n-huge-completions": (CMPL, {"model": "m", "prompt": [5], "n": 10**7}, "n must be an integer in [1, 16384]"),
-    "temperature-beyond-float32": (GEN, {"input_ids": [5], "sampling_params": {"temperature": 1e39}},
-                                   "temperature must be a non-negative finite float32 number"),
-    "repetition-penalty-tiny": (GEN, {"input_ids": [5], "sampling_params": {"repetition_penalty": 1e-40}},
-                                "repetition_penalty must be in [1e-06, 2]"),
-    "stop-regex-invalid": (GEN, {"input_ids": [5], "sampling_params": {"stop_regex": "("}},
-                           "stop_regex '(' is not a valid regular expression"),
-    "stop-regex-repeat-overflow": (GEN, {"input_ids": [5], "sampling_params": {"stop_regex": "a{99999999999}"}},
-                                   "is not a valid regular expression"),
-    "stop-string-long": (CMPL, {"model": "m", "prompt": [5], "stop": ["w1 " * 400]},
-                         "stop string is 1200 bytes, over the 1024-byte limit"),
-    "session-params-unknown-key": (GEN, {"input_ids": [5], "session_params": {"foo": 1}},
-                                   "session_params must be an object with keys among"),
-    "json-embed-overrides": (GEN, {"input_ids": [5], "positional_embed_overrides": {"embeds": [[1.0]],
-                                                                                    "positions": [0]}},
-                             "positional_embed_overrides must be a PositionalEmbeds"),
+    "temperature-beyond-float32": (
+        GEN,
+        {"input_ids": [5], "sampling_params": {"temperature": 1e39}},
+        "temperature must be a non-negative finite float32 number",
+    ),
+    "repetition-penalty-tiny": (
+        GEN,
+        {"input_ids": [5], "sampling_params": {"repetition_penalty": 1e-40}},
+        "repetition_penalty must be in [1e-06, 2]",
+    ),
+    "stop-regex-invalid": (
+        GEN,
+        {"input_ids": [5], "sampling_params": {"stop_regex": "("}},
+        "stop_regex '(' is not a valid regular expression",
+    ),
+    "stop-regex-repeat-overflow": (
+        GEN,
+        {"input_ids": [5], "sampling_params": {"stop_regex": "a{99999999999}"}},
+        "is not a valid regular expression",
+    ),
+    "stop-string-long": (
+        CMPL,
+        {"model": "m", "prompt": [5], "stop": ["w1 " * 400]},
+        "stop string is 1200 bytes, over the 1024-byte limit",
+    ),
+    "session-params-unknown-key": (
+        GEN,
+        {"input_ids": [5], "session_params": {"foo": 1}},
+        "session_params must be an object with keys among",
+    ),
+    "json-embed-overrides": (
+        GEN,
+        {"input_ids": [5], "positional_embed_overrides": {"embeds": [[1.0]], "positions": [0]}},
+        "positional_embed_overrides must be a PositionalEmbeds",
+    ),
 }
 
 
@@ -124,11 +175,15 @@ def test_input_embeds_of_the_wrong_shape_are_a_400(server, monkeypatch, embeds):
     assert not server.sent
 
 
-@pytest.mark.parametrize("path, body", [
-    ("/encode", {"input_ids": [5, OOV]}),
-    ("/v1/embeddings", {"model": "m", "input": [5, OOV]}),
-    ("/v1/embeddings", {"model": "m", "input": [[5], [OOV]]}),
-], ids=["encode", "embeddings", "embeddings-batch"])
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/encode", {"input_ids": [5, OOV]}),
+        ("/v1/embeddings", {"model": "m", "input": [5, OOV]}),
+        ("/v1/embeddings", {"model": "m", "input": [[5], [OOV]]}),
+    ],
+    ids=["encode", "embeddings", "embeddings-batch"],
+)
 def test_embedding_path_rejects_out_of_vocabulary_ids(embedding_server, path, body):
     resp = embedding_server.client().post(path, json=body)
     assert resp.status_code == 400 and OOV_MSG in _error(resp), resp.text[:500]
@@ -143,14 +198,18 @@ def _engine(server):
     return engine
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(input_ids=[5, OOV]), OOV_MSG),
-    (dict(input_ids=[[5], [OOV]]), OOV_MSG),
-    (dict(input_ids=[5], sampling_params={"stop_token_ids": [VOCAB]}), f"token id {VOCAB}; valid range"),
-    (dict(input_ids=[5], return_logprob=True, top_logprobs_num=-1), "top_logprobs_num must be an integer"),
-    (dict(input_ids=[5], sampling_params={"logit_bias": {"5": float("nan")}}), "finite float32 numbers, got nan"),
-    (dict(input_ids=[5, OOV], image_data=""), NO_MM),
-], ids=["single", "batch", "stop-token-ids", "top-logprobs-num", "logit-bias-nan", "image-data"])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(input_ids=[5, OOV]), OOV_MSG),
+        (dict(input_ids=[[5], [OOV]]), OOV_MSG),
+        (dict(input_ids=[5], sampling_params={"stop_token_ids": [VOCAB]}), f"token id {VOCAB}; valid range"),
+        (dict(input_ids=[5], return_logprob=True, top_logprobs_num=-1), "top_logprobs_num must be an integer"),
+        (dict(input_ids=[5], sampling_params={"logit_bias": {"5": float("nan")}}), "finite float32 numbers, got nan"),
+        (dict(input_ids=[5, OOV], image_data=""), NO_MM),
+    ],
+    ids=["single", "batch", "stop-token-ids", "top-logprobs-num", "logit-bias-nan", "image-data"],
+)
 def test_engine_api_raises_value_error(server, kwargs, message):
     engine = _engine(server)
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -160,8 +219,13 @@ def test_engine_api_raises_value_error(server, kwargs, message):
 
 
 GOOD = [
-    (GEN, {"input_ids": [0, 5, VOCAB - 1], "sampling_params": {"stop_token_ids": [VOCAB - 1], "top_k": 2**31 - 1,
-                                                                "logit_bias": {"5": -100.0}}}),
+    (
+        GEN,
+        {
+            "input_ids": [0, 5, VOCAB - 1],
+            "sampling_params": {"stop_token_ids": [VOCAB - 1], "top_k": 2**31 - 1, "logit_bias": {"5": -100.0}},
+        },
+    ),
     (GEN, {"input_ids": [[5], [VOCAB - 1]], "return_logprob": True, "top_logprobs_num": 20}),
     (GEN, {"text": "w1 w2", "token_ids_logprob": [VOCAB - 1], "return_logprob": True}),
     (CMPL, {"model": "m", "prompt": [5, VOCAB - 1], "max_tokens": 1, "logprobs": 5, "stop_token_ids": [0]}),
@@ -180,9 +244,11 @@ def test_good_request_reaches_the_scheduler(server, path, body):
 
 
 @pytest.mark.unchanged
-@pytest.mark.parametrize("path, body", [("/encode", {"input_ids": [5, VOCAB - 1]}),
-                                        ("/v1/embeddings", {"model": "m", "input": [[5], [VOCAB - 1]]})],
-                         ids=["encode", "embeddings-batch"])
+@pytest.mark.parametrize(
+    "path, body",
+    [("/encode", {"input_ids": [5, VOCAB - 1]}), ("/v1/embeddings", {"model": "m", "input": [[5], [VOCAB - 1]]})],
+    ids=["encode", "embeddings-batch"],
+)
 def test_good_embedding_request_reaches_the_scheduler(embedding_server, path, body):
     resp = embedding_server.client().post(path, json=body)
     assert resp.status_code == 200, resp.text[:500]

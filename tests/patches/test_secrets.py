@@ -32,8 +32,17 @@ PEM = Path(tempfile.mkdtemp(prefix="secrets-test-"))  # --ssl-certfile/--ssl-key
 def parsed(*extra: str):
     from sglang.srt.server_args import prepare_server_args
 
-    argv = ["--model-path", str(KIMI_K25), "--tp-size", "8", "--device", "cuda",
-            "--ssl-certfile", str(PEM / "cert.pem"), *extra]
+    argv = [
+        "--model-path",
+        str(KIMI_K25),
+        "--tp-size",
+        "8",
+        "--device",
+        "cuda",
+        "--ssl-certfile",
+        str(PEM / "cert.pem"),
+        *extra,
+    ]
     with platform(12):
         sa = prepare_server_args(argv)
         sa.resolve_once()
@@ -72,8 +81,11 @@ def server(monkeypatch):
             return [{"avg_spec_accept_length": 1.0}]
 
         tm = SimpleNamespace(server_args=sa, startup_time=0.0, get_internal_state=internal_state)
-        monkeypatch.setattr(http_server, "_global_state",
-                            http_server._GlobalState(tokenizer_manager=tm, template_manager=None, scheduler_info={}))
+        monkeypatch.setattr(
+            http_server,
+            "_global_state",
+            http_server._GlobalState(tokenizer_manager=tm, template_manager=None, scheduler_info={}),
+        )
         return http_server
 
     return make

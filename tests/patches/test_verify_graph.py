@@ -49,6 +49,7 @@ CASES = {  # name: (runner overrides, batch kwargs, expected reason or None for 
 # can_run_graph decisions
 # ---------------------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.unchanged
 @pytest.mark.parametrize("case", CASES)
 def test_verify_can_run_graph_decision_unchanged(case):
@@ -75,11 +76,19 @@ def test_verify_batches_never_carry_replace_embeds(monkeypatch):
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     handed = []
-    monkeypatch.setattr(spec_utils, "spec_prepare_for_decode",
-                        lambda b: handed.append((b.replace_embeds, b.replace_positions, b.input_embeds)))
-    batch = SimpleNamespace(spec_algorithm=SpeculativeAlgorithm.EAGLE3, forward_mode=None,
-                            replace_embeds=torch.zeros(2, 8), replace_positions=torch.tensor([0, 1]),
-                            input_embeds=torch.zeros(2, 8), attn_cp_metadata=None)
+    monkeypatch.setattr(
+        spec_utils,
+        "spec_prepare_for_decode",
+        lambda b: handed.append((b.replace_embeds, b.replace_positions, b.input_embeds)),
+    )
+    batch = SimpleNamespace(
+        spec_algorithm=SpeculativeAlgorithm.EAGLE3,
+        forward_mode=None,
+        replace_embeds=torch.zeros(2, 8),
+        replace_positions=torch.tensor([0, 1]),
+        input_embeds=torch.zeros(2, 8),
+        attn_cp_metadata=None,
+    )
     ScheduleBatch.prepare_for_decode(batch)
     assert handed == [(None, None, None)]
 
@@ -87,6 +96,7 @@ def test_verify_batches_never_carry_replace_embeds(monkeypatch):
 # ---------------------------------------------------------------------------------------------------------------
 # Counters: SpecGraphStats, ModelRunner.forward, the EAGLE draft stages, /server_info, Prometheus
 # ---------------------------------------------------------------------------------------------------------------
+
 
 def _eager_runner():
     from sglang.srt.model_executor.runner.eager_runner import EagerRunner
@@ -96,9 +106,16 @@ def _eager_runner():
 
 def test_spec_graph_stats_count_outcomes_and_warn_once_per_stage_and_reason(caplog):
     stats, r = g.stats(), g.runner()
-    forwards = [(r, g.verify_batch(bs=4)), (r, g.verify_batch(bs=MAX_BS)), (r, g.verify_batch(bs=MAX_BS + 8)),
-                (r, g.verify_batch(bs=MAX_BS + 1)), (r, g.verify_batch(width=1)), (None, g.verify_batch()),
-                (_eager_runner(), g.verify_batch()), (r, g.verify_batch(bs=1))]
+    forwards = [
+        (r, g.verify_batch(bs=4)),
+        (r, g.verify_batch(bs=MAX_BS)),
+        (r, g.verify_batch(bs=MAX_BS + 8)),
+        (r, g.verify_batch(bs=MAX_BS + 1)),
+        (r, g.verify_batch(width=1)),
+        (None, g.verify_batch()),
+        (_eager_runner(), g.verify_batch()),
+        (r, g.verify_batch(bs=1)),
+    ]
     with caplog.at_level(logging.WARNING):
         for runner, fb in forwards:
             can = bool(runner is not None and runner.can_run_graph(fb))
@@ -107,21 +124,30 @@ def test_spec_graph_stats_count_outcomes_and_warn_once_per_stage_and_reason(capl
         stats.record_forward("draft_decode", None, g.verify_batch(bs=2), "eager")
         stats.record_forward("draft_extend", r, g.verify_batch(bs=2), "eager", "dsa_topk_seed")
     got = stats.to_dict()
-    assert got["target_verify"] == g.graph(3, piecewise=1, eager=5, batch_above_max_bs=3, width_mismatch=1,
-                                          no_graph_runner=2)
+    assert got["target_verify"] == g.graph(
+        3, piecewise=1, eager=5, batch_above_max_bs=3, width_mismatch=1, no_graph_runner=2
+    )
     assert got["draft_decode"] == g.graph(eager=1, no_graph_runner=1)
     assert got["draft_extend"] == g.graph(eager=1, dsa_topk_seed=1)
     warned = [rec.getMessage() for rec in caplog.records if rec.levelno == logging.WARNING]
     assert len(warned) == 5, warned
-    for stage, reason in (("target_verify", "batch_above_max_bs"), ("target_verify", "width_mismatch"),
-                          ("target_verify", "no_graph_runner"), ("draft_decode", "no_graph_runner"),
-                          ("draft_extend", "dsa_topk_seed")):
+    for stage, reason in (
+        ("target_verify", "batch_above_max_bs"),
+        ("target_verify", "width_mismatch"),
+        ("target_verify", "no_graph_runner"),
+        ("draft_decode", "no_graph_runner"),
+        ("draft_extend", "dsa_topk_seed"),
+    ):
         assert sum(f"Speculative {stage} forward" in m and f"reason={reason}" in m for m in warned) == 1, warned
     assert sorted(stats.pop_unexported()) == [
-        ("draft_decode", "eager", "no_graph_runner", 1), ("draft_extend", "eager", "dsa_topk_seed", 1),
-        ("target_verify", "eager", "batch_above_max_bs", 2), ("target_verify", "eager", "no_graph_runner", 2),
-        ("target_verify", "eager", "width_mismatch", 1), ("target_verify", "graph", "", 3),
-        ("target_verify", "piecewise", "batch_above_max_bs", 1)]
+        ("draft_decode", "eager", "no_graph_runner", 1),
+        ("draft_extend", "eager", "dsa_topk_seed", 1),
+        ("target_verify", "eager", "batch_above_max_bs", 2),
+        ("target_verify", "eager", "no_graph_runner", 2),
+        ("target_verify", "eager", "width_mismatch", 1),
+        ("target_verify", "graph", "", 3),
+        ("target_verify", "piecewise", "batch_above_max_bs", 1),
+    ]
     assert stats.pop_unexported() == []
 
 
@@ -131,7 +157,9 @@ def test_spec_graph_forward_counts_every_target_verify_forward(kimi):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     mr = g.model_runner(g.runner())
-    outs = [g.forward(mr, fb) for fb in (g.verify_batch(bs=2), g.verify_batch(bs=MAX_BS + 1), g.verify_batch(bs=MAX_BS))]
+    outs = [
+        g.forward(mr, fb) for fb in (g.verify_batch(bs=2), g.verify_batch(bs=MAX_BS + 1), g.verify_batch(bs=MAX_BS))
+    ]
     assert [o.logits_output for o in outs] == ["graph", "eager", "graph"]
     assert [o.graph_outcome for o in outs] == ["graph", "eager", "graph"]
     decode = g.verify_batch(bs=2, forward_mode=ForwardMode.DECODE, spec_info=None)
@@ -174,8 +202,13 @@ def test_eager_speculative_forwards_record_their_collectives(kimi, monkeypatch):
     g.forward(mr, g.verify_batch(bs=1))  # no graph runner: eager, narrower than the widest recorded
     g.forward(mr, g.verify_batch(bs=2, forward_mode=ForwardMode.DECODE, spec_info=None))  # plain decode
     rows = (MAX_BS + 1) * WIDTH
-    assert collective_stats.snapshot() == {"target_verify_eager": {
-        "calls": {"all_reduce": {"pcie_ipc": 1}}, "bytes": {"all_reduce": rows * 8 * 2}, "forwards": 2}}
+    assert collective_stats.snapshot() == {
+        "target_verify_eager": {
+            "calls": {"all_reduce": {"pcie_ipc": 1}},
+            "bytes": {"all_reduce": rows * 8 * 2},
+            "forwards": 2,
+        }
+    }
 
     draft = g.model_runner(None, is_draft_worker=True)
     draft.eager_runner.execute = eager
@@ -184,10 +217,16 @@ def test_eager_speculative_forwards_record_their_collectives(kimi, monkeypatch):
         g.forward(draft, g.verify_batch(bs=2, width=1, forward_mode=ForwardMode.DECODE))
         g.forward(draft, g.verify_batch(bs=2, width=1, forward_mode=ForwardMode.DRAFT_EXTEND_V2))
     got = collective_stats.snapshot()
-    assert got["draft_extend_eager"] == {"calls": {"all_reduce": {"pcie_ipc": 1}},
-                                         "bytes": {"all_reduce": 2 * WIDTH * 8 * 2}, "forwards": 1}
-    assert got["draft_decode"] == {"calls": {"all_reduce": {"pcie_ipc": 2}}, "bytes": {"all_reduce": 2 * 2 * 8 * 2},
-                                   "graphs": 1}
+    assert got["draft_extend_eager"] == {
+        "calls": {"all_reduce": {"pcie_ipc": 1}},
+        "bytes": {"all_reduce": 2 * WIDTH * 8 * 2},
+        "forwards": 1,
+    }
+    assert got["draft_decode"] == {
+        "calls": {"all_reduce": {"pcie_ipc": 2}},
+        "bytes": {"all_reduce": 2 * 2 * 8 * 2},
+        "graphs": 1,
+    }
     assert set(got) == {"target_verify_eager", "draft_extend_eager", "draft_decode"}
     collective_stats.reset()
 
@@ -210,8 +249,13 @@ def _draft_runner(stage="draft_decode", **overrides):
 
     cls, width = (Decode, 1) if stage == "draft_decode" else (Extend, WIDTH)
     r = cls.__new__(cls)
-    vars(r).update(captured_req_width=width, require_mlp_tp_gather=False, disable_padding=False, max_bs=MAX_BS,
-                   require_mlp_sync=False)
+    vars(r).update(
+        captured_req_width=width,
+        require_mlp_tp_gather=False,
+        disable_padding=False,
+        max_bs=MAX_BS,
+        require_mlp_sync=False,
+    )
     vars(r).update(overrides)
     return r
 
@@ -219,9 +263,15 @@ def _draft_runner(stage="draft_decode", **overrides):
 def _draft_batch(bs=8, width=1, **overrides):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    fb = SimpleNamespace(forward_mode=ForwardMode.DECODE, batch_size=bs, seq_lens=torch.ones(bs),
-                         spec_info=SimpleNamespace(num_tokens_per_req=width), can_run_decode_cuda_graph=True,
-                         can_run_dp_draft_cuda_graph=True, sampling_info=None)
+    fb = SimpleNamespace(
+        forward_mode=ForwardMode.DECODE,
+        batch_size=bs,
+        seq_lens=torch.ones(bs),
+        spec_info=SimpleNamespace(num_tokens_per_req=width),
+        can_run_decode_cuda_graph=True,
+        can_run_dp_draft_cuda_graph=True,
+        sampling_info=None,
+    )
     vars(fb).update(overrides)
     return fb
 
@@ -264,14 +314,23 @@ def _eagle_draft_worker(monkeypatch, graph_runner, extend_runner):
 
     target = SimpleNamespace(model_runner=SimpleNamespace(spec_graph_stats=g.stats(), kv_index_translator=None))
     w = ew.EagleDraftWorker.__new__(ew.EagleDraftWorker)
-    vars(w).update(req_to_token_pool=None, cuda_graph_runner=graph_runner, cuda_graph_runner_for_draft_extend=
-                   extend_runner, draft_runner=SimpleNamespace(canary_manager=None,
-                                                               forward=lambda fb: (_ for _ in ()).throw(_Stop())),
-                   topk=1, speculative_num_steps=3, speculative_num_draft_tokens=WIDTH, target_worker=target,
-                   seed_dsa_topk_from_draft_extend=False, tree_mask_mode=None, device="cpu",
-                   draft_attn_backend=SimpleNamespace(init_forward_metadata=lambda fb: None),
-                   draft_forward=lambda fb: (None, None, None, None), plan_stream=None,
-                   plan_stream_ctx=__import__("contextlib").nullcontext())
+    vars(w).update(
+        req_to_token_pool=None,
+        cuda_graph_runner=graph_runner,
+        cuda_graph_runner_for_draft_extend=extend_runner,
+        draft_runner=SimpleNamespace(canary_manager=None, forward=lambda fb: (_ for _ in ()).throw(_Stop())),
+        topk=1,
+        speculative_num_steps=3,
+        speculative_num_draft_tokens=WIDTH,
+        target_worker=target,
+        seed_dsa_topk_from_draft_extend=False,
+        tree_mask_mode=None,
+        device="cpu",
+        draft_attn_backend=SimpleNamespace(init_forward_metadata=lambda fb: None),
+        draft_forward=lambda fb: (None, None, None, None),
+        plan_stream=None,
+        plan_stream_ctx=__import__("contextlib").nullcontext(),
+    )
     if graph_runner is not None:
         graph_runner.execute = lambda fb: (None, None, None, None)
     if extend_runner is not None:
@@ -299,13 +358,19 @@ def test_spec_graph_eagle_draft_decode_counted(monkeypatch):
     collective_stats.reset()
     for bs in (4, MAX_BS + 1):
         fb = _draft_batch(bs=bs, mark_forward_metadata_ready=lambda: None)
-        monkeypatch.setattr(ew, "prepare_for_draft",
-                            lambda *a, fb=fb, **k: (fb, w.cuda_graph_runner.can_run_graph(fb), None))
+        monkeypatch.setattr(
+            ew, "prepare_for_draft", lambda *a, fb=fb, **k: (fb, w.cuda_graph_runner.can_run_graph(fb), None)
+        )
         w.draft(SimpleNamespace(spec_info=SimpleNamespace(dsa_topk_indices=None)))
     assert stats.to_dict()["draft_decode"] == g.graph(1, eager=1, batch_above_max_bs=1)
     # the eager one's collectives, both steps as one forward (issue 22 item 1)
-    assert collective_stats.snapshot() == {"draft_decode_eager": {
-        "calls": {"all_reduce": {"pcie_ipc": 2}}, "bytes": {"all_reduce": 2 * (MAX_BS + 1) * 8 * 2}, "forwards": 1}}
+    assert collective_stats.snapshot() == {
+        "draft_decode_eager": {
+            "calls": {"all_reduce": {"pcie_ipc": 2}},
+            "bytes": {"all_reduce": 2 * (MAX_BS + 1) * 8 * 2},
+            "forwards": 1,
+        }
+    }
     collective_stats.reset()
 
 
@@ -317,8 +382,11 @@ def test_spec_graph_eagle_draft_extend_counted(monkeypatch):
     for bs in (4, MAX_BS + 1):
         fb = _draft_batch(bs=bs, width=WIDTH)
         monkeypatch.setattr(ew, "prepare_for_draft_extend", lambda *a, fb=fb, **k: fb)
-        result = SimpleNamespace(prepared_draft_extend_inputs=(None, None, None), logits_output=SimpleNamespace(
-            hidden_states=None), accept_lens=torch.ones(bs, dtype=torch.int32))
+        result = SimpleNamespace(
+            prepared_draft_extend_inputs=(None, None, None),
+            logits_output=SimpleNamespace(hidden_states=None),
+            accept_lens=torch.ones(bs, dtype=torch.int32),
+        )
         with pytest.raises(_Stop):
             w._draft_extend_for_decode(SimpleNamespace(seq_lens=torch.ones(bs)), result)
     assert stats.to_dict()["draft_extend"] == g.graph(1, eager=1, batch_above_max_bs=1)
@@ -327,8 +395,13 @@ def test_spec_graph_eagle_draft_extend_counted(monkeypatch):
 def test_spec_graph_counts_in_server_info():
     """GET /server_info returns internal_states[0] from get_internal_state; bench_serving and make bench read it."""
     stats = g.stats()
-    for outcome, reason in (("graph", ""), ("graph", ""), ("eager", "batch_above_max_bs"), ("eager", "mlp_sync"),
-                            ("piecewise", "batch_above_max_bs")):
+    for outcome, reason in (
+        ("graph", ""),
+        ("graph", ""),
+        ("eager", "batch_above_max_bs"),
+        ("eager", "mlp_sync"),
+        ("piecewise", "batch_above_max_bs"),
+    ):
         stats.record("target_verify", outcome, reason)
     stats.record("draft_extend", "eager", "mlp_sync")
     state = g.speculative_state(stats)
@@ -337,7 +410,8 @@ def test_spec_graph_counts_in_server_info():
     # MultiLayerEagleDraftWorker, must not read as zero fallbacks)
     assert state["spec_cuda_graph"] == {
         "target_verify": g.graph(2, piecewise=1, eager=2, batch_above_max_bs=2, mlp_sync=1),
-        "draft_extend": g.graph(eager=1, mlp_sync=1)}
+        "draft_extend": g.graph(eager=1, mlp_sync=1),
+    }
 
 
 def test_spec_graph_counts_in_prometheus_metrics(kimi):
@@ -360,14 +434,27 @@ def test_spec_graph_counts_in_prometheus_metrics(kimi):
     collector = Collector(labels={"model_name": "kimi", "tp_rank": 0, "moe_ep_rank": 0}, server_args=kimi)
     stats = g.stats()
     reporter = SchedulerMetricsReporter.__new__(SchedulerMetricsReporter)
-    vars(reporter).update(scheduler=g.scheduler(stats), metrics_collector=collector,
-                          current_scheduler_metrics_enabled=True, is_stats_logging_rank=False,
-                          enable_mfu_metrics=False, scheduler_status_logger=None,
-                          forward_ct_decode=1, decode_log_interval=40)
+    vars(reporter).update(
+        scheduler=g.scheduler(stats),
+        metrics_collector=collector,
+        current_scheduler_metrics_enabled=True,
+        is_stats_logging_rank=False,
+        enable_mfu_metrics=False,
+        scheduler_status_logger=None,
+        forward_ct_decode=1,
+        decode_log_interval=40,
+    )
     batch = SimpleNamespace(dp_cooperation_info=None)
-    steps = [[("target_verify", "graph", ""), ("target_verify", "graph", ""),
-              ("target_verify", "eager", "batch_above_max_bs"), ("draft_decode", "graph", "")],
-             [("target_verify", "graph", "")], []]
+    steps = [
+        [
+            ("target_verify", "graph", ""),
+            ("target_verify", "graph", ""),
+            ("target_verify", "eager", "batch_above_max_bs"),
+            ("draft_decode", "graph", ""),
+        ],
+        [("target_verify", "graph", "")],
+        [],
+    ]
     for step in steps:
         for stage, outcome, reason in step:
             stats.record(stage, outcome, reason)
@@ -375,14 +462,20 @@ def test_spec_graph_counts_in_prometheus_metrics(kimi):
 
     collector.increment_decode_cuda_graph_pass(True)  # upstream's per-batch count keeps its modes
     collector.increment_prefill_cuda_graph_pass(False)
-    samples = {(s.labels["mode"], s.labels["stage"], s.labels["outcome"], s.labels["reason"]): s.value
-               for metric in registry.collect() if metric.name == "sglang:cuda_graph_passes"
-               for s in metric.samples if s.name.endswith("_total")}
-    assert samples == {("target_verify_cuda_graph", "target_verify", "graph", ""): 3.0,
-                       ("target_verify_none", "target_verify", "eager", "batch_above_max_bs"): 1.0,
-                       ("draft_decode_cuda_graph", "draft_decode", "graph", ""): 1.0,
-                       ("decode_cuda_graph", "decode", "graph", ""): 1.0,
-                       ("prefill_none", "prefill", "eager", ""): 1.0}
+    samples = {
+        (s.labels["mode"], s.labels["stage"], s.labels["outcome"], s.labels["reason"]): s.value
+        for metric in registry.collect()
+        if metric.name == "sglang:cuda_graph_passes"
+        for s in metric.samples
+        if s.name.endswith("_total")
+    }
+    assert samples == {
+        ("target_verify_cuda_graph", "target_verify", "graph", ""): 3.0,
+        ("target_verify_none", "target_verify", "eager", "batch_above_max_bs"): 1.0,
+        ("draft_decode_cuda_graph", "draft_decode", "graph", ""): 1.0,
+        ("decode_cuda_graph", "decode", "graph", ""): 1.0,
+        ("prefill_none", "prefill", "eager", ""): 1.0,
+    }
     assert "spec_cuda_graph_forwards" not in generate_latest(registry).decode()
 
 
@@ -390,9 +483,15 @@ def test_spec_graph_counts_in_prometheus_metrics(kimi):
 # Capture sizes cover every batch the scheduler can form (resolved ServerArgs, faked SM120)
 # ---------------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kw, running", [pytest.param({}, 48, marks=pytest.mark.unchanged, id="defaults"),
-                                         pytest.param(dict(max_running_requests=1024), 512, id="many-requests"),
-                                         pytest.param(dict(cuda_graph_max_bs_decode=32), 32, id="small-graph")])
+
+@pytest.mark.parametrize(
+    "kw, running",
+    [
+        pytest.param({}, 48, marks=pytest.mark.unchanged, id="defaults"),
+        pytest.param(dict(max_running_requests=1024), 512, id="many-requests"),
+        pytest.param(dict(cuda_graph_max_bs_decode=32), 32, id="small-graph"),
+    ],
+)
 def test_verify_capture_sizes_cover_the_running_requests(kw, running):
     """The defaults (48 running requests), --max-running-requests above the default decode graph max (512 on a 96
     GB GPU at TP8), --cuda-graph-max-bs-decode below the speculative default of 48: every batch a DP worker can form
@@ -417,13 +516,23 @@ def test_verify_running_requests_capped_to_the_largest_captured_graph(monkeypatc
     assert resolved(sa, "max_running_requests") == 15  # the resolution-time bound: the configured max_bs
     pool_size, capture_bs = g.captured_bs(sa, WIDTH)
     graph_runner = g.runner(max_bs=max(capture_bs), capture_bs=capture_bs)
-    captured = SimpleNamespace(eager_runner=None, prefill=SimpleNamespace(runner=None),
-                               decode=SimpleNamespace(runner=graph_runner), memory_usage={}, time_usage={})
+    captured = SimpleNamespace(
+        eager_runner=None,
+        prefill=SimpleNamespace(runner=None),
+        decode=SimpleNamespace(runner=graph_runner),
+        memory_usage={},
+        time_usage={},
+    )
     monkeypatch.setattr(mr_mod, "capture_cuda_graphs", lambda **kw: captured)
     monkeypatch.setattr(mr_mod, "prebuild_deepep_v2_buffer", lambda model: None)
     mr = mr_mod.ModelRunner.__new__(mr_mod.ModelRunner)
-    vars(mr).update(is_draft_worker=False, spec_algorithm=SpeculativeAlgorithm.EAGLE3, max_running_requests=pool_size,
-                    memory_pool_config=SimpleNamespace(max_running_requests=pool_size), model=None)
+    vars(mr).update(
+        is_draft_worker=False,
+        spec_algorithm=SpeculativeAlgorithm.EAGLE3,
+        max_running_requests=pool_size,
+        memory_pool_config=SimpleNamespace(max_running_requests=pool_size),
+        model=None,
+    )
     with published(sa), caplog.at_level(logging.WARNING):
         mr.init_cuda_graphs()
     assert (mr.max_running_requests, mr.memory_pool_config.max_running_requests) == (14, 14) == (max(capture_bs),) * 2
@@ -455,6 +564,7 @@ def test_verify_cap_covers_the_draft_graphs(monkeypatch, caplog):
             def __init__(self, worker):  # the sizing line of the real __init__; no graphs
                 self.capture_bs, _ = get_batch_sizes_to_capture(worker.draft_runner)
                 runner_of[cls.__name__] = self
+
         return Runner
 
     monkeypatch.setattr(ew, "EAGLEDraftCudaGraphRunner", uncaptured(ew.EAGLEDraftCudaGraphRunner))
@@ -464,17 +574,29 @@ def test_verify_cap_covers_the_draft_graphs(monkeypatch, caplog):
     monkeypatch.setattr(ew, "get_available_gpu_memory", lambda device, gpu_id: 80.0)
     target = ModelRunner.__new__(ModelRunner)
     with published(sa):
-        vars(target).update(is_draft_worker=False, spec_algorithm=SpeculativeAlgorithm.EAGLE3,
-                            max_running_requests=pool.size, memory_pool_config=None,
-                            decode_cuda_graph_runner=SimpleNamespace(capture_bs=target_bs))
+        vars(target).update(
+            is_draft_worker=False,
+            spec_algorithm=SpeculativeAlgorithm.EAGLE3,
+            max_running_requests=pool.size,
+            memory_pool_config=None,
+            decode_cuda_graph_runner=SimpleNamespace(capture_bs=target_bs),
+        )
         target._cap_running_requests_to_verify_graphs()
         assert target.max_running_requests == 15  # the target's own graphs cover 15
         w = ew.EagleDraftWorker.__new__(ew.EagleDraftWorker)
-        vars(w).update(target_worker=SimpleNamespace(model_runner=target, device="xpu"), speculative_num_steps=3,
-                       speculative_num_draft_tokens=WIDTH, topk=1, speculative_algorithm=SpeculativeAlgorithm.EAGLE3,
-                       draft_runner=SimpleNamespace(req_to_token_pool=pool, server_args=sa),
-                       draft_extend_attn_backend=TritonAttnBackend.__new__(TritonAttnBackend), device="xpu",
-                       gpu_id=0, _specialized_graph_memory_usage={}, _specialized_graph_time_usage={})
+        vars(w).update(
+            target_worker=SimpleNamespace(model_runner=target, device="xpu"),
+            speculative_num_steps=3,
+            speculative_num_draft_tokens=WIDTH,
+            topk=1,
+            speculative_algorithm=SpeculativeAlgorithm.EAGLE3,
+            draft_runner=SimpleNamespace(req_to_token_pool=pool, server_args=sa),
+            draft_extend_attn_backend=TritonAttnBackend.__new__(TritonAttnBackend),
+            device="xpu",
+            gpu_id=0,
+            _specialized_graph_memory_usage={},
+            _specialized_graph_time_usage={},
+        )
         with caplog.at_level(logging.WARNING):
             w._capture_cuda_graphs()
     assert runner_of["EAGLEDraftCudaGraphRunner"].capture_bs == [4, 8, 12]
@@ -489,9 +611,13 @@ def test_verify_running_request_cap_leaves_draft_and_plain_runners(draft, spec):
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     mr = ModelRunner.__new__(ModelRunner)
-    vars(mr).update(is_draft_worker=draft, max_running_requests=48, memory_pool_config=None,
-                    spec_algorithm=SpeculativeAlgorithm.EAGLE3 if spec else SpeculativeAlgorithm.NONE,
-                    decode_cuda_graph_runner=g.runner(capture_bs=[1, 2, 4, 8]))
+    vars(mr).update(
+        is_draft_worker=draft,
+        max_running_requests=48,
+        memory_pool_config=None,
+        spec_algorithm=SpeculativeAlgorithm.EAGLE3 if spec else SpeculativeAlgorithm.NONE,
+        decode_cuda_graph_runner=g.runner(capture_bs=[1, 2, 4, 8]),
+    )
     mr._cap_running_requests_to_verify_graphs()
     assert mr.max_running_requests == 48
 
@@ -499,6 +625,7 @@ def test_verify_running_request_cap_leaves_draft_and_plain_runners(draft, spec):
 # ---------------------------------------------------------------------------------------------------------------
 # Eager verify said at startup: decode CUDA graphs off, compact ragged verify without ragged graphs
 # ---------------------------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("flag", ["disable_cuda_graph", "disable_decode_cuda_graph"])
 def test_verify_warns_at_startup_without_decode_cuda_graph(flag, caplog):
@@ -553,12 +680,22 @@ def test_verify_compact_ragged_verify_warning_is_wired_into_the_runner(kimi, mon
     backend = TritonAttnBackend.__new__(TritonAttnBackend)
     backend.dllm_attention = None
     mr = mock.MagicMock()
-    mr.configure_mock(spec_algorithm=SpeculativeAlgorithm.EAGLE3, is_draft_worker=False, lora_manager=None,
-                      server_args=kimi, attn_backend=backend, device="cpu", **{
-                          "model_config.is_encoder_decoder": False, "model_config.hf_config": SimpleNamespace(),
-                          "ngram_embedding_manager.enabled": False, "req_to_token_pool.size": 48,
-                          "decode_num_tokens_per_req.return_value": WIDTH,
-                          "decode_graph_gather_requirements.return_value": (False, False)})
+    mr.configure_mock(
+        spec_algorithm=SpeculativeAlgorithm.EAGLE3,
+        is_draft_worker=False,
+        lora_manager=None,
+        server_args=kimi,
+        attn_backend=backend,
+        device="cpu",
+        **{
+            "model_config.is_encoder_decoder": False,
+            "model_config.hf_config": SimpleNamespace(),
+            "ngram_embedding_manager.enabled": False,
+            "req_to_token_pool.size": 48,
+            "decode_num_tokens_per_req.return_value": WIDTH,
+            "decode_graph_gather_requirements.return_value": (False, False),
+        },
+    )
     monkeypatch.setattr(dcgr, "create_dsv41_candidate_graph_variants", lambda *a: None)
     monkeypatch.setattr(base_runner, "TboCudaGraphRunnerPlugin", lambda: None)  # allocates on the GPU
     with caplog.at_level(logging.WARNING), pytest.raises(AttributeError):

@@ -97,13 +97,28 @@ def test_ctrl_c_leaves_the_tree_and_names_the_command_that_rebuilds(world, tmp_p
     shim = tmp_path / "shim"
     shim.mkdir()
     before = snapshot(dest)
-    (shim / "git").write_text(f'#!/bin/sh\n[ "$3 $4" = "am -3" ] && touch {shim}/in-am && sleep 60\n'
-                              f'exec {shutil.which("git")} "$@"\n')
+    (shim / "git").write_text(
+        f'#!/bin/sh\n[ "$3 $4" = "am -3" ] && touch {shim}/in-am && sleep 60\nexec {shutil.which("git")} "$@"\n'
+    )
     (shim / "git").chmod(0o755)
     env = world.env(PATH=f"{shim}:{os.environ['PATH']}")
-    p = subprocess.Popen([sys.executable, "-m", "scripts.series.apply", "--dest", str(dest), "--rebuild",
-                          "--patches-dir", str(world.patches)], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "scripts.series.apply",
+            "--dest",
+            str(dest),
+            "--rebuild",
+            "--patches-dir",
+            str(world.patches),
+        ],
+        cwd=ROOT,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     for _ in range(600):
         if (shim / "in-am").exists() or p.poll() is not None:
             break
@@ -139,14 +154,22 @@ def test_the_real_series_on_the_real_pinned_wheel_installed(tmp_path):
     patch set read back from git equals patches/."""
     pin = load_pin()
     cached = ROOT / "build" / "cache" / pin.wheel_filename
-    if not cached.is_file() and not pip_download(pin.wheel_requirement, cached.parent, pin.wheel_sha256,
-                                                 pin.wheel_filename).ok:
+    if (
+        not cached.is_file()
+        and not pip_download(pin.wheel_requirement, cached.parent, pin.wheel_sha256, pin.wheel_filename).ok
+    ):
         pytest.skip(f"{pin.wheel_filename} is not in build/cache and pip cannot download it")
     site = tmp_path / "site"
     with __import__("zipfile").ZipFile(cached) as z:
         z.extractall(site, [n for n in z.namelist() if n.startswith("sglang/")])
     env = {**os.environ, "PYTHONPATH": str(site)}
-    cp = subprocess.run([sys.executable, "-m", "scripts.series.apply", "--python", sys.executable], cwd=ROOT,
-                        env=env, capture_output=True, text=True, timeout=600)
+    cp = subprocess.run(
+        [sys.executable, "-m", "scripts.series.apply", "--python", sys.executable],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert cp.returncode == 0, cp.stderr
     assert applied_patchset(site / "sglang") == patchset_id() and git.status_porcelain(site) == ""

@@ -45,30 +45,43 @@ def test_the_lint_names_each_problem(world):
     (world.patches / "stray.patch").write_text((world.patches / first).read_text())
     (world.patches / "series").write_text((world.patches / "series").read_text() + f"{first}\nmissing.patch\n")
     text = (world.patches / second).read_text()
-    (world.patches / second).write_text(text[:text.index("\n@@ ") + 20])  # cut short inside the first hunk
+    (world.patches / second).write_text(text[: text.index("\n@@ ") + 20])  # cut short inside the first hunk
     problems = "\n".join(lint(world.patches))
-    for expect in ("stray.patch: not in series", f"{first}: listed twice", "missing.patch: listed in series, but",
-                   f"{second}: git apply cannot read it"):
+    for expect in (
+        "stray.patch: not in series",
+        f"{first}: listed twice",
+        "missing.patch: listed in series, but",
+        f"{second}: git apply cannot read it",
+    ):
         assert expect in problems, problems
 
 
 def test_each_header_rule():
     good = message("x", "a reason.").split("\n", 2)[2] + "\nPatch-Filename: x.patch"
     assert header_problems(good, "A <a@example.org>", "x.patch") == []
-    for old, new, expect in [("Retire-When: never.\n", "", "no 'Retire-When:' line"),
-                             ("Forwarded: no", "Forwarded: maybe", "is not no, not-needed or a URL"),
-                             ("Origin: vendor", "Bug: #1", "Bug: #1 is not a URL"),
-                             ("Origin: vendor\n", "", "no Bug: <URL> and no Origin:"),
-                             ("2026-12-01", "2026-13-01", "is not a date YYYY-MM-DD"),
-                             ("Patch-Filename: x.patch", "Patch-Filename: y.patch", "does not name this file"),
-                             ("Why:", "Patch-Filename: x.patch\nWhy:", "appears 2 times")]:
+    for old, new, expect in [
+        ("Retire-When: never.\n", "", "no 'Retire-When:' line"),
+        ("Forwarded: no", "Forwarded: maybe", "is not no, not-needed or a URL"),
+        ("Origin: vendor", "Bug: #1", "Bug: #1 is not a URL"),
+        ("Origin: vendor\n", "", "no Bug: <URL> and no Origin:"),
+        ("2026-12-01", "2026-13-01", "is not a date YYYY-MM-DD"),
+        ("Patch-Filename: x.patch", "Patch-Filename: y.patch", "does not name this file"),
+        ("Why:", "Patch-Filename: x.patch\nWhy:", "appears 2 times"),
+    ]:
         assert expect in "\n".join(header_problems(good.replace(old, new), "A <a@example.org>", "x.patch")), expect
     moved = good.replace("\nPatch-Filename: x.patch", "").replace("Why:", "Patch-Filename: x.patch\nWhy:")
     assert "not the message's last line" in "\n".join(header_problems(moved, "A <a@example.org>", "x.patch"))
-    assert "not a real author" in header_problems(good, "eagle-fast-verify <eagle-fast-verify@localhost>",
-                                                  "x.patch")[0]
-    assert header_problems(good.replace("Forwarded: no", "Forwarded: https://github.com/o/r/pull/3")
-                           .replace("Origin: vendor", "Origin: backport, 0123abcd"), "A <a@b.org>", "x.patch") == []
+    assert "not a real author" in header_problems(good, "eagle-fast-verify <eagle-fast-verify@localhost>", "x.patch")[0]
+    assert (
+        header_problems(
+            good.replace("Forwarded: no", "Forwarded: https://github.com/o/r/pull/3").replace(
+                "Origin: vendor", "Origin: backport, 0123abcd"
+            ),
+            "A <a@b.org>",
+            "x.patch",
+        )
+        == []
+    )
 
 
 def new_release(world: World, a_text: str) -> None:
@@ -90,10 +103,14 @@ def test_refresh_stops_in_git_and_write_moves_only_patches(world):
     assert cp.returncode == 0 and "going on from" in cp.stderr, cp.stderr
     pin = tomllib.loads((world.patches / "pin.toml").read_text())
     assert (pin["upstream"]["tag"], pin["wheel"]["filename"], pin["image"]["tag"]) == (
-        "v0.0.2", "sglang-0.0.2-py3-none-any.whl", "v0.0.2-cu130")
+        "v0.0.2",
+        "sglang-0.0.2-py3-none-any.whl",
+        "v0.0.2-cu130",
+    )
     assert [p.path.name for p in series_patches(load_pin(world.patches))] == [world.names[0]]
-    assert subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True,
-                          text=True).stdout == tracked  # nothing outside the patches directory
+    assert (
+        subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout == tracked
+    )  # nothing outside the patches directory
     assert world.run("check_patches", SGLANG_BASE="wheel").returncode == 0
 
 
@@ -118,6 +135,7 @@ def test_a_python_below_3_11_is_named_with_the_fix():
 def test_make_clean_keeps_the_venv_and_distclean_removes_it():
     def dry(target):
         return subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
+
     assert ".venv" not in dry("clean").split() and "build/sglang.new" in dry("clean").split()
     assert ".venv" in dry("distclean").split()
 

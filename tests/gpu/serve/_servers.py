@@ -51,25 +51,30 @@ class Phase:
         return STAGES[yaml.safe_load(self.profile.read_text())["speculative-algorithm"]]
 
 
-PHASES = {p.name: p for p in (
-    Phase("llama-nospec", "llama"),  # the reference: greedy output = the target's chain
-    Phase("llama-graph", "llama", "draft-pi", reference="llama-nospec"),  # always accepted, on the graphs
-    Phase("llama-reject", "llama", "draft-random", reference="llama-nospec"),  # almost never accepted
-    Phase("llama-cap", "llama", "draft-pi", ("--max-running-requests", str(CAP)), "llama-nospec"),
-    Phase("llama-eager", "llama", "draft-pi", ("--disable-decode-cuda-graph",), "llama-nospec"),
-    Phase("kimi-nospec", "kimi"),  # DeepSeek-V3-shaped with Kimi-K2.5's keys
-    Phase("kimi-graph", "kimi", "draft-pi", reference="kimi-nospec"),  # Llama-form drafter
-    Phase("kimi-mla", "kimi", "draft-mla", reference="kimi-nospec"),  # MLA-form drafter
-    Phase("llama-dflash", "llama", "dflash-first", ("--max-running-requests", str(CAP)), "llama-nospec"),  # + the cap
-    Phase("llama-dflash-eager", "llama", "dflash-random", ("--disable-decode-cuda-graph",), "llama-nospec"),
-    Phase("kimi-dflash", "kimi", "dflash-first", reference="kimi-nospec"),
-    Phase("llama-client", "llama", "draft-pi"),  # the OpenAI client's (vs llama-nospec): its counters are its own
-    Phase("llama-sampled", "llama", "draft-pi"),  # sampled requests, under the sync guard (plugin/)
-    Phase("llama-dflash-sampled", "llama", "dflash-first"),  # sampled requests, with greedy ones in their batches
-    Phase("bad-spec", "llama", "draft-pi"),  # bad requests and the fuzzer, which may take a server down
-    Phase("bad-dflash", "llama", "dflash-first"),
-    Phase("bad-nospec", "llama"),
-)}
+PHASES = {
+    p.name: p
+    for p in (
+        Phase("llama-nospec", "llama"),  # the reference: greedy output = the target's chain
+        Phase("llama-graph", "llama", "draft-pi", reference="llama-nospec"),  # always accepted, on the graphs
+        Phase("llama-reject", "llama", "draft-random", reference="llama-nospec"),  # almost never accepted
+        Phase("llama-cap", "llama", "draft-pi", ("--max-running-requests", str(CAP)), "llama-nospec"),
+        Phase("llama-eager", "llama", "draft-pi", ("--disable-decode-cuda-graph",), "llama-nospec"),
+        Phase("kimi-nospec", "kimi"),  # DeepSeek-V3-shaped with Kimi-K2.5's keys
+        Phase("kimi-graph", "kimi", "draft-pi", reference="kimi-nospec"),  # Llama-form drafter
+        Phase("kimi-mla", "kimi", "draft-mla", reference="kimi-nospec"),  # MLA-form drafter
+        Phase(
+            "llama-dflash", "llama", "dflash-first", ("--max-running-requests", str(CAP)), "llama-nospec"
+        ),  # + the cap
+        Phase("llama-dflash-eager", "llama", "dflash-random", ("--disable-decode-cuda-graph",), "llama-nospec"),
+        Phase("kimi-dflash", "kimi", "dflash-first", reference="kimi-nospec"),
+        Phase("llama-client", "llama", "draft-pi"),  # the OpenAI client's (vs llama-nospec): its counters are its own
+        Phase("llama-sampled", "llama", "draft-pi"),  # sampled requests, under the sync guard (plugin/)
+        Phase("llama-dflash-sampled", "llama", "dflash-first"),  # sampled requests, with greedy ones in their batches
+        Phase("bad-spec", "llama", "draft-pi"),  # bad requests and the fuzzer, which may take a server down
+        Phase("bad-dflash", "llama", "dflash-first"),
+        Phase("bad-nospec", "llama"),
+    )
+}
 BAD_PHASES = [n for n in PHASES if n.startswith("bad-")]
 GUARDED, GUARD_FILE = "llama-sampled", "sync-guard.jsonl"  # the server under the sync guard, its record beside its log
 
@@ -77,8 +82,12 @@ GUARDED, GUARD_FILE = "llama-sampled", "sync-guard.jsonl"  # the server under th
 # cannot load on. Import-only stand-ins (tests/gpu/standin), the fused ops on SGLang's torch reference except the
 # MoE (plugin/), triton attention, pytorch sampling, FlashInfer only where SGLang imports it itself (the sampled
 # verify: bench/device/prepare.sh builds its module ahead), the Python radix tree. Set only where unset.
-LENT_ENV = {"SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1", "SGLANG_FORCE_FUSED_OP_BACKEND": "torch",
-            "SGLANG_IS_FLASHINFER_AVAILABLE": "false", "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": "python"}
+LENT_ENV = {
+    "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1",
+    "SGLANG_FORCE_FUSED_OP_BACKEND": "torch",
+    "SGLANG_IS_FLASHINFER_AVAILABLE": "false",
+    "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": "python",
+}
 LENT_FLAGS = ("--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "xgrammar")
 LENT_PATHS = (HERE.parent / "standin", HERE / "plugin")
 
@@ -117,8 +126,16 @@ class Server:
     def plan(cls, phase: Phase, index: int, base: int, world: int, models: Path, flags, work: Path) -> "Server":
         port = base + PORT_STRIDE * index
         pair = models / phase.pair
-        args = ["--config", str(phase.profile), "--tp-size", str(world), "--nccl-port", str(port + PORT_STRIDE // 2),
-                *flags, *phase.flags]
+        args = [
+            "--config",
+            str(phase.profile),
+            "--tp-size",
+            str(world),
+            "--nccl-port",
+            str(port + PORT_STRIDE // 2),
+            *flags,
+            *phase.flags,
+        ]
         args += ["--speculative-draft-model-path", str(pair / phase.drafter)] if phase.drafter else []
         return cls(phase, port, args, str(pair / "target"), work / f"{phase.name}.log")
 
@@ -128,8 +145,17 @@ class Server:
 
     @property
     def command(self) -> list[str]:  # as popen_launch_server runs it
-        return ["sglang", "serve", "--model-path", self.model, *self.args, "--host", "127.0.0.1", "--port",
-                str(self.port)]
+        return [
+            "sglang",
+            "serve",
+            "--model-path",
+            self.model,
+            *self.args,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
 
     def start(self, env: dict) -> None:
         """popen_launch_server, until /health_generate answers; a failure is kept as the server's error."""
@@ -138,8 +164,15 @@ class Server:
         t0 = time.monotonic()
         self.sink = log = open(self.log, "w")
         try:
-            self.proc = popen_launch_server(self.model, self.url, READY_S, other_args=self.args, env=env,
-                                            return_stdout_stderr=(log, log), device="cuda")
+            self.proc = popen_launch_server(
+                self.model,
+                self.url,
+                READY_S,
+                other_args=self.args,
+                env=env,
+                return_stdout_stderr=(log, log),
+                device="cuda",
+            )
             self.report["ready_s"] = round(time.monotonic() - t0, 1)
         except Exception as e:  # noqa: BLE001 - its tests fail with it
             self.error = f"{self.phase.name} did not start: {e} (its log: {self.log})"
@@ -167,12 +200,19 @@ class Server:
 
         assert not self.error, self.error
         data = body if isinstance(body, bytes) else None if body is None else json.dumps(body)
-        return requests.request(method, self.url + path, data=data, timeout=timeout,
-                                headers={"Content-Type": "application/json"})
+        return requests.request(
+            method, self.url + path, data=data, timeout=timeout, headers={"Content-Type": "application/json"}
+        )
 
     def generate(self, ids, max_new: int, **sampling) -> dict | list:
-        r = self.call("POST", "/generate", {"input_ids": ids, "sampling_params": {
-            "temperature": 0, "max_new_tokens": max_new, "ignore_eos": True, **sampling}})
+        r = self.call(
+            "POST",
+            "/generate",
+            {
+                "input_ids": ids,
+                "sampling_params": {"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True, **sampling},
+            },
+        )
         assert r.status_code == 200, f"{self.phase.name}: /generate answered {r.status_code}: {r.text[:300]}"
         return r.json()
 
@@ -187,7 +227,10 @@ class Server:
 
         time.sleep(1.5)  # the scheduler posts its counters with the next step's metrics
         info = self.call("GET", "/server_info", timeout=60).json()
-        spec = {k: v for k, v in observe.internal_state(info).items()
-                if k.startswith("spec_") or k == "avg_spec_accept_length"}
+        spec = {
+            k: v
+            for k, v in observe.internal_state(info).items()
+            if k.startswith("spec_") or k == "avg_spec_accept_length"
+        }
         metric = observe.graph_counts_from_metrics(observe.parse_metrics(self.call("GET", "/metrics", timeout=60).text))
         self.report.update(spec=spec, max_running_requests=info.get("max_running_requests"), metric=metric)

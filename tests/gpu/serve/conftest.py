@@ -5,20 +5,18 @@
 Every phase's server (_servers.PHASES) starts at once at TP N (default: the largest of 1, 2, 4, 8 GPUs visible);
 all are stopped at the end, and a process left or a port held fails the session. --standins: the lent-GPU route
 (_servers.LENT_*). Without a CUDA GPU the GPU tests skip with the reason; with --serve-out they fail instead.
-The result document (contract 5, read by make report): --serve-out FILE, or DIR/test-serve_<gpu>_x<N>_<UTC
-stamp>.json (default DIR: $EAGLE_RESULTS, else bench/results, when servers ran); the servers' logs beside it (.log).
+The result (read by make report) is pytest's own junitxml: --serve-out FILE, or DIR/test-serve_<box>_<UTC
+stamp>.xml; each test's `detail` is its property, the run's command, versions, route and phases (what each server
+reported) the suite's, no path of this machine in it (scripts/box/results.py); the servers' logs beside it (.log).
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
-import datetime as _dt
 import importlib.util
 import io
-import json
 import os
-import re
 import shutil
 import sys
 import time
@@ -27,14 +25,14 @@ from pathlib import Path
 import pytest
 
 import _servers as sv
+from scripts.box.results import finish_junit, result_file
 
-RUN: dict = {"checks": [], "skipped": 0, "servers": {}, "world": 0, "gpus": [], "t0": None,
-             "stamp": _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M")}
+RUN: dict = {"servers": {}, "world": 0, "gpus": [], "t0": None, "refused": ""}
 
 
 def pytest_addoption(parser):
     g = parser.getgroup("test-serve")
-    g.addoption("--serve-out", type=Path, help="the result document: a FILE, or a DIR for its default name")
+    g.addoption("--serve-out", type=Path, help="the result (junitxml): a FILE, or a DIR for its default name")
     g.addoption("--serve-world", type=int, help="tensor-parallel size of every server")
     g.addoption("--serve-port", type=int, default=31000, help="first HTTP port (phase i: BASE + 10 i)")
     g.addoption("--standins", action="store_true", help="the lent-GPU route: stand-ins for what cannot load")
@@ -55,8 +53,10 @@ def why_not(standins: bool) -> str:
     import torch
 
     if not torch.cuda.is_available():
-        return ("test-serve starts servers on a CUDA GPU and torch sees none here: run `make test-serve` on the box, "
-                "or `pytest tests/gpu/serve` on a machine with a GPU and the patched SGLang")
+        return (
+            "test-serve starts servers on a CUDA GPU and torch sees none here: run `make test-serve` on the box, "
+            "or `pytest tests/gpu/serve` on a machine with a GPU and the patched SGLang"
+        )
     try:
         import sglang.test.test_utils  # noqa: F401
     except Exception as e:  # noqa: BLE001 - said as the reason
@@ -73,7 +73,7 @@ def pytest_collection_finish(session):
     the document records it and pytest exits 2, instead of a hundred failed tests."""
     why = session.config.getoption("--serve-out") and why_not(session.config.getoption("--standins"))
     if why:
-        RUN["checks"].append({"phase": "suite", "name": "a GPU and the patched SGLang", "ok": False, "detail": why})
+        RUN["refused"] = why
         pytest.exit(why, returncode=2)
 
 
@@ -91,17 +91,28 @@ def server(request, tmp_path_factory):
     world = opt("--serve-world") or max(n for n in (1, 2, 4, 8) if n <= gpus)
     work = tmp_path_factory.mktemp("servers")
     flags = sv.LENT_FLAGS if opt("--standins") else ()
-    servers = {n: sv.Server.plan(p, i, opt("--serve-port"), world, tiny_models, flags, work)
-               for i, (n, p) in enumerate(sv.PHASES.items())}
+    servers = {
+        n: sv.Server.plan(p, i, opt("--serve-port"), world, tiny_models, flags, work)
+        for i, (n, p) in enumerate(sv.PHASES.items())
+    }
     from sglang.srt.utils.network import is_port_available
 
     busy = [s.port for s in servers.values() if not is_port_available(s.port)]
     if world > gpus or busy:
-        pytest.fail(f"--serve-world {world}, but {gpus} GPU(s) are visible" if world > gpus else
-                    f"port(s) {busy} in use: stop what listens there or pass --serve-port BASE")
+        pytest.fail(
+            f"--serve-world {world}, but {gpus} GPU(s) are visible"
+            if world > gpus
+            else f"port(s) {busy} in use: stop what listens there or pass --serve-port BASE"
+        )
     env, kept = sv.server_env(opt("--standins"))
-    RUN.update(servers=servers, world=world, kept=kept, tmp=tmp_path_factory.getbasetemp(), t0=time.monotonic(),
-               gpus=[torch.cuda.get_device_name(i) for i in range(gpus)])
+    RUN.update(
+        servers=servers,
+        world=world,
+        kept=kept,
+        tmp=tmp_path_factory.getbasetemp(),
+        t0=time.monotonic(),
+        gpus=[torch.cuda.get_device_name(i) for i in range(gpus)],
+    )
     guard = {"EAGLE_SYNC_GUARD": str(work / sv.GUARD_FILE)}
     with contextlib.redirect_stdout(io.StringIO()), cf.ThreadPoolExecutor(len(servers)) as ex:  # it tees the logs
         list(ex.map(lambda s: s.start({**env, **(guard if s.phase.name == sv.GUARDED else {})}), servers.values()))
@@ -109,83 +120,82 @@ def server(request, tmp_path_factory):
     def get(name: str) -> sv.Server:
         assert not servers[name].error, servers[name].error
         return servers[name]
+
     yield get
     with cf.ThreadPoolExecutor(len(servers)) as ex:
         stops = dict(zip(servers, ex.map(lambda s: s.stop(), servers.values())))
     for name, st in stops.items():
         servers[name].report["stop"] = st
-        RUN["checks"].append({"phase": name, "name": "stopped: no process left, port free",
-                              "ok": not st["left"] and st["port_free"], "detail": json.dumps(st)})
-    assert all(c["ok"] for c in RUN["checks"][-len(stops):]), f"servers not stopped cleanly: {stops}"
+    assert all(not st["left"] and st["port_free"] for st in stops.values()), f"servers not stopped cleanly: {stops}"
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item, call):
-    """Each test's outcome as a check of its phase (its `phase` parameter, else its module's PHASE)."""
-    report = yield
-    if report.skipped:
-        RUN["skipped"] += 1
-    elif report.when == "call" or report.failed:
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        name = item.originalname.removeprefix("test_").replace("_", " ")
-        name += "" if set(params) <= {"phase"} else f" [{item.callspec.id}]"
-        detail = dict(item.user_properties).get("detail", "")
-        if report.failed:
-            detail = str(call.excinfo.value if call.excinfo else report.longrepr)[-1500:]
-        RUN["checks"].append({"phase": params.get("phase") or getattr(item.module, "PHASE", "suite"),
-                              "name": name + ("" if report.when == "call" else f" ({report.when})"),
-                              "ok": report.passed, "detail": detail})
-    return report
+@pytest.hookimpl(tryfirst=True)  # before junitxml's: --serve-out names its file
+def pytest_configure(config):
+    out = config.getoption("--serve-out", None)
+    if out is not None and not config.option.xmlpath:
+        config.option.xmlpath = str(result_file("test-serve", ".xml", directory=out) if out.is_dir() else out)
 
 
-@pytest.hookimpl(trylast=True)  # after pytest's own teardown (an interrupted run stops its servers there)
+@pytest.hookimpl(trylast=True)  # after pytest's own teardown and junitxml's file (an interrupted run still has both)
 def pytest_sessionfinish(session):
-    out = session.config.getoption("--serve-out")
-    if out is None and not RUN["servers"]:
+    out = Path(session.config.option.xmlpath or "")
+    if not out.is_file():
         return
-    doc = document(session.config)
-    if out is None or out.is_dir():
-        gpu = re.sub(r"\W|NVIDIA", "", (doc["gpus"] or ["none"])[0])
-        out = (out or Path(os.environ.get("EAGLE_RESULTS") or sv.HERE.parents[2] / "bench" / "results")) / \
-            f"test-serve_{gpu}_x{doc['world']}_{doc['started_at']}.json"
-    text = json.dumps(doc, indent=1, default=str)
-    text = re.sub(r"\[\s*(-?[\d.]+(?:,\s*-?[\d.]+)*)\s*\]",  # number lists (token ids) on one line
-                  lambda m: "[" + ", ".join(x.strip() for x in m.group(1).split(",")) + "]", text)
-    logs = "".join(f"===== {n}: {' '.join(s.command)}\n{s.log.read_text(errors='replace') if s.log.is_file() else ''}"
-                   for n, s in RUN["servers"].items())
-    masks = {str(p): m for p, m in ((Path.home(), "~"), (sys.prefix, "<python>"), (sv.HERE.parents[2], "<repo>"),
-                                    (out.parent.resolve(), "<results>"), (RUN.get("tmp"), "<tmp>")) if p}
+    masks = {
+        str(p): m
+        for p, m in (
+            (Path.home(), "~"),
+            (sys.prefix, "<python>"),
+            (sv.HERE.parents[2], "<repo>"),
+            (out.parent.resolve(), "<results>"),
+            (RUN.get("tmp"), "<tmp>"),
+        )
+        if p
+    }
+    finish_junit(out, properties(session.config), masks)
+    logs = "".join(
+        f"===== {n}: {' '.join(s.command)}\n{s.log.read_text(errors='replace') if s.log.is_file() else ''}"
+        for n, s in RUN["servers"].items()
+    )
     for path in sorted(masks, key=len, reverse=True):  # no path of the machine that ran it
-        text, logs = text.replace(path, masks[path]), logs.replace(path, masks[path])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text + "\n")
+        logs = logs.replace(path, masks[path])
     out.with_suffix(".log").write_text(logs)
-    session.config.get_terminal_writer().line(f"test-serve result document: {out}")
+    session.config.get_terminal_writer().line(f"test-serve result: {out}")
 
 
-def document(config) -> dict:
-    """Contract 5: world, counts, every check, what each server reported, the command, versions, the route."""
+def properties(config) -> dict:
+    """The run's: world, GPUs, the command, versions, the route, a refusal, what each server reported."""
     from scripts.lib.repo import revision
 
-    checks, standins = RUN["checks"], config.getoption("--standins")
-    versions = {m: getattr(sys.modules.get(m), "__version__", None) for m in ("torch", "triton", "transformers",
-                                                                             "sglang")}
+    standins = config.getoption("--standins")
+    versions = {
+        m: getattr(sys.modules.get(m), "__version__", None) for m in ("torch", "triton", "transformers", "sglang")
+    }
     versions["patchset"] = os.environ.get("EAGLE_PATCHSET")  # the image's; a tree's from git (contract 8):
     with contextlib.suppress(Exception):
         from scripts.series.pin import applied_patchset
 
         versions["patchset"] = versions["patchset"] or applied_patchset(Path(sys.modules["sglang"].__file__).parent)
-    doc = {"schema": "eagle-test-serve/2", "world": RUN["world"], "passed": sum(c["ok"] for c in checks),
-           "failed": sum(not c["ok"] for c in checks), "skipped": RUN["skipped"], "gpus": RUN["gpus"],
-           "route": "lent-gpu" if standins else "box",
-           "command": " ".join(["python3", "-m", "pytest", *config.invocation_params.args]),
-           "revision": revision(short=True)[0], "started_at": RUN["stamp"],
-           "seconds": round(time.monotonic() - RUN["t0"]) if RUN["t0"] else 0, "versions": versions,
-           "checks": checks, "phases": {n: {"command": " ".join(s.command), "error": s.error, **s.report}
-                                        for n, s in RUN["servers"].items()},
-           "route_env": sv.LENT_ENV if standins else {}, "kept_env": RUN.get("kept", {}), "proxy": None}
+    doc = {
+        "world": RUN["world"],
+        "gpus": RUN["gpus"],
+        "route": "lent-gpu" if standins else "box",
+        "command": " ".join(["python3", "-m", "pytest", *config.invocation_params.args]),
+        "revision": revision(short=True)[0],
+        "seconds": round(time.monotonic() - RUN["t0"]) if RUN["t0"] else 0,
+        "versions": versions,
+        "refused": RUN["refused"],
+        "phases": {
+            n: {"command": " ".join(s.command), "error": s.error, **s.report} for n, s in RUN["servers"].items()
+        },
+        "route_env": sv.LENT_ENV if standins else {},
+        "kept_env": RUN.get("kept", {}),
+        "proxy": None,
+    }
     if standins and RUN["gpus"]:
-        doc["proxy"] = (f"proxy: torch {versions['torch']}, stand-ins sgl_kernel, flash_mla, "
-                        f"{' '.join(sv.LENT_FLAGS)}; {RUN['gpus'][0]} x{RUN['world']} at TP{RUN['world']}, not the "
-                        f"box's SM120 GPUs, kernels or collectives")
+        doc["proxy"] = (
+            f"proxy: torch {versions['torch']}, stand-ins sgl_kernel, flash_mla, "
+            f"{' '.join(sv.LENT_FLAGS)}; {RUN['gpus'][0]} x{RUN['world']} at TP{RUN['world']}, not the "
+            f"box's SM120 GPUs, kernels or collectives"
+        )
     return doc

@@ -40,10 +40,16 @@ BAD = [  # (id, path, body)
     ("huge-max-tokens", "/v1/completions", completion(max_tokens=10**9)),
     ("empty-prompt", "/v1/completions", completion(prompt="")),
     ("logit-bias-key-oov-completions", "/v1/completions", completion(logit_bias={str(OOV): 5})),
-    ("logit-bias-key-oov-generate", "/generate", generate(sampling_params={"max_new_tokens": 4,
-                                                                           "logit_bias": {str(OOV): 5.0}})),
-    ("stop-token-id-oov-generate", "/generate", generate(sampling_params={"max_new_tokens": 4,
-                                                                          "stop_token_ids": [OOV]})),
+    (
+        "logit-bias-key-oov-generate",
+        "/generate",
+        generate(sampling_params={"max_new_tokens": 4, "logit_bias": {str(OOV): 5.0}}),
+    ),
+    (
+        "stop-token-id-oov-generate",
+        "/generate",
+        generate(sampling_params={"max_new_tokens": 4, "stop_token_ids": [OOV]}),
+    ),
     ("stop-token-id-oov-completions", "/v1/completions", completion(stop_token_ids=[OOV])),
     ("token-ids-logprob-oov", "/generate", generate(return_logprob=True, token_ids_logprob=[OOV])),
     # the fuzzer's finds (patches: the validation patch, constrained: ... is the request's 400), kept as regressions
@@ -51,13 +57,19 @@ BAD = [  # (id, path, body)
     ("n-beyond-int64", "/generate", generate(sampling_params={"max_new_tokens": 4, "n": 2**63})),
     ("n-huge-completions", "/v1/completions", completion(n=10**7)),
     ("temperature-beyond-float32", "/generate", generate(sampling_params={"max_new_tokens": 4, "temperature": 1e39})),
-    ("repetition-penalty-tiny", "/generate", generate(sampling_params={"max_new_tokens": 4, "temperature": 1.0,
-                                                                       "top_k": 50, "repetition_penalty": 1e-40})),
+    (
+        "repetition-penalty-tiny",
+        "/generate",
+        generate(sampling_params={"max_new_tokens": 4, "temperature": 1.0, "top_k": 50, "repetition_penalty": 1e-40}),
+    ),
     ("stop-regex-invalid", "/generate", generate(sampling_params={"max_new_tokens": 4, "stop_regex": "("})),
     ("grammar-no-token-starts", "/generate", generate(sampling_params={"max_new_tokens": 4, "regex": "z+"})),
     ("grammar-dead-end-greedy", "/generate", generate(sampling_params={"max_new_tokens": 4, "regex": "w5z"})),
-    ("grammar-dead-end-sampled", "/generate", generate(sampling_params={"max_new_tokens": 4, "regex": "w5z",
-                                                                        "temperature": 0.8, "top_p": 0.9})),
+    (
+        "grammar-dead-end-sampled",
+        "/generate",
+        generate(sampling_params={"max_new_tokens": 4, "regex": "w5z", "temperature": 0.8, "top_p": 0.9}),
+    ),
     ("session-params-unknown-key", "/generate", generate(session_params={"foo": 1})),
     ("rid-a-list", "/generate", generate(rid=[])),
     ("http-worker-ipc", "/generate", generate(http_worker_ipc="ipc:///tmp/elsewhere")),
@@ -101,12 +113,15 @@ def test_an_extreme_sampled_request_beside_a_greedy_one_completes(server, where,
     import concurrent.futures as cf
 
     s = server(where)
-    bodies = [generate(range(5, 25), sampling_params={"max_new_tokens": 8, **EXTREME[name]}),
-              generate(range(5, 25), sampling_params={"max_new_tokens": 8, "temperature": 0})]
+    bodies = [
+        generate(range(5, 25), sampling_params={"max_new_tokens": 8, **EXTREME[name]}),
+        generate(range(5, 25), sampling_params={"max_new_tokens": 8, "temperature": 0}),
+    ]
     with cf.ThreadPoolExecutor(2) as ex:
         answers = list(ex.map(lambda b: s.call("POST", "/generate", b, timeout=60), bodies))
-    record_property("detail", str([(r.status_code, r.json().get("output_ids") if r.ok else r.text[:100])
-                                   for r in answers]))
+    record_property(
+        "detail", str([(r.status_code, r.json().get("output_ids") if r.ok else r.text[:100]) for r in answers])
+    )
     assert [r.status_code for r in answers] == [200, 200] and s.healthy(), [r.text[:200] for r in answers]
     if name.startswith("bias-"):  # the biased token wins every step
         assert set(answers[0].json()["output_ids"]) == {5}, answers[0].json()["output_ids"]

@@ -20,13 +20,17 @@ def ask(server):
     """ask(**completion args) -> (speculative, reference) responses of the same request."""
     import openai
 
-    clients = [openai.OpenAI(base_url=server(n).url + "/v1", api_key="none", max_retries=0, timeout=300)
-               for n in SERVERS]
+    clients = [
+        openai.OpenAI(base_url=server(n).url + "/v1", api_key="none", max_retries=0, timeout=300) for n in SERVERS
+    ]
     models = [c.models.list().data[0].id for c in clients]
 
     def both(**kw):
-        return [c.completions.create(model=m, prompt=PROMPT, max_tokens=N, temperature=0, **kw)
-                for c, m in zip(clients, models)]
+        return [
+            c.completions.create(model=m, prompt=PROMPT, max_tokens=N, temperature=0, **kw)
+            for c, m in zip(clients, models)
+        ]
+
     return both
 
 
@@ -74,4 +78,4 @@ def test_a_grammar_constrained_completion_is_the_same_and_obeys_the_grammar(ask,
     got = words(spec)
     record_property("detail", f"{sum(a != b for a, b in zip(got, chain))} of {len(got)} tokens differ from the chain")
     assert got == words(ref) and got and all(w.startswith("w1") for w in got)
-    assert got != chain[:len(got)], "the grammar refused nothing: it was not applied"
+    assert got != chain[: len(got)], "the grammar refused nothing: it was not applied"

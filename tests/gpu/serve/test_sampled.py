@@ -19,9 +19,14 @@ PHASE = "sampled"
 SERVERS = [sv.GUARDED, "llama-dflash-sampled"]
 GREEDY_FALLBACK = "falling back to greedy argmax verification"  # DFLASH without its sampled verify
 N = 48
-SAMPLED = {"temperature": {"temperature": 0.8}, "top-p": {"temperature": 1.0, "top_p": 0.9},
-           "top-k": {"temperature": 0.8, "top_k": 20}, "min-p": {"temperature": 0.7, "top_p": 0.95, "min_p": 0.05},
-           "seed": {"temperature": 0.8, "sampling_seed": 1234}, "n-3": {"temperature": 0.8, "n": 3}}
+SAMPLED = {
+    "temperature": {"temperature": 0.8},
+    "top-p": {"temperature": 1.0, "top_p": 0.9},
+    "top-k": {"temperature": 0.8, "top_k": 20},
+    "min-p": {"temperature": 0.7, "top_p": 0.95, "min_p": 0.05},
+    "seed": {"temperature": 0.8, "sampling_seed": 1234},
+    "n-3": {"temperature": 0.8, "n": 3},
+}
 
 
 def check(result: dict | list) -> list[float]:
@@ -64,8 +69,11 @@ def test_the_speculative_cycle_makes_no_host_synchronisation(server, record_prop
     syncs = [s for c in cycles for s in c["syncs"] if s.get("when", "cycle") != "entry"]
     entry = [s for c in cycles for s in c["syncs"] if s.get("when") == "entry"]
     where = collections.Counter(s["at"] for s in syncs)
-    record_property("detail", f"{len(cycles)} guarded cycles ({sum(not c['greedy'] for c in cycles)} sampled), "
-                              f"{len(syncs)} synchronisations in them: {dict(where)}; {len(entry)} at the guard's "
-                              f"entry, before a cycle ran")
+    record_property(
+        "detail",
+        f"{len(cycles)} guarded cycles ({sum(not c['greedy'] for c in cycles)} sampled), "
+        f"{len(syncs)} synchronisations in them: {dict(where)}; {len(entry)} at the guard's "
+        f"entry, before a cycle ran",
+    )
     assert {c["greedy"] for c in cycles} == {True, False}, "the guard saw no greedy or no sampled cycle"
     assert not syncs, f"host synchronisation in the cycle at {dict(where)}; first: {syncs[0]['stack']}"

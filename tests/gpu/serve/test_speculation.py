@@ -58,6 +58,7 @@ def served(server):
     def get(name):
         assert name not in errors, errors[name]
         return server(name).report
+
     return get
 
 
@@ -140,8 +141,11 @@ def test_max_running_requests_above_the_captured_batches_is_capped_at_start(serv
 def test_without_decode_graphs_every_stage_is_eager_counted_and_announced(served, server, phase):
     r, log, stages = served(phase), server(phase).log.read_text(), sv.PHASES[phase].stages
     for c in (stage(r, st) for st in stages):
-        assert c.get("eager", 0) > 0 and not c.get("graph") and c.get("fallback_reasons") == {
-            "no_graph_runner": c["eager"]}, c
+        assert (
+            c.get("eager", 0) > 0
+            and not c.get("graph")
+            and c.get("fallback_reasons") == {"no_graph_runner": c["eager"]}
+        ), c
     assert EAGER_START in log, "the eager verify is not announced at start"
     assert {(st, "no_graph_runner") for st in stages} <= set(EAGER_FORWARD.findall(log)), "first eager forward unlogged"
 

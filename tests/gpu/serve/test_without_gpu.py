@@ -1,6 +1,6 @@
 """test-serve's parts that need no GPU (they run in make test): the tiny models and profiles, as SGLang reads them;
 the bad-request list; the suite itself on a machine without a GPU: every server test skips with one reason, and
-with --serve-out fails into the result document, which says so for each."""
+with --serve-out it refuses once, and its result (pytest's junitxml) says why."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 
 import _servers as sv
 import tiny_models as tm
+from scripts.box.results import read_junit
 from test_bad_requests import BAD
 
 PHASE = "suite"
@@ -32,14 +33,18 @@ def test_every_tiny_model_loads_in_sglangs_config_classes(tiny_models):
             if name in tm.DFLASH:  # what the DFLASH worker reads: the block's mask token, the target layers it reads
                 d = parse_dflash_draft_config(draft_hf_config=mc.hf_config)
                 assert (d.mask_token_id, d.resolve_target_layer_ids(target_num_layers=layers)) == (
-                    tm.DFLASH_MASK, tm.DFLASH_LAYERS), (pair, name)
+                    tm.DFLASH_MASK,
+                    tm.DFLASH_LAYERS,
+                ), (pair, name)
     fixture = json.loads((sv.HERE.parents[1] / "fixtures" / "kimi-k25" / "config.json").read_text())["text_config"]
     ours = json.loads((tiny_models / "kimi" / "target" / "config.json").read_text())
     assert not sorted(set(fixture) - set(ours) - {"quantization_config"}), "Kimi-K2.5 text_config keys it lacks"
 
 
-@pytest.mark.parametrize("profile, kimi", [("eagle3.yaml", "kimi-k25-eagle3-tp8"), ("dflash.yaml",
-                                             "kimi-k25-dflash-tp8"), ("nospec.yaml", "kimi-k25-tp8")])
+@pytest.mark.parametrize(
+    "profile, kimi",
+    [("eagle3.yaml", "kimi-k25-eagle3-tp8"), ("dflash.yaml", "kimi-k25-dflash-tp8"), ("nospec.yaml", "kimi-k25-tp8")],
+)
 def test_the_tiny_profiles_are_sglang_config_files_drafting_as_the_kimi_ones(profile, kimi):
     import argparse
 
@@ -49,12 +54,15 @@ def test_the_tiny_profiles_are_sglang_config_files_drafting_as_the_kimi_ones(pro
 
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
-    argv = ConfigArgumentMerger(parser).merge_config_with_args(["--model-path", "m", "--config",
-                                                                str(sv.PROFILES / profile)])
+    argv = ConfigArgumentMerger(parser).merge_config_with_args(
+        ["--model-path", "m", "--config", str(sv.PROFILES / profile)]
+    )
     a = parser.parse_args(argv + ["--max-running-requests", "16"])  # the command line wins, as llama-cap's does
     assert a.max_running_requests == 16 and a.cuda_graph_bs_decode == [1, 2, 4, sv.CAPTURED_MAX]
-    tiny, real = ({k: v for k, v in yaml.safe_load(p.read_text()).items() if k.startswith("speculative")}
-                  for p in (sv.PROFILES / profile, sv.PROFILES.parent / f"{kimi}.yaml"))
+    tiny, real = (
+        {k: v for k, v in yaml.safe_load(p.read_text()).items() if k.startswith("speculative")}
+        for p in (sv.PROFILES / profile, sv.PROFILES.parent / f"{kimi}.yaml")
+    )
     real.pop("speculative-draft-model-path", None)  # the tiny one's comes from the phase
     assert tiny == real, "the tiny profile drafts as the Kimi profile does"
 
@@ -63,8 +71,12 @@ def test_the_bad_request_list_is_well_formed():
     def ids(body) -> list[int]:  # every token id a body names
         if isinstance(body, dict):
             keys = [int(k) for k in body.get("logit_bias", {})]
-            return keys + [i for k, v in body.items() if k in ("input_ids", "prompt", "token_ids_logprob",
-                                                                "stop_token_ids", "sampling_params") for i in ids(v)]
+            return keys + [
+                i
+                for k, v in body.items()
+                if k in ("input_ids", "prompt", "token_ids_logprob", "stop_token_ids", "sampling_params")
+                for i in ids(v)
+            ]
         return [i for v in body for i in ids(v)] if isinstance(body, list) else [body] if type(body) is int else []
 
     assert len({b[0] for b in BAD}) == len(BAD)
@@ -79,9 +91,26 @@ def test_the_bad_request_list_is_well_formed():
 
 
 def suite(tmp_path, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", str(sv.HERE),
-                           "--ignore", __file__, *args], cwd=sv.HERE.parents[2], capture_output=True, text=True,
-                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, timeout=600)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-rs",
+            "-p",
+            "no:cacheprovider",
+            str(sv.HERE),
+            "--ignore",
+            __file__,
+            *args,
+        ],
+        cwd=sv.HERE.parents[2],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+        timeout=600,
+    )
 
 
 def test_without_a_gpu_the_server_tests_skip_with_one_reason(tmp_path):
@@ -90,8 +119,8 @@ def test_without_a_gpu_the_server_tests_skip_with_one_reason(tmp_path):
     assert cp.returncode == 0 and len(reasons) == 1 and "torch sees none here" in reasons.pop(), cp.stdout[-3000:]
 
 
-def test_with_serve_out_it_refuses_once_and_the_document_says_why(tmp_path):
+def test_with_serve_out_it_refuses_once_and_the_result_says_why(tmp_path):
     cp = suite(tmp_path, "--serve-out", str(tmp_path))
-    doc = json.loads(next(tmp_path.glob("test-serve_none_x0_*.json")).read_text())
-    assert cp.returncode == 2 and doc["passed"] == 0 and doc["failed"] == len(doc["checks"]) == 1, cp.stdout[-2000:]
-    assert "torch sees none here" in doc["checks"][0]["detail"]
+    doc = read_junit(next(tmp_path.glob("test-serve_nogpu_*.xml")))
+    assert cp.returncode == 2 and doc["passed"] == doc["failed"] == 0, cp.stdout[-2000:]
+    assert "torch sees none here" in doc["properties"]["refused"]

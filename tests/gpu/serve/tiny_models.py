@@ -55,10 +55,21 @@ def write_tokenizer(d: Path) -> None:
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
     d.mkdir(parents=True, exist_ok=True)
     tok.save(str(d / "tokenizer.json"))
-    (d / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "unk_token": SPECIALS[0], "bos_token": SPECIALS[1],
-        "eos_token": SPECIALS[2], "pad_token": SPECIALS[3], "model_max_length": 4096,
-        "clean_up_tokenization_spaces": False}, indent=1) + "\n")
+    (d / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "unk_token": SPECIALS[0],
+                "bos_token": SPECIALS[1],
+                "eos_token": SPECIALS[2],
+                "pad_token": SPECIALS[3],
+                "model_max_length": 4096,
+                "clean_up_tokenization_spaces": False,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
 
 
 def make_chain(g) -> tuple[list[int], object]:
@@ -82,24 +93,38 @@ def _save(d: Path, weights: dict, config: dict) -> None:
     from safetensors.torch import save_file
 
     keep_fp32 = ("e_score_correction_bias",)  # as HF DeepSeek-V3 checkpoints store it
-    out = {k: (t.to(torch.bfloat16) if t.is_floating_point() and not k.endswith(keep_fp32) else t).contiguous()
-           for k, t in weights.items()}
+    out = {
+        k: (t.to(torch.bfloat16) if t.is_floating_point() and not k.endswith(keep_fp32) else t).contiguous()
+        for k, t in weights.items()
+    }
     write_tokenizer(d)
     save_file(out, str(d / "model.safetensors"))
     (d / "config.json").write_text(json.dumps(config, indent=1) + "\n")
 
 
 def _common(extra: dict) -> dict:
-    return {"vocab_size": VOCAB, "hidden_size": WIDTH, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3,
-            "tie_word_embeddings": False, "torch_dtype": "bfloat16", "hidden_act": "silu", **extra}
+    return {
+        "vocab_size": VOCAB,
+        "hidden_size": WIDTH,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 3,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "hidden_act": "silu",
+        **extra,
+    }
 
 
 def _readout(g, inv) -> tuple[object, dict]:
     """Unit embedding rows U, and the embedding / lm_head / final norm every target shares."""
     u = torch.randn(VOCAB, WIDTH, generator=g)
     u = u / u.norm(dim=1, keepdim=True)
-    return u, {"model.embed_tokens.weight": u * WIDTH ** 0.5, "lm_head.weight": 0.5 * u[inv],
-               "model.norm.weight": torch.ones(WIDTH)}
+    return u, {
+        "model.embed_tokens.weight": u * WIDTH**0.5,
+        "lm_head.weight": 0.5 * u[inv],
+        "model.norm.weight": torch.ones(WIDTH),
+    }
 
 
 def llama_target(g, inv, out_std: float = 0.004) -> tuple[object, dict, dict]:
@@ -108,17 +133,34 @@ def llama_target(g, inv, out_std: float = 0.004) -> tuple[object, dict, dict]:
     for i in range(layers):
         p = f"model.layers.{i}."
         sq = (WIDTH, WIDTH)
-        for name, shape, std in (("self_attn.q_proj", sq, 0.02), ("self_attn.k_proj", sq, 0.02),
-                                 ("self_attn.v_proj", sq, 0.02), ("self_attn.o_proj", sq, out_std),
-                                 ("mlp.gate_proj", (INTER, WIDTH), 0.02), ("mlp.up_proj", (INTER, WIDTH), 0.02),
-                                 ("mlp.down_proj", (WIDTH, INTER), out_std)):
+        for name, shape, std in (
+            ("self_attn.q_proj", sq, 0.02),
+            ("self_attn.k_proj", sq, 0.02),
+            ("self_attn.v_proj", sq, 0.02),
+            ("self_attn.o_proj", sq, out_std),
+            ("mlp.gate_proj", (INTER, WIDTH), 0.02),
+            ("mlp.up_proj", (INTER, WIDTH), 0.02),
+            ("mlp.down_proj", (WIDTH, INTER), out_std),
+        ):
             w[p + name + ".weight"] = torch.randn(*shape, generator=g) * std
         w[p + "input_layernorm.weight"] = torch.ones(WIDTH)
         w[p + "post_attention_layernorm.weight"] = torch.ones(WIDTH)
-    cfg = _common({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "intermediate_size": INTER,
-                   "num_hidden_layers": layers, "num_attention_heads": HEADS, "num_key_value_heads": HEADS,
-                   "head_dim": HEAD_DIM, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
-                   "rope_theta": 10000.0, "attention_bias": False, "mlp_bias": False})
+    cfg = _common(
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "intermediate_size": INTER,
+            "num_hidden_layers": layers,
+            "num_attention_heads": HEADS,
+            "num_key_value_heads": HEADS,
+            "head_dim": HEAD_DIM,
+            "max_position_embeddings": 4096,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0,
+            "attention_bias": False,
+            "mlp_bias": False,
+        }
+    )
     return u, w, cfg
 
 
@@ -126,25 +168,34 @@ def kimi_target(g, inv, out_std: float = 0.02) -> tuple[object, dict, dict]:
     """Kimi-K2.5's text model (DeepseekV3ForCausalLM, model_type kimi_k2) at hidden 512, 3 layers."""
     u, w = _readout(g, inv)
     layers, experts, moe_inter, nh = 3, 16, 256, HEADS
-    qr, kvr, nope, rope, vd = (MLA[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
-                                                 "qk_rope_head_dim", "v_head_dim"))
+    qr, kvr, nope, rope, vd = (
+        MLA[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+    )
 
     def rnd(*shape, std=0.02):
         return torch.randn(*shape, generator=g) * std
 
     for i in range(layers):
         p = f"model.layers.{i}."
-        w.update({p + "input_layernorm.weight": torch.ones(WIDTH), p + "post_attention_layernorm.weight":
-                  torch.ones(WIDTH), p + "self_attn.q_a_proj.weight": rnd(qr, WIDTH),
-                  p + "self_attn.q_a_layernorm.weight": torch.ones(qr),
-                  p + "self_attn.q_b_proj.weight": rnd(nh * (nope + rope), qr, std=0.1),
-                  p + "self_attn.kv_a_proj_with_mqa.weight": rnd(kvr + rope, WIDTH),
-                  p + "self_attn.kv_a_layernorm.weight": torch.ones(kvr),
-                  p + "self_attn.kv_b_proj.weight": rnd(nh * (nope + vd), kvr, std=0.1 * (64 / kvr) ** 0.5),
-                  p + "self_attn.o_proj.weight": rnd(WIDTH, nh * vd, std=out_std * 5 * (256 / (nh * vd)) ** 0.5)})
+        w.update(
+            {
+                p + "input_layernorm.weight": torch.ones(WIDTH),
+                p + "post_attention_layernorm.weight": torch.ones(WIDTH),
+                p + "self_attn.q_a_proj.weight": rnd(qr, WIDTH),
+                p + "self_attn.q_a_layernorm.weight": torch.ones(qr),
+                p + "self_attn.q_b_proj.weight": rnd(nh * (nope + rope), qr, std=0.1),
+                p + "self_attn.kv_a_proj_with_mqa.weight": rnd(kvr + rope, WIDTH),
+                p + "self_attn.kv_a_layernorm.weight": torch.ones(kvr),
+                p + "self_attn.kv_b_proj.weight": rnd(nh * (nope + vd), kvr, std=0.1 * (64 / kvr) ** 0.5),
+                p + "self_attn.o_proj.weight": rnd(WIDTH, nh * vd, std=out_std * 5 * (256 / (nh * vd)) ** 0.5),
+            }
+        )
         if i == 0:  # first_k_dense_replace = 1
-            for name, shape, std in (("gate_proj", (INTER, WIDTH), 0.02), ("up_proj", (INTER, WIDTH), 0.02),
-                                     ("down_proj", (WIDTH, INTER), out_std)):
+            for name, shape, std in (
+                ("gate_proj", (INTER, WIDTH), 0.02),
+                ("up_proj", (INTER, WIDTH), 0.02),
+                ("down_proj", (WIDTH, INTER), out_std),
+            ):
                 w[p + f"mlp.{name}.weight"] = rnd(*shape, std=std)
             continue
         w[p + "mlp.gate.weight"] = rnd(experts, WIDTH)
@@ -154,44 +205,94 @@ def kimi_target(g, inv, out_std: float = 0.02) -> tuple[object, dict, dict]:
             w[p + f"mlp.{e}.up_proj.weight"] = rnd(moe_inter, WIDTH)
             w[p + f"mlp.{e}.down_proj.weight"] = rnd(WIDTH, moe_inter, std=out_std)
     # Kimi-K2.5's text_config keys (tests/fixtures/kimi-k25/config.json), sizes scaled down, no quantization
-    cfg = _common({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2", "attention_bias": False,
-                   "attention_dropout": 0.0, "first_k_dense_replace": 1, "initializer_range": 0.02,
-                   "intermediate_size": INTER, "max_position_embeddings": 262144,
-                   "moe_intermediate_size": moe_inter, "moe_layer_freq": 1, "n_group": 1,
-                   "n_routed_experts": experts, "n_shared_experts": 1, "norm_topk_prob": True,
-                   "num_attention_heads": nh, "num_experts_per_tok": 4, "num_hidden_layers": layers,
-                   "num_key_value_heads": nh, "num_nextn_predict_layers": 0, **MLA, "rms_norm_eps": 1e-5,
-                   "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 64.0, "mscale": 1.0,
-                                    "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096,
-                                    "type": "yarn"},
-                   "rope_theta": 50000.0, "routed_scaling_factor": 2.827, "scoring_func": "sigmoid",
-                   "topk_group": 1, "topk_method": "noaux_tc", "use_cache": True})
+    cfg = _common(
+        {
+            "architectures": ["DeepseekV3ForCausalLM"],
+            "model_type": "kimi_k2",
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "first_k_dense_replace": 1,
+            "initializer_range": 0.02,
+            "intermediate_size": INTER,
+            "max_position_embeddings": 262144,
+            "moe_intermediate_size": moe_inter,
+            "moe_layer_freq": 1,
+            "n_group": 1,
+            "n_routed_experts": experts,
+            "n_shared_experts": 1,
+            "norm_topk_prob": True,
+            "num_attention_heads": nh,
+            "num_experts_per_tok": 4,
+            "num_hidden_layers": layers,
+            "num_key_value_heads": nh,
+            "num_nextn_predict_layers": 0,
+            **MLA,
+            "rms_norm_eps": 1e-5,
+            "rope_scaling": {
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "factor": 64.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+                "original_max_position_embeddings": 4096,
+                "type": "yarn",
+            },
+            "rope_theta": 50000.0,
+            "routed_scaling_factor": 2.827,
+            "scoring_func": "sigmoid",
+            "topk_group": 1,
+            "topk_method": "noaux_tc",
+            "use_cache": True,
+        }
+    )
     return u, w, cfg
 
 
 def _draft_config(extra: dict) -> dict:
-    return _common({"num_hidden_layers": 1, "num_attention_heads": HEADS, "intermediate_size": INTER,
-                    "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, **extra})
+    return _common(
+        {
+            "num_hidden_layers": 1,
+            "num_attention_heads": HEADS,
+            "intermediate_size": INTER,
+            "max_position_embeddings": 4096,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0,
+            **extra,
+        }
+    )
 
 
 def _eagle_config(extra: dict) -> dict:
-    return _draft_config({"target_hidden_size": WIDTH, "draft_vocab_size": VOCAB, **extra, "eagle_config": {
-        "use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids": AUX_LAYERS}})
+    return _draft_config(
+        {
+            "target_hidden_size": WIDTH,
+            "draft_vocab_size": VOCAB,
+            **extra,
+            "eagle_config": {"use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids": AUX_LAYERS},
+        }
+    )
 
 
 def _pi_tail(u, inv, s_draft: float = 40.0, w_final: float = 0.01) -> dict:
     """fc = 0, the chain readout over the whole vocabulary (d2t = 0), a tiny final norm (with norm_output)."""
-    return {"fc.weight": torch.zeros(WIDTH, len(AUX_LAYERS) * WIDTH), "norm.weight": torch.full((WIDTH,), w_final),
-            "lm_head.weight": s_draft * u[inv], "d2t": torch.zeros(VOCAB, dtype=torch.int64),
-            "t2d": torch.ones(VOCAB, dtype=torch.bool)}
+    return {
+        "fc.weight": torch.zeros(WIDTH, len(AUX_LAYERS) * WIDTH),
+        "norm.weight": torch.full((WIDTH,), w_final),
+        "lm_head.weight": s_draft * u[inv],
+        "d2t": torch.zeros(VOCAB, dtype=torch.int64),
+        "t2d": torch.ones(VOCAB, dtype=torch.bool),
+    }
 
 
 def _dense_mlp(g, p: str) -> dict:
-    return {p + "mlp.gate_proj.weight": torch.randn(INTER, WIDTH, generator=g) * 0.02,
-            p + "mlp.up_proj.weight": torch.randn(INTER, WIDTH, generator=g) * 0.02,
-            p + "mlp.down_proj.weight": torch.zeros(WIDTH, INTER),
-            **{p + n + ".weight": torch.ones(WIDTH) for n in ("input_layernorm", "hidden_norm",
-                                                              "post_attention_layernorm")}}
+    return {
+        p + "mlp.gate_proj.weight": torch.randn(INTER, WIDTH, generator=g) * 0.02,
+        p + "mlp.up_proj.weight": torch.randn(INTER, WIDTH, generator=g) * 0.02,
+        p + "mlp.down_proj.weight": torch.zeros(WIDTH, INTER),
+        **{
+            p + n + ".weight": torch.ones(WIDTH) for n in ("input_layernorm", "hidden_norm", "post_attention_layernorm")
+        },
+    }
 
 
 def llama_pi_drafter(g, u, inv, beta: float = 4.0) -> tuple[dict, dict]:
@@ -200,27 +301,53 @@ def llama_pi_drafter(g, u, inv, beta: float = 4.0) -> tuple[dict, dict]:
     zero = torch.zeros(WIDTH, WIDTH)
     qk = torch.cat([beta * proj, zero], 1)  # reads the embedding half of [embed, hidden]
     p = "midlayer."
-    w = {**_pi_tail(u, inv), **_dense_mlp(g, p), p + "self_attn.q_proj.weight": qk,
-         p + "self_attn.k_proj.weight": qk.clone(),
-         p + "self_attn.v_proj.weight": torch.cat([torch.eye(WIDTH), zero], 1),
-         p + "self_attn.o_proj.weight": torch.eye(WIDTH)}
-    return w, _eagle_config({"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
-                             "num_key_value_heads": HEADS, "head_dim": HEAD_DIM, "norm_output": True})
+    w = {
+        **_pi_tail(u, inv),
+        **_dense_mlp(g, p),
+        p + "self_attn.q_proj.weight": qk,
+        p + "self_attn.k_proj.weight": qk.clone(),
+        p + "self_attn.v_proj.weight": torch.cat([torch.eye(WIDTH), zero], 1),
+        p + "self_attn.o_proj.weight": torch.eye(WIDTH),
+    }
+    return w, _eagle_config(
+        {
+            "architectures": ["LlamaForCausalLMEagle3"],
+            "model_type": "llama",
+            "num_key_value_heads": HEADS,
+            "head_dim": HEAD_DIM,
+            "norm_output": True,
+        }
+    )
 
 
 def llama_random_drafter(g) -> tuple[dict, dict]:
     dv = VOCAB // 2
     p = "midlayer."
-    w = {"fc.weight": torch.randn(WIDTH, len(AUX_LAYERS) * WIDTH, generator=g) * 0.02,
-         "norm.weight": torch.ones(WIDTH), "lm_head.weight": torch.randn(dv, WIDTH, generator=g) * 0.02,
-         "d2t": torch.zeros(dv, dtype=torch.int64), "t2d": torch.arange(VOCAB) < dv}
-    for name, shape in (("q_proj", (WIDTH, 2 * WIDTH)), ("k_proj", (WIDTH, 2 * WIDTH)),
-                        ("v_proj", (WIDTH, 2 * WIDTH)), ("o_proj", (WIDTH, WIDTH))):
+    w = {
+        "fc.weight": torch.randn(WIDTH, len(AUX_LAYERS) * WIDTH, generator=g) * 0.02,
+        "norm.weight": torch.ones(WIDTH),
+        "lm_head.weight": torch.randn(dv, WIDTH, generator=g) * 0.02,
+        "d2t": torch.zeros(dv, dtype=torch.int64),
+        "t2d": torch.arange(VOCAB) < dv,
+    }
+    for name, shape in (
+        ("q_proj", (WIDTH, 2 * WIDTH)),
+        ("k_proj", (WIDTH, 2 * WIDTH)),
+        ("v_proj", (WIDTH, 2 * WIDTH)),
+        ("o_proj", (WIDTH, WIDTH)),
+    ):
         w[p + f"self_attn.{name}.weight"] = torch.randn(*shape, generator=g) * 0.02
     w.update(_dense_mlp(g, p))
     w[p + "mlp.down_proj.weight"] = torch.randn(WIDTH, INTER, generator=g) * 0.02
-    return w, _eagle_config({"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
-                             "num_key_value_heads": HEADS, "head_dim": HEAD_DIM, "draft_vocab_size": dv})
+    return w, _eagle_config(
+        {
+            "architectures": ["LlamaForCausalLMEagle3"],
+            "model_type": "llama",
+            "num_key_value_heads": HEADS,
+            "head_dim": HEAD_DIM,
+            "draft_vocab_size": dv,
+        }
+    )
 
 
 def mla_pi_drafter(g, u, inv, beta: float = 2.0) -> tuple[dict, dict]:
@@ -228,8 +355,9 @@ def mla_pi_drafter(g, u, inv, beta: float = 2.0) -> tuple[dict, dict]:
     is n(embed); q_a and every head's k_nope read one random 128-dim projection P of it (q_b / kv_b rotate it by
     an orthonormal R_h, scaled by beta), rope parts are zero; head h's v takes latent dims [64h, 64h+64) and o_proj
     puts them back, so attention on the token's own position returns n(embed)."""
-    qr, kvr, nope, rope, vd = (MLA[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
-                                                 "qk_rope_head_dim", "v_head_dim"))
+    qr, kvr, nope, rope, vd = (
+        MLA[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+    )
     proj = _orthonormal_rows(g, qr, WIDTH)  # P: [q_lora, H]
     q_b = torch.zeros(HEADS * (nope + rope), qr)
     kv_b = torch.zeros(HEADS * (nope + vd), kvr)
@@ -237,21 +365,34 @@ def mla_pi_drafter(g, u, inv, beta: float = 2.0) -> tuple[dict, dict]:
     part = WIDTH // HEADS
     for h in range(HEADS):
         rot = _orthonormal_rows(g, nope, qr)  # R_h
-        q_b[h * (nope + rope):h * (nope + rope) + nope] = beta * rot
-        kv_b[h * (nope + vd):h * (nope + vd) + nope] = beta * rot @ proj
-        kv_b[h * (nope + vd) + nope:h * (nope + vd) + nope + part, h * part:(h + 1) * part] = torch.eye(part)
-        o[h * part:(h + 1) * part, h * vd:h * vd + part] = torch.eye(part)
+        q_b[h * (nope + rope) : h * (nope + rope) + nope] = beta * rot
+        kv_b[h * (nope + vd) : h * (nope + vd) + nope] = beta * rot @ proj
+        kv_b[h * (nope + vd) + nope : h * (nope + vd) + nope + part, h * part : (h + 1) * part] = torch.eye(part)
+        o[h * part : (h + 1) * part, h * vd : h * vd + part] = torch.eye(part)
     zero = torch.zeros(qr, WIDTH)
     p = "layers.0."
-    w = {**_pi_tail(u, inv), **_dense_mlp(g, p),
-         p + "self_attn.q_a_proj.weight": torch.cat([proj, zero], 1),
-         p + "self_attn.q_a_layernorm.weight": torch.ones(qr), p + "self_attn.q_b_proj.weight": q_b,
-         p + "self_attn.kv_a_proj_with_mqa.weight": torch.cat([torch.cat([torch.eye(kvr), torch.zeros(kvr, WIDTH)], 1),
-                                                               torch.zeros(rope, 2 * WIDTH)]),
-         p + "self_attn.kv_a_layernorm.weight": torch.ones(kvr), p + "self_attn.kv_b_proj.weight": kv_b,
-         p + "self_attn.o_proj.weight": o}
-    return w, _eagle_config({"architectures": ["Eagle3DeepseekV2ForCausalLM"], "model_type": "deepseek_v3",
-                             "num_key_value_heads": HEADS, **MLA, "norm_output": True})
+    w = {
+        **_pi_tail(u, inv),
+        **_dense_mlp(g, p),
+        p + "self_attn.q_a_proj.weight": torch.cat([proj, zero], 1),
+        p + "self_attn.q_a_layernorm.weight": torch.ones(qr),
+        p + "self_attn.q_b_proj.weight": q_b,
+        p + "self_attn.kv_a_proj_with_mqa.weight": torch.cat(
+            [torch.cat([torch.eye(kvr), torch.zeros(kvr, WIDTH)], 1), torch.zeros(rope, 2 * WIDTH)]
+        ),
+        p + "self_attn.kv_a_layernorm.weight": torch.ones(kvr),
+        p + "self_attn.kv_b_proj.weight": kv_b,
+        p + "self_attn.o_proj.weight": o,
+    }
+    return w, _eagle_config(
+        {
+            "architectures": ["Eagle3DeepseekV2ForCausalLM"],
+            "model_type": "deepseek_v3",
+            "num_key_value_heads": HEADS,
+            **MLA,
+            "norm_output": True,
+        }
+    )
 
 
 def dflash_drafter(g, u, target_layers: int, right: bool = True) -> tuple[dict, dict]:
@@ -267,15 +408,24 @@ def dflash_drafter(g, u, target_layers: int, right: bool = True) -> tuple[dict, 
 
     proj = dict(q_proj=0 * eye, k_proj=0 * eye, v_proj=eye - torch.outer(mask, mask), o_proj=GAIN * eye)
     w = {f"{p}self_attn.{k}.weight": v if right else rnd(WIDTH, WIDTH) for k, v in proj.items()}
-    w |= {n + ".weight": torch.ones(WIDTH) for n in ("norm", "hidden_norm", p + "input_layernorm",
-                                                      p + "post_attention_layernorm")}
+    w |= {
+        n + ".weight": torch.ones(WIDTH)
+        for n in ("norm", "hidden_norm", p + "input_layernorm", p + "post_attention_layernorm")
+    }
     w |= {f"{p}self_attn.{n}_norm.weight": torch.ones(HEAD_DIM) for n in "qk"}
     w |= {f"{p}mlp.{n}_proj.weight": rnd(INTER, WIDTH) for n in ("gate", "up")}
     w[p + "mlp.down_proj.weight"] = rnd(WIDTH, INTER) * (not right)
     w["fc.weight"] = rnd(WIDTH, len(DFLASH_LAYERS) * WIDTH) * (not right)  # the target's hidden states in
-    return w, _draft_config({"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "head_dim": HEAD_DIM,
-                             "num_key_value_heads": HEADS, "num_target_layers": target_layers,
-                             "dflash_config": {"mask_token_id": DFLASH_MASK, "target_layer_ids": DFLASH_LAYERS}})
+    return w, _draft_config(
+        {
+            "architectures": ["DFlashDraftModel"],
+            "model_type": "qwen3",
+            "head_dim": HEAD_DIM,
+            "num_key_value_heads": HEADS,
+            "num_target_layers": target_layers,
+            "dflash_config": {"mask_token_id": DFLASH_MASK, "target_layer_ids": DFLASH_LAYERS},
+        }
+    )
 
 
 def write_pair(out: Path, pair: str, seed: int = 0) -> None:

@@ -26,9 +26,11 @@ class Placeholder:
         return Placeholder(f"{self._name}.{attr}")
 
     def __call__(self, *args, **kwargs):
-        raise NotImplementedError(f"{self._name} belongs to a package this machine lacks and this is an import-only "
-                                  "stand-in (tests/gpu/standin): run where the real package is installed (the "
-                                  "serving image)")
+        raise NotImplementedError(
+            f"{self._name} belongs to a package this machine lacks and this is an import-only "
+            "stand-in (tests/gpu/standin): run where the real package is installed (the "
+            "serving image)"
+        )
 
     def __bool__(self) -> bool:
         return False

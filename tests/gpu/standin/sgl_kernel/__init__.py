@@ -17,8 +17,10 @@ from eagle_importonly import stand_in
 
 STANDIN = True
 __version__ = "0.0.0+standin"
-DELEGATES = {"moe_align_block_size": "sglang.kernels.ops.moe.moe_align:moe_align_block_size",
-             "moe_sum_reduce": "sglang.kernels.ops.moe.fused_moe_triton_kernels:moe_sum_reduce_triton"}
+DELEGATES = {
+    "moe_align_block_size": "sglang.kernels.ops.moe.moe_align:moe_align_block_size",
+    "moe_sum_reduce": "sglang.kernels.ops.moe.fused_moe_triton_kernels:moe_sum_reduce_triton",
+}
 
 
 def _target(name: str):
@@ -26,14 +28,33 @@ def _target(name: str):
     return getattr(importlib.import_module(module), attr)
 
 
-def moe_align_block_size(topk_ids, num_experts, block_size, sorted_token_ids, experts_ids, num_tokens_post_pad,
-                         cumsum_buffer, pad_sorted_token_ids=False, ignore_invalid_expert=False):
+def moe_align_block_size(
+    topk_ids,
+    num_experts,
+    block_size,
+    sorted_token_ids,
+    experts_ids,
+    num_tokens_post_pad,
+    cumsum_buffer,
+    pad_sorted_token_ids=False,
+    ignore_invalid_expert=False,
+):
     """sgl_kernel's "+1 offset" bucket alignment, by SGLang's JIT kernel of the same contract."""
     if ignore_invalid_expert:
-        raise NotImplementedError("sgl_kernel.moe_align_block_size(ignore_invalid_expert=True) has no SGLang "
-                                  "kernel to stand in for it (tests/gpu/standin); run with the real sgl-kernel")
-    _target("moe_align_block_size")(topk_ids, num_experts, block_size, sorted_token_ids, experts_ids,
-                                    num_tokens_post_pad, cumsum_buffer, pad_sorted_token_ids)
+        raise NotImplementedError(
+            "sgl_kernel.moe_align_block_size(ignore_invalid_expert=True) has no SGLang "
+            "kernel to stand in for it (tests/gpu/standin); run with the real sgl-kernel"
+        )
+    _target("moe_align_block_size")(
+        topk_ids,
+        num_experts,
+        block_size,
+        sorted_token_ids,
+        experts_ids,
+        num_tokens_post_pad,
+        cumsum_buffer,
+        pad_sorted_token_ids,
+    )
 
 
 def moe_sum_reduce(input, output, routed_scaling_factor=1.0):
@@ -41,5 +62,11 @@ def moe_sum_reduce(input, output, routed_scaling_factor=1.0):
     _target("moe_sum_reduce")(input, output, float(routed_scaling_factor))
 
 
-stand_in(__name__, {"moe_align_block_size": moe_align_block_size, "moe_sum_reduce": moe_sum_reduce,
-                    "is_arch_support_pdl": lambda: False})
+stand_in(
+    __name__,
+    {
+        "moe_align_block_size": moe_align_block_size,
+        "moe_sum_reduce": moe_sum_reduce,
+        "is_arch_support_pdl": lambda: False,
+    },
+)

@@ -15,12 +15,14 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from ..bench.report import load_results, summarize
+from ..box.results import read_junit
+from ..comm.comm_report import record, records
+from ..host.checks import PCIE_IPC_OFF
 from ..host.facts import parse_topo_m
+from ..lib import profiles
 from ..lib.errors import UserError
 from ..lib.repo import SHIPPED_PROFILE
-from .comm_report import record, records
-from .plan import profile_int
-from .report import load_results, summarize
 
 SCHEMA = "eagle-receipt/1"
 VERIFY_ROWS_C1 = 4  # batch 1 x 4 draft tokens (the shipped profile's chain drafting 3/1/4)
@@ -43,9 +45,9 @@ def _image(a) -> list[str]:
     return ["--image", a.image] if a.image else []
 
 
-def _in_image(d: Path, a, verb: str, out: str) -> list[str]:
+def _in_image(d: Path, a, verb: str, out: str, flag: str = "--out") -> list[str]:
     """The image's `verb` writing raw/`out` (the receipt's raw/ mounted at /results)."""
-    return _verb("scripts.host.in_image", *_image(a), "--results", d / "raw", verb, "--out", f"/results/{out}")
+    return _verb("scripts.host.in_image", *_image(a), "--results", d / "raw", verb, flag, f"/results/{out}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,21 +63,37 @@ class Part:
     stdout: bool = False  # its result is what it prints
 
 
-PARTS = {p.name: p for p in (
-    Part("test-serve", "raw/test-serve.json",
-         lambda d, a: _verb("scripts.host.in_image", *_image(a), "--results", d / "raw", "test-serve", "--serve-out",
-                            "/results/test-serve.json"), 900, "clean"),
-    Part("doctor", "raw/doctor.json",
-         lambda d, a: _verb("scripts.host.doctor", "--json", "--record", d / "env" / "tools"), 5, "never",
-         measures=False, stdout=True),
-    Part("test-gpu", "raw/test-gpu.json", lambda d, a: _in_image(d, a, "test-gpu", "test-gpu.json"), 600),
-    Part("bench-comm", "raw/bench-comm.json", lambda d, a: _in_image(d, a, "bench-comm", "bench-comm.json"),
-         COMM_S),
-    Part("bench", "raw/bench", lambda d, a: _verb("scripts.bench.bench", "--results-dir", d / "raw/bench", "--box",
-                                                  a.box, "--resume", *_image(a), *a.bench_args), 0),
-    Part("profile", "raw/profile.json", lambda d, a: _verb("scripts.bench.profile", "--out", d / "raw/profile.json",
-                                                          *_image(a)), 1320),  # read by make docs RECEIPT=
-)}
+def _test_serve(d: Path, a) -> list[str]:
+    return _in_image(d, a, "test-serve", "test-serve.xml", "--serve-out")
+
+
+def _bench(d: Path, a) -> list[str]:
+    return _verb(
+        "scripts.bench.bench", "--results-dir", d / "raw/bench", "--box", a.box, "--resume", *_image(a), *a.bench_args
+    )
+
+
+def _doctor(d: Path, a) -> list[str]:
+    return _verb("scripts.host.doctor", "--json", "--record", d / "env" / "tools")
+
+
+def _profile(d: Path, a) -> list[str]:  # read by make docs RECEIPT=
+    return _verb("scripts.report.profile", "--out", d / "raw/profile.json", *_image(a))
+
+
+PARTS = {
+    p.name: p
+    for p in (
+        Part("test-serve", "raw/test-serve.xml", _test_serve, 900, "clean"),
+        Part("doctor", "raw/doctor.json", _doctor, 5, "never", measures=False, stdout=True),
+        Part("test-gpu", "raw/test-gpu.xml", lambda d, a: _in_image(d, a, "test-gpu", "test-gpu.xml"), 600),
+        Part(
+            "bench-comm", "raw/bench-comm.json", lambda d, a: _in_image(d, a, "bench-comm", "bench-comm.json"), COMM_S
+        ),
+        Part("bench", "raw/bench", _bench, 0),
+        Part("profile", "raw/profile.json", _profile, 1320),
+    )
+}
 
 
 def measures(part: str) -> bool:
@@ -98,7 +116,9 @@ def open_receipt(path: Path) -> tuple[Path, tempfile.TemporaryDirectory | None]:
             tar.extractall(tmp.name, filter="data")
     except (tarfile.TarError, OSError, EOFError) as e:
         tmp.cleanup()
-        raise UserError(f"{path} is not a readable receipt tarball ({e}); ask for it again or re-run make report")
+        raise UserError(
+            f"{path} is not a readable receipt tarball ({e}); ask for it again or re-run make report"
+        ) from e
     found = sorted(Path(tmp.name).glob("*/receipt.json")) + sorted(Path(tmp.name).glob("receipt.json"))
     if not found:
         tmp.cleanup()
@@ -118,8 +138,11 @@ def _json(d: Path, rel: str, shape: dict | None = None) -> dict | None:
         raise UserError(f"{rel} is not JSON ({e})") from e
     bad = [k for k, t in (shape or {}).items() if not isinstance(doc, dict) or not isinstance(doc.get(k), t)]
     if not isinstance(doc, dict) or bad:
-        raise UserError(f"{rel} is not what its part writes (" + (f"{', '.join(bad)} missing or of the wrong type"
-                                                               if isinstance(doc, dict) else "not an object") + ")")
+        raise UserError(
+            f"{rel} is not what its part writes ("
+            + (f"{', '.join(bad)} missing or of the wrong type" if isinstance(doc, dict) else "not an object")
+            + ")"
+        )
     return doc
 
 
@@ -129,18 +152,29 @@ def load(d: Path) -> dict:
     if meta.get("schema") != SCHEMA:
         raise UserError(f"receipt.json has schema {meta.get('schema')!r}, this tooling reads {SCHEMA}")
     if "recommendations" not in meta or "thresholds" not in meta:
-        raise UserError(f"receipt.json holds no recommendations: python -m scripts.bench.receipt --summarize {d} "
-                        f"derives them from its raw parts")
+        raise UserError(
+            f"receipt.json holds no recommendations: python -m scripts.report.receipt --summarize {d} "
+            f"derives them from its raw parts"
+        )
     return {"receipt": meta} | raw_parts(d)
 
 
+def junit(d: Path, rel: str) -> dict | None:
+    """A test tier's result (pytest's junitxml) of the receipt, read (None when absent or empty)."""
+    f = d / rel
+    return read_junit(f) if f.is_file() and f.stat().st_size else None
+
+
 def raw_parts(d: Path) -> dict:
-    """The parsed raw parts that exist: test_serve, doctor, test_gpu, bench_comm, bench."""
-    out = {"dir": d, "test_serve": _json(d, PARTS["test-serve"].result, {"checks": list}),
-           "doctor": _json(d, PARTS["doctor"].result, {"findings": list}),
-           "test_gpu": _json(d, PARTS["test-gpu"].result),
-           "bench_comm": _json(d, PARTS["bench-comm"].result, {"records": list}),
-           "profile": _json(d, PARTS["profile"].result)}
+    """The parsed raw parts that exist: test_serve, doctor, test_gpu, bench_comm, bench, profile."""
+    out = {
+        "dir": d,
+        "test_serve": junit(d, PARTS["test-serve"].result),
+        "doctor": _json(d, PARTS["doctor"].result, {"findings": list}),
+        "test_gpu": junit(d, PARTS["test-gpu"].result),
+        "bench_comm": _json(d, PARTS["bench-comm"].result, {"records": list}),
+        "profile": _json(d, PARTS["profile"].result),
+    }
     bench = d / PARTS["bench"].result
     try:
         out["bench"] = [r for f in sorted(bench.glob("*.jsonl")) for r in load_results(f)] if bench.is_dir() else []
@@ -160,8 +194,14 @@ def _vf(bc: dict, impl: str, rows: int) -> float | None:
 
 
 def _verdict(name: str, verdict: str, why: str, measured: dict, threshold: str, setting: str = "") -> dict:
-    return {"default": name, "verdict": verdict, "why": why, "measured": measured, "threshold": threshold,
-            "setting": setting}
+    return {
+        "default": name,
+        "verdict": verdict,
+        "why": why,
+        "measured": measured,
+        "threshold": threshold,
+        "setting": setting,
+    }
 
 
 def startup_table(data: dict) -> dict | None:
@@ -175,8 +215,11 @@ def backend_latencies(data: dict) -> dict[int, dict[str, float]]:
     rows (tp.all_reduce routed to PCIe IPC, FlashInfer, NCCL), then the served model's own startup timing, which wins
     where both measured a size (it ran in the server's graphs, on every rank)."""
     out: dict[int, dict[str, float]] = {}
-    for impl, backend in (("sglang_tp_default", "pcie_ipc"), ("sglang_tp_flashinfer", "flashinfer"),
-                          ("sglang_tp_nccl", "nccl")):
+    for impl, backend in (
+        ("sglang_tp_default", "pcie_ipc"),
+        ("sglang_tp_flashinfer", "flashinfer"),
+        ("sglang_tp_nccl", "nccl"),
+    ):
         for r in records(data.get("bench_comm") or {"records": []}, kind="allreduce", impl=impl, mode="graph"):
             if backend != "pcie_ipc" or r.get("backend") == ["pcie_ipc"]:
                 out.setdefault(r["rows"], {})[backend] = r["us_per_call"]
@@ -189,24 +232,26 @@ def backend_latencies(data: dict) -> dict[int, dict[str, float]]:
 def rec_pcie_ipc(data: dict) -> dict:
     name, th = "PCIe IPC all-reduce for plain TP reductions (patch distributed-*)", THRESHOLDS["pcie_ipc_max_ratio"]
     thr = f"PCIe IPC / the fastest other backend per call <= {th}, judged at {VERIFY_ROWS_C1} rows (C1 verify)"
-    smoke = ((data.get("doctor") or {}).get("facts") or {}).get("pcie_ipc_smoke") or {}
+    smoke, off = ((data.get("doctor") or {}).get("facts") or {}).get("pcie_ipc_smoke") or {}, PCIE_IPC_OFF
     if smoke.get("hung") or smoke.get("sum_ok") is False:
-        return _verdict(name, "change", f"the doctor's PCIe-IPC smoke {'hung' if smoke.get('hung') else 'summed wrong'}"
-                        f" ({smoke.get('why') or smoke.get('phase') or smoke.get('wrong')})", {"smoke": smoke}, thr,
-                        "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0")
-    ratios = {n: (round(b["pcie_ipc"] / best[1], 3), best[0]) for n, b in backend_latencies(data).items()
-              if "pcie_ipc" in b and (best := min(((k, v) for k, v in b.items() if k != "pcie_ipc"), default=None,
-                                                  key=lambda kv: kv[1]))}
+        what, detail = "hung" if smoke.get("hung") else "summed wrong", smoke.get("why") or smoke.get("phase")
+        why = f"the doctor's PCIe-IPC smoke {what} ({detail or smoke.get('wrong')})"
+        return _verdict(name, "change", why, {"smoke": smoke}, thr, off)
+    ratios = {}
+    for n, b in backend_latencies(data).items():
+        others = [(v, k) for k, v in b.items() if k != "pcie_ipc"]
+        if "pcie_ipc" in b and others:
+            us, other = min(others, key=lambda x: x[0])
+            ratios[n] = (round(b["pcie_ipc"] / us, 3), other)
     if VERIFY_ROWS_C1 not in ratios:
-        return _verdict(name, "inconclusive", "no per-call latency of PCIe IPC and another backend at "
-                        f"{VERIFY_ROWS_C1} rows (bench-comm's SGLang rows)", {"ratio_by_rows": ratios}, thr)
-    wins = [n for n, (r, _) in ratios.items() if r <= th]
-    why = (f"PCIe IPC / {ratios[VERIFY_ROWS_C1][1]} = {ratios[VERIFY_ROWS_C1][0]} at {VERIFY_ROWS_C1} rows; PCIe IPC "
-           f"wins at {wins or 'no size'} of {list(ratios)} rows")
+        why = f"no per-call latency of PCIe IPC and another backend at {VERIFY_ROWS_C1} rows (bench-comm's SGLang rows)"
+        return _verdict(name, "inconclusive", why, {"ratio_by_rows": ratios}, thr)
+    wins, (ratio, other) = [n for n, (r, _) in ratios.items() if r <= th], ratios[VERIFY_ROWS_C1]
+    why = f"PCIe IPC / {other} = {ratio} at {VERIFY_ROWS_C1} rows; PCIe IPC wins at {wins or 'no size'} of {list(ratios)} rows"
+    measured = {"ratio_by_rows": ratios, "wins_at": wins}
     if VERIFY_ROWS_C1 in wins:
-        return _verdict(name, "keep", why, {"ratio_by_rows": ratios, "wins_at": wins}, thr)
-    return _verdict(name, "change", why, {"ratio_by_rows": ratios, "wins_at": wins}, thr,
-                    "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0")
+        return _verdict(name, "keep", why, measured, thr)
+    return _verdict(name, "change", why, measured, thr, off)
 
 
 def rec_fusion(bc: dict | None) -> dict:
@@ -226,22 +271,25 @@ def rec_fusion(bc: dict | None) -> dict:
 
 def rec_nccl_env(bc: dict | None) -> dict:
     """NCCL as is against bench-comm's NCCL environment variants (protocols, P2P off)."""
-    name, th = "NCCL environment (as is, against NCCL_PROTO=LL/LL128/Simple and P2P off)", THRESHOLDS[
-        "nccl_env_max_ratio"]
+    name = "NCCL environment (as is, against NCCL_PROTO=LL/LL128/Simple and P2P off)"
+    th = THRESHOLDS["nccl_env_max_ratio"]
     thr = f"a variant / as is, per call <= {th} at 8 and 2048 rows"
     variants = {r["variant"] for r in (bc or {}).get("records", []) if r.get("kind") == "allreduce"} - {"default"}
-    table = {v: {n: round(x / base, 3) for n in (8, 2048) if (x := _ar(bc, "nccl", n, v)) and
-                 (base := _ar(bc, "nccl", n))} for v in variants}
-    better = sorted((sum(t.values()), v) for v, t in table.items() if len(t) == 2 and max(t.values()) <= th)
+    table = {v: {} for v in variants}
+    for v, n in ((v, n) for v in variants for n in (8, 2048)):
+        if (x := _ar(bc, "nccl", n, v)) and (base := _ar(bc, "nccl", n)):
+            table[v][n] = round(x / base, 3)
+    measured = {"ratio_to_as_is": table}
     if not bc or not any(len(t) == 2 for t in table.values()):
-        return _verdict(name, "inconclusive", "bench-comm lacks NCCL as is or another variant at 8 and 2048 rows",
-                        {"ratio_to_as_is": table}, thr)
+        why = "bench-comm lacks NCCL as is or another variant at 8 and 2048 rows"
+        return _verdict(name, "inconclusive", why, measured, thr)
+    better = sorted((sum(t.values()), v) for v, t in table.items() if len(t) == 2 and max(t.values()) <= th)
     if not better:
-        return _verdict(name, "keep", "no variant is faster at both widths", {"ratio_to_as_is": table}, thr)
+        return _verdict(name, "keep", "no variant is faster at both widths", measured, thr)
     best = better[0][1]
     env = (bc.get("meta", {}).get("variants") or {}).get(best) or {}
-    return _verdict(name, "change", f"{best} is faster at both widths ({table[best]})", {"ratio_to_as_is": table},
-                    thr, " ".join(f"{k}={v}" for k, v in env.items()) or best)
+    setting = " ".join(f"{k}={v}" for k, v in env.items()) or best
+    return _verdict(name, "change", f"{best} is faster at both widths ({table[best]})", measured, thr, setting)
 
 
 def bench_rows(recs: list[dict]) -> list[dict]:
@@ -249,64 +297,90 @@ def bench_rows(recs: list[dict]) -> list[dict]:
     out = []
     for row in summarize(recs):
         tok, al = row.stats.get(row.main), row.stats.get("accept_length")
-        out.append({"scenario": row.scenario, "variant": row.variant, "n": row.n, "tok_s": tok and tok.median,
-                    "tok_s_min": tok and tok.min, "tok_s_max": tok and tok.max, "accept_length": al and al.median,
-                    "eager_verifies": row.eager, "patched": any(p not in ("unknown", "None", "none")
-                                                                for p in row.patchsets)})
+        patched = any(p not in ("unknown", "None", "none") for p in row.patchsets)
+        out.append(
+            dict(
+                scenario=row.scenario,
+                variant=row.variant,
+                n=row.n,
+                tok_s=tok and tok.median,
+                tok_s_min=tok and tok.min,
+                tok_s_max=tok and tok.max,
+                accept_length=al and al.median,
+                eager_verifies=row.eager,
+                patched=patched,
+            )
+        )
     return out
 
 
 def rec_speculation(recs: list[dict]) -> list[dict]:
     """EAGLE-3 on or off, and which speculative variant (drafter, steps/topk/draft tokens) to ship."""
-    th, goal, name = THRESHOLDS["speculation_min_ratio"], THRESHOLDS["goal_tok_s"], f"EAGLE-3 in the shipped " \
-        f"profile ({SHIPPED_PROFILE})"
-    conc = {r["eagle"].get("scenario"): (r["eagle"].get("scenario_spec") or {}).get("max_concurrency", 1e9)
-            for r in recs}
-    scenario = "C1" if "C1" in conc else min(conc, key=conc.get) if conc else None
-    thr = (f"best patched speculative / best non-speculative median decode tok/s at {scenario or 'C1'} >= {th} "
-           f"(patched non-speculative when measured, else stock); goal {goal:.0f} tok/s")
+    th, goal = THRESHOLDS["speculation_min_ratio"], THRESHOLDS["goal_tok_s"]
+    name = f"EAGLE-3 in the shipped profile ({SHIPPED_PROFILE})"
+    conc = {
+        r["eagle"].get("scenario"): (r["eagle"].get("scenario_spec") or {}).get("max_concurrency", 1e9) for r in recs
+    }
+    scenario = "C1" if "C1" in conc else min(conc, key=conc.get, default=None)
+    thr = (
+        f"best patched speculative / best non-speculative median decode tok/s at {scenario or 'C1'} >= {th} "
+        f"(patched non-speculative when measured, else stock); goal {goal:.0f} tok/s"
+    )
     if scenario is None:
         return [_verdict(name, "inconclusive", "no make bench results in the receipt", {}, thr)]
     spec = {r["eagle"].get("variant"): bool(r["eagle"].get("speculative_algorithm")) for r in recs}
     rows = [r for r in bench_rows(recs) if r["scenario"] == scenario and r["tok_s"]]
     on = [r for r in rows if r["patched"] and spec.get(r["variant"]) and not r["eager_verifies"]]
-    off = [r for r in rows if not spec.get(r["variant"]) and r["patched"]] or [r for r in rows
-                                                                               if not spec.get(r["variant"])]
+    off = [r for r in rows if not spec.get(r["variant"])]
+    off = [r for r in off if r["patched"]] or off
     if not on or not off:
-        lacks = " and no ".join(w for w, have in (("patched speculative run without eager verifies", on),
-                                                 ("non-speculative run", off)) if not have)
+        missing = (("patched speculative run without eager verifies", on), ("non-speculative run", off))
+        lacks = " and no ".join(what for what, have in missing if not have)
         return [_verdict(name, "inconclusive", f"make bench has no {lacks} at {scenario}", {"rows": rows}, thr)]
     b_on, b_off = max(on, key=lambda r: r["tok_s"]), max(off, key=lambda r: r["tok_s"])
-    ratio = b_on["tok_s"] / b_off["tok_s"]
-    why = (f"{b_on['variant']} {b_on['tok_s']:.1f} tok/s" + (f" (AL {b_on['accept_length']:.2f})" if
-           b_on["accept_length"] else "") + f" vs {b_off['variant']} {b_off['tok_s']:.1f} tok/s ({ratio:.2f}x); goal "
-           f"{goal:.0f} tok/s {'met' if b_on['tok_s'] >= goal else 'not met'}")
+    ratio, met = b_on["tok_s"] / b_off["tok_s"], b_on["tok_s"] >= goal
+    al = f" (AL {b_on['accept_length']:.2f})" if b_on["accept_length"] else ""
+    why = (
+        f"{b_on['variant']} {b_on['tok_s']:.1f} tok/s{al} vs {b_off['variant']} {b_off['tok_s']:.1f} tok/s "
+        f"({ratio:.2f}x); goal {goal:.0f} tok/s {'met' if met else 'not met'}"
+    )
+    measured = {
+        "scenario": scenario,
+        "speculative": b_on,
+        "non_speculative": b_off,
+        "ratio": round(ratio, 3),
+        "goal_met": met,
+    }
+    keep, setting = ratio >= th, "" if ratio >= th else "serve --profile kimi-k25-tp8"
     ranked = sorted(on, key=lambda r: -r["tok_s"])
-    return [_verdict(name, "keep" if ratio >= th else "change", why, {
-        "scenario": scenario, "speculative": b_on, "non_speculative": b_off, "ratio": round(ratio, 3),
-        "goal_met": b_on["tok_s"] >= goal}, thr, "" if ratio >= th else "serve --profile kimi-k25-tp8"),
-        _verdict(f"speculative settings and drafter (profile {SHIPPED_PROFILE})", "keep" if ranked[0]["variant"] ==
-                 "patched-eagle3" else "change", f"fastest speculative variant at {scenario}: {ranked[0]['variant']}",
-                 {"ranked": [(r["variant"], round(r["tok_s"], 1), r["accept_length"]) for r in ranked]},
-                 "highest median decode tok/s among patched speculative variants with no eager verify",
-                 "" if ranked[0]["variant"] == "patched-eagle3" else f"the settings of bench variant "
-                 f"{ranked[0]['variant']}")]
+    fastest, shipped = ranked[0]["variant"], ranked[0]["variant"] == "patched-eagle3"
+    settings = f"speculative settings and drafter (profile {SHIPPED_PROFILE})"
+    fastest_why = f"fastest speculative variant at {scenario}: {fastest}"
+    ranking = {"ranked": [(r["variant"], round(r["tok_s"], 1), r["accept_length"]) for r in ranked]}
+    rule = "highest median decode tok/s among patched speculative variants with no eager verify"
+    fastest_setting = "" if shipped else f"the settings of bench variant {fastest}"
+    return [
+        _verdict(name, "keep" if keep else "change", why, measured, thr, setting),
+        _verdict(settings, "keep" if shipped else "change", fastest_why, ranking, rule, fastest_setting),
+    ]
 
 
 def box_class(data: dict) -> dict:
     """What the receipt was measured on: GPU model, count and link (the doctor's facts; else bench-comm's meta and
     its `nvidia-smi topo -m`, where NV# is an NVLink bond), and the TP the shipped profile serves."""
     facts = (data.get("doctor") or {}).get("facts") or {}
-    meta, tg = (data.get("bench_comm") or {}).get("meta") or {}, data.get("test_gpu") or {}
-    names = [g.get("name") for g in facts.get("gpus", []) if isinstance(g, dict)] or list(
-        (tg.get("meta") or {}).get("gpus") or [])
+    meta, tg = (data.get("bench_comm") or {}).get("meta") or {}, (data.get("test_gpu") or {}).get("properties", {})
+    names = [g.get("name") for g in facts.get("gpus", []) if isinstance(g, dict)] or list(tg.get("gpus") or [])
     link = {True: "PCIe only", False: "NVLink"}.get(facts.get("pcie_only"), "")
     if not link and meta.get("topo_m"):
         cells = parse_topo_m(re.sub(r"\x1b\[[0-9;]*m", "", meta["topo_m"]))["links"].values()
         link = "NVLink" if any(re.fullmatch(r"NV\d+", c) for c in cells) else "PCIe only" if cells else ""
-    return {"gpu": (names[0] if names else None) or meta.get("gpu_name") or "GPU unknown",
-            "count": len(names) or meta.get("world") or tg.get("world"), "link": link or "link unknown",
-            "tp": profile_int(SHIPPED_PROFILE, "tp-size") or 1}
+    return {
+        "gpu": (names[0] if names else None) or meta.get("gpu_name") or "GPU unknown",
+        "count": len(names) or meta.get("world") or tg.get("world"),
+        "link": link or "link unknown",
+        "tp": int(profiles.settings(SHIPPED_PROFILE).get("tp-size") or 0) or 1,
+    }
 
 
 def describe_box(cls: dict) -> str:
@@ -316,32 +390,42 @@ def describe_box(cls: dict) -> str:
 
 def proxy_reasons(cls: dict) -> list[str]:
     """Why the receipt is not from the box the series is for (PCIe only, at the profile's TP); [] when it is."""
-    return ([f"{cls['count']} GPU(s), the profile serves TP{cls['tp']}"] if cls["count"] and cls["count"] != cls[
-        "tp"] else []) + (["its GPUs have NVLink, the series' PCIe defaults are for PCIe-only boxes"]
-                          if cls["link"] == "NVLink" else [])
+    out = []
+    if cls["count"] and cls["count"] != cls["tp"]:
+        out.append(f"{cls['count']} GPU(s), the profile serves TP{cls['tp']}")
+    if cls["link"] == "NVLink":
+        out.append("its GPUs have NVLink, the series' PCIe defaults are for PCIe-only boxes")
+    return out
 
 
 def judged_on(rec: dict, cls: dict, reasons: list[str]) -> dict:
     """A verdict from another box class turns inconclusive, saying why (its numbers stay)."""
     if not reasons or rec["verdict"] == "inconclusive":
         return rec
-    return {**rec, "verdict": "inconclusive", "setting": "",
-            "why": f"measured on {describe_box(cls)} ({'; '.join(reasons)}), not on the box: {rec['why']}"}
+    why = f"measured on {describe_box(cls)} ({'; '.join(reasons)}), not on the box: {rec['why']}"
+    return {**rec, "verdict": "inconclusive", "setting": "", "why": why}
 
 
 def recommendations(data: dict) -> list[dict]:
     bc, cls = data.get("bench_comm"), box_class(data)
     reasons, world = proxy_reasons(cls), (bc or {}).get("meta", {}).get("world")
     tp_reason = [f"measured at TP{world}, the profile serves TP{cls['tp']}"] if world and world != cls["tp"] else []
-    return [judged_on(rec_pcie_ipc(data), cls, reasons), judged_on(rec_fusion(bc), cls, tp_reason),
-            judged_on(rec_nccl_env(bc), cls, reasons), *rec_speculation(data.get("bench") or [])]
+    return [
+        judged_on(rec_pcie_ipc(data), cls, reasons),
+        judged_on(rec_fusion(bc), cls, tp_reason),
+        judged_on(rec_nccl_env(bc), cls, reasons),
+        *rec_speculation(data.get("bench") or []),
+    ]
 
 
 def per_call_latencies(bc: dict, rows: int = VERIFY_ROWS_C1) -> dict[str, float]:
     """Measured per-call latency (us) of each reduction path at `rows`, for the cost model's box section."""
-    out = {label: us for label, impl, variant in (
-        ("NCCL, environment as is", "nccl", "default"), ("NCCL, NCCL_PROTO=LL", "nccl", "LL"),
+    paths = (
+        ("NCCL, environment as is", "nccl", "default"),
+        ("NCCL, NCCL_PROTO=LL", "nccl", "LL"),
         ("tp.all_reduce -> PCIe IPC (SGLang)", "sglang_tp_default", "default"),
-        ("tp.all_reduce -> pynccl (SGLang)", "sglang_tp_nccl", "default")) if (us := _ar(bc, impl, rows, variant))}
+        ("tp.all_reduce -> pynccl (SGLang)", "sglang_tp_nccl", "default"),
+    )
+    out = {label: us for label, impl, variant in paths if (us := _ar(bc, impl, rows, variant))}
     r = record(bc, kind="fused", impl="sglang_fused_op", rows=rows, mode="graph")
     return out | ({"fused all-reduce + RMSNorm op (SGLang)": r["us_per_call"]} if r else {})

@@ -49,11 +49,11 @@ def per_layer(ordered: list[dict], classes: list[str], skip: int = 1) -> tuple[i
     seen = Counter(att)
     mark = max(seen, key=lambda n: (seen[n], -att.index(n)))
     at = [i for i, k in enumerate(ordered) if k["name"] == mark]
-    spans = [Counter(classes[a:b]) for a, b in zip(at[skip:], at[skip + 1:])]
+    spans = [Counter(classes[a:b]) for a, b in zip(at[skip:], at[skip + 1 :])]
     if not spans:
         return len(at), {}
     out = {c: statistics.median(s[c] for s in spans) for c in NAMES if any(s[c] for s in spans)}
-    us = statistics.median(ordered[b]["ts"] - ordered[a]["ts"] for a, b in zip(at[skip:], at[skip + 1:]))
+    us = statistics.median(ordered[b]["ts"] - ordered[a]["ts"] for a, b in zip(at[skip:], at[skip + 1 :]))
     return len(at), out | {"total": statistics.median(sum(s.values()) for s in spans), "us": round(us, 2)}
 
 
@@ -67,11 +67,17 @@ def summarize(events: list[dict], skip: int = 1) -> dict:
     for k, c in zip(ordered, classes):
         totals[c][0] += 1
         totals[c][1] += k.get("dur", 0.0)
-    small = [_end(k) - k["ts"] + max(0.0, n["ts"] - _end(k)) for k, n, c in zip(ordered, ordered[1:], classes)
-             if c in SMALL]
+    small = [
+        _end(k) - k["ts"] + max(0.0, n["ts"] - _end(k)) for k, n, c in zip(ordered, ordered[1:], classes) if c in SMALL
+    ]
     layers, layer = per_layer(ordered, classes, skip)
-    return {"nodes": len(ordered), "classes": {c: [n, round(us, 2)] for c, (n, us) in totals.items() if n},
-            "layers": layers, "per_layer": layer, "node_us": round(statistics.median(small), 3) if small else None}
+    return {
+        "nodes": len(ordered),
+        "classes": {c: [n, round(us, 2)] for c, (n, us) in totals.items() if n},
+        "layers": layers,
+        "per_layer": layer,
+        "node_us": round(statistics.median(small), 3) if small else None,
+    }
 
 
 def busy_ms(events: list[dict], starts: list[float]) -> float | None:

@@ -1,11 +1,13 @@
 """`make report`'s profile part: a few plain decode steps and a few speculative cycles captured by SGLang's own
 profiler, reduced per forward to what the cost model refits from (spec_model.PROFILE_FIELDS; the plan's 1.9).
 
-  python -m scripts.bench.profile [--out FILE] [--image IMAGE | --here] [--port N] [--steps K]
-        [--profiles NOSPEC,SPEC] [--model M] [--draft-model D] [--launch-timeout S] [-- SGLANG_ARGS]
+  python -m scripts.report.profile [--out FILE] [--image IMAGE] [--port N] [--steps K] [--profiles NOSPEC,SPEC]
+        [--model M] [--draft-model D] [--launch-timeout S] [-- SGLANG_ARGS]
+  python -m scripts.report.profile --server-url NOSPEC_URL --server-url SPEC_URL [--out FILE] [--steps K]
 
-Each profile is served in turn (servers.py), warmed up, then POST /start_profile (K decode iterations) and one greedy
-request; rank 0's chrome trace stays in FILE's stem/ with the server logs. A forward is the kernels of the graph
+Each profile is served in turn in the serving image (scripts/bench/servers.py), or two servers run already on this
+machine (--server-url: their traces are written where they run), warmed up, then POST /start_profile (K decode
+iterations) and one greedy request; rank 0's chrome trace stays in FILE's stem/ with the server logs. A forward is the kernels of the graph
 launches inside SGLang's `step[...]`, `draft`, `draft_extend` spans (eager: every kernel launched in them); the rest is
 glue. It cannot tell: other ranks (a collective includes its wait), overlapping forwards, the profiler's own host cost.
 
@@ -26,25 +28,30 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from ..host.docker_run import RESULTS_IN_IMAGE, docker_run, hf_cache_dir
+from ..bench import observe
+from ..bench.servers import Launch, Server
+from ..box.docker import RESULTS_IN_IMAGE, docker_run, hf_cache_dir
 from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.http import get_json, post_json, use_api_key
 from ..lib.progress import say
 from ..series.pin import load_pin
-from . import kernels, observe
-from .servers import Server
+from . import kernels
 from .spec_model import PROFILE_STAGES, STAGES
 
 PROFILES = ("kimi-k25-tp8", "kimi-k25-eagle3-tp8")
 ESTIMATE_S = 2 * 600 + 120  # two Kimi-K2.5 loads and the captures (receipt_data.PARTS says the same)
-PROMPT = ("Explain step by step how a CPU cache hierarchy works, with a worked example of a cache miss, then write a "
-          "short Python class that simulates an LRU cache and test it.")
+PROMPT = (
+    "Explain step by step how a CPU cache hierarchy works, with a worked example of a cache miss, then write a "
+    "short Python class that simulates an LRU cache and test it."
+)
 SAMPLING = {"temperature": 0.0, "ignore_eos": True}
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 COMM = re.compile(r"nccl|pcie_ipc|all_?reduce|all_?gather|reduce_?scatter|cross_device_reduce|PtoP", re.I)
-PER_CALL = {"nccl": lambda n: re.search(r"nccl.*allreduce", n, re.I),  # all-reduce kernels, one per call
-            "pcie_ipc": lambda n: "pcie_ipc::" in n and not re.search(r"pcie_ipc::(all_gather|reduce_scatter)::", n)}
+PER_CALL = {
+    "nccl": lambda n: re.search(r"nccl.*allreduce", n, re.I),  # all-reduce kernels, one per call
+    "pcie_ipc": lambda n: "pcie_ipc::" in n and not re.search(r"pcie_ipc::(all_gather|reduce_scatter)::", n),
+}
 
 
 def _stage(name: str) -> tuple[str | None, int]:
@@ -67,8 +74,13 @@ def _stats(kern: list[dict]) -> dict:
     iv = [(k["ts"], k["ts"] + k.get("dur", 0.0)) for k in kern]
     comm = _union([x for x, k in zip(iv, kern) if COMM.search(k["name"])])
     span, busy = max(b for _, b in iv) - min(a for a, _ in iv), _union(iv)
-    return {"forward_ms": span / 1000, "comm_ms": comm / 1000, "busy_ms": (busy - comm) / 1000,
-            "gap_ms": (span - busy) / 1000, "kernels": sum(k.get("cat") == "kernel" for k in kern)}
+    return {
+        "forward_ms": span / 1000,
+        "comm_ms": comm / 1000,
+        "busy_ms": (busy - comm) / 1000,
+        "gap_ms": (span - busy) / 1000,
+        "kernels": sum(k.get("cat") == "kernel" for k in kern),
+    }
 
 
 def forwards(trace: dict, draft_tokens: int = 1) -> dict:
@@ -115,18 +127,30 @@ def profile(plain: dict, spec: dict, *, tp: int, steps: int, accept_length: floa
     forward of median length (its fields together), cycle_ms the median between consecutive drafts' first GPU work."""
     recs = {"decode": plain["stages"]["decode"], **{s: spec["stages"][s] for s in STAGES}}
     if missing := [s for s, r in recs.items() if len(r) < 1 + (s == "draft_decode")]:
-        raise UserError(f"the traces show no {', '.join(missing)} forward (draft_decode: two): each server must "
-                        "decode, with speculative steps >= 2; look at the server logs beside the traces")
+        raise UserError(
+            f"the traces show no {', '.join(missing)} forward (draft_decode: two): each server must "
+            "decode, with speculative steps >= 2; look at the server logs beside the traces"
+        )
     med = {s: sorted(r, key=lambda x: x["forward_ms"])[(len(r) - 1) // 2] for s, r in recs.items()}
     starts = sorted(r["t0"] for r in spec["stages"]["draft_decode"])
-    calls = {b: {str(rows): round(statistics.median(us), 2) for d in (plain, spec) for rows, us in
-                 sorted(d["calls"][b].items()) if us} for b in PER_CALL}
-    return {"gpu": spec["gpu"], "tp": tp, "steps": steps, "accept_length": round(accept_length, 4),
-            "cycle_ms": round(statistics.median(b - a for a, b in zip(starts, starts[1:])) / 1000, 4),
-            "nccl_graph_us": calls["nccl"], "pcie_ipc_us": calls["pcie_ipc"],
-            "cycle_busy_ms": spec.get("cycle_busy_ms"),  # issue 39
-            **{s: {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items() if k != "t0"}
-               for s, r in med.items()}}
+    calls = {b: {} for b in PER_CALL}
+    for b, d in ((b, d) for b in PER_CALL for d in (plain, spec)):
+        calls[b] |= {str(rows): round(statistics.median(us), 2) for rows, us in sorted(d["calls"][b].items()) if us}
+    cycle_ms = round(statistics.median(b - a for a, b in zip(starts, starts[1:])) / 1000, 4)
+    stages = {
+        s: {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items() if k != "t0"} for s, r in med.items()
+    }
+    return {
+        "gpu": spec["gpu"],
+        "tp": tp,
+        "steps": steps,
+        "accept_length": round(accept_length, 4),
+        "cycle_ms": cycle_ms,
+        "nccl_graph_us": calls["nccl"],
+        "pcie_ipc_us": calls["pcie_ipc"],
+        "cycle_busy_ms": spec.get("cycle_busy_ms"),  # the GPU-busy time of one cycle
+        **stages,
+    }
 
 
 def read_trace(path: Path) -> dict:
@@ -142,28 +166,40 @@ def _post(url: str, body: dict) -> None:
         raise UserError(f"{url} answered {got[0] or 'nothing'}: {str(got[1])[:300]}")
 
 
-def capture(a, name: str, prof: str, spec: bool, traces: Path) -> tuple[Path, dict, float | None]:
-    """Serve one profile, warm it up, capture K decode iterations of one request: (rank 0's trace, /server_info, AL)."""
-    url, log = f"http://127.0.0.1:{a.port}", traces / f"{name}.log"
-    args = ["--profile", prof, "--port", str(a.port), *(["--model", a.model] if a.model else []),
-            *(["--draft-model", a.draft_model] if a.draft_model and spec else []),
-            *(["--", *a.sglang_args] if a.sglang_args else [])]
-    if a.here:
-        server = Server(name, "here", url, log, serve_args=args)
-    else:
-        image, cname = a.image or load_pin().serving_image, f"eagle-profile-{name}-{os.getpid()}"
-        server = Server(name, "docker", url, log, container=cname, image=image, argv=docker_run(
-            image, ["serve", *args], hf_cache=hf_cache_dir(), network_host=True, detach=True, name=cname,
-            results=traces))
+def launch(a, name: str, prof: str, spec: bool, traces: Path) -> Launch:
+    """The server of one profile: the serving image's serve in a detached container (traces mounted at /results),
+    or the running server of --server-url."""
+    if a.server_url:
+        return Launch(name, a.server_url[spec].rstrip("/"))
+    args = ["serve", "--profile", prof, "--port", str(a.port), *(["--model", a.model] if a.model else [])]
+    args += ["--draft-model", a.draft_model] if a.draft_model and spec else []
+    args += ["--", *a.sglang_args] if a.sglang_args else []
+    image, cname, cache = a.image or load_pin().serving_image, f"eagle-profile-{name}-{os.getpid()}", hf_cache_dir()
+    argv = docker_run(image, args, hf_cache=cache, network_host=True, detach=True, name=cname, results=traces)
+    return Launch(name, f"http://127.0.0.1:{a.port}", image, tuple(argv), cname)
+
+
+def capture(a, server: Server, traces: Path) -> tuple[Path, dict, float | None]:
+    """Warm one server up, capture K decode iterations of one request: (rank 0's trace, /server_info, AL)."""
+    name, url, log = server.name, server.url, server.log_path
     try:
         server.start(a.launch_timeout)
         if not isinstance((info := get_json(url + "/server_info", 60) or {}).get("tp_size"), int):
             raise UserError(f"{name}: GET /server_info gave no tp_size; its log: {log}")
         _post(url + "/generate", {"text": PROMPT, "sampling_params": {**SAMPLING, "max_new_tokens": 32}})
-        _post(url + "/start_profile", {
-            "output_dir": str(traces.resolve()) if a.here else RESULTS_IN_IMAGE, "num_steps": a.steps,
-            "activities": ["CPU", "GPU"], "profile_by_stage": True, "with_stack": False, "record_shapes": False,
-            "profile_prefix": name})
+        where = RESULTS_IN_IMAGE if server.argv else str(traces.resolve())
+        _post(
+            url + "/start_profile",
+            dict(
+                output_dir=where,
+                num_steps=a.steps,
+                activities=["CPU", "GPU"],
+                profile_by_stage=True,
+                with_stack=False,
+                record_shapes=False,
+                profile_prefix=name,
+            ),
+        )
         before = observe.snapshot(url)  # SGLang stops the profiler and writes the traces within this request:
         _post(url + "/generate", {"text": PROMPT, "sampling_params": {**SAMPLING, "max_new_tokens": 8 * a.steps + 200}})
         al = observe.accept_length(before, observe.snapshot(url))
@@ -183,31 +219,41 @@ def capture(a, name: str, prof: str, spec: bool, traces: Path) -> tuple[Path, di
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     cut = argv.index("--") if "--" in argv else len(argv)
-    ap = argparse.ArgumentParser(prog="scripts.bench.profile", allow_abbrev=False)
+    ap = argparse.ArgumentParser(prog="scripts.report.profile", allow_abbrev=False)
     add = ap.add_argument
     add("--out", type=Path, default=Path("profile.json")), add("--image"), add("--port", type=int, default=30000)
-    add("--here", action="store_true", help="servers from the SGLang this python imports, no docker")
+    add("--server-url", action="append", metavar="URL", help="twice: the running servers without, then with EAGLE-3")
     add("--steps", type=int, default=8, help="decode iterations captured per server (default 8)")
     add("--profiles", default=",".join(PROFILES), help="NOSPEC,SPEC serving profiles (names or .yaml files)")
     add("--model"), add("--draft-model"), add("--launch-timeout", type=float, default=3600.0)
     a = ap.parse_args(argv[:cut])
-    a.sglang_args = argv[cut + 1:]
+    a.sglang_args = argv[cut + 1 :]
     profs = a.profiles.split(",")
-    if len(profs) != 2 or a.steps < 2:
-        raise UserError("give --profiles NOSPEC,SPEC (two serving profiles) and --steps 2 or more")
+    if len(profs) != 2 or a.steps < 2 or len(a.server_url or "ab") != 2:
+        raise UserError(
+            "give --profiles NOSPEC,SPEC (two serving profiles) or --server-url twice (the servers "
+            "without and with speculation), and --steps 2 or more"
+        )
     use_api_key(os.environ.get("SGLANG_API_KEY", ""), "$SGLANG_API_KEY")
     traces = a.out.parent / a.out.stem
     traces.mkdir(parents=True, exist_ok=True)
     say(f"profile: {profs[0]} then {profs[1]}, {a.steps} decode iterations each; about {ESTIMATE_S // 60} min")
-    plain, plain_info, _ = capture(a, "nospec", profs[0], False, traces)
-    spec, info, al = capture(a, "spec", profs[1], True, traces)
+    logs = {name: traces / f"{name}.log" for name in ("nospec", "spec")}
+    plain, plain_info, _ = capture(a, Server(launch(a, "nospec", profs[0], False, traces), logs["nospec"]), traces)
+    spec, info, al = capture(a, Server(launch(a, "spec", profs[1], True, traces), logs["spec"]), traces)
     if al is None:
         raise UserError(f"{profs[1]} exported no accept-length counters: its profile needs enable-metrics: true")
-    prof = profile(forwards(read_trace(plain)), forwards(read_trace(spec), int(info["speculative_num_draft_tokens"])),
-                   tp=int(info["tp_size"]), steps=int(info["speculative_num_steps"]), accept_length=al)
+    prof = profile(
+        forwards(read_trace(plain)),
+        forwards(read_trace(spec), int(info["speculative_num_draft_tokens"])),
+        tp=int(info["tp_size"]),
+        steps=int(info["speculative_num_steps"]),
+        accept_length=al,
+    )
     # each server's startup all-reduce table (size -> backend, with the latencies it measured), as the report keeps it
-    prof["allreduce_backends"] = {n: observe.internal_state(i).get("allreduce_backends") for n, i in
-                                  (("nospec", plain_info), ("spec", info))}
+    prof["allreduce_backends"] = {
+        n: observe.internal_state(i).get("allreduce_backends") for n, i in (("nospec", plain_info), ("spec", info))
+    }
     a.out.write_text(json.dumps(prof, indent=1) + "\n")
     say(f"wrote {a.out} (traces in {traces}): {json.dumps(prof)}")
     return 0

@@ -15,9 +15,10 @@ from pathlib import Path
 from ..host.facts import CAPTURE_FILES
 from ..lib.repo import REPO_ROOT
 
-SHARED_TOOLS = frozenset(CAPTURE_FILES[k] for k in ("smi-query", "topo-m", "topo-p2p-r", "topo-p2p-n",
-                                                    "uvm-hmm", "iommu-groups", "nccl",
-                                                    "patchset"))
+SHARED_TOOLS = frozenset(
+    CAPTURE_FILES[k]
+    for k in ("smi-query", "topo-m", "topo-p2p-r", "topo-p2p-n", "uvm-hmm", "iommu-groups", "nccl", "patchset")
+)
 TOOLS_DIR = Path("env") / "tools"
 HOST = "<host>"
 
@@ -25,11 +26,15 @@ HOST = "<host>"
 def private_strings(d: Path) -> list[tuple[re.Pattern, str]]:
     """(pattern, replacement) for what names this machine, longest first."""
     paths = [(str(d.resolve()), d.name), (str(REPO_ROOT.resolve()), "<repo>"), (str(Path.home()), "~")]
-    out = [(re.compile(re.escape(p) + r"(?![\w.-])"), new) for p, new in sorted(paths, key=lambda x: -len(x[0]))
-           if len(p) > 1]
+    out = [
+        (re.compile(re.escape(p) + r"(?![\w.-])"), new)
+        for p, new in sorted(paths, key=lambda x: -len(x[0]))
+        if len(p) > 1
+    ]
     names = {n for n in (platform.node(), platform.node().split(".")[0]) if len(n) > 1}
-    return out + [(re.compile(rf"(?<![\w.-]){re.escape(n)}(?![\w-])"), HOST) for n in sorted(names, key=len,
-                                                                                              reverse=True)]
+    return out + [
+        (re.compile(rf"(?<![\w.-]){re.escape(n)}(?![\w-])"), HOST) for n in sorted(names, key=len, reverse=True)
+    ]
 
 
 def shared(rel: Path) -> bool:

@@ -18,9 +18,15 @@ EPS = 1e-6
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
 KIMI_CONFIG = FIXTURES / "kimi-k25"  # config.json of Kimi-K2.5 (no weights)
 # The shipped profile (kimi-k25-eagle3-tp8): EAGLE-3 chain drafting 3/1/4, decode graphs up to 16 x 4 rows.
-PROFILE_SERVER_ARGS = dict(cuda_graph_max_bs_decode=16, max_running_requests=16, speculative_algorithm="EAGLE3",
-                           speculative_draft_model_path=str(FIXTURES / "kimi-k25-eagle3"), speculative_num_steps=3,
-                           speculative_eagle_topk=1, speculative_num_draft_tokens=4)
+PROFILE_SERVER_ARGS = dict(
+    cuda_graph_max_bs_decode=16,
+    max_running_requests=16,
+    speculative_algorithm="EAGLE3",
+    speculative_draft_model_path=str(FIXTURES / "kimi-k25-eagle3"),
+    speculative_num_steps=3,
+    speculative_eagle_topk=1,
+    speculative_num_draft_tokens=4,
+)
 
 
 def bring_up(rank: int, world: int, port: int, *, device: str = "cuda", **server_args):
@@ -50,14 +56,15 @@ class RouteLog:
 
     def __init__(self):
         import torch.distributed as dist
-
         from sglang.srt.distributed.parallel_state import GroupCoordinator
 
         self.calls: list[str] = []
         self._depth = 0
         self._cls, self._dist = GroupCoordinator, dist
-        self._saved = {n: getattr(GroupCoordinator, n) for n in
-                       ("_all_reduce_out_place", "_all_reduce_in_place", "_flashinfer_allreduce")}
+        self._saved = {
+            n: getattr(GroupCoordinator, n)
+            for n in ("_all_reduce_out_place", "_all_reduce_in_place", "_flashinfer_allreduce")
+        }
         self._dist_all_reduce = dist.all_reduce
         log = self
 
@@ -112,10 +119,15 @@ def widest_decode_rows(sa) -> int | None:
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     mr = ModelRunner.__new__(ModelRunner)
-    algo = SpeculativeAlgorithm.from_string(sa.speculative_algorithm) if sa.speculative_algorithm else \
-        SpeculativeAlgorithm.NONE
-    vars(mr).update(spec_algorithm=algo, is_draft_worker=False, server_args=sa,
-                    req_to_token_pool=SimpleNamespace(size=sa.max_running_requests // get_parallel().attn_dp_size))
+    algo = SpeculativeAlgorithm.NONE
+    if sa.speculative_algorithm:
+        algo = SpeculativeAlgorithm.from_string(sa.speculative_algorithm)
+    vars(mr).update(
+        spec_algorithm=algo,
+        is_draft_worker=False,
+        server_args=sa,
+        req_to_token_pool=SimpleNamespace(size=sa.max_running_requests // get_parallel().attn_dp_size),
+    )
     return BaseRunner._widest_decode_rows(SimpleNamespace(model_runner=mr))
 
 
@@ -127,8 +139,13 @@ def prepare_pcie_ipc(sa) -> dict:
     rows = widest_decode_rows(sa)
     t0 = time.perf_counter()
     comm.prepare(hidden=HIDDEN, max_rows=rows)
-    return {"present": True, "disabled": comm.disabled, "max_rows": rows, "max_numel": comm.max_numel,
-            "prepare_s": round(time.perf_counter() - t0, 2)}
+    return {
+        "present": True,
+        "disabled": comm.disabled,
+        "max_rows": rows,
+        "max_numel": comm.max_numel,
+        "prepare_s": round(time.perf_counter() - t0, 2),
+    }
 
 
 def prepare_fusion(dtype) -> dict:
@@ -137,15 +154,22 @@ def prepare_fusion(dtype) -> dict:
     from sglang.srt.layers.layer_boundary import FUSE_ALLREDUCE_MAX_BATCH_SIZE
     from sglang.srt.model_executor.runner.base_runner import BaseRunner
 
-    runner = SimpleNamespace(model_runner=SimpleNamespace(model_config=SimpleNamespace(hidden_size=HIDDEN),
-                                                          dtype=dtype, is_draft_worker=False))
+    runner = SimpleNamespace(
+        model_runner=SimpleNamespace(
+            model_config=SimpleNamespace(hidden_size=HIDDEN), dtype=dtype, is_draft_worker=False
+        )
+    )
     t0 = time.perf_counter()
     BaseRunner._pre_initialize_flashinfer_allreduce_workspace(runner)
     manager = fcf._get_workspace_manager(True)
-    return {"token_cap": FUSE_ALLREDUCE_MAX_BATCH_SIZE, "initialized": bool(manager.initialized),
-            "backend": manager.backend, "max_token_num": manager.max_token_num,
-            "unavailable": bool(fcf.is_flashinfer_allreduce_unavailable()),
-            "seconds": round(time.perf_counter() - t0, 2)}
+    return {
+        "token_cap": FUSE_ALLREDUCE_MAX_BATCH_SIZE,
+        "initialized": bool(manager.initialized),
+        "backend": manager.backend,
+        "max_token_num": manager.max_token_num,
+        "unavailable": bool(fcf.is_flashinfer_allreduce_unavailable()),
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
 
 
 def fused_allreduce_rmsnorm(x, residual, weight, **kw):
@@ -153,8 +177,14 @@ def fused_allreduce_rmsnorm(x, residual, weight, **kw):
     from sglang.srt.layers.flashinfer_comm_fusion import flashinfer_allreduce_residual_rmsnorm
     from sglang.srt.layers.layer_boundary import FUSE_ALLREDUCE_MAX_BATCH_SIZE
 
-    return flashinfer_allreduce_residual_rmsnorm(input_tensor=x, residual=residual, weight=weight, eps=EPS,
-                                                 max_token_num=max(x.shape[0], FUSE_ALLREDUCE_MAX_BATCH_SIZE), **kw)
+    return flashinfer_allreduce_residual_rmsnorm(
+        input_tensor=x,
+        residual=residual,
+        weight=weight,
+        eps=EPS,
+        max_token_num=max(x.shape[0], FUSE_ALLREDUCE_MAX_BATCH_SIZE),
+        **kw,
+    )
 
 
 class Tensors:
@@ -182,8 +212,11 @@ class Tensors:
         o = out.float()
         diff = (o - ref).abs()
         scale = ref.abs().max().item() or 1.0
-        return {"max_abs_err": float(diff.max().item()), "max_rel_err": float(diff.max().item() / scale),
-                "nan": bool(o.isnan().any().item() or o.isinf().any().item())}
+        return {
+            "max_abs_err": float(diff.max().item()),
+            "max_rel_err": float(diff.max().item() / scale),
+            "nan": bool(o.isnan().any().item() or o.isinf().any().item()),
+        }
 
 
 class Timer:
@@ -280,30 +313,47 @@ def path_timings(r, rows, *, chain: int = 122, reps: int = 10) -> list[dict]:
             for label, pcie_ipc, fi in (("default", True, True), ("flashinfer", False, True), ("nccl", False, False)):
                 restore = _routes(tp, pcie_ipc, fi)
                 try:
-                    us = timer.graph_chain_us(lambda: [tp.all_reduce(x) for x in xs], reps)
+                    us = timer.graph_chain_us(lambda xs=xs: [tp.all_reduce(x) for x in xs], reps)
                     routed = sorted(set(log.take()))
                 finally:
                     restore()
-                out.append({"kind": "allreduce", "path": label, "rows": n, "chain": chain, "backend": routed,
-                            "us_per_call": us / chain})
+                out.append(
+                    {
+                        "kind": "allreduce",
+                        "path": label,
+                        "rows": n,
+                        "chain": chain,
+                        "backend": routed,
+                        "us_per_call": us / chain,
+                    }
+                )
             res = t.randn(n, seed=n + 7, rank=0)
-            us = timer.graph_chain_us(lambda: [fused_allreduce_rmsnorm(x, res, gamma) for x in xs], reps)
+            us = timer.graph_chain_us(lambda xs=xs, res=res: [fused_allreduce_rmsnorm(x, res, gamma) for x in xs], reps)
             log.take()
             out.append({"kind": "fused", "path": "fused_op", "rows": n, "chain": chain, "us_per_call": us / chain})
             for label, pcie_ipc, fi in (("default", True, True), ("nccl", False, False)):
                 restore = _routes(tp, pcie_ipc, fi)
                 resids = [res.clone() for _ in range(chain)]
                 try:
-                    def unfused():
-                        for x, rr in zip(xs, resids):
+
+                    def unfused(xs=xs, resids=resids):
+                        for x, rr in zip(xs, resids, strict=True):
                             fused_add_rmsnorm(tp.all_reduce(x), rr, gamma, EPS)
 
                     us = timer.graph_chain_us(unfused, reps)
                     routed = sorted(set(log.take()))
                 finally:
                     restore()
-                out.append({"kind": "fused", "path": f"unfused/{label}", "rows": n, "chain": chain,
-                            "backend": routed, "us_per_call": us / chain})
+                out.append(
+                    {
+                        "kind": "fused",
+                        "path": f"unfused/{label}",
+                        "rows": n,
+                        "chain": chain,
+                        "backend": routed,
+                        "us_per_call": us / chain,
+                    }
+                )
     finally:
         log.close()
     return out

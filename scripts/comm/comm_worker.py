@@ -1,4 +1,4 @@
-"""Per-rank measurement code for scripts/bench/bench_comm.py (one process per GPU, spawned by the parent).
+"""Per-rank measurement code for scripts/comm/bench_comm.py (one process per GPU, spawned by the parent).
 
 Everything a rank measures is appended to a list of plain dicts; rank 0 writes them to a JSON file the parent
 reads. Shapes are Kimi-K2.5 / DeepSeek-V3 at TP8 (scripts/lib/kimi.py): hidden 7168 bf16, and per-rank matmul
@@ -42,7 +42,7 @@ class ResidualChain:
 
 class RankSession:
     """One rank's measurements in one variant: FlashInfer kernels, the records it collects; inputs, references and
-    timing from sglang_comm (Tensors, Timer), the same helpers the GPU tests use. sc, sa: scripts/bench/sglang_comm
+    timing from sglang_comm (Tensors, Timer), the same helpers the GPU tests use. sc, sa: scripts/comm/sglang_comm
     and the ServerArgs where SGLang was brought up (None: raw NCCL ranks)."""
 
     def __init__(self, rank: int, world: int, cfg: dict, sc=None, sa=None):
@@ -101,17 +101,21 @@ class RankSession:
             err = self.t.errors(out, self.t.ref_sum(rows, seed=rows))
             bufs = [x.clone() for _ in range(chain)]
 
-            def many():
+            def many(bufs=bufs):
                 for b in bufs:
                     dist.all_reduce(b)
 
-            eager, graph = self.measure(many, chain, kind="allreduce", impl="nccl", rows=rows,
-                                        bytes=rows * HIDDEN * 2, **err)
-            _log(self.rank, f"{self.variant}: nccl all-reduce {rows} rows: {eager / chain:.1f} eager, "
-                            f"{(graph or float('nan')) / chain:.1f} graph us per call")
+            eager, graph = self.measure(
+                many, chain, kind="allreduce", impl="nccl", rows=rows, bytes=rows * HIDDEN * 2, **err
+            )
+            _log(
+                self.rank,
+                f"{self.variant}: nccl all-reduce {rows} rows: {eager / chain:.1f} eager, "
+                f"{(graph or float('nan')) / chain:.1f} graph us per call",
+            )
 
     def sglang_paths(self) -> None:
-        """The patched SGLang's own paths, as the server runs them (scripts/bench/sglang_comm.py): the PCIe-IPC
+        """The patched SGLang's own paths, as the server runs them (scripts/comm/sglang_comm.py): the PCIe-IPC
         communicator and both fusion workspaces prepared by BaseRunner's methods; per row count, tp.all_reduce's
         route and result, the fused all-reduce + residual + RMSNorm op's result; per-call timings of those paths in
         graph-replayed chains (sglang_comm.path_timings)."""
@@ -123,8 +127,13 @@ class RankSession:
         try:
             for n in rows:
                 y = tp.all_reduce(t.randn(n, seed=n))
-                self.rec(kind="allreduce_check", impl="sglang_tp", rows=n, backend=log.take(),
-                         **t.errors(y, t.ref_sum(n, seed=n)))
+                self.rec(
+                    kind="allreduce_check",
+                    impl="sglang_tp",
+                    rows=n,
+                    backend=log.take(),
+                    **t.errors(y, t.ref_sum(n, seed=n)),
+                )
                 x, res = t.randn(n, seed=n + 1), t.randn(n, seed=n + 2, rank=0)
                 norm, res_out = sc.fused_allreduce_rmsnorm(x, res, gamma)
                 if norm is None:
@@ -132,8 +141,15 @@ class RankSession:
                     continue
                 ref_res = t.ref_sum(n, seed=n + 1) + res.float()
                 e_res, e_norm = t.errors(res_out, ref_res), t.errors(norm, t.rmsnorm_ref(ref_res, gamma))
-                self.rec(kind="fused_check", impl="sglang_fused_op", rows=n, trigger_at_end=True, residual=e_res,
-                         norm=e_norm, ok=not (e_res["nan"] or e_norm["nan"]) and e_norm["max_abs_err"] < 0.25)
+                self.rec(
+                    kind="fused_check",
+                    impl="sglang_fused_op",
+                    rows=n,
+                    trigger_at_end=True,
+                    residual=e_res,
+                    norm=e_norm,
+                    ok=not (e_res["nan"] or e_norm["nan"]) and e_norm["max_abs_err"] < 0.25,
+                )
         finally:
             log.close()
         me = SimpleNamespace(rank=self.rank, world=self.world, device="cuda")
@@ -151,8 +167,8 @@ class RankSession:
         def w(k, n):
             return (torch.randn(k, n, generator=gen) / math.sqrt(k)).to(self.dev, torch.bfloat16)
 
-        return [w(k, n) for k, n in ATTN_GEMMS], [w(k, n) for k, n in MOE_GEMMS], \
-            self.t.randn(1, seed=5, scale=0.1, rank=0)[0] + 1.0
+        gamma = self.t.randn(1, seed=5, scale=0.1, rank=0)[0] + 1.0
+        return [w(k, n) for k, n in ATTN_GEMMS], [w(k, n) for k, n in MOE_GEMMS], gamma
 
     def _reduce_norm(self, impl: str, resid: ResidualChain, gamma):
         """reduce_norm(y, tag): all-reduce this rank's partial sum y with `impl`, add the residual, RMSNorm; returns
@@ -216,13 +232,17 @@ class RankSession:
                 self.rec(kind="verify_forward", impl=impl, rows=rows, layers=layers, mode="eager", us=eager)
                 if graph is not None:
                     self.rec(kind="verify_forward", impl=impl, rows=rows, layers=layers, mode="graph", us=graph)
-                _log(self.rank, f"{self.variant}: verify forward {impl} {rows} rows: eager {eager / 1e3:.2f} ms, "
-                                f"graph {(graph or float('nan')) / 1e3:.2f} ms")
+                _log(
+                    self.rank,
+                    f"{self.variant}: verify forward {impl} {rows} rows: eager {eager / 1e3:.2f} ms, "
+                    f"graph {(graph or float('nan')) / 1e3:.2f} ms",
+                )
             ref = outputs.get("nccl")
             for impl, out in outputs.items():
                 if ref is not None and impl != "nccl":
-                    self.rec(kind="verify_forward_check", impl=impl, rows=rows, against="nccl",
-                             **self.t.errors(out, ref))
+                    self.rec(
+                        kind="verify_forward_check", impl=impl, rows=rows, against="nccl", **self.t.errors(out, ref)
+                    )
 
 
 def p2p_bandwidth(size_mb: int = 256) -> list[dict]:
@@ -250,53 +270,70 @@ def p2p_bandwidth(size_mb: int = 256) -> list[dict]:
                     e.synchronize()
                     times.append(s.elapsed_time(e) / 1e3)
             t = statistics.median(times)
-            out.append({"kind": "p2p_bw", "src": a, "dst": b, "bytes": src.numel(), "gbps": src.numel() / t / 1e9,
-                        "peer_access": bool(torch.cuda.can_device_access_peer(a, b))})
+            out.append(
+                {
+                    "kind": "p2p_bw",
+                    "src": a,
+                    "dst": b,
+                    "bytes": src.numel(),
+                    "gbps": src.numel() / t / 1e9,
+                    "peer_access": bool(torch.cuda.can_device_access_peer(a, b)),
+                }
+            )
             del src, dst
     return out
 
 
-def worker(rank: int, world: int, cfg: dict, out_path: str) -> None:
+def worker(rank: int, world: int, port: int, phase, cfg: dict) -> dict:
+    """One rank of one variant (scripts/box/ranks.py runs it); rank 0 keeps the records in cfg["out"] after each
+    step, so a step that fails leaves the ones before it."""
     import torch
     import torch.distributed as dist
 
-    bench = None
+    def keep(meta: dict) -> None:
+        if rank == 0:
+            Path(cfg["out"]).write_text(json.dumps({"meta": meta, "records": bench.records}))
+
     try:
         sc = sa = None
         if cfg["device"] != "cpu":
             torch.cuda.set_device(rank)
+        phase("bring-up")
         if cfg.get("sglang"):
             # SGLang's distributed state, brought up as the model runner brings it up (it creates the default
             # NCCL group the raw rows use too); PCIe IPC on unless the caller's environment says otherwise
             from . import sglang_comm as sc
 
             os.environ.setdefault("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE", "1")
-            sa = sc.bring_up(rank, world, cfg["port"], **cfg["sglang"])
+            sa = sc.bring_up(rank, world, port, **cfg["sglang"])
         else:  # the world group only, as SGLang's own benchmark_all_reduce brings it up
             from sglang.srt.distributed.parallel_state import init_distributed_environment
 
-            init_distributed_environment(world_size=world, rank=rank, local_rank=rank,
-                                         distributed_init_method=f"tcp://127.0.0.1:{cfg['port']}",
-                                         backend="gloo" if cfg["device"] == "cpu" else "nccl")
+            backend = "gloo" if cfg["device"] == "cpu" else "nccl"
+            init_distributed_environment(
+                world_size=world,
+                rank=rank,
+                local_rank=rank,
+                backend=backend,
+                distributed_init_method=f"tcp://127.0.0.1:{port}",
+            )
         bench = RankSession(rank, world, cfg, sc, sa)
-        steps = cfg["steps"]
-        if "allreduce" in steps:
-            bench.allreduce_sizes()
-        if "sglang" in steps:
-            bench.sglang_paths()
-        if "verify" in steps:
-            bench.verify_forward(cfg["verify_impls"])
+        for step, run_step in (
+            ("allreduce", bench.allreduce_sizes),
+            ("sglang", bench.sglang_paths),
+            ("verify", lambda: bench.verify_forward(cfg["verify_impls"])),
+        ):
+            if step in cfg["steps"]:
+                phase(step)
+                run_step()
+                keep({})
         dist.barrier()
         # torch's build-time NCCL; the library it loaded is the parent's meta.nccl (bench_comm.nccl_axis)
-        meta = {"nccl_torch_build": ".".join(map(str, torch.cuda.nccl.version())) if not bench.cpu else None,
-                "torch": torch.__version__, "flashinfer_reason": bench.fi_reason}
-        if rank == 0:
-            Path(out_path).write_text(json.dumps({"meta": meta, "records": bench.records}))
+        build = None if bench.cpu else ".".join(map(str, torch.cuda.nccl.version()))
+        keep({"nccl_torch_build": build, "torch": torch.__version__, "flashinfer_reason": bench.fi_reason})
+        return {}
     except Exception:
-        tb = traceback.format_exc()
-        print(f"[bench-comm] rank {rank} failed:\n{tb}", flush=True)
-        if rank == 0:
-            Path(out_path).write_text(json.dumps({"error": tb, "records": bench.records if bench else []}))
+        print(f"[bench-comm] rank {rank} failed:\n{traceback.format_exc()}", flush=True)
         raise
     finally:
         if dist.is_initialized():

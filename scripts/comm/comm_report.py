@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..lib.progress import say
 from ..lib.kimi import CHAIN, HIDDEN, LAYERS
-from ..lib.table import md_table
-from .numbers import num
+from ..lib.progress import say
+from ..lib.table import md_table, num
 
 
 def records(result: dict, **match) -> list[dict]:
@@ -33,10 +32,19 @@ def floor_us(rows: int, world: int, gbps: float | None) -> float | None:
 def _is_bad(r: dict) -> bool:
     # one reduction must match the fp32 reference to bf16 rounding; after a 61-layer forward two correct
     # implementations (bf16 NCCL sums vs fp32-accumulating kernels) drift apart by a few percent
-    return bool(r.get("nan") or (r.get("kind") == "fused_check" and not r.get("ok"))
-                or (r.get("kind") in ("allreduce", "allreduce_check") and r.get("max_rel_err", 0) > 0.02)
-                or (r.get("kind") == "verify_forward_check" and r.get("max_rel_err", 0) > 0.15)
-                or (r.get("kind") == "pdl_race" and r.get("bad_trials") and r.get("trigger_at_end")))
+    kind, err = r.get("kind"), r.get("max_rel_err", 0)
+    return bool(
+        r.get("nan")
+        or kind == "fused_check"
+        and not r.get("ok")
+        or kind in ("allreduce", "allreduce_check")
+        and err > 0.02
+        or kind == "verify_forward_check"
+        and err > 0.15
+        or kind == "pdl_race"
+        and r.get("bad_trials")
+        and r.get("trigger_at_end")
+    )
 
 
 def correctness(recs: list[dict]) -> dict:
@@ -50,8 +58,17 @@ def allreduce_rows(recs: list[dict], world: int, gbps: float | None) -> list[dic
     for r in recs:
         if r.get("kind") == "allreduce" and r.get("mode") == "graph":
             f = floor_us(r["rows"], world, gbps)
-            rows.append({"variant": r["variant"], "impl": r["impl"], "rows": r["rows"], "us_per_call": r["us_per_call"],
-                         "floor_us": f, "x_floor": r["us_per_call"] / f if f else None})
+            per_call = r["us_per_call"]
+            rows.append(
+                dict(
+                    variant=r["variant"],
+                    impl=r["impl"],
+                    rows=r["rows"],
+                    us_per_call=per_call,
+                    floor_us=f,
+                    x_floor=per_call / f if f else None,
+                )
+            )
             if r["impl"] == "nccl" and r["variant"] == "default":
                 nccl_graph[r["rows"]] = r["us_per_call"]
     for row in rows:
@@ -64,9 +81,17 @@ def forward_rows(vf: dict) -> list[dict]:
     out = []
     for variant, impl, rows in sorted({k[:3] for k in vf}):
         graph, eager = vf.get((variant, impl, rows, "graph")), vf.get((variant, impl, rows, "eager"))
-        out.append({"variant": variant, "impl": impl, "rows": rows, "graph_ms": graph / 1e3 if graph else None,
-                    "eager_ms": eager / 1e3 if eager else None,
-                    "graph_speedup": eager / graph if eager and graph else None})
+        speedup = eager / graph if eager and graph else None
+        out.append(
+            dict(
+                variant=variant,
+                impl=impl,
+                rows=rows,
+                graph_ms=graph / 1e3 if graph else None,
+                eager_ms=eager / 1e3 if eager else None,
+                graph_speedup=speedup,
+            )
+        )
     return out
 
 
@@ -84,14 +109,25 @@ def summarize(result: dict) -> dict:
     recs = result["records"]
     bw = [r["gbps"] for r in recs if r.get("kind") == "p2p_bw"]
     gbps = min(bw) if bw else None
-    vf = {(r["variant"], r["impl"], r["rows"], r["mode"]): r["us"] for r in recs
-          if r.get("kind") == "verify_forward" and "us" in r}
-    fused = [{k: r.get(k) for k in ("variant", "impl", "rows", "mode", "us_per_call")} for r in recs
-             if r.get("kind") == "fused" and r.get("mode") in ("graph", "eager")]
-    return {"peer_gbps_min": gbps, "allreduce": allreduce_rows(recs, result["meta"]["world"], gbps),
-            "fused": fused, "verify_forward": forward_rows(vf), "correctness": correctness(recs),
-            "layers": measured(recs, "verify_forward", "layers") or measured([result["meta"]], None, "layers"),
-            "chain": measured(recs, "allreduce", "chain")}
+    vf = {
+        (r["variant"], r["impl"], r["rows"], r["mode"]): r["us"]
+        for r in recs
+        if r.get("kind") == "verify_forward" and "us" in r
+    }
+    fused = [
+        {k: r.get(k) for k in ("variant", "impl", "rows", "mode", "us_per_call")}
+        for r in recs
+        if r.get("kind") == "fused" and r.get("mode") in ("graph", "eager")
+    ]
+    return {
+        "peer_gbps_min": gbps,
+        "allreduce": allreduce_rows(recs, result["meta"]["world"], gbps),
+        "fused": fused,
+        "verify_forward": forward_rows(vf),
+        "correctness": correctness(recs),
+        "layers": measured(recs, "verify_forward", "layers") or measured([result["meta"]], None, "layers"),
+        "chain": measured(recs, "allreduce", "chain"),
+    }
 
 
 def _f(x, d=1) -> str:
@@ -101,26 +137,47 @@ def _f(x, d=1) -> str:
 def table(summary: dict) -> str:
     """The summary as markdown tables (the plot draws the same rows); layer and chain counts are the measured ones."""
     ar = sorted(summary["allreduce"], key=lambda r: (r["rows"], r["impl"], r["variant"]))
-    lines = ["", f"All-reduce per call, graph-replayed chain of {_shape(summary.get('chain'), CHAIN, 'calls')} (us):",
-             "", md_table(["variant", "impl", "rows", "us/call", "floor", "x floor", "x nccl"], [
-                 [r["variant"], r["impl"], r["rows"], _f(r["us_per_call"]), _f(r["floor_us"]), _f(r["x_floor"], 2),
-                  _f(r["x_nccl_default"], 2)] for r in ar], "llrrrrr")]
+    rows = [
+        f"{r['variant']} | {r['impl']} | {r['rows']} | {_f(r['us_per_call'])} | {_f(r['floor_us'])} | "
+        f"{_f(r['x_floor'], 2)} | {_f(r['x_nccl_default'], 2)}"
+        for r in ar
+    ]
+    chain = _shape(summary.get("chain"), CHAIN, "calls")
+    lines = [
+        "",
+        f"All-reduce per call, graph-replayed chain of {chain} (us):",
+        "",
+        md_table("variant | impl | rows | us/call | floor | x floor | x nccl", rows, "llrrrrr"),
+    ]
     by: dict = {}
     for r in summary["fused"]:
         by.setdefault((r["rows"], r["impl"]), {})[r["mode"]] = r["us_per_call"]
     if by:
-        lines += ["", "Fused all-reduce + residual + RMSNorm vs NCCL + add-RMSNorm (us per call):", "", md_table(
-            ["impl", "rows", "eager", "graph"], [[impl, rows, _f(m.get("eager")), _f(m.get("graph"))]
-                                                 for (rows, impl), m in sorted(by.items())], "lrrr")]
-    lines += ["", f"Verify-shaped forward, {_shape(summary.get('layers'), LAYERS, 'layers')} (ms):", "", md_table(
-        ["variant", "impl", "rows", "eager", "graph", "speedup"], [
-            [r["variant"], r["impl"], r["rows"], _f(r["eager_ms"], 2), _f(r["graph_ms"], 2),
-             _f(r["graph_speedup"], 2)] for r in summary["verify_forward"]], "llrrrr"), ""]
+        fused = [[impl, rows, _f(m.get("eager")), _f(m.get("graph"))] for (rows, impl), m in sorted(by.items())]
+        lines += [
+            "",
+            "Fused all-reduce + residual + RMSNorm vs NCCL + add-RMSNorm (us per call):",
+            "",
+            md_table("impl | rows | eager | graph", fused, "lrrr"),
+        ]
+    forward = [
+        f"{r['variant']} | {r['impl']} | {r['rows']} | {_f(r['eager_ms'], 2)} | {_f(r['graph_ms'], 2)} | "
+        f"{_f(r['graph_speedup'], 2)}"
+        for r in summary["verify_forward"]
+    ]
+    lines += [
+        "",
+        f"Verify-shaped forward, {_shape(summary.get('layers'), LAYERS, 'layers')} (ms):",
+        "",
+        md_table("variant | impl | rows | eager | graph | speedup", forward, "llrrrr"),
+        "",
+    ]
     lines.append(f"Peer bandwidth (min over pairs): {_f(summary['peer_gbps_min'])} GB/s")
     c = summary["correctness"]
-    lines.append("Correctness: " + ("all reductions match the fp32 reference" if c["ok"] else
-                                    f"PROBLEMS in {len(c['problems'])} record(s): {c['problems'][:5]}"))
-    return "\n".join(lines)
+    said = "all reductions match the fp32 reference"
+    if not c["ok"]:
+        said = f"PROBLEMS in {len(c['problems'])} record(s): {c['problems'][:5]}"
+    return "\n".join(lines + [f"Correctness: {said}"])
 
 
 def _plot_allreduce(ax, s: dict, world: int) -> None:
@@ -133,8 +190,8 @@ def _plot_allreduce(ax, s: dict, world: int) -> None:
     if s["peer_gbps_min"]:
         rows = sorted({r["rows"] for r in s["allreduce"]})
         ax.plot(rows, [floor_us(n, world, s["peer_gbps_min"]) for n in rows], "k--", label="bandwidth floor")
-    ax.set(xscale="log", yscale="log", xlabel=f"rows x {HIDDEN} bf16", ylabel="us per all-reduce (graph chain)",
-           title="All-reduce per call")
+    ylabel = "us per all-reduce (graph chain)"
+    ax.set(xscale="log", yscale="log", xlabel=f"rows x {HIDDEN} bf16", ylabel=ylabel, title="All-reduce per call")
     finish_axes(ax, bool(series))
 
 
@@ -149,8 +206,8 @@ def _plot_forward(ax, s: dict) -> None:
             xs = [k + (2 * i + j) * w for k in range(len(rows))]
             ax.bar(xs, [by.get(n, {}).get(mode) or 0 for n in rows], w, label=f"{impl} {mode[:-3]}")
     ax.set_xticks([k + 0.4 - w / 2 for k in range(len(rows))], [str(n) for n in rows])
-    ax.set(xlabel="rows (batch x draft tokens)", ylabel="ms",
-           title=f"verify-shaped forward, {_shape(s.get('layers'), LAYERS, 'layers')}")
+    title = f"verify-shaped forward, {_shape(s.get('layers'), LAYERS, 'layers')}"
+    ax.set(xlabel="rows (batch x draft tokens)", ylabel="ms", title=title)
     finish_axes(ax, bool(vf))
 
 
@@ -186,8 +243,10 @@ def plot(result: dict, png: Path) -> bool:
     fig, (left, right) = plt.subplots(1, 2, figsize=(16, 4.8))
     _plot_allreduce(left, result["summary"], m["world"])
     _plot_forward(right, result["summary"])
-    fig.suptitle(f"bench-comm: {m.get('world')}x {m.get('gpu_name')}, run from git {m.get('git_rev')} (the checkout "
-                 f"that ran), {m.get('utc')}")
+    fig.suptitle(
+        f"bench-comm: {m.get('world')}x {m.get('gpu_name')}, run from git {m.get('git_rev')} (the checkout "
+        f"that ran), {m.get('utc')}"
+    )
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)
