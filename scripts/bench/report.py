@@ -24,6 +24,7 @@ BASELINE_SCHEMA = "eagle-bench-baseline/1"
 DEFAULT_THRESHOLDS = {"tok_s_drop_pct": 5.0, "accept_length_drop": 0.05}
 METRICS = ("decode_tok_s", "output_tok_s", "ttft_ms", "itl_ms", "tpot_ms", "accept_length")
 BASELINE_METRICS = ("decode_tok_s", "output_tok_s", "accept_length")
+RANDOM = ("random", "random-ids")  # bench_serving's datasets of random tokens: no prompt set
 LABELS = {
     "decode_tok_s": "decode tok/s",
     "output_tok_s": "output tok/s",
@@ -271,6 +272,7 @@ def markdown(
     out = [f"# Bench results {meta.get('stem', '')}", "", runs, f"- patch sets: {shown}", CELLS, ""]
     for sc in dict.fromkeys(r.scenario for r in rows):
         out += scenario_markdown([r for r in rows if r.scenario == sc])
+    out += accept_markdown(rows)
     flagged = [r for r in rows if r.eager]
     if flagged:
         out += ["## ⚠ Verify forwards off their CUDA graph", ""]
@@ -295,6 +297,22 @@ def markdown(
         said = f"**{bad} regression(s)**" if bad else "No regression."
         out += [f"## Baseline comparison ({baseline_path})", "", said, "", table, ""]
     return "\n".join(out)
+
+
+def accept_by_set(rows: list[Row]) -> dict[str, dict[str, Stat]]:
+    """Accept length per variant and prompt set: a scenario reading prompts (docker/prompts/), not random ids."""
+    out: dict[str, dict[str, Stat]] = {}
+    for r in rows:
+        if (al := r.stats.get("accept_length")) and r.scenario_spec.get("dataset_name") not in (None, *RANDOM):
+            out.setdefault(r.variant, {})[r.scenario] = al
+    return out
+
+
+def accept_markdown(rows: list[Row]) -> list[str]:
+    by = accept_by_set(rows)
+    sets = list(dict.fromkeys(s for x in by.values() for s in x))
+    table = md_table(f"variant | {' | '.join(sets)}", [[v, *(_cell(x.get(s), 3) for s in sets)] for v, x in by.items()])
+    return ["## Accept length per prompt set", "", table, ""] if by else []
 
 
 def scenario_markdown(srows: list[Row]) -> list[str]:

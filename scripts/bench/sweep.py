@@ -1,6 +1,8 @@
 """The drafter and speculative-settings sweep of `make bench` (bench/sweep.toml; `make bench-sweep`): one server per
 (drafter, draft quantization, steps/topk/draft tokens) point, each the speculative base variant with the point's
-drafter and settings (after serve's `--`, where they replace the profile's), plus reference variants.
+drafter and settings (after serve's `--`, where they replace the profile's), plus reference variants. Block drafters
+(DFlash: bench/sweep-dflash.toml) fill their own base variant, one point per block size: steps and topk 1, draft
+tokens = the block, as SGLang resolves DFLASH.
 
 Each point's setting is checked first where SGLang would not say so before the run: a chain (topk 1) must have
 draft tokens = steps + 1 (SGLang replaces any other count, with a warning only), a tree must offer at least draft
@@ -30,7 +32,7 @@ KEYS = {
     "repeats",
     "order",
     "description",
-}
+} | {"block_base", "block_drafters", "blocks"}  # block drafters (DFlash)
 SETTING_RE = re.compile(r"^(\d+)/(\d+)/(\d+)$")
 
 
@@ -67,6 +69,7 @@ class Point:
     drafter: str
     setting: Setting
     quant: str = ""  # "": the drafter's own weights (its checkpoint's dtype)
+    block: bool = False  # a block drafter (block_drafters): its base is the sweep's block_base
 
     @property
     def name(self) -> str:
@@ -115,6 +118,7 @@ class Sweep:
     repeats: int | None
     order: str | None
     description: str = ""
+    block_base: str = ""
 
 
 def load(path: Path = SWEEP_FILE) -> Sweep:
@@ -128,6 +132,12 @@ def load(path: Path = SWEEP_FILE) -> Sweep:
     settings = [parse_setting(x, str(path)) for x in d["settings"]]
     quants = [str(q) for q in d.get("draft_quantization", [""])]
     points = [Point(str(dr), s, q) for dr in d["drafters"] for q in quants for s in settings]
+    blocks = d.get("blocks", [])
+    if d.get("block_drafters") and not (
+        d.get("block_base") and blocks and all(isinstance(b, int) and b >= 2 for b in blocks)
+    ):
+        raise UserError(f'{path}: block_drafters need block_base = "<variant>" and blocks = [<draft tokens>, ...]')
+    points += [Point(str(dr), Setting(1, 1, b), block=True) for dr in d.get("block_drafters", []) for b in blocks]
     names = [p.name for p in points]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -143,6 +153,7 @@ def load(path: Path = SWEEP_FILE) -> Sweep:
         d.get("repeats"),
         d.get("order"),
         str(d.get("description", "")),
+        str(d.get("block_base", "")),
     )
 
 
@@ -151,19 +162,20 @@ def variants(sw: Sweep, vset) -> list:
     plan's VariantSet `vset`;
     UserError listing every point whose setting SGLang would change or fail on."""
     by_name = {v.name: v for v in vset.variants}
-    for n in [sw.base, *sw.reference]:
+    bases = [sw.base] + ([sw.block_base] if any(p.block for p in sw.points) else [])
+    for n in [*bases, *sw.reference]:
         if n not in by_name:
             raise UserError(f"{sw.path}: variant {n!r} is not in {vset.path} ({', '.join(by_name)})")
-    base = by_name[sw.base]
-    if not base.speculative:
+    if plain := [n for n in bases if not by_name[n].speculative]:
         raise UserError(
-            f"{sw.path}: base variant {base.name} does not speculate, so the sweep cannot set its "
-            f"drafter; pick an EAGLE-3 variant such as patched-eagle3"
+            f"{sw.path}: base variant {plain[0]} does not speculate, so the sweep cannot set its drafter; pick a "
+            f"speculative variant such as patched-eagle3 (patched-dflash for block drafters)"
         )
     bad, out = [], [dataclasses.replace(by_name[n], default=True) for n in sw.reference]
     for p in sw.points:
+        base = by_name[sw.block_base if p.block else sw.base]
         extra = p.setting.args() + (["--speculative-draft-model-quantization", p.quant] if p.quant else [])
-        bad += [f"{p.name}: {w}" for w in problems(p.setting)]
+        bad += [f"{p.name}: {w}" for w in ([] if p.block else problems(p.setting))]
         said = f"{base.description}; drafter {p.drafter}, {p.setting.label}" + (f", draft {p.quant}" if p.quant else "")
         out.append(
             dataclasses.replace(

@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from ..bench.report import load_results, summarize
+from ..bench.report import accept_by_set, load_results, summarize
 from ..box.results import read_junit
 from ..comm.comm_report import record, records
 from ..host.checks import PCIE_IPC_OFF
@@ -357,6 +357,10 @@ def rec_speculation(recs: list[dict]) -> list[dict]:
     settings = f"speculative settings and drafter (profile {SHIPPED_PROFILE})"
     fastest_why = f"fastest speculative variant at {scenario}: {fastest}"
     ranking = {"ranked": [(r["variant"], round(r["tok_s"], 1), r["accept_length"]) for r in ranked]}
+    sets = {v: {s: round(x.median, 3) for s, x in by.items()} for v, by in accept_by_set(summarize(recs)).items()}
+    if sets:  # the prompt sets' accept length: what the drafter choice rests on (bench/scenarios.toml C1-chat, C1-code)
+        ranking["accept_length_by_set"] = sets
+        fastest_why += "; accept length per prompt set: " + "; ".join(f"{v} {json.dumps(x)}" for v, x in sets.items())
     rule = "highest median decode tok/s among patched speculative variants with no eager verify"
     fastest_setting = "" if shipped else f"the settings of bench variant {fastest}"
     return [
