@@ -10,6 +10,10 @@
 #   bench/device/run.sh bench-tiny [ARGS]   the real make bench once, against the tiny pair served as test-serve
 #                                           serves it (bench/device/lent.py: --server-url, tiny-scenarios.toml)
 #                                           -> $OUT/bench-tiny.tgz (results, report, logs)
+#   bench/device/run.sh sweep-tiny [ARGS]   the DFlash arm (bench/sweep-dflash.toml) on the tiny models: no speculation,
+#                                           EAGLE-3 and DFlash served at once, benched at C1 on the chat and code
+#                                           prompt sets through lent.py -> $OUT/sweep-tiny.tgz, within BENCH_BUDGET
+#                                           seconds (default 3600; 300 fits a 6-minute call)
 #   bench/device/run.sh profile [ARGS]      make report's profile part against the tiny pair (lent.py, TP1), then
 #                                           the doctor's GPU probes at TP1 -> $OUT/profile.json (+ traces, logs),
 #                                           $OUT/doctor-tp1.json, $OUT/probes-tp1.log
@@ -26,7 +30,7 @@
 # stays off (the machines' rule: NCCL_NVLS_ENABLE=0 and friends are kept as the machine sets them). SGLang's JIT and
 # Triton caches come from .device/{jit,triton}-cache.tgz when present and go back as $OUT/{jit,triton}-cache.tgz.
 set -euo pipefail
-what=${1:?test-gpu, bench-comm, both, pytest, test-serve, bench-tiny, serve-all, profile or kernels}
+what=${1:?test-gpu, bench-comm, both, pytest, test-serve, bench-tiny, sweep-tiny, serve-all, profile or kernels}
 shift || true
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/site /tmp/sgl-tree/python
@@ -60,19 +64,20 @@ test_serve() {  # interrupted after SERVE_BUDGET seconds (default 480): it still
     --standins --serve-out "$OUT/test-serve.xml" "$@" 2>&1 | tee "$OUT/test-serve.run.log" || rc=$?
   return $rc
 }
-bench_tiny() {  # A/B/A of the tiny pair without and with EAGLE-3, both served at once (bench/device/lent.py)
-  [ "${BENCH_BUDGET:-3600}" -gt 60 ] || { echo "[device] bench-tiny: no time left (${BENCH_BUDGET} s)"; return 1; }
-  rm -rf /tmp/bench-tiny && mkdir -p /tmp/bench-tiny
-  timeout --signal=INT --kill-after=20 "${BENCH_BUDGET:-3600}" python3 bench/device/lent.py bench-tiny /tmp "$@" \
-    2>&1 | tee /tmp/bench-tiny/bench.run.log
+bench_tiny() {  # $1: bench-tiny or sweep-tiny, the tiny servers all up at once (bench/device/lent.py SERVERS)
+  local verb=$1; shift
+  [ "${BENCH_BUDGET:-3600}" -gt 60 ] || { echo "[device] $verb: no time left (${BENCH_BUDGET} s)"; return 1; }
+  rm -rf "/tmp/$verb" && mkdir -p "/tmp/$verb"
+  timeout --signal=INT --kill-after=20 "${BENCH_BUDGET:-3600}" python3 bench/device/lent.py "$verb" /tmp "$@" \
+    2>&1 | tee "/tmp/$verb/bench.run.log"
   local rc=${PIPESTATUS[0]}
   # the files are committed: machine paths masked
   local prefix
   prefix=$(python3 -c 'import sys; print(sys.prefix)')
-  find /tmp/bench-tiny -type f \( -name '*.jsonl' -o -name '*.md' -o -name '*.log' \) -exec sed -i -e "s#$PWD#<repo>#g" \
+  find "/tmp/$verb" -type f \( -name '*.jsonl' -o -name '*.md' -o -name '*.log' \) -exec sed -i -e "s#$PWD#<repo>#g" \
     -e "s#/tmp/lent-[^/]*/models#<models>#g" -e "s#/tmp/sgl-tree#<sgl-tree>#g" -e "s#/tmp/site#<site>#g" \
     -e "s#$prefix#<python>#g" {} +
-  tar czf "$OUT/bench-tiny.tgz" -C /tmp bench-tiny
+  tar czf "$OUT/$verb.tgz" -C /tmp "$verb"
   return $rc
 }
 profile() {
@@ -106,17 +111,17 @@ if [ "$what" = bench-comm ] || [ "$what" = both ]; then
   python3 -m scripts.comm.bench_comm --out "$OUT/bench-comm.json" "$@" 2>&1 | tee "$OUT/bench-comm.log" || rc=$?
 fi
 [ "$what" = test-serve ] && { test_serve "$@" || rc=$?; }
-[ "$what" = bench-tiny ] && { bench_tiny "$@" || rc=$?; }
+case $what in bench-tiny|sweep-tiny) bench_tiny "$what" "$@" || rc=$?;; esac
 if [ "$what" = serve-all ]; then
   # both at once on the one GPU (one device call): test-serve's servers and the tiny bench's share it, so their
   # timings are each other's load as well (both are proxies; test-serve's verify-graph vs eager rounds alternate,
   # the bench's A/B/A too). The bench gets DEADLINE seconds (default 360) less 30 for the caches, then an interrupt (it
   # stops its server and keeps the runs it finished).
   test_serve "$@" & tier=$!
-  BENCH_BUDGET=$(( ${DEADLINE:-360} - ($(date +%s) - t0) - 30 )) bench_tiny || rc=$?
+  BENCH_BUDGET=$(( ${DEADLINE:-360} - ($(date +%s) - t0) - 30 )) bench_tiny bench-tiny || rc=$?
   wait $tier || rc=$?
 fi
-case $what in test-serve|bench-tiny|serve-all|kernels)
+case $what in test-serve|bench-tiny|sweep-tiny|serve-all|kernels)
   tar czf "$OUT/jit-cache.tgz" -C /tmp sgljit 2>/dev/null || true
   tar czf "$OUT/triton-cache.tgz" -C /tmp triton-cache 2>/dev/null || true;; esac
 echo "[device] done in $(( $(date +%s) - t0 )) s, rc=$rc"

@@ -14,6 +14,7 @@ import pytest
 import _fake_docker
 from scripts.bench import bench, report, sweep
 from scripts.bench import plan as pl
+from scripts.report import receipt_data as rd
 from scripts.lib.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,43 +41,59 @@ def test_settings_sglang_would_change_or_fail_on(label, match):
     assert found and re.search(match, found[0]), found
 
 
-def test_the_requested_settings_are_accepted():
-    for label in ("1/1/2", "2/1/3", "3/1/4", "4/1/5", "5/1/6", "3/4/8", "4/4/8"):
-        assert sweep.problems(sweep.parse_setting(label, "test")) == [], label
-
-
 # -------------------------------------------------------------------------------------------------------------
 # the sweep file and its variants
 
 
 def test_committed_sweep_becomes_checked_variants():
+    """Every requested setting passes problems() (variants() raises otherwise)."""
     sw = sweep.load()
-    assert [
-        s.label for s in dict.fromkeys(p.setting for p in sw.points)
-    ] == "1/1/2 2/1/3 3/1/4 4/1/5 5/1/6 3/4/8 4/4/8".split()
-    assert {p.drafter for p in sw.points} == {
-        "AQ-MedAI/Kimi-K25-eagle3",
-        "lightseekorg/kimi-k2.5-eagle3",
-        "lightseekorg/kimi-k2.5-eagle3-mla",
-    }
-    assert {p.quant for p in sw.points} == {"", "fp8"} and len(sw.points) == 42
+    settings = [s.label for s in dict.fromkeys(p.setting for p in sw.points)]
+    assert settings == "1/1/2 2/1/3 3/1/4 4/1/5 5/1/6 3/4/8 4/4/8".split() and len(sw.points) == 42
+    drafters = ["AQ-MedAI/Kimi-K25-eagle3", "lightseekorg/kimi-k2.5-eagle3", "lightseekorg/kimi-k2.5-eagle3-mla"]
+    assert sorted({p.drafter for p in sw.points}) == drafters and {p.quant for p in sw.points} == {"", "fp8"}
     plan = pl.build(*pl.parse(["--sweep", "--", "--log-level", "info"]))
     vs = plan.variants
     # the names keep the drafter's org (two orgs' drafters of one name stay apart; issue 23 item 10)
     assert [v.name for v in vs][:2] == ["patched-nospec", "sweep-AQ-MedAI-Kimi-K25-eagle3-1-1-2"]
     mla = next(v for v in vs if v.name == "sweep-lightseekorg-kimi-k2.5-eagle3-mla-4-4-8-fp8")
-    assert mla.to_dict()["setting"] == {
-        "drafter": "lightseekorg/kimi-k2.5-eagle3-mla",
-        "steps": 4,
-        "topk": 4,
-        "draft_tokens": 8,
-        "draft_quantization": "fp8",
-    }
+    said = dict(drafter="lightseekorg/kimi-k2.5-eagle3-mla", steps=4, topk=4, draft_tokens=8, draft_quantization="fp8")
+    assert mla.to_dict()["setting"] == said
     argv = plan.launches[mla.name].argv
     after = list(argv[argv.index("--") + 1 :])  # after serve's --: sglang flags that replace the profile's
     setting = "--speculative-num-steps 4 --speculative-eagle-topk 4 --speculative-num-draft-tokens 8"
     assert after == [*setting.split(), "--speculative-draft-model-quantization", "fp8", "--log-level", "info"]
     assert argv[argv.index("--draft-model") + 1] == "lightseekorg/kimi-k2.5-eagle3-mla"
+
+
+def test_the_dflash_arm_fills_each_drafter_into_its_own_profile_over_the_prompt_sets():
+    plan = pl.build(*pl.parse(["--sweep", str(ROOT / "bench" / "sweep-dflash.toml")]))
+    dflash = "sweep-z-lab-Kimi-K2.5-DFlash-1-1-8"
+    eagle = [f"sweep-lightseekorg-kimi-k2.5-eagle3{m}-3-1-4" for m in ("", "-mla")]
+    assert [v.name for v in plan.variants] == ["patched-nospec", *eagle, dflash]
+    argv = " ".join(plan.launches[dflash].argv)  # DFLASH: SGLang's steps and topk 1, the block as draft tokens
+    assert "--profile kimi-k25-dflash-tp8 " in argv and "--draft-model z-lab/Kimi-K2.5-DFlash -- " in argv
+    assert argv.endswith(" -- --speculative-num-steps 1 --speculative-eagle-topk 1 --speculative-num-draft-tokens 8")
+    assert [s.name for s in plan.scenarios] == ["C1-chat", "C1-code"]
+    for s in plan.scenarios:  # prompt files, read from the client's working directory (the image's copy of docker/)
+        assert s.dataset_name == "custom" and (ROOT / s.extra_args[1]).is_file(), s.name
+
+
+def test_the_lent_route_runs_the_dflash_arm_on_the_tiny_models(tmp_path, monkeypatch):
+    """bench/device/run.sh sweep-tiny (no GPU here): no speculation, EAGLE-3 and DFlash, served at once, benched at C1
+    on the chat and code prompt sets once each, as make bench runs the arm."""
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "gpu" / "serve"))
+    monkeypatch.syspath_prepend(str(ROOT / "bench" / "device"))
+    import lent
+
+    servers = lent.SERVERS["sweep-tiny"]
+    assert [p for _, p, _ in servers] == ["nospec.yaml", "eagle3.yaml", "dflash.yaml"]
+    assert [d for _, _, d in servers] == [None, "draft-pi", "dflash-first"]
+    urls = {name: f"http://127.0.0.1:{32000 + 10 * i}" for i, (name, _, _) in enumerate(servers)}
+    argv = lent.bench_argv(urls, tmp_path, ROOT / "tests/fixtures/bench/tokenizer", "0123456789ab", "lent")
+    runs = pl.build(*pl.parse([*argv[3:], *lent.ARGS["sweep-tiny"]])).runs
+    assert [(r.scenario.name, r.variant.name) for r in runs] == [(s, v) for v in urls for s in ("C1-chat", "C1-code")]
+    assert all((ROOT / r.scenario.extra_args[1]).is_file() and r.scenario.dataset_name == "custom" for r in runs)
 
 
 def test_sweep_file_mistakes_are_named_before_anything_runs(tmp_path):
@@ -91,6 +108,9 @@ def test_sweep_file_mistakes_are_named_before_anything_runs(tmp_path):
     f.write_text('base = "patched-nospec"\ndrafters = ["a/b"]\nsettings = ["3/1/4"]\n')
     with pytest.raises(UserError, match="does not speculate"):
         sweep.variants(sweep.load(f), variants)
+    f.write_text('base = "patched-eagle3"\ndrafters = ["a/b"]\nsettings = ["3/1/4"]\nblock_drafters = ["c/d"]\n')
+    with pytest.raises(UserError, match="block_drafters need block_base"):
+        sweep.load(f)
     f.write_text('base = "x"\ndrafters = ["a/b"]\nsettings = ["3-1-4"]\n')
     with pytest.raises(UserError, match="not steps/topk/draft_tokens"):
         sweep.load(f)
@@ -136,26 +156,14 @@ def sweep_records(slow: dict[str, float] | None = None, hit: dict[str, float] | 
         g = round(100 * (hit or {}).get(p.name, 1.0))
         r = copy.deepcopy(base)
         r["accept_length"] = al
-        r["eagle"] = {
-            "scenario": "C1",
-            "variant": p.name,
-            "letter": "A",
-            "position": len(out) + 1,
-            "decode_tok_s": tok_s,
-            "variant_spec": {"speculative": True, "setting": p.describe()},
-            "verify": {"graph": g, "piecewise": 0, "eager": 100 - g, "fallback_reasons": {}},
-        }
+        r["eagle"] = dict(scenario="C1", variant=p.name, letter="A", position=len(out) + 1, decode_tok_s=tok_s)
+        r["eagle"]["variant_spec"] = {"speculative": True, "setting": p.describe()}
+        r["eagle"]["verify"] = {"graph": g, "piecewise": 0, "eager": 100 - g, "fallback_reasons": {}}
         out.append(r)
     ref = copy.deepcopy(base)
     ref["accept_length"] = None
-    ref["eagle"] = {
-        "scenario": "C1",
-        "variant": "patched-nospec",
-        "letter": "B",
-        "position": 99,
-        "decode_tok_s": 1000 / T1,
-        "variant_spec": {"speculative": False},
-    }
+    ref["eagle"] = dict(scenario="C1", variant="patched-nospec", letter="B", position=99, decode_tok_s=1000 / T1)
+    ref["eagle"]["variant_spec"] = {"speculative": False}
     return out + [ref]
 
 
@@ -182,6 +190,21 @@ def test_a_point_off_its_verify_graph_makes_the_sweep_disagree():
     assert "Predicted optimum: sweep-A-one-4-4-8 " in out and "Measured optimum: sweep-A-one-4-4-8 " not in out
     assert "does NOT agree with the model" in out and "(verify graph 35%)" in out
     assert "misses (measured vs predicted tok/s): sweep-A-one-4-4-8 -" in out
+
+
+def test_accept_length_per_prompt_set_in_the_report_and_the_receipt():
+    recs = []
+    for sc, scale in (("C1-chat", 1.0), ("C1-code", 1.25)):
+        for r in sweep_records():
+            algorithm = "EAGLE3" * r["eagle"]["variant_spec"]["speculative"]
+            r["eagle"] |= {"scenario": sc, "patchset": "p", "speculative_algorithm": algorithm}
+            r["eagle"]["scenario_spec"] = {"dataset_name": "custom", "max_concurrency": 1}
+            r["accept_length"] = r["accept_length"] and r["accept_length"] * scale
+            recs.append(r)
+    assert "| sweep-A-one-3-1-4 | 2.200 | 2.750 |" in report.markdown(report.summarize(recs), {})
+    got = rd.rec_speculation(recs)[1]
+    assert got["measured"]["accept_length_by_set"]["sweep-A-one-3-1-4"] == {"C1-chat": 2.2, "C1-code": 2.75}
+    assert 'sweep-A-one-3-1-4 {"C1-chat": 2.2, "C1-code": 2.75}' in got["why"]
 
 
 def test_chain_points_alone_cannot_separate_verify_and_draft_costs():
