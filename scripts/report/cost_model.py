@@ -39,6 +39,7 @@ UNKNOWN = {
     "glue_ms": "eager glue per cycle, ms",
 }
 EFFORT = {"S": 1, "S-M": 2, "M": 3, "M-L": 6, "L": 9}
+ARM, GOAL_KEYS = {"dflash": "DFlash", "eagle": "EAGLE-3"}, ("stretch_tok_s", "block_tok_s")
 
 
 def band(vals: dict, d: int = 1, pct: bool = False) -> str:
@@ -241,7 +242,52 @@ class Box:
             f"spec cycle <= {g['cycle_ratio']}x the plain step | {ratios} | any (the ratio does not depend on it) | "
             f"{cycle} at {self.name} (central); met at {met}",
         ]
+        stretch, dcyc, w = g["stretch_tok_s"], self.each(sm.Model.dflash_ms), self.inp["dflash"]["block"]
+        code = {t["dflash_al"]: 1000 * t["dflash_al"] / dcyc[C] for t in self.inp["traffic"] if t.get("set") == "code"}
+        need = band({c: stretch * x / 1e3 for c, x in dcyc.items()}, 2)
+        verdict = "expected at the card's coding AL (central)" if min(code.values()) >= stretch else "not expected"
+        said = ", ".join(f"{tok:.0f} at the card's AL {al}" for al, tok in code.items())
+        rows.append(
+            f">= {stretch:.0f} tok/s on coding prompts (stretch), with DFlash (block {w}) | DFlash: {said} | "
+            f"{stretch:.0f} needs {need} with DFlash, {band(d['need'][1], 2)} with EAGLE-3 {self.name} | {verdict}; "
+            "the box's AL on chat, code and agentic sets decides (bench/sweep-dflash.toml)"
+        )
         return md_table("goal | model at the patched defaults | accept length | verdict", rows)
+
+    def arms(self) -> dict[str, tuple]:
+        """Per arm: (verify, draft, cycle) at each corner, and the tokens one cycle can accept."""
+        w, s = self.inp["dflash"]["block"], self.steps
+        dflash = (sm.Model.verify_ms, w), (sm.Model.block_ms,), (sm.Model.dflash_ms,)
+        eagle = (sm.Model.verify_ms, s + 1), (sm.Model.draft_ms, s), (sm.Model.cycle_ms, s)
+        return {a: (*(self.each(*f) for f in fs), n) for a, fs, n in (("dflash", dflash, w), ("eagle", eagle, s + 1))}
+
+    def dflash(self) -> str:
+        arms, d, targets = self.arms(), self.inp["dflash"], (self.goal, *map(self.inp["goals"].get, GOAL_KEYS))
+        what = ("verify of the block's rows, ms", "draft, ms", "cycle: verify + draft + glue, ms")
+        rows = [[x, *(band(a[i], 2) for a in arms.values())] for i, x in enumerate(what)]
+        for al in (self.al, *d["al_rows"]):
+            tok = [band({c: 1000 * al / x for c, x in a[2].items()}, 0) if al <= a[3] else "-" for a in arms.values()]
+            rows.append([f"tok/s at AL {al:.2f}", *tok])
+        rows += [
+            [f"AL for {g:.0f} tok/s", *(band({c: g * x / 1e3 for c, x in a[2].items()}, 2) for a in arms.values())]
+            for g in targets
+        ]
+        even = {c: self.al * x / arms["eagle"][2][c] for c, x in arms["dflash"][2].items()}
+        rows.append([f"AL at which it matches EAGLE-3 {self.name} at AL {self.al:.2f}", band(even, 2), "-"])
+        return md_table(f"per cycle at batch 1 | DFlash, block {d['block']} | EAGLE-3 {self.name}", rows)
+
+    def drafters(self) -> str:
+        cyc, rows = {a: v[2] for a, v in self.arms().items()}, []
+        for t in self.inp["traffic"]:
+            tok = {a: {c: 1000 * t[f"{a}_al"] / x for c, x in cyc[a].items()} for a in cyc if f"{a}_al" in t}
+            fast = max(tok, key=lambda a: tok[a][C])
+            gain = tok[fast][C] / min(x[C] for x in tok.values()) - 1
+            said = f"{ARM[fast]} (+{gain:.0%})" if gain >= 0.05 else "a wash (within 5 %)"
+            cells = [[t[f"{a}_al"], t[f"{a}_source"], band(tok[a], 0)] if a in tok else ["-"] * 3 for a in cyc]
+            rows.append([t["name"], *cells[0], *cells[1], said if len(tok) > 1 else "-"])
+        return md_table(
+            f"traffic | DFlash AL | source | tok/s | EAGLE-3 {self.name} AL | source | tok/s | faster (central)", rows
+        )
 
     def series(self) -> str:
         header = (
@@ -290,7 +336,7 @@ class Box:
         )
 
     def blocks(self) -> dict[str, str]:
-        names = ("backtest", "physics", "goals", "series", "settings", "sensitivity", "levers", "peers")
+        names = "backtest physics goals series settings sensitivity levers peers dflash drafters".split()
         return {name: getattr(self, name)() for name in names}
 
 

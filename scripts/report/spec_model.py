@@ -197,6 +197,19 @@ class Model:
         verify = self.verify_ms(s + 1, backend) if verify_ms is None else verify_ms
         return verify + self.draft_ms(s, backend) + self.p["glue_ms"] + self.p["sync_ms"]
 
+    def block_ms(self, backend: str = "pcie_ipc") -> float:
+        """One block-draft forward ([dflash]): its layers, its fc over the verified rows' target features and the
+        target's lm_head shard read once, its kernel chain, its all-reduces at the block's rows, its argmax gather."""
+        d, kib = self.inp["dflash"], self.cyc["kib"]["target_verify"]["all_reduce"]
+        us = d["all_reduce"] * self.lat(backend, d["block"] * kib) + d["all_gather"] * self.lat(backend, 1 / 64)
+        gb = d["layers_gb"] + d["fc_gb"] + self.m["non_routed_gb"]["lm_head"]
+        return gb / self.eff + d["kernel_chains"] * self.p["kd_ms"] + us / 1000
+
+    def dflash_ms(self, backend: str = "pcie_ipc") -> float:
+        """One DFlash cycle at batch 1: the verify of the block's rows, one block draft, the glue."""
+        verify = self.verify_ms(self.inp["dflash"]["block"], backend)
+        return verify + self.block_ms(backend) + self.p["glue_ms"] + self.p["sync_ms"]
+
     def al(self, steps: int | None = None) -> float:
         s, p = steps or self.steps(), self.p
         base = 1 + sum(self.inp["acceptance"]["per_position"][:s])
