@@ -41,16 +41,8 @@ def trace(spans: list[str], iterations: int = 4, period: float = 15000.0) -> dic
                 (("cudaLaunchKernel", [("glue", 4)]), ("cudaGraphLaunch", FORWARDS[name]))
             ):
                 corr += 1
-                call = {
-                    "ph": "X",
-                    "cat": "cuda_runtime",
-                    "name": launch,
-                    "pid": 9,
-                    "tid": 9,
-                    "ts": cpu + 10 + k,
-                    "dur": 1,
-                }
-                ev.append(call | {"args": {"correlation": corr}})
+                call = {"ph": "X", "cat": "cuda_runtime", "name": launch, "pid": 9, "tid": 9, "ts": cpu + 10 + k}
+                ev.append(call | {"dur": 1, "args": {"correlation": corr}})
                 for kname, us in kernels:
                     ran = {"ph": "X", "cat": "kernel", "name": kname, "pid": 0, "tid": 7, "ts": gpu, "dur": us}
                     ev.append(ran | {"args": {"correlation": corr, "device": 0, "stream": 7}})
@@ -80,13 +72,7 @@ def test_a_recorded_trace_reduces_to_the_profile_per_forward(tmp_path):
     # the graph's kernels only (the glue kernel launched before it is not the forward's); gaps are the 10 us between
     got = {s: {k: p[s][k] for k in sm.STAGE_FIELDS} for s in sm.PROFILE_STAGES}
     assert got["decode"] == {"forward_ms": 9.066, "comm_ms": 0.036, "busy_ms": 9.0, "gap_ms": 0.03, "kernels": 4}
-    assert got["target_verify"] == {
-        "forward_ms": 13.082,
-        "comm_ms": 0.052,
-        "busy_ms": 13.0,
-        "gap_ms": 0.03,
-        "kernels": 4,
-    }
+    assert got["target_verify"] == dict(forward_ms=13.082, comm_ms=0.052, busy_ms=13.0, gap_ms=0.03, kernels=4)
     assert got["draft_decode"] == {"forward_ms": 0.318, "comm_ms": 0.008, "busy_ms": 0.3, "gap_ms": 0.01, "kernels": 2}
     assert p["decode"]["classes"] == {"all_reduce": [2, 36.0], "gemm": [2, 9000.0]} and p["decode"]["nodes"] == 4
     assert p["draft_extend"]["comm_ms"] == 0.005 and p["cycle_ms"] == 15.0  # first GPU work of one draft to the next
@@ -126,12 +112,5 @@ def test_make_docs_refits_from_the_profile_the_part_wrote(tmp_path, profile_rece
 def test_the_receipt_runs_the_part_as_its_own_verb(tmp_path):
     part = rd.PARTS["profile"]
     assert part.result == "raw/profile.json" and part.measures
-    assert part.command(tmp_path, argparse.Namespace(image="img:1")) == [
-        sys.executable,
-        "-m",
-        "scripts.report.profile",
-        "--out",
-        str(tmp_path / "raw/profile.json"),
-        "--image",
-        "img:1",
-    ]
+    verb = [sys.executable, "-m", "scripts.report.profile", "--out", str(tmp_path / "raw/profile.json")]
+    assert part.command(tmp_path, argparse.Namespace(image="img:1")) == [*verb, "--image", "img:1"]
