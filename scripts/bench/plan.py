@@ -153,7 +153,7 @@ def _checked(where: str, entry: dict, ints: tuple[str, ...] = (), bools: tuple[s
     return entry
 
 
-def load_scenarios(path: Path, names: str | None = None, everything: bool = False) -> list[Scenario]:
+def load_scenarios(path: Path, names: str | None = None) -> list[Scenario]:
     fields = {f.name for f in dataclasses.fields(Scenario)}
     entries, defaults = _entries(path, "scenario", fields)
     _keys(f"{path} [defaults]", defaults, fields - {"name"})
@@ -167,7 +167,7 @@ def load_scenarios(path: Path, names: str | None = None, everything: bool = Fals
             bools=("tokenize_prompt", "flush_cache", "default"),
         )
         out.append(Scenario(**{**m, "extra_args": tuple(str(x) for x in m.get("extra_args", ()))}))
-    return out if everything else _pick(out, names, "scenario", path)
+    return _pick(out, names, "scenario", path)
 
 
 def load_variants(path: Path) -> VariantSet:
@@ -459,25 +459,16 @@ def build(a: argparse.Namespace, server_args: list[str]) -> Plan:
     if tokenizer and Path(tokenizer).exists():
         tokenizer = str(Path(tokenizer).resolve())
     client_image = a.image or pin.serving_image
-    local = ["-v", f"{tokenizer}:{tokenizer}:ro"] if tokenizer and Path(tokenizer).is_absolute() else []
-    client = docker_run(
-        client_image,
-        ["bench-client"],
-        gpus=False,
-        results=a.results_dir,
-        hf_cache=hf_cache_dir(),
-        network_host=True,
-        extra=local,
-        env_names=CLIENT_ENV,
-    )
+    client = client_argv(client_image, tokenizer, a.results_dir)
     more = [*(["--tokenizer", tokenizer] if tokenizer else []), *shlex.split(a.bench_args)]
     runs = [with_client(r, launches[r.variant.name].url, stem, more) for r in runs]
+    all_sessions = sessions(runs)
     return Plan(
         judging,
         scenarios=scenarios,
         variants=variants,
         runs=runs,
-        sessions=sessions(runs),
+        sessions=all_sessions,
         earlier=earlier,
         launches=launches,
         client=client,
@@ -487,13 +478,29 @@ def build(a: argparse.Namespace, server_args: list[str]) -> Plan:
         weights=list(dict.fromkeys(weights)),
         model=model if launched else "",
         repeats=a.repeats or 3,
-        seconds=sum(r.scenario.seconds() for r in runs) + ASSUMED_LOAD_S * len(sessions(runs)) * launched,
+        seconds=sum(r.scenario.seconds() for r in runs) + ASSUMED_LOAD_S * len(all_sessions) * launched,
         results_dir=a.results_dir,
         stem=stem,
         meta={"box": box, "git_rev": rev + "-dirty" * dirty, "git_dirty": dirty, "tokenizer": tokenizer},
         sample_interval=a.sample_interval,
         api_key_file=a.api_key_file,
         dry_run=a.dry_run,
+    )
+
+
+def client_argv(image: str, tokenizer: str | None, results_dir: Path) -> list[str]:
+    """bench_serving, up to a run's arguments: the image's bench-client verb on the host's network, writing into the
+    results directory (its /results); a tokenizer on this machine mounted where it is."""
+    local = ["-v", f"{tokenizer}:{tokenizer}:ro"] if tokenizer and Path(tokenizer).is_absolute() else []
+    return docker_run(
+        image,
+        ["bench-client"],
+        gpus=False,
+        results=results_dir,
+        hf_cache=hf_cache_dir(),
+        network_host=True,
+        extra=local,
+        env_names=CLIENT_ENV,
     )
 
 
