@@ -47,7 +47,7 @@ class Launch:
     argv: tuple[str, ...] = ()
     container: str = ""
     patchset: str = ""
-    log: Path = Path("server.log")
+    log: Path | None = None
     timeout: float = 3600.0
 
 
