@@ -18,8 +18,10 @@ from pathlib import Path
 from ..box.results import iso, write_json
 from ..lib.errors import UserError
 from ..lib.progress import say
+from ..lib.repo import REPO_ROOT
 from ..lib.table import md_table, num
 
+BASELINES_DIR = REPO_ROOT / "bench" / "baselines"
 BASELINE_SCHEMA = "eagle-bench-baseline/1"
 DEFAULT_THRESHOLDS = {"tok_s_drop_pct": 5.0, "accept_length_drop": 0.05}
 METRICS = ("decode_tok_s", "output_tok_s", "ttft_ms", "itl_ms", "tpot_ms", "accept_length")
@@ -331,29 +333,67 @@ def scenario_markdown(srows: list[Row]) -> list[str]:
     return [title, "", md_table(header, [_row(r, srows[0]) for r in srows], "lllrrrrrrrrrr"), ""]
 
 
-def publish(records: list[dict], stem: Path, meta: dict, judging) -> bool:
-    """The .md and .png beside the results (stem), the baseline comparison and writing (judging: plan.Judging).
-    True when the run fails its judging: a regression, or (fail_on_eager) a verify forward off its CUDA graph."""
+@dataclasses.dataclass(frozen=True)
+class Judging:
+    """What judges a report: the baseline to compare with (--baseline [FILE]) and the one to write (--write-baseline
+    [FILE]), each None when not asked and "" for bench/baselines/<box>.json; the allowed drops (None: the baseline's,
+    else the defaults); whether a verify forward off its CUDA graph fails the run (--fail-on-eager)."""
+
+    baseline: str | None = None
+    write_baseline: str | None = None
+    max_tok_s_drop: float | None = None
+    max_accept_drop: float | None = None
+    fail_on_eager: bool = False
+
+
+def baseline_path(given: str | None, box: str) -> Path | None:
+    if given is None:
+        return None
+    return Path(given) if given else BASELINES_DIR / f"{box}.json"
+
+
+def publish(records: list[dict], stem: Path, meta: dict, judging: Judging) -> bool:
+    """The .md and .png beside the results (stem), the baseline comparison and writing. True when the run fails its
+    judging: a regression, or (fail_on_eager) a verify forward off its CUDA graph."""
+    base, write = (baseline_path(f, meta.get("box")) for f in (judging.baseline, judging.write_baseline))
     rows = summarize(records)
-    baseline = load_baseline(judging.baseline) if judging.baseline else None
+    baseline = load_baseline(base) if base else None
     th = thresholds(baseline, judging.max_tok_s_drop, judging.max_accept_drop)
     checks = compare(rows, baseline, th) if baseline else None
-    stem.with_suffix(".md").write_text(markdown(rows, meta, checks, str(judging.baseline)))
+    stem.with_suffix(".md").write_text(markdown(rows, meta, checks, str(base)))
     drawn = plot(rows, stem.with_suffix(".png"), title=stem.name)
     no_plot = " (no plot: no matplotlib here; make bench uses .venv's python, make setup)"
     say(f"report: {stem.with_suffix('.md')}" + (f" and {stem.with_suffix('.png')}" if drawn else no_plot))
     for r in (r for r in rows if r.eager):
         reasons = ", ".join(f"{k}: {n}" for k, n in sorted(r.eager_reasons.items()))
         say(f"⚠ {r.scenario} / {r.variant}: {r.eager} verify forward(s) off their CUDA graph: {reasons}")
-    if judging.write_baseline:
-        write_json(judging.write_baseline, make_baseline(rows, meta, th))
-        say(f"baseline written: {judging.write_baseline}")
     bad = [c for c in checks or [] if c.status == "REGRESSION"]
     for c in bad:
-        print(f"REGRESSION against {judging.baseline}: {c.line()}", file=sys.stderr)
+        print(f"REGRESSION against {base}: {c.line()}", file=sys.stderr)
     if checks is not None and not bad:
-        say(f"no regression against {judging.baseline} ({sum(c.status == 'ok' for c in checks)} checks)")
+        say(f"no regression against {base} ({sum(c.status == 'ok' for c in checks)} checks)")
+    if write:
+        medians = make_baseline(rows, meta, th)
+        write_json(write, medians)
+        say(f"baseline written: {write}")
     return bool(bad) or judging.fail_on_eager and any(r.eager for r in rows)
+
+
+def rebuild(path: Path, judging: Judging, box: str | None = None) -> bool:
+    """--report: the report of a results file made again, and judged (box: the records' unless given)."""
+    records = load_results(path)
+    if not records:
+        raise UserError(f"{path} holds no runs")
+    first, last = records[0]["eagle"], records[-1]["eagle"]
+    meta = {
+        "stem": path.stem,
+        "box": box or first.get("box"),
+        "git_rev": first.get("git_rev"),
+        "runs": len(records),
+        "started_at": first.get("started_at"),
+        "finished_at": last.get("finished_at"),
+    }
+    return publish(records, path.with_suffix(""), meta, judging)
 
 
 # -------------------------------------------------------------------------------------------------------------
@@ -469,6 +509,12 @@ def verdict(points: list[Point], f: dict) -> list[str]:
     )
 
 
+SWEEP_HEADER = (
+    "drafter | draft weights | steps/topk/tokens | accept length | decode tok/s | verify graph | cycle ms | model "
+    "cycle ms"
+)
+
+
 def sweep_markdown(rows: list[Row]) -> list[str]:
     L: list[str] = []
     for sc in dict.fromkeys(r.scenario for r in rows if r.setting):
@@ -483,9 +529,8 @@ def sweep_markdown(rows: list[Row]) -> list[str]:
                 f"{_cell(r.stats['accept_length'], 3)} | {_cell(r.stats['decode_tok_s'])} | {hit_cell(r)} | "
                 f"{cycle} | {model}"
             )
-        header = "drafter | draft weights | steps/topk/tokens | accept length | decode tok/s | verify graph | cycle ms | model"
         title = f"## Sweep: drafters and speculative settings ({sc})"
-        L += [title, "", md_table(header + " cycle ms", table, "lllrrrrr"), ""]
+        L += [title, "", md_table(SWEEP_HEADER, table, "lllrrrrr"), ""]
         L += (verdict(points, f) if f else [f"No cost-model verdict: {why}."]) + [""]
     return L
 

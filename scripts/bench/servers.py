@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 import time
 from pathlib import Path
 
@@ -36,8 +37,9 @@ def tail(path: Path, n: int = 20) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Launch:
-    """How one server is had, every value resolved: its URL, and the detached `docker run` of its image (none for a
-    server that runs already: its declared patch set instead)."""
+    """How one server is had, every value resolved: its URL, and the detached `docker run` of its image with the log
+    its output goes to and how long it may take to answer (none for a server that runs already: its declared patch
+    set instead)."""
 
     name: str
     url: str
@@ -45,24 +47,23 @@ class Launch:
     argv: tuple[str, ...] = ()
     container: str = ""
     patchset: str = ""
+    log: Path | None = None
+    timeout: float = 3600.0
 
 
 class Server:
     """One launch's server for one session: a container when the launch has a `docker run`, else a URL."""
 
-    def __init__(self, launch: Launch, log_path: Path):
-        self.name, self.url, self.log_path = launch.name, launch.url, log_path
+    def __init__(self, launch: Launch):
+        self.name, self.url, self.log_path, self.timeout = launch.name, launch.url, launch.log, launch.timeout
         self.argv, self.container, self.image = list(launch.argv), launch.container, launch.image
         self.patchset, self.started, self.launch_s = launch.patchset, False, None
         self._logs = self._log = None
 
-    def describe(self) -> str:
-        return " ".join(self.argv) if self.argv else f"running server {self.url}"
-
-    def start(self, timeout: float) -> None:
+    def start(self) -> None:
         if not self.argv:
             return self._answers()
-        say(f"launching {self.name}: {self.describe()}")
+        say(f"launching {self.name}: {shlex.join(self.argv)}")
         t0 = time.monotonic()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "a")  # a results directory that cannot be written stops here, before a start
@@ -78,9 +79,9 @@ class Server:
             running = proc.run(["docker", "inspect", "-f", "{{.State.Running}}", self.container], timeout=60)
             if running.stdout.strip() != "true":
                 raise UserError(f"{self.name} exited while starting; {self.log_path}:\n{tail(self.log_path)}")
-            if time.monotonic() - t0 > timeout:
+            if time.monotonic() - t0 > self.timeout:
                 raise UserError(
-                    f"{self.name} was not ready within {duration(timeout)} (raise --launch-timeout); "
+                    f"{self.name} was not ready within {duration(self.timeout)} (raise --launch-timeout); "
                     f"{self.log_path}:\n{tail(self.log_path)}"
                 )
             time.sleep(2)

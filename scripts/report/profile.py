@@ -167,23 +167,25 @@ def _post(url: str, body: dict) -> None:
 
 
 def launch(a, name: str, prof: str, spec: bool, traces: Path) -> Launch:
-    """The server of one profile: the serving image's serve in a detached container (traces mounted at /results),
-    or the running server of --server-url."""
+    """The server of one profile: the serving image's serve in a detached container (traces mounted at /results, its
+    log beside them), or the running server of --server-url."""
+    log = traces / f"{name}.log"
     if a.server_url:
-        return Launch(name, a.server_url[spec].rstrip("/"))
+        return Launch(name, a.server_url[spec].rstrip("/"), log=log)
     args = ["serve", "--profile", prof, "--port", str(a.port), *(["--model", a.model] if a.model else [])]
     args += ["--draft-model", a.draft_model] if a.draft_model and spec else []
     args += ["--", *a.sglang_args] if a.sglang_args else []
     image, cname, cache = a.image or load_pin().serving_image, f"eagle-profile-{name}-{os.getpid()}", hf_cache_dir()
     argv = docker_run(image, args, hf_cache=cache, network_host=True, detach=True, name=cname, results=traces)
-    return Launch(name, f"http://127.0.0.1:{a.port}", image, tuple(argv), cname)
+    url = f"http://127.0.0.1:{a.port}"
+    return Launch(name, url, image, tuple(argv), cname, log=log, timeout=a.launch_timeout)
 
 
 def capture(a, server: Server, traces: Path) -> tuple[Path, dict, float | None]:
     """Warm one server up, capture K decode iterations of one request: (rank 0's trace, /server_info, AL)."""
     name, url, log = server.name, server.url, server.log_path
     try:
-        server.start(a.launch_timeout)
+        server.start()
         if not isinstance((info := get_json(url + "/server_info", 60) or {}).get("tp_size"), int):
             raise UserError(f"{name}: GET /server_info gave no tp_size; its log: {log}")
         _post(url + "/generate", {"text": PROMPT, "sampling_params": {**SAMPLING, "max_new_tokens": 32}})
@@ -238,9 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     traces = a.out.parent / a.out.stem
     traces.mkdir(parents=True, exist_ok=True)
     say(f"profile: {profs[0]} then {profs[1]}, {a.steps} decode iterations each; about {ESTIMATE_S // 60} min")
-    logs = {name: traces / f"{name}.log" for name in ("nospec", "spec")}
-    plain, plain_info, _ = capture(a, Server(launch(a, "nospec", profs[0], False, traces), logs["nospec"]), traces)
-    spec, info, al = capture(a, Server(launch(a, "spec", profs[1], True, traces), logs["spec"]), traces)
+    plain, plain_info, _ = capture(a, Server(launch(a, "nospec", profs[0], False, traces)), traces)
+    spec, info, al = capture(a, Server(launch(a, "spec", profs[1], True, traces)), traces)
     if al is None:
         raise UserError(f"{profs[1]} exported no accept-length counters: its profile needs enable-metrics: true")
     prof = profile(
