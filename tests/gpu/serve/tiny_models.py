@@ -19,10 +19,10 @@ so a served chain is the lossless check; chain.json holds it. Drafters:
   dflash-random the same form with random weights (it mostly proposes the mask token): almost never right.
 
 Pairs: `llama` (LlamaForCausalLM, 4 layers, 8 heads / 8 KV heads) and `kimi` (DeepseekV3ForCausalLM with
-Kimi-K2.5's text-model config keys, model_type kimi_k2: MLA with its per-head dims 512/64/128/128, a dense first
-layer, 16 routed experts top-4 + 1 shared expert, sigmoid noaux_tc routing, yarn rope, HF checkpoint names; bf16,
-not Kimi-K2.5's int4). Heads, KV heads and experts divide by 8, so each runs at TP 1, 2, 4 and 8. The tokenizer
-is a WordLevel vocabulary written here (no download). Needs torch, safetensors and tokenizers; seconds on a CPU.
+Kimi-K2.5's text-model config, tests/fixtures/kimi-k25, scaled down: MLA with its per-head dims 512/64/128/128, a
+dense first layer, 16 routed experts top-4 + 1 shared expert, HF checkpoint names; bf16, not Kimi-K2.5's int4).
+Heads, KV heads and experts divide by 8, so each runs at TP 1, 2, 4 and 8. The tokenizer is a WordLevel vocabulary
+written here (no download). Needs torch, safetensors and tokenizers; seconds on a CPU.
 """
 
 from __future__ import annotations
@@ -35,41 +35,32 @@ import torch
 VOCAB = 2048
 WIDTH = 512  # hidden size of every tiny model
 SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")  # ids 0..3, fixed points of the chain
+WORDS = [*SPECIALS, *(f"w{i}" for i in range(len(SPECIALS), VOCAB))]
 AUX_LAYERS = [0, 1, 2]  # the target layers whose hidden states the drafter's fc reads (fc is zero)
 DFLASH = ("dflash-first", "dflash-random")
 PAIRS = {"llama": ("target", "draft-pi", "draft-random", *DFLASH), "kimi": ("target", "draft-pi", "draft-mla", *DFLASH)}
 DFLASH_MASK, DFLASH_LAYERS, GAIN = 3, [0, 1], 8192.0  # <pad> fills a block's positions 1..; see dflash_drafter
 CHAIN_FILE = "chain.json"
 # MLA per-head dims of DeepSeek-V3 / Kimi-K2.5 (SGLang's triton MLA decode kernel takes kv_lora + rope = 576)
-MLA = {"q_lora_rank": 128, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
+QR, KVR, NOPE, ROPE, VD = 128, 512, 128, 64, 128
+MLA = {"q_lora_rank": QR, "kv_lora_rank": KVR, "qk_nope_head_dim": NOPE, "qk_rope_head_dim": ROPE, "v_head_dim": VD}
 HEADS, HEAD_DIM, INTER = 8, 64, 1408
+KIMI_CONFIG = Path(__file__).resolve().parents[2] / "fixtures" / "kimi-k25" / "config.json"
 
 
-def write_tokenizer(d: Path) -> None:
-    """A WordLevel tokenizer over VOCAB ids (the specials, then w4 .. w<VOCAB-1>), as HF files."""
+def write_tokenizer(d: Path, words: list[str] = WORDS, max_len: int = 4096) -> None:
+    """A WordLevel tokenizer over `words` (the specials first: unk, bos, eos and pad), as HF files."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    words = list(SPECIALS) + [f"w{i}" for i in range(len(SPECIALS), VOCAB)]
-    tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token=SPECIALS[0]))
+    tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token=words[0]))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
     d.mkdir(parents=True, exist_ok=True)
     tok.save(str(d / "tokenizer.json"))
-    (d / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "tokenizer_class": "PreTrainedTokenizerFast",
-                "unk_token": SPECIALS[0],
-                "bos_token": SPECIALS[1],
-                "eos_token": SPECIALS[2],
-                "pad_token": SPECIALS[3],
-                "model_max_length": 4096,
-                "clean_up_tokenization_spaces": False,
-            },
-            indent=1,
-        )
-        + "\n"
-    )
+    specials = zip(("unk_token", "bos_token", "eos_token", "pad_token"), (w for w in words if w.startswith("<")))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", **dict(specials), "model_max_length": max_len}
+    config["clean_up_tokenization_spaces"] = False
+    (d / "tokenizer_config.json").write_text(json.dumps(config, indent=1) + "\n")
 
 
 def make_chain(g) -> tuple[list[int], object]:
@@ -168,9 +159,7 @@ def kimi_target(g, inv, out_std: float = 0.02) -> tuple[object, dict, dict]:
     """Kimi-K2.5's text model (DeepseekV3ForCausalLM, model_type kimi_k2) at hidden 512, 3 layers."""
     u, w = _readout(g, inv)
     layers, experts, moe_inter, nh = 3, 16, 256, HEADS
-    qr, kvr, nope, rope, vd = (
-        MLA[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-    )
+    qr, kvr, nope, rope, vd = QR, KVR, NOPE, ROPE, VD
 
     def rnd(*shape, std=0.02):
         return torch.randn(*shape, generator=g) * std
@@ -204,48 +193,11 @@ def kimi_target(g, inv, out_std: float = 0.02) -> tuple[object, dict, dict]:
             w[p + f"mlp.{e}.gate_proj.weight"] = rnd(moe_inter, WIDTH)
             w[p + f"mlp.{e}.up_proj.weight"] = rnd(moe_inter, WIDTH)
             w[p + f"mlp.{e}.down_proj.weight"] = rnd(WIDTH, moe_inter, std=out_std)
-    # Kimi-K2.5's text_config keys (tests/fixtures/kimi-k25/config.json), sizes scaled down, no quantization
-    cfg = _common(
-        {
-            "architectures": ["DeepseekV3ForCausalLM"],
-            "model_type": "kimi_k2",
-            "attention_bias": False,
-            "attention_dropout": 0.0,
-            "first_k_dense_replace": 1,
-            "initializer_range": 0.02,
-            "intermediate_size": INTER,
-            "max_position_embeddings": 262144,
-            "moe_intermediate_size": moe_inter,
-            "moe_layer_freq": 1,
-            "n_group": 1,
-            "n_routed_experts": experts,
-            "n_shared_experts": 1,
-            "norm_topk_prob": True,
-            "num_attention_heads": nh,
-            "num_experts_per_tok": 4,
-            "num_hidden_layers": layers,
-            "num_key_value_heads": nh,
-            "num_nextn_predict_layers": 0,
-            **MLA,
-            "rms_norm_eps": 1e-5,
-            "rope_scaling": {
-                "beta_fast": 32.0,
-                "beta_slow": 1.0,
-                "factor": 64.0,
-                "mscale": 1.0,
-                "mscale_all_dim": 1.0,
-                "original_max_position_embeddings": 4096,
-                "type": "yarn",
-            },
-            "rope_theta": 50000.0,
-            "routed_scaling_factor": 2.827,
-            "scoring_func": "sigmoid",
-            "topk_group": 1,
-            "topk_method": "noaux_tc",
-            "use_cache": True,
-        }
-    )
-    return u, w, cfg
+    kimi = json.loads(KIMI_CONFIG.read_text())["text_config"]  # its keys and routing, sizes scaled down, not int4
+    del kimi["quantization_config"]
+    sizes = dict(intermediate_size=INTER, moe_intermediate_size=moe_inter, n_routed_experts=experts)
+    sizes.update(num_attention_heads=nh, num_key_value_heads=nh, num_experts_per_tok=4, num_hidden_layers=layers)
+    return u, w, {**kimi, **_common({**sizes, **MLA})}
 
 
 def _draft_config(extra: dict) -> dict:
@@ -355,9 +307,7 @@ def mla_pi_drafter(g, u, inv, beta: float = 2.0) -> tuple[dict, dict]:
     is n(embed); q_a and every head's k_nope read one random 128-dim projection P of it (q_b / kv_b rotate it by
     an orthonormal R_h, scaled by beta), rope parts are zero; head h's v takes latent dims [64h, 64h+64) and o_proj
     puts them back, so attention on the token's own position returns n(embed)."""
-    qr, kvr, nope, rope, vd = (
-        MLA[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-    )
+    qr, kvr, nope, rope, vd = QR, KVR, NOPE, ROPE, VD
     proj = _orthonormal_rows(g, qr, WIDTH)  # P: [q_lora, H]
     q_b = torch.zeros(HEADS * (nope + rope), qr)
     kv_b = torch.zeros(HEADS * (nope + vd), kvr)
