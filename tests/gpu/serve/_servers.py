@@ -30,6 +30,7 @@ CAPTURED_MAX = max(PROFILE["cuda-graph-bs-decode"])
 # sglang:cuda_graph_passes_total; patches/ spec-*); an eager forward's spec_collectives entry is "<stage>_eager".
 STAGES = {"EAGLE3": ("target_verify", "draft_decode", "draft_extend"), "DFLASH": ("target_verify", "draft_block")}
 CAP = 2 * CAPTURED_MAX  # llama-cap's and llama-dflash's --max-running-requests: above the largest captured batch
+CAP_FLAGS, EAGER_FLAGS = ("--max-running-requests", str(CAP)), ("--disable-decode-cuda-graph",)  # a phase's flags
 READY_S = 600
 PORT_STRIDE = 10  # phase i: HTTP port BASE + 10 i, NCCL port BASE + 10 i + 5
 
@@ -57,15 +58,13 @@ PHASES = {
         Phase("llama-nospec", "llama"),  # the reference: greedy output = the target's chain
         Phase("llama-graph", "llama", "draft-pi", reference="llama-nospec"),  # always accepted, on the graphs
         Phase("llama-reject", "llama", "draft-random", reference="llama-nospec"),  # almost never accepted
-        Phase("llama-cap", "llama", "draft-pi", ("--max-running-requests", str(CAP)), "llama-nospec"),
-        Phase("llama-eager", "llama", "draft-pi", ("--disable-decode-cuda-graph",), "llama-nospec"),
+        Phase("llama-cap", "llama", "draft-pi", CAP_FLAGS, "llama-nospec"),
+        Phase("llama-eager", "llama", "draft-pi", EAGER_FLAGS, "llama-nospec"),
         Phase("kimi-nospec", "kimi"),  # DeepSeek-V3-shaped with Kimi-K2.5's keys
         Phase("kimi-graph", "kimi", "draft-pi", reference="kimi-nospec"),  # Llama-form drafter
         Phase("kimi-mla", "kimi", "draft-mla", reference="kimi-nospec"),  # MLA-form drafter
-        Phase(
-            "llama-dflash", "llama", "dflash-first", ("--max-running-requests", str(CAP)), "llama-nospec"
-        ),  # + the cap
-        Phase("llama-dflash-eager", "llama", "dflash-random", ("--disable-decode-cuda-graph",), "llama-nospec"),
+        Phase("llama-dflash", "llama", "dflash-first", CAP_FLAGS, "llama-nospec"),
+        Phase("llama-dflash-eager", "llama", "dflash-random", EAGER_FLAGS, "llama-nospec"),
         Phase("kimi-dflash", "kimi", "dflash-first", reference="kimi-nospec"),
         Phase("llama-client", "llama", "draft-pi"),  # the OpenAI client's (vs llama-nospec): its counters are its own
         Phase("llama-sampled", "llama", "draft-pi"),  # sampled requests, under the sync guard (plugin/)
@@ -124,18 +123,9 @@ class Server:
 
     @classmethod
     def plan(cls, phase: Phase, index: int, base: int, world: int, models: Path, flags, work: Path) -> "Server":
-        port = base + PORT_STRIDE * index
-        pair = models / phase.pair
-        args = [
-            "--config",
-            str(phase.profile),
-            "--tp-size",
-            str(world),
-            "--nccl-port",
-            str(port + PORT_STRIDE // 2),
-            *flags,
-            *phase.flags,
-        ]
+        port, pair = base + PORT_STRIDE * index, models / phase.pair
+        args = ["--config", str(phase.profile), "--tp-size", str(world), "--nccl-port", str(port + PORT_STRIDE // 2)]
+        args += [*flags, *phase.flags]
         args += ["--speculative-draft-model-path", str(pair / phase.drafter)] if phase.drafter else []
         return cls(phase, port, args, str(pair / "target"), work / f"{phase.name}.log")
 
@@ -145,17 +135,8 @@ class Server:
 
     @property
     def command(self) -> list[str]:  # as popen_launch_server runs it
-        return [
-            "sglang",
-            "serve",
-            "--model-path",
-            self.model,
-            *self.args,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-        ]
+        host = ["--host", "127.0.0.1", "--port", str(self.port)]
+        return ["sglang", "serve", "--model-path", self.model, *self.args, *host]
 
     def start(self, env: dict) -> None:
         """popen_launch_server, until /health_generate answers; a failure is kept as the server's error."""
@@ -205,14 +186,8 @@ class Server:
         )
 
     def generate(self, ids, max_new: int, **sampling) -> dict | list:
-        r = self.call(
-            "POST",
-            "/generate",
-            {
-                "input_ids": ids,
-                "sampling_params": {"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True, **sampling},
-            },
-        )
+        sampling = {"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True, **sampling}
+        r = self.call("POST", "/generate", {"input_ids": ids, "sampling_params": sampling})
         assert r.status_code == 200, f"{self.phase.name}: /generate answered {r.status_code}: {r.text[:300]}"
         return r.json()
 

@@ -97,13 +97,11 @@ def server(request, tmp_path_factory):
     }
     from sglang.srt.utils.network import is_port_available
 
+    if world > gpus:
+        pytest.fail(f"--serve-world {world}, but {gpus} GPU(s) are visible")
     busy = [s.port for s in servers.values() if not is_port_available(s.port)]
-    if world > gpus or busy:
-        pytest.fail(
-            f"--serve-world {world}, but {gpus} GPU(s) are visible"
-            if world > gpus
-            else f"port(s) {busy} in use: stop what listens there or pass --serve-port BASE"
-        )
+    if busy:
+        pytest.fail(f"port(s) {busy} in use: stop what listens there or pass --serve-port BASE")
     env, kept = sv.server_env(opt("--standins"))
     RUN.update(
         servers=servers,
@@ -141,17 +139,8 @@ def pytest_sessionfinish(session):
     out = Path(session.config.option.xmlpath or "")
     if not out.is_file():
         return
-    masks = {
-        str(p): m
-        for p, m in (
-            (Path.home(), "~"),
-            (sys.prefix, "<python>"),
-            (sv.HERE.parents[2], "<repo>"),
-            (out.parent.resolve(), "<results>"),
-            (RUN.get("tmp"), "<tmp>"),
-        )
-        if p
-    }
+    places = {Path.home(): "~", sys.prefix: "<python>", sv.HERE.parents[2]: "<repo>", out.parent.resolve(): "<results>"}
+    masks = {str(p): m for p, m in {**places, RUN.get("tmp"): "<tmp>"}.items() if p}
     finish_junit(out, properties(session.config), masks)
     logs = "".join(
         f"===== {n}: {' '.join(s.command)}\n{s.log.read_text(errors='replace') if s.log.is_file() else ''}"

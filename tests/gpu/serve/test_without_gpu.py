@@ -90,37 +90,21 @@ def test_the_bad_request_list_is_well_formed():
     assert sum("oov" not in b[0] and "prompt-id" not in b[0] for b in BAD) == 26  # malformed or out of range
 
 
-def suite(tmp_path, *args) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-rs",
-            "-p",
-            "no:cacheprovider",
-            str(sv.HERE),
-            "--ignore",
-            __file__,
-            *args,
-        ],
-        cwd=sv.HERE.parents[2],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
-        timeout=600,
-    )
+def suite(*args) -> subprocess.CompletedProcess:
+    """This directory's suite, run by a pytest that sees no GPU."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", str(sv.HERE), "--ignore", __file__]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    return subprocess.run([*cmd, *args], cwd=sv.HERE.parents[2], capture_output=True, text=True, env=env, timeout=600)
 
 
-def test_without_a_gpu_the_server_tests_skip_with_one_reason(tmp_path):
-    cp = suite(tmp_path)
+def test_without_a_gpu_the_server_tests_skip_with_one_reason():
+    cp = suite()
     reasons = {ln.split(": ", 1)[1] for ln in cp.stdout.splitlines() if ln.startswith("SKIPPED")}
     assert cp.returncode == 0 and len(reasons) == 1 and "torch sees none here" in reasons.pop(), cp.stdout[-3000:]
 
 
 def test_with_serve_out_it_refuses_once_and_the_result_says_why(tmp_path):
-    cp = suite(tmp_path, "--serve-out", str(tmp_path))
+    cp = suite("--serve-out", str(tmp_path))
     doc = read_junit(next(tmp_path.glob("test-serve_nogpu_*.xml")))
     assert cp.returncode == 2 and doc["passed"] == doc["failed"] == 0, cp.stdout[-2000:]
     assert "torch sees none here" in doc["properties"]["refused"]
