@@ -20,11 +20,9 @@ from scripts.comm import sglang_comm as sc
 from scripts.lib.kimi import HIDDEN
 from scripts.series.pin import applied_patchset
 
-# Bring-up for most scenarios: the shipped profile's graph sizes, the FlashInfer fusion on (trtllm, the backend
-# the SM12X patch admits), PCIe IPC forced on (on an NVLink host its topology gate would leave it off), autotune off
-# (one scenario measures it; elsewhere it would cost minutes per process), SGLang's own custom all-reduce off:
-# on an NVLink host it would take the reductions PCIe IPC is here to serve, and on the PCIe-only box upstream
-# disables it beyond 2 GPUs anyway.
+# Bring-up for most scenarios: the fusion on (trtllm, which the SM12X patch admits), PCIe IPC forced on (an NVLink
+# host's topology gate would leave it off), autotune off (minutes per process), SGLang's custom all-reduce off (on an
+# NVLink host it would take PCIe IPC's reductions; the PCIe-only box disables it beyond 2 GPUs anyway).
 DEFAULT_SA = dict(
     flashinfer_allreduce_fusion_backend="trtllm", disable_flashinfer_autotune=True, disable_custom_all_reduce=True
 )
@@ -196,11 +194,8 @@ def _versions() -> dict:
 
     out["sglang"] = str(Path(sglang.__file__).parent)
     out["patchset"] = applied_patchset(Path(sglang.__file__).parent)
-    out["env"] = {
-        k: v
-        for k, v in os.environ.items()
-        if k.startswith(("NCCL_", "SGLANG_ENABLE_PCIE", "SGLANG_SM120", "CUDA_VISIBLE"))
-    }
+    prefixes = ("NCCL_", "SGLANG_ENABLE_PCIE", "SGLANG_SM120", "CUDA_VISIBLE")
+    out["env"] = {k: v for k, v in os.environ.items() if k.startswith(prefixes)}
     return out
 
 
@@ -211,7 +206,7 @@ def _pdl_race(r, rows, *, chain: int = 16, trials: int = 20) -> list[dict]:
     trigger_completion_at_end=False (the pre-fix setting, as a control)."""
     from flashinfer.norm import rmsnorm
 
-    t, timer = sc.Tensors(r.rank, r.world, torch.device("cuda", torch.cuda.current_device())), sc.Timer(r.device)
+    t, timer = sc.Tensors(r.rank, r.world, _device(r)), sc.Timer(r.device)
     gamma = (t.randn(1, seed=8, rank=0, scale=0.5)[0] + 1.0).contiguous()
     out = []
     for n in rows:
@@ -310,18 +305,15 @@ def _fused_declined(r) -> bool:
 
 
 def _hog_memory(leave_bytes: int) -> list:
-    """Take the device's free memory down to `leave_bytes` (one rank short of memory: the realistic single-rank
-    failure of a workspace build)."""
+    """Take the device's free memory down to `leave_bytes`: the realistic single-rank failure of a workspace build."""
     free, _ = torch.cuda.mem_get_info()
     return [torch.empty(max(free - leave_bytes, 0), dtype=torch.uint8, device="cuda")]
 
 
 def fault_pcie_ipc_oom(r, bad_rank: int):
-    """One rank cannot allocate the PCIe-IPC workspace (FlashInfer's cudaMalloc precedes its handle exchange).
-
-    The bad rank keeps half of what FlashInfer says the workspace needs (a few MB at 64 rows: a fixed margin such
-    as 16 MB would leave it enough, and nothing would fail), and gives the memory back right after the build, as a
-    rank that was short only while the workspace was built."""
+    """One rank cannot allocate the PCIe-IPC workspace (FlashInfer's cudaMalloc precedes its handle exchange): it
+    keeps half of what the workspace needs (a few MB at 64 rows: a fixed margin would leave it enough) only while
+    the workspace is built."""
     from flashinfer.comm.pcie_ipc_ar import AR_MAX_BLOCKS, get_pcie_ipc_comm_module
 
     sa = _up(r)
@@ -374,10 +366,8 @@ def fault_pcie_ipc_tune(r, bad_rank: int):
 
 
 def fault_pcie_ipc_tune_dir(r, bad_rank: int):
-    """FlashInfer's autotune on, and bad_rank cannot write the tune cache (FLASHINFER_AUTOTUNE_DIR under a regular
-    file, which fails for root too): FlashInfer's tune() writes the file on rank 0 between two device barriers, so
-    a rank-0 I/O error there would leave the others in the second barrier. SGLang's vote before tuning must keep
-    every rank off tuning, on the same (seed-policy) PCIe-IPC workspace."""
+    """FlashInfer's autotune on, and bad_rank cannot write the tune cache (pcie_ipc_tune_vote's fault, on GPUs):
+    SGLang's vote before tuning must keep every rank off tuning, on the same (seed-policy) PCIe-IPC workspace."""
     _tune_dir(unwritable=r.rank == bad_rank)
     sa = _up(r, disable_flashinfer_autotune=False, cuda_graph_max_bs_decode=1, max_running_requests=1)
     return {"prepare": sc.prepare_pcie_ipc(sa), **_after_fault(r)}
@@ -428,9 +418,8 @@ def fault_nvml(r, bad_rank: int):
 
 # ------------------------------------------------------------------------------------------ CPU: group agreement
 def _cpu_pcie_ipc(r, workspace_cls, free_bytes: int):
-    """SGLang's PcieIpcCommunicator on CPU ranks whose TP group is real (gloo). torch.cuda.mem_get_info answers
-    free_bytes and no stream is capturing (there is no GPU); FlashInfer's workspace class and its JIT module's
-    size function stand in for the CUDA parts; everything else is SGLang's (and FlashInfer's tune-cache path)."""
+    """SGLang's PcieIpcCommunicator on CPU ranks over their real gloo TP group, `free_bytes` free; only the CUDA
+    parts are stood in (the workspace class, FlashInfer's size function, no stream capturing)."""
     import types
 
     import flashinfer.comm.pcie_ipc_ar as fi_ar
@@ -477,10 +466,9 @@ def pcie_ipc_vote(r, short_rank: int | None):
 
 
 def pcie_ipc_tune_vote(r, bad_rank: int, fault: str):
-    """The autotune outcome is a group decision. fault "unwritable": bad_rank cannot write FlashInfer's tune cache
-    (FLASHINFER_AUTOTUNE_DIR under a regular file: fails for root too), so no rank tunes and every rank keeps the
-    workspace on the seed policy (FlashInfer writes the file on rank 0 between two barriers: an I/O error there
-    would leave the others in the second). fault "raises": bad_rank's tune() raises, so every rank drops PCIe IPC."""
+    """The autotune outcome is a group decision. fault "unwritable": bad_rank cannot write FlashInfer's tune cache,
+    so no rank tunes (FlashInfer writes it on rank 0 between two barriers: an I/O error there would leave the others
+    in the second) and all keep the seed policy. fault "raises": bad_rank's tune() raises, so all drop PCIe IPC."""
     calls = {"tune": 0, "destroy": 0}
 
     class Workspace:
@@ -503,9 +491,8 @@ def pcie_ipc_tune_vote(r, bad_rank: int, fault: str):
 
 
 def fusion_exchange_vote(r, bad_rank: int, fail: str | None):
-    """SGLang's fusion workspace preflight on CPU ranks over gloo, with FlashInfer's comm backend and its real
-    handle exchange: a failure in one rank's export, import, map or set-access must
-    end with every rank skipping the fusion (no rank left in the next exchange)."""
+    """SGLang's fusion workspace preflight on CPU ranks over gloo, with FlashInfer's comm backend and its real handle
+    exchange: one rank's export, import, map or set-access failing must make every rank skip the fusion."""
     import types
 
     import flashinfer.comm.mnnvl as mnnvl
@@ -553,18 +540,9 @@ def eagle3_draft_embedding(r, replicate: bool):
     full = torch.randn(vocab, hidden, generator=torch.Generator().manual_seed(0))
     target = VocabParallelEmbedding(vocab, hidden, params_dtype=torch.float32, **get_embedding_tp_kwargs())
     target.weight_loader(target.weight, full)
-    config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        draft_vocab_size=vocab,
-        target_hidden_size=hidden,
-        tie_word_embeddings=False,
-    )
-    draft = LlamaForCausalLMEagle3(config)
+    shape = dict(vocab_size=vocab, hidden_size=hidden, draft_vocab_size=vocab, target_hidden_size=hidden)
+    layer = dict(intermediate_size=128, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
+    draft = LlamaForCausalLMEagle3(LlamaConfig(**shape, **layer, tie_word_embeddings=False))
     draft.set_embed(target.weight)
     ids = torch.tensor([0, 1, vocab // 2 - 1, vocab // 2, vocab - 1])
     got = draft.model.embed_tokens(ids)

@@ -1,8 +1,5 @@
-"""The GPU tier's harness itself, on the CPU machine: CPU ranks over gloo (SGLang's CPU engine, no NCCL library).
-
-Spawning, bringing SGLang's distributed state up, the per-rank result files, a rank's error, a hang ended by the
-timeout, and the skip of GPU tests where there is no GPU: all run in CI, so the harness the GPU tests stand on is
-tested where CI runs.
+"""The GPU tier's harness itself, in CI: CPU ranks over gloo (SGLang's CPU engine, no NCCL library) spawned, brought
+up, failing or hanging, and the GPU tests' skip where there is no GPU; and the group decisions that need no GPU.
 """
 
 from __future__ import annotations
@@ -61,13 +58,8 @@ def test_gpu_tests_skip_with_their_reason_without_gpus(tmp_path):
         pytest.skip("this machine has GPUs: the GPU tests run instead of skipping")
     out = tmp_path / "result.xml"
     tier = [str(HERE), "--ignore", str(HERE / "serve"), "-k", "not harness", f"--junitxml={out}"]
-    cp = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tier],
-        cwd=HERE.parents[1],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tier]
+    cp = subprocess.run(argv, cwd=HERE.parents[1], capture_output=True, text=True, timeout=600)
     assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
     doc = read_junit(out)
     assert doc["passed"] == doc["failed"] == 0 and doc["skipped"] >= 5, doc

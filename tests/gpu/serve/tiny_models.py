@@ -1,28 +1,21 @@
 """Tiny generated models for test-serve: targets with EAGLE-3 and DFlash drafters SGLang loads with its own loaders.
 
-Every target is built so that its greedy next token is a fixed permutation `chain` of the current token, with a
-clear logit margin (the residual stream is dominated by the token embedding: embeddings are random unit rows
-times sqrt(hidden), lm_head row j is 0.5 * the embedding row of chain^-1(j); the blocks add small random outputs,
-so every attention, MLP and MoE computes without moving the argmax). Speculation must not change a greedy output,
-so a served chain is the lossless check; chain.json holds it. Drafters:
+Every target's greedy next token is a fixed permutation `chain` of the current token (chain.json), with a clear
+logit margin: embeddings are random unit rows times sqrt(hidden), lm_head row j is 0.5 * the embedding row of
+chain^-1(j), and the blocks add small random outputs, so attention, MLP and MoE all compute without moving the
+argmax. Speculation must not change a greedy output, so a served chain is the lossless check. Drafters:
 
-  draft-pi      proposes chain(token) at every step (accepted every time: accept length = draft tokens). Its one
-                layer attends each position to itself (q = k = a random projection of the token embedding), copies
-                the embedding through v / o_proj, has no MLP output and a tiny final norm weight with norm_output,
-                so the hidden it feeds back carries ~1% of the new token's signal; fc = 0, so the target's hidden
-                states play no part.
+  draft-pi      proposes chain(token) at every step, so it is always accepted (llama_pi_drafter says how).
   draft-random  random weights, half the vocabulary as draft vocab (d2t/t2d): almost never accepted.
-  draft-mla     (kimi) draft-pi's construction in Kimi's MLA drafter form (Eagle3DeepseekV2ForCausalLM, the form
-                of lightseekorg/kimi-k2.5-eagle3-mla): q/k through the latent projections, v = the latent itself.
-  dflash-first  DFlashDraftModel (the Qwen3 form of z-lab/Kimi-K2.5-DFlash: one layer over the target's embedding
-                and head), right at block position 1 only, so its accept length is exactly 2 (dflash_drafter).
-  dflash-random the same form with random weights (it mostly proposes the mask token): almost never right.
+  draft-mla     (kimi) draft-pi in Kimi's MLA drafter form (Eagle3DeepseekV2ForCausalLM, lightseekorg's form).
+  dflash-first  DFlashDraftModel (z-lab/Kimi-K2.5-DFlash's Qwen3 form), right at block position 1 only: its accept
+                length is exactly 2 (dflash_drafter says how).
+  dflash-random the same form with random weights: almost never right.
 
-Pairs: `llama` (LlamaForCausalLM, 4 layers, 8 heads / 8 KV heads) and `kimi` (DeepseekV3ForCausalLM with
-Kimi-K2.5's text-model config, tests/fixtures/kimi-k25, scaled down: MLA with its per-head dims 512/64/128/128, a
-dense first layer, 16 routed experts top-4 + 1 shared expert, HF checkpoint names; bf16, not Kimi-K2.5's int4).
-Heads, KV heads and experts divide by 8, so each runs at TP 1, 2, 4 and 8. The tokenizer is a WordLevel vocabulary
-written here (no download). Needs torch, safetensors and tokenizers; seconds on a CPU.
+Pairs: `llama` (LlamaForCausalLM, 4 layers, 8 heads / 8 KV heads) and `kimi` (Kimi-K2.5's text config,
+tests/fixtures/kimi-k25, scaled down: MLA, a dense first layer, 16 routed experts top-4 + 1 shared; bf16, not int4).
+Heads, KV heads and experts divide by 8: each runs at TP 1, 2, 4 and 8. Needs torch, safetensors and tokenizers
+(the WordLevel tokenizer is written here); seconds on a CPU.
 """
 
 from __future__ import annotations
@@ -248,7 +241,9 @@ def _dense_mlp(g, p: str) -> dict:
 
 
 def llama_pi_drafter(g, u, inv, beta: float = 4.0) -> tuple[dict, dict]:
-    """LlamaForCausalLMEagle3 proposing chain(token): q_h = k_h = beta * P_h n(embed), v = n(embed), o = I."""
+    """LlamaForCausalLMEagle3 proposing chain(token): each position attends to itself (q_h = k_h = beta * P_h
+    n(embed)), v = n(embed), o = I, no MLP output; fc = 0 (the target's hidden states play no part) and a tiny final
+    norm with norm_output, so the hidden it feeds back carries ~1% of the new token's signal."""
     proj = torch.cat([_orthonormal_rows(g, HEAD_DIM, WIDTH) for _ in range(HEADS)])  # [H, H]
     zero = torch.zeros(WIDTH, WIDTH)
     qk = torch.cat([beta * proj, zero], 1)  # reads the embedding half of [embed, hidden]
@@ -282,13 +277,9 @@ def llama_random_drafter(g) -> tuple[dict, dict]:
         "d2t": torch.zeros(dv, dtype=torch.int64),
         "t2d": torch.arange(VOCAB) < dv,
     }
-    for name, shape in (
-        ("q_proj", (WIDTH, 2 * WIDTH)),
-        ("k_proj", (WIDTH, 2 * WIDTH)),
-        ("v_proj", (WIDTH, 2 * WIDTH)),
-        ("o_proj", (WIDTH, WIDTH)),
-    ):
-        w[p + f"self_attn.{name}.weight"] = torch.randn(*shape, generator=g) * 0.02
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):  # q, k and v read [embed, hidden]
+        cols = WIDTH if name == "o_proj" else 2 * WIDTH
+        w[p + f"self_attn.{name}.weight"] = torch.randn(WIDTH, cols, generator=g) * 0.02
     w.update(_dense_mlp(g, p))
     w[p + "mlp.down_proj.weight"] = torch.randn(WIDTH, INTER, generator=g) * 0.02
     return w, _eagle_config(
