@@ -145,15 +145,8 @@ class Server:
         t0 = time.monotonic()
         self.sink = log = open(self.log, "w")
         try:
-            self.proc = popen_launch_server(
-                self.model,
-                self.url,
-                READY_S,
-                other_args=self.args,
-                env=env,
-                return_stdout_stderr=(log, log),
-                device="cuda",
-            )
+            kw = dict(other_args=self.args, env=env, return_stdout_stderr=(log, log), device="cuda")
+            self.proc = popen_launch_server(self.model, self.url, READY_S, **kw)
             self.report["ready_s"] = round(time.monotonic() - t0, 1)
         except Exception as e:  # noqa: BLE001 - its tests fail with it
             self.error = f"{self.phase.name} did not start: {e} (its log: {self.log})"
@@ -180,10 +173,9 @@ class Server:
         import requests
 
         assert not self.error, self.error
-        data = body if isinstance(body, bytes) else None if body is None else json.dumps(body)
-        return requests.request(
-            method, self.url + path, data=data, timeout=timeout, headers={"Content-Type": "application/json"}
-        )
+        data = body if isinstance(body, bytes) or body is None else json.dumps(body)
+        headers = {"Content-Type": "application/json"}
+        return requests.request(method, self.url + path, data=data, timeout=timeout, headers=headers)
 
     def generate(self, ids, max_new: int, **sampling) -> dict | list:
         sampling = {"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True, **sampling}
@@ -202,10 +194,7 @@ class Server:
 
         time.sleep(1.5)  # the scheduler posts its counters with the next step's metrics
         info = self.call("GET", "/server_info", timeout=60).json()
-        spec = {
-            k: v
-            for k, v in observe.internal_state(info).items()
-            if k.startswith("spec_") or k == "avg_spec_accept_length"
-        }
+        state = observe.internal_state(info)
+        spec = {k: v for k, v in state.items() if k.startswith("spec_") or k == "avg_spec_accept_length"}
         metric = observe.graph_counts_from_metrics(observe.parse_metrics(self.call("GET", "/metrics", timeout=60).text))
         self.report.update(spec=spec, max_running_requests=info.get("max_running_requests"), metric=metric)

@@ -1,10 +1,8 @@
-"""The request fuzzer (tests/_fuzz.py) against the running servers: a seeded corpus of random and adversarial
-requests over /generate, /v1/completions and /v1/chat/completions, one after another, then concurrent bursts that
-mix valid greedy, sampled and extreme-but-accepted requests in one batch, on the EAGLE-3 and DFlash servers and their
-reference without speculation (the bad-request phases' servers, after their bad requests). Every answer's class
-(2xx, 4xx, 5xx, hang, down) and the corpus go into the phase's report; the phase fails when a server dies or stops
-answering, a request hangs, any request gets a 5xx (a client's fault is a 4xx, a valid request a 2xx), or greedy
-output afterwards is not the target's chain."""
+"""The request fuzzer (tests/_fuzz.py) against the bad-request phases' servers (EAGLE-3, DFlash, none), after their
+bad requests: a seeded corpus of random and adversarial requests one after another, then concurrent bursts mixing
+valid greedy, sampled and extreme-but-accepted requests in one batch. Every answer's class (2xx, 4xx, 5xx, hang,
+down) goes into the phase's report; it fails on a dead server, a hang, any 5xx (a client's fault is a 4xx, a valid
+request a 2xx), or greedy output afterwards other than the target's chain."""
 
 from __future__ import annotations
 

@@ -207,6 +207,10 @@ def _draft_config(extra: dict) -> dict:
     )
 
 
+LLAMA_EAGLE3 = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama"}  # both Llama-form drafters'
+LLAMA_EAGLE3.update(num_key_value_heads=HEADS, head_dim=HEAD_DIM)
+
+
 def _eagle_config(extra: dict) -> dict:
     return _draft_config(
         {
@@ -256,15 +260,7 @@ def llama_pi_drafter(g, u, inv, beta: float = 4.0) -> tuple[dict, dict]:
         p + "self_attn.v_proj.weight": torch.cat([torch.eye(WIDTH), zero], 1),
         p + "self_attn.o_proj.weight": torch.eye(WIDTH),
     }
-    return w, _eagle_config(
-        {
-            "architectures": ["LlamaForCausalLMEagle3"],
-            "model_type": "llama",
-            "num_key_value_heads": HEADS,
-            "head_dim": HEAD_DIM,
-            "norm_output": True,
-        }
-    )
+    return w, _eagle_config({**LLAMA_EAGLE3, "norm_output": True})
 
 
 def llama_random_drafter(g) -> tuple[dict, dict]:
@@ -282,15 +278,7 @@ def llama_random_drafter(g) -> tuple[dict, dict]:
         w[p + f"self_attn.{name}.weight"] = torch.randn(WIDTH, cols, generator=g) * 0.02
     w.update(_dense_mlp(g, p))
     w[p + "mlp.down_proj.weight"] = torch.randn(WIDTH, INTER, generator=g) * 0.02
-    return w, _eagle_config(
-        {
-            "architectures": ["LlamaForCausalLMEagle3"],
-            "model_type": "llama",
-            "num_key_value_heads": HEADS,
-            "head_dim": HEAD_DIM,
-            "draft_vocab_size": dv,
-        }
-    )
+    return w, _eagle_config({**LLAMA_EAGLE3, "draft_vocab_size": dv})
 
 
 def mla_pi_drafter(g, u, inv, beta: float = 2.0) -> tuple[dict, dict]:

@@ -73,14 +73,8 @@ def sync_guard(original, self, batch, *args, **kwargs):
 
     def seen(message, category, filename, lineno, file=None, line=None):
         if "synchroniz" in str(message):
-            stack = traceback.extract_stack()[:-1]
-            syncs.append(
-                {
-                    "at": f"{filename}:{lineno}",
-                    "when": where[0],
-                    "stack": [f"{f.filename}:{f.lineno} {f.name}" for f in stack][-12:],
-                }
-            )
+            stack = [f"{f.filename}:{f.lineno} {f.name}" for f in traceback.extract_stack()[:-1]][-12:]
+            syncs.append({"at": f"{filename}:{lineno}", "when": where[0], "stack": stack})
 
     with warnings.catch_warnings():
         warnings.simplefilter("always")
