@@ -11,6 +11,7 @@ any sgl-kernel op it would reach raises, so nothing passes on it by accident.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import importlib.util
 import os
@@ -31,18 +32,8 @@ def gpu_count() -> int:
     return len(gpus()[0])
 
 
-@dataclasses.dataclass
-class Rank:
-    """What a scenario gets: its rank, the world, a free port for the process group, the device kind."""
-
-    rank: int
-    world: int
-    port: int
-    device: str
-
-    @property
-    def cuda(self) -> bool:
-        return self.device == "cuda"
+# What a scenario gets: its rank, the world, a free port for the process group, the device kind ("cuda", "cpu").
+Rank = collections.namedtuple("Rank", "rank world port device")
 
 
 def _scenario(rank: int, world: int, port: int, phase, device: str, scenario: str, params: dict):

@@ -36,7 +36,7 @@ def _up(r, *, pcie_ipc: bool = True, **server_args):
 
 
 def _device(r):
-    return torch.device("cuda", torch.cuda.current_device()) if r.cuda else torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device()) if r.device == "cuda" else torch.device("cpu")
 
 
 def _allreduces(r, rows) -> list[dict]:

@@ -53,16 +53,14 @@ def can_run() -> str:
     """'' when this machine can run the test, else why not."""
     free = shutil.disk_usage(BUILD_DIR.parent).free / 2**30
     missing = [t for t in ("dockerd", "mmdebstrap") if shutil.which(t) is None]
+    wheel = BUILD_DIR / "cache" / load_pin().wheel_filename
     return "; ".join(
         w
         for cond, w in [
             (os.geteuid() != 0, "it needs root (dockerd, mmdebstrap, chroot)"),
             (free < NEED_GB, f"only {free:.0f} GB free under {BUILD_DIR.parent}, it needs {NEED_GB}"),
             (not VENV_PY.is_file(), ".venv is missing: make setup"),
-            (
-                not (BUILD_DIR / "cache" / load_pin().wheel_filename).is_file(),
-                "the pinned wheel is missing: make apply",
-            ),
+            (not wheel.is_file(), "the pinned wheel is missing: make apply"),
             (missing and shutil.which("apt-get") is None, f"{' and '.join(missing)} missing and no apt-get to install"),
             (proc.run(["ip", "link", "show", "docker0"]).ok, "another docker engine's docker0 exists (stop it first)"),
         ]

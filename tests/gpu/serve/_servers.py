@@ -1,9 +1,8 @@
 """test-serve's servers: the phases, the lent-GPU route, one server's start, calls and stop.
 
-A phase is one server: a generated tiny target (tiny_models.py), with or without an EAGLE-3 or DFlash drafter,
-started from a tiny profile (docker/profiles/tiny/*.yaml, SGLang --config files: the profile `python -m
-scripts.host.serve --profile` runs) by SGLang's own popen_launch_server, i.e. `sglang serve --model-path T --config P
-[--speculative-draft-model-path D] --tp-size N ...`, and stopped by its terminate_and_kill_process_tree.
+A phase is one server: a tiny target (tiny_models.py), with or without an EAGLE-3 or DFlash drafter, started from a
+tiny profile (docker/profiles/tiny/*.yaml, SGLang --config files as serve's) by SGLang's own popen_launch_server
+(`sglang serve --model-path T --config P ...`) and stopped by its terminate_and_kill_process_tree.
 """
 
 from __future__ import annotations

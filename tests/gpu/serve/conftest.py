@@ -3,11 +3,10 @@
   pytest tests/gpu/serve [--serve-out FILE|DIR] [--serve-world N] [--serve-port BASE] [--standins]
 
 Every phase's server (_servers.PHASES) starts at once at TP N (default: the largest of 1, 2, 4, 8 GPUs visible);
-all are stopped at the end, and a process left or a port held fails the session. --standins: the lent-GPU route
-(_servers.LENT_*). Without a CUDA GPU the GPU tests skip with the reason; with --serve-out they fail instead.
-The result (read by make report) is pytest's own junitxml: --serve-out FILE, or DIR/test-serve_<box>_<UTC
-stamp>.xml; each test's `detail` is its property, the run's command, versions, route and phases (what each server
-reported) the suite's, no path of this machine in it (scripts/box/results.py); the servers' logs beside it (.log).
+all are stopped at the end, and a process left or a port held fails the session. --standins: the lent-GPU route.
+Without a CUDA GPU the server tests skip with the reason (with --serve-out, pytest exits 2). The result (make
+report's) is pytest's junitxml, --serve-out FILE or DIR/test-serve_<box>_<stamp>.xml: each test's `detail`, the
+run's properties (properties()), no path of this machine; the servers' logs beside it (.log).
 """
 
 from __future__ import annotations

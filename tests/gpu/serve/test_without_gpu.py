@@ -17,6 +17,7 @@ from scripts.box.results import read_junit
 from test_bad_requests import BAD
 
 PHASE = "suite"
+TOKEN_KEYS = ("input_ids", "prompt", "token_ids_logprob", "stop_token_ids", "sampling_params")  # of a bad request
 
 
 def test_every_tiny_model_loads_in_sglangs_config_classes(tiny_models):
@@ -32,13 +33,8 @@ def test_every_tiny_model_loads_in_sglangs_config_classes(tiny_models):
             assert (mc.attention_arch == AttentionArch.MLA) == mla, (pair, name)
             if name in tm.DFLASH:  # what the DFLASH worker reads: the block's mask token, the target layers it reads
                 d = parse_dflash_draft_config(draft_hf_config=mc.hf_config)
-                assert (d.mask_token_id, d.resolve_target_layer_ids(target_num_layers=layers)) == (
-                    tm.DFLASH_MASK,
-                    tm.DFLASH_LAYERS,
-                ), (pair, name)
-    fixture = json.loads((sv.HERE.parents[1] / "fixtures" / "kimi-k25" / "config.json").read_text())["text_config"]
-    ours = json.loads((tiny_models / "kimi" / "target" / "config.json").read_text())
-    assert not sorted(set(fixture) - set(ours) - {"quantization_config"}), "Kimi-K2.5 text_config keys it lacks"
+                layer_ids = d.resolve_target_layer_ids(target_num_layers=layers)
+                assert (d.mask_token_id, layer_ids) == (tm.DFLASH_MASK, tm.DFLASH_LAYERS), (pair, name)
 
 
 @pytest.mark.parametrize(
@@ -69,15 +65,12 @@ def test_the_tiny_profiles_are_sglang_config_files_drafting_as_the_kimi_ones(pro
 
 def test_the_bad_request_list_is_well_formed():
     def ids(body) -> list[int]:  # every token id a body names
-        if isinstance(body, dict):
-            keys = [int(k) for k in body.get("logit_bias", {})]
-            return keys + [
-                i
-                for k, v in body.items()
-                if k in ("input_ids", "prompt", "token_ids_logprob", "stop_token_ids", "sampling_params")
-                for i in ids(v)
-            ]
-        return [i for v in body for i in ids(v)] if isinstance(body, list) else [body] if type(body) is int else []
+        if isinstance(body, list):
+            return [i for v in body for i in ids(v)]
+        if not isinstance(body, dict):
+            return [body] if type(body) is int else []
+        named = [v for k, v in body.items() if k in TOKEN_KEYS]
+        return [int(k) for k in body.get("logit_bias", {})] + [i for v in named for i in ids(v)]
 
     assert len({b[0] for b in BAD}) == len(BAD)
     assert {b[1] for b in BAD} == {"/generate", "/v1/completions", "/v1/chat/completions"}
