@@ -67,14 +67,9 @@ def routing_only(r, rows=(1, 8), **server_args):
     tp, calls = sc.tp_group(), _allreduces(r, rows)
     from sglang.srt.runtime_context import get_exec
 
-    return {
-        "tp_size": tp.world_size,
-        "rank_in_group": tp.rank_in_group,
-        "device": sa.device,
-        "calls": calls,
-        "pid": os.getpid(),
-        "fusion_backend_published": get_exec().comm.flashinfer_allreduce_fusion_backend,
-    }
+    published = get_exec().comm.flashinfer_allreduce_fusion_backend
+    group = {"tp_size": tp.world_size, "rank_in_group": tp.rank_in_group, "device": sa.device, "pid": os.getpid()}
+    return {**group, "calls": calls, "fusion_backend_published": published}
 
 
 def fail_on(r, bad_rank: int):
@@ -434,19 +429,9 @@ def _cpu_pcie_ipc(r, workspace_cls, free_bytes: int):
     )
     tp = sc.tp_group()
     comm = PcieIpcCommunicator.__new__(PcieIpcCommunicator)
-    vars(comm).update(
-        disabled=False,
-        max_numel=0,
-        _workspace=None,
-        _bound_stream=None,
-        _cpu_group=tp.cpu_group,
-        _max_rows=None,
-        _group=tp.device_group,
-        _device=torch.device("cpu"),
-        _world_size=r.world,
-        _workspace_cls=workspace_cls,
-        _build_failed=False,
-    )
+    fresh = dict(disabled=False, max_numel=0, _workspace=None, _bound_stream=None, _max_rows=None, _build_failed=False)
+    group = dict(_cpu_group=tp.cpu_group, _group=tp.device_group, _device=torch.device("cpu"), _world_size=r.world)
+    vars(comm).update(**fresh, **group, _workspace_cls=workspace_cls)
     return comm
 
 
@@ -515,12 +500,9 @@ def fusion_exchange_vote(r, bad_rank: int, fail: str | None):
     proceed = fcf._preflight_check_workspace_memory(
         r.world, 256, sc.HIDDEN, torch.bfloat16, cpu_group=tp.cpu_group, comm_backend=comm
     )
-    return {
-        "proceed": proceed,
-        "imports": drv.calls.count("cuMemImportFromShareableHandle"),
-        "creates": drv.calls.count("cuMemCreate"),
-        "releases": drv.calls.count("cuMemRelease"),
-    }
+    count = drv.calls.count
+    calls = {"imports": count("cuMemImportFromShareableHandle"), "creates": count("cuMemCreate")}
+    return {"proceed": proceed, **calls, "releases": count("cuMemRelease")}
 
 
 def eagle3_draft_embedding(r, replicate: bool):

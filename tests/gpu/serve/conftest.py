@@ -102,14 +102,9 @@ def server(request, tmp_path_factory):
     if busy:
         pytest.fail(f"port(s) {busy} in use: stop what listens there or pass --serve-port BASE")
     env, kept = sv.server_env(opt("--standins"))
-    RUN.update(
-        servers=servers,
-        world=world,
-        kept=kept,
-        tmp=tmp_path_factory.getbasetemp(),
-        t0=time.monotonic(),
-        gpus=[torch.cuda.get_device_name(i) for i in range(gpus)],
-    )
+    names = [torch.cuda.get_device_name(i) for i in range(gpus)]
+    RUN.update(servers=servers, world=world, kept=kept, tmp=tmp_path_factory.getbasetemp(), gpus=names)
+    RUN["t0"] = time.monotonic()
     guard = {"EAGLE_SYNC_GUARD": str(work / sv.GUARD_FILE)}
     with contextlib.redirect_stdout(io.StringIO()), cf.ThreadPoolExecutor(len(servers)) as ex:  # it tees the logs
         list(ex.map(lambda s: s.start({**env, **(guard if s.phase.name == sv.GUARDED else {})}), servers.values()))
@@ -156,9 +151,8 @@ def properties(config) -> dict:
     from scripts.lib.repo import revision
 
     standins = config.getoption("--standins")
-    versions = {
-        m: getattr(sys.modules.get(m), "__version__", None) for m in ("torch", "triton", "transformers", "sglang")
-    }
+    modules = ("torch", "triton", "transformers", "sglang")
+    versions = {m: getattr(sys.modules.get(m), "__version__", None) for m in modules}
     versions["patchset"] = os.environ.get("EAGLE_PATCHSET")  # the image's; a tree's from git (contract 8):
     with contextlib.suppress(Exception):
         from scripts.series.pin import applied_patchset

@@ -38,6 +38,8 @@ CHAIN_FILE = "chain.json"
 QR, KVR, NOPE, ROPE, VD = 128, 512, 128, 64, 128
 MLA = {"q_lora_rank": QR, "kv_lora_rank": KVR, "qk_nope_head_dim": NOPE, "qk_rope_head_dim": ROPE, "v_head_dim": VD}
 HEADS, HEAD_DIM, INTER = 8, 64, 1408
+ATTENTION = {"num_attention_heads": HEADS, "num_key_value_heads": HEADS, "head_dim": HEAD_DIM}
+LLAMA_LAYER = {"max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0}
 KIMI_CONFIG = Path(__file__).resolve().parents[2] / "fixtures" / "kimi-k25" / "config.json"
 
 
@@ -87,17 +89,10 @@ def _save(d: Path, weights: dict, config: dict) -> None:
 
 
 def _common(extra: dict) -> dict:
-    return {
-        "vocab_size": VOCAB,
-        "hidden_size": WIDTH,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-        "pad_token_id": 3,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        "hidden_act": "silu",
-        **extra,
-    }
+    """Every tiny model's config keys, then `extra`."""
+    ids = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3}
+    dtype = {"tie_word_embeddings": False, "torch_dtype": "bfloat16", "hidden_act": "silu"}
+    return {"vocab_size": VOCAB, "hidden_size": WIDTH, **ids, **dtype, **extra}
 
 
 def _readout(g, inv) -> tuple[object, dict]:
@@ -129,23 +124,9 @@ def llama_target(g, inv, out_std: float = 0.004) -> tuple[object, dict, dict]:
             w[p + name + ".weight"] = torch.randn(*shape, generator=g) * std
         w[p + "input_layernorm.weight"] = torch.ones(WIDTH)
         w[p + "post_attention_layernorm.weight"] = torch.ones(WIDTH)
-    cfg = _common(
-        {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "intermediate_size": INTER,
-            "num_hidden_layers": layers,
-            "num_attention_heads": HEADS,
-            "num_key_value_heads": HEADS,
-            "head_dim": HEAD_DIM,
-            "max_position_embeddings": 4096,
-            "rms_norm_eps": 1e-5,
-            "rope_theta": 10000.0,
-            "attention_bias": False,
-            "mlp_bias": False,
-        }
-    )
-    return u, w, cfg
+    kind = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "attention_bias": False, "mlp_bias": False}
+    sizes = {"intermediate_size": INTER, "num_hidden_layers": layers, **ATTENTION, **LLAMA_LAYER}
+    return u, w, _common({**kind, **sizes})
 
 
 def kimi_target(g, inv, out_std: float = 0.02) -> tuple[object, dict, dict]:
@@ -194,17 +175,9 @@ def kimi_target(g, inv, out_std: float = 0.02) -> tuple[object, dict, dict]:
 
 
 def _draft_config(extra: dict) -> dict:
-    return _common(
-        {
-            "num_hidden_layers": 1,
-            "num_attention_heads": HEADS,
-            "intermediate_size": INTER,
-            "max_position_embeddings": 4096,
-            "rms_norm_eps": 1e-5,
-            "rope_theta": 10000.0,
-            **extra,
-        }
-    )
+    """A one-layer drafter's config keys, then `extra`."""
+    sizes = {"num_hidden_layers": 1, "num_attention_heads": HEADS, "intermediate_size": INTER, **LLAMA_LAYER}
+    return _common({**sizes, **extra})
 
 
 LLAMA_EAGLE3 = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama"}  # both Llama-form drafters'
@@ -212,14 +185,9 @@ LLAMA_EAGLE3.update(num_key_value_heads=HEADS, head_dim=HEAD_DIM)
 
 
 def _eagle_config(extra: dict) -> dict:
-    return _draft_config(
-        {
-            "target_hidden_size": WIDTH,
-            "draft_vocab_size": VOCAB,
-            **extra,
-            "eagle_config": {"use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids": AUX_LAYERS},
-        }
-    )
+    """An EAGLE-3 drafter's config keys (its fc reads the AUX_LAYERS hidden states), then `extra`."""
+    aux = {"use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids": AUX_LAYERS}
+    return _draft_config({"target_hidden_size": WIDTH, "draft_vocab_size": VOCAB, **extra, "eagle_config": aux})
 
 
 def _pi_tail(u, inv, s_draft: float = 40.0, w_final: float = 0.01) -> dict:
@@ -313,15 +281,8 @@ def mla_pi_drafter(g, u, inv, beta: float = 2.0) -> tuple[dict, dict]:
         p + "self_attn.kv_b_proj.weight": kv_b,
         p + "self_attn.o_proj.weight": o,
     }
-    return w, _eagle_config(
-        {
-            "architectures": ["Eagle3DeepseekV2ForCausalLM"],
-            "model_type": "deepseek_v3",
-            "num_key_value_heads": HEADS,
-            **MLA,
-            "norm_output": True,
-        }
-    )
+    kind = {"architectures": ["Eagle3DeepseekV2ForCausalLM"], "model_type": "deepseek_v3", "norm_output": True}
+    return w, _eagle_config({**kind, "num_key_value_heads": HEADS, **MLA})
 
 
 def dflash_drafter(g, u, target_layers: int, right: bool = True) -> tuple[dict, dict]:
@@ -345,16 +306,9 @@ def dflash_drafter(g, u, target_layers: int, right: bool = True) -> tuple[dict, 
     w |= {f"{p}mlp.{n}_proj.weight": rnd(INTER, WIDTH) for n in ("gate", "up")}
     w[p + "mlp.down_proj.weight"] = rnd(WIDTH, INTER) * (not right)
     w["fc.weight"] = rnd(WIDTH, len(DFLASH_LAYERS) * WIDTH) * (not right)  # the target's hidden states in
-    return w, _draft_config(
-        {
-            "architectures": ["DFlashDraftModel"],
-            "model_type": "qwen3",
-            "head_dim": HEAD_DIM,
-            "num_key_value_heads": HEADS,
-            "num_target_layers": target_layers,
-            "dflash_config": {"mask_token_id": DFLASH_MASK, "target_layer_ids": DFLASH_LAYERS},
-        }
-    )
+    dflash = {"mask_token_id": DFLASH_MASK, "target_layer_ids": DFLASH_LAYERS}
+    kind = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "dflash_config": dflash}
+    return w, _draft_config({**kind, **ATTENTION, "num_target_layers": target_layers})
 
 
 def write_pair(out: Path, pair: str, seed: int = 0) -> None:
