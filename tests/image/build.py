@@ -160,11 +160,8 @@ def standin(tag: str) -> str:
     )  # this machine's TLS egress re-signs certificates
     ver = sh(["chroot", str(rootfs), "python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"]).stdout
     site = f"usr/local/lib/python{ver.strip()}/dist-packages"
-    res = sh(
-        [str(VENV_PY), "-m", "tests.image.build", "--link-venv", str(rootfs / site)],
-        cwd=REPO_ROOT,
-        env={**os.environ, "PYTHONPATH": str(BUILD_DIR / "sglang" / "python")},
-    )
+    env = {**os.environ, "PYTHONPATH": str(BUILD_DIR / "sglang" / "python")}
+    res = sh([str(VENV_PY), "-m", "tests.image.build", "--link-venv", str(rootfs / site)], cwd=REPO_ROOT, env=env)
     say(f".venv packages hard-linked: {res.stdout.strip().splitlines()[-1]}")
     sh(
         f"cp {BUILD_DIR}/cache/{pin.wheel_filename} {rootfs}/tmp && chroot {rootfs} python3 -m pip install -q "
