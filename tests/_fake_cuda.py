@@ -1,6 +1,5 @@
 """cuda-python's driver as SGLang's fusion workspace preflight calls it, on a CPU rank (tests/gpu/_ranks.py,
-tests/patches/_gloo.py, tests/patches/test_fusion_sm120.py). Imported as `_fake_cuda` (tests/ is on sys.path
-through tests/conftest.py)."""
+tests/patches); `_fake_cuda`, as tests/conftest.py puts tests/ on sys.path."""
 
 from __future__ import annotations
 
@@ -36,13 +35,7 @@ class FakeCudaDriver:
 
     CUmulticastObjectProp = SimpleNamespace
 
-    def __init__(
-        self,
-        fail: str | None = None,
-        multicast: bool = False,
-        granularity: int = 2 << 20,
-        mc_granularity: int = 512 << 20,
-    ):
+    def __init__(self, fail: str | None = None, multicast=False, granularity=2 << 20, mc_granularity=512 << 20):
         self.fail, self.multicast, self.granularity, self.mc_granularity = fail, multicast, granularity, mc_granularity
         self.calls: list[str] = []
         self.created: list[int] = []

@@ -1,6 +1,5 @@
-"""A faked pynvml for the tests that ask NVML about GPU topology: the patched launcher's probe and the PCIe-IPC
-default and timing cache (tests/patches/) and serve's dry run (tests/host/test_serve.py). Imported as `_fake_nvml`
-(tests/ is on sys.path through tests/conftest.py)."""
+"""A faked pynvml for the tests that ask NVML about GPU topology (tests/patches, tests/host/test_serve.py);
+`_fake_nvml`, as tests/conftest.py puts tests/ on sys.path."""
 
 from __future__ import annotations
 

@@ -27,27 +27,11 @@ DFLASH_BLOCK = dict(speculative_algorithm="DFLASH", speculative_draft_model_path
 
 def facts(major: int, **extra) -> dict:
     """Platform facts of a CUDA GPU with compute capability major.0 (9: H100/H200, 10: B200, 12: RTX PRO 6000)."""
-    d = dict(
-        is_cuda=True,
-        is_hip=False,
-        is_npu=False,
-        is_xpu=False,
-        is_musa=False,
-        is_mps=False,
-        is_sm90=major == 9,
-        is_sm100=major == 10,
-        is_sm100_or_sm110=major == 10,
-        is_sm110=False,
-        is_sm120=major == 12,
-        is_blackwell=major >= 10,
-        is_hopper_with_cuda_12_3=major == 9,
-        has_amx=False,
-        has_flashinfer=True,
-        device_sm=major * 10,
-        device_capability=(major, 0),
-    )
-    d.update(extra)
-    return d
+    d = dict.fromkeys(("is_hip", "is_npu", "is_xpu", "is_musa", "is_mps", "is_sm110", "has_amx"), False)
+    d.update(is_cuda=True, has_flashinfer=True, device_sm=major * 10, device_capability=(major, 0))
+    d.update(is_sm90=major == 9, is_sm100=major == 10, is_sm100_or_sm110=major == 10, is_sm120=major == 12)
+    d.update(is_blackwell=major >= 10, is_hopper_with_cuda_12_3=major == 9)
+    return {**d, **extra}
 
 
 @contextlib.contextmanager

@@ -1,11 +1,7 @@
-"""Test setup: every test that imports sglang gets the *patched tree* (build/sglang/python), never an installed copy.
-
-sglang is deliberately not installed in .venv (see requirements/README.md), and this file puts the tree first on
-sys.path before any test module is imported. It refuses to run against a tree that does not hold the series of
-patches/ (git: the commits after the tree's refs/patches/upstream-head, exported, are patches/ byte for byte).
-
-SGLANG_TREE=<dir> points the tests at another tree (a helper's work tree, or the pristine base when proving that
-patch tests fail without the patches: scripts/series/prove_tests.py); the freshness check is then skipped.
+"""Every test that imports sglang gets the patched tree (build/sglang/python), put first on sys.path here (sglang is
+not installed in .venv), and only while the tree holds patches/' series (its commits after
+refs/patches/upstream-head, exported, are patches/ byte for byte). SGLANG_TREE=<dir> names another tree, unchecked
+(prove_tests points it at the pristine base).
 """
 
 from __future__ import annotations

@@ -1,18 +1,14 @@
 """The shape of scripts/: the verbs' families over a shared layer, and the rules that keep it that way.
 
-- the families stack, every import downward: lib (the ground) <- series and box (what every verb touching the box
-  shares: docker, ranks, results, preflight) <- host (the box and the image: doctor, serve, image, the GPU tier)
-  <- bench (make bench, bench-sweep) and comm (make bench-comm) <- report (make report, make docs);
-- a verb (a module run as `python -m scripts.<family>.<verb>`) imports no other verb: what two verbs share lives
-  in a library module of the family (or in scripts/lib);
-- no module imports another module's private (_-prefixed) names, nor reaches for them through a module alias;
-- no function is longer than 80 lines;
-- only scripts/lib/proc.py imports subprocess (one helper, with timeouts, runs every program);
+- the families stack, every import downward: lib <- series and box (docker, ranks, results, preflight) <- host
+  (doctor, serve, image, the GPU tier) <- bench (make bench, bench-sweep) and comm (bench-comm) <- report;
+- a verb (`python -m scripts.<family>.<verb>`) imports no other verb: what two share lives in a library module;
+- no module imports another's private (_-prefixed) names, nor reaches for them through a module alias;
+- no function is longer than 80 lines; only scripts/lib/proc.py imports subprocess;
 - every verb's docstring says how to run it and lists its exit status;
 - the hidden size is defined once; no code or doc names a path outside the repository;
 - no shell script under pipefail pipes into a reader that stops early (head, grep -q);
-- scripts/ holds at most 9,500 lines of Python and tests/ at most 10,500, as `ruff format` writes them (make test
-  checks that every file is formatted so; `cat | wc -l` counts them).
+- scripts/ holds at most 9,500 lines of Python and tests/ at most 10,500, as `ruff format` writes them.
 """
 
 from __future__ import annotations
@@ -145,14 +141,8 @@ def test_verbs_document_usage_and_exit_status():
 
 
 def test_hidden_size_defined_once():
-    assigned = [
-        (name, t)
-        for name, tree in TREES.items()
-        for n in ast.walk(tree)
-        if isinstance(n, ast.Assign)
-        for t in n.targets
-    ]
-    defs = [name for name, t in assigned if isinstance(t, ast.Name) and t.id == "HIDDEN"]
+    assigns = [(name, n) for name, tree in TREES.items() for n in ast.walk(tree) if isinstance(n, ast.Assign)]
+    defs = [name for name, n in assigns for t in n.targets if isinstance(t, ast.Name) and t.id == "HIDDEN"]
     assert defs == ["scripts.lib.kimi"]
 
 
@@ -160,10 +150,13 @@ def test_hidden_size_defined_once():
 OUTSIDE = re.compile(r"(?<![\w.])(/[w]ork/|/[h]ome/\w|\.\./[s]hared/|/[U]sers/)")
 
 
+def tracked() -> list[str]:
+    return subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+
+
 def test_nothing_names_a_path_outside_the_repository():
-    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
     kinds = re.compile(r"(\.(py|md|toml|sh|in|txt|cfg|ini|json|log)|Makefile|Dockerfile|entrypoint|\.ci/run)$")
-    docs_and_code = [f for f in tracked if kinds.search(f) and not f.startswith("tests/fixtures/")]
+    docs_and_code = [f for f in tracked() if kinds.search(f) and not f.startswith("tests/fixtures/")]
     bad = []
     for f in docs_and_code:
         for n, line in enumerate((ROOT / f).read_text(errors="replace").splitlines(), 1):
@@ -195,9 +188,8 @@ EARLY_READER = re.compile(r"\|\s*(head\b|grep\s+(-\w*\s+)*-\w*[qm])")
 
 
 def test_no_pipefail_script_pipes_into_a_reader_that_stops_early():
-    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
     bad = []
-    for f in tracked:
+    for f in tracked():
         path = ROOT / f
         if not (f.endswith(".sh") or f in (".ci/run", "docker/entrypoint")) or not path.is_file():
             continue

@@ -1,21 +1,17 @@
-"""Runs one scenario of _ranks.py on N ranks, one process each (scripts/box/ranks.py, the box's one spawner and
-watchdog), and brings back what every rank returned; a hang is a result.
+"""Runs one scenario of _ranks.py on N ranks, one process each, with scripts/box/ranks.py (the box's one spawner
+and watchdog: a group whose ranks disagree about a backend hangs, and the watchdog ends it, naming them in `hung`).
 
-    outcome = run_ranks("allreduce_routing", world=8, device="cuda", params={...}, timeout=300)
+    outcome = run_ranks("battery", world=8, device="cuda", params={...}, timeout=300)
     outcome.ok, outcome.results (one dict per rank), outcome.errors, outcome.hung, outcome.explain()
 
-The collectives under test spin on peer flags without a timeout of their own, so a group whose ranks disagree about
-a backend hangs, and that must end the test, not stall it: the watchdog kills it and names the ranks in `hung`.
-
-Where the SGLang under test comes from: the patched tree that tests/conftest.py put on sys.path (make apply), or,
-in the serving image, the installed (patched) sglang; the children inherit the parent's sys.path. Where
-`import sgl_kernel` fails (a lent GPU machine without a matching sgl-kernel build, the CPU-only CI machine), the
-import-only stand-in in tests/gpu/standin is appended to the children's path: any sgl-kernel op it would reach
-raises, so nothing passes on it by accident.
+The children inherit sys.path: the patched tree tests/conftest.py put there, or the image's patched sglang. Where
+`import sgl_kernel` fails (CI, a lent GPU machine), the import-only stand-in tests/gpu/standin is appended to it:
+any sgl-kernel op it would reach raises, so nothing passes on it by accident.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import importlib.util
 import os
@@ -36,18 +32,8 @@ def gpu_count() -> int:
     return len(gpus()[0])
 
 
-@dataclasses.dataclass
-class Rank:
-    """What a scenario gets: its rank, the world, a free port for the process group, the device kind."""
-
-    rank: int
-    world: int
-    port: int
-    device: str
-
-    @property
-    def cuda(self) -> bool:
-        return self.device == "cuda"
+# What a scenario gets: its rank, the world, a free port for the process group, the device kind ("cuda", "cpu").
+Rank = collections.namedtuple("Rank", "rank world port device")
 
 
 def _scenario(rank: int, world: int, port: int, phase, device: str, scenario: str, params: dict):
@@ -71,8 +57,7 @@ def run_ranks(
     timeout: float = 300.0,
     env: dict | None = None,
 ) -> ranks.Ranks:
-    """Run `scenario` (a function of _ranks.py) on `world` ranks (scripts/box/ranks.py: never longer than
-    `timeout` seconds); .ok, .results, .errors, .hung, .explain()."""
+    """Run `scenario` (a function of _ranks.py) on `world` ranks, never longer than `timeout` seconds."""
     env = {**(CPU_ENV if device == "cpu" else {}), **(env or {})}
     got = ranks.run(_scenario, world, timeout, device, scenario, params or {}, env=env)
     return dataclasses.replace(got, name=scenario)

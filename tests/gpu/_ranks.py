@@ -1,31 +1,32 @@
 """What each rank runs in the GPU tier: scenario functions of a Rank (tests/gpu/_harness.py), returning JSON dicts.
 
-Every scenario brings SGLang's distributed state up the way the model runner does (scripts/comm/sglang_comm.py
-bring_up: ServerArgs for Kimi-K2.5 resolved on this device, published as the scheduler publishes them,
-bootstrap.init_parallel_runtime) and then drives SGLang's own code: GroupCoordinator.all_reduce, the PCIe-IPC
-communicator and its start-up decision, the fused all-reduce + residual + RMSNorm op and its workspace manager.
-Inputs are seeded per rank, so each rank computes the fp32 reference of every reduction itself.
+Every scenario brings SGLang up as the model runner does (scripts/comm/sglang_comm.py bring_up), then drives SGLang's
+own code: GroupCoordinator.all_reduce, the PCIe-IPC communicator and its start-up decision, the fused all-reduce +
+residual + RMSNorm op and its workspace manager. Inputs are seeded per rank, so each rank computes the fp32
+reference of every reduction itself.
 """
 
 from __future__ import annotations
 
-import logging
+import logging.handlers
 import os
+import tempfile
 import time
 from pathlib import Path
+
+import torch
 
 from scripts.comm import sglang_comm as sc
 from scripts.lib.kimi import HIDDEN
 from scripts.series.pin import applied_patchset
 
-# Bring-up for most scenarios: the shipped profile's graph sizes, the FlashInfer fusion on (trtllm, the backend
-# the SM12X patch admits), PCIe IPC forced on (on an NVLink host its topology gate would leave it off), autotune off
-# (one scenario measures it; elsewhere it would cost minutes per process), SGLang's own custom all-reduce off:
-# on an NVLink host it would take the reductions PCIe IPC is here to serve, and on the PCIe-only box upstream
-# disables it beyond 2 GPUs anyway.
+# Bring-up for most scenarios: the fusion on (trtllm, which the SM12X patch admits), PCIe IPC forced on (an NVLink
+# host's topology gate would leave it off), autotune off (minutes per process), SGLang's custom all-reduce off (on an
+# NVLink host it would take PCIe IPC's reductions; the PCIe-only box disables it beyond 2 GPUs anyway).
 DEFAULT_SA = dict(
     flashinfer_allreduce_fusion_backend="trtllm", disable_flashinfer_autotune=True, disable_custom_all_reduce=True
 )
+RACE_ROWS, TIMING_ROWS = (4, 16, 64), (1, 4, 8, 16, 32, 64)  # the battery's PDL race stress and per-call timings
 
 
 def _up(r, *, pcie_ipc: bool = True, **server_args):
@@ -34,36 +35,41 @@ def _up(r, *, pcie_ipc: bool = True, **server_args):
     return sc.bring_up(r.rank, r.world, r.port, device=r.device, **{**DEFAULT_SA, **server_args})
 
 
-def _torch():
-    import torch
-
-    return torch
-
-
 def _device(r):
-    torch = _torch()
-    return torch.device("cuda", torch.cuda.current_device()) if r.cuda else torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device()) if r.device == "cuda" else torch.device("cpu")
+
+
+def _allreduces(r, rows) -> list[dict]:
+    """One tp.all_reduce per row count: the backend it reached and its error against the fp32 sum."""
+    tp, log, t = sc.tp_group(), sc.RouteLog(), sc.Tensors(r.rank, r.world, _device(r))
+    calls = []
+    for n in rows:
+        y = tp.all_reduce(t.randn(n, seed=n))
+        calls.append({"rows": n, "backend": log.take(), **t.errors(y, t.ref_sum(n, seed=n))})
+    log.close()
+    return calls
+
+
+def _tune_dir(unwritable: bool) -> None:
+    """FLASHINFER_AUTOTUNE_DIR: a fresh directory, or one under a regular file (unwritable, for root too)."""
+    path = tempfile.mkdtemp(prefix="tune-")
+    if unwritable:
+        blocker = os.path.join(path, "not-a-dir")
+        open(blocker, "w").close()
+        path = os.path.join(blocker, "tune")
+    os.environ["FLASHINFER_AUTOTUNE_DIR"] = path
 
 
 # ------------------------------------------------------------------------------------------ harness (CPU and GPU)
 def routing_only(r, rows=(1, 8), **server_args):
     """Bring-up and plain TP all-reduces; on CPU ranks over gloo (SGLang's CPU engine), NCCL-free."""
     sa = sc.bring_up(r.rank, r.world, r.port, device=r.device, **server_args)
-    tp, log, t = sc.tp_group(), sc.RouteLog(), sc.Tensors(r.rank, r.world, _device(r))
-    calls = []
-    for n in rows:
-        y = tp.all_reduce(t.randn(n, seed=n))
-        calls.append({"rows": n, "backend": log.take(), **t.errors(y, t.ref_sum(n, seed=n))})
+    tp, calls = sc.tp_group(), _allreduces(r, rows)
     from sglang.srt.runtime_context import get_exec
 
-    return {
-        "tp_size": tp.world_size,
-        "rank_in_group": tp.rank_in_group,
-        "device": sa.device,
-        "calls": calls,
-        "pid": os.getpid(),
-        "fusion_backend_published": get_exec().comm.flashinfer_allreduce_fusion_backend,
-    }
+    published = get_exec().comm.flashinfer_allreduce_fusion_backend
+    group = {"tp_size": tp.world_size, "rank_in_group": tp.rank_in_group, "device": sa.device, "pid": os.getpid()}
+    return {**group, "calls": calls, "fusion_backend_published": published}
 
 
 def fail_on(r, bad_rank: int):
@@ -93,14 +99,8 @@ def _routing(r, sa, rows, prefill_rows) -> list[dict]:
             static.copy_(t.randn(n, seed=n + 50000))
             graph.replay()
             timer.sync()
-            out.append(
-                {
-                    "rows": n,
-                    "mode": "graph",
-                    "backend": routed[-1:],
-                    **t.errors(held["y"], t.ref_sum(n, seed=n + 50000)),
-                }
-            )
+            err = t.errors(held["y"], t.ref_sum(n, seed=n + 50000))
+            out.append({"rows": n, "mode": "graph", "backend": routed[-1:], **err})
             del graph
     finally:
         log.close()
@@ -112,7 +112,7 @@ def _fused(r, rows) -> list[dict]:
     graph-replayed with fresh inputs."""
     from flashinfer.norm import fused_add_rmsnorm
 
-    torch, t, timer, tp = _torch(), sc.Tensors(r.rank, r.world, _device(r)), sc.Timer(r.device), sc.tp_group()
+    t, timer, tp = sc.Tensors(r.rank, r.world, _device(r)), sc.Timer(r.device), sc.tp_group()
     gamma = (t.randn(1, seed=7, rank=0, scale=0.5)[0] + 1.0).contiguous()
     out = []
     for n in rows:
@@ -166,8 +166,6 @@ def _fusion_sizes(world: int, dtype) -> dict:
 
 def _versions() -> dict:
     """What ran: GPU names, driver, torch, NCCL, FlashInfer, the patch set of the sglang imported."""
-    import torch
-
     out = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpus": [], "driver": None, "nccl": None}
     if torch.cuda.is_available():
         out["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
@@ -191,11 +189,8 @@ def _versions() -> dict:
 
     out["sglang"] = str(Path(sglang.__file__).parent)
     out["patchset"] = applied_patchset(Path(sglang.__file__).parent)
-    out["env"] = {
-        k: v
-        for k, v in os.environ.items()
-        if k.startswith(("NCCL_", "SGLANG_ENABLE_PCIE", "SGLANG_SM120", "CUDA_VISIBLE"))
-    }
+    prefixes = ("NCCL_", "SGLANG_ENABLE_PCIE", "SGLANG_SM120", "CUDA_VISIBLE")
+    out["env"] = {k: v for k, v in os.environ.items() if k.startswith(prefixes)}
     return out
 
 
@@ -204,10 +199,9 @@ def _pdl_race(r, rows, *, chain: int = 16, trials: int = 20) -> list[dict]:
     followed by a PDL-launched consumer reading its norm output at once (FlashInfer rmsnorm, enable_pdl=True).
     Fresh inputs every trial, every trial checked against an fp32 chained reference; the op's own default and
     trigger_completion_at_end=False (the pre-fix setting, as a control)."""
-    import torch
     from flashinfer.norm import rmsnorm
 
-    t, timer = sc.Tensors(r.rank, r.world, torch.device("cuda", torch.cuda.current_device())), sc.Timer(r.device)
+    t, timer = sc.Tensors(r.rank, r.world, _device(r)), sc.Timer(r.device)
     gamma = (t.randn(1, seed=8, rank=0, scale=0.5)[0] + 1.0).contiguous()
     out = []
     for n in rows:
@@ -244,66 +238,37 @@ def _pdl_race(r, rows, *, chain: int = 16, trials: int = 20) -> list[dict]:
                 worst = max([worst] + [e["max_abs_err"] for e in errs])
                 bad += int(any(e["nan"] or e["max_abs_err"] > 1.0 for e in errs))
             del graph
-            out.append(
-                {
-                    "rows": n,
-                    "variant": label,
-                    "chain": chain,
-                    "trials": trials,
-                    "bad_trials": bad,
-                    "worst_abs_err": worst,
-                }
-            )
+            stats = {"chain": chain, "trials": trials, "bad_trials": bad, "worst_abs_err": worst}
+            out.append({"rows": n, "variant": label, **stats})
     return out
 
 
-def battery(
-    r,
-    rows=(1, 2, 4, 8, 16, 32, 64),
-    prefill_rows=(2048,),
-    fused_rows=(1, 2, 4, 8, 16, 32, 64, 128, 192, 256),
-    race_rows=(4, 16, 64),
-    race_chain=16,
-    race_trials=20,
-    timing_rows=(1, 4, 8, 16, 32, 64),
-    chain=122,
-    reps=10,
-):
+def battery(r, rows, prefill_rows, fused_rows):
     """One bring-up, then: routing + correctness, fused op, PDL race stress, per-call timings."""
     sa = _up(r)
-    result = {"pcie_ipc": sc.prepare_pcie_ipc(sa), "fusion": sc.prepare_fusion(_torch().bfloat16)}
-    result["fusion"].update(_fusion_sizes(r.world, _torch().bfloat16))
+    result = {"pcie_ipc": sc.prepare_pcie_ipc(sa), "fusion": sc.prepare_fusion(torch.bfloat16)}
+    result["fusion"].update(_fusion_sizes(r.world, torch.bfloat16))
     result["routing"] = _routing(r, sa, rows, prefill_rows)
     result["fused"] = _fused(r, fused_rows)
-    result["pdl_race"] = _pdl_race(r, race_rows, chain=race_chain, trials=race_trials)
-    result["timings"] = sc.path_timings(r, timing_rows, chain=chain, reps=reps)
+    result["pdl_race"] = _pdl_race(r, RACE_ROWS)
+    result["timings"] = sc.path_timings(r, TIMING_ROWS)
     result["versions"] = _versions()
     return result
 
 
 # ------------------------------------------------------------------------------------------ decisions
-class _Captured(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.lines: list[str] = []
-
-    def emit(self, record):
-        self.lines.append(f"{record.name}: {record.getMessage()}")
-
-
 def decisions(r, setting: str | None = None):
     """The PCIe-IPC all-reduce's start-up decision on this device. The communicator is built with
-    SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 (the topology gate admits PCIe-only SM120 only; `setting` "0": built with =0,
-    so it is off), then prepared as the model runner prepares it with `setting` as that variable (None: unset, so
-    the TP group times PCIe IPC, NCCL and, the fusion being on, FlashInfer's kernel in CUDA graphs at each decode
-    size, or reads an earlier start's table from FLASHINFER_AUTOTUNE_DIR). Then one all-reduce per decided size
-    through tp.all_reduce: the backend it reached and its error against the fp32 sum; /server_info's
-    allreduce_backends, prepare()'s seconds and the decision's log lines."""
+    SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 (setting "0": with =0, so it is off), then prepared as the model runner
+    prepares it with `setting` as that variable (None: unset, so the TP group times PCIe IPC, NCCL and FlashInfer's
+    kernel in CUDA graphs at each decode size, or reads an earlier start's table from FLASHINFER_AUTOTUNE_DIR).
+    Then one all-reduce per decided size; /server_info's allreduce_backends, prepare()'s seconds, the log lines."""
     from sglang.srt.distributed.device_communicators.pcie_ipc_ar import allreduce_backends
 
-    captured = _Captured()
-    logging.getLogger("sglang.srt.distributed.device_communicators.pcie_ipc_ar").addHandler(captured)
-    logging.getLogger("sglang.srt.distributed.device_communicators.pcie_ipc_ar").setLevel(logging.INFO)
+    captured = logging.handlers.BufferingHandler(capacity=1 << 20)
+    logger = logging.getLogger("sglang.srt.distributed.device_communicators.pcie_ipc_ar")
+    logger.addHandler(captured)
+    logger.setLevel(logging.INFO)
     if setting == "0":
         os.environ["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"] = "0"
     sa = _up(r, pcie_ipc=setting != "0")
@@ -312,47 +277,40 @@ def decisions(r, setting: str | None = None):
     tp, t0 = sc.tp_group(), time.perf_counter()
     if tp.pcie_ipc_comm is not None:
         tp.pcie_ipc_comm.prepare(hidden=sc.HIDDEN, max_rows=sc.widest_decode_rows(sa), coordinator=tp)
-    out = {"prepare_s": round(time.perf_counter() - t0, 3), "report": allreduce_backends(), "calls": []}
-    log, t = sc.RouteLog(), sc.Tensors(r.rank, r.world, _device(r))
-    for size in out["report"]["sizes"]:
-        n = size["rows"]
-        y = tp.all_reduce(t.randn(n, seed=n))
-        out["calls"].append({"rows": n, "backend": log.take(), **t.errors(y, t.ref_sum(n, seed=n))})
-    log.close()
-    out["log"] = captured.lines
+    report = allreduce_backends()
+    out = {"prepare_s": round(time.perf_counter() - t0, 3), "report": report}
+    out["calls"] = _allreduces(r, [size["rows"] for size in report["sizes"]])
+    out["log"] = [f"{x.name}: {x.getMessage()}" for x in captured.buffer]
     return out
 
 
 # ------------------------------------------------------------------------------------------ faults
 def _after_fault(r) -> dict:
     """An 8-row and a 64-row all-reduce after the fault: which backend every rank used, and whether it was right."""
-    tp, log, t = sc.tp_group(), sc.RouteLog(), sc.Tensors(r.rank, r.world, _device(r))
-    calls = []
-    for n in (8, 64):
-        y = tp.all_reduce(t.randn(n, seed=n))
-        calls.append({"rows": n, "backend": log.take(), **t.errors(y, t.ref_sum(n, seed=n))})
-    log.close()
-    comm = tp.pcie_ipc_comm
-    return {"calls": calls, "pcie_ipc_disabled": None if comm is None else comm.disabled}
+    comm = sc.tp_group().pcie_ipc_comm
+    return {"calls": _allreduces(r, (8, 64)), "pcie_ipc_disabled": None if comm is None else comm.disabled}
+
+
+def _fused_declined(r) -> bool:
+    """One 8-row call of the fused op after the fault: whether it declined."""
+    t = sc.Tensors(r.rank, r.world, _device(r))
+    gamma = torch.ones(sc.HIDDEN, dtype=torch.bfloat16, device=_device(r))
+    norm, _ = sc.fused_allreduce_rmsnorm(t.randn(8, seed=8), t.randn(8, seed=9, rank=0), gamma)
+    return norm is None
 
 
 def _hog_memory(leave_bytes: int) -> list:
-    """Take the device's free memory down to `leave_bytes` (one rank short of memory: the realistic single-rank
-    failure of a workspace build)."""
-    torch = _torch()
+    """Take the device's free memory down to `leave_bytes`: the realistic single-rank failure of a workspace build."""
     free, _ = torch.cuda.mem_get_info()
     return [torch.empty(max(free - leave_bytes, 0), dtype=torch.uint8, device="cuda")]
 
 
 def fault_pcie_ipc_oom(r, bad_rank: int):
-    """One rank cannot allocate the PCIe-IPC workspace (FlashInfer's cudaMalloc precedes its handle exchange).
-
-    The bad rank keeps half of what FlashInfer says the workspace needs (a few MB at 64 rows: a fixed margin such
-    as 16 MB would leave it enough, and nothing would fail), and gives the memory back right after the build, as a
-    rank that was short only while the workspace was built."""
+    """One rank cannot allocate the PCIe-IPC workspace (FlashInfer's cudaMalloc precedes its handle exchange): it
+    keeps half of what the workspace needs (a few MB at 64 rows: a fixed margin would leave it enough) only while
+    the workspace is built."""
     from flashinfer.comm.pcie_ipc_ar import AR_MAX_BLOCKS, get_pcie_ipc_comm_module
 
-    torch = _torch()
     sa = _up(r)
     need = get_pcie_ipc_comm_module().workspace_size(r.world, sc.HIDDEN * sc.widest_decode_rows(sa), 2, AR_MAX_BLOCKS)
     hog = _hog_memory(need // 2) if r.rank == bad_rank else []
@@ -403,19 +361,9 @@ def fault_pcie_ipc_tune(r, bad_rank: int):
 
 
 def fault_pcie_ipc_tune_dir(r, bad_rank: int):
-    """FlashInfer's autotune on, and bad_rank cannot write the tune cache (FLASHINFER_AUTOTUNE_DIR under a regular
-    file, which fails for root too): FlashInfer's tune() writes the file on rank 0 between two device barriers, so
-    a rank-0 I/O error there would leave the others in the second barrier. SGLang's vote before tuning must keep
-    every rank off tuning, on the same (seed-policy) PCIe-IPC workspace."""
-    import tempfile
-
-    base = tempfile.mkdtemp(prefix=f"tune-rank{r.rank}-")
-    if r.rank == bad_rank:
-        blocker = os.path.join(base, "not-a-dir")
-        open(blocker, "w").close()
-        os.environ["FLASHINFER_AUTOTUNE_DIR"] = os.path.join(blocker, "tune")
-    else:
-        os.environ["FLASHINFER_AUTOTUNE_DIR"] = base
+    """FlashInfer's autotune on, and bad_rank cannot write the tune cache (pcie_ipc_tune_vote's fault, on GPUs):
+    SGLang's vote before tuning must keep every rank off tuning, on the same (seed-policy) PCIe-IPC workspace."""
+    _tune_dir(unwritable=r.rank == bad_rank)
     sa = _up(r, disable_flashinfer_autotune=False, cuda_graph_max_bs_decode=1, max_running_requests=1)
     return {"prepare": sc.prepare_pcie_ipc(sa), **_after_fault(r)}
 
@@ -423,7 +371,6 @@ def fault_pcie_ipc_tune_dir(r, bad_rank: int):
 def fault_fusion_exchange(r, bad_rank: int):
     """bad_rank cannot import its peers' handles in the fusion preflight's handle-exchange probe (the step after
     FlashInfer's all-gather of shareable handles): every rank must skip the fusion, none be left in an exchange."""
-    torch = _torch()
     from sglang.srt.layers import flashinfer_comm_fusion as fcf
 
     if r.rank == bad_rank:
@@ -439,29 +386,18 @@ def fault_fusion_exchange(r, bad_rank: int):
         fcf.get_cuda_driver_bindings = lambda: Failing()
     _up(r, pcie_ipc=False)
     info = sc.prepare_fusion(torch.bfloat16)
-    t = sc.Tensors(r.rank, r.world, _device(r))
-    gamma = torch.ones(sc.HIDDEN, dtype=torch.bfloat16, device=_device(r))
-    norm, _ = sc.fused_allreduce_rmsnorm(t.randn(8, seed=8), t.randn(8, seed=9, rank=0), gamma)
-    return {"fusion": info, "fused_declined": norm is None, **_after_fault(r)}
+    return {"fusion": info, "fused_declined": _fused_declined(r), **_after_fault(r)}
 
 
 def fault_fusion_oom(r, bad_rank: int):
     """One rank cannot allocate the fusion workspace: SGLang's collective preflight must turn it off everywhere."""
-    torch = _torch()
     sa = _up(r, pcie_ipc=False)
     hog = _hog_memory(64 << 20) if r.rank == bad_rank else []
     info = sc.prepare_fusion(torch.bfloat16)
     del hog
     torch.cuda.empty_cache()
-    t = sc.Tensors(r.rank, r.world, _device(r))
-    gamma = torch.ones(sc.HIDDEN, dtype=torch.bfloat16, device=_device(r))
-    norm, _ = sc.fused_allreduce_rmsnorm(t.randn(8, seed=8), t.randn(8, seed=9, rank=0), gamma)
-    return {
-        "fusion": info,
-        "fused_declined": norm is None,
-        "server_args_backend": sa.flashinfer_allreduce_fusion_backend,
-        **_after_fault(r),
-    }
+    backend = sa.flashinfer_allreduce_fusion_backend
+    return {"fusion": info, "fused_declined": _fused_declined(r), "server_args_backend": backend, **_after_fault(r)}
 
 
 def fault_nvml(r, bad_rank: int):
@@ -477,13 +413,11 @@ def fault_nvml(r, bad_rank: int):
 
 # ------------------------------------------------------------------------------------------ CPU: group agreement
 def _cpu_pcie_ipc(r, workspace_cls, free_bytes: int):
-    """SGLang's PcieIpcCommunicator on CPU ranks whose TP group is real (gloo). torch.cuda.mem_get_info answers
-    free_bytes and no stream is capturing (there is no GPU); FlashInfer's workspace class and its JIT module's
-    size function stand in for the CUDA parts; everything else is SGLang's (and FlashInfer's tune-cache path)."""
+    """SGLang's PcieIpcCommunicator on CPU ranks over their real gloo TP group, `free_bytes` free; only the CUDA
+    parts are stood in (the workspace class, FlashInfer's size function, no stream capturing)."""
     import types
 
     import flashinfer.comm.pcie_ipc_ar as fi_ar
-    import torch
 
     from sglang.srt.distributed.device_communicators.pcie_ipc_ar import PcieIpcCommunicator
 
@@ -495,19 +429,9 @@ def _cpu_pcie_ipc(r, workspace_cls, free_bytes: int):
     )
     tp = sc.tp_group()
     comm = PcieIpcCommunicator.__new__(PcieIpcCommunicator)
-    vars(comm).update(
-        disabled=False,
-        max_numel=0,
-        _workspace=None,
-        _bound_stream=None,
-        _cpu_group=tp.cpu_group,
-        _max_rows=None,
-        _group=tp.device_group,
-        _device=torch.device("cpu"),
-        _world_size=r.world,
-        _workspace_cls=workspace_cls,
-        _build_failed=False,
-    )
+    fresh = dict(disabled=False, max_numel=0, _workspace=None, _bound_stream=None, _max_rows=None, _build_failed=False)
+    group = dict(_cpu_group=tp.cpu_group, _group=tp.device_group, _device=torch.device("cpu"), _world_size=r.world)
+    vars(comm).update(**fresh, **group, _workspace_cls=workspace_cls)
     return comm
 
 
@@ -527,12 +451,9 @@ def pcie_ipc_vote(r, short_rank: int | None):
 
 
 def pcie_ipc_tune_vote(r, bad_rank: int, fault: str):
-    """The autotune outcome is a group decision. fault "unwritable": bad_rank cannot write FlashInfer's tune cache
-    (FLASHINFER_AUTOTUNE_DIR under a regular file: fails for root too), so no rank tunes and every rank keeps the
-    workspace on the seed policy (FlashInfer writes the file on rank 0 between two barriers: an I/O error there
-    would leave the others in the second). fault "raises": bad_rank's tune() raises, so every rank drops PCIe IPC."""
-    import tempfile
-
+    """The autotune outcome is a group decision. fault "unwritable": bad_rank cannot write FlashInfer's tune cache,
+    so no rank tunes (FlashInfer writes it on rank 0 between two barriers: an I/O error there would leave the others
+    in the second) and all keep the seed policy. fault "raises": bad_rank's tune() raises, so all drop PCIe IPC."""
     calls = {"tune": 0, "destroy": 0}
 
     class Workspace:
@@ -548,26 +469,18 @@ def pcie_ipc_tune_vote(r, bad_rank: int, fault: str):
         def destroy(self):
             calls["destroy"] += 1
 
-    base = tempfile.mkdtemp()
-    if fault == "unwritable" and r.rank == bad_rank:
-        blocker = os.path.join(base, "not-a-dir")
-        open(blocker, "w").close()
-        os.environ["FLASHINFER_AUTOTUNE_DIR"] = os.path.join(blocker, "tune")
-    else:
-        os.environ["FLASHINFER_AUTOTUNE_DIR"] = base
+    _tune_dir(unwritable=fault == "unwritable" and r.rank == bad_rank)
     comm = _cpu_pcie_ipc(r, Workspace, 80 << 30)
     comm.prepare(hidden=sc.HIDDEN, max_rows=64)
     return {"disabled": comm.disabled, **calls}
 
 
 def fusion_exchange_vote(r, bad_rank: int, fail: str | None):
-    """SGLang's fusion workspace preflight on CPU ranks over gloo, with FlashInfer's comm backend and its real
-    handle exchange: a failure in one rank's export, import, map or set-access must
-    end with every rank skipping the fusion (no rank left in the next exchange)."""
+    """SGLang's fusion workspace preflight on CPU ranks over gloo, with FlashInfer's comm backend and its real handle
+    exchange: one rank's export, import, map or set-access failing must make every rank skip the fusion."""
     import types
 
     import flashinfer.comm.mnnvl as mnnvl
-    import torch
 
     from sglang.srt.layers import flashinfer_comm_fusion as fcf
 
@@ -587,12 +500,9 @@ def fusion_exchange_vote(r, bad_rank: int, fail: str | None):
     proceed = fcf._preflight_check_workspace_memory(
         r.world, 256, sc.HIDDEN, torch.bfloat16, cpu_group=tp.cpu_group, comm_backend=comm
     )
-    return {
-        "proceed": proceed,
-        "imports": drv.calls.count("cuMemImportFromShareableHandle"),
-        "creates": drv.calls.count("cuMemCreate"),
-        "releases": drv.calls.count("cuMemRelease"),
-    }
+    count = drv.calls.count
+    calls = {"imports": count("cuMemImportFromShareableHandle"), "creates": count("cuMemCreate")}
+    return {"proceed": proceed, **calls, "releases": count("cuMemRelease")}
 
 
 def eagle3_draft_embedding(r, replicate: bool):
@@ -600,7 +510,6 @@ def eagle3_draft_embedding(r, replicate: bool):
     over gloo: the target's table is built as SGLang's DeepSeek-V2 family builds it (get_embedding_tp_kwargs(), so
     replicated under SGLANG_ENABLE_EMBED_REPLICATION=1) and loaded with its own weight loader; the draft's
     embedding must then look up the same rows on every rank as a plain lookup of the full table."""
-    import torch
     from transformers import LlamaConfig
 
     if replicate:
@@ -613,18 +522,9 @@ def eagle3_draft_embedding(r, replicate: bool):
     full = torch.randn(vocab, hidden, generator=torch.Generator().manual_seed(0))
     target = VocabParallelEmbedding(vocab, hidden, params_dtype=torch.float32, **get_embedding_tp_kwargs())
     target.weight_loader(target.weight, full)
-    config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        draft_vocab_size=vocab,
-        target_hidden_size=hidden,
-        tie_word_embeddings=False,
-    )
-    draft = LlamaForCausalLMEagle3(config)
+    shape = dict(vocab_size=vocab, hidden_size=hidden, draft_vocab_size=vocab, target_hidden_size=hidden)
+    layer = dict(intermediate_size=128, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2)
+    draft = LlamaForCausalLMEagle3(LlamaConfig(**shape, **layer, tie_word_embeddings=False))
     draft.set_embed(target.weight)
     ids = torch.tensor([0, 1, vocab // 2 - 1, vocab // 2, vocab - 1])
     got = draft.model.embed_tokens(ids)

@@ -3,11 +3,9 @@
   [EAGLE_GPU_WORLD=N] [EAGLE_GPU_TIMEOUT=S] pytest tests/gpu --ignore tests/gpu/serve [--junitxml FILE]
 
 World size: every visible GPU (CUDA_VISIBLE_DEVICES narrows it), at least 2; EAGLE_GPU_WORLD picks fewer. A test
-that needs GPUs skips with its reason where there are fewer than it needs, so on the CPU machine (CI) the tier is
-all skips except the harness tests, which run CPU ranks over gloo. (Environment variables rather than pytest
-options: `make test` runs the whole tests/ tree, where options of this directory's conftest would not exist.)
-What a test records (versions, decisions, per-call timings, correctness numbers) goes into pytest's junitxml as
-its properties, so a run on the box is a receipt (scripts/host/gpu_tier.py).
+that needs GPUs skips with its reason where there are fewer, so in CI only the harness tests run (CPU ranks over
+gloo). Environment variables, not options: `make test` runs all of tests/, where this conftest's options would not
+exist. What a test records goes into pytest's junitxml as properties (scripts/host/gpu_tier.py's receipt).
 """
 
 from __future__ import annotations

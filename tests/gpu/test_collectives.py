@@ -1,8 +1,7 @@
 """The patched SGLang's collectives on real GPUs: routing, correctness, the fused op, the PDL race, timings.
 
-One multi-rank run (the `battery` scenario of _ranks.py: one process per GPU, SGLang brought up as the model
-runner brings it up, PCIe IPC forced on through its variable, the trtllm fusion on, autotune off) feeds the tests
-of this module; each test asserts one property of what every rank reported. Skips without >= 2 GPUs.
+One run of _ranks.battery (a process per GPU, PCIe IPC forced on, the trtllm fusion on, autotune off) feeds every
+test here; each asserts one property of what every rank reported. Skips without >= 2 GPUs.
 """
 
 from __future__ import annotations
@@ -19,12 +18,8 @@ REL_TOL = 2e-2  # bf16 rounding of sums of up to 8 ranks, relative to the larges
 
 @pytest.fixture(scope="module")
 def battery(gpu_world, gpu_timeout, record):
-    outcome = run_ranks(
-        "battery",
-        world=gpu_world,
-        timeout=gpu_timeout,
-        params=dict(rows=ROWS, prefill_rows=PREFILL, fused_rows=FUSED_ROWS),
-    )
+    sizes = dict(rows=ROWS, prefill_rows=PREFILL, fused_rows=FUSED_ROWS)
+    outcome = run_ranks("battery", world=gpu_world, timeout=gpu_timeout, params=sizes)
     assert outcome.ok, outcome.explain()
     record("battery", {"world": gpu_world, "seconds": round(outcome.seconds, 1), "rank0": outcome.results[0]})
     return outcome.results

@@ -1,8 +1,6 @@
-"""What happens when one rank fails.
-
-Faults, one rank at a time, each bounded by the harness timeout: the kernels under test spin on peer flags with no
-timeout of their own, so a group whose ranks disagree about a backend would hang; every fault must end with every
-rank on the same backend, with correct results, or with the same clear error on every rank. Never a hang.
+"""What happens when one rank fails. The kernels under test spin on peer flags with no timeout of their own, so a
+group whose ranks disagree about a backend would hang: every fault must end with every rank on the same backend,
+with correct results, or with the same clear error on every rank; never a hang (the harness timeout ends one).
 Skips without >= 2 GPUs.
 """
 
@@ -12,8 +10,18 @@ import pytest
 
 from _harness import run_ranks
 
+# scenario of _ranks.py -> (the failing rank, from the end where negative; PCIe IPC disabled afterwards, None: either)
+PCIE_IPC_FAULTS = {
+    "fault_pcie_ipc_oom": (-1, True),  # a failed build leaves PCIe IPC off everywhere
+    "fault_pcie_ipc_bind": (-1, True),
+    "fault_pcie_ipc_tune": (-1, None),
+    "fault_pcie_ipc_tune_dir": (0, False),  # nobody tuned, nobody hung: the same seed-policy workspace on all
+    "fault_nvml": (-1, None),  # one rank's NVML answer differs: it changes nothing
+}
 
-def _ok(outcome):
+
+def _results(scenario, world, timeout, bad_rank):
+    outcome = run_ranks(scenario, world=world, timeout=min(timeout, 180), params={"bad_rank": bad_rank % world})
     assert not outcome.hung, outcome.explain()
     assert outcome.ok, outcome.explain()
     return outcome.results
@@ -31,41 +39,20 @@ def _same_backends_and_right(results):
     return calls[0], disabled[0]
 
 
-@pytest.mark.parametrize(
-    "scenario, bad_rank",
-    [
-        ("fault_pcie_ipc_oom", -1),
-        ("fault_pcie_ipc_bind", -1),
-        ("fault_pcie_ipc_tune", -1),
-        ("fault_pcie_ipc_tune_dir", 0),
-    ],
-)
-def test_pcie_ipc_fault_on_one_rank_ends_in_agreement(gpu_world, gpu_timeout, record, scenario, bad_rank):
-    results = _ok(
-        run_ranks(scenario, world=gpu_world, timeout=min(gpu_timeout, 180), params={"bad_rank": bad_rank % gpu_world})
-    )
+@pytest.mark.parametrize("scenario", PCIE_IPC_FAULTS)
+def test_a_pcie_ipc_or_nvml_fault_on_one_rank_ends_in_agreement(gpu_world, gpu_timeout, record, scenario):
+    bad_rank, want_disabled = PCIE_IPC_FAULTS[scenario]
+    results = _results(scenario, gpu_world, gpu_timeout, bad_rank)
     calls, disabled = _same_backends_and_right(results)
     record(scenario, {"calls": calls, "pcie_ipc_disabled": disabled, "prepare": [r["prepare"] for r in results]})
-    if scenario in ("fault_pcie_ipc_oom", "fault_pcie_ipc_bind"):  # a failed build leaves PCIe IPC off everywhere
-        assert disabled is True
-    if scenario == "fault_pcie_ipc_tune_dir":  # nobody tuned, nobody hung: the same seed-policy workspace on all
-        assert disabled is False
+    if want_disabled is not None:
+        assert disabled is want_disabled
 
 
 @pytest.mark.parametrize("scenario", ["fault_fusion_oom", "fault_fusion_exchange"])
 def test_fusion_workspace_fault_on_one_rank_ends_in_agreement(gpu_world, gpu_timeout, record, scenario):
-    results = _ok(
-        run_ranks(scenario, world=gpu_world, timeout=min(gpu_timeout, 180), params={"bad_rank": gpu_world - 1})
-    )
+    results = _results(scenario, gpu_world, gpu_timeout, -1)
     declined = [r["fused_declined"] for r in results]
     record(scenario, {"declined": declined, "fusion": [r["fusion"] for r in results]})
     assert len(set(declined)) == 1 and declined[0], f"the fused op ran on some ranks only: {declined}"
-    _same_backends_and_right(results)
-
-
-def test_nvml_answer_differing_on_one_rank_changes_nothing(gpu_world, gpu_timeout, record):
-    results = _ok(
-        run_ranks("fault_nvml", world=gpu_world, timeout=min(gpu_timeout, 180), params={"bad_rank": gpu_world - 1})
-    )
-    record("fault_nvml", {"prepare": [r["prepare"] for r in results]})
     _same_backends_and_right(results)

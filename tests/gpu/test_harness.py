@@ -1,8 +1,5 @@
-"""The GPU tier's harness itself, on the CPU machine: CPU ranks over gloo (SGLang's CPU engine, no NCCL library).
-
-Spawning, bringing SGLang's distributed state up, the per-rank result files, a rank's error, a hang ended by the
-timeout, and the skip of GPU tests where there is no GPU: all run in CI, so the harness the GPU tests stand on is
-tested where CI runs.
+"""The GPU tier's harness itself, in CI: CPU ranks over gloo (SGLang's CPU engine, no NCCL library) spawned, brought
+up, failing or hanging, and the GPU tests' skip where there is no GPU; and the group decisions that need no GPU.
 """
 
 from __future__ import annotations
@@ -61,27 +58,27 @@ def test_gpu_tests_skip_with_their_reason_without_gpus(tmp_path):
         pytest.skip("this machine has GPUs: the GPU tests run instead of skipping")
     out = tmp_path / "result.xml"
     tier = [str(HERE), "--ignore", str(HERE / "serve"), "-k", "not harness", f"--junitxml={out}"]
-    cp = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tier],
-        cwd=HERE.parents[1],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tier]
+    cp = subprocess.run(argv, cwd=HERE.parents[1], capture_output=True, text=True, timeout=600)
     assert cp.returncode == 0, cp.stdout[-3000:] + cp.stderr[-2000:]
     doc = read_junit(out)
     assert doc["passed"] == doc["failed"] == 0 and doc["skipped"] >= 5, doc
     assert all("needs >= 2 GPUs" in c["message"] for c in doc["cases"]), doc["cases"]
 
 
+def two_cpu_ranks(scenario: str, **params) -> list:
+    """What `scenario` returned on each of two CPU ranks over gloo (SGLang's real TP group)."""
+    outcome = run_ranks(scenario, world=2, device="cpu", timeout=240, params=params)
+    assert outcome.ok, outcome.explain()
+    return outcome.results
+
+
 @pytest.mark.parametrize("short_rank", [None, 1])
 def test_pcie_ipc_build_is_a_group_decision(short_rank):
-    """Two CPU ranks, SGLang's real TP group over gloo: the PCIe-IPC workspace is built on both or on neither.
-    With one rank short of memory, neither enters FlashInfer's build (whose handle exchange would block the other)."""
-    outcome = run_ranks("pcie_ipc_vote", world=2, device="cpu", timeout=240, params={"short_rank": short_rank})
-    assert outcome.ok, outcome.explain()
-    disabled = [r["disabled"] for r in outcome.results]
-    built = [r["built"] for r in outcome.results]
+    """The PCIe-IPC workspace is built on both ranks or on neither: with one rank short of memory, neither enters
+    FlashInfer's build (whose handle exchange would block the other)."""
+    results = two_cpu_ranks("pcie_ipc_vote", short_rank=short_rank)
+    disabled, built = [r["disabled"] for r in results], [r["built"] for r in results]
     if short_rank is None:
         assert disabled == [False, False] and built == [[64 * 7168]] * 2
     else:
@@ -90,14 +87,11 @@ def test_pcie_ipc_build_is_a_group_decision(short_rank):
 
 @pytest.mark.parametrize("fault, bad_rank", [("unwritable", 0), ("raises", 1)])
 def test_pcie_ipc_autotune_is_a_group_decision(fault, bad_rank):
-    """Two CPU ranks, SGLang's real TP group over gloo: a tune cache one rank cannot write keeps every rank from
-    tuning (all on the seed policy, PCIe IPC kept); a tune() that raises on one rank takes PCIe IPC off on every
-    rank (each destroys its workspace), so no rank is left in a collective its peers never enter."""
-    outcome = run_ranks(
-        "pcie_ipc_tune_vote", world=2, device="cpu", timeout=240, params={"bad_rank": bad_rank, "fault": fault}
-    )
-    assert outcome.ok, outcome.explain()
-    got = [(x["disabled"], x["tune"], x["destroy"]) for x in outcome.results]
+    """A tune cache one rank cannot write keeps every rank from tuning (all on the seed policy, PCIe IPC kept); a
+    tune() that raises on one rank takes PCIe IPC off on every rank (each destroys its workspace), so no rank is left
+    in a collective its peers never enter."""
+    results = two_cpu_ranks("pcie_ipc_tune_vote", bad_rank=bad_rank, fault=fault)
+    got = [(x["disabled"], x["tune"], x["destroy"]) for x in results]
     if fault == "unwritable":
         assert got == [(False, 0, 0)] * 2
     else:
@@ -108,16 +102,12 @@ def test_pcie_ipc_autotune_is_a_group_decision(fault, bad_rank):
     "fail", [None, "cuMemExportToShareableHandle", "cuMemImportFromShareableHandle", "cuMemMap", "cuMemSetAccess"]
 )
 def test_fusion_workspace_handle_exchange_is_a_group_decision(fail):
-    """Two CPU ranks, SGLang's TP group over gloo, FlashInfer's own SCM_RIGHTS exchange: the fusion preflight
-    exports, exchanges, imports and maps one probe handle per workspace buffer. One rank failing any step makes
-    every rank skip the fusion; with no failure both proceed, and every probe handle is released."""
-    outcome = run_ranks(
-        "fusion_exchange_vote", world=2, device="cpu", timeout=240, params={"bad_rank": 1, "fail": fail}
-    )
-    assert outcome.ok, outcome.explain()
-    proceed = [x["proceed"] for x in outcome.results]
-    assert proceed == [fail is None] * 2, outcome.results
-    for x in outcome.results:
+    """The fusion preflight exports, exchanges (FlashInfer's own SCM_RIGHTS exchange), imports and maps one probe
+    handle per workspace buffer: one rank failing any step makes every rank skip the fusion; with no failure both
+    proceed; every probe handle is released."""
+    results = two_cpu_ranks("fusion_exchange_vote", bad_rank=1, fail=fail)
+    assert [x["proceed"] for x in results] == [fail is None] * 2, results
+    for x in results:
         assert x["releases"] >= x["creates"]
     if fail == "cuMemExportToShareableHandle":  # voted down before any exchange
-        assert [x["imports"] for x in outcome.results] == [0, 0]
+        assert [x["imports"] for x in results] == [0, 0]

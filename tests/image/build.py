@@ -53,16 +53,14 @@ def can_run() -> str:
     """'' when this machine can run the test, else why not."""
     free = shutil.disk_usage(BUILD_DIR.parent).free / 2**30
     missing = [t for t in ("dockerd", "mmdebstrap") if shutil.which(t) is None]
+    wheel = BUILD_DIR / "cache" / load_pin().wheel_filename
     return "; ".join(
         w
         for cond, w in [
             (os.geteuid() != 0, "it needs root (dockerd, mmdebstrap, chroot)"),
             (free < NEED_GB, f"only {free:.0f} GB free under {BUILD_DIR.parent}, it needs {NEED_GB}"),
             (not VENV_PY.is_file(), ".venv is missing: make setup"),
-            (
-                not (BUILD_DIR / "cache" / load_pin().wheel_filename).is_file(),
-                "the pinned wheel is missing: make apply",
-            ),
+            (not wheel.is_file(), "the pinned wheel is missing: make apply"),
             (missing and shutil.which("apt-get") is None, f"{' and '.join(missing)} missing and no apt-get to install"),
             (proc.run(["ip", "link", "show", "docker0"]).ok, "another docker engine's docker0 exists (stop it first)"),
         ]
@@ -99,22 +97,9 @@ class Engine:
 
     def start(self) -> None:
         log = (self.run_dir / "dockerd.log").open("w")
-        self.dockerd = proc.spawn(
-            [
-                "dockerd",
-                "-H",
-                self.host,
-                "--data-root",
-                str(self.data),
-                "--exec-root",
-                str(self.run_dir / "exec"),
-                "--pidfile",
-                str(self.run_dir / "pid"),
-            ],
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-        )
+        cmd = ["dockerd", "-H", self.host, "--data-root", str(self.data), "--exec-root", str(self.run_dir / "exec")]
+        cmd += ["--pidfile", str(self.run_dir / "pid")]
+        self.dockerd = proc.spawn(cmd, stdout=log, stderr=log, start_new_session=True)
         os.environ["DOCKER_HOST"] = self.host  # this process, make image and docker run use this engine only
         for _ in range(60):
             if proc.run(["docker", "version", "--format", "{{.Server.Version}}"]).ok:
@@ -166,28 +151,17 @@ def standin(tag: str) -> str:
     rootfs, pin = WORK / "rootfs", load_pin()
     shutil.rmtree(rootfs, ignore_errors=True)
     say("mmdebstrap bookworm minbase + python3 python3-pip git ca-certificates (30-70 s)")
-    sh(
-        [
-            "mmdebstrap",
-            "--quiet",
-            "--variant=minbase",
-            "--include=python3,python3-pip,git,ca-certificates",
-            *[f"--dpkgopt=path-exclude=/usr/share/{d}/*" for d in ("man", "doc", "locale")],
-            "bookworm",
-            str(rootfs),
-        ]
-    )
+    minbase = ["--quiet", "--variant=minbase", "--include=python3,python3-pip,git,ca-certificates"]
+    minbase += [f"--dpkgopt=path-exclude=/usr/share/{d}/*" for d in ("man", "doc", "locale")]
+    sh(["mmdebstrap", *minbase, "bookworm", str(rootfs)])
     sh(
         f"cp /usr/local/share/ca-certificates/*.crt {rootfs}/usr/local/share/ca-certificates/ 2>/dev/null; "
         f"chroot {rootfs} update-ca-certificates"
     )  # this machine's TLS egress re-signs certificates
     ver = sh(["chroot", str(rootfs), "python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"]).stdout
     site = f"usr/local/lib/python{ver.strip()}/dist-packages"
-    res = sh(
-        [str(VENV_PY), "-m", "tests.image.build", "--link-venv", str(rootfs / site)],
-        cwd=REPO_ROOT,
-        env={**os.environ, "PYTHONPATH": str(BUILD_DIR / "sglang" / "python")},
-    )
+    env = {**os.environ, "PYTHONPATH": str(BUILD_DIR / "sglang" / "python")}
+    res = sh([str(VENV_PY), "-m", "tests.image.build", "--link-venv", str(rootfs / site)], cwd=REPO_ROOT, env=env)
     say(f".venv packages hard-linked: {res.stdout.strip().splitlines()[-1]}")
     sh(
         f"cp {BUILD_DIR}/cache/{pin.wheel_filename} {rootfs}/tmp && chroot {rootfs} python3 -m pip install -q "
@@ -228,13 +202,8 @@ def failures(checks: Checks, standin_tag: str, site: str) -> None:
         ["docker", "build", "-q", "--force-rm", "-t", wrong, "-"],
         input=f"FROM {standin_tag}\nRUN sed -i 1i# /{site}/sglang/srt/environ.py\n",
     )
-    make_image(
-        checks,
-        "a base whose sglang is not the pinned release fails the build",
-        wrong,
-        "eagle-fast-verify/sglang:test-wrong-base",
-        False,
-    )
+    name = "a base whose sglang is not the pinned release fails the build"
+    make_image(checks, name, wrong, "eagle-fast-verify/sglang:test-wrong-base", False)
     copy = WORK / "broken"
     sh(
         f"mkdir {copy} && cp -a scripts patches docker tests requirements pytest.ini Makefile .dockerignore {copy}",
@@ -245,34 +214,13 @@ def failures(checks: Checks, standin_tag: str, site: str) -> None:
     hunk = next(i for i, ln in enumerate(text) if ln.startswith("@@"))
     text[next(i for i in range(hunk, len(text)) if text[i].startswith(" "))] = " # a line the base does not have\n"
     first.write_text("".join(text))
-    make_image(
-        checks,
-        "a patch that does not apply fails the build",
-        standin_tag,
-        "eagle-fast-verify/sglang:test-broken-patch",
-        False,
-        copy,
-    )
+    name = "a patch that does not apply fails the build"
+    make_image(checks, name, standin_tag, "eagle-fast-verify/sglang:test-broken-patch", False, copy)
 
 
 def verbs(checks: Checks, image: str) -> None:
     (results := WORK / "results").mkdir(exist_ok=True)
-    comm = [
-        "--device",
-        "cpu",
-        "--variants",
-        "default",
-        "--rows",
-        "4",
-        "--prefill-rows",
-        "",
-        "--layers",
-        "2",
-        "--chain",
-        "4",
-        "--reps",
-        "2",
-    ]
+    comm = [*"--device cpu --variants default --rows 4 --layers 2 --chain 4 --reps 2".split(), "--prefill-rows", ""]
     for args, want in (
         (["serve", "--dry-run"], 0),
         (["smoke"], 0),

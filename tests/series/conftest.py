@@ -86,34 +86,21 @@ class World:
         self.dev = tmp / "dev"
         git.git(tmp, "clone", "-q", "--branch", "v0.0.1", str(self.upstream), str(self.dev))
         commit(self.dev, {"srt/b.py": "B = 2\n"}, message("srt: b is two"))
-        commit(
-            self.dev,
-            {"srt/a.py": self.files["srt/a.py"].replace("A10 = 10", "A10 = 'ten'"), "srt/c.py": "C = 3\n"},
-            message("srt: a ten is a word, and c"),
-        )
+        ten = self.files["srt/a.py"].replace("A10 = 10", "A10 = 'ten'")
+        commit(self.dev, {"srt/a.py": ten, "srt/c.py": "C = 3\n"}, message("srt: a ten is a word, and c"))
         assert self.run("export", "--tree", self.dev).returncode == 0
         self.names = (self.patches / "series").read_text().split()[-2:]
 
     def env(self, **extra) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_BASE", "SGLANG_WHEEL", "SGLANG_REPO")}
-        env.update(
-            SGLANG_PATCHES_CACHE=str(self.tmp / "cache"),
-            PIP_NO_INDEX="1",
-            PIP_DISABLE_PIP_VERSION_CHECK="1",
-            PIP_FIND_LINKS=str(self.tmp / "index"),
-        )
+        env.update(SGLANG_PATCHES_CACHE=str(self.tmp / "cache"), PIP_FIND_LINKS=str(self.tmp / "index"))
+        env.update(PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1")  # pip's own hash check, on the local index
         return {**env, **extra}
 
     def run(self, verb: str, *args, **env) -> subprocess.CompletedProcess:
         args = args if "--patches-dir" in args else (*args, "--patches-dir", self.patches)
-        return subprocess.run(
-            [sys.executable, "-m", f"scripts.series.{verb}", *map(str, args)],
-            cwd=ROOT,
-            env=self.env(**env),
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        argv = [sys.executable, "-m", f"scripts.series.{verb}", *map(str, args)]
+        return subprocess.run(argv, cwd=ROOT, env=self.env(**env), capture_output=True, text=True, timeout=300)
 
     def checkout(self, name: str = "checkout") -> Path:
         dest = self.tmp / name

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -102,23 +103,9 @@ def test_ctrl_c_leaves_the_tree_and_names_the_command_that_rebuilds(world, tmp_p
     )
     (shim / "git").chmod(0o755)
     env = world.env(PATH=f"{shim}:{os.environ['PATH']}")
-    p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "scripts.series.apply",
-            "--dest",
-            str(dest),
-            "--rebuild",
-            "--patches-dir",
-            str(world.patches),
-        ],
-        cwd=ROOT,
-        env=env,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    argv = [sys.executable, "-m", "scripts.series.apply", "--dest", str(dest), "--rebuild"]
+    argv += ["--patches-dir", str(world.patches)]
+    p = subprocess.Popen(argv, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
     for _ in range(600):
         if (shim / "in-am").exists() or p.poll() is not None:
             break
@@ -132,7 +119,7 @@ def test_ctrl_c_leaves_the_tree_and_names_the_command_that_rebuilds(world, tmp_p
 
 def test_an_installed_package_becomes_a_git_repository_all_or_nothing(world):
     site = world.tmp / "site"
-    with __import__("zipfile").ZipFile(world.wheel) as z:
+    with zipfile.ZipFile(world.wheel) as z:
         z.extractall(site)
     env = {"PYTHONPATH": str(site)}
     bad = world.tmp / "bad"
@@ -160,16 +147,10 @@ def test_the_real_series_on_the_real_pinned_wheel_installed(tmp_path):
     ):
         pytest.skip(f"{pin.wheel_filename} is not in build/cache and pip cannot download it")
     site = tmp_path / "site"
-    with __import__("zipfile").ZipFile(cached) as z:
+    with zipfile.ZipFile(cached) as z:
         z.extractall(site, [n for n in z.namelist() if n.startswith("sglang/")])
+    argv = [sys.executable, "-m", "scripts.series.apply", "--python", sys.executable]
     env = {**os.environ, "PYTHONPATH": str(site)}
-    cp = subprocess.run(
-        [sys.executable, "-m", "scripts.series.apply", "--python", sys.executable],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    cp = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert cp.returncode == 0, cp.stderr
     assert applied_patchset(site / "sglang") == patchset_id() and git.status_porcelain(site) == ""

@@ -72,16 +72,8 @@ def test_each_header_rule():
     moved = good.replace("\nPatch-Filename: x.patch", "").replace("Why:", "Patch-Filename: x.patch\nWhy:")
     assert "not the message's last line" in "\n".join(header_problems(moved, "A <a@example.org>", "x.patch"))
     assert "not a real author" in header_problems(good, "eagle-fast-verify <eagle-fast-verify@localhost>", "x.patch")[0]
-    assert (
-        header_problems(
-            good.replace("Forwarded: no", "Forwarded: https://github.com/o/r/pull/3").replace(
-                "Origin: vendor", "Origin: backport, 0123abcd"
-            ),
-            "A <a@b.org>",
-            "x.patch",
-        )
-        == []
-    )
+    sent = good.replace("Forwarded: no", "Forwarded: https://github.com/o/r/pull/3")
+    assert header_problems(sent.replace("Origin: vendor", "Origin: backport, 0123abcd"), "A <a@b.org>", "x.patch") == []
 
 
 def new_release(world: World, a_text: str) -> None:
@@ -93,7 +85,7 @@ def new_release(world: World, a_text: str) -> None:
 
 def test_refresh_stops_in_git_and_write_moves_only_patches(world):
     new_release(world, world.files["srt/a.py"].replace("A10 = 10", "A10 = 'X'"))  # patch 2 conflicts
-    tracked = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
+    tracked = git.status_porcelain(ROOT)
     cp = world.run("refresh", "--to", "v0.0.2", "--dest", world.tmp / "r", SGLANG_REPO=f"file://{world.upstream}")
     assert cp.returncode == 1 and "am --continue" in cp.stdout and "am --skip" in cp.stdout, cp.stdout + cp.stderr
     cp = world.run("refresh", "--to", "v0.0.2", "--dest", world.tmp / "r")
@@ -102,15 +94,10 @@ def test_refresh_stops_in_git_and_write_moves_only_patches(world):
     cp = world.run("refresh", "--to", "v0.0.2", "--dest", world.tmp / "r", "--write")
     assert cp.returncode == 0 and "going on from" in cp.stderr, cp.stderr
     pin = tomllib.loads((world.patches / "pin.toml").read_text())
-    assert (pin["upstream"]["tag"], pin["wheel"]["filename"], pin["image"]["tag"]) == (
-        "v0.0.2",
-        "sglang-0.0.2-py3-none-any.whl",
-        "v0.0.2-cu130",
-    )
+    assert pin["upstream"]["tag"] == "v0.0.2" and pin["image"]["tag"] == "v0.0.2-cu130"
+    assert pin["wheel"]["filename"] == "sglang-0.0.2-py3-none-any.whl"
     assert [p.path.name for p in series_patches(load_pin(world.patches))] == [world.names[0]]
-    assert (
-        subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout == tracked
-    )  # nothing outside the patches directory
+    assert git.status_porcelain(ROOT) == tracked  # nothing outside the patches directory
     assert world.run("check_patches", SGLANG_BASE="wheel").returncode == 0
 
 

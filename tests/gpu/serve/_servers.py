@@ -1,9 +1,8 @@
 """test-serve's servers: the phases, the lent-GPU route, one server's start, calls and stop.
 
-A phase is one server: a generated tiny target (tiny_models.py), with or without an EAGLE-3 or DFlash drafter,
-started from a tiny profile (docker/profiles/tiny/*.yaml, SGLang --config files: the profile `python -m
-scripts.host.serve --profile` runs) by SGLang's own popen_launch_server, i.e. `sglang serve --model-path T --config P
-[--speculative-draft-model-path D] --tp-size N ...`, and stopped by its terminate_and_kill_process_tree.
+A phase is one server: a tiny target (tiny_models.py), with or without an EAGLE-3 or DFlash drafter, started from a
+tiny profile (docker/profiles/tiny/*.yaml, SGLang --config files as serve's) by SGLang's own popen_launch_server
+(`sglang serve --model-path T --config P ...`) and stopped by its terminate_and_kill_process_tree.
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ CAPTURED_MAX = max(PROFILE["cuda-graph-bs-decode"])
 # sglang:cuda_graph_passes_total; patches/ spec-*); an eager forward's spec_collectives entry is "<stage>_eager".
 STAGES = {"EAGLE3": ("target_verify", "draft_decode", "draft_extend"), "DFLASH": ("target_verify", "draft_block")}
 CAP = 2 * CAPTURED_MAX  # llama-cap's and llama-dflash's --max-running-requests: above the largest captured batch
+CAP_FLAGS, EAGER_FLAGS = ("--max-running-requests", str(CAP)), ("--disable-decode-cuda-graph",)  # a phase's flags
 READY_S = 600
 PORT_STRIDE = 10  # phase i: HTTP port BASE + 10 i, NCCL port BASE + 10 i + 5
 
@@ -57,15 +57,13 @@ PHASES = {
         Phase("llama-nospec", "llama"),  # the reference: greedy output = the target's chain
         Phase("llama-graph", "llama", "draft-pi", reference="llama-nospec"),  # always accepted, on the graphs
         Phase("llama-reject", "llama", "draft-random", reference="llama-nospec"),  # almost never accepted
-        Phase("llama-cap", "llama", "draft-pi", ("--max-running-requests", str(CAP)), "llama-nospec"),
-        Phase("llama-eager", "llama", "draft-pi", ("--disable-decode-cuda-graph",), "llama-nospec"),
+        Phase("llama-cap", "llama", "draft-pi", CAP_FLAGS, "llama-nospec"),
+        Phase("llama-eager", "llama", "draft-pi", EAGER_FLAGS, "llama-nospec"),
         Phase("kimi-nospec", "kimi"),  # DeepSeek-V3-shaped with Kimi-K2.5's keys
         Phase("kimi-graph", "kimi", "draft-pi", reference="kimi-nospec"),  # Llama-form drafter
         Phase("kimi-mla", "kimi", "draft-mla", reference="kimi-nospec"),  # MLA-form drafter
-        Phase(
-            "llama-dflash", "llama", "dflash-first", ("--max-running-requests", str(CAP)), "llama-nospec"
-        ),  # + the cap
-        Phase("llama-dflash-eager", "llama", "dflash-random", ("--disable-decode-cuda-graph",), "llama-nospec"),
+        Phase("llama-dflash", "llama", "dflash-first", CAP_FLAGS, "llama-nospec"),
+        Phase("llama-dflash-eager", "llama", "dflash-random", EAGER_FLAGS, "llama-nospec"),
         Phase("kimi-dflash", "kimi", "dflash-first", reference="kimi-nospec"),
         Phase("llama-client", "llama", "draft-pi"),  # the OpenAI client's (vs llama-nospec): its counters are its own
         Phase("llama-sampled", "llama", "draft-pi"),  # sampled requests, under the sync guard (plugin/)
@@ -124,18 +122,9 @@ class Server:
 
     @classmethod
     def plan(cls, phase: Phase, index: int, base: int, world: int, models: Path, flags, work: Path) -> "Server":
-        port = base + PORT_STRIDE * index
-        pair = models / phase.pair
-        args = [
-            "--config",
-            str(phase.profile),
-            "--tp-size",
-            str(world),
-            "--nccl-port",
-            str(port + PORT_STRIDE // 2),
-            *flags,
-            *phase.flags,
-        ]
+        port, pair = base + PORT_STRIDE * index, models / phase.pair
+        args = ["--config", str(phase.profile), "--tp-size", str(world), "--nccl-port", str(port + PORT_STRIDE // 2)]
+        args += [*flags, *phase.flags]
         args += ["--speculative-draft-model-path", str(pair / phase.drafter)] if phase.drafter else []
         return cls(phase, port, args, str(pair / "target"), work / f"{phase.name}.log")
 
@@ -145,17 +134,8 @@ class Server:
 
     @property
     def command(self) -> list[str]:  # as popen_launch_server runs it
-        return [
-            "sglang",
-            "serve",
-            "--model-path",
-            self.model,
-            *self.args,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-        ]
+        host = ["--host", "127.0.0.1", "--port", str(self.port)]
+        return ["sglang", "serve", "--model-path", self.model, *self.args, *host]
 
     def start(self, env: dict) -> None:
         """popen_launch_server, until /health_generate answers; a failure is kept as the server's error."""
@@ -164,15 +144,8 @@ class Server:
         t0 = time.monotonic()
         self.sink = log = open(self.log, "w")
         try:
-            self.proc = popen_launch_server(
-                self.model,
-                self.url,
-                READY_S,
-                other_args=self.args,
-                env=env,
-                return_stdout_stderr=(log, log),
-                device="cuda",
-            )
+            kw = dict(other_args=self.args, env=env, return_stdout_stderr=(log, log), device="cuda")
+            self.proc = popen_launch_server(self.model, self.url, READY_S, **kw)
             self.report["ready_s"] = round(time.monotonic() - t0, 1)
         except Exception as e:  # noqa: BLE001 - its tests fail with it
             self.error = f"{self.phase.name} did not start: {e} (its log: {self.log})"
@@ -199,20 +172,13 @@ class Server:
         import requests
 
         assert not self.error, self.error
-        data = body if isinstance(body, bytes) else None if body is None else json.dumps(body)
-        return requests.request(
-            method, self.url + path, data=data, timeout=timeout, headers={"Content-Type": "application/json"}
-        )
+        data = body if isinstance(body, bytes) or body is None else json.dumps(body)
+        headers = {"Content-Type": "application/json"}
+        return requests.request(method, self.url + path, data=data, timeout=timeout, headers=headers)
 
     def generate(self, ids, max_new: int, **sampling) -> dict | list:
-        r = self.call(
-            "POST",
-            "/generate",
-            {
-                "input_ids": ids,
-                "sampling_params": {"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True, **sampling},
-            },
-        )
+        sampling = {"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True, **sampling}
+        r = self.call("POST", "/generate", {"input_ids": ids, "sampling_params": sampling})
         assert r.status_code == 200, f"{self.phase.name}: /generate answered {r.status_code}: {r.text[:300]}"
         return r.json()
 
@@ -227,10 +193,7 @@ class Server:
 
         time.sleep(1.5)  # the scheduler posts its counters with the next step's metrics
         info = self.call("GET", "/server_info", timeout=60).json()
-        spec = {
-            k: v
-            for k, v in observe.internal_state(info).items()
-            if k.startswith("spec_") or k == "avg_spec_accept_length"
-        }
+        state = observe.internal_state(info)
+        spec = {k: v for k, v in state.items() if k.startswith("spec_") or k == "avg_spec_accept_length"}
         metric = observe.graph_counts_from_metrics(observe.parse_metrics(self.call("GET", "/metrics", timeout=60).text))
         self.report.update(spec=spec, max_running_requests=info.get("max_running_requests"), metric=metric)

@@ -3,11 +3,10 @@
   pytest tests/gpu/serve [--serve-out FILE|DIR] [--serve-world N] [--serve-port BASE] [--standins]
 
 Every phase's server (_servers.PHASES) starts at once at TP N (default: the largest of 1, 2, 4, 8 GPUs visible);
-all are stopped at the end, and a process left or a port held fails the session. --standins: the lent-GPU route
-(_servers.LENT_*). Without a CUDA GPU the GPU tests skip with the reason; with --serve-out they fail instead.
-The result (read by make report) is pytest's own junitxml: --serve-out FILE, or DIR/test-serve_<box>_<UTC
-stamp>.xml; each test's `detail` is its property, the run's command, versions, route and phases (what each server
-reported) the suite's, no path of this machine in it (scripts/box/results.py); the servers' logs beside it (.log).
+all are stopped at the end, and a process left or a port held fails the session. --standins: the lent-GPU route.
+Without a CUDA GPU the server tests skip with the reason (with --serve-out, pytest exits 2). The result (make
+report's) is pytest's junitxml, --serve-out FILE or DIR/test-serve_<box>_<stamp>.xml: each test's `detail`, the
+run's properties (properties()), no path of this machine; the servers' logs beside it (.log).
 """
 
 from __future__ import annotations
@@ -97,22 +96,15 @@ def server(request, tmp_path_factory):
     }
     from sglang.srt.utils.network import is_port_available
 
+    if world > gpus:
+        pytest.fail(f"--serve-world {world}, but {gpus} GPU(s) are visible")
     busy = [s.port for s in servers.values() if not is_port_available(s.port)]
-    if world > gpus or busy:
-        pytest.fail(
-            f"--serve-world {world}, but {gpus} GPU(s) are visible"
-            if world > gpus
-            else f"port(s) {busy} in use: stop what listens there or pass --serve-port BASE"
-        )
+    if busy:
+        pytest.fail(f"port(s) {busy} in use: stop what listens there or pass --serve-port BASE")
     env, kept = sv.server_env(opt("--standins"))
-    RUN.update(
-        servers=servers,
-        world=world,
-        kept=kept,
-        tmp=tmp_path_factory.getbasetemp(),
-        t0=time.monotonic(),
-        gpus=[torch.cuda.get_device_name(i) for i in range(gpus)],
-    )
+    names = [torch.cuda.get_device_name(i) for i in range(gpus)]
+    RUN.update(servers=servers, world=world, kept=kept, tmp=tmp_path_factory.getbasetemp(), gpus=names)
+    RUN["t0"] = time.monotonic()
     guard = {"EAGLE_SYNC_GUARD": str(work / sv.GUARD_FILE)}
     with contextlib.redirect_stdout(io.StringIO()), cf.ThreadPoolExecutor(len(servers)) as ex:  # it tees the logs
         list(ex.map(lambda s: s.start({**env, **(guard if s.phase.name == sv.GUARDED else {})}), servers.values()))
@@ -141,17 +133,8 @@ def pytest_sessionfinish(session):
     out = Path(session.config.option.xmlpath or "")
     if not out.is_file():
         return
-    masks = {
-        str(p): m
-        for p, m in (
-            (Path.home(), "~"),
-            (sys.prefix, "<python>"),
-            (sv.HERE.parents[2], "<repo>"),
-            (out.parent.resolve(), "<results>"),
-            (RUN.get("tmp"), "<tmp>"),
-        )
-        if p
-    }
+    places = {Path.home(): "~", sys.prefix: "<python>", sv.HERE.parents[2]: "<repo>", out.parent.resolve(): "<results>"}
+    masks = {str(p): m for p, m in {**places, RUN.get("tmp"): "<tmp>"}.items() if p}
     finish_junit(out, properties(session.config), masks)
     logs = "".join(
         f"===== {n}: {' '.join(s.command)}\n{s.log.read_text(errors='replace') if s.log.is_file() else ''}"
@@ -168,9 +151,8 @@ def properties(config) -> dict:
     from scripts.lib.repo import revision
 
     standins = config.getoption("--standins")
-    versions = {
-        m: getattr(sys.modules.get(m), "__version__", None) for m in ("torch", "triton", "transformers", "sglang")
-    }
+    modules = ("torch", "triton", "transformers", "sglang")
+    versions = {m: getattr(sys.modules.get(m), "__version__", None) for m in modules}
     versions["patchset"] = os.environ.get("EAGLE_PATCHSET")  # the image's; a tree's from git (contract 8):
     with contextlib.suppress(Exception):
         from scripts.series.pin import applied_patchset

@@ -24,6 +24,10 @@ def generate(ids=(5, 6), **kw) -> dict:
     return {"input_ids": list(ids), "sampling_params": {"max_new_tokens": 4}, **kw}
 
 
+def sampling(**params) -> dict:
+    return generate(sampling_params={"max_new_tokens": 4, **params})
+
+
 BAD = [  # (id, path, body)
     ("invalid-json", "/v1/completions", b'{"model": "m", "prompt": [5'),
     ("missing-prompt", "/v1/completions", completion(prompt=DROP)),
@@ -35,41 +39,25 @@ BAD = [  # (id, path, body)
     # a model name SGLang does not serve is answered (the name is informational), a LoRA adapter without LoRA is not
     ("adapter-without-lora", "/v1/completions", completion(model="tiny:no-such-adapter")),
     ("top-logprobs-huge", "/generate", generate(return_logprob=True, top_logprobs_num=10**9)),
-    ("top-k-beyond-int32", "/generate", generate(sampling_params={"max_new_tokens": 4, "top_k": 2**31})),
-    ("logit-bias-not-float32", "/generate", generate(sampling_params={"max_new_tokens": 4, "logit_bias": {"5": 1e39}})),
+    ("top-k-beyond-int32", "/generate", sampling(top_k=2**31)),
+    ("logit-bias-not-float32", "/generate", sampling(logit_bias={"5": 1e39})),
     ("huge-max-tokens", "/v1/completions", completion(max_tokens=10**9)),
     ("empty-prompt", "/v1/completions", completion(prompt="")),
     ("logit-bias-key-oov-completions", "/v1/completions", completion(logit_bias={str(OOV): 5})),
-    (
-        "logit-bias-key-oov-generate",
-        "/generate",
-        generate(sampling_params={"max_new_tokens": 4, "logit_bias": {str(OOV): 5.0}}),
-    ),
-    (
-        "stop-token-id-oov-generate",
-        "/generate",
-        generate(sampling_params={"max_new_tokens": 4, "stop_token_ids": [OOV]}),
-    ),
+    ("logit-bias-key-oov-generate", "/generate", sampling(logit_bias={str(OOV): 5.0})),
+    ("stop-token-id-oov-generate", "/generate", sampling(stop_token_ids=[OOV])),
     ("stop-token-id-oov-completions", "/v1/completions", completion(stop_token_ids=[OOV])),
     ("token-ids-logprob-oov", "/generate", generate(return_logprob=True, token_ids_logprob=[OOV])),
     # the fuzzer's finds (patches: the validation patch, constrained: ... is the request's 400), kept as regressions
     ("logprob-start-negative", "/generate", generate(range(5, 15), return_logprob=True, logprob_start_len=-5)),
-    ("n-beyond-int64", "/generate", generate(sampling_params={"max_new_tokens": 4, "n": 2**63})),
+    ("n-beyond-int64", "/generate", sampling(n=2**63)),
     ("n-huge-completions", "/v1/completions", completion(n=10**7)),
-    ("temperature-beyond-float32", "/generate", generate(sampling_params={"max_new_tokens": 4, "temperature": 1e39})),
-    (
-        "repetition-penalty-tiny",
-        "/generate",
-        generate(sampling_params={"max_new_tokens": 4, "temperature": 1.0, "top_k": 50, "repetition_penalty": 1e-40}),
-    ),
-    ("stop-regex-invalid", "/generate", generate(sampling_params={"max_new_tokens": 4, "stop_regex": "("})),
-    ("grammar-no-token-starts", "/generate", generate(sampling_params={"max_new_tokens": 4, "regex": "z+"})),
-    ("grammar-dead-end-greedy", "/generate", generate(sampling_params={"max_new_tokens": 4, "regex": "w5z"})),
-    (
-        "grammar-dead-end-sampled",
-        "/generate",
-        generate(sampling_params={"max_new_tokens": 4, "regex": "w5z", "temperature": 0.8, "top_p": 0.9}),
-    ),
+    ("temperature-beyond-float32", "/generate", sampling(temperature=1e39)),
+    ("repetition-penalty-tiny", "/generate", sampling(temperature=1.0, top_k=50, repetition_penalty=1e-40)),
+    ("stop-regex-invalid", "/generate", sampling(stop_regex="(")),
+    ("grammar-no-token-starts", "/generate", sampling(regex="z+")),
+    ("grammar-dead-end-greedy", "/generate", sampling(regex="w5z")),
+    ("grammar-dead-end-sampled", "/generate", sampling(regex="w5z", temperature=0.8, top_p=0.9)),
     ("session-params-unknown-key", "/generate", generate(session_params={"foo": 1})),
     ("rid-a-list", "/generate", generate(rid=[])),
     ("http-worker-ipc", "/generate", generate(http_worker_ipc="ipc:///tmp/elsewhere")),

@@ -20,16 +20,13 @@ def ask(server):
     """ask(**completion args) -> (speculative, reference) responses of the same request."""
     import openai
 
-    clients = [
-        openai.OpenAI(base_url=server(n).url + "/v1", api_key="none", max_retries=0, timeout=300) for n in SERVERS
-    ]
+    urls = [server(n).url + "/v1" for n in SERVERS]
+    clients = [openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=300) for url in urls]
     models = [c.models.list().data[0].id for c in clients]
 
     def both(**kw):
-        return [
-            c.completions.create(model=m, prompt=PROMPT, max_tokens=N, temperature=0, **kw)
-            for c, m in zip(clients, models)
-        ]
+        request = dict(prompt=PROMPT, max_tokens=N, temperature=0, **kw)
+        return [c.completions.create(model=m, **request) for c, m in zip(clients, models)]
 
     return both
 

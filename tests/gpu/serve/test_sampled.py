@@ -1,8 +1,7 @@
-"""Sampled requests (temperature > 0, top-p, top-k, seeds, n > 1) with EAGLE-3 on a server whose drafter is always
-right (llama-sampled) and with DFlash on one whose drafter is right at block position 1 (llama-dflash-sampled): each
-completes with accept length above 1 (the tiny target puts ~97% of its probability on the chain's token), greedy
-requests in the same batches keep the chain token for token, and the server stays up. llama-sampled runs under the
-sync guard (plugin/): no speculative decode cycle after warm-up, greedy or sampled, makes a host synchronisation."""
+"""Sampled requests (temperature, top-p, top-k, min-p, seeds, n > 1) with EAGLE-3 (llama-sampled, always right) and
+DFlash (llama-dflash-sampled, right at block position 1): each completes with accept length above 1 (the tiny target
+puts ~97% of its probability on the chain's token), greedy requests in the same batches keep the chain, the server
+stays up, and under the sync guard (plugin/) no speculative decode cycle after warm-up synchronises with the host."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """What the series promises a speculative server (EAGLE-3 or DFlash), each phase over one workload: 3 fixed prompts x
-128 greedy tokens one after another and all at once (and a burst above the captured batch size where the phase asks
-for more running requests), then /server_info and /metrics. The expected log lines are the patched SGLang's own
-messages (patches/ spec-*)."""
+128 greedy tokens one after another and all at once (and a burst above the captured batch size where the phase
+raises --max-running-requests), then /server_info and /metrics; the log lines are the patched SGLang's own."""
 
 from __future__ import annotations
 
@@ -19,9 +18,9 @@ PHASE = "timing"  # of the test without a phase parameter
 MAX_NEW, BURST, TIMED_TOKENS = 128, 64, 256
 SPEC = [n for n, p in sv.PHASES.items() if p.reference]
 NOSPEC = sorted({sv.PHASES[n].reference for n in SPEC})
-EAGER = [n for n in SPEC if "--disable-decode-cuda-graph" in sv.PHASES[n].flags]
+EAGER = [n for n in SPEC if sv.PHASES[n].flags == sv.EAGER_FLAGS]
 ON_GRAPH = [n for n in SPEC if n not in EAGER]
-CAPPED = [n for n, p in sv.PHASES.items() if "--max-running-requests" in p.flags]
+CAPPED = [n for n, p in sv.PHASES.items() if p.flags == sv.CAP_FLAGS]
 ACCEPT = {"draft-pi": sv.DRAFT_TOKENS, "draft-mla": sv.DRAFT_TOKENS, "dflash-first": 2}  # as built; else < 1.5
 EAGER_START = "runs with the target's decode CUDA graphs disabled (--disable-decode-cuda-graph)"
 EAGER_FORWARD = re.compile(r"Speculative (\w+) forward \(bs=\d+\) ran eagerly, not on its CUDA graph, reason=(\w+)")
@@ -34,7 +33,7 @@ def workload(s: sv.Server) -> None:
         conc = list(ex.map(lambda p: s.generate(p, MAX_NEW), prompts))
     s.report["outputs"] = {"seq": [r["output_ids"] for r in seq], "conc": [r["output_ids"] for r in conc]}
     s.report["meta"] = [{k: r["meta_info"].get(k) for k in ("completion_tokens", "spec_accept_length")} for r in seq]
-    if "--max-running-requests" in s.phase.flags:
+    if s.phase.name in CAPPED:
         with cf.ThreadPoolExecutor(sv.CAP) as ex:
             burst = list(ex.map(lambda i: s.generate(prompts[i % 3], BURST), range(sv.CAP)))
         s.report["burst"] = {"requests": sv.CAP, "completed": sum(len(r["output_ids"]) == BURST for r in burst)}
@@ -141,11 +140,8 @@ def test_max_running_requests_above_the_captured_batches_is_capped_at_start(serv
 def test_without_decode_graphs_every_stage_is_eager_counted_and_announced(served, server, phase):
     r, log, stages = served(phase), server(phase).log.read_text(), sv.PHASES[phase].stages
     for c in (stage(r, st) for st in stages):
-        assert (
-            c.get("eager", 0) > 0
-            and not c.get("graph")
-            and c.get("fallback_reasons") == {"no_graph_runner": c["eager"]}
-        ), c
+        assert c.get("eager", 0) > 0 and not c.get("graph"), c
+        assert c.get("fallback_reasons") == {"no_graph_runner": c["eager"]}, c
     assert EAGER_START in log, "the eager verify is not announced at start"
     assert {(st, "no_graph_runner") for st in stages} <= set(EAGER_FORWARD.findall(log)), "first eager forward unlogged"
 

@@ -1,28 +1,21 @@
 """Tiny generated models for test-serve: targets with EAGLE-3 and DFlash drafters SGLang loads with its own loaders.
 
-Every target is built so that its greedy next token is a fixed permutation `chain` of the current token, with a
-clear logit margin (the residual stream is dominated by the token embedding: embeddings are random unit rows
-times sqrt(hidden), lm_head row j is 0.5 * the embedding row of chain^-1(j); the blocks add small random outputs,
-so every attention, MLP and MoE computes without moving the argmax). Speculation must not change a greedy output,
-so a served chain is the lossless check; chain.json holds it. Drafters:
+Every target's greedy next token is a fixed permutation `chain` of the current token (chain.json), with a clear
+logit margin: embeddings are random unit rows times sqrt(hidden), lm_head row j is 0.5 * the embedding row of
+chain^-1(j), and the blocks add small random outputs, so attention, MLP and MoE all compute without moving the
+argmax. Speculation must not change a greedy output, so a served chain is the lossless check. Drafters:
 
-  draft-pi      proposes chain(token) at every step (accepted every time: accept length = draft tokens). Its one
-                layer attends each position to itself (q = k = a random projection of the token embedding), copies
-                the embedding through v / o_proj, has no MLP output and a tiny final norm weight with norm_output,
-                so the hidden it feeds back carries ~1% of the new token's signal; fc = 0, so the target's hidden
-                states play no part.
+  draft-pi      proposes chain(token) at every step, so it is always accepted (llama_pi_drafter says how).
   draft-random  random weights, half the vocabulary as draft vocab (d2t/t2d): almost never accepted.
-  draft-mla     (kimi) draft-pi's construction in Kimi's MLA drafter form (Eagle3DeepseekV2ForCausalLM, the form
-                of lightseekorg/kimi-k2.5-eagle3-mla): q/k through the latent projections, v = the latent itself.
-  dflash-first  DFlashDraftModel (the Qwen3 form of z-lab/Kimi-K2.5-DFlash: one layer over the target's embedding
-                and head), right at block position 1 only, so its accept length is exactly 2 (dflash_drafter).
-  dflash-random the same form with random weights (it mostly proposes the mask token): almost never right.
+  draft-mla     (kimi) draft-pi in Kimi's MLA drafter form (Eagle3DeepseekV2ForCausalLM, lightseekorg's form).
+  dflash-first  DFlashDraftModel (z-lab/Kimi-K2.5-DFlash's Qwen3 form), right at block position 1 only: its accept
+                length is exactly 2 (dflash_drafter says how).
+  dflash-random the same form with random weights: almost never right.
 
-Pairs: `llama` (LlamaForCausalLM, 4 layers, 8 heads / 8 KV heads) and `kimi` (DeepseekV3ForCausalLM with
-Kimi-K2.5's text-model config keys, model_type kimi_k2: MLA with its per-head dims 512/64/128/128, a dense first
-layer, 16 routed experts top-4 + 1 shared expert, sigmoid noaux_tc routing, yarn rope, HF checkpoint names; bf16,
-not Kimi-K2.5's int4). Heads, KV heads and experts divide by 8, so each runs at TP 1, 2, 4 and 8. The tokenizer
-is a WordLevel vocabulary written here (no download). Needs torch, safetensors and tokenizers; seconds on a CPU.
+Pairs: `llama` (LlamaForCausalLM, 4 layers, 8 heads / 8 KV heads) and `kimi` (Kimi-K2.5's text config,
+tests/fixtures/kimi-k25, scaled down: MLA, a dense first layer, 16 routed experts top-4 + 1 shared; bf16, not int4).
+Heads, KV heads and experts divide by 8: each runs at TP 1, 2, 4 and 8. Needs torch, safetensors and tokenizers
+(the WordLevel tokenizer is written here); seconds on a CPU.
 """
 
 from __future__ import annotations
@@ -35,41 +28,34 @@ import torch
 VOCAB = 2048
 WIDTH = 512  # hidden size of every tiny model
 SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")  # ids 0..3, fixed points of the chain
+WORDS = [*SPECIALS, *(f"w{i}" for i in range(len(SPECIALS), VOCAB))]
 AUX_LAYERS = [0, 1, 2]  # the target layers whose hidden states the drafter's fc reads (fc is zero)
 DFLASH = ("dflash-first", "dflash-random")
 PAIRS = {"llama": ("target", "draft-pi", "draft-random", *DFLASH), "kimi": ("target", "draft-pi", "draft-mla", *DFLASH)}
 DFLASH_MASK, DFLASH_LAYERS, GAIN = 3, [0, 1], 8192.0  # <pad> fills a block's positions 1..; see dflash_drafter
 CHAIN_FILE = "chain.json"
 # MLA per-head dims of DeepSeek-V3 / Kimi-K2.5 (SGLang's triton MLA decode kernel takes kv_lora + rope = 576)
-MLA = {"q_lora_rank": 128, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
+QR, KVR, NOPE, ROPE, VD = 128, 512, 128, 64, 128
+MLA = {"q_lora_rank": QR, "kv_lora_rank": KVR, "qk_nope_head_dim": NOPE, "qk_rope_head_dim": ROPE, "v_head_dim": VD}
 HEADS, HEAD_DIM, INTER = 8, 64, 1408
+ATTENTION = {"num_attention_heads": HEADS, "num_key_value_heads": HEADS, "head_dim": HEAD_DIM}
+LLAMA_LAYER = {"max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0}
+KIMI_CONFIG = Path(__file__).resolve().parents[2] / "fixtures" / "kimi-k25" / "config.json"
 
 
-def write_tokenizer(d: Path) -> None:
-    """A WordLevel tokenizer over VOCAB ids (the specials, then w4 .. w<VOCAB-1>), as HF files."""
+def write_tokenizer(d: Path, words: list[str] = WORDS, max_len: int = 4096) -> None:
+    """A WordLevel tokenizer over `words` (the specials first: unk, bos, eos and pad), as HF files."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    words = list(SPECIALS) + [f"w{i}" for i in range(len(SPECIALS), VOCAB)]
-    tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token=SPECIALS[0]))
+    tok = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token=words[0]))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
     d.mkdir(parents=True, exist_ok=True)
     tok.save(str(d / "tokenizer.json"))
-    (d / "tokenizer_config.json").write_text(
-        json.dumps(
-            {
-                "tokenizer_class": "PreTrainedTokenizerFast",
-                "unk_token": SPECIALS[0],
-                "bos_token": SPECIALS[1],
-                "eos_token": SPECIALS[2],
-                "pad_token": SPECIALS[3],
-                "model_max_length": 4096,
-                "clean_up_tokenization_spaces": False,
-            },
-            indent=1,
-        )
-        + "\n"
-    )
+    specials = zip(("unk_token", "bos_token", "eos_token", "pad_token"), (w for w in words if w.startswith("<")))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", **dict(specials), "model_max_length": max_len}
+    config["clean_up_tokenization_spaces"] = False
+    (d / "tokenizer_config.json").write_text(json.dumps(config, indent=1) + "\n")
 
 
 def make_chain(g) -> tuple[list[int], object]:
@@ -103,17 +89,10 @@ def _save(d: Path, weights: dict, config: dict) -> None:
 
 
 def _common(extra: dict) -> dict:
-    return {
-        "vocab_size": VOCAB,
-        "hidden_size": WIDTH,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-        "pad_token_id": 3,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        "hidden_act": "silu",
-        **extra,
-    }
+    """Every tiny model's config keys, then `extra`."""
+    ids = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3}
+    dtype = {"tie_word_embeddings": False, "torch_dtype": "bfloat16", "hidden_act": "silu"}
+    return {"vocab_size": VOCAB, "hidden_size": WIDTH, **ids, **dtype, **extra}
 
 
 def _readout(g, inv) -> tuple[object, dict]:
@@ -145,32 +124,16 @@ def llama_target(g, inv, out_std: float = 0.004) -> tuple[object, dict, dict]:
             w[p + name + ".weight"] = torch.randn(*shape, generator=g) * std
         w[p + "input_layernorm.weight"] = torch.ones(WIDTH)
         w[p + "post_attention_layernorm.weight"] = torch.ones(WIDTH)
-    cfg = _common(
-        {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "intermediate_size": INTER,
-            "num_hidden_layers": layers,
-            "num_attention_heads": HEADS,
-            "num_key_value_heads": HEADS,
-            "head_dim": HEAD_DIM,
-            "max_position_embeddings": 4096,
-            "rms_norm_eps": 1e-5,
-            "rope_theta": 10000.0,
-            "attention_bias": False,
-            "mlp_bias": False,
-        }
-    )
-    return u, w, cfg
+    kind = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "attention_bias": False, "mlp_bias": False}
+    sizes = {"intermediate_size": INTER, "num_hidden_layers": layers, **ATTENTION, **LLAMA_LAYER}
+    return u, w, _common({**kind, **sizes})
 
 
 def kimi_target(g, inv, out_std: float = 0.02) -> tuple[object, dict, dict]:
     """Kimi-K2.5's text model (DeepseekV3ForCausalLM, model_type kimi_k2) at hidden 512, 3 layers."""
     u, w = _readout(g, inv)
     layers, experts, moe_inter, nh = 3, 16, 256, HEADS
-    qr, kvr, nope, rope, vd = (
-        MLA[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-    )
+    qr, kvr, nope, rope, vd = QR, KVR, NOPE, ROPE, VD
 
     def rnd(*shape, std=0.02):
         return torch.randn(*shape, generator=g) * std
@@ -204,73 +167,27 @@ def kimi_target(g, inv, out_std: float = 0.02) -> tuple[object, dict, dict]:
             w[p + f"mlp.{e}.gate_proj.weight"] = rnd(moe_inter, WIDTH)
             w[p + f"mlp.{e}.up_proj.weight"] = rnd(moe_inter, WIDTH)
             w[p + f"mlp.{e}.down_proj.weight"] = rnd(WIDTH, moe_inter, std=out_std)
-    # Kimi-K2.5's text_config keys (tests/fixtures/kimi-k25/config.json), sizes scaled down, no quantization
-    cfg = _common(
-        {
-            "architectures": ["DeepseekV3ForCausalLM"],
-            "model_type": "kimi_k2",
-            "attention_bias": False,
-            "attention_dropout": 0.0,
-            "first_k_dense_replace": 1,
-            "initializer_range": 0.02,
-            "intermediate_size": INTER,
-            "max_position_embeddings": 262144,
-            "moe_intermediate_size": moe_inter,
-            "moe_layer_freq": 1,
-            "n_group": 1,
-            "n_routed_experts": experts,
-            "n_shared_experts": 1,
-            "norm_topk_prob": True,
-            "num_attention_heads": nh,
-            "num_experts_per_tok": 4,
-            "num_hidden_layers": layers,
-            "num_key_value_heads": nh,
-            "num_nextn_predict_layers": 0,
-            **MLA,
-            "rms_norm_eps": 1e-5,
-            "rope_scaling": {
-                "beta_fast": 32.0,
-                "beta_slow": 1.0,
-                "factor": 64.0,
-                "mscale": 1.0,
-                "mscale_all_dim": 1.0,
-                "original_max_position_embeddings": 4096,
-                "type": "yarn",
-            },
-            "rope_theta": 50000.0,
-            "routed_scaling_factor": 2.827,
-            "scoring_func": "sigmoid",
-            "topk_group": 1,
-            "topk_method": "noaux_tc",
-            "use_cache": True,
-        }
-    )
-    return u, w, cfg
+    kimi = json.loads(KIMI_CONFIG.read_text())["text_config"]  # its keys and routing, sizes scaled down, not int4
+    del kimi["quantization_config"]
+    sizes = dict(intermediate_size=INTER, moe_intermediate_size=moe_inter, n_routed_experts=experts)
+    sizes.update(num_attention_heads=nh, num_key_value_heads=nh, num_experts_per_tok=4, num_hidden_layers=layers)
+    return u, w, {**kimi, **_common({**sizes, **MLA})}
 
 
 def _draft_config(extra: dict) -> dict:
-    return _common(
-        {
-            "num_hidden_layers": 1,
-            "num_attention_heads": HEADS,
-            "intermediate_size": INTER,
-            "max_position_embeddings": 4096,
-            "rms_norm_eps": 1e-5,
-            "rope_theta": 10000.0,
-            **extra,
-        }
-    )
+    """A one-layer drafter's config keys, then `extra`."""
+    sizes = {"num_hidden_layers": 1, "num_attention_heads": HEADS, "intermediate_size": INTER, **LLAMA_LAYER}
+    return _common({**sizes, **extra})
+
+
+LLAMA_EAGLE3 = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama"}  # both Llama-form drafters'
+LLAMA_EAGLE3.update(num_key_value_heads=HEADS, head_dim=HEAD_DIM)
 
 
 def _eagle_config(extra: dict) -> dict:
-    return _draft_config(
-        {
-            "target_hidden_size": WIDTH,
-            "draft_vocab_size": VOCAB,
-            **extra,
-            "eagle_config": {"use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids": AUX_LAYERS},
-        }
-    )
+    """An EAGLE-3 drafter's config keys (its fc reads the AUX_LAYERS hidden states), then `extra`."""
+    aux = {"use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids": AUX_LAYERS}
+    return _draft_config({"target_hidden_size": WIDTH, "draft_vocab_size": VOCAB, **extra, "eagle_config": aux})
 
 
 def _pi_tail(u, inv, s_draft: float = 40.0, w_final: float = 0.01) -> dict:
@@ -296,7 +213,9 @@ def _dense_mlp(g, p: str) -> dict:
 
 
 def llama_pi_drafter(g, u, inv, beta: float = 4.0) -> tuple[dict, dict]:
-    """LlamaForCausalLMEagle3 proposing chain(token): q_h = k_h = beta * P_h n(embed), v = n(embed), o = I."""
+    """LlamaForCausalLMEagle3 proposing chain(token): each position attends to itself (q_h = k_h = beta * P_h
+    n(embed)), v = n(embed), o = I, no MLP output; fc = 0 (the target's hidden states play no part) and a tiny final
+    norm with norm_output, so the hidden it feeds back carries ~1% of the new token's signal."""
     proj = torch.cat([_orthonormal_rows(g, HEAD_DIM, WIDTH) for _ in range(HEADS)])  # [H, H]
     zero = torch.zeros(WIDTH, WIDTH)
     qk = torch.cat([beta * proj, zero], 1)  # reads the embedding half of [embed, hidden]
@@ -309,15 +228,7 @@ def llama_pi_drafter(g, u, inv, beta: float = 4.0) -> tuple[dict, dict]:
         p + "self_attn.v_proj.weight": torch.cat([torch.eye(WIDTH), zero], 1),
         p + "self_attn.o_proj.weight": torch.eye(WIDTH),
     }
-    return w, _eagle_config(
-        {
-            "architectures": ["LlamaForCausalLMEagle3"],
-            "model_type": "llama",
-            "num_key_value_heads": HEADS,
-            "head_dim": HEAD_DIM,
-            "norm_output": True,
-        }
-    )
+    return w, _eagle_config({**LLAMA_EAGLE3, "norm_output": True})
 
 
 def llama_random_drafter(g) -> tuple[dict, dict]:
@@ -330,24 +241,12 @@ def llama_random_drafter(g) -> tuple[dict, dict]:
         "d2t": torch.zeros(dv, dtype=torch.int64),
         "t2d": torch.arange(VOCAB) < dv,
     }
-    for name, shape in (
-        ("q_proj", (WIDTH, 2 * WIDTH)),
-        ("k_proj", (WIDTH, 2 * WIDTH)),
-        ("v_proj", (WIDTH, 2 * WIDTH)),
-        ("o_proj", (WIDTH, WIDTH)),
-    ):
-        w[p + f"self_attn.{name}.weight"] = torch.randn(*shape, generator=g) * 0.02
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):  # q, k and v read [embed, hidden]
+        cols = WIDTH if name == "o_proj" else 2 * WIDTH
+        w[p + f"self_attn.{name}.weight"] = torch.randn(WIDTH, cols, generator=g) * 0.02
     w.update(_dense_mlp(g, p))
     w[p + "mlp.down_proj.weight"] = torch.randn(WIDTH, INTER, generator=g) * 0.02
-    return w, _eagle_config(
-        {
-            "architectures": ["LlamaForCausalLMEagle3"],
-            "model_type": "llama",
-            "num_key_value_heads": HEADS,
-            "head_dim": HEAD_DIM,
-            "draft_vocab_size": dv,
-        }
-    )
+    return w, _eagle_config({**LLAMA_EAGLE3, "draft_vocab_size": dv})
 
 
 def mla_pi_drafter(g, u, inv, beta: float = 2.0) -> tuple[dict, dict]:
@@ -355,9 +254,7 @@ def mla_pi_drafter(g, u, inv, beta: float = 2.0) -> tuple[dict, dict]:
     is n(embed); q_a and every head's k_nope read one random 128-dim projection P of it (q_b / kv_b rotate it by
     an orthonormal R_h, scaled by beta), rope parts are zero; head h's v takes latent dims [64h, 64h+64) and o_proj
     puts them back, so attention on the token's own position returns n(embed)."""
-    qr, kvr, nope, rope, vd = (
-        MLA[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-    )
+    qr, kvr, nope, rope, vd = QR, KVR, NOPE, ROPE, VD
     proj = _orthonormal_rows(g, qr, WIDTH)  # P: [q_lora, H]
     q_b = torch.zeros(HEADS * (nope + rope), qr)
     kv_b = torch.zeros(HEADS * (nope + vd), kvr)
@@ -384,15 +281,8 @@ def mla_pi_drafter(g, u, inv, beta: float = 2.0) -> tuple[dict, dict]:
         p + "self_attn.kv_b_proj.weight": kv_b,
         p + "self_attn.o_proj.weight": o,
     }
-    return w, _eagle_config(
-        {
-            "architectures": ["Eagle3DeepseekV2ForCausalLM"],
-            "model_type": "deepseek_v3",
-            "num_key_value_heads": HEADS,
-            **MLA,
-            "norm_output": True,
-        }
-    )
+    kind = {"architectures": ["Eagle3DeepseekV2ForCausalLM"], "model_type": "deepseek_v3", "norm_output": True}
+    return w, _eagle_config({**kind, "num_key_value_heads": HEADS, **MLA})
 
 
 def dflash_drafter(g, u, target_layers: int, right: bool = True) -> tuple[dict, dict]:
@@ -416,16 +306,9 @@ def dflash_drafter(g, u, target_layers: int, right: bool = True) -> tuple[dict, 
     w |= {f"{p}mlp.{n}_proj.weight": rnd(INTER, WIDTH) for n in ("gate", "up")}
     w[p + "mlp.down_proj.weight"] = rnd(WIDTH, INTER) * (not right)
     w["fc.weight"] = rnd(WIDTH, len(DFLASH_LAYERS) * WIDTH) * (not right)  # the target's hidden states in
-    return w, _draft_config(
-        {
-            "architectures": ["DFlashDraftModel"],
-            "model_type": "qwen3",
-            "head_dim": HEAD_DIM,
-            "num_key_value_heads": HEADS,
-            "num_target_layers": target_layers,
-            "dflash_config": {"mask_token_id": DFLASH_MASK, "target_layer_ids": DFLASH_LAYERS},
-        }
-    )
+    dflash = {"mask_token_id": DFLASH_MASK, "target_layer_ids": DFLASH_LAYERS}
+    kind = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "dflash_config": dflash}
+    return w, _draft_config({**kind, **ATTENTION, "num_target_layers": target_layers})
 
 
 def write_pair(out: Path, pair: str, seed: int = 0) -> None:

@@ -1,11 +1,10 @@
 """Import-only stand-ins for packages a lent GPU machine lacks: sgl_kernel (built for another torch) and flash_mla
-(the EAGLE worker imports FlashMLABackend for an isinstance check). The serving image has the real packages and
-never puts this directory on sys.path; tests/gpu/_harness.py appends it where `import sgl_kernel` fails,
-test-serve's lent-GPU route (tests/gpu/serve/_servers.py LENT_PATHS) names it.
+(the EAGLE worker's isinstance check imports it). Never on the serving image's path; tests/gpu/_harness.py appends
+it where `import sgl_kernel` fails, test-serve's lent-GPU route names it (_servers.LENT_PATHS).
 
-`stand_in(__name__, ops)` in a package's __init__ makes it and every submodule importable. A name found in `ops`
-(by its last part) is that function; any other is a falsy placeholder (its attributes too) that raises
-NotImplementedError when called, so a kernel that would really run cannot pass on a fake.
+`stand_in(__name__, ops)` in a package's __init__ makes it and its submodules importable: a name in `ops` is that
+function, any other a falsy placeholder (its attributes too) that raises NotImplementedError when called, so a
+kernel that would really run cannot pass on a fake.
 """
 
 from __future__ import annotations
@@ -27,9 +26,8 @@ class Placeholder:
 
     def __call__(self, *args, **kwargs):
         raise NotImplementedError(
-            f"{self._name} belongs to a package this machine lacks and this is an import-only "
-            "stand-in (tests/gpu/standin): run where the real package is installed (the "
-            "serving image)"
+            f"{self._name} belongs to a package this machine lacks and this is an import-only stand-in "
+            "(tests/gpu/standin): run where the real package is installed (the serving image)"
         )
 
     def __bool__(self) -> bool:

@@ -1,19 +1,16 @@
-"""test-serve's instrumentation, an SGLang general plugin (entry point group sglang.srt.plugins; SGLang loads it in
-every server process whose path has this directory: tests/gpu/serve/_servers.py puts it there). Each hook acts
-only where its condition holds:
+"""test-serve's instrumentation, an SGLang general plugin (entry point group sglang.srt.plugins), loaded in every
+server process whose path has this directory (tests/gpu/serve/_servers.py puts it there). Each hook acts only where:
 
 keep_moe_dispatch (the lent-GPU route, SGLANG_FORCE_FUSED_OP_BACKEND set): the route runs the fused ops on their
-  torch reference because sgl-kernel cannot load there; the unquantized fused MoE's reference copies expert counts
-  to the host (moe_forward_native: tokens_per_expert.cpu()), which CUDA graph capture refuses, so that one op keeps
-  the dispatch it has without the switch (forward_cuda: SGLang's Triton fused MoE).
-no_dual_gemm (no nvidia-cutlass-dsl, as on the lent GPUs): SGLang's Llama MLP imports its SM100 CuTe-DSL dual GEMM
-  module to choose it, and below SM100 never does; without the package nothing is chosen, and nothing imported.
-sync_guard (EAGLE_SYNC_GUARD=FILE): every speculative decode cycle (EAGLEWorkerV2.forward_batch_generation) runs
-  under torch.cuda.set_sync_debug_mode("warn"), except the first SKIP of each kind of batch (greedy or not, top-p,
-  top-k, min-p, seeded: a first call may compile or allocate); each guarded cycle appends one JSON line to FILE:
-  {"cycle", "greedy", "syncs": [{"at", "when", "stack"}]}, each synchronisation with where it happened and when:
-  "cycle" (or "exit", a warning the cycle left pending) counts; "entry" is raised by the guard's own switch to
-  "warn" before the cycle's first line ran (seen once per run on the lent H200, torch 2.11), so it is reported apart.
+  torch reference; the unquantized fused MoE's copies expert counts to the host, which CUDA graph capture refuses,
+  so that one op keeps its own dispatch (forward_cuda: SGLang's Triton fused MoE).
+no dual GEMM (no nvidia-cutlass-dsl, as on the lent GPUs): SGLang's Llama MLP would import its SM100 CuTe-DSL dual
+  GEMM module only to choose it, which below SM100 it never does: nothing is chosen.
+sync_guard (EAGLE_SYNC_GUARD=FILE): every speculative decode cycle (EAGLEWorkerV2.forward_batch_generation) after
+  the first SKIP of each kind of batch (a first call may compile or allocate) runs under
+  torch.cuda.set_sync_debug_mode("warn") and appends {"cycle", "greedy", "syncs": [{"at", "when", "stack"}]} to
+  FILE. A synchronisation "when" "cycle" (or "exit": left pending by it) counts; "entry" is raised by the guard's own
+  switch to "warn" before the cycle's first line ran (once per run on the lent H200, torch 2.11): reported apart.
 """
 
 from __future__ import annotations
@@ -76,14 +73,8 @@ def sync_guard(original, self, batch, *args, **kwargs):
 
     def seen(message, category, filename, lineno, file=None, line=None):
         if "synchroniz" in str(message):
-            stack = traceback.extract_stack()[:-1]
-            syncs.append(
-                {
-                    "at": f"{filename}:{lineno}",
-                    "when": where[0],
-                    "stack": [f"{f.filename}:{f.lineno} {f.name}" for f in stack][-12:],
-                }
-            )
+            stack = [f"{f.filename}:{f.lineno} {f.name}" for f in traceback.extract_stack()[:-1]][-12:]
+            syncs.append({"at": f"{filename}:{lineno}", "when": where[0], "stack": stack})
 
     with warnings.catch_warnings():
         warnings.simplefilter("always")

@@ -1,31 +1,18 @@
 """Import-only stand-in for sgl-kernel (tests/gpu/standin/eagle_importonly.py says why and how).
 
-SGLang's argument resolution and distributed bring-up import modules that import `sgl_kernel`, although the
-collectives make test-gpu tests never call an sgl-kernel op. Three names are answered for the tiny servers of make
-test-serve's lent-GPU route, by SGLang's own kernels of the same contract (nothing is re-implemented here):
-  moe_align_block_size  -> sglang.kernels.ops.moe.moe_align.moe_align_block_size (SGLang's JIT CUDA kernel)
-  moe_sum_reduce        -> sglang.kernels.ops.moe.fused_moe_triton_kernels.moe_sum_reduce_triton (its Triton one)
-  utils.is_arch_support_pdl() -> False: SGLang's triton attention asks it at start; the stand-in vouches for no
-    programmatic-dependent-launch path (the real sgl-kernel says True from SM90 on)
+SGLang's argument resolution and distributed bring-up import modules that import `sgl_kernel`; test-gpu never
+calls an op of it. For the tiny servers of test-serve's lent-GPU route three names are answered, by SGLang's own
+kernels of the same contract (nothing is re-implemented here): moe_align_block_size (its JIT CUDA kernel),
+moe_sum_reduce (its Triton one) and utils.is_arch_support_pdl() -> False (asked by SGLang's triton attention at
+start; the stand-in vouches for no programmatic-dependent-launch path).
 """
 
 from __future__ import annotations
-
-import importlib
 
 from eagle_importonly import stand_in
 
 STANDIN = True
 __version__ = "0.0.0+standin"
-DELEGATES = {
-    "moe_align_block_size": "sglang.kernels.ops.moe.moe_align:moe_align_block_size",
-    "moe_sum_reduce": "sglang.kernels.ops.moe.fused_moe_triton_kernels:moe_sum_reduce_triton",
-}
-
-
-def _target(name: str):
-    module, _, attr = DELEGATES[name].partition(":")
-    return getattr(importlib.import_module(module), attr)
 
 
 def moe_align_block_size(
@@ -45,21 +32,17 @@ def moe_align_block_size(
             "sgl_kernel.moe_align_block_size(ignore_invalid_expert=True) has no SGLang "
             "kernel to stand in for it (tests/gpu/standin); run with the real sgl-kernel"
         )
-    _target("moe_align_block_size")(
-        topk_ids,
-        num_experts,
-        block_size,
-        sorted_token_ids,
-        experts_ids,
-        num_tokens_post_pad,
-        cumsum_buffer,
-        pad_sorted_token_ids,
-    )
+    from sglang.kernels.ops.moe.moe_align import moe_align_block_size as align
+
+    buffers = (sorted_token_ids, experts_ids, num_tokens_post_pad, cumsum_buffer)
+    align(topk_ids, num_experts, block_size, *buffers, pad_sorted_token_ids)
 
 
 def moe_sum_reduce(input, output, routed_scaling_factor=1.0):
     """output = routed_scaling_factor * input.sum(dim=1), by SGLang's Triton kernel of the same contract."""
-    _target("moe_sum_reduce")(input, output, float(routed_scaling_factor))
+    from sglang.kernels.ops.moe.fused_moe_triton_kernels import moe_sum_reduce_triton
+
+    moe_sum_reduce_triton(input, output, float(routed_scaling_factor))
 
 
 stand_in(
