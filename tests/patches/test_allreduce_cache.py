@@ -8,12 +8,10 @@ the timing itself faked (test_allreduce_timing.py says how). Two CPU ranks over 
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 
 import pytest
-import torch
 
-from _pcie import HIDDEN, SM120_FUSION_CAP, communicator, nvml
+from _pcie import HIDDEN, communicator, nvml, on_pci_buses
 
 CHANGES = [
     "NCCL_P2P_LEVEL=SYS",
@@ -40,11 +38,7 @@ def test_allreduce_timing_cache_is_keyed_on_every_input_of_the_measurement(
     from sglang.srt.distributed.device_communicators.pcie_ipc_ar import PcieIpcCommunicator
 
     nvml(monkeypatch)
-    monkeypatch.setattr(
-        torch.cuda,
-        "get_device_properties",
-        lambda device: SimpleNamespace(pci_domain_id=0, pci_bus_id=1, pci_device_id=0),
-    )
+    on_pci_buses(monkeypatch)
     for k in [k for k in os.environ if k.startswith("NCCL_")]:
         monkeypatch.delenv(k)
     conf = tmp_path / "nccl.conf"
@@ -58,8 +52,7 @@ def test_allreduce_timing_cache_is_keyed_on_every_input_of_the_measurement(
         "_time_backends",
         lambda self, tp, hidden, rows, backends: calls.append(rows) or [[10.0] * len(backends) for _ in rows],
     )
-    fusion_workspace(SM120_FUSION_CAP)
-    tp8._fi_workspace_hint = "attn_tp"
+    fusion_workspace()
 
     def start() -> str:
         comm = communicator()

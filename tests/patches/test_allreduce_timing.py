@@ -12,7 +12,7 @@ import logging
 
 import pytest
 
-from _pcie import HIDDEN, SM120_FUSION_CAP, nvml, prepared, route, rows, server_info, widest_decode_rows
+from _pcie import HIDDEN, nvml, prepared, route, rows, server_info, widest_decode_rows
 from _sgl import platform
 
 
@@ -45,17 +45,16 @@ def test_allreduce_timing_routes_each_size_to_its_fastest(profile, tp8, fusion_w
     (32 rows, fusion on; at 64 rows NCCL wins even though FlashInfer's path would take the tensor). A size between
     two timed ones takes the wider one's backend; wider than the table, the route is as before."""
     if fusion_on:
-        fusion_workspace(SM120_FUSION_CAP)
-        tp8._fi_workspace_hint = "attn_tp"
+        fusion_workspace()
     with caplog.at_level(logging.INFO):
-        comm = tp8.pcie_ipc_comm = prepared(widest_decode_rows(profile.args), coordinator=tp8)
+        comm = tp8.pcie_ipc_comm = prepared(widest_decode_rows(profile), coordinator=tp8)
     assert timed == [(1, 2, 4, 8, 16, 32, 64)]
     mid = "flashinfer" if fusion_on else "nccl"
     assert [s["backend"] for s in comm.report()["sizes"]] == ["pcie_ipc"] * 5 + [mid, "nccl"]
     for n, want in ((1, "pcie_ipc"), (3, "pcie_ipc"), (16, "pcie_ipc"), (17, mid), (32, mid), (64, "nccl"), (65, mid)):
         assert route(tp8, n) == want, n
         assert comm.should_pcie_ipc_ar(rows(n)) is (want == "pcie_ipc")
-    (table,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("All-reduce backend per")]
+    (table,) = [m for m in caplog.messages if m.startswith("All-reduce backend per")]
     assert "timed at start in CUDA graphs" in table and "SGLANG_PCIE_IPC_MIN_SPEEDUP=1.2x" in table
     assert "pcie_ipc   PCIe IPC 5.5 us vs NCCL 20.1 us, wins 3.7x >= 1.2x" in table
     assert "nccl       NCCL faster: PCIe IPC 37.0 us vs NCCL 26.4 us" in table
@@ -107,7 +106,7 @@ def test_allreduce_timing_a_user_setting_wins(profile, tp8, monkeypatch, timed, 
         )
         if tp8.pcie_ipc_off_reason is None:
             tp8.pcie_ipc_comm = prepared(64, coordinator=tp8)
-    info, log = server_info(monkeypatch, tp8), [r.getMessage() for r in caplog.records]
+    info, log = server_info(monkeypatch, tp8), caplog.messages
     if setting.endswith("=1"):
         assert timed == [] and info["source"] == "forced" and tp8.pcie_ipc_comm.should_pcie_ipc_ar(rows(64))
         assert {s["backend"] for s in info["sizes"]} == {"pcie_ipc"} and any("=1 is set: untimed" in m for m in log)

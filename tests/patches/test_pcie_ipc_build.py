@@ -9,22 +9,18 @@ from __future__ import annotations
 import logging
 
 import _gloo
-from _pcie import HIDDEN, SM120_FUSION_CAP, Workspace, communicator, prepared, route, rows, widest_decode_rows
+from _pcie import HIDDEN, Workspace, communicator, prepared, route, rows, widest_decode_rows
 
 
 def test_pcie_ipc_short_of_memory_stays_off_with_a_reason(profile, tp8, fusion_workspace, no_gpu, caplog):
     """A rank that cannot allocate the workspace (FlashInfer's cudaMalloc comes before its handle exchange) does
     not enter the build: the communicator is disabled, says why, and reductions keep the FlashInfer/NCCL route."""
-    fusion_workspace(SM120_FUSION_CAP)
-    tp8._fi_workspace_hint = "attn_tp"
+    fusion_workspace()
     no_gpu(1 << 20)
     with caplog.at_level(logging.WARNING):
-        tp8.pcie_ipc_comm = prepared(widest_decode_rows(profile.args))
+        tp8.pcie_ipc_comm = prepared(widest_decode_rows(profile))
     assert tp8.pcie_ipc_comm.disabled and Workspace.built == []
-    assert any(
-        "this rank (it has 1048576 bytes free" in r.getMessage() and "could not allocate it" in r.getMessage()
-        for r in caplog.records
-    )
+    assert any("this rank (it has 1048576 bytes free" in m and "could not allocate it" in m for m in caplog.messages)
     assert route(tp8, 8) == "flashinfer"
 
 
@@ -40,7 +36,7 @@ def test_pcie_ipc_size_that_cannot_be_computed_is_no_refusal(profile, monkeypatc
     with caplog.at_level(logging.INFO):
         comm = prepared(64)
     assert not comm.disabled and comm.max_numel == 64 * HIDDEN and len(Workspace.built) == 1
-    assert any("workspace size unknown" in r.getMessage() for r in caplog.records)
+    assert any("workspace size unknown" in m for m in caplog.messages)
 
 
 def test_pcie_ipc_prepare_resizes_a_workspace_built_before_it(profile):
@@ -50,7 +46,7 @@ def test_pcie_ipc_prepare_resizes_a_workspace_built_before_it(profile):
     comm = communicator(_tune=lambda hidden: None)
     comm.should_pcie_ipc_ar(rows(4))  # the lazy build: sized from the resolved decode config
     lazy = Workspace.built[0]
-    comm.prepare(hidden=HIDDEN, max_rows=widest_decode_rows(profile.args, pool=8))
+    comm.prepare(hidden=HIDDEN, max_rows=widest_decode_rows(profile, pool=8))
     assert lazy.max_numel == 64 * HIDDEN and lazy.destroyed and comm.max_numel == 32 * HIDDEN
     assert [w.max_numel for w in Workspace.built] == [64 * HIDDEN, 32 * HIDDEN]
     assert not comm.should_pcie_ipc_ar(rows(33)) and comm.should_pcie_ipc_ar(rows(32))

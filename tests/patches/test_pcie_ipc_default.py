@@ -26,7 +26,7 @@ def test_pcie_ipc_allreduce_default_on_pcie_only_sm120(monkeypatch, caplog):
     nvml(monkeypatch)
     with caplog.at_level(logging.INFO):
         assert off() is None and off(world=4) is None
-    assert any("Set SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0 to keep it off" in r.getMessage() for r in caplog.records)
+    assert any("Set SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0 to keep it off" in m for m in caplog.messages)
 
 
 @pytest.mark.parametrize("case", ["nvlink", "sm90", "tp2", "no_custom_all_reduce", "deterministic", "nvml_error"])
