@@ -1,8 +1,6 @@
 """The all-reduce timing cached per box (PcieIpcCommunicator._read_timings, _timing_cache): keyed on every input of
-the measurement, read by the first rank for the group.
-
-FlashInfer's real managed autotune store under a temporary FLASHINFER_AUTOTUNE_DIR; NVML faked (tests/_fake_nvml.py);
-the timing itself faked (test_allreduce_timing.py says how). Two CPU ranks over gloo for the group's read.
+the measurement, read by the first rank for the group. FlashInfer's real autotune store under a temporary
+FLASHINFER_AUTOTUNE_DIR; NVML and the timing faked; two CPU ranks over gloo for the group's read.
 """
 
 from __future__ import annotations
@@ -30,8 +28,7 @@ def test_allreduce_timing_cache_is_keyed_on_every_input_of_the_measurement(
     tp8, fusion_workspace, monkeypatch, tmp_path, change
 ):
     """A second start on the same box reads the table the first one timed; a start that changed anything the timing
-    depended on times again: NCCL's environment or a config file it reads, whether the PCIe-IPC kernels run
-    measured tactics, the sizes FlashInfer's kernel can take, SGLang's version, the driver."""
+    depended on times again."""
     import pynvml
 
     import sglang.version
