@@ -18,6 +18,7 @@ import _graphs as g
 from _graphs import MAX_BS
 from _sgl import bare, published, resolved, sm120_args
 
+U = pytest.mark.unchanged
 WIDTH = 4  # num_draft_tokens for steps=3, topk=1
 PADDING_OFF = dict(disable_padding=True, backend=SimpleNamespace(can_run=lambda fb, key: key.size in (1, 2, 4, 8)))
 CASES = {  # name: (runner overrides, batch kwargs, expected reason or None for graph replay)
@@ -36,7 +37,7 @@ CASES = {  # name: (runner overrides, batch kwargs, expected reason or None for 
 
 
 # The graph/eager decision is upstream's (unchanged); the patch names the reason.
-DECISION_OR_REASON = pytest.mark.parametrize("what", [pytest.param("decision", marks=pytest.mark.unchanged), "reason"])
+DECISION_OR_REASON = pytest.mark.parametrize("what", [pytest.param("decision", marks=U), "reason"])
 
 
 def check_graph_decision(what, r, fb, reason):
@@ -53,7 +54,7 @@ def test_verify_graph_fallback_reason(case, what):
     check_graph_decision(what, g.runner(**runner_kw), g.verify_batch(**batch_kw), reason)
 
 
-@pytest.mark.unchanged
+@U
 def test_verify_batches_never_carry_replace_embeds(monkeypatch):
     """Upstream's own guarantee that the verify graph relies on: a speculative decode step clears replace_embeds (the
     scoring API's) before the verify batch is built; Kimi-K2.5 merges image features inside its forward."""
@@ -424,7 +425,7 @@ def test_spec_graph_counts_in_prometheus_metrics(kimi):
 @pytest.mark.parametrize(
     "kw, running",
     [
-        pytest.param({}, 48, marks=pytest.mark.unchanged, id="defaults"),
+        pytest.param({}, 48, marks=U, id="defaults"),
         pytest.param(dict(max_running_requests=1024), 512, id="many-requests"),
         pytest.param(dict(cuda_graph_max_bs_decode=32), 32, id="small-graph"),
     ],
@@ -568,7 +569,7 @@ def test_verify_warns_at_startup_without_decode_cuda_graph(flag, caplog):
     assert "--" + flag.replace("_", "-") in msg and "spec_cuda_graph" in msg and "no_graph_runner" in msg
 
 
-@pytest.mark.unchanged
+@U
 def test_verify_warning_leaves_non_speculative_servers_alone(caplog):
     with caplog.at_level(logging.WARNING):
         sa = sm120_args(spec=False, disable_cuda_graph=True)
@@ -577,40 +578,29 @@ def test_verify_warning_leaves_non_speculative_servers_alone(caplog):
 
 
 @pytest.mark.parametrize(
-    "module, backend", [("triton", "TritonAttnBackend"), ("flashinfer_mla", "FlashInferMLAAttnBackend")]
+    "module, backend",
+    [("triton", "TritonAttnBackend"), pytest.param("flashinfer_mla", "FlashInferMLAAttnBackend", marks=U)],
 )
-def test_verify_compact_ragged_verify_without_ragged_graphs_warns(caplog, module, backend):
+def test_verify_compact_ragged_verify_without_ragged_graphs_warns(kimi, monkeypatch, caplog, module, backend):
     """SGLANG_RAGGED_VERIFY_MODE=compact on a backend that captures no ragged verify graphs (triton, the SM120 MLA
-    default) sends every target verify to eager: the runner says so once at startup."""
+    default) sends every target verify to eager: the real DecodeCudaGraphRunner.__init__ (a MagicMock target runner)
+    says so before it reaches the backend's graph buffers (where this backend, which has none, stops it)."""
     import importlib
-
-    cls = getattr(importlib.import_module(f"sglang.srt.layers.attention.{module}_backend"), backend)
-    with caplog.at_level(logging.WARNING):
-        g.runner(ragged_verify_mode=True, attn_backend=bare(cls))._warn_if_ragged_verify_runs_eager()
-    warned = [m for m in caplog.messages if "SGLANG_RAGGED_VERIFY_MODE" in m]
-    assert len(warned) == (1 if module == "triton" else 0), warned
-    assert all(backend in m and "SGLANG_RAGGED_VERIFY_MODE=static" in m for m in warned)
-
-
-def test_verify_compact_ragged_verify_warning_is_wired_into_the_runner(kimi, monkeypatch, caplog):
-    """The real DecodeCudaGraphRunner.__init__ (a MagicMock target runner, the triton backend) logs the warning before
-    it reaches the backend's graph buffers (where this backend, which has none, stops it)."""
     from unittest import mock
 
-    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
     from sglang.srt.model_executor.runner import base_runner
     from sglang.srt.model_executor.runner import decode_cuda_graph_runner as dcgr
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     monkeypatch.setattr(dcgr, "ragged_verify_compact_graphs_enabled", lambda algo: True)
-    backend = bare(TritonAttnBackend, dllm_attention=None)
+    cls = getattr(importlib.import_module(f"sglang.srt.layers.attention.{module}_backend"), backend)
     mr = mock.MagicMock()
     mr.configure_mock(
         spec_algorithm=SpeculativeAlgorithm.EAGLE3,
         is_draft_worker=False,
         lora_manager=None,
         server_args=kimi,
-        attn_backend=backend,
+        attn_backend=bare(cls, dllm_attention=None),
         device="cpu",
         **{
             "model_config.is_encoder_decoder": False,
@@ -625,5 +615,6 @@ def test_verify_compact_ragged_verify_warning_is_wired_into_the_runner(kimi, mon
     monkeypatch.setattr(base_runner, "TboCudaGraphRunnerPlugin", lambda: None)  # allocates on the GPU
     with caplog.at_level(logging.WARNING), pytest.raises(AttributeError):
         dcgr.DecodeCudaGraphRunner(mr)
-    (msg,) = [m for m in caplog.messages if "SGLANG_RAGGED_VERIFY_MODE=compact" in m]
-    assert "TritonAttnBackend" in msg
+    warned = [m for m in caplog.messages if "SGLANG_RAGGED_VERIFY_MODE" in m]
+    assert len(warned) == (1 if module == "triton" else 0), warned
+    assert all(backend in m and "SGLANG_RAGGED_VERIFY_MODE=static" in m for m in warned)
