@@ -132,16 +132,16 @@ def gather_semantics(tp, rank):
         x = data(rank, torch.int32)
         tp.broadcast(x, src=src)
         result[f"broadcast_src{src}"] = bool(torch.equal(x, data(src, torch.int32)))
-    parts = [
-        torch.arange(6, dtype=torch.int32) + rank,
-        torch.arange(4, dtype=torch.int32).view(2, 2) * (rank + 2),
-        torch.full((3,), rank, dtype=torch.int32),
-    ]  # 13 values, padded to 16
-    want = [
-        torch.arange(6, dtype=torch.int32),
-        torch.arange(4, dtype=torch.int32).view(2, 2) * 2,
-        torch.zeros(3, dtype=torch.int32),
-    ]
+
+    def verify_results(r):  # each rank's three tensors of the sampled verify: 13 values, padded to 16
+        i32 = torch.int32
+        return [
+            torch.arange(6, dtype=i32) + r,
+            torch.arange(4, dtype=i32).view(2, 2) * (r + 2),
+            torch.full((3,), r, dtype=i32),
+        ]
+
+    parts, want = verify_results(rank), verify_results(0)
     broadcast_packed(tp, parts)
     result["packed"] = all(torch.equal(a, b) for a, b in zip(parts, want, strict=True))
     result["pcie_ipc_calls"] = len(calls)

@@ -1,9 +1,6 @@
 """Collectives of the speculative cycle: counted per stage when asked, none on NCCL at decode sizes (EAGLE-3 and
-DFlash), and the verify and draft heads that gather each vocab shard's argmax.
-
-In one process, the real GroupCoordinator and PcieIpcCommunicator with FlashInfer's workspaces and NCCL stood in
-(conftest.py); on two CPU ranks over gloo (_gloo.py), the gathers' values. The Kimi-K2.5 TP8 EAGLE-3 table
-(bench/inputs/collectives_kimi_tp8.toml, which the cost model reads) is held against the real routing.
+DFlash), and the verify and draft heads that gather each vocab shard's argmax: routed in one process (conftest.py),
+their values on two CPU ranks over gloo (_gloo.py).
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """DFlash's draft block under the series' graph guarantees: on its CUDA graph at every batch the scheduler forms,
-counted by outcome and reason like EAGLE's draft stages, capped to its graph, its collectives recorded by name.
-
-DFlash drafts a block in one forward, on the draft runner's DecodeCudaGraphRunner captured in verify mode (8 rows a
-request for z-lab/Kimi-K2.5-DFlash). The real DFlashWorkerV2, graph runners and ModelRunner.forward (_graphs.py).
+counted by outcome and reason like EAGLE's draft stages, capped to its graph, its collectives recorded by name. The
+draft block runs on the draft runner's DecodeCudaGraphRunner in verify mode (8 rows a request).
 """
 
 from __future__ import annotations

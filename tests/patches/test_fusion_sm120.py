@@ -1,7 +1,5 @@
-"""FlashInfer all-reduce + residual + RMSNorm fusion on SM12X (patches flashinfer-*.patch).
-
-Real SGLang code from the tree under test; only the GPU platform is faked (override_platform), plus a fake CUDA
-driver for the workspace preflight and a recording stand-in for FlashInfer's kernel call.
+"""FlashInfer all-reduce + residual + RMSNorm fusion on SM12X (patches flashinfer-*.patch): the real SGLang code on a
+faked platform, a fake CUDA driver for the workspace preflight, a recording stand-in for FlashInfer's kernel call.
 """
 
 from __future__ import annotations

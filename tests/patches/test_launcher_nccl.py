@@ -1,8 +1,5 @@
-"""The launcher's NCCL default for single-node TP on PCIe-only GPUs (entrypoints/engine.py _set_envs_and_config).
-
-The real `_set_envs_and_config` runs on resolved Kimi-K2.5 server arguments, with NVML faked through the pynvml
-functions SGLang calls (tests/_fake_nvml.py); multiprocessing, signal and ulimit calls are stubbed, the launcher must
-not initialise CUDA, and the environment is restored after each test.
+"""The launcher's NCCL default for single-node TP on PCIe-only GPUs: the real `_set_envs_and_config` on resolved
+Kimi-K2.5 server arguments, NVML faked (tests/_fake_nvml.py); the launcher must not initialise CUDA.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""The PCIe-IPC all-reduce ahead of FlashInfer's allreduce-only path (GroupCoordinator.all_reduce, _pcie_ipc_takes).
-
-The real GroupCoordinator.all_reduce routes meta tensors (so it takes its GPU path) with the workspaces sized as the
-patched server sizes them for the shipped Kimi-K2.5 profile on SM120 (tests/patches/_pcie.py, conftest.py).
+"""The PCIe-IPC all-reduce ahead of FlashInfer's allreduce-only path: the real GroupCoordinator.all_reduce, with the
+workspaces the patched server sizes for the shipped Kimi-K2.5 profile on SM120 (_pcie.py, conftest.py).
 """
 
 from __future__ import annotations
