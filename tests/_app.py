@@ -1,8 +1,7 @@
-"""The real HTTP app of the patched tree on CPU: a real TokenizerManager for the Kimi-K2.5 text model (its
-text_config: vocabulary 163840, hidden 7168) with a small word-level tokenizer, behind the FastAPI app of
+"""The real HTTP app of the tree under test on CPU, for the request tests: a real TokenizerManager for the Kimi-K2.5
+text model (vocabulary 163840, hidden 7168) with a small word-level tokenizer, behind the FastAPI app of
 entrypoints/http_server.py with the real OpenAI serving classes. Only the scheduler (GPU) is stood in: it records
-what it is sent and finishes each request with no output tokens. Used by the request tests (validation, the field
-table, the fuzz corpus)."""
+what it is sent and finishes each request with no output tokens."""
 
 from __future__ import annotations
 
@@ -108,10 +107,10 @@ def _server(embedding: bool, tmp_path_factory, monkeypatch) -> Server:
 
 
 @pytest.fixture
-def server(tmp_path_factory, monkeypatch):
+def server(sglang_tree, tmp_path_factory, monkeypatch):
     return _server(False, tmp_path_factory, monkeypatch)
 
 
 @pytest.fixture
-def embedding_server(tmp_path_factory, monkeypatch):
+def embedding_server(sglang_tree, tmp_path_factory, monkeypatch):
     return _server(True, tmp_path_factory, monkeypatch)

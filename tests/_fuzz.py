@@ -1,14 +1,10 @@
 """test-serve's request fuzzer: a seeded corpus of random and adversarial requests over /generate, /v1/completions
 and /v1/chat/completions, and concurrent bursts that mix valid greedy, sampled and extreme requests in one batch.
 
-Pure Python, no server: test_fuzz.py sends the corpus to the speculative servers and their no-speculation reference,
-tests/requests/test_fields.py sends it through the real HTTP app on CPU. A case is a body built from a valid
-request of its endpoint with one to three fields replaced: by a value of the field's range table
-(tests/_request_fields.py: the values a server must take and those it must refuse) or by a generic mutation (wrong
-type, huge or non-finite number, empty or oversized value); a fixed set adds what is wrong with the request itself
-(invalid JSON, wrong content types, unknown fields, empty and oversized prompts, streams aborted after their first
-chunk, two requests with one id). Each answer is classed 2xx, 4xx, 5xx, hang (no answer in time) or down (no
-connection); the oracle is never 5xx, hang or down, whoever's fault the request is.
+Pure Python, no server: tests/gpu/serve/test_fuzz.py sends the corpus to the servers, tests/requests/test_fields.py
+through the real HTTP app on CPU. A case is a valid request with one to three fields replaced, by a value of the
+field's range (tests/_request_fields.py) or a generic mutation; a fixed set adds what is wrong with the request as a
+whole. The oracle: never 5xx, hang or down, whoever's fault the request is.
 """
 
 from __future__ import annotations
@@ -24,27 +20,8 @@ SEED, BUDGET = 20261204, 400  # test-serve's corpus per server
 MAX_NEW = 8  # tokens per fuzzed request: the corpus is about the entry, not long decodes
 HUGE = (2**31, 2**63, 2**64, -(2**63) - 1, 10**30)
 NONFINITE = (float("nan"), float("inf"), float("-inf"))
-GENERIC = (
-    None,
-    True,
-    False,
-    "x",
-    "",
-    [],
-    [None],
-    {},
-    {"a": 1},
-    -1,
-    0,
-    1,
-    0.5,
-    -0.5,
-    1e-45,
-    1e308,
-    *HUGE,
-    *NONFINITE,
-    "a" * 70_000,
-)
+WRONG = (None, True, False, "x", "", [], [None], {}, {"a": 1}, -1, 0, 1, 0.5, -0.5, 1e-45, 1e308)  # types, edges
+GENERIC = (*WRONG, *HUGE, *NONFINITE, "a" * 70_000)
 
 
 @dataclasses.dataclass
@@ -62,13 +39,7 @@ class Case:
 
     def record(self) -> dict:
         text = self.wire().decode(errors="replace")
-        return {
-            "name": self.name,
-            "path": self.path,
-            "body": text if len(text) <= 300 else text[:300] + "...",
-            "content_type": self.content_type,
-            "abort": self.abort,
-        }
+        return {**vars(self), "body": text if len(text) <= 300 else text[:300] + "..."}
 
 
 def valid(path: str, model: str, prompt: list[int], **sampling) -> dict:
@@ -120,14 +91,10 @@ def fixed(model: str, prompt: list[int]) -> list[Case]:
         Case("oversized completion prompt", COMPLETIONS, {**c, "prompt": "w6 " * 100_000}),
         Case("no prompt", GENERATE, {"sampling_params": g["sampling_params"]}),
     ]
-    for path, body in (
-        (GENERATE, {**g, "stream": True}),
-        (COMPLETIONS, {**c, "stream": True}),
-        (CHAT, {**valid(CHAT, model, prompt), "stream": True}),
-    ):
-        body = json.loads(json.dumps(body))
+    for path in (GENERATE, COMPLETIONS, CHAT):
+        body = valid(path, model, prompt)
         put(body, "sampling_params.max_new_tokens" if path == GENERATE else "max_tokens", 64)
-        cases.append(Case(f"stream aborted after its first chunk ({path})", path, body, abort=True))
+        cases.append(Case(f"stream aborted after its first chunk ({path})", path, {**body, "stream": True}, abort=True))
     return cases
 
 
@@ -160,7 +127,7 @@ def bursts(seed: int, count: int, size: int, model: str, prompt: list[int]) -> l
         for _ in range(size):
             path = rng.choice((GENERATE, COMPLETIONS))
             kind = rng.choice(("greedy", "sampled", "extreme", "extreme"))
-            sampling = {} if kind == "greedy" else {"temperature": 0.8, "top_p": 0.95} if kind == "sampled" else {}
+            sampling = {"temperature": 0.8, "top_p": 0.95} if kind == "sampled" else {}
             body = valid(path, model, prompt, **sampling)
             name = kind
             if kind == "extreme":

@@ -1,14 +1,11 @@
 """Every field a client can send to /generate, /v1/completions and /v1/chat/completions, and its range: the values a
-server takes, the values it refuses at the entry (a 4xx, the scheduler never sees them) and the values the scheduler
-refuses later (a 4xx from the running server). One table: tests/requests/test_fields.py holds it against the
-real HTTP app on CPU (every field of the request classes must be here, so a field upstream adds without a range
-fails), and the fuzzer (tests/_fuzz.py) draws its values from it. A value is sent as the field's only change to a
-small valid request (`with_` adds what the field needs beside it: logprob_start_len counts with return_logprob).
+server takes, those it refuses at the entry (a 4xx; the scheduler never sees them) and those the scheduler refuses
+later (a 4xx from the running server). tests/requests/test_fields.py holds the table against the real HTTP app on
+CPU (a field upstream adds fails there until its range is written here); the fuzzer (tests/_fuzz.py) draws from it.
 
-The ranges are the patched tree's: the validation patch (entrypoints: reject out-of-vocabulary ...) refuses what
-would crash the scheduler or answer 5xx; the rest is upstream's (its typed decoding of /generate, the OpenAI
-pydantic models). Values that name the vocabulary's size are written with V (tests/_app.py serves Kimi-K2.5's
-text model, vocabulary 163840; test-serve's tiny models have 2048): `resolve(value, vocab)` fills it in.
+The ranges are the patched tree's: the validation patch refuses what would crash the scheduler or answer 5xx; the
+rest is upstream's. V stands for the vocabulary's size (163840 on tests/_app.py, 2048 on test-serve's tiny models):
+`resolve(value, vocab)` fills it in.
 """
 
 from __future__ import annotations
@@ -109,11 +106,10 @@ SAMPLING = {  # /generate's sampling_params (SamplingParams), with their OpenAI 
     "custom_params": Field(good=(None, {"a": 1}, 5, "x"), why="passed to custom logit processors (off by default)"),
     "watermark": Field(good=(None,), bad=(5, "x", {"a": 1}), why="off on this server"),
     # internal fields of SamplingParams: the typed decoding of /generate refuses them
-    "stop_strs": internal("internal (from stop)", good=()),
-    "stop_regex_strs": internal("internal (from stop_regex)", good=()),
-    "stop_str_max_len": internal("internal", good=()),
-    "stop_regex_max_len": internal("internal", good=()),
-    "is_normalized": internal("internal", good=()),
+    **{
+        k: internal("internal", good=())
+        for k in ("stop_strs", "stop_regex_strs", "stop_str_max_len", "stop_regex_max_len", "is_normalized")
+    },
     "ebnf_full_assistant": internal("internal", good=()),
 }
 
@@ -212,24 +208,15 @@ GENERATE_FIELDS = {  # GenerateReqInput
     **{f"sampling_params.{k}": v for k, v in SAMPLING.items()},
 }
 
+# sampling_params fields the OpenAI requests carry at their top level under the same name and range
+AS_SAMPLING = (
+    "frequency_penalty presence_penalty repetition_penalty temperature top_p top_k min_p logit_bias stop"
+    " stop_token_ids stop_regex regex ebnf ignore_eos skip_special_tokens no_stop_trim"
+).split()
+
 OPENAI = {  # fields /v1/completions and /v1/chat/completions share
     "model": Field(good=("<served model>",), bad=(None, 5), why="any name (informational), a LoRA adapter refused"),
-    "frequency_penalty": SAMPLING["frequency_penalty"],
-    "presence_penalty": SAMPLING["presence_penalty"],
-    "repetition_penalty": SAMPLING["repetition_penalty"],
-    "temperature": SAMPLING["temperature"],
-    "top_p": SAMPLING["top_p"],
-    "top_k": SAMPLING["top_k"],
-    "min_p": SAMPLING["min_p"],
-    "logit_bias": SAMPLING["logit_bias"],
-    "stop": SAMPLING["stop"],
-    "stop_token_ids": SAMPLING["stop_token_ids"],
-    "stop_regex": SAMPLING["stop_regex"],
-    "regex": SAMPLING["regex"],
-    "ebnf": SAMPLING["ebnf"],
-    "ignore_eos": SAMPLING["ignore_eos"],
-    "skip_special_tokens": SAMPLING["skip_special_tokens"],
-    "no_stop_trim": SAMPLING["no_stop_trim"],
+    **{k: SAMPLING[k] for k in AS_SAMPLING},
     "max_tokens": Field(good=(1, 16), bad=(-1, HUGE, "x")),
     "min_tokens": Field(good=(0, 4), bad=(-1, 17, "x"), with_={"max_tokens": 16}),
     "n": Field(good=(1, 2), bad=(0, 10**7, "x")),
@@ -318,32 +305,26 @@ CHAT_FIELDS = {  # ChatCompletionRequest
 
 # Accepted values at the ends of the sampling ranges: the fuzzer's bursts mix them with greedy and sampled requests
 # in one batch (a row at such an end once made a whole batch's probabilities non-finite).
-_EXTREME_SAMPLING = [
-    ("temperature", 1e-5),
-    ("temperature", 100.0),
-    ("temperature", F32_MAX),
-    ("top_p", 1e-9),
-    ("top_k", 1),
-    ("min_p", 1.0),
-    ("min_p", 0.99),
-    ("repetition_penalty", 1e-6),
-    ("repetition_penalty", 2.0),
-    ("frequency_penalty", 2.0),
-    ("presence_penalty", -2.0),
-    ("logit_bias", {"5": F32_MAX}),
-    ("logit_bias", {"5": -F32_MAX}),
-    ("logit_bias", {str(i): -F32_MAX for i in range(4, 64)}),
-    ("n", 3),
-    ("stop_token_ids", [5, 6, 7]),
-    ("stop", ["w5", "w6"]),
-    ("regex", "(w1[0-9]*)+"),
-    ("sampling_seed", 2**63 - 1),
-]
+_EXTREME_SAMPLING = {
+    "temperature": (1e-5, 100.0, F32_MAX),
+    "top_p": (1e-9,),
+    "top_k": (1,),
+    "min_p": (1.0, 0.99),
+    "repetition_penalty": (1e-6, 2.0),
+    "frequency_penalty": (2.0,),
+    "presence_penalty": (-2.0,),
+    "logit_bias": ({"5": F32_MAX}, {"5": -F32_MAX}, {str(i): -F32_MAX for i in range(4, 64)}),
+    "n": (3,),
+    "stop_token_ids": ([5, 6, 7],),
+    "stop": (["w5", "w6"],),
+    "regex": ("(w1[0-9]*)+",),
+    "sampling_seed": (2**63 - 1,),
+}
+_EXTREME = [(k, v) for k, values in _EXTREME_SAMPLING.items() for v in values]
 EXTREMES = {
-    "/generate": [(f"sampling_params.{k}", v) for k, v in _EXTREME_SAMPLING]
+    "/generate": [(f"sampling_params.{k}", v) for k, v in _EXTREME]
     + [("sampling_params.min_new_tokens", 8), ("return_logprob", True), ("top_logprobs_num", 20)],
-    "/v1/completions": [(k, v) for k, v in _EXTREME_SAMPLING if k not in ("sampling_seed",)]
-    + [("logprobs", 5), ("seed", 7)],
+    "/v1/completions": [(k, v) for k, v in _EXTREME if k != "sampling_seed"] + [("logprobs", 5), ("seed", 7)],
 }
 
 

@@ -82,3 +82,10 @@ def resolved(sa, name: str):
     from sglang.srt.arg_groups.overrides import resolution_result
 
     return resolution_result(sa, name)
+
+
+def bare(cls, **attrs):
+    """An instance of an SGLang class made without its constructor (which needs a GPU), holding `attrs`."""
+    obj = cls.__new__(cls)
+    vars(obj).update(attrs)
+    return obj

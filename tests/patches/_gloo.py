@@ -2,11 +2,10 @@
 
     ranks = run("gather_semantics", world=2, timeout=240)  # one dict per rank; fails the test on an error or hang
 
-Each rank brings SGLang's distributed state up as the model runner does (ServerArgs for the Kimi-K2.5 fixture,
-published, `bootstrap.init_parallel_runtime`) on SGLang's CPU engine, then runs one scenario function below. A
-group that waits on a rank that went elsewhere hangs; the parent kills it at `timeout` and the test fails naming
-the ranks still running. Only what needs a GPU is stood in, each stand-in following the contract of the FlashInfer
-call it replaces.
+Each rank brings SGLang's TP group up as the model runner does (ServerArgs for the Kimi-K2.5 fixture, published,
+`bootstrap.init_parallel_runtime`) on SGLang's CPU engine, then runs one scenario below, scenario(tp, rank, **params).
+A hang is killed at `timeout` (scripts/box/ranks.py). Only what needs a GPU is stood in, each stand-in following the
+contract of the FlashInfer call it replaces.
 """
 
 from __future__ import annotations
@@ -21,55 +20,54 @@ from types import SimpleNamespace
 
 import pytest
 
+from _sgl import EAGLE3_CHAIN, KIMI_K25, bare
 from scripts.box import ranks
 
-TESTS = Path(__file__).resolve().parents[1]
-KIMI = TESTS / "fixtures" / "kimi-k25"
-STANDIN = TESTS / "gpu" / "standin"  # import-only sgl_kernel: any op it would reach raises
+STANDIN = (
+    Path(__file__).resolve().parents[1] / "gpu" / "standin"
+)  # import-only sgl_kernel: any op it would reach raises
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "SGLANG_NCCL_SO_PATH": "/nonexistent/libnccl.so.2"}
 
 
-def run(scenario: str, world: int = 2, timeout: float = 240, **params) -> list:
+def run(scenario: str, world: int = 2, timeout: float = 240, autotune: bool = False, **params) -> list:
     """One dict per rank (scripts/box/ranks.py spawns and watches them); fails the test on an error or a hang."""
-    got = ranks.run(_child, world, timeout, scenario, params, env=CPU_ENV)
+    got = ranks.run(_child, world, timeout, scenario, autotune, params, env=CPU_ENV)
     if not got.ok:
         pytest.fail(dataclasses.replace(got, name=scenario).explain() + f"\nthe ranks' results: {got.results}")
     return got.results
 
 
-def _child(rank, world, port, phase, scenario, params):
+def _child(rank, world, port, phase, scenario, autotune, params):
+    """SGLang's TP group on this rank, as the model runner brings it up (no GPU: CUDA probes answer as idle), then
+    the scenario."""
     os.environ.update(
         SGLANG_CPU_OMP_THREADS_BIND="|".join(str(i % (os.cpu_count() or 1)) for i in range(world)),
         FLASHINFER_AUTOTUNE_DIR=tempfile.mkdtemp(),
     )
     if importlib.util.find_spec("sgl_kernel") is None:
         sys.path.append(str(STANDIN))
-    return globals()[scenario](rank, world, port, **params)
-
-
-def _up(rank, world, port, **server_args):
-    """SGLang's TP group on this rank, as the model runner brings it up (no GPU: CUDA probes answer as idle)."""
     import torch
 
-    from _sgl import EAGLE3_CHAIN
     from sglang.srt.distributed import get_tp_group
     from sglang.srt.distributed.bootstrap import init_parallel_runtime
     from sglang.srt.runtime_context import SpawnRanks, publish
     from sglang.srt.server_args import ServerArgs
 
-    sa = ServerArgs(model_path=str(KIMI), tp_size=world, device="cpu", **{**EAGLE3_CHAIN, **server_args})
+    sa = ServerArgs(
+        model_path=str(KIMI_K25), tp_size=world, device="cpu", disable_flashinfer_autotune=not autotune, **EAGLE3_CHAIN
+    )
     sa.resolve_once()
     publish(sa, role="scheduler", ranks=SpawnRanks(world_rank=rank, gpu_id=rank))
     init_parallel_runtime(server_args=sa, device="cpu", dist_port=port)
     torch.cuda.is_current_stream_capturing = lambda: False
     torch.cuda.current_stream = lambda device=None: None
     torch.cuda.mem_get_info = lambda device=None: (80 << 30, 96 << 30)
-    return get_tp_group()
+    return globals()[scenario](get_tp_group(), rank, **params)
 
 
 def _pcie_ipc(tp, workspace_cls=None):
-    """SGLang's PcieIpcCommunicator on the real TP group (its constructor stops at the missing CUDA device), with
-    FlashInfer's all-reduce workspace stood in (tests/patches/_pcie.py)."""
+    """SGLang's PcieIpcCommunicator on the real TP group (its constructor needs a CUDA device), FlashInfer's
+    all-reduce workspace stood in (tests/patches/_pcie.py)."""
     import torch
 
     from _pcie import Workspace, communicator
@@ -87,7 +85,7 @@ def _pcie_ipc(tp, workspace_cls=None):
 def _gloo_gather(tp, calls=None):
     """FlashInfer's PcieIpcAllGatherWorkspace stood in by a gloo gather under its contract (rank-major
     [world * rows, width] bf16 output, refusing an output that overlaps the input); `calls` lists each gather's
-    input shape. The communicator is prepared for 8 rows of 64 (and the all-gather for the same)."""
+    input shape. The communicator is prepared for 8 rows of 64, the all-gather too."""
     import flashinfer.comm as fi_comm
     import torch
     import torch.distributed as dist
@@ -107,18 +105,15 @@ def _gloo_gather(tp, calls=None):
     _pcie_ipc(tp).prepare(hidden=64, max_rows=8, gather_width=64)
 
 
-# ------------------------------------------------------------------------------------------------------------------
-def gather_semantics(rank, world, port):
-    """PCIe-IPC all-gathers and broadcasts through the real GroupCoordinator and PcieIpcCommunicator, with FlashInfer's
-    PcieIpcAllGatherWorkspace stood in by a gloo gather under its contract (rank-major [world * rows, width] bf16
-    output, refusing an output that overlaps the input): every dtype bit-exact, broadcast from either source, the
-    packed verify broadcast, and an in-place gather that must fall back to the device group's own gather."""
+def gather_semantics(tp, rank):
+    """PCIe-IPC all-gathers and broadcasts through the real GroupCoordinator and PcieIpcCommunicator (_gloo_gather):
+    every dtype bit-exact, broadcast from either source, the packed verify broadcast, and an in-place gather that
+    must fall back to the device group's own gather."""
     import torch
 
     from sglang.srt.speculative.spec_tp_sync import broadcast_packed
 
-    tp = _up(rank, world, port, disable_flashinfer_autotune=True)
-    calls = []
+    world, calls = tp.world_size, []
     _gloo_gather(tp, calls)
 
     def data(r, dtype, n=32):  # each rank's own bit patterns; NaN, -0.0 and inf among the floats
@@ -137,16 +132,16 @@ def gather_semantics(rank, world, port):
         x = data(rank, torch.int32)
         tp.broadcast(x, src=src)
         result[f"broadcast_src{src}"] = bool(torch.equal(x, data(src, torch.int32)))
-    parts = [
-        torch.arange(6, dtype=torch.int32) + rank,
-        torch.arange(4, dtype=torch.int32).view(2, 2) * (rank + 2),
-        torch.full((3,), rank, dtype=torch.int32),
-    ]  # 13 values, padded to 16
-    want = [
-        torch.arange(6, dtype=torch.int32),
-        torch.arange(4, dtype=torch.int32).view(2, 2) * 2,
-        torch.zeros(3, dtype=torch.int32),
-    ]
+
+    def verify_results(r):  # each rank's three tensors of the sampled verify: 13 values, padded to 16
+        i32 = torch.int32
+        return [
+            torch.arange(6, dtype=i32) + r,
+            torch.arange(4, dtype=i32).view(2, 2) * (r + 2),
+            torch.full((3,), r, dtype=i32),
+        ]
+
+    parts, want = verify_results(rank), verify_results(0)
     broadcast_packed(tp, parts)
     result["packed"] = all(torch.equal(a, b) for a, b in zip(parts, want, strict=True))
     result["pcie_ipc_calls"] = len(calls)
@@ -158,17 +153,15 @@ def gather_semantics(rank, world, port):
     return result
 
 
-# ------------------------------------------------------------------------------------------------------------------
 class _Stop(Exception):
     pass
 
 
-def verify_wiring(rank, world, port, vocab):
-    """EAGLEWorkerV2.verify, run_eagle_verify, _finish_deferred_verify_logits and eagle_sample as the server runs
-    them, with the target's real LogitsProcessor and vocab-parallel ParallelLMHead (vocab padded to 64, so the last
-    shard holds padding) armed by defer_target_verify_gather. Stood in: the verify forward's preparation and the
-    target model body (hidden states are given), and verify_tree_greedy_func, which records the target's greedy
-    tokens. Returns them, per batch kind, with the argmax of the undeferred full logits."""
+def verify_wiring(tp, rank, vocab):
+    """EAGLEWorkerV2.verify to eagle_sample as the server runs them, the target's real LogitsProcessor and
+    vocab-parallel ParallelLMHead (vocab padded to 64: the last shard holds padding) armed by
+    defer_target_verify_gather. Stood in: the verify's preparation, the target model body (hidden states given) and
+    verify_tree_greedy_func, which records the target's greedy tokens, per batch kind, beside the undeferred argmax."""
     import contextlib
 
     import torch
@@ -181,7 +174,6 @@ def verify_wiring(rank, world, port, vocab):
     from sglang.srt.speculative.eagle_worker_common import defer_target_verify_gather
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
-    _up(rank, world, port)
     hidden, bs, width = 32, 3, 4
     g = torch.Generator().manual_seed(0)
     weight = torch.randn(vocab, hidden, generator=g)
@@ -217,8 +209,8 @@ def verify_wiring(rank, world, port, vocab):
     eagle_utils.verify_tree_greedy_func = greedy
     ewc.eagle_prepare_for_verify = lambda *a, **k: (None, False)
     ewc.record_stream_for_v2_verify = ewc.record_stream_each = lambda *a, **k: None
-    worker = EAGLEWorkerV2.__new__(EAGLEWorkerV2)
-    vars(worker).update(
+    worker = bare(
+        EAGLEWorkerV2,
         _target_worker=target,
         req_to_token_pool=None,
         token_to_kv_pool_allocator=None,
@@ -260,20 +252,18 @@ def verify_wiring(rank, world, port, vocab):
     return out
 
 
-# ------------------------------------------------------------------------------------------------------------------
-def tune_cache_save_fails(rank, world, port):
-    """The PCIe-IPC all-reduce's autotune, with FlashInfer's tune() stood in by its own ending (device-group
-    barrier, rank 0 saving FlashInfer's AutoTuner cache, barrier) and the save failing for real on rank 0 (a cache
-    path under a regular file): every rank must leave tune() and take the group's decision together."""
+def tune_cache_save_fails(tp, rank):
+    """The PCIe-IPC all-reduce's autotune, FlashInfer's tune() stood in by its own ending (device-group barrier, rank
+    0 saving FlashInfer's AutoTuner cache, barrier), the save failing for real on rank 0 (a cache path under a
+    regular file): every rank must leave tune() and take the group's decision together."""
     import torch.distributed as dist
     from flashinfer.autotuner import AutoTuner
 
-    tp = _up(rank, world, port, disable_flashinfer_autotune=False)
+    from _pcie import Workspace
+
     blocker = Path(tempfile.mkdtemp(), "a-file")
     blocker.write_text("")
     broken = []
-
-    from _pcie import Workspace
 
     class Tuned(Workspace):
         def tune(self, hiddens, tune_group=None, **kw):
@@ -292,11 +282,9 @@ def tune_cache_save_fails(rank, world, port):
     return {"disabled": comm.disabled, "barrier_broken": broken}
 
 
-# ------------------------------------------------------------------------------------------------------------------
-def fusion_exchange_fails_early(rank, world, port, bad_rank):
-    """The fusion workspace preflight with FlashInfer's real handle exchange over its comm backend on a group of
-    its own (as the device group is in the server), and bad_rank unable to make the exchange's temporary socket
-    directory (a TMPDIR that does not exist), a failure before the exchange's first collective."""
+def fusion_exchange_fails_early(tp, rank, bad_rank):
+    """The fusion workspace preflight, FlashInfer's real handle exchange over a group of its own (as the device group
+    is), bad_rank unable to make the exchange's socket directory: a failure before the exchange's first collective."""
     import flashinfer.comm.mnnvl as mnnvl
     import torch
     import torch.distributed as dist
@@ -304,7 +292,6 @@ def fusion_exchange_fails_early(rank, world, port, bad_rank):
     from _fake_cuda import FakeCudaDriver
     from sglang.srt.layers import flashinfer_comm_fusion as fcf
 
-    tp = _up(rank, world, port)
     side = dist.new_group(backend="gloo")
     prop = SimpleNamespace(
         location=SimpleNamespace(id=0),
@@ -316,21 +303,23 @@ def fusion_exchange_fails_early(rank, world, port, bad_rank):
     if rank == bad_rank:
         tempfile.tempdir = "/nonexistent/tmp"
     proceed = fcf._preflight_check_workspace_memory(
-        world, 256, 7168, torch.bfloat16, cpu_group=tp.cpu_group, comm_backend=mnnvl.TorchDistBackend(group=side)
+        tp.world_size,
+        256,
+        7168,
+        torch.bfloat16,
+        cpu_group=tp.cpu_group,
+        comm_backend=mnnvl.TorchDistBackend(group=side),
     )
     return {"proceed": proceed}
 
 
 # ------------------------------------------------------------------------------------------------------------------
-def allreduce_timing(rank, world, port, cache_dir):
+def allreduce_timing(tp, rank, cache_dir):
     """Four starts of the PCIe-IPC all-reduce's timing decision on one TP group, each a fresh communicator prepared as
-    the model runner prepares it, with the one measuring method (PcieIpcCommunicator._time_backends) faked per rank
-    and the box (each rank's GPU on its own PCI bus, NVML) faked; the timing cache in cache_dir. Before them, what
-    /server_info says of the real GroupCoordinator of this 2-rank CPU group:
-      differ: each rank's own times would route 1, 4 and 8 rows differently; the group's MAX decides for both;
-      cached: a second start on the same box reads the table (nothing timed);
-      new_driver: another driver version is another box: timed again;
-      fails: rank 1 cannot time (on yet another driver): PCIe IPC off on both ranks, none left waiting."""
+    the model runner prepares it, the measuring method (_time_backends) faked per rank, the box (a PCI bus per rank,
+    NVML) faked, the timing cache in cache_dir; before them, what /server_info says of this CPU group:
+      differ: each rank's own times would route 1, 4 and 8 rows differently; cached: a second start on the box;
+      new_driver: another driver is another box; fails: rank 1 cannot time (on yet another driver)."""
     import pynvml
     import torch
 
@@ -338,11 +327,10 @@ def allreduce_timing(rank, world, port, cache_dir):
     from sglang.srt.distributed.device_communicators import pcie_ipc_ar
     from sglang.srt.distributed.device_communicators.pcie_ipc_ar import PcieIpcCommunicator
 
-    tp = _up(rank, world, port, disable_flashinfer_autotune=True)
     before = pcie_ipc_ar.allreduce_backends()  # the real GroupCoordinator's, built on this 2-rank CPU group
     os.environ["FLASHINFER_AUTOTUNE_DIR"] = cache_dir
     patch = pytest.MonkeyPatch()
-    FakeNvml(patch, count=world)
+    FakeNvml(patch, count=tp.world_size)
     torch.cuda.get_device_properties = lambda device: SimpleNamespace(
         pci_domain_id=0, pci_bus_id=int(BUS[rank].split(":")[1], 16), pci_device_id=0
     )
@@ -357,12 +345,8 @@ def allreduce_timing(rank, world, port, cache_dir):
 
     PcieIpcCommunicator._time_backends = measure
     out = {"before": {k: before[k] for k in ("source", "why")}}
-    for step, driver in (
-        ("differ", "580.95.05"),
-        ("cached", "580.95.05"),
-        ("new_driver", "590.44.01"),
-        ("fails", "595.1"),
-    ):
+    drivers = {"differ": "580.95.05", "cached": "580.95.05", "new_driver": "590.44.01", "fails": "595.1"}
+    for step, driver in drivers.items():
         patch.setattr(pynvml, "nvmlSystemGetDriverVersion", lambda driver=driver: driver)
         timed.clear()
         comm = _pcie_ipc(tp)
@@ -376,19 +360,15 @@ def allreduce_timing(rank, world, port, cache_dir):
     return out
 
 
-# ------------------------------------------------------------------------------------------------------------------
-def dflash_packing(rank, world, port):
-    """DFlash's draft head over a vocab-parallel lm_head (vocab 250, shards of 128 rows) and its sampled accept
-    broadcast on the real TP group, FlashInfer's all-gather stood in by a gloo gather: the head in the draft graph
-    (_DflashDraftSampler), the eager head (_greedy_sample_from_vocab_parallel_head) and the full-vocab argmax, a row
-    whose maximum ties across the shards (ids 3 and 130); rank 0's accept lengths and bonus tokens after
-    SpecTpSync.sync_packed."""
+def dflash_packing(tp, rank):
+    """DFlash's draft heads over a vocab-parallel lm_head (vocab 250, shards of 128) on the real TP group (_gloo_gather):
+    in the draft graph (_DflashDraftSampler) and eager, beside the full-vocab argmax, a row tying across the shards
+    (ids 3 and 130); rank 0's accept lengths and bonus tokens after SpecTpSync.sync_packed."""
     import torch
 
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2, _DflashDraftSampler
     from sglang.srt.speculative.spec_tp_sync import SpecTpSync, SpecTpSyncSite
 
-    tp = _up(rank, world, port, disable_flashinfer_autotune=True)
     calls = []
     _gloo_gather(tp, calls)
     g = torch.Generator().manual_seed(7)
@@ -402,8 +382,9 @@ def dflash_packing(rank, world, port):
         weight=shard, block_size=8, num_org=end - start, org_vocab_start=start, max_bs=1, tp_group=tp
     )
     sampler(hidden)
-    worker = DFlashWorkerV2.__new__(DFlashWorkerV2)
-    vars(worker).update(_draft_greedy_local_max_buf=None, _draft_greedy_local_arg_buf=None, _draft_greedy_local_cap=0)
+    worker = bare(
+        DFlashWorkerV2, _draft_greedy_local_max_buf=None, _draft_greedy_local_arg_buf=None, _draft_greedy_local_cap=0
+    )
     head = SimpleNamespace(
         weight=shard,
         shard_indices=SimpleNamespace(

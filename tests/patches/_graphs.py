@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import torch
 
-from _sgl import published, resolved
+from _sgl import bare, published, resolved
 
 MAX_BS = 48
 
@@ -20,9 +20,8 @@ def runner(width=4, algorithm="EAGLE3", is_draft_worker=False, **attrs):
     from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    r = DecodeCudaGraphRunner.__new__(DecodeCudaGraphRunner)
-    model_runner = SimpleNamespace(spec_algorithm=SpeculativeAlgorithm[algorithm], is_draft_worker=is_draft_worker)
-    vars(r).update(
+    r = bare(
+        DecodeCudaGraphRunner,
         ragged_verify_mode=False,
         captured_req_width=width,
         require_mlp_tp_gather=False,
@@ -35,7 +34,7 @@ def runner(width=4, algorithm="EAGLE3", is_draft_worker=False, **attrs):
         record_nolora_graph=False,
         attention_graph_variants=None,
         capture_forward_mode=ForwardMode.TARGET_VERIFY,
-        model_runner=model_runner,
+        model_runner=SimpleNamespace(spec_algorithm=SpeculativeAlgorithm[algorithm], is_draft_worker=is_draft_worker),
     )
     vars(r).update(attrs)
     return r
@@ -88,6 +87,19 @@ def graph(n=0, piecewise=0, eager=0, **reasons):
     return {"graph": n, "piecewise": piecewise, "eager": eager, "fallback_reasons": reasons}
 
 
+def reduce(n):
+    """What GroupCoordinator notes of a PCIe-IPC all-reduce of n rows of 8 bf16 (16 bytes a row)."""
+    from sglang.srt.distributed import collective_stats
+
+    collective_stats.note("all_reduce", "pcie_ipc", torch.empty(n, 8, dtype=torch.bfloat16))
+
+
+def reduced(calls, rows, **count):
+    """A stage's entry of /server_info spec_collectives: `calls` all-reduces of `rows` rows in all (reduce), in
+    forwards=n (eager) or graphs=n (captured)."""
+    return {"calls": {"all_reduce": {"pcie_ipc": calls}}, "bytes": {"all_reduce": 16 * rows}, **count}
+
+
 def scheduler(stats, algorithm="EAGLE3"):
     """The scheduler as /server_info's and /metrics' speculative readers see it: 3 tokens accepted per step, the
     target runner's counters `stats`."""
@@ -115,13 +127,13 @@ def model_runner(decode_runner, is_draft_worker=False, piecewise=False):
     dispatch in forward/_forward_raw is the real code."""
     from sglang.srt.model_executor.model_runner import ModelRunner
 
-    mr = ModelRunner.__new__(ModelRunner)
     if decode_runner is not None:
         decode_runner.execute = lambda fb, pp_proxy_tensors=None: "graph"
     prefill = None
     if piecewise:
         prefill = SimpleNamespace(can_run_graph=lambda fb: True, execute=lambda fb, **kw: "piecewise")
-    vars(mr).update(
+    return bare(
+        ModelRunner,
         model=SimpleNamespace(shared_experts_config=None),
         attn_backend=None,
         device="cuda",
@@ -142,7 +154,6 @@ def model_runner(decode_runner, is_draft_worker=False, piecewise=False):
         _extend_forward_kwargs=lambda fb, pp: {},
         _maybe_execute_deferred_mamba_cow_and_clear=lambda fb: None,
     )
-    return mr
 
 
 def forward(mr, fb):

@@ -2,8 +2,7 @@
 
 The real PcieIpcCommunicator and GroupCoordinator are made without their constructors, which need CUDA devices and
 process groups; FlashInfer's PCIe-IPC workspaces (GPU only) are stood in by `Workspace`, which keeps their contract
-with SGLang: built with the max_numel asked for, admitting what fits it. The fixtures that install these (`no_gpu`,
-`tp8`, `fusion_workspace`, `kimi_profile`) are in conftest.py.
+with SGLang: built with the max_numel asked for, admitting what fits it. conftest.py installs them.
 """
 
 from __future__ import annotations
@@ -13,21 +12,12 @@ from types import SimpleNamespace
 
 import torch
 
+from _sgl import bare, resolved
+
 REPO = Path(__file__).resolve().parents[2]
 HIDDEN = 7168  # Kimi-K2.5 / DeepSeek-V3
 KIMI_VOCAB_SHARD = 163840 // 8  # the logits' vocab shard at TP8
 SM120_FUSION_CAP = 256  # SGLANG_SM120_ALLREDUCE_FUSION_MAX_TOKENS default: sizes the FlashInfer fusion workspace
-# Profile keys that name files or the HTTP front end rather than how the model runs.
-NOT_SERVER_SHAPE = {
-    "model_path",
-    "speculative_draft_model_path",
-    "host",
-    "port",
-    "tool_call_parser",
-    "reasoning_parser",
-    "trust_remote_code",
-    "enable_metrics",
-}
 
 
 class Workspace:
@@ -62,8 +52,7 @@ class Workspace:
 
 
 def nvml(monkeypatch, **kw):
-    """FakeNvml (tests/_fake_nvml.py), also where SGLang's NVML helpers (custom_all_reduce_utils) import pynvml
-    only on a CUDA build."""
+    """FakeNvml (tests/_fake_nvml.py), also where SGLang's custom_all_reduce_utils imports pynvml (CUDA builds)."""
     import pynvml
 
     from _fake_nvml import FakeNvml
@@ -73,26 +62,40 @@ def nvml(monkeypatch, **kw):
     return FakeNvml(monkeypatch, **kw)
 
 
+def on_pci_buses(monkeypatch):
+    """CUDA device i sits on PCI bus BUS[i] of FakeNvml's box (the meta device on BUS[0])."""
+    from _fake_nvml import BUS
+
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda d: SimpleNamespace(
+            pci_domain_id=0, pci_bus_id=int(BUS[d.index or 0].split(":")[1], 16), pci_device_id=0
+        ),
+    )
+
+
 def communicator(world=8, **attrs):
     """SGLang's PcieIpcCommunicator of a TP group on one PCIe node, as its constructor leaves it on a CUDA device."""
     from sglang.srt.distributed.device_communicators.pcie_ipc_ar import PcieIpcCommunicator
 
-    comm = PcieIpcCommunicator.__new__(PcieIpcCommunicator)
-    vars(comm).update(
-        disabled=False,
-        max_numel=0,
-        _workspace=None,
-        _bound_stream=None,
-        _cpu_group=None,
-        _max_rows=None,
-        _group=None,
-        _device=torch.device("meta"),
-        _world_size=world,
-        _workspace_cls=Workspace,
-        _build_failed=False,
+    return bare(
+        PcieIpcCommunicator,
+        **{
+            "disabled": False,
+            "max_numel": 0,
+            "_workspace": None,
+            "_bound_stream": None,
+            "_cpu_group": None,
+            "_max_rows": None,
+            "_group": None,
+            "_device": torch.device("meta"),
+            "_world_size": world,
+            "_workspace_cls": Workspace,
+            "_build_failed": False,
+            **attrs,
+        },
     )
-    vars(comm).update(attrs)
-    return comm
 
 
 def prepared(max_rows, **kw):
@@ -116,8 +119,8 @@ def route(tp, n, dtype=torch.bfloat16) -> str:
 
 
 def server_info(monkeypatch, tp) -> dict:
-    """allreduce_backends of GET /server_info (internal_states[0], as JSON) in a process whose TP group is `tp`,
-    from the controller that answers it (SchedulerInternalStateController)."""
+    """allreduce_backends of GET /server_info (as JSON) in a process whose TP group is `tp`, from the controller that
+    answers it (SchedulerInternalStateController)."""
     import json
 
     from sglang.srt import runtime_context
@@ -130,18 +133,16 @@ def server_info(monkeypatch, tp) -> dict:
 
 
 def widest_decode_rows(sa, pool: int | None = None, spec=None) -> int:
-    """BaseRunner._widest_decode_rows (what the PCIe-IPC workspaces are prepared with) on a target ModelRunner whose
-    request pool holds the server's running requests per DP worker (kv_cache_configurator), or `pool`."""
+    """BaseRunner._widest_decode_rows (what the PCIe-IPC workspaces are prepared with) for a target whose request pool
+    holds the server's running requests per DP worker, or `pool`."""
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.model_executor.runner.base_runner import BaseRunner
     from sglang.srt.runtime_context import get_parallel
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    from _sgl import resolved
-
-    mr = ModelRunner.__new__(ModelRunner)
     size = pool or resolved(sa, "max_running_requests") // get_parallel().attn_dp_size
-    vars(mr).update(
+    mr = bare(
+        ModelRunner,
         spec_algorithm=spec or SpeculativeAlgorithm.EAGLE3,
         is_draft_worker=False,
         server_args=sa,

@@ -1,5 +1,5 @@
-"""Patch tests import the real (patched) SGLang code; each module needs the tree first. The fixtures below stand in
-the GPU for the PCIe-IPC and speculative-cycle tests (tests/patches/_pcie.py says what each stand-in keeps)."""
+"""The patch tests run on the tree under test. The fixtures below stand in the GPU for the PCIe-IPC and
+speculative-cycle tests (tests/patches/_pcie.py says what each stand-in keeps)."""
 
 import contextlib
 from types import SimpleNamespace
@@ -7,10 +7,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from _pcie import HIDDEN, NOT_SERVER_SHAPE, REPO, Workspace, communicator
+from _pcie import HIDDEN, REPO, SM120_FUSION_CAP, Workspace
 from _sgl import DFLASH_BLOCK, published, sm120_args
 
 GIB = 1 << 30
+# Profile keys of the HTTP front end, not of how the model runs.
+FRONT_END = {"host", "port", "tool_call_parser", "reasoning_parser", "trust_remote_code", "enable_metrics"}
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -20,9 +22,8 @@ def _patched_tree(sglang_tree):
 
 @pytest.fixture
 def no_gpu(monkeypatch, tmp_path):
-    """set_free(bytes): what torch.cuda.mem_get_info answers; FlashInfer's JIT size function (2 bytes x max_numel x
-    2 stages here; the real one is compiled CUDA code) and its all-gather workspace class stood in; no capture;
-    FlashInfer's tune and timing caches under tmp_path."""
+    """set_free(bytes): what torch.cuda.mem_get_info answers. Stood in: FlashInfer's JIT size function (2 bytes x
+    max_numel x 2 stages here) and its all-gather workspace class; no capture; FlashInfer's caches under tmp_path."""
     import flashinfer.comm as fi_comm
     import flashinfer.comm.pcie_ipc_ar as fi_ar
 
@@ -42,32 +43,24 @@ def no_gpu(monkeypatch, tmp_path):
 
 
 class Nccl:
-    """NCCL's communicator (pynccl) stand-in: what reaches it is what would be an NCCL call."""
+    """NCCL's communicator (pynccl) stand-in: `calls` lists what would have been an NCCL call."""
 
     disabled = False
 
     def __init__(self):
         self.calls = []
+        for op in ("all_gather", "broadcast", "all_reduce"):
+            setattr(self, op, lambda *a, _op=op, **k: self.calls.append(_op))
 
     def change_state(self, enable=True):
         return contextlib.nullcontext()
 
-    def all_gather(self, output, inp):
-        self.calls.append("all_gather")
-
-    def broadcast(self, t, src):
-        self.calls.append("broadcast")
-
-    def all_reduce(self, t):
-        self.calls.append("all_reduce")
-
 
 @pytest.fixture
 def tp8(monkeypatch, no_gpu):
-    """SGLang's GroupCoordinator of TP8 on one PCIe node: the real methods with NCCL's communicator stood in, no
-    PCIe-IPC communicator (set pcie_ipc_comm) and no FlashInfer fusion workspace (set _fi_workspace_hint, as
-    parallel_state stamps it). The registered ops run their bodies (on meta tensors the dispatch would run their
-    fake implementations) and `routed` lists where each all-reduce went; collectives are recorded when asked."""
+    """SGLang's GroupCoordinator of TP8 on one PCIe node: the real methods, NCCL's communicator stood in, no PCIe-IPC
+    communicator (set pcie_ipc_comm) and no fusion workspace (fusion_workspace). The registered ops run their
+    bodies; `routed` lists where each all-reduce went."""
     from sglang.srt.distributed import parallel_state as ps
 
     g = ps.GroupCoordinator.__new__(ps.GroupCoordinator)
@@ -96,14 +89,14 @@ def tp8(monkeypatch, no_gpu):
 
 
 @pytest.fixture
-def fusion_workspace(monkeypatch):
-    """up(tokens): FlashInfer's allreduce-only/fusion workspace as BaseRunner pre-initializes it (tokens = the
-    fusion's token cap) in SGLang's own workspace manager, FlashInfer's real size check answering."""
+def fusion_workspace(monkeypatch, tp8):
+    """up(tokens): FlashInfer's fusion workspace for `tokens` rows (the fusion's cap) as BaseRunner pre-initializes
+    it, in SGLang's own workspace manager with FlashInfer's real size check, stamped on tp8 as parallel_state does."""
     from flashinfer.comm.allreduce import TRTLLMAllReduceFusionWorkspace
 
     from sglang.srt.layers import flashinfer_comm_fusion as fcf
 
-    def up(tokens):
+    def up(tokens=SM120_FUSION_CAP):
         ws = TRTLLMAllReduceFusionWorkspace.__new__(TRTLLMAllReduceFusionWorkspace)
         ws.metadata = {"max_token_num": tokens, "tp_size": 8, "hidden_dim": HIDDEN, "use_fp32_lamport": False}
         ws._destroyed = True  # nothing was allocated, nothing to free
@@ -123,15 +116,26 @@ def fusion_workspace(monkeypatch):
         manager._configure_workspace_size_check()
         monkeypatch.setattr(fcf, "_flashinfer_allreduce_unavailable", False)
         monkeypatch.setattr(fcf, "_flashinfer_comm", SimpleNamespace())
+        tp8._fi_workspace_hint = "attn_tp"
 
     yield up
     vars(fcf._get_workspace_manager(True)).update(workspace=None, initialized=False)
 
 
+@pytest.fixture
+def collectives(monkeypatch):
+    """SGLang's collective_stats, recording (SGLANG_RECORD_SPEC_COLLECTIVES=1), emptied before and after."""
+    from sglang.srt.distributed import collective_stats
+
+    monkeypatch.setenv("SGLANG_RECORD_SPEC_COLLECTIVES", "1")
+    collective_stats.reset()
+    yield collective_stats
+    collective_stats.reset()
+
+
 @pytest.fixture(scope="session")
 def timing_starts(tmp_path_factory):
-    """Four starts of the all-reduce timing on two CPU ranks over gloo (tests/patches/_gloo.py allreduce_timing):
-    per rank, per start."""
+    """Per rank, per start: the all-reduce timing started four times on two CPU ranks (_gloo.py allreduce_timing)."""
     import _gloo
 
     return _gloo.run("allreduce_timing", timeout=400, cache_dir=str(tmp_path_factory.mktemp("autotune")))
@@ -158,18 +162,17 @@ def kimi_dflash():
 
 @pytest.fixture(scope="session")
 def kimi_profile():
-    """ServerArgs resolved from the shipped serving profile (docker/profiles/kimi-k25-eagle3-tp8.yaml: Kimi-K2.5,
-    TP8, EAGLE-3 3/1/4, 16 running requests, decode graphs up to bs 16) on a faked SM120 box with 96 GB GPUs."""
+    """The shipped serving profile (docker/profiles/kimi-k25-eagle3-tp8.yaml: TP8, EAGLE-3 3/1/4, 16 running
+    requests, decode graphs up to bs 16) resolved on a faked SM120 box with 96 GB GPUs."""
     import yaml
 
     args = yaml.safe_load((REPO / "docker" / "profiles" / "kimi-k25-eagle3-tp8.yaml").read_text())
     kw = {k.replace("-", "_"): v for k, v in args.items()}
-    kw = {k: v for k, v in kw.items() if k not in NOT_SERVER_SHAPE and v is not False}
-    return sm120_args(**kw)
+    return sm120_args(**{k: v for k, v in kw.items() if k not in FRONT_END and not k.endswith("model_path")})
 
 
 @pytest.fixture
 def profile(kimi_profile, no_gpu):
-    """The shipped profile published, and a PCIe-IPC communicator of its TP group (not yet prepared)."""
+    """The shipped profile published."""
     with published(kimi_profile):
-        yield SimpleNamespace(args=kimi_profile, comm=communicator())
+        yield kimi_profile

@@ -1,19 +1,15 @@
 """The all-reduce timing cached per box (PcieIpcCommunicator._read_timings, _timing_cache): keyed on every input of
-the measurement, read by the first rank for the group.
-
-FlashInfer's real managed autotune store under a temporary FLASHINFER_AUTOTUNE_DIR; NVML faked (tests/_fake_nvml.py);
-the timing itself faked (test_allreduce_timing.py says how). Two CPU ranks over gloo for the group's read.
+the measurement, read by the first rank for the group. FlashInfer's real autotune store under a temporary
+FLASHINFER_AUTOTUNE_DIR; NVML and the timing faked; two CPU ranks over gloo for the group's read.
 """
 
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 
 import pytest
-import torch
 
-from _pcie import HIDDEN, SM120_FUSION_CAP, communicator, nvml
+from _pcie import HIDDEN, communicator, nvml, on_pci_buses
 
 CHANGES = [
     "NCCL_P2P_LEVEL=SYS",
@@ -32,19 +28,14 @@ def test_allreduce_timing_cache_is_keyed_on_every_input_of_the_measurement(
     tp8, fusion_workspace, monkeypatch, tmp_path, change
 ):
     """A second start on the same box reads the table the first one timed; a start that changed anything the timing
-    depended on times again: NCCL's environment or a config file it reads, whether the PCIe-IPC kernels run
-    measured tactics, the sizes FlashInfer's kernel can take, SGLang's version, the driver."""
+    depended on times again."""
     import pynvml
 
     import sglang.version
     from sglang.srt.distributed.device_communicators.pcie_ipc_ar import PcieIpcCommunicator
 
     nvml(monkeypatch)
-    monkeypatch.setattr(
-        torch.cuda,
-        "get_device_properties",
-        lambda device: SimpleNamespace(pci_domain_id=0, pci_bus_id=1, pci_device_id=0),
-    )
+    on_pci_buses(monkeypatch)
     for k in [k for k in os.environ if k.startswith("NCCL_")]:
         monkeypatch.delenv(k)
     conf = tmp_path / "nccl.conf"
@@ -58,8 +49,7 @@ def test_allreduce_timing_cache_is_keyed_on_every_input_of_the_measurement(
         "_time_backends",
         lambda self, tp, hidden, rows, backends: calls.append(rows) or [[10.0] * len(backends) for _ in rows],
     )
-    fusion_workspace(SM120_FUSION_CAP)
-    tp8._fi_workspace_hint = "attn_tp"
+    fusion_workspace()
 
     def start() -> str:
         comm = communicator()

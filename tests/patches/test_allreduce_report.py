@@ -1,8 +1,5 @@
 """/server_info allreduce_backends: whether the PCIe-IPC all-reduce serves the TP group's decode reductions, and why
-not (pcie_ipc_ar.off_reason, kept by GroupCoordinator; PcieIpcCommunicator.report).
-
-The controller that answers GET /server_info (SchedulerInternalStateController) reads the TP group of a process
-whose group is the one given; the reasons come from the real off_reason and PcieIpcCommunicator constructor.
+not (pcie_ipc_ar.off_reason, PcieIpcCommunicator.report), read by the controller that answers GET /server_info.
 """
 
 from __future__ import annotations
@@ -42,8 +39,8 @@ def test_server_info_says_why_the_tp_group_built_no_pcie_ipc(monkeypatch, settin
     ],
 )
 def test_server_info_says_why_the_communicator_serves_nothing(monkeypatch, no_gpu, case, why):
-    """The real PcieIpcCommunicator constructor on a world it cannot serve, a CPU device, a FlashInfer build without
-    the kernels (its import failing); and a workspace that could not be allocated."""
+    """The real constructor on a world it cannot serve, a CPU device, a FlashInfer without the kernels; a workspace
+    that could not be allocated."""
     import flashinfer.comm
     import torch.distributed as dist
 

@@ -1,9 +1,6 @@
 """Each decode size's all-reduce backend timed at start (PcieIpcCommunicator._choose_backends): PCIe IPC only where
-it wins by SGLANG_PCIE_IPC_MIN_SPEEDUP, one decision for the group, a user's setting winning.
-
-The one method that measures on GPUs (_time_backends) is faked; the rest is the real communicator prepared as the
-model runner prepares it, routing the real GroupCoordinator.all_reduce (tests/patches/_pcie.py, conftest.py). Two
-CPU ranks over gloo for the group decision (tests/patches/_gloo.py allreduce_timing).
+it wins by SGLANG_PCIE_IPC_MIN_SPEEDUP, one decision for the group, a user's setting winning. Only the measuring
+method (_time_backends) is faked; two CPU ranks over gloo for the group decision (_gloo.py allreduce_timing).
 """
 
 from __future__ import annotations
@@ -12,7 +9,7 @@ import logging
 
 import pytest
 
-from _pcie import HIDDEN, SM120_FUSION_CAP, nvml, prepared, route, rows, server_info, widest_decode_rows
+from _pcie import HIDDEN, nvml, prepared, route, rows, server_info, widest_decode_rows
 from _sgl import platform
 
 
@@ -39,23 +36,21 @@ def timed(monkeypatch):
 
 @pytest.mark.parametrize("fusion_on", [False, True])
 def test_allreduce_timing_routes_each_size_to_its_fastest(profile, tp8, fusion_workspace, timed, caplog, fusion_on):
-    """Prepared as the model runner prepares it (the profile's 64-row workspace, the TP group's coordinator), each
-    tuned row count is timed and GroupCoordinator.all_reduce routes by the table: PCIe IPC up to 16 rows (>= 1.2x
-    faster), NCCL where it is within 1.2x (32 rows) or faster (64), FlashInfer's kernel where it is the fastest
-    (32 rows, fusion on; at 64 rows NCCL wins even though FlashInfer's path would take the tensor). A size between
-    two timed ones takes the wider one's backend; wider than the table, the route is as before."""
+    """Prepared for the profile's 64 rows, each tuned row count is timed and GroupCoordinator.all_reduce routes by the
+    table: PCIe IPC up to 16 rows (>= 1.2x faster), NCCL where it is within 1.2x (32) or faster (64), FlashInfer's
+    kernel where it is the fastest (32, fusion on). A size between two timed ones takes the wider one's backend;
+    wider than the table, the route is as before."""
     if fusion_on:
-        fusion_workspace(SM120_FUSION_CAP)
-        tp8._fi_workspace_hint = "attn_tp"
+        fusion_workspace()
     with caplog.at_level(logging.INFO):
-        comm = tp8.pcie_ipc_comm = prepared(widest_decode_rows(profile.args), coordinator=tp8)
+        comm = tp8.pcie_ipc_comm = prepared(widest_decode_rows(profile), coordinator=tp8)
     assert timed == [(1, 2, 4, 8, 16, 32, 64)]
     mid = "flashinfer" if fusion_on else "nccl"
     assert [s["backend"] for s in comm.report()["sizes"]] == ["pcie_ipc"] * 5 + [mid, "nccl"]
     for n, want in ((1, "pcie_ipc"), (3, "pcie_ipc"), (16, "pcie_ipc"), (17, mid), (32, mid), (64, "nccl"), (65, mid)):
         assert route(tp8, n) == want, n
         assert comm.should_pcie_ipc_ar(rows(n)) is (want == "pcie_ipc")
-    (table,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("All-reduce backend per")]
+    (table,) = [m for m in caplog.messages if m.startswith("All-reduce backend per")]
     assert "timed at start in CUDA graphs" in table and "SGLANG_PCIE_IPC_MIN_SPEEDUP=1.2x" in table
     assert "pcie_ipc   PCIe IPC 5.5 us vs NCCL 20.1 us, wins 3.7x >= 1.2x" in table
     assert "nccl       NCCL faster: PCIe IPC 37.0 us vs NCCL 26.4 us" in table
@@ -91,8 +86,8 @@ def test_allreduce_timing_in_server_info(profile, tp8, timed, monkeypatch):
     ],
 )
 def test_allreduce_timing_a_user_setting_wins(profile, tp8, monkeypatch, timed, caplog, setting):
-    """=1 keeps every size on PCIe IPC untimed; =0 and --disable-custom-all-reduce keep it off, untimed, and say so
-    in the log and /server_info; a margin the user set is the one applied (here no size wins by 4x)."""
+    """=1 keeps every size on PCIe IPC untimed; =0 and --disable-custom-all-reduce keep it off, untimed, and say so;
+    a margin the user set is the one applied (here no size wins by 4x)."""
     from sglang.srt.distributed.device_communicators.pcie_ipc_ar import off_reason
 
     nvml(monkeypatch)
@@ -107,7 +102,7 @@ def test_allreduce_timing_a_user_setting_wins(profile, tp8, monkeypatch, timed, 
         )
         if tp8.pcie_ipc_off_reason is None:
             tp8.pcie_ipc_comm = prepared(64, coordinator=tp8)
-    info, log = server_info(monkeypatch, tp8), [r.getMessage() for r in caplog.records]
+    info, log = server_info(monkeypatch, tp8), caplog.messages
     if setting.endswith("=1"):
         assert timed == [] and info["source"] == "forced" and tp8.pcie_ipc_comm.should_pcie_ipc_ar(rows(64))
         assert {s["backend"] for s in info["sizes"]} == {"pcie_ipc"} and any("=1 is set: untimed" in m for m in log)
@@ -123,9 +118,8 @@ TABLE = ["pcie_ipc", "pcie_ipc", "nccl", "nccl"]  # the MAX of both ranks' times
 
 
 def test_allreduce_timing_is_one_group_decision(timing_starts):
-    """Each rank's own times would route 1, 4 or 8 rows differently: the group reduces them with MAX on the host
-    group and both ranks route by the same table. Before, the real GroupCoordinator of this 2-rank CPU group said
-    why it built none (/server_info)."""
+    """Each rank's own times would route 1, 4 or 8 rows differently: the group takes the MAX on the host group and both
+    route alike. Before, the real GroupCoordinator of this 2-rank CPU group said why it built none."""
     assert [r["differ"] for r in timing_starts] == [
         {"timed": 1, "disabled": False, "source": "measured", "table": TABLE}
     ] * 2

@@ -1,14 +1,6 @@
 """Collectives of the speculative cycle: counted per stage when asked, none on NCCL at decode sizes (EAGLE-3 and
-DFlash), and the verify and draft heads that gather each vocab shard's argmax.
-
-- Counting: distributed/collective_stats.py records, with SGLANG_RECORD_SPEC_COLLECTIVES=1, what a forward issues
-  inside a recorded pass; GroupCoordinator notes each collective with the backend it took.
-- Routing (one process): the real GroupCoordinator methods and PcieIpcCommunicator, prepared as BaseRunner prepares
-  it for the Kimi-K2.5 server, FlashInfer's two workspace classes and NCCL's communicator stood in (conftest.py).
-- Two CPU ranks over gloo (_gloo.py): the all-gather's bytes and broadcast sources, the deferred verify from
-  EAGLEWorkerV2.verify through the real eagle_sample, DFlash's draft heads and packed accept broadcast.
-- The Kimi-K2.5 TP8 EAGLE-3 table (bench/inputs/collectives_kimi_tp8.toml, which the cost model reads) and the
-  DFlash cycle's sites at every captured batch, routed through the real code: no NCCL call.
+DFlash), and the verify and draft heads that gather each vocab shard's argmax: routed in one process (conftest.py),
+their values on two CPU ranks over gloo (_gloo.py).
 """
 
 from __future__ import annotations
@@ -22,8 +14,8 @@ import torch
 
 import _gloo
 from _graphs import greedy_sampling, speculative_state, stats
-from _pcie import KIMI_VOCAB_SHARD, REPO, prepared, rows, widest_decode_rows
-from _sgl import published
+from _pcie import KIMI_VOCAB_SHARD, REPO, communicator, prepared, rows, widest_decode_rows
+from _sgl import bare, published
 
 TABLE = REPO / "bench" / "inputs" / "collectives_kimi_tp8.toml"
 PROFILE_ROWS = 64  # the shipped profile's widest verify: 16 requests x 4 draft tokens
@@ -112,7 +104,7 @@ def test_the_all_gather_is_tuned_with_the_all_reduce_and_says_when_it_is_not_bui
     assert gather_ws.tuned == [[KIMI_VOCAB_SHARD, 8]] and gather_ws.kw["tune_batches"] == (1, 2, 4, 8, 16, 32, 64)
     with caplog.at_level(logging.INFO):
         assert prepared(None, gather_width=KIMI_VOCAB_SHARD)._gather_workspace is None
-    assert [r.getMessage() for r in caplog.records if "all-gather not built" in r.getMessage()] == [
+    assert [m for m in caplog.messages if "all-gather not built" in m] == [
         "FlashInfer PCIe-IPC all-gather not built: no captured decode graphs to size it (CUDA graphs off); "
         "all-gathers and broadcasts stay on NCCL."
     ]
@@ -124,8 +116,6 @@ def test_the_all_gather_memory_vote_sizes_the_layouts_of_its_world(monkeypatch, 
     code, stood in by its argument check and arithmetic) refuses the copy-engine layout below 8 ranks."""
     from flashinfer.comm.pcie_ipc_collectives import _ag_rs_module
 
-    from _pcie import communicator
-
     def size(world_size, max_numel, elem, blocks, copy_engine):
         if copy_engine and world_size != 8:
             raise RuntimeError("CopyEngine storage requires world_size 8")
@@ -135,8 +125,7 @@ def test_the_all_gather_memory_vote_sizes_the_layouts_of_its_world(monkeypatch, 
         _ag_rs_module, "get_pcie_ipc_ag_rs_module", lambda: SimpleNamespace(all_gather_workspace_size=size)
     )
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (0, 96 << 30))
-    comm = communicator(world)
-    ok, why = comm._can_allocate(64 * KIMI_VOCAB_SHARD, gather=True)
+    ok, why = communicator(world)._can_allocate(64 * KIMI_VOCAB_SHARD, gather=True)
     assert not ok and f"{64 * KIMI_VOCAB_SHARD * 2 * (2 if world == 8 else 1)} needed" in why
 
 
@@ -186,10 +175,6 @@ def test_the_greedy_verify_needs_only_the_argmax_when_nothing_reads_the_logits(m
     assert not ewc._verify_needs_only_argmax(batch())
 
 
-def _target(model):
-    return SimpleNamespace(model_runner=SimpleNamespace(model=model))
-
-
 def test_a_target_that_post_processes_its_logits_keeps_the_full_gather(kimi):
     """Gemma-4 unified fills eoi/eoa by global id into next_token_logits after its logits processor: the verify must
     not hand it a vocab shard (the id is out of range of a shard, or the wrong token in it), so neither EAGLE nor
@@ -206,11 +191,11 @@ def test_a_target_that_post_processes_its_logits_keeps_the_full_gather(kimi):
         model.logits_processor = LogitsProcessor.__new__(LogitsProcessor)
         torch.nn.Module.__init__(model.logits_processor)
         model.logits_processor.defer_verify_gather = False
-        assert (defer_target_verify_gather(_target(model)) is model.logits_processor) is defers, cls
+        target = SimpleNamespace(model_runner=SimpleNamespace(model=model))
+        assert (defer_target_verify_gather(target) is model.logits_processor) is defers, cls
         assert model.logits_processor.defer_verify_gather is defers
         model.logits_processor.defer_verify_gather = False
-        dflash = DFlashWorkerV2.__new__(DFlashWorkerV2)
-        dflash._target_worker = _target(model)
+        dflash = bare(DFlashWorkerV2, _target_worker=target)
         assert (dflash._defer_target_verify_gather() is not None) is defers, cls
 
 
@@ -286,19 +271,15 @@ def test_kimi_tp8_cycle_has_no_nccl_call(tp):
             assert got == counts, (mode, stage)
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # DFlash: the draft block's head (in its graph or eager), the verify's argmax and the accept, at every batch size
 
 
 def test_the_dflash_cycle_has_no_nccl_call_at_any_captured_batch(kimi_dflash, tp8, monkeypatch):
-    """Every collective of a Kimi-K2.5 TP8 DFlash step at every batch its graphs capture (8 rows a request: 8 to
-    384), through the real code, with the PCIe-IPC workspaces and the start-up timing as the model runner prepares
-    them (the timing faked, PCIe IPC the fastest: every row count is in its table): the target's and the draft's
-    reductions and the draft's noise embedding (8 rows a request), the draft head's gather in its graph
-    (_DflashDraftSampler) and eager (7 rows), the greedy verify's argmax from the vocab shards and the sampled
-    verify's logits gather (8), the accept's broadcasts, greedy and sampled (DFlashWorkerV2._accept_block). Apart, the head's
-    bf16 maxima and int64 ids (14 and 56 bytes a request) and the accept's int32 lengths and int64 tokens (4 and 8)
-    are not whole 16-byte packs at small batches, which the PCIe-IPC all-gather needs."""
+    """Every collective of a Kimi-K2.5 TP8 DFlash step at every captured batch (8 to 384 rows), through the real code,
+    the PCIe-IPC workspaces and timing prepared as the model runner prepares them (PCIe IPC timed fastest): the
+    reductions, the draft head's gather in its graph and eager, the greedy verify's shard argmax and the sampled
+    verify's logits gather, the accept's broadcasts. Apart, the head's maxima and ids and the accept's lengths and
+    tokens are not whole 16-byte packs at small batches, which the PCIe-IPC all-gather needs."""
     from sglang.srt.distributed.device_communicators.pcie_ipc_ar import PcieIpcCommunicator
     from sglang.srt.layers import logits_processor as lp
     from sglang.srt.model_executor.runner.base_cuda_graph_runner import get_batch_sizes_to_capture
@@ -319,8 +300,7 @@ def test_the_dflash_cycle_has_no_nccl_call_at_any_captured_batch(kimi_dflash, tp
     comm = tp8.pcie_ipc_comm = prepared(max_rows, gather_width=KIMI_VOCAB_SHARD, coordinator=tp8)
     for module in (dw, lp):
         monkeypatch.setattr(module, "get_parallel", lambda: SimpleNamespace(tp_group=tp8))
-    processor = lp.LogitsProcessor.__new__(lp.LogitsProcessor)
-    vars(processor).update(vocab_size=163840, final_logit_softcapping=None)
+    processor = bare(lp.LogitsProcessor, vocab_size=163840, final_logit_softcapping=None)
     shard = SimpleNamespace(
         org_vocab_start_index=0,
         num_org_elements=256,
@@ -341,8 +321,8 @@ def test_the_dflash_cycle_has_no_nccl_call_at_any_captured_batch(kimi_dflash, tp
             torch.zeros(len(candidates), dtype=torch.int64),
         ),
     )
-    worker = dw.DFlashWorkerV2.__new__(dw.DFlashWorkerV2)
-    vars(worker).update(
+    worker = bare(
+        dw.DFlashWorkerV2,
         _draft_greedy_local_max_buf=None,
         _draft_greedy_local_arg_buf=None,
         _draft_greedy_local_cap=0,

@@ -1,10 +1,6 @@
 """DFlash's draft block under the series' graph guarantees: on its CUDA graph at every batch the scheduler forms,
-counted by outcome and reason like EAGLE's draft stages, capped to its graph, its collectives recorded by name.
-
-DFlash drafts a whole block in one draft forward, on the draft runner's DecodeCudaGraphRunner captured in verify
-mode (8 rows a request for z-lab/Kimi-K2.5-DFlash). Drives the real DFlashWorkerV2.forward_batch_generation (up to
-the draft head; the draft model's forward stood in by the runner's own graph decision), DFlashWorkerV2.init_cuda_graphs
-(the draft worker's capture stood in), the graph runners' decisions and ModelRunner.forward (tests/patches/_graphs.py).
+counted by outcome and reason like EAGLE's draft stages, capped to its graph, its collectives recorded by name. The
+draft block runs on the draft runner's DecodeCudaGraphRunner in verify mode (8 rows a request).
 """
 
 from __future__ import annotations
@@ -17,7 +13,7 @@ import pytest
 import torch
 
 import _graphs as g
-from _sgl import published, resolved
+from _sgl import bare, published, resolved
 
 BLOCK = 8
 
@@ -47,9 +43,8 @@ class _Past:
 
 
 def draft_step(monkeypatch, draft_graph, bs, stats):
-    """DFlashWorkerV2.forward_batch_generation of a decode batch of bs requests up to the draft block's head, the
-    draft model's forward stood in: a graph replay where `draft_graph` (None: no graph runner) takes the batch; the
-    target runner's counters are `stats`."""
+    """DFlashWorkerV2.forward_batch_generation of a decode batch of bs requests up to the draft block's head, the draft
+    forward stood in: a graph replay where `draft_graph` (None: no graph runner) takes the batch."""
     from sglang.srt.speculative import dflash_worker_v2 as dw
     from sglang.srt.speculative.draft_worker_common import make_draft_block_spec_info, make_draft_input_v2
 
@@ -71,8 +66,8 @@ def draft_step(monkeypatch, draft_graph, bs, stats):
         ),
         kv_index_translator=SimpleNamespace(plan=lambda **kw: SimpleNamespace(bind=lambda *a: None)),
     )
-    worker = dw.DFlashWorkerV2.__new__(dw.DFlashWorkerV2)
-    vars(worker).update(
+    worker = bare(
+        dw.DFlashWorkerV2,
         _target_worker=SimpleNamespace(model_runner=target),
         model_runner=target,
         device="cpu",
@@ -111,9 +106,8 @@ def draft_step(monkeypatch, draft_graph, bs, stats):
 
 
 def test_the_dflash_draft_block_is_counted_by_outcome_and_reason(kimi_dflash, monkeypatch, caplog):
-    """Each decode step's draft block is counted as stage draft_block on the target runner's counters (/server_info
-    spec_cuda_graph, sglang:cuda_graph_passes_total{stage="draft_block"}): on its graph, eager above the captured
-    batches, eager without a graph runner (--disable-cuda-graph), the first of each warned about."""
+    """Each step's draft block is counted as stage draft_block (/server_info spec_cuda_graph, the Prometheus counter):
+    on its graph, eager above the captured batches or without a graph runner, the first of each warned about."""
     draft_graph, stats = g.runner(width=BLOCK, algorithm="DFLASH", is_draft_worker=True), g.stats()
     with published(kimi_dflash), caplog.at_level(logging.WARNING):
         for graph, bs in ((draft_graph, 4), (draft_graph, 49), (None, 4)):
@@ -125,7 +119,7 @@ def test_the_dflash_draft_block_is_counted_by_outcome_and_reason(kimi_dflash, mo
     ]  # the metric's stage, outcome, reason
     state = g.speculative_state(stats, "DFLASH")
     assert state["spec_cuda_graph"]["draft_block"] == g.graph(1, eager=2, batch_above_max_bs=1, no_graph_runner=1)
-    warned = [r.getMessage() for r in caplog.records if "Speculative draft_block forward" in r.getMessage()]
+    warned = [m for m in caplog.messages if "Speculative draft_block forward" in m]
     assert len(warned) == 2 and "reason=batch_above_max_bs" in warned[0] and "reason=no_graph_runner" in warned[1]
 
 
@@ -139,18 +133,16 @@ def test_the_dflash_draft_block_is_counted_by_outcome_and_reason(kimi_dflash, mo
 def test_max_running_requests_is_capped_to_the_draft_blocks_captured_batches(
     kimi_dflash, monkeypatch, caplog, captured, want
 ):
-    """48 running requests and a draft block graph captured up to batch 8 (the real DFlashWorkerV2.init_cuda_graphs,
-    the draft worker's capture stood in): capped to 8 and said so, else a batch above 8 would draft every block
-    eagerly; without a draft graph (--disable-cuda-graph) nothing to cap to."""
+    """48 running requests, a draft block graph captured up to batch 8 (the real DFlashWorkerV2.init_cuda_graphs): capped
+    to 8 and said so, else a batch above 8 drafts every block eagerly; without a draft graph, nothing to cap to."""
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.speculative import dflash_worker_v2 as dw
 
     monkeypatch.setattr(dw, "draft_pp_context", contextlib.nullcontext)
-    target = ModelRunner.__new__(ModelRunner)
-    target.max_running_requests, target.memory_pool_config = 48, None
+    target = bare(ModelRunner, max_running_requests=48, memory_pool_config=None)
     draft_graph = SimpleNamespace(capture_bs=captured) if captured else None
-    worker = dw.DFlashWorkerV2.__new__(dw.DFlashWorkerV2)
-    vars(worker).update(
+    worker = bare(
+        dw.DFlashWorkerV2,
         draft_parallel_layout=None,
         _target_tp_rank=0,
         _maybe_build_draft_sampler=lambda: None,
@@ -163,37 +155,20 @@ def test_max_running_requests_is_capped_to_the_draft_blocks_captured_batches(
         monkeypatch.setattr(dw, "draft_tp_context", lambda layout: contextlib.nullcontext())
         worker.init_cuda_graphs()
     assert target.max_running_requests == want
-    assert [r.getMessage() for r in caplog.records if "capped" in r.getMessage()] == (
-        [
-            f"max_running_requests is capped from 48 to 8, the largest captured draft_block batch size (capture list "
-            f"{captured}), so that no draft_block batch runs eagerly."
-        ]
-        if captured
-        else []
+    said = (
+        f"max_running_requests is capped from 48 to 8, the largest captured draft_block batch size (capture list "
+        f"{captured}), so that no draft_block batch runs eagerly."
     )
+    assert [m for m in caplog.messages if "capped" in m] == ([said] if captured else [])
 
 
-def test_the_draft_blocks_collectives_are_recorded_as_draft_block(kimi_dflash, monkeypatch):
-    """SGLANG_RECORD_SPEC_COLLECTIVES=1: the draft block graph's capture is recorded as draft_block (its runner's
-    collective_stage; the target's verify graph keeps target_verify) and an eager draft block's forward, through
-    the real ModelRunner.forward of the draft runner, as draft_block_eager, counted in forwards."""
-    from sglang.srt.distributed import collective_stats
-
+def test_the_draft_blocks_collectives_are_recorded_as_draft_block(kimi_dflash, collectives):
+    """The draft block graph's capture is recorded as draft_block (the target's verify graph keeps target_verify), an
+    eager draft block's forward (the real ModelRunner.forward of the draft runner) as draft_block_eager."""
     assert g.runner(width=BLOCK, algorithm="DFLASH", is_draft_worker=True).collective_stage == "draft_block"
     assert g.runner(width=BLOCK, algorithm="DFLASH").collective_stage == "target_verify"
-    monkeypatch.setenv("SGLANG_RECORD_SPEC_COLLECTIVES", "1")
-    collective_stats.reset()
     draft = g.model_runner(None, is_draft_worker=True)
-    draft.eager_runner.execute = lambda fb, pp_proxy_tensors=None: collective_stats.note(
-        "all_reduce", "pcie_ipc", torch.empty(fb.input_ids.numel(), 8, dtype=torch.bfloat16)
-    )
+    draft.eager_runner.execute = lambda fb, pp_proxy_tensors=None: g.reduce(fb.input_ids.numel())
     with published(kimi_dflash):
         g.forward(draft, g.verify_batch(bs=2, width=BLOCK))
-    assert collective_stats.snapshot() == {
-        "draft_block_eager": {
-            "calls": {"all_reduce": {"pcie_ipc": 1}},
-            "bytes": {"all_reduce": 2 * BLOCK * 8 * 2},
-            "forwards": 1,
-        }
-    }
-    collective_stats.reset()
+    assert collectives.snapshot() == {"draft_block_eager": g.reduced(1, 2 * BLOCK, forwards=1)}

@@ -1,10 +1,8 @@
 """The EAGLE-3 Llama-form draft embeds with the target's table in the target's layout.
 
-EagleDraftWorker hands the draft the target's embed_tokens.weight (set_embed). Kimi-K2.5 (DeepSeek-V2 family) lays
-it out with get_embedding_tp_kwargs(): replicated with SGLANG_ENABLE_EMBED_REPLICATION=1 (the way to drop the
-embedding all-reduce), attention-TP sharded under DP attention. Unpatched, the Llama-form draft keeps its TP-sharded
-lookup and, handed a full table, embeds wrong rows for every token outside rank 0's shard. Two CPU ranks
-over gloo, SGLang's real TP group, the real draft model class (tests/gpu/_ranks.py eagle3_draft_embedding).
+EagleDraftWorker hands the draft the target's embed_tokens.weight; Kimi-K2.5 replicates it with
+SGLANG_ENABLE_EMBED_REPLICATION=1. Unpatched, the draft keeps its TP-sharded lookup and embeds wrong rows for every
+token outside rank 0's shard. Two CPU ranks, the real draft model class (tests/gpu/_ranks.py eagle3_draft_embedding).
 """
 
 from __future__ import annotations

@@ -1,11 +1,10 @@
-"""FlashInfer all-reduce + residual + RMSNorm fusion on SM12X (patches flashinfer-*.patch).
-
-Real SGLang code from the tree under test; only the GPU platform is faked (override_platform), plus a fake CUDA
-driver object for the workspace preflight and a recording stand-in for FlashInfer's kernel call.
+"""FlashInfer all-reduce + residual + RMSNorm fusion on SM12X (patches flashinfer-*.patch): the real SGLang code on a
+faked platform, a fake CUDA driver for the workspace preflight, a recording stand-in for FlashInfer's kernel call.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 from types import SimpleNamespace
@@ -15,7 +14,7 @@ import torch
 
 import _gloo
 from _fake_cuda import FakeCudaDriver
-from _sgl import platform, published, resolved, server_args
+from _sgl import platform, resolved, server_args
 from scripts.box.ranks import free_port
 
 unchanged = pytest.mark.unchanged
@@ -48,7 +47,7 @@ def test_fusion_sm120_rejects_multi_node(fcf, backend):
 
 @unchanged
 @pytest.mark.parametrize(
-    "major,backend,multi,want",
+    "major,backend,multi,want",  # want None: refused
     [
         (10, "auto", False, "mnnvl"),
         (10, "auto", True, "mnnvl"),
@@ -58,20 +57,15 @@ def test_fusion_sm120_rejects_multi_node(fcf, backend):
         (9, "auto", False, "trtllm"),
         (9, "trtllm", False, "trtllm"),
         (9, "mnnvl", False, "mnnvl"),
+        (9, "auto", True, None),
+        (9, "cutedsl", False, None),
+        (10, "trtllm", True, None),
+        (8, "auto", False, None),
     ],
 )
-def test_fusion_resolver_sm90_sm100_unchanged(fcf, major, backend, multi, want):
-    with platform(major):
+def test_fusion_resolver_of_other_gpus_unchanged(fcf, major, backend, multi, want):
+    with platform(major), pytest.raises(ValueError) if want is None else contextlib.nullcontext():
         assert fcf._resolve_backend(backend, is_multi_node=multi) == want
-
-
-@unchanged
-@pytest.mark.parametrize(
-    "major,backend,multi", [(9, "auto", True), (9, "cutedsl", False), (10, "trtllm", True), (8, "auto", False)]
-)
-def test_fusion_resolver_rejections_unchanged(fcf, major, backend, multi):
-    with platform(major), pytest.raises(ValueError):
-        fcf._resolve_backend(backend, is_multi_node=multi)
 
 
 # ----------------------------------------------------------------------------- ServerArgs auto-enable gate
@@ -119,11 +113,6 @@ def test_fusion_auto_enable_sm90_sm100_unchanged(monkeypatch, major):
 
 # ------------------------------------------------------------------------ per-batch predicate and token cap
 @pytest.fixture
-def add_norm():
-    return importlib.import_module("sglang.srt.layers.layer_boundary.residual.add_norm")
-
-
-@pytest.fixture
 def fusion_on():
     from sglang.srt.runtime_context import get_context
 
@@ -132,7 +121,8 @@ def fusion_on():
 
 
 @unchanged
-def test_fusion_per_batch_predicate_sm90_unchanged(monkeypatch, add_norm, fusion_on):
+def test_fusion_per_batch_predicate_sm90_unchanged(monkeypatch, fusion_on):
+    add_norm = importlib.import_module("sglang.srt.layers.layer_boundary.residual.add_norm")
     monkeypatch.setattr(add_norm, "_is_sm90_supported", True)
     monkeypatch.setattr(add_norm, "_is_flashinfer_available", True)
     assert add_norm.flashinfer_ar_fusion_applies(2048)
@@ -140,8 +130,8 @@ def test_fusion_per_batch_predicate_sm90_unchanged(monkeypatch, add_norm, fusion
 
 @pytest.fixture
 def reload_add_norm(monkeypatch):
-    """Re-import add_norm (and the layer_boundary package that re-exports its cap) on a faked CUDA platform;
-    put the real modules back afterwards."""
+    """load(major, **env): add_norm (and the layer_boundary package that re-exports its cap) re-imported on a faked
+    CUDA platform; the real modules put back afterwards."""
     import sglang.srt.utils as utils
 
     mods = ["sglang.srt.layers.layer_boundary.residual.add_norm", "sglang.srt.layers.layer_boundary"]
@@ -164,75 +154,31 @@ def reload_add_norm(monkeypatch):
 
 
 @pytest.mark.parametrize("env,want", [({}, 256), ({"SGLANG_SM120_ALLREDUCE_FUSION_MAX_TOKENS": "64"}, 64)])
-def test_fusion_sm120_token_cap_sizes_the_workspaces(reload_add_norm, monkeypatch, env, want):
-    mod = reload_add_norm(12, **env)
-    assert mod.FUSE_ALLREDUCE_MAX_BATCH_SIZE == want
-    # the same cap sizes both fusion workspaces before graph capture (base_runner)
+def test_fusion_sm120_token_cap_sizes_the_workspaces(reload_add_norm, monkeypatch, fusion_on, env, want):
+    """The cap sizes both fusion workspaces before graph capture (base_runner)."""
     from sglang.srt.layers import flashinfer_comm_fusion as fcf
     from sglang.srt.model_executor.runner import base_runner
 
+    assert reload_add_norm(12, **env).FUSE_ALLREDUCE_MAX_BATCH_SIZE == want
     seen = {}
     monkeypatch.setattr(fcf, "pre_initialize_workspaces", lambda **kw: seen.update(kw))
-    runner = SimpleNamespace(
-        model_runner=SimpleNamespace(
-            model_config=SimpleNamespace(hidden_size=7168), dtype=torch.bfloat16, is_draft_worker=False
-        )
+    model_runner = SimpleNamespace(
+        model_config=SimpleNamespace(hidden_size=7168), dtype=torch.bfloat16, is_draft_worker=False
     )
-    from sglang.srt.runtime_context import get_context
-
-    with get_context().override_server_args(flashinfer_allreduce_fusion_backend="trtllm"):
-        base_runner.BaseRunner._pre_initialize_flashinfer_allreduce_workspace(runner)
+    base_runner.BaseRunner._pre_initialize_flashinfer_allreduce_workspace(SimpleNamespace(model_runner=model_runner))
     assert seen["max_token_num"] == want and seen["hidden_dim"] == 7168
 
 
 def test_fusion_sm120_per_batch_predicate(reload_add_norm, monkeypatch, fusion_on):
-    """The per-batch predicate of add_norm as imported on a (faked) SM12X GPU, where the cap is 256: decode and
-    chain verify fuse, one token past the cap does not, and no other GPU generation is admitted by the SM12X term."""
+    """add_norm's per-batch predicate as imported on an SM12X GPU (cap 256): decode and chain verify fuse, one token
+    past the cap does not, and the SM12X term admits no other GPU generation."""
     mod = reload_add_norm(12)
     monkeypatch.setattr(mod, "_is_flashinfer_available", True)
     assert (mod._is_sm90_supported, mod._is_sm100_supported, mod._is_sm120_supported) == (False, False, True)
     assert mod.FUSE_ALLREDUCE_MAX_BATCH_SIZE == 256
-    assert [mod.flashinfer_ar_fusion_applies(n) for n in (0, 1, 8, 64, 256, 257, 2048)] == [
-        False,
-        True,
-        True,
-        True,
-        True,
-        False,
-        False,
-    ]
+    assert [n for n in (0, 1, 8, 64, 256, 257, 2048) if mod.flashinfer_ar_fusion_applies(n)] == [1, 8, 64, 256]
     monkeypatch.setattr(mod, "_is_sm120_supported", False)
     assert not mod.flashinfer_ar_fusion_applies(8)
-
-
-@pytest.fixture
-def kimi_tp8_context():
-    """A published runtime context of Kimi-K2.5 at TP8 (attention TP group of 8), as the scheduler has it."""
-    with published(server_args(12, spec=False)):
-        yield
-
-
-@pytest.mark.parametrize("rows", [1, 8, 64, 256])
-def test_fusion_sm120_layernorm_asks_for_the_capped_workspace(
-    reload_add_norm, monkeypatch, fake_flashinfer, kimi_tp8_context, rows
-):
-    """The fused RMSNorm path (layernorm._forward_with_allreduce_fusion) asks ensure_workspace_initialized for the
-    workspace BaseRunner pre-initialized (256 tokens on SM12X), so a re-init cannot build a 2048-token one (~0.9 GiB
-    per GPU at TP8), possibly inside graph capture."""
-    reload_add_norm(12)
-    from sglang.srt.layers import flashinfer_comm_fusion as fcf
-    from sglang.srt.layers import layernorm
-
-    asked = []
-    monkeypatch.setattr(fcf, "flashinfer_allreduce_residual_rmsnorm", fused_op(fcf))  # the op's real body
-    monkeypatch.setattr(fcf, "ensure_workspace_initialized", lambda **kw: asked.append(kw) or False)
-    import sglang.srt.distributed as dist_pkg
-
-    monkeypatch.setattr(dist_pkg, "attention_tensor_model_parallel_all_reduce", lambda x: x)
-    norm = SimpleNamespace(variance_epsilon=1e-6, forward=lambda x, residual, extra: (x, residual))
-    x = torch.randn(rows, 7168, dtype=torch.bfloat16)
-    layernorm._forward_with_allreduce_fusion(norm, x, torch.randn_like(x), None, torch.ones(7168))
-    assert [(kw["max_token_num"], kw["token_num"]) for kw in asked] == [(256, rows)]
 
 
 @unchanged
@@ -246,10 +192,9 @@ class _FlashInferStop(Exception):
 
 
 def flashinfer_allocation_sizes(monkeypatch, world, tokens, hidden, drv: FakeCudaDriver, multicast: bool) -> list[int]:
-    """What FlashInfer 0.7.2 itself allocates per rank for the trtllm fusion workspace, from its own code: the
-    three buffer sizes trtllm_create_ipc_workspace_for_all_reduce_fusion asks SymmDeviceMemory for, each turned
-    into an allocation size by SymmDeviceMemory._get_allocation_prop with this driver's granularities (multicast
-    rounding included when asked for). The oracle the preflight's mirror is checked against."""
+    """The oracle: what FlashInfer 0.7.2 itself allocates per rank for the trtllm fusion workspace. The three buffer
+    sizes trtllm_create_ipc_workspace_for_all_reduce_fusion asks SymmDeviceMemory for, each made an allocation size
+    by SymmDeviceMemory._get_allocation_prop with this driver's granularities (multicast rounding when asked)."""
     import types
 
     from flashinfer.comm import mnnvl, trtllm_ar
@@ -296,9 +241,11 @@ def flashinfer_allocation_sizes(monkeypatch, world, tokens, hidden, drv: FakeCud
     return sizes
 
 
-def assert_probes_cover(probe: list[int], allocated: list[int], granule: int) -> None:
+def assert_probes_cover(monkeypatch, probe: list[int], tokens: int, drv: FakeCudaDriver, multicast=False) -> None:
     """The preflight must probe at least what FlashInfer allocates (else it passes where the real allocation
     fails), and no more than one allocation granule above it (else it refuses a workspace that would fit)."""
+    allocated = flashinfer_allocation_sizes(monkeypatch, 8, tokens, 7168, drv, multicast)
+    granule = drv.mc_granularity if multicast else drv.granularity
     assert len(probe) == len(allocated) == 3
     for p, a in zip(probe, allocated, strict=True):
         assert a <= p <= a + granule, (probe, allocated)
@@ -307,23 +254,12 @@ def assert_probes_cover(probe: list[int], allocated: list[int], granule: int) ->
 PROP = SimpleNamespace(location=SimpleNamespace(id=0), requestedHandleTypes=1)
 
 
-def test_fusion_preflight_sizes_without_multicast(fcf, monkeypatch):
-    drv = FakeCudaDriver(multicast=False)
-    sizes = fcf._flashinfer_trtllm_workspace_allocation_sizes(drv, PROP, 8, 256, 7168, torch.bfloat16)
-    assert "cuMulticastGetGranularity" not in drv.calls
-    assert_probes_cover(
-        sizes, flashinfer_allocation_sizes(monkeypatch, 8, 256, 7168, drv, multicast=False), drv.granularity
-    )
-
-
-@unchanged
-def test_fusion_preflight_sizes_with_multicast_unchanged(fcf, monkeypatch):
-    drv = FakeCudaDriver(multicast=True)
-    sizes = fcf._flashinfer_trtllm_workspace_allocation_sizes(drv, PROP, 8, 2048, 7168, torch.bfloat16)
-    assert drv.calls.count("cuMulticastGetGranularity") == 3
-    assert_probes_cover(
-        sizes, flashinfer_allocation_sizes(monkeypatch, 8, 2048, 7168, drv, multicast=True), drv.mc_granularity
-    )
+@pytest.mark.parametrize("multicast, tokens", [(False, 256), pytest.param(True, 2048, marks=unchanged)])
+def test_fusion_preflight_sizes(fcf, monkeypatch, multicast, tokens):
+    drv = FakeCudaDriver(multicast=multicast)
+    sizes = fcf._flashinfer_trtllm_workspace_allocation_sizes(drv, PROP, 8, tokens, 7168, torch.bfloat16)
+    assert drv.calls.count("cuMulticastGetGranularity") == (3 if multicast else 0)
+    assert_probes_cover(monkeypatch, sizes, tokens, drv, multicast)
 
 
 @pytest.fixture
@@ -343,95 +279,7 @@ def test_fusion_preflight_votes_proceed_without_multicast(fcf, monkeypatch, gloo
     monkeypatch.setattr(fcf, "_make_flashinfer_workspace_allocation_prop", lambda d: PROP)
     assert fcf._preflight_check_workspace_memory(8, 256, 7168, torch.bfloat16, cpu_group=gloo_group) is True
     assert drv.created == fcf._flashinfer_trtllm_workspace_allocation_sizes(drv, PROP, 8, 256, 7168, torch.bfloat16)
-    assert_probes_cover(
-        drv.created, flashinfer_allocation_sizes(monkeypatch, 8, 256, 7168, drv, multicast=False), drv.granularity
-    )
-
-
-# ------------------------------------------------------------------------ PDL completion at kernel end
-class FakeComm:
-    class AllReduceFusionPattern:
-        kAllReduce = 0
-        kARResidualRMSNorm = 1
-
-    def __init__(self):
-        self.calls: list[dict] = []
-
-    def allreduce_fusion(self, **kw):
-        self.calls.append(kw)
-
-
-@pytest.fixture
-def fake_flashinfer(fcf, monkeypatch):
-    comm = FakeComm()
-    manager = SimpleNamespace(workspace=object(), backend="trtllm", initialized=True)
-    monkeypatch.setattr(fcf, "_flashinfer_comm", comm)
-    monkeypatch.setattr(fcf, "is_flashinfer_available", lambda: True)
-    monkeypatch.setattr(fcf, "_flashinfer_allreduce_supports_trigger_completion", True)
-    monkeypatch.setattr(fcf, "resolve_fusion_world_size", lambda **kw: 8)
-    monkeypatch.setattr(fcf, "ensure_workspace_initialized", lambda **kw: True)
-    monkeypatch.setattr(fcf, "_get_workspace_manager", lambda use_attn_tp_group: manager)
-    return comm
-
-
-def fused_op(fcf):
-    """The Python body of the registered custom op (its CPU dispatch is not registered; the body is the code)."""
-    return inspect.unwrap(fcf.flashinfer_allreduce_residual_rmsnorm)
-
-
-# Row counts from decode (1) through chain verify (bs x 4 draft tokens) to the SM12X cap (256), and beyond it to
-# FlashInfer's own one-shot bound at TP8 (192 rows of 7168 bf16) and a prefill chunk.
-PDL_ROWS = [1, 4, 8, 16, 17, 32, 64, 128, 192, 193, 256, 1024]
-
-
-def _flashinfer_picks_oneshot(rows: int, world: int) -> bool:
-    """FlashInfer 0.7.2's own decision for use_oneshot=None (trtllm_ar._should_use_oneshot)."""
-    from flashinfer.comm.trtllm_ar import _should_use_oneshot
-
-    return _should_use_oneshot(rows, 7168, torch.bfloat16, world)
-
-
-@unchanged
-def test_fusion_oneshot_range_reaches_past_16_tokens():
-    """Why a <= 16-token guard was not enough: FlashInfer runs its one-shot kernel far beyond 16 rows (at TP8 up
-    to 192 rows of 7168 bf16, at TP2/TP4 every size up to the SM12X cap)."""
-    assert [r for r in PDL_ROWS if _flashinfer_picks_oneshot(r, 8)] == [1, 4, 8, 16, 17, 32, 64, 128, 192]
-    assert all(_flashinfer_picks_oneshot(r, w) for r in PDL_ROWS if r <= 256 for w in (2, 4))
-
-
-@pytest.mark.parametrize("rows", [r for r in PDL_ROWS if r <= 256])
-def test_fusion_pdl_completion_at_end_through_the_layernorm_caller(
-    reload_add_norm, monkeypatch, fcf, fake_flashinfer, kimi_tp8_context, rows
-):
-    """The production caller (layernorm._forward_with_allreduce_fusion, every row count the SM12X cap admits, which
-    FlashInfer may run one-shot) reaches FlashInfer's fused call with PDL on and the completion trigger at kernel
-    end, on the workspace BaseRunner pre-initialized (256 tokens)."""
-    reload_add_norm(12)
-    from sglang.srt.layers import flashinfer_comm_fusion as fcf_mod
-    from sglang.srt.layers import layernorm
-
-    asked = []
-    monkeypatch.setattr(fcf_mod, "flashinfer_allreduce_residual_rmsnorm", fused_op(fcf_mod))  # the op's real body
-    monkeypatch.setattr(fcf_mod, "ensure_workspace_initialized", lambda **kw: asked.append(kw) or True)
-    norm = SimpleNamespace(variance_epsilon=1e-6, forward=lambda x, residual, extra: (x, residual))
-    x = torch.randn(rows, 7168, dtype=torch.bfloat16)
-    layernorm._forward_with_allreduce_fusion(norm, x, torch.randn_like(x), None, torch.ones(7168))
-    assert [kw["max_token_num"] for kw in asked] == [256]
-    (call,) = fake_flashinfer.calls
-    assert call["launch_with_pdl"] is True and call["trigger_completion_at_end"] is True
-
-
-def test_fusion_pdl_completion_at_end_allreduce_only(fcf, fake_flashinfer):
-    for r in PDL_ROWS:
-        fcf.flashinfer_allreduce(torch.randn(r, 7168, dtype=torch.bfloat16), use_attn_tp_group=True)
-    assert [kw["trigger_completion_at_end"] for kw in fake_flashinfer.calls] == [True] * len(PDL_ROWS)
-
-
-@unchanged
-def test_fusion_pdl_completion_keeps_explicit_true(fcf, fake_flashinfer):
-    x = torch.randn(64, 7168, dtype=torch.bfloat16)
-    fused_op(fcf)(x, torch.randn_like(x), torch.ones(7168, dtype=torch.bfloat16), trigger_completion_at_end=True)
-    assert fake_flashinfer.calls[0]["trigger_completion_at_end"] is True
+    assert_probes_cover(monkeypatch, drv.created, 256, drv)
 
 
 def test_fusion_workspace_preflight_gets_the_workspace_comm_backend(fcf, monkeypatch, gloo_group):
@@ -473,3 +321,80 @@ def test_fusion_handle_exchange_failing_before_its_first_collective_is_joint():
     cannot make the exchange's temporary socket directory, before the exchange's one collective. It still enters
     that collective, with nothing to share, so rank 0 leaves the exchange too, and both skip the fusion."""
     assert _gloo.run("fusion_exchange_fails_early", timeout=400, bad_rank=1) == [{"proceed": False}] * 2
+
+
+# ------------------------------------------------------------------------ PDL completion at kernel end
+@pytest.fixture
+def fake_flashinfer(fcf, monkeypatch):
+    """FlashInfer's comm module stood in: `calls` lists the keyword arguments of each allreduce_fusion call."""
+    comm = SimpleNamespace(calls=[], AllReduceFusionPattern=SimpleNamespace(kAllReduce=0, kARResidualRMSNorm=1))
+    comm.allreduce_fusion = lambda **kw: comm.calls.append(kw)
+    manager = SimpleNamespace(workspace=object(), backend="trtllm", initialized=True)
+    monkeypatch.setattr(fcf, "_flashinfer_comm", comm)
+    monkeypatch.setattr(fcf, "is_flashinfer_available", lambda: True)
+    monkeypatch.setattr(fcf, "_flashinfer_allreduce_supports_trigger_completion", True)
+    monkeypatch.setattr(fcf, "resolve_fusion_world_size", lambda **kw: 8)
+    monkeypatch.setattr(fcf, "ensure_workspace_initialized", lambda **kw: True)
+    monkeypatch.setattr(fcf, "_get_workspace_manager", lambda use_attn_tp_group: manager)
+    return comm
+
+
+def fused_op(fcf):
+    """The Python body of the registered custom op (its CPU dispatch is not registered; the body is the code)."""
+    return inspect.unwrap(fcf.flashinfer_allreduce_residual_rmsnorm)
+
+
+# Row counts from decode (1) through chain verify (bs x 4 draft tokens) to the SM12X cap (256), and beyond it to
+# FlashInfer's own one-shot bound at TP8 (192 rows of 7168 bf16) and a prefill chunk.
+PDL_ROWS = [1, 4, 8, 16, 17, 32, 64, 128, 192, 193, 256, 1024]
+
+
+def _flashinfer_picks_oneshot(rows: int, world: int) -> bool:
+    """FlashInfer 0.7.2's own decision for use_oneshot=None (trtllm_ar._should_use_oneshot)."""
+    from flashinfer.comm.trtllm_ar import _should_use_oneshot
+
+    return _should_use_oneshot(rows, 7168, torch.bfloat16, world)
+
+
+@unchanged
+def test_fusion_oneshot_range_reaches_past_16_tokens():
+    """Why a <= 16-token guard was not enough: FlashInfer runs its one-shot kernel far beyond 16 rows (at TP8 up
+    to 192 rows of 7168 bf16, at TP2/TP4 every size up to the SM12X cap)."""
+    assert [r for r in PDL_ROWS if _flashinfer_picks_oneshot(r, 8)] == [1, 4, 8, 16, 17, 32, 64, 128, 192]
+    assert all(_flashinfer_picks_oneshot(r, w) for r in PDL_ROWS if r <= 256 for w in (2, 4))
+
+
+@pytest.mark.parametrize("rows", [r for r in PDL_ROWS if r <= 256])
+def test_fusion_the_layernorm_caller_takes_the_capped_workspace_and_completes_pdl_at_end(
+    reload_add_norm, monkeypatch, fcf, fake_flashinfer, kimi, rows
+):
+    """The fused RMSNorm path (layernorm._forward_with_allreduce_fusion) at every row count the SM12X cap admits
+    (FlashInfer may run any of them one-shot): it asks for the 256-token workspace BaseRunner pre-initialized, so
+    that a re-init cannot build a 2048-token one (~0.9 GiB a GPU at TP8, maybe inside graph capture), and reaches
+    FlashInfer's fused call with PDL on and the completion trigger at kernel end."""
+    reload_add_norm(12)
+    from sglang.srt.layers import flashinfer_comm_fusion as fcf_mod
+    from sglang.srt.layers import layernorm
+
+    asked = []
+    monkeypatch.setattr(fcf_mod, "flashinfer_allreduce_residual_rmsnorm", fused_op(fcf_mod))  # the op's real body
+    monkeypatch.setattr(fcf_mod, "ensure_workspace_initialized", lambda **kw: asked.append(kw) or True)
+    norm = SimpleNamespace(variance_epsilon=1e-6, forward=lambda x, residual, extra: (x, residual))
+    x = torch.randn(rows, 7168, dtype=torch.bfloat16)
+    layernorm._forward_with_allreduce_fusion(norm, x, torch.randn_like(x), None, torch.ones(7168))
+    assert [(kw["max_token_num"], kw["token_num"]) for kw in asked] == [(256, rows)]
+    (call,) = fake_flashinfer.calls
+    assert call["launch_with_pdl"] is True and call["trigger_completion_at_end"] is True
+
+
+def test_fusion_pdl_completion_at_end_allreduce_only(fcf, fake_flashinfer):
+    for r in PDL_ROWS:
+        fcf.flashinfer_allreduce(torch.randn(r, 7168, dtype=torch.bfloat16), use_attn_tp_group=True)
+    assert [kw["trigger_completion_at_end"] for kw in fake_flashinfer.calls] == [True] * len(PDL_ROWS)
+
+
+@unchanged
+def test_fusion_pdl_completion_keeps_explicit_true(fcf, fake_flashinfer):
+    x = torch.randn(64, 7168, dtype=torch.bfloat16)
+    fused_op(fcf)(x, torch.randn_like(x), torch.ones(7168, dtype=torch.bfloat16), trigger_completion_at_end=True)
+    assert fake_flashinfer.calls[0]["trigger_completion_at_end"] is True

@@ -1,10 +1,8 @@
 """A grammar the model's vocabulary cannot satisfy is the client's 400, not the server's 500.
 
 xgrammar compiles such a grammar and then masks every token, the stop tokens too: the sampler picks a masked token,
-the matcher refuses it, and SGLang 0.5.23 answers 500 "Grammar accept_token failed" (and, sampled on the pytorch
-backend, a row of -inf can end the server: test_sampling_finite.py). The tests compile grammars with the real
-XGrammarGrammarBackend over a word-level tokenizer (w0, w1, ...: no token holds a "z" or a "q") and end requests
-through the scheduler's real grammar steps (SchedulerBatchResultProcessor), the request stood in.
+the matcher refuses it, and SGLang 0.5.23 answers 500 "Grammar accept_token failed". The real XGrammarGrammarBackend
+over a word-level tokenizer (w0, w1, ...: no token holds a "z" or a "q"), the scheduler's real grammar steps.
 """
 
 from __future__ import annotations
@@ -59,8 +57,7 @@ def test_a_grammar_no_token_can_start_is_refused_when_compiled(backend, kind, va
 
 @pytest.mark.parametrize("tokens", [[W5, 9], [9]], ids=["dead-end-after-w5", "masked-first-token"])
 def test_a_token_the_grammar_masked_ends_the_request_with_a_400(backend, tokens):
-    """After "w5" no token continues "w5q": the sampler could only pick a masked token, so the request ends with
-    the client's 400 and says why."""
+    """After "w5" no token continues "w5q": the sampler can only pick a masked token; the client's 400 says why."""
     finish = accept(request(backend.dispatch_regex("w5q")), tokens)
     assert finish.status_code == HTTPStatus.BAD_REQUEST, finish.message
     assert "constraints leave no token to generate" in finish.message

@@ -1,8 +1,5 @@
-"""The launcher's NCCL default for single-node TP on PCIe-only GPUs (entrypoints/engine.py _set_envs_and_config).
-
-The real `_set_envs_and_config` runs on resolved Kimi-K2.5 server arguments, with NVML faked through the pynvml
-functions SGLang calls (tests/_fake_nvml.py); multiprocessing, signal and ulimit calls are stubbed, the launcher must
-not initialise CUDA, and the environment is restored after each test.
+"""The launcher's NCCL default for single-node TP on PCIe-only GPUs: the real `_set_envs_and_config` on resolved
+Kimi-K2.5 server arguments, NVML faked (tests/_fake_nvml.py); the launcher must not initialise CUDA.
 """
 
 from __future__ import annotations
@@ -20,21 +17,10 @@ from _fake_nvml import FakeNvml
 from _pcie import nvml
 from _sgl import platform, server_args
 
-# Variables the launcher may touch; cleared before each test so the host's environment cannot leak in.
-WATCHED = (
-    "CUDA_VISIBLE_DEVICES",
-    "SGLANG_PCIE_NCCL_DEFAULTS",
-    "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE",
-    "NCCL_MIN_NCHANNELS",
-    "NCCL_MAX_NCHANNELS",
-    "NCCL_MIN_NRINGS",
-    "NCCL_MAX_NRINGS",
-    "NCCL_MIN_CTAS",
-    "NCCL_MAX_CTAS",
-    "NCCL_CUMEM_ENABLE",
-    "NCCL_NVLS_ENABLE",
-    "NCCL_GRAPH_MIXING_SUPPORT",
-)
+# NCCL's channel settings, and the variables the launcher may touch: cleared so that the host's cannot leak in.
+CHANNELS = [f"NCCL_{bound}_{what}" for what in ("NCHANNELS", "NRINGS", "CTAS") for bound in ("MIN", "MAX")]
+WATCHED = ["CUDA_VISIBLE_DEVICES", "SGLANG_PCIE_NCCL_DEFAULTS", "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE", *CHANNELS]
+WATCHED += ["NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE", "NCCL_GRAPH_MIXING_SUPPORT"]
 # What upstream's launcher itself sets among NCCL_* on one node (engine.py _set_envs_and_config).
 UPSTREAM_NCCL = {"NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE", "NCCL_MNNVL_ENABLE"}
 SET_LINE = "No NVLink between the visible GPUs: set NCCL_MIN_NCHANNELS=8 (SGLANG_PCIE_NCCL_DEFAULTS=0 skips this)."
@@ -42,11 +28,6 @@ SET_LINE = "No NVLink between the visible GPUs: set NCCL_MIN_NCHANNELS=8 (SGLANG
 
 def all_pairs(indices) -> set:
     return {frozenset(p) for p in itertools.combinations(indices, 2)}
-
-
-@pytest.fixture(scope="module")
-def kimi_tp8():
-    return server_args(12)
 
 
 @pytest.fixture
@@ -82,28 +63,22 @@ def launch(monkeypatch, caplog):
 
 
 def launcher_log(caplog) -> list[str]:
-    return [
-        r.getMessage()
-        for r in caplog.records
-        if r.name == "sglang.srt.entrypoints.engine"
-        and ("NVLink" in r.getMessage() or "NCCL defaults" in r.getMessage())
-    ]
+    said = [r.getMessage() for r in caplog.records if r.name == "sglang.srt.entrypoints.engine"]
+    return [m for m in said if "NVLink" in m or "NCCL defaults" in m]
 
 
-def test_pcie_nccl_default_applied_without_nvlink(launch, kimi_tp8, monkeypatch, caplog):
-    nvml(monkeypatch)
-    changed = launch(kimi_tp8)
-    assert changed["NCCL_MIN_NCHANNELS"] == "8" and {k for k in changed if k.startswith("NCCL_")} <= UPSTREAM_NCCL | {
-        "NCCL_MIN_NCHANNELS"
-    }
-    assert launcher_log(caplog) == [SET_LINE]
+def nccl(changed) -> set:
+    return {k for k in changed if k.startswith("NCCL_")}
 
 
-def test_pcie_nccl_notsupported_pair_counts_as_no_nvlink(launch, kimi_tp8, monkeypatch):
+@pytest.mark.parametrize("pair_error", [None, "NVML_ERROR_NOT_SUPPORTED"])  # not supported: no NVLink either
+def test_pcie_nccl_default_applied_without_nvlink(launch, kimi_sm120, monkeypatch, caplog, pair_error):
     import pynvml
 
-    nvml(monkeypatch, pair_error=pynvml.NVML_ERROR_NOT_SUPPORTED)
-    assert launch(kimi_tp8)["NCCL_MIN_NCHANNELS"] == "8"
+    nvml(monkeypatch, pair_error=pair_error and getattr(pynvml, pair_error))
+    changed = launch(kimi_sm120)
+    assert changed["NCCL_MIN_NCHANNELS"] == "8" and nccl(changed) <= UPSTREAM_NCCL | {"NCCL_MIN_NCHANNELS"}
+    assert launcher_log(caplog) == [SET_LINE]
 
 
 def test_pcie_nccl_probes_the_visible_gpus(launch, monkeypatch):
@@ -113,36 +88,27 @@ def test_pcie_nccl_probes_the_visible_gpus(launch, monkeypatch):
     assert fake.pairs == all_pairs([4, 5, 6, 7]) and changed["NCCL_MIN_NCHANNELS"] == "8"
 
 
-@pytest.mark.parametrize(
-    "user",
-    [
-        {"NCCL_MIN_NCHANNELS": "4"},
-        {"NCCL_MAX_NCHANNELS": "16"},
-        {"NCCL_MIN_NRINGS": "2"},
-        {"NCCL_MAX_CTAS": "8"},
-        {"NCCL_MIN_CTAS": "1"},
-    ],
-)
-def test_pcie_nccl_default_never_overrides_a_channel_setting(launch, kimi_tp8, monkeypatch, caplog, user):
+@pytest.mark.parametrize("setting", CHANNELS)
+def test_pcie_nccl_default_never_overrides_a_channel_setting(launch, kimi_sm120, monkeypatch, caplog, setting):
     """NCCL runs max(floor, min(found, ceiling)) channels: a floor would override any channel setting of the
     user's, so none is set then, and the log says which setting kept it off."""
     nvml(monkeypatch)
-    changed = launch(kimi_tp8, **user)
-    assert "NCCL_MIN_NCHANNELS" not in changed and {k: os.environ[k] for k in user} == user
-    assert launcher_log(caplog) == [f"NCCL defaults for PCIe not applied: {next(iter(user))} set."]
+    changed = launch(kimi_sm120, **{setting: "4"})
+    assert "NCCL_MIN_NCHANNELS" not in changed and os.environ[setting] == "4"
+    assert launcher_log(caplog) == [f"NCCL defaults for PCIe not applied: {setting} set."]
 
 
-def test_pcie_nccl_default_opt_out(launch, kimi_tp8, monkeypatch, caplog):
+def test_pcie_nccl_default_opt_out(launch, kimi_sm120, monkeypatch, caplog):
     from sglang.srt.environ import envs
 
     fake = nvml(monkeypatch)
-    changed = launch(kimi_tp8, SGLANG_PCIE_NCCL_DEFAULTS="0")
+    changed = launch(kimi_sm120, SGLANG_PCIE_NCCL_DEFAULTS="0")
     assert envs.SGLANG_PCIE_NCCL_DEFAULTS.get() is False
     assert "NCCL_MIN_NCHANNELS" not in changed and fake.inits == 0 and launcher_log(caplog) == []
 
 
 @pytest.mark.parametrize("failure", ["init", "pair", "uuid"])
-def test_pcie_nccl_unknown_topology_changes_nothing_and_says_so(launch, kimi_tp8, monkeypatch, caplog, failure):
+def test_pcie_nccl_unknown_topology_changes_nothing_and_says_so(launch, kimi_sm120, monkeypatch, caplog, failure):
     import pynvml
 
     env = {}
@@ -153,8 +119,8 @@ def test_pcie_nccl_unknown_topology_changes_nothing_and_says_so(launch, kimi_tp8
     else:  # GPU UUIDs in CUDA_VISIBLE_DEVICES: not NVML indices
         nvml(monkeypatch)
         env["CUDA_VISIBLE_DEVICES"] = ",".join(FakeNvml.uuid(i) for i in range(8))
-    changed = launch(kimi_tp8, **env)
-    assert {k for k in changed if k.startswith("NCCL_")} <= UPSTREAM_NCCL
+    changed = launch(kimi_sm120, **env)
+    assert nccl(changed) <= UPSTREAM_NCCL
     (line,) = launcher_log(caplog)
     assert line.startswith("NCCL defaults for PCIe not applied: topology unknown (")
 
@@ -165,6 +131,6 @@ def test_pcie_nccl_nvlink_tp1_and_multi_node_unchanged(launch, monkeypatch, shap
     fake = nvml(monkeypatch, nvlink=[(2, 5)] if shape == "nvlink" else ())
     sa = {"nvlink": server_args(12), "tp1": server_args(12, tp=1), "two_nodes": server_args(12, nnodes=2)}[shape]
     changed = launch(sa)
-    assert {k for k in changed if k.startswith("NCCL_")} <= UPSTREAM_NCCL
+    assert nccl(changed) <= UPSTREAM_NCCL
     assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" not in changed
     assert shape == "nvlink" or fake.inits == 0

@@ -26,15 +26,14 @@ def test_pcie_ipc_allreduce_default_on_pcie_only_sm120(monkeypatch, caplog):
     nvml(monkeypatch)
     with caplog.at_level(logging.INFO):
         assert off() is None and off(world=4) is None
-    assert any("Set SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0 to keep it off" in r.getMessage() for r in caplog.records)
+    assert any("Set SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0 to keep it off" in m for m in caplog.messages)
 
 
 @pytest.mark.parametrize("case", ["nvlink", "sm90", "tp2", "no_custom_all_reduce", "deterministic", "nvml_error"])
 def test_pcie_ipc_allreduce_default_stays_off(monkeypatch, case):
-    """Where another all-reduce serves the group (NVLink; TP2, where the custom all-reduce takes PCIe hosts), on
-    other GPUs, with --disable-custom-all-reduce (PCIe IPC is a custom all-reduce), with deterministic inference
-    (its tactic follows the shape), or when NVML cannot answer. The same host with NVLink-free SM120 GPUs at TP8
-    turns it on."""
+    """Where another all-reduce serves the group (NVLink; TP2: the custom all-reduce), on other GPUs, with
+    --disable-custom-all-reduce (PCIe IPC is one), deterministic inference (its tactic follows the shape), or when
+    NVML cannot answer; the same host with NVLink-free SM120 GPUs at TP8 turns it on."""
     import pynvml
 
     nvml(
@@ -54,8 +53,8 @@ def test_pcie_ipc_allreduce_default_stays_off(monkeypatch, case):
 
 
 def test_pcie_ipc_allreduce_default_is_a_group_vote(monkeypatch):
-    """Every rank asks NVML; a rank whose answer differs (here: another rank answered no) is outvoted on the host
-    group, so no rank builds a backend its peers skip."""
+    """Every rank asks NVML and the host group votes (here another rank answered no): no rank builds what a peer
+    skips."""
     import torch.distributed as dist
 
     nvml(monkeypatch)

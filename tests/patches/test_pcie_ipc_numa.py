@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import logging
-from types import SimpleNamespace
 
 import torch
 
 from _fake_nvml import BUS
-from _pcie import HIDDEN, communicator
+from _pcie import HIDDEN, communicator, on_pci_buses
 
 
 def test_pcie_ipc_logs_each_ranks_numa_node_and_warns_on_a_split_island(profile, monkeypatch, tmp_path, caplog):
@@ -24,13 +23,7 @@ def test_pcie_ipc_logs_each_ranks_numa_node_and_warns_on_a_split_island(profile,
         (tmp_path / bus).mkdir()
         (tmp_path / bus / "numa_node").write_text(f"{node}\n")
     monkeypatch.setattr(pcie_ipc_ar, "_SYSFS_PCI_DEVICES", str(tmp_path))
-    monkeypatch.setattr(
-        torch.cuda,
-        "get_device_properties",
-        lambda d: SimpleNamespace(
-            pci_domain_id=0, pci_bus_id=int(BUS[d.index or 0].split(":")[1], 16), pci_device_id=0
-        ),
-    )
+    on_pci_buses(monkeypatch)
     monkeypatch.setattr(dist, "all_reduce", lambda flag, op, group: None)  # every rank agrees
     monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
     monkeypatch.setattr(
@@ -43,7 +36,7 @@ def test_pcie_ipc_logs_each_ranks_numa_node_and_warns_on_a_split_island(profile,
     monkeypatch.setenv("FLASHINFER_AUTOTUNE_DIR", str(tmp_path / "tune"))
     with caplog.at_level(logging.INFO):
         communicator(_cpu_group="host-group", _tune=lambda hidden: None).prepare(hidden=HIDDEN, max_rows=64)
-    (ranks,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("FlashInfer PCIe-IPC ranks")]
+    (ranks,) = [m for m in caplog.messages if m.startswith("FlashInfer PCIe-IPC ranks")]
     for rank, (bus, node) in enumerate(zip(BUS, nodes, strict=True)):
         assert f"rank {rank}: GPU {bus} NUMA {node}" in ranks
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

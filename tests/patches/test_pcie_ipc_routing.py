@@ -1,7 +1,5 @@
-"""The PCIe-IPC all-reduce ahead of FlashInfer's allreduce-only path (GroupCoordinator.all_reduce, _pcie_ipc_takes).
-
-The real GroupCoordinator.all_reduce routes meta tensors (so it takes its GPU path) with the workspaces sized as the
-patched server sizes them for the shipped Kimi-K2.5 profile on SM120 (tests/patches/_pcie.py, conftest.py).
+"""The PCIe-IPC all-reduce ahead of FlashInfer's allreduce-only path: the real GroupCoordinator.all_reduce, with the
+workspaces the patched server sizes for the shipped Kimi-K2.5 profile on SM120 (_pcie.py, conftest.py).
 """
 
 from __future__ import annotations
@@ -9,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from _pcie import HIDDEN, SM120_FUSION_CAP, Workspace, prepared, route, widest_decode_rows
+from _pcie import HIDDEN, Workspace, prepared, route, widest_decode_rows
 
 U = pytest.mark.unchanged
 
@@ -18,7 +16,7 @@ U = pytest.mark.unchanged
 def test_pcie_ipc_workspace_is_sized_from_the_profile(profile):
     """The shipped profile (16 running requests, decode graphs to bs 16, 4 draft tokens) gives a 64-row PCIe-IPC
     workspace: the widest verify batch, not the 192-row default of an unconfigured server."""
-    max_rows = widest_decode_rows(profile.args)
+    max_rows = widest_decode_rows(profile)
     prepared(max_rows)
     (ws,) = Workspace.built
     assert max_rows == 64 and ws.max_numel == 64 * HIDDEN and max(ws.kw["tune_batches"]) == 64
@@ -47,17 +45,15 @@ def test_pcie_ipc_workspace_is_sized_from_the_profile(profile):
 def test_pcie_ipc_routing_from_the_profile_sizes(profile, tp8, fusion_workspace, n, fusion_on, want):
     """Which collective takes a plain TP all-reduce of n rows x 7168 bf16."""
     if fusion_on:
-        fusion_workspace(SM120_FUSION_CAP)
-        tp8._fi_workspace_hint = "attn_tp"
-    tp8.pcie_ipc_comm = prepared(widest_decode_rows(profile.args))
+        fusion_workspace()
+    tp8.pcie_ipc_comm = prepared(widest_decode_rows(profile))
     assert route(tp8, n) == want
 
 
 @U
 def test_pcie_ipc_absent_disabled_or_refusing_keeps_flashinfer(profile, tp8, fusion_workspace):
     """No communicator, a disabled one, or one refusing the tensor (PCIe IPC serves bf16 only)."""
-    fusion_workspace(SM120_FUSION_CAP)
-    tp8._fi_workspace_hint = "attn_tp"
+    fusion_workspace()
     assert route(tp8, 8) == "flashinfer"
     tp8.pcie_ipc_comm = prepared(64)
     tp8.pcie_ipc_comm.disabled = True

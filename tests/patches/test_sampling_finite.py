@@ -1,11 +1,9 @@
 """A request's sampling values never make the sampler's probabilities non-finite.
 
 A logit_bias near the float32 maximum over a temperature below 1 overflows to inf, and a row whose every token is
--inf (a logit_bias or grammar that allows none) softmaxes to NaN: on the pytorch backend torch.multinomial then
-fails (on a GPU a device assert that takes the whole server down, every batched request with it). One greedy
-request in the batch is enough to send the sampled ones there (greedy is top_k = 1). These tests run the real
-Sampler of the patched tree on CPU over SamplingBatchInfo's real logit_bias step, as the model runner calls them,
-and the speculative verify's softmax (kernels/ops/sampling.softmax).
+-inf (a logit_bias or grammar that allows none) softmaxes to NaN: torch.multinomial then fails (on a GPU a device
+assert that takes the server down, every batched request with it); one greedy request in the batch sends the sampled
+ones there. The real Sampler on CPU over SamplingBatchInfo's real logit_bias step, and the verify's softmax.
 """
 
 from __future__ import annotations
@@ -85,8 +83,8 @@ GREEDY = {"temperature": 1.0, "top_k": 1}  # what SamplingParams makes of temper
     ids=["max-bias-over-half", "big-bias-over-1e-5", "two-max-biases", "every-token-banned"],
 )
 def test_a_batch_with_an_overflowing_row_samples_every_row(sampler, rows, want):
-    """Each row gets a token of the vocabulary (the unpatched sampler raises: "probability tensor contains either
-    inf, nan or element < 0"); a token biased to the float32 maximum is the one sampled."""
+    """Each row gets a token of the vocabulary (unpatched: "probability tensor contains either inf, nan or element <
+    0"); a token biased to the float32 maximum is the one sampled."""
     ids = sample(sampler, rows)
     assert len(ids) == len(rows) and all(0 <= t < VOCAB for t in ids), ids
     for row, token in want.items():

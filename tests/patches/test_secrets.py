@@ -1,11 +1,9 @@
 """The API keys (and the SSL key password) never reach the startup log line or /server_info.
 
-Upstream SGLang logs server_args at startup and returns the resolved arguments from GET /server_info (an endpoint at
-the NORMAL auth level) and /get_server_info; both went through the watermark-only redaction, so anyone holding the
-plain API key read the admin key there, and `launch_command` carried `--api-key K` verbatim. The tests run the real
-logging helper (entrypoints/engine.py _server_args_for_logging), the real endpoint coroutines
-(entrypoints/http_server.py server_info / get_server_info) over server arguments parsed from a real command line by
-prepare_server_args, with only the tokenizer manager's live state stood in.
+Upstream logs server_args at startup and returns them from GET /server_info (NORMAL auth level) and /get_server_info
+through the watermark-only redaction: anyone holding the plain API key read the admin key there, and
+`launch_command` carried `--api-key K` verbatim. The real logging helper and endpoint coroutines, over arguments
+parsed from a real command line by prepare_server_args; only the tokenizer manager's live state is stood in.
 """
 
 from __future__ import annotations
@@ -32,19 +30,10 @@ PEM = Path(tempfile.mkdtemp(prefix="secrets-test-"))  # --ssl-certfile/--ssl-key
 def parsed(*extra: str):
     from sglang.srt.server_args import prepare_server_args
 
-    argv = [
-        "--model-path",
-        str(KIMI_K25),
-        "--tp-size",
-        "8",
-        "--device",
-        "cuda",
-        "--ssl-certfile",
-        str(PEM / "cert.pem"),
-        *extra,
-    ]
+    model = ["--model-path", str(KIMI_K25), "--tp-size", "8", "--device", "cuda"]
+    cert = ["--ssl-certfile", str(PEM / "cert.pem")]  # what --ssl-keyfile needs beside it
     with platform(12):
-        sa = prepare_server_args(argv)
+        sa = prepare_server_args([*model, *cert, *extra])
         sa.resolve_once()
     return sa
 
@@ -64,9 +53,9 @@ def test_secrets_redacted_in_the_startup_log_line(form):
 
     sa = parsed(*COMMAND_LINES[form])
     assert (sa.api_key, sa.admin_api_key, sa.ssl_keyfile_password) == SECRETS  # the server still has them
-    line = f"server_args={_server_args_for_logging(sa)}"
-    assert not any(s in line for s in SECRETS), line
     logged = _server_args_for_logging(sa)
+    line = f"server_args={logged}"
+    assert not any(s in line for s in SECRETS), line
     assert logged["api_key"] == logged["admin_api_key"] == logged["ssl_keyfile_password"] == "<redacted>"
 
 

@@ -1,21 +1,13 @@
 """Every fixed-width EAGLE verify batch replays a CUDA graph, and every speculative fallback is counted.
 
-Drives the real SGLang code of the tree under test:
-- DecodeCudaGraphRunner and the two EAGLE draft runners: can_run_graph / graph_fallback_reason (runners built without
-  __init__, SimpleNamespace forward batches),
-- ModelRunner.forward / _forward_raw counting each target-verify forward by outcome (ModelRunner built without
-  __init__; only the graph replays and the eager model forward themselves are stubbed), once under an elastic-EP
-  retry; EagleDraftWorker.draft and _draft_extend_for_decode counting the draft stages,
-- the /server_info readback (SchedulerInternalStateController) and the Prometheus counter fed by
-  SchedulerMetricsReporter.report_decode_stats,
-- resolved ServerArgs for Kimi-K2.5 + EAGLE-3 (topk 1, 4 draft tokens, TP8) on a faked SM120 box with 96 GB GPUs:
-  the captured decode/verify batch sizes cover every batch the scheduler can form (resolution-time cap, then
-  ModelRunner's cap to the largest size really captured), and speculative decoding with decode CUDA graphs off, or
-  compact ragged verify without ragged graphs, is announced at startup.
+The real graph runners' decisions, ModelRunner.forward, the EAGLE draft stages, /server_info and the Prometheus
+counter (tests/patches/_graphs.py builds the runners); resolved Kimi-K2.5 + EAGLE-3 ServerArgs on a faked SM120 box:
+the captured batch sizes cover every batch the scheduler can form, and an eager verify is announced at startup.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from types import SimpleNamespace
 
@@ -24,11 +16,10 @@ import torch
 
 import _graphs as g
 from _graphs import MAX_BS
-from _sgl import published, resolved, sm120_args
+from _sgl import bare, published, resolved, sm120_args
 
+U = pytest.mark.unchanged
 WIDTH = 4  # num_draft_tokens for steps=3, topk=1
-
-
 PADDING_OFF = dict(disable_padding=True, backend=SimpleNamespace(can_run=lambda fb, key: key.size in (1, 2, 4, 8)))
 CASES = {  # name: (runner overrides, batch kwargs, expected reason or None for graph replay)
     "bs1": ({}, dict(bs=1), None),
@@ -45,32 +36,28 @@ CASES = {  # name: (runner overrides, batch kwargs, expected reason or None for 
 }
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# can_run_graph decisions
-# ---------------------------------------------------------------------------------------------------------------
+# The graph/eager decision is upstream's (unchanged); the patch names the reason.
+DECISION_OR_REASON = pytest.mark.parametrize("what", [pytest.param("decision", marks=U), "reason"])
 
 
-@pytest.mark.unchanged
+def check_graph_decision(what, r, fb, reason):
+    if what == "decision":
+        assert bool(r.can_run_graph(fb)) is (reason is None)
+    else:
+        assert r.graph_fallback_reason(fb) == reason and r.can_run_graph(fb) is (reason is None)
+
+
+@DECISION_OR_REASON
 @pytest.mark.parametrize("case", CASES)
-def test_verify_can_run_graph_decision_unchanged(case):
-    """The graph/eager decision itself is upstream's; the patch only names the reason."""
+def test_verify_graph_fallback_reason(case, what):
     runner_kw, batch_kw, reason = CASES[case]
-    assert bool(g.runner(**runner_kw).can_run_graph(g.verify_batch(**batch_kw))) is (reason is None)
+    check_graph_decision(what, g.runner(**runner_kw), g.verify_batch(**batch_kw), reason)
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_verify_graph_fallback_reason(case):
-    runner_kw, batch_kw, reason = CASES[case]
-    r, fb = g.runner(**runner_kw), g.verify_batch(**batch_kw)
-    assert r.graph_fallback_reason(fb) == reason
-    assert r.can_run_graph(fb) is (reason is None)
-
-
-@pytest.mark.unchanged
+@U
 def test_verify_batches_never_carry_replace_embeds(monkeypatch):
-    """Route closed upstream already: replace_embeds only comes from positional_embed_overrides (the scoring API)
-    in prepare_for_extend, and a speculative decode step clears it before the spec worker builds the verify
-    batch. Kimi-K2.5's multimodal wrapper merges image features inside its forward, never via replace_embeds."""
+    """Upstream's own guarantee that the verify graph relies on: a speculative decode step clears replace_embeds (the
+    scoring API's) before the verify batch is built; Kimi-K2.5 merges image features inside its forward."""
     from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.speculative import spec_utils
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -93,18 +80,12 @@ def test_verify_batches_never_carry_replace_embeds(monkeypatch):
     assert handed == [(None, None, None)]
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # Counters: SpecGraphStats, ModelRunner.forward, the EAGLE draft stages, /server_info, Prometheus
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def _eager_runner():
-    from sglang.srt.model_executor.runner.eager_runner import EagerRunner
-
-    return EagerRunner.__new__(EagerRunner)
 
 
 def test_spec_graph_stats_count_outcomes_and_warn_once_per_stage_and_reason(caplog):
+    from sglang.srt.model_executor.runner.eager_runner import EagerRunner
+
     stats, r = g.stats(), g.runner()
     forwards = [
         (r, g.verify_batch(bs=4)),
@@ -113,7 +94,7 @@ def test_spec_graph_stats_count_outcomes_and_warn_once_per_stage_and_reason(capl
         (r, g.verify_batch(bs=MAX_BS + 1)),
         (r, g.verify_batch(width=1)),
         (None, g.verify_batch()),
-        (_eager_runner(), g.verify_batch()),
+        (bare(EagerRunner), g.verify_batch()),
         (r, g.verify_batch(bs=1)),
     ]
     with caplog.at_level(logging.WARNING):
@@ -129,7 +110,7 @@ def test_spec_graph_stats_count_outcomes_and_warn_once_per_stage_and_reason(capl
     )
     assert got["draft_decode"] == g.graph(eager=1, no_graph_runner=1)
     assert got["draft_extend"] == g.graph(eager=1, dsa_topk_seed=1)
-    warned = [rec.getMessage() for rec in caplog.records if rec.levelno == logging.WARNING]
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 5, warned
     for stage, reason in (
         ("target_verify", "batch_above_max_bs"),
@@ -179,21 +160,16 @@ def test_spec_graph_forward_counts_every_target_verify_forward(kimi):
     assert draft.spec_graph_stats.to_dict()["target_verify"] == g.graph()
 
 
-def test_eager_speculative_forwards_record_their_collectives(kimi, monkeypatch):
-    """The real ModelRunner.forward: an eager target-verify forward and a draft worker's eager draft-extend forward
-    record the collectives they issue as `<stage>_eager` (counted in forwards) for /server_info's
-    spec_collectives; a graph replay records nothing at replay (its capture did), neither does a non-speculative
-    eager decode, and a draft model forward inside a graph's capture (the draft decode graph's) counts for that
-    graph, not as an eager forward (issue 22 item 1)."""
-    from sglang.srt.distributed import collective_stats
+def test_eager_speculative_forwards_record_their_collectives(kimi, collectives):
+    """The real ModelRunner.forward: an eager target-verify or draft-extend forward records its collectives as
+    `<stage>_eager` (counted in forwards); a graph replay records nothing (its capture did), nor does a plain eager
+    decode, and a draft forward inside a graph's capture counts for that graph (issue 22 item 1)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    def eager(fb, pp_proxy_tensors=None):  # what GroupCoordinator notes for one reduction of the batch's rows
-        collective_stats.note("all_reduce", "pcie_ipc", torch.empty(fb.input_ids.numel(), 8, dtype=torch.bfloat16))
+    def eager(fb, pp_proxy_tensors=None):  # one reduction of the batch's rows
+        g.reduce(fb.input_ids.numel())
         return "eager"
 
-    monkeypatch.setenv("SGLANG_RECORD_SPEC_COLLECTIVES", "1")
-    collective_stats.reset()
     mr = g.model_runner(g.runner())
     mr.eager_runner.execute = eager
     outs = [g.forward(mr, fb) for fb in (g.verify_batch(bs=2), g.verify_batch(bs=MAX_BS + 1), g.verify_batch(bs=1))]
@@ -201,34 +177,18 @@ def test_eager_speculative_forwards_record_their_collectives(kimi, monkeypatch):
     mr.decode_cuda_graph_runner = None
     g.forward(mr, g.verify_batch(bs=1))  # no graph runner: eager, narrower than the widest recorded
     g.forward(mr, g.verify_batch(bs=2, forward_mode=ForwardMode.DECODE, spec_info=None))  # plain decode
-    rows = (MAX_BS + 1) * WIDTH
-    assert collective_stats.snapshot() == {
-        "target_verify_eager": {
-            "calls": {"all_reduce": {"pcie_ipc": 1}},
-            "bytes": {"all_reduce": rows * 8 * 2},
-            "forwards": 2,
-        }
-    }
+    assert collectives.snapshot() == {"target_verify_eager": g.reduced(1, (MAX_BS + 1) * WIDTH, forwards=2)}
 
     draft = g.model_runner(None, is_draft_worker=True)
     draft.eager_runner.execute = eager
     g.forward(draft, g.verify_batch(bs=2, forward_mode=ForwardMode.DRAFT_EXTEND_V2))
-    with collective_stats.recording("draft_decode"):  # as FullCudaGraphBackend captures the draft decode graph
+    with collectives.recording("draft_decode"):  # as FullCudaGraphBackend captures the draft decode graph
         g.forward(draft, g.verify_batch(bs=2, width=1, forward_mode=ForwardMode.DECODE))
         g.forward(draft, g.verify_batch(bs=2, width=1, forward_mode=ForwardMode.DRAFT_EXTEND_V2))
-    got = collective_stats.snapshot()
-    assert got["draft_extend_eager"] == {
-        "calls": {"all_reduce": {"pcie_ipc": 1}},
-        "bytes": {"all_reduce": 2 * WIDTH * 8 * 2},
-        "forwards": 1,
-    }
-    assert got["draft_decode"] == {
-        "calls": {"all_reduce": {"pcie_ipc": 2}},
-        "bytes": {"all_reduce": 2 * 2 * 8 * 2},
-        "graphs": 1,
-    }
-    assert set(got) == {"target_verify_eager", "draft_extend_eager", "draft_decode"}
-    collective_stats.reset()
+    got = collectives.snapshot()
+    assert got.pop("draft_extend_eager") == g.reduced(1, 2 * WIDTH, forwards=1)
+    assert got.pop("draft_decode") == g.reduced(2, 2 * 2, graphs=1)
+    assert list(got) == ["target_verify_eager"]
 
 
 def test_spec_graph_elastic_ep_retry_counts_one_verify_once(kimi, monkeypatch):
@@ -248,8 +208,8 @@ def _draft_runner(stage="draft_decode", **overrides):
     from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import EAGLEDraftExtendCudaGraphRunner as Extend
 
     cls, width = (Decode, 1) if stage == "draft_decode" else (Extend, WIDTH)
-    r = cls.__new__(cls)
-    vars(r).update(
+    r = bare(
+        cls,
         captured_req_width=width,
         require_mlp_tp_gather=False,
         disable_padding=False,
@@ -284,23 +244,14 @@ DRAFT_CASES = {
 }
 
 
+@DECISION_OR_REASON
 @pytest.mark.parametrize("case", DRAFT_CASES)
 @pytest.mark.parametrize("stage", ["draft_decode", "draft_extend"])
-def test_spec_graph_draft_runner_fallback_reason(stage, case):
-    """The draft runners name the reason a batch misses their graph; the decision itself is upstream's."""
+def test_spec_graph_draft_runner_fallback_reason(stage, case, what):
     runner_kw, batch_kw, reason = DRAFT_CASES[case]
     if stage == "draft_extend":  # captured at num_draft_tokens rows per request
         batch_kw = {**batch_kw, "width": 1 if "width" in batch_kw else WIDTH}
-    runner, fb = _draft_runner(stage, **runner_kw), _draft_batch(**batch_kw)
-    assert runner.graph_fallback_reason(fb) == reason
-    assert runner.can_run_graph(fb) is (reason is None)
-
-
-@pytest.mark.unchanged
-@pytest.mark.parametrize("case", DRAFT_CASES)
-def test_spec_graph_draft_runner_decision_unchanged(case):
-    runner_kw, batch_kw, reason = DRAFT_CASES[case]
-    assert bool(_draft_runner(**runner_kw).can_run_graph(_draft_batch(**batch_kw))) is (reason is None)
+    check_graph_decision(what, _draft_runner(stage, **runner_kw), _draft_batch(**batch_kw), reason)
 
 
 class _Stop(Exception):
@@ -308,13 +259,13 @@ class _Stop(Exception):
 
 
 def _eagle_draft_worker(monkeypatch, graph_runner, extend_runner):
-    """The real EagleDraftWorker (no __init__) of a 3-step chain; its GPU work is stubbed: the draft forward, the
-    graph replays and the verify-input builder."""
+    """The real EagleDraftWorker (no __init__) of a 3-step chain; the draft forward, the graph replays and the
+    verify-input builder stubbed."""
     from sglang.srt.speculative import eagle_worker_v2 as ew
 
     target = SimpleNamespace(model_runner=SimpleNamespace(spec_graph_stats=g.stats(), kv_index_translator=None))
-    w = ew.EagleDraftWorker.__new__(ew.EagleDraftWorker)
-    vars(w).update(
+    w = bare(
+        ew.EagleDraftWorker,
         req_to_token_pool=None,
         cuda_graph_runner=graph_runner,
         cuda_graph_runner_for_draft_extend=extend_runner,
@@ -329,7 +280,7 @@ def _eagle_draft_worker(monkeypatch, graph_runner, extend_runner):
         draft_attn_backend=SimpleNamespace(init_forward_metadata=lambda fb: None),
         draft_forward=lambda fb: (None, None, None, None),
         plan_stream=None,
-        plan_stream_ctx=__import__("contextlib").nullcontext(),
+        plan_stream_ctx=contextlib.nullcontext(),
     )
     if graph_runner is not None:
         graph_runner.execute = lambda fb: (None, None, None, None)
@@ -339,23 +290,19 @@ def _eagle_draft_worker(monkeypatch, graph_runner, extend_runner):
     return w, target.model_runner.spec_graph_stats
 
 
-def test_spec_graph_eagle_draft_decode_counted(monkeypatch):
+def test_spec_graph_eagle_draft_decode_counted(monkeypatch, collectives):
     """EagleDraftWorker.draft records its draft-decode forward: graph when its runner takes the batch, eager with
     the runner's reason otherwise (here a batch above the captured maximum)."""
     from sglang.srt.speculative import eagle_worker_v2 as ew
 
-    from sglang.srt.distributed import collective_stats
-
     w, stats = _eagle_draft_worker(monkeypatch, _draft_runner(), None)
 
     def draft_forward(fb):  # each of the 2 draft decode steps reduces the batch's rows once
-        for _ in range(w.speculative_num_steps - 1):
-            collective_stats.note("all_reduce", "pcie_ipc", torch.empty(fb.batch_size, 8, dtype=torch.bfloat16))
+        g.reduce(fb.batch_size)
+        g.reduce(fb.batch_size)
         return None, None, None, None
 
     w.draft_forward = draft_forward
-    monkeypatch.setenv("SGLANG_RECORD_SPEC_COLLECTIVES", "1")
-    collective_stats.reset()
     for bs in (4, MAX_BS + 1):
         fb = _draft_batch(bs=bs, mark_forward_metadata_ready=lambda: None)
         monkeypatch.setattr(
@@ -364,14 +311,7 @@ def test_spec_graph_eagle_draft_decode_counted(monkeypatch):
         w.draft(SimpleNamespace(spec_info=SimpleNamespace(dsa_topk_indices=None)))
     assert stats.to_dict()["draft_decode"] == g.graph(1, eager=1, batch_above_max_bs=1)
     # the eager one's collectives, both steps as one forward (issue 22 item 1)
-    assert collective_stats.snapshot() == {
-        "draft_decode_eager": {
-            "calls": {"all_reduce": {"pcie_ipc": 2}},
-            "bytes": {"all_reduce": 2 * (MAX_BS + 1) * 8 * 2},
-            "forwards": 1,
-        }
-    }
-    collective_stats.reset()
+    assert collectives.snapshot() == {"draft_decode_eager": g.reduced(2, 2 * (MAX_BS + 1), forwards=1)}
 
 
 def test_spec_graph_eagle_draft_extend_counted(monkeypatch):
@@ -433,8 +373,8 @@ def test_spec_graph_counts_in_prometheus_metrics(kimi):
 
     collector = Collector(labels={"model_name": "kimi", "tp_rank": 0, "moe_ep_rank": 0}, server_args=kimi)
     stats = g.stats()
-    reporter = SchedulerMetricsReporter.__new__(SchedulerMetricsReporter)
-    vars(reporter).update(
+    reporter = bare(
+        SchedulerMetricsReporter,
         scheduler=g.scheduler(stats),
         metrics_collector=collector,
         current_scheduler_metrics_enabled=True,
@@ -479,23 +419,20 @@ def test_spec_graph_counts_in_prometheus_metrics(kimi):
     assert "spec_cuda_graph_forwards" not in generate_latest(registry).decode()
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # Capture sizes cover every batch the scheduler can form (resolved ServerArgs, faked SM120)
-# ---------------------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     "kw, running",
     [
-        pytest.param({}, 48, marks=pytest.mark.unchanged, id="defaults"),
+        pytest.param({}, 48, marks=U, id="defaults"),
         pytest.param(dict(max_running_requests=1024), 512, id="many-requests"),
         pytest.param(dict(cuda_graph_max_bs_decode=32), 32, id="small-graph"),
     ],
 )
 def test_verify_capture_sizes_cover_the_running_requests(kw, running):
-    """The defaults (48 running requests), --max-running-requests above the default decode graph max (512 on a 96
-    GB GPU at TP8), --cuda-graph-max-bs-decode below the speculative default of 48: every batch a DP worker can form
-    has a captured verify graph."""
+    """The defaults, --max-running-requests above the default decode graph max (512 on a 96 GB GPU at TP8),
+    --cuda-graph-max-bs-decode below the speculative default of 48: every batch a DP worker forms has a graph."""
     sa = sm120_args(**kw)
     assert resolved(sa, "attention_backend") == "triton"  # SM120 MLA default
     assert resolved(sa, "speculative_num_draft_tokens") == WIDTH and resolved(sa, "max_running_requests") == running
@@ -504,11 +441,9 @@ def test_verify_capture_sizes_cover_the_running_requests(kw, running):
 
 
 def test_verify_running_requests_capped_to_the_largest_captured_graph(monkeypatch, caplog):
-    """Two-batch overlap with --cuda-graph-max-bs-decode 15: the capture filter keeps only even sizes (TBO alignment
-    2 at one row per request), so 15 is configured but 14 is the largest graph captured. The real
-    ModelRunner.init_cuda_graphs, with only the GPU capture stubbed (cuda_graph_setup.capture_cuda_graphs returns
-    the decode runner with the real capture list), lowers max_running_requests to 14: every batch the scheduler can
-    form (1..max_running_requests) replays a verify graph."""
+    """Two-batch overlap with --cuda-graph-max-bs-decode 15 captures even sizes only (TBO alignment 2), so 14 is the
+    largest graph. The real ModelRunner.init_cuda_graphs (the GPU capture stubbed, the real capture list) lowers
+    max_running_requests to 14: every batch the scheduler can form replays a verify graph."""
     from sglang.srt.model_executor import model_runner as mr_mod
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
@@ -525,8 +460,8 @@ def test_verify_running_requests_capped_to_the_largest_captured_graph(monkeypatc
     )
     monkeypatch.setattr(mr_mod, "capture_cuda_graphs", lambda **kw: captured)
     monkeypatch.setattr(mr_mod, "prebuild_deepep_v2_buffer", lambda model: None)
-    mr = mr_mod.ModelRunner.__new__(mr_mod.ModelRunner)
-    vars(mr).update(
+    mr = bare(
+        mr_mod.ModelRunner,
         is_draft_worker=False,
         spec_algorithm=SpeculativeAlgorithm.EAGLE3,
         max_running_requests=pool_size,
@@ -537,18 +472,15 @@ def test_verify_running_requests_capped_to_the_largest_captured_graph(monkeypatc
         mr.init_cuda_graphs()
     assert (mr.max_running_requests, mr.memory_pool_config.max_running_requests) == (14, 14) == (max(capture_bs),) * 2
     assert all(graph_runner.graph_fallback_reason(g.verify_batch(bs=bs)) is None for bs in range(1, 15))
-    assert any("capped from 15 to 14" in r.getMessage() for r in caplog.records)
+    assert any("capped from 15 to 14" in m for m in caplog.messages)
 
 
 def test_verify_cap_covers_the_draft_graphs(monkeypatch, caplog):
-    """TP8 with DP attention (dp 2) and --cuda-graph-max-bs-decode 15: gathered buffers, so a graph's batch sizes
-    must give a token count divisible by attn_tp_size (4). The target verify graph (4 rows per request) keeps
-    1..8, 10, 12, 14, 15; both draft graphs (1 row per request) keep 4, 8, 12 only. The real
-    EagleDraftWorker._capture_cuda_graphs caps the target's max_running_requests to the largest batch its
-    draft-decode and draft-extend graphs captured, so no batch runs those stages eagerly every step. The two graph
-    runners are the real classes with their GPU capture left out (their capture lists come from the same
-    get_batch_sizes_to_capture call their __init__ makes); the platform is an XPU-style builtin one, which needs
-    no CUDA-only attention imports."""
+    """TP8, DP attention 2, --cuda-graph-max-bs-decode 15: a graph's token count must divide by attn_tp_size (4), so
+    the verify graph (4 rows a request) keeps 1..8, 10, 12, 14, 15 and both draft graphs (1 row) only 4, 8, 12. The
+    real EagleDraftWorker._capture_cuda_graphs caps max_running_requests to the largest draft batch captured, so no
+    batch drafts eagerly every step. The draft runners are the real classes without their GPU capture, on an
+    XPU-style platform (no CUDA-only attention imports)."""
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.model_executor.runner.base_cuda_graph_runner import get_batch_sizes_to_capture
@@ -572,26 +504,26 @@ def test_verify_cap_covers_the_draft_graphs(monkeypatch, caplog):
     for flag, value in (("_is_cpu", False), ("_is_cuda", False), ("_is_xpu", True), ("_is_hip", False)):
         monkeypatch.setattr(ew, flag, value)
     monkeypatch.setattr(ew, "get_available_gpu_memory", lambda device, gpu_id: 80.0)
-    target = ModelRunner.__new__(ModelRunner)
+    target = bare(
+        ModelRunner,
+        is_draft_worker=False,
+        spec_algorithm=SpeculativeAlgorithm.EAGLE3,
+        max_running_requests=pool.size,
+        memory_pool_config=None,
+        decode_cuda_graph_runner=SimpleNamespace(capture_bs=target_bs),
+    )
     with published(sa):
-        vars(target).update(
-            is_draft_worker=False,
-            spec_algorithm=SpeculativeAlgorithm.EAGLE3,
-            max_running_requests=pool.size,
-            memory_pool_config=None,
-            decode_cuda_graph_runner=SimpleNamespace(capture_bs=target_bs),
-        )
         target._cap_running_requests_to_verify_graphs()
         assert target.max_running_requests == 15  # the target's own graphs cover 15
-        w = ew.EagleDraftWorker.__new__(ew.EagleDraftWorker)
-        vars(w).update(
+        w = bare(
+            ew.EagleDraftWorker,
             target_worker=SimpleNamespace(model_runner=target, device="xpu"),
             speculative_num_steps=3,
             speculative_num_draft_tokens=WIDTH,
             topk=1,
             speculative_algorithm=SpeculativeAlgorithm.EAGLE3,
             draft_runner=SimpleNamespace(req_to_token_pool=pool, server_args=sa),
-            draft_extend_attn_backend=TritonAttnBackend.__new__(TritonAttnBackend),
+            draft_extend_attn_backend=bare(TritonAttnBackend),
             device="xpu",
             gpu_id=0,
             _specialized_graph_memory_usage={},
@@ -602,7 +534,7 @@ def test_verify_cap_covers_the_draft_graphs(monkeypatch, caplog):
     assert runner_of["EAGLEDraftCudaGraphRunner"].capture_bs == [4, 8, 12]
     assert runner_of["EAGLEDraftExtendCudaGraphRunner"].capture_bs == [4, 8, 12]
     assert target.max_running_requests == 12
-    assert any("capped from 15 to 12" in r.getMessage() and "draft_decode" in r.getMessage() for r in caplog.records)
+    assert any("capped from 15 to 12" in m and "draft_decode" in m for m in caplog.messages)
 
 
 @pytest.mark.parametrize("draft, spec", [(True, True), (False, False)])
@@ -610,8 +542,8 @@ def test_verify_running_request_cap_leaves_draft_and_plain_runners(draft, spec):
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    mr = ModelRunner.__new__(ModelRunner)
-    vars(mr).update(
+    mr = bare(
+        ModelRunner,
         is_draft_worker=draft,
         max_running_requests=48,
         memory_pool_config=None,
@@ -622,70 +554,53 @@ def test_verify_running_request_cap_leaves_draft_and_plain_runners(draft, spec):
     assert mr.max_running_requests == 48
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # Eager verify said at startup: decode CUDA graphs off, compact ragged verify without ragged graphs
-# ---------------------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("flag", ["disable_cuda_graph", "disable_decode_cuda_graph"])
 def test_verify_warns_at_startup_without_decode_cuda_graph(flag, caplog):
-    """Speculation with the target's decode graphs off starts (upstream's own test kit runs EAGLE-3 with
-    --disable-cuda-graph), with one warning that names the cause, the cost and where the eager verifies are
-    counted."""
+    """Speculation with the decode graphs off starts (upstream's test kit runs EAGLE-3 so), with one warning naming
+    the cause, the cost and where the eager verifies are counted."""
     with caplog.at_level(logging.WARNING):
         sa = sm120_args(**{flag: True})
     assert resolved(sa, "cuda_graph_config").decode.backend == "disabled"
     assert resolved(sa, "speculative_algorithm") == "EAGLE3"
-    (msg,) = [r.getMessage() for r in caplog.records if "decode CUDA graphs disabled" in r.getMessage()]
+    (msg,) = [m for m in caplog.messages if "decode CUDA graphs disabled" in m]
     assert "--" + flag.replace("_", "-") in msg and "spec_cuda_graph" in msg and "no_graph_runner" in msg
 
 
-@pytest.mark.unchanged
+@U
 def test_verify_warning_leaves_non_speculative_servers_alone(caplog):
     with caplog.at_level(logging.WARNING):
         sa = sm120_args(spec=False, disable_cuda_graph=True)
     assert resolved(sa, "cuda_graph_config").decode.backend == "disabled"
-    assert not [r for r in caplog.records if "Speculative decoding" in r.getMessage()]
+    assert not [m for m in caplog.messages if "Speculative decoding" in m]
 
 
-@pytest.mark.parametrize("backend_cls, warned", [("TritonAttnBackend", True), ("FlashInferMLAAttnBackend", False)])
-def test_verify_compact_ragged_verify_without_ragged_graphs_warns(caplog, backend_cls, warned):
-    """SGLANG_RAGGED_VERIFY_MODE=compact on an attention backend that captures no ragged verify graphs (triton, the
-    SM120 MLA default) sends every target verify to eager: the runner says so once at startup."""
-    from sglang.srt.layers.attention.flashinfer_mla_backend import FlashInferMLAAttnBackend
-    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
-
-    cls = {"TritonAttnBackend": TritonAttnBackend, "FlashInferMLAAttnBackend": FlashInferMLAAttnBackend}[backend_cls]
-    runner = g.runner(ragged_verify_mode=True, attn_backend=cls.__new__(cls))
-    with caplog.at_level(logging.WARNING):
-        runner._warn_if_ragged_verify_runs_eager()
-    msgs = [r.getMessage() for r in caplog.records if "SGLANG_RAGGED_VERIFY_MODE" in r.getMessage()]
-    assert bool(msgs) is warned
-    if warned:
-        assert backend_cls in msgs[0] and "SGLANG_RAGGED_VERIFY_MODE=static" in msgs[0]
-
-
-def test_verify_compact_ragged_verify_warning_is_wired_into_the_runner(kimi, monkeypatch, caplog):
-    """The startup warning comes from DecodeCudaGraphRunner.__init__ itself: the real constructor, on a target
-    runner stand-in (MagicMock with the fields it reads) and the triton backend, logs it before it reaches the
-    attention backend's graph buffers (where this test's backend, which has none, stops it)."""
+@pytest.mark.parametrize(
+    "module, backend",
+    [("triton", "TritonAttnBackend"), pytest.param("flashinfer_mla", "FlashInferMLAAttnBackend", marks=U)],
+)
+def test_verify_compact_ragged_verify_without_ragged_graphs_warns(kimi, monkeypatch, caplog, module, backend):
+    """SGLANG_RAGGED_VERIFY_MODE=compact on a backend that captures no ragged verify graphs (triton, the SM120 MLA
+    default) sends every target verify to eager: the real DecodeCudaGraphRunner.__init__ (a MagicMock target runner)
+    says so before it reaches the backend's graph buffers (where this backend, which has none, stops it)."""
+    import importlib
     from unittest import mock
 
-    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
     from sglang.srt.model_executor.runner import base_runner
     from sglang.srt.model_executor.runner import decode_cuda_graph_runner as dcgr
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     monkeypatch.setattr(dcgr, "ragged_verify_compact_graphs_enabled", lambda algo: True)
-    backend = TritonAttnBackend.__new__(TritonAttnBackend)
-    backend.dllm_attention = None
+    cls = getattr(importlib.import_module(f"sglang.srt.layers.attention.{module}_backend"), backend)
     mr = mock.MagicMock()
     mr.configure_mock(
         spec_algorithm=SpeculativeAlgorithm.EAGLE3,
         is_draft_worker=False,
         lora_manager=None,
         server_args=kimi,
-        attn_backend=backend,
+        attn_backend=bare(cls, dllm_attention=None),
         device="cpu",
         **{
             "model_config.is_encoder_decoder": False,
@@ -700,5 +615,6 @@ def test_verify_compact_ragged_verify_warning_is_wired_into_the_runner(kimi, mon
     monkeypatch.setattr(base_runner, "TboCudaGraphRunnerPlugin", lambda: None)  # allocates on the GPU
     with caplog.at_level(logging.WARNING), pytest.raises(AttributeError):
         dcgr.DecodeCudaGraphRunner(mr)
-    (msg,) = [r.getMessage() for r in caplog.records if "SGLANG_RAGGED_VERIFY_MODE=compact" in r.getMessage()]
-    assert "TritonAttnBackend" in msg
+    warned = [m for m in caplog.messages if "SGLANG_RAGGED_VERIFY_MODE" in m]
+    assert len(warned) == (1 if module == "triton" else 0), warned
+    assert all(backend in m and "SGLANG_RAGGED_VERIFY_MODE=static" in m for m in warned)

@@ -1,11 +1,7 @@
-"""The table of request fields and their ranges (tests/_request_fields.py) held against the real HTTP app of the
-patched tree on CPU (tests/_app.py: a real TokenizerManager, the scheduler stood in), and the fuzzer's
-corpus (tests/_fuzz.py) sent through it.
-
-Every field of the request classes (GenerateReqInput with SamplingParams, CompletionRequest, ChatCompletionRequest)
-has a range in the table, so a field upstream adds fails here until its range is written down; every value the
-table says is taken reaches the scheduler, every value it says is refused gets a 4xx and never reaches it; and no
-request of the corpus gets a 5xx or escapes the app as an exception (on the unpatched tree several do).
+"""The table of request fields and their ranges (tests/_request_fields.py) and the fuzzer's corpus (tests/_fuzz.py)
+against the real HTTP app of the tree under test on CPU (tests/_app.py): every field of the request classes has a
+range, every value taken reaches the scheduler, every value refused is a 4xx that never reaches it, and no request
+of the corpus gets a 5xx or escapes the app as an exception (on the unpatched tree several do).
 """
 
 from __future__ import annotations
@@ -19,6 +15,7 @@ import _fuzz
 import _request_fields as rf
 from _app import VOCAB
 
+pytestmark = pytest.mark.usefixtures("sglang_tree")
 TABLES = {_fuzz.GENERATE: rf.GENERATE_FIELDS, _fuzz.COMPLETIONS: rf.COMPLETIONS_FIELDS, _fuzz.CHAT: rf.CHAT_FIELDS}
 
 
@@ -83,16 +80,9 @@ def test_the_fuzz_corpus_gets_no_5xx(server):
     for case in _fuzz.corpus(seed=_fuzz.SEED, budget=400, model="m", prompt=[5, 6, 7, 8], vocab=VOCAB):
         if case.abort:
             continue  # streams are read whole here
+        headers = {"content-type": case.content_type} if case.content_type else {}
         try:
-            status = (
-                server.client()
-                .post(
-                    case.path,
-                    content=case.wire(),
-                    headers={"content-type": case.content_type} if case.content_type else {},
-                )
-                .status_code
-            )
+            status = server.client().post(case.path, content=case.wire(), headers=headers).status_code
         except Exception as e:  # noqa: BLE001 - an exception out of the app is a 500 to the client
             status = f"{type(e).__name__}: {e}"[:200]
         answers[case.name] = status
