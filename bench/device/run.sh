@@ -17,8 +17,9 @@
 #   bench/device/run.sh profile [ARGS]      make report's profile part against the tiny pair (lent.py, TP1), then
 #                                           the doctor's GPU probes at TP1 -> $OUT/profile.json (+ traces, logs),
 #                                           $OUT/doctor-tp1.json, $OUT/probes-tp1.log
-#   bench/device/run.sh serve-all [ARGS]    test-serve (ARGS go to it) and bench-tiny at the same time, the bench
-#                                           within DEADLINE seconds of the start (default 360)
+#   bench/device/run.sh serve-all [ARGS]    test-serve (ARGS go to it) and bench-tiny (WITH=sweep-tiny: the sweep's
+#                                           DFlash arm) at the same time, the bench within DEADLINE seconds of the
+#                                           start (default 360)
 #   bench/device/run.sh kernels [ARGS]      the kernels of a Kimi-K2.5 layer and the forward at real dimensions, on
 #                                           the lent route (bench/device/kernels.py ARGS) within KERNELS_BUDGET
 #                                           seconds (default 420) -> $OUT/kernels.{json,md,run.log},
@@ -118,7 +119,7 @@ if [ "$what" = serve-all ]; then
   # the bench's A/B/A too). The bench gets DEADLINE seconds (default 360) less 30 for the caches, then an interrupt (it
   # stops its server and keeps the runs it finished).
   test_serve "$@" & tier=$!
-  BENCH_BUDGET=$(( ${DEADLINE:-360} - ($(date +%s) - t0) - 30 )) bench_tiny bench-tiny || rc=$?
+  BENCH_BUDGET=$(( ${DEADLINE:-360} - ($(date +%s) - t0) - 30 )) bench_tiny "${WITH:-bench-tiny}" || rc=$?
   wait $tier || rc=$?
 fi
 case $what in test-serve|bench-tiny|sweep-tiny|serve-all|kernels)
