@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -180,19 +183,30 @@ def test_numa_layouts():
     assert t.severity == "warn" and "interleave" in t.message and "CUDA_VISIBLE_DEVICES=0,2,4,6,1,3,5,7" in t.fix
 
 
-def test_disk_is_judged_in_the_hf_cache_serve_mounts(monkeypatch):
-    monkeypatch.setenv("HF_HOME", "/big/hf")
-    assert F.hf_cache_dir() == "/big/hf" and F.Probe({}).hf_cache == Path("/big/hf")
-    monkeypatch.delenv("HF_HOME")
-    assert F.hf_cache_dir() == str(Path.home() / ".cache" / "huggingface")
+@pytest.mark.parametrize(
+    "env", [{}, {"XDG_CACHE_HOME": "/x"}, {"HF_HOME": "/big/hf"}, {"HF_HOME": "/big/hf", "HF_HUB_CACHE": "/fast/hub"}]
+)
+def test_the_hf_cache_is_where_hf_puts_models(monkeypatch, tmp_path, env):
+    """Every verb's HF cache (what it mounts, checks and measures) is huggingface_hub's own HF_HUB_CACHE."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("HF_HOME", "HF_HUB_CACHE", "XDG_CACHE_HOME")}
+    code = "from huggingface_hub import constants; print(constants.HF_HUB_CACHE)"
+    hf = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True).stdout
+    for k in ("HF_HOME", "HF_HUB_CACHE", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert F.hf_cache_dir() == hf.strip() and F.Probe({}).hf_cache == Path(hf.strip())
+
+
+def test_disk_is_judged_in_the_hf_cache_every_verb_mounts():
     rec = capture("pcie8x")
     rec["df"] = "Filesystem 1024-blocks Used Available Capacity Mounted on\n/dev/sda1 5 4 100000000 80% /\n"
     d = run(rec)[0]["disk.free"]
     assert d.severity == "error" and d.message.startswith("102 GB free at the HF cache /models (filesystem /)")
-    assert "export HF_HOME=" in d.fix and '-v "$HF_HOME":/root/.cache/huggingface' in d.fix
+    assert "export HF_HUB_CACHE=" in d.fix and '-v "$HF_HUB_CACHE":/root/.cache/huggingface/hub' in d.fix
     d = run(rec, environ={"EAGLE_IMAGE": "eagle-fast-verify/sglang:v0.5.23"})[0]["disk.free"]  # nothing mounted
-    assert d.severity == "warn" and "the container's own disk" in d.message
-    assert '-v "${HF_HOME:-$HOME/.cache/huggingface}":/root/.cache/huggingface' in d.fix and "--ipc=host" in d.fix
+    assert d.severity == "warn" and "the container's own disk" in d.message and "--ipc=host" in d.fix
+    assert '-v "${HF_HUB_CACHE:-${HF_HOME:-$HOME/.cache/huggingface}/hub}":/root/.cache/huggingface/hub' in d.fix
     rec["model-present"] = "yes\n"
     assert run(rec)[0]["disk.free"].severity == "ok"
 
@@ -203,7 +217,7 @@ def test_the_profiles_drafters_are_looked_for_in_the_hf_cache(tmp_path):
     rec["drafters-present"] = "lightseekorg/kimi-k2.5-eagle3\n"
     d = run(rec)[0]["weights.drafters"]
     assert "lacks z-lab/Kimi-K2.5-DFlash" in d.message and d.fix == "hf download z-lab/Kimi-K2.5-DFlash"
-    snap = tmp_path / "hub" / "models--z-lab--Kimi-K2.5-DFlash" / "snapshots" / "r1"
+    snap = tmp_path / "models--z-lab--Kimi-K2.5-DFlash" / "snapshots" / "r1"
     snap.mkdir(parents=True)
     (snap / "config.json").write_text("{}")
     assert F.Probe(python="python3", hf_cache=str(tmp_path)).get("drafters-present").text == "z-lab/Kimi-K2.5-DFlash\n"
