@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 from pathlib import Path
+
+import pytest
 
 import _fake_docker
 from scripts.host import facts as F
@@ -124,7 +128,8 @@ def test_the_smoke_brings_up_sglangs_own_tp_group(sglang_tree):
 def test_without_gpus_here_the_probes_run_in_the_image(tmp_path, monkeypatch):
     """This python's torch sees no GPU (its NCCL probe says so), so each probe runs in the image: `docker run --gpus
     all --ipc=host`, FlashInfer's cache volume, the caller's NCCL_* variables by name, the code found through the
-    image's $EAGLE_HOME; a fake docker runs that command with this interpreter, so the code printed is what runs."""
+    image's $EAGLE_HOME; a fake docker runs that command with this interpreter, so the code printed is what runs. On
+    Ctrl-C a probe that hangs (deaf to signals, as one stuck in the driver) is removed by its container's name."""
     image = "eagle-fast-verify/sglang:test"
     fake = _fake_docker.install(tmp_path, images=(image,))
     monkeypatch.setenv("PATH", _fake_docker.path_with(fake.bindir))
@@ -140,6 +145,7 @@ def test_without_gpus_here_the_probes_run_in_the_image(tmp_path, monkeypatch):
     assert run[run.index("NCCL_P2P_DISABLE") - 1] == "-e"
     assert run[run.index(image) + 1 : run.index(image) + 3] == ["python3", "-c"]
     assert "os.environ['EAGLE_HOME']" in run[-1] and "run('nccl-transport', 8, 120.0)" in run[-1]
+    assert run[run.index("--name") + 1] == f"eagle-doctor-nccl-transport-pid{os.getpid()}"
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no docker client at all
     probe.cache.pop("nccl-transport")
     why = nccl.result(probe.get("nccl-transport").text)["why"]
@@ -147,3 +153,16 @@ def test_without_gpus_here_the_probes_run_in_the_image(tmp_path, monkeypatch):
         "here, torch 2.14.1+cu130 sees 0 CUDA GPU(s), and the all-reduce needs 2; in the image: docker is "
         "not installed (no docker client on PATH)"
     )
+    hung = _fake_docker.install(tmp_path / "hung", images=(image,), verbs={"python3": "trap '' INT TERM; sleep 600"})
+    monkeypatch.setenv("PATH", _fake_docker.path_with(hung.bindir))
+
+    def ctrl_c():
+        while not hung.running():
+            time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=ctrl_c, daemon=True).start()
+    probe.cache.pop("nccl-transport")
+    with pytest.raises(KeyboardInterrupt):
+        probe.get("nccl-transport")
+    assert ["rm", "-f", run[run.index("--name") + 1]] in hung.calls() and not hung.running()
