@@ -13,7 +13,9 @@ import pytest
 
 import _fake_docker
 from scripts.box import docker, results
+from scripts.box.docker import PATCHSET_LABEL
 from scripts.lib.repo import REPO_ROOT
+from scripts.series.pin import load_pin, patchset_id
 
 IMAGE = "eagle-fast-verify/sglang:test"
 
@@ -41,16 +43,29 @@ def test_the_image_runs_it_and_refuses_without_gpus_with_advice_for_the_image(tm
     assert "Traceback" not in cp.stderr
 
 
-@pytest.mark.parametrize("state", ["no client", "no engine", "no image"])
-def test_without_the_image_it_says_which_and_the_fix(tmp_path, state):
-    fake = _fake_docker.install(
-        tmp_path, images=() if state == "no image" else (IMAGE,), engine_up=state != "no engine"
-    )
+FIXES = {
+    "no client": "install Docker",
+    "no engine": "systemctl start docker",
+    "no image": f"FAIL image {IMAGE}: image {IMAGE} is not in this docker engine. Fix: make image IMAGE={IMAGE} (it",
+    "no stock image": f"is not in this docker engine. Fix: docker pull {load_pin().upstream_image}\n",
+    "stale image": f"image {IMAGE} holds patch set 0000000stale, but this checkout's patches/ are {patchset_id()}",
+    "busy GPUs": "FAIL GPUs idle: 4242, sglang::scheduler_TP0, 88000 MiB. Fix: stop what holds them",
+}
+
+
+@pytest.mark.parametrize("name", ["test-gpu", "test-serve", "bench-comm"])
+@pytest.mark.parametrize("state", FIXES)
+def test_a_box_that_cannot_run_it_is_named_with_the_fix_before_docker_run(tmp_path, state, name):
+    """The box's checks of every verb that runs the image: the engine, the image and its patch set, idle GPUs."""
+    image = load_pin().upstream_image if state == "no stock image" else IMAGE
+    images = () if state.startswith("no") else (image,)
+    labels = {PATCHSET_LABEL: "0000000stale"} if state == "stale image" else None
+    fake = _fake_docker.install(tmp_path, images, engine_up=state != "no engine", labels=labels, gpus=2)
+    fake.busy(*["4242, sglang::scheduler_TP0, 88000 MiB"] * (state == "busy GPUs"))
     path = str(tmp_path / "empty") if state == "no client" else _fake_docker.path_with(fake.bindir)
-    cp = verb("--image", IMAGE, "test-gpu", path=path, DOCKER_HOST=f"unix://{tmp_path}/dead.sock")
-    assert cp.returncode == 2 and not fake.runs()
-    fix = {"no client": "install Docker", "no engine": "systemctl start docker", "no image": "make image"}[state]
-    assert fix in cp.stderr
+    cp = verb("--image", image, name, path=path, DOCKER_HOST=f"unix://{tmp_path}/dead.sock")
+    assert cp.returncode == 2 and not fake.runs() and FIXES[state] in cp.stderr, cp.stderr
+    assert "make image" not in cp.stderr or state in ("no image", "stale image")
 
 
 def test_here_without_gpus_points_to_the_image(tmp_path):

@@ -131,6 +131,20 @@ def test_the_entrypoint_verbs(tmp_path):
     assert run("echo", "hi").stdout == "hi\n"  # any other command runs as is
     assert run("serve", "--bad").returncode == run("--bad").returncode == 2  # "-..." goes to serve
     assert "--draft-model" in run("serve", "--help").stdout
+    env["EAGLE_RESULTS"] = str(tmp_path / "not-mounted")  # test-serve refuses, as test-gpu and bench-comm do
+    cp = run("test-serve")
+    assert cp.returncode == 2 and "mount a directory there" in cp.stderr and not (tmp_path / "not-mounted").exists()
+
+
+@pytest.mark.parametrize(
+    "target", ["serve", "test-gpu", "test-serve", "bench", "bench-comm", "report", "doctor", "docs"]
+)
+def test_dry_run_is_each_verbs_own_dry_run_or_refused(target):
+    cp = subprocess.run(["make", "-n", target, "DRY_RUN=1"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    if target in ("doctor", "docs"):  # nothing to print instead of doing: make stops
+        assert cp.returncode == 2 and f"DRY_RUN=1 means nothing to make {target}" in cp.stderr and not cp.stdout
+    else:
+        assert cp.returncode == 0 and " --dry-run" in cp.stdout, cp.stdout + cp.stderr
 
 
 @pytest.mark.parametrize(
