@@ -37,6 +37,7 @@ from ..lib.errors import UserError
 from ..lib.http import use_api_key
 from ..lib.progress import say
 from ..lib.table import duration, num
+from ..series.pin import load_pin, patchset_id
 from . import observe
 from . import plan as pl
 from . import report as rep
@@ -61,8 +62,7 @@ def client_args(p: pl.Plan, r: pl.Run, url: str, out: str) -> list[str]:
 
 def client_cmd(p: pl.Plan, args: list[str], out_dir: Path) -> list[str]:
     """bench_serving in the serving image (its bench-client verb, on the host's network), results in out_dir."""
-    local = [x for t in [p.tokenizer] if t and Path(t).is_absolute() for x in ("-v", f"{t}:{t}:ro")]
-    env = ("OPENAI_API_KEY", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    env = ("OPENAI_API_KEY", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "PYTHONUNBUFFERED")  # its lines as printed
     cache = hf_cache_dir()
     return docker_run(
         p.client_image,
@@ -71,7 +71,6 @@ def client_cmd(p: pl.Plan, args: list[str], out_dir: Path) -> list[str]:
         results=out_dir,
         hf_cache=cache,
         network_host=True,
-        extra=local,
         env_names=env,
     )
 
@@ -205,6 +204,9 @@ def session(st: Session, si: int, runs: list[pl.Run], server: Server) -> None:
             if r.scenario.name in st.bad_scenarios:
                 st.failures.append(f"{r.label(total)}: not run: {st.bad_scenarios[r.scenario.name]}")
                 continue
+            if lost := server.lost():  # the container stopped, or another server answers on its port
+                st.failures += [f"{x.label(total)}: not run: {lost}" for x in runs[runs.index(r) :]]
+                break
             loads = sum(1 for s in p.sessions[si + 1 :] if p.launches[s[0].variant.name].argv)
             say(f"{r.label(total)}... {st.eta(p.runs[r.index - 1 :], loads)}")
             t0 = time.monotonic()
@@ -225,9 +227,10 @@ def session(st: Session, si: int, runs: list[pl.Run], server: Server) -> None:
 
 
 # --------------------------------------------------------------------------------------------- checks, dry run
-def box_checks(p: pl.Plan) -> list[preflight.Check]:
+def box_checks(p: pl.Plan, stop_left: bool = True) -> list[preflight.Check]:
     """What the box must have for this plan (scripts/box/preflight.py), each with its fix."""
-    out = preflight.docker_checks(p.images) + [preflight.writable_check(p.results_dir)]
+    stock = (load_pin().upstream_image,)
+    out = preflight.docker_checks(p.images, patchset_id(), stock, stop_left) + [preflight.writable_check(p.results_dir)]
     if p.port is not None:
         out += preflight.gpu_checks(p.gpus) + [preflight.port_check(p.port), preflight.weights_check(p.weights)]
     return out
@@ -310,11 +313,16 @@ def main(argv: list[str] | None = None) -> int:
     if not p.runs:
         say(f"every run of the plan is already in {p.results_dir} (--resume): nothing to run")
         return 0
-    checks = box_checks(p)
+    checks = box_checks(p, stop_left=not a.dry_run)
     if a.dry_run:
         print_plan(p)
         print("checks (a real run stops when one fails):\n" + "\n".join("  " + c.line() for c in checks))
-        return 0
+        if p.port is not None:
+            print(
+                "  not checked here: the servers' SGLang arguments; each server's serve refuses bad ones in its "
+                'first seconds (make serve SERVE_ARGS="--dry-run --profile P -- ARGS" checks them now)'
+            )
+        return 2 if any(not c.ok for c in checks) else 0
     failed = [c.line() for c in checks if not c.ok]
     if failed:
         raise UserError("make bench cannot start; nothing was started or written:\n  " + "\n  ".join(failed))

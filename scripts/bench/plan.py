@@ -9,14 +9,12 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import re
 import shlex
 import string
-import time
 from pathlib import Path
 
-from ..box.docker import docker_run, hf_cache_dir
+from ..box.docker import container_name, docker_run, hf_cache_dir
 from ..box.results import box_name, stamp
 from ..lib import profiles
 from ..lib.errors import UserError
@@ -378,7 +376,7 @@ def select(a: argparse.Namespace, server_args: list[str]) -> tuple[list[Variant]
 def launch(v: Variant, image: str, serve: list[str], port: int) -> Launch:
     """A variant's server: the image's serve verb in a named detached container on the host's network, or (a stock
     image) this checkout's serve, mounted read-only."""
-    name = re.sub(r"[^A-Za-z0-9_.-]", "-", f"eagle-bench-{v.name}-{os.getpid()}-{int(time.time())}")
+    name = container_name(f"bench-{v.name}")
     cmd, extra = ["serve"], [x for k, val in v.env for x in ("-e", f"{k}={val}")]
     if v.image == "stock":
         cmd = ["-m", "scripts.host.serve"]
