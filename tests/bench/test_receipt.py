@@ -9,9 +9,11 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -142,18 +144,19 @@ def test_on_the_box_class_the_verdicts_are_judged_and_stored(pcie_receipt, tmp_p
 def test_the_dry_run_shows_the_plan_and_total_when_the_box_cannot_run_it(tmp_path):
     """No GPU and no docker engine (a client whose engine is down, whatever this machine runs): the plan of every
     part with its command and time, the total, and each failed check with its fix; exit 2 and nothing written, as a
-    real run would stop there."""
+    real run would stop there. --port moves every part that serves."""
     docker = _fake_docker.install(tmp_path, engine_up=False)
     d, env = tmp_path / "box", {**os.environ, "PATH": _fake_docker.path_with(docker.bindir)}
     for extra in (["--dry-run"], []):
-        cp = _receipt("--dir", d, "--box", "cpu-ci", *extra, env=env)
+        cp = _receipt("--dir", d, "--box", "cpu-ci", "--port", "30777", *extra, env=env)
         assert cp.returncode == 2 and "Traceback" not in cp.stderr, cp.stderr[-3000:]
         out = cp.stdout + cp.stderr
         for part in ("test-serve", "doctor", "test-gpu", "bench-comm", "bench", "profile"):
             assert re.search(rf"\| {part} \| run \| ~\S+ \| `", out), part
         assert "bench: 36 run(s) in 10 server session(s) to go" in out and "total: ~" in out
         assert "FAIL docker engine: the docker engine is not running or not reachable" in out
-        assert "FAIL GPUs: no NVIDIA GPU" in out
+        assert "FAIL GPUs: no NVIDIA GPU" in out and "port 30777: free" in out and "port 30000" not in out
+        assert re.search(r"\| bench \|.*--port 30777", out) and re.search(r"\| profile \|.*--port 30777", out)
         assert "make report cannot start: " in out and not d.exists()
 
 
@@ -177,26 +180,51 @@ def test_only_the_doctor_writes_no_tarball_and_runs_again(tmp_path):
 
 
 def test_a_failed_test_serve_stops_the_report_and_runs_again_next_time(tmp_path):
-    """The checks pass (8 idle GPUs, the image, a free port), test-serve fails (the image sees no GPU): nothing after
+    """The checks pass (2 idle GPUs, the image, a free port), test-serve fails (the image sees no GPU): nothing after
     it runs, the receipt says why, and the next report runs test-serve again."""
-    docker = _fake_docker.install(tmp_path, images=(load_pin().serving_image,))
-    smi = tmp_path / "smi"
-    smi.mkdir()
-    (smi / "nvidia-smi").write_text(
-        "#!/bin/sh\n[ \"$1\" = -L ] && echo 'GPU 0: NVIDIA RTX PRO 6000 (UUID: G0)' && echo "
-        "'GPU 1: NVIDIA RTX PRO 6000 (UUID: G1)'\n"
-    )
-    (smi / "nvidia-smi").chmod(0o755)
-    env, d = {**os.environ, "PATH": _fake_docker.path_with(docker.bindir, smi)}, tmp_path / "box"
+    docker = _fake_docker.install(tmp_path, images=(load_pin().serving_image,), gpus=2)
+    env, d = {**os.environ, "PATH": _fake_docker.path_with(docker.bindir)}, tmp_path / "box"
     cp = _receipt("--dir", d, "--parts", "test-serve,doctor", "--box", "cpu-ci", env=env)
     assert cp.returncode == 1 and "[1/2] test-serve" in cp.stderr and "[2/2]" not in cp.stderr, cp.stderr[-2000:]
     assert "stopping: test-serve failed" in cp.stderr
     meta = json.loads((d / "receipt.json").read_text())
     assert meta["parts"]["doctor"] == {"status": "not run: test-serve failed", "ok": False}
+    assert meta["environment"]["image"]["id"] == _fake_docker.IMAGE_ID  # what ran, always
     junit(d / "raw" / "test-serve.xml", 60, 1, world=8)
     again = _receipt("--dir", d, "--parts", "test-serve", "--dry-run", env=env)
     assert "| test-serve | run |" in again.stdout
     assert f"--results {d / 'raw'} test-serve --serve-out /results/test-serve.xml" in again.stdout
+
+
+def test_an_interrupted_report_keeps_its_parts_and_redoes_a_cut_result_alone(tmp_path):
+    """test-gpu passes, then SIGTERM in bench-comm: the parts' state is kept after each part, so the next plan runs
+    bench-comm alone (and checks no port: neither part serves). A bench-comm killed mid-write is that part's
+    failure: its result is moved aside, the receipt is written, and the next report redoes it."""
+    tier = '<testsuites><testsuite><testcase classname="t" name="ok"/></testsuite></testsuites>'
+    verbs = {
+        "test-gpu": f"echo '{tier}' > \"$2\"",
+        "bench-comm": f'[ -e {tmp_path}/cut ] && printf \'{{"records": [\' > "$2" && exit 137; exec sleep 600',
+    }
+    docker = _fake_docker.install(tmp_path, images=(load_pin().serving_image,), verbs=verbs, gpus=2)
+    env, d = {**os.environ, "PATH": _fake_docker.path_with(docker.bindir)}, tmp_path / "box"
+    args = ["--dir", d, "--parts", "test-gpu,bench-comm", "--box", "cpu-ci"]
+    cmd = [sys.executable, "-m", "scripts.report.receipt", *map(str, args)]
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    while not [r for r in docker.runs() if "bench-comm" in r] and p.poll() is None:
+        time.sleep(0.2)
+    time.sleep(1)
+    os.killpg(p.pid, signal.SIGTERM)
+    assert p.wait(60) == 128 + signal.SIGTERM and not docker.running(), p.stderr.read()[-2000:]
+    plan = _receipt(*args, "--dry-run", env=env).stdout
+    assert "| test-gpu | have it, skipped |" in plan and "| bench-comm | run |" in plan and "ok   port" not in plan
+    (tmp_path / "cut").touch()
+    cp = _receipt(*args, env=env)
+    assert cp.returncode == 1 and "Traceback" not in cp.stderr, cp.stderr[-2000:]
+    parts = json.loads((d / "receipt.json").read_text())["parts"]
+    assert parts["test-gpu"]["status"] == "done (earlier run)" and parts["bench-comm"]["ok"] is False
+    assert parts["bench-comm"]["status"].startswith("failed: raw/bench-comm.json is not JSON")
+    assert (d / "raw" / "bench-comm.json.bad").is_file() and (d / "summary.md").is_file()
+    assert "| bench-comm | run |" in _receipt(*args, "--dry-run", env=env).stdout
 
 
 def test_unknown_parts_and_bad_receipts_are_named(tmp_path):
