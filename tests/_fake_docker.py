@@ -11,7 +11,7 @@ naming a path under a mount names the host's). `verbs` replaces a verb of the im
 arguments are "$@"). A container runs in a session of its own, as docker's does: a signal to the client's group
 never reaches it, the client forwards SIGINT/SIGTERM/SIGHUP to it (docker's sig-proxy), and `docker run -d`, `ps`,
 `inspect`, `logs`, `stop` and `rm -f` know it by its --name. With gpus=N it also writes an nvidia-smi that lists N
-GPUs and the compute processes busy() gave it.
+GPUs and the compute processes busy() gave it; verb() runs a verb as make does.
 
 So a printed `docker run` command is tested by running it: a missing mount or an unknown image fails as it would on
 the box. Imported as `_fake_docker` (tests/ is on sys.path through tests/conftest.py); bench/device/lent.py runs
@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,7 +129,8 @@ sys.exit(rc if rc >= 0 else 128 - rc)
 """
 NVIDIA_SMI = """#!/bin/sh
 case "$1" in
-    -L) for i in $(seq 0 $(({gpus} - 1))); do echo "GPU $i: NVIDIA RTX PRO 6000 Blackwell Server Edition (UUID: GPU-$i)"; done;;
+    -L) for i in $(seq 0 $(({gpus} - 1))); do
+            echo "GPU $i: NVIDIA RTX PRO 6000 Blackwell Server Edition (UUID: GPU-$i)"; done;;
     --query-compute-apps*) cat "{state}/apps" 2>/dev/null;;
 esac
 """
@@ -190,6 +193,27 @@ def install(
     for f in bindir.iterdir():
         f.chmod(0o755)
     return FakeDocker(state, bindir)
+
+
+def verb(module: str, *args, prefix: tuple = (), timeout: float = 900, **env) -> subprocess.CompletedProcess:
+    """`python -m MODULE ARGS` in this checkout as make runs it, with `env` over this environment (PATH=path_with(
+    ...): the fakes first)."""
+    cmd = [*prefix, sys.executable, "-m", module, *map(str, args)]
+    return subprocess.run(cmd, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout)
+
+
+def interrupted(module: str, *args, when, sig: int = signal.SIGTERM, **env) -> subprocess.Popen:
+    """`python -m MODULE ARGS` in a session of its own, `sig` sent to its group once when() holds; it has finished
+    (its stderr: text) when this returns."""
+    cmd = [sys.executable, "-m", module, *map(str, args)]
+    p = subprocess.Popen(
+        cmd, cwd=ROOT, env={**os.environ, **env}, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    while not when() and p.poll() is None:
+        time.sleep(0.2)
+    os.killpg(p.pid, sig)
+    p.wait(120)
+    return p
 
 
 def path_with(*dirs: Path) -> str:

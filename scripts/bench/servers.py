@@ -62,7 +62,11 @@ class Server:
 
     def start(self, timeout: float) -> None:
         if not self.argv:
-            return self._answers()
+            status = self._models(10)
+            if status != 200:
+                got = f"HTTP {status}" if status else "no answer"
+                raise UserError(f"{self.name}: no SGLang server answers at {self.url} (GET /v1/models: {got})")
+            return None
         say(f"launching {self.name}: {self.describe()}")
         t0 = time.monotonic()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -89,28 +93,19 @@ class Server:
         self.launch_s = time.monotonic() - t0
         say(f"{self.name} is up on {self.url} after {duration(self.launch_s)}")
 
-    def _answers(self) -> None:
-        status = http_get(self.url + "/v1/models", 10)[0]
+    def _models(self, timeout: float) -> int:
+        """GET /v1/models: its status (0: no answer); a 401 is a UserError with the fix."""
+        status = http_get(self.url + "/v1/models", timeout)[0]
         if status == 401:
             raise UserError(f"{self.name}: {unauthorized(self.url)}")
-        if status != 200:
-            raise UserError(
-                f"{self.name}: no SGLang server answers at {self.url} (GET /v1/models: "
-                + (f"HTTP {status})" if status else "no answer)")
-            )
+        return status
 
     def _ready(self) -> bool:
-        if http_get(self.url + "/health", 5)[0] != 200:
-            return False
-        status = http_get(self.url + "/v1/models", 5)[0]
-        if status == 401:
-            raise UserError(f"{self.name}: {unauthorized(self.url)}")
-        return status == 200
+        return http_get(self.url + "/health", 5)[0] == 200 and self._models(5) == 200
 
     def _running(self) -> bool:
-        return (
-            proc.run(["docker", "inspect", "-f", "{{.State.Running}}", self.container], timeout=60).stdout == "true\n"
-        )
+        res = proc.run(["docker", "inspect", "-f", "{{.State.Running}}", self.container], timeout=60)
+        return res.stdout.strip() == "true"
 
     def lost(self) -> str:
         """'' while what answers at the URL is this launch's server: its container runs and /server_info names the

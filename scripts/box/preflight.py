@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import socket
-import tempfile
 from pathlib import Path
 
 from ..lib import proc
@@ -133,24 +132,10 @@ def weights_check(repos: list[str]) -> Check:
 
 
 def writable_check(d: Path) -> Check:
-    """The results directory: a file is written and removed there (or where it would be made), and free space."""
-    base = d
-    while not base.exists() and base != base.parent:
-        base = base.parent
-    try:
-        with tempfile.TemporaryDirectory(dir=base, prefix=".write-probe-"):
-            pass
-    except (OSError, NotADirectoryError) as e:
-        return Check(
-            "results directory",
-            False,
-            f"{d}: cannot write in {base} ({e.strerror or e})",
-            "pass --results-dir DIR (make report: --dir DIR) where you may write",
-        )
-    free = shutil.disk_usage(base).free / 1e9
-    return Check(
-        "results directory",
-        free >= MIN_FREE_GB,
-        f"{d}: writable, {free:.1f} GB free",
-        f"free at least {MIN_FREE_GB:g} GB there, or pass another directory",
-    )
+    """The results directory: this user may write there (or where it would be made), and free space."""
+    base = next(p for p in (d, *d.parents) if p.exists())
+    if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
+        fix = "pass --results-dir DIR (make report: --dir DIR) where you may write"
+        return Check("results directory", False, f"{d}: cannot write in {base}", fix)
+    free, fix = shutil.disk_usage(base).free / 1e9, f"free at least {MIN_FREE_GB:g} GB there, or pass another directory"
+    return Check("results directory", free >= MIN_FREE_GB, f"{d}: writable, {free:.1f} GB free", fix)

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from ..box.docker import hf_cache_dir
+from ..box.preflight import weights_problem
 from ..lib.errors import UserError
 from ..lib.repo import PROFILES_DIR
 
@@ -25,9 +26,8 @@ KNOWN = {  # HF id: (the --speculative-algorithm it drafts for, what is publishe
 
 
 def cached(repo: str, cache: str | None = None) -> bool:
-    """Whether `repo` (an HF id) has a snapshot in the HF cache, or is a local directory."""
-    hub = Path(cache or hf_cache_dir()) / f"models--{repo.replace('/', '--')}" / "snapshots"
-    return Path(repo).is_dir() or any(hub.glob("*/config.json"))
+    """Whether `repo` (an HF id) is complete in the HF cache, or is a local directory (the bench's weights check)."""
+    return not weights_problem(repo, Path(cache or hf_cache_dir()))
 
 
 def profiled() -> list[str]:

@@ -156,11 +156,7 @@ class Probe:
             why = f"{self.python} has no sglang ({self.get('sglang').why})"
         if not self.image:
             return nccl.unmeasured(why)
-        found, missing = (
-            image_id(self.image)
-            if proc.which("docker")
-            else (None, "docker is not installed (no docker client on PATH)")
-        )
+        found, missing = image_id(self.image)
         if not found:
             return nccl.unmeasured(f"here, {why}; in the image: {missing}")
         name = container_name(f"doctor-{key}")

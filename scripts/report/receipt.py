@@ -212,15 +212,11 @@ def run_parts(d: Path, a, parts: list[rd.Part], todo: list[rd.Part], old: dict, 
 def environment(d: Path, a: argparse.Namespace) -> dict:
     """What ran: git revision, box, pin, patch set, the doctor's findings and NCCL transport, bench-comm's GPUs, NCCL
     and topology, the image's digest."""
-    env: dict = {"git_rev": revision(short=True)[0], "box": a.box}
-    try:
-        pin = load_pin()
-        digest = f"@{pin.image_digest}" if pin.image_digest else " (no digest pinned)"
-        env["pin"] = {"sglang": pin.version, "image": f"{pin.image_name}:{pin.image_tag}{digest}"}
-        env["patchset"] = patchset_id()
-    except (UserError, OSError) as e:  # a receipt without the series still records the box
-        env.setdefault("pin", f"unreadable: {e}")
-        env["patchset"] = "unknown"
+    pin = load_pin()
+    image = a.image or pin.serving_image
+    digest = f"@{pin.image_digest}" if pin.image_digest else " (no digest pinned)"
+    env: dict = {"git_rev": revision(short=True)[0], "box": a.box, "patchset": patchset_id()}
+    env["pin"] = {"sglang": pin.version, "image": f"{pin.image_name}:{pin.image_tag}{digest}"}
     doc = _read(d / rd.PARTS["doctor"].result)
     if doc:
         env["doctor"] = {f["id"]: f["message"] for f in doc.get("findings", [])}
@@ -228,7 +224,6 @@ def environment(d: Path, a: argparse.Namespace) -> dict:
     m = _read(d / rd.PARTS["bench-comm"].result).get("meta")
     if m:
         env |= {"gpus": m.get("gpus") or m.get("gpu_name"), "nccl": m.get("nccl"), "topo_m": m.get("topo_m")}
-    image = a.image or load_pin().serving_image
     info = image_info(image) or {"Labels": {}}
     env["image"] = {"name": image, "id": info.get("Id", "unknown"), "digests": info.get("RepoDigests")}
     env["image"]["patchset"] = info["Labels"].get(PATCHSET_LABEL)

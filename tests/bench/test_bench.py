@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -51,8 +50,7 @@ web.run_app(standin.app(), host="127.0.0.1", port=int(a["--port"]), print=None)
 
 
 def bench_verb(*args) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "scripts.bench.bench", *map(str, args)]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    return _fake_docker.verb("scripts.bench.bench", *args)
 
 
 def client_env() -> dict[str, str]:
@@ -87,17 +85,9 @@ def box(tmp_path, monkeypatch) -> dict:
     monkeypatch.setenv("PATH", f"{docker.bindir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     res = tmp_path / "results"
-    opts = {
-        "--variants-file": variants,
-        "--scenarios-file": scenarios,
-        "--results-dir": res,
-        "--repeats": 1,
-        "--tokenizer": FIX / "tokenizer",
-        "--sample-interval": 0.05,
-        "--box": "b",
-    }
-    args = [str(x) for option in opts.items() for x in option]
-    return {"docker": docker, "res": res, "args": args, "tmp": tmp_path}
+    args = f"--variants-file {variants} --scenarios-file {scenarios} --results-dir {res} --repeats 1 --box b "
+    args += f"--tokenizer {FIX / 'tokenizer'} --sample-interval 0.05"
+    return {"docker": docker, "res": res, "args": args.split(), "tmp": tmp_path}
 
 
 def snap(info=None, metrics=None) -> observe.Snapshot:
@@ -219,9 +209,8 @@ def test_the_box_route_end_to_end(box):
     """Each variant's server in a named detached container, bench_serving from the image, the records with the
     server's counters; a container that dies while starting, and one whose port another server answers, are stopped
     by their names all the same, and no number of theirs is recorded."""
-    cp = bench_verb(
-        *box["args"], "--variants", "nospec,eagle3,exit,another", "--write-baseline", box["tmp"] / "base.json"
-    )
+    variants = ["--variants", "nospec,eagle3,exit,another"]
+    cp = bench_verb(*box["args"], *variants, "--write-baseline", box["tmp"] / "base.json")
     assert cp.returncode == 4, cp.stderr[-3000:]  # the broken variants' runs produced no result
     assert "[3/4] C2 exit repeat 1 (C): server did not start: exit exited while starting" in cp.stderr
     assert "[4/4] C2 another repeat 1 (D): server did not start: another: the server answering at" in cp.stderr
@@ -247,23 +236,18 @@ def test_the_box_route_end_to_end(box):
 def test_a_signal_stops_the_server_or_the_next_run_does(box, sig):
     """SIGTERM and SIGHUP (a dropped ssh) take Ctrl-C's way out: the detached server is stopped and removed. After a
     SIGKILL nothing can run; the next run finds the container its process left and stops it before it starts."""
-    cmd = [sys.executable, "-m", "scripts.bench.bench", *box["args"], "--variants", "mute"]
-    p = subprocess.Popen(
-        cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    docker = box["docker"]
+    p = _fake_docker.interrupted(
+        "scripts.bench.bench", *box["args"], "--variants", "mute", when=docker.running, sig=sig
     )
-    while not box["docker"].running() and p.poll() is None:
-        time.sleep(0.2)
-    (name,) = box["docker"].running()
-    os.killpg(p.pid, sig)
-    assert p.wait(120) == (-9 if sig == signal.SIGKILL else 128 + sig), p.stderr.read()[-2000:]
+    name = next(c[c.index("--name") + 1] for c in docker.runs())
+    assert p.returncode == (-9 if sig == signal.SIGKILL else 128 + sig), p.stderr.read()[-2000:]
     if sig != signal.SIGKILL:
-        assert "stopping mute" in p.stderr.read() and ["rm", "-f", name] in box["docker"].calls()
-        assert not box["docker"].running()
+        assert "stopping mute" in p.stderr.read() and ["rm", "-f", name] in docker.calls() and not docker.running()
         return
-    assert box["docker"].running() == [name]
+    assert docker.running() == [name]
     cp = bench_verb(*box["args"], "--variants", "nospec")
-    assert cp.returncode == 0, cp.stderr[-3000:]
-    assert ["rm", "-f", name] in box["docker"].calls() and not box["docker"].running()
+    assert cp.returncode == 0 and ["rm", "-f", name] in docker.calls() and not docker.running(), cp.stderr[-3000:]
 
 
 def test_a_running_server_with_an_api_key(box, tmp_path):
@@ -301,17 +285,12 @@ def test_reports_and_baselines_of_a_results_file(tmp_path, capsys):
     assert [(r.scenario, r.variant, r.n) for r in rows] == [("C2", "stock", 2), ("C2", "patched", 2)]
 
 
-@pytest.mark.parametrize(
-    "target, var",
-    [("bench", "BENCH_ARGS"), ("bench-sweep", "BENCH_ARGS"), ("bench-comm", "BENCH_ARGS"), ("report", "REPORT_ARGS")],
-)
-def test_make_dry_runs_print_their_plans_and_write_nothing(target, var, tmp_path):
+@pytest.mark.parametrize("target", ["bench", "bench-sweep", "bench-comm", "report"])
+def test_make_dry_runs_print_their_plans_and_write_nothing(target, tmp_path):
     status = ["git", "status", "--porcelain", "--ignored", "bench"]
     before = subprocess.run(status, cwd=ROOT, capture_output=True, text=True).stdout
     env = {**client_env(), "PATH": f"{tmp_path}{os.pathsep}/usr/bin:/bin", "DOCKER_HOST": f"unix://{tmp_path}/x.sock"}
-    cp = subprocess.run(
-        ["make", "-s", target, f"{var}=--dry-run"], cwd=ROOT, capture_output=True, text=True, timeout=900, env=env
-    )
+    cp = subprocess.run(["make", "-s", target, "DRY_RUN=1"], cwd=ROOT, capture_output=True, text=True, env=env)
     flat = " ".join(cp.stdout.replace("\\\n", " ").split())  # make bench-comm: the docker run, one option a line
     assert "plan:" in cp.stdout or "total: ~" in cp.stdout or "docker run --rm --gpus all" in flat, cp.stderr
     assert "Traceback" not in cp.stderr and cp.returncode in (0, 2)

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -76,14 +75,8 @@ def test_clean_pcie_box(capsys):
     assert "300 each of 4 and 8 rows, every sum right (4x7168 9.8 us, 8x7168 11.2 us)" in f["pcie_ipc.smoke"].message
     assert "25.9-50.1 GB/s per flow with all 8 GPUs writing at once" in f["pcie.peer_write"].message
     assert facts["pcie_only"] is True and facts["nccl"] == "2.28.3"
-    assert facts["nccl_transport"] == {
-        "measured": True,
-        "world": 8,
-        "allreduce_us": 24.6,
-        "sum_ok": True,
-        "links": {"P2P": 16},
-        "nccl": "2.29.7+cuda13.0",
-    }
+    transport = dict(measured=True, world=8, allreduce_us=24.6, sum_ok=True, links={"P2P": 16}, nccl="2.29.7+cuda13.0")
+    assert facts["nccl_transport"] == transport
     smoke = dict(measured=True, world=8, engaged=True, sum_ok=True, wrong={}, rows=[4, 8], iters=300)
     assert facts["pcie_ipc_smoke"] == {**smoke, "us": {"4": 9.8, "8": 11.2}}
     assert facts["peer_bandwidth"]["min_gbps"] == 25.9 and len(facts["peer_bandwidth"]["rounds"]) == 7
@@ -136,14 +129,8 @@ def test_h200_nvlink_box_and_its_live_recording():
 
 def test_known_bad_nccl_releases_and_the_loaded_library():
     rec = capture("pcie8x")
-    rec["nccl"] = json.dumps(
-        {
-            "torch": "2.14.1+cu130",
-            "nccl_build": "2.30.7",
-            "nccl": "2.30.4",
-            "nccl_lib": "/usr/lib/x86_64-linux-gnu/libnccl.so.2",
-        }
-    )
+    lib = "/usr/lib/x86_64-linux-gnu/libnccl.so.2"
+    rec["nccl"] = json.dumps({"torch": "2.14.1+cu130", "nccl_build": "2.30.7", "nccl": "2.30.4", "nccl_lib": lib})
     n = run(rec)[0]["nccl.version"]
     assert n.severity == "error" and n.message.startswith("NCCL 2.30.4 (loaded by torch 2.14.1+cu130 from /usr/lib")
     assert "built against 2.30.7" in n.message and "NCCL_P2P_DISABLE=1" in n.fix
@@ -184,18 +171,17 @@ def test_numa_layouts():
 
 
 @pytest.mark.parametrize(
-    "env", [{}, {"XDG_CACHE_HOME": "/x"}, {"HF_HOME": "/big/hf"}, {"HF_HOME": "/big/hf", "HF_HUB_CACHE": "/fast/hub"}]
+    "env", [{}, {"XDG_CACHE_HOME": "/x"}, {"HF_HOME": "/h"}, {"HF_HOME": "/h", "HF_HUB_CACHE": "/f"}]
 )
-def test_the_hf_cache_is_where_hf_puts_models(monkeypatch, tmp_path, env):
+def test_the_hf_cache_is_where_hf_puts_models(monkeypatch, env):
     """Every verb's HF cache (what it mounts, checks and measures) is huggingface_hub's own HF_HUB_CACHE."""
-    clean = {k: v for k, v in os.environ.items() if k not in ("HF_HOME", "HF_HUB_CACHE", "XDG_CACHE_HOME")}
-    code = "from huggingface_hub import constants; print(constants.HF_HUB_CACHE)"
-    hf = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True).stdout
     for k in ("HF_HOME", "HF_HUB_CACHE", "XDG_CACHE_HOME"):
         monkeypatch.delenv(k, raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    assert F.hf_cache_dir() == hf.strip() and F.Probe({}).hf_cache == Path(hf.strip())
+    code = "from huggingface_hub import constants; print(constants.HF_HUB_CACHE)"
+    hf = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip()
+    assert F.hf_cache_dir() == hf and F.Probe({}).hf_cache == Path(hf)
 
 
 def test_disk_is_judged_in_the_hf_cache_every_verb_mounts():
@@ -220,6 +206,7 @@ def test_the_profiles_drafters_are_looked_for_in_the_hf_cache(tmp_path):
     snap = tmp_path / "models--z-lab--Kimi-K2.5-DFlash" / "snapshots" / "r1"
     snap.mkdir(parents=True)
     (snap / "config.json").write_text("{}")
+    (snap / "model.safetensors").write_text("")  # complete: a config and its weights
     assert F.Probe(python="python3", hf_cache=str(tmp_path)).get("drafters-present").text == "z-lab/Kimi-K2.5-DFlash\n"
     rec["drafters-present"] += "z-lab/Kimi-K2.5-DFlash\n"
     assert run(rec)[0]["weights.drafters"].severity == "ok"
@@ -274,15 +261,13 @@ def test_nccl_shm_inside_a_switch_names_acs_and_net_names_the_settings():
         if cells[0].strip() in ("GPU0", "GPU1"):
             cells[2 if cells[0].strip() == "GPU0" else 1] = "CNS"
     rec["topo-p2p-r"] = "\n".join("\t".join(c) for c in rows) + "\n"
-    rec["nccl-transport"] = rec["nccl-transport"].replace(
-        "Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM", "Channel 00 : 0[0] -> 1[1] via SHM/direct/direct"
-    )
+    shm = "Channel 00 : 0[0] -> 1[1] via SHM/direct/direct"
+    rec["nccl-transport"] = rec["nccl-transport"].replace("Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM", shm)
     t = run(rec)[0]["nccl.transport"]
     assert "GPU0-GPU1 CNS (PIX), which share a PCIe switch" in t.fix and "ECAP_ACS+6.w=0000" in t.fix
     t = run(capture("pcie8x-net"))[0]["nccl.transport"]
-    assert "GPU3->GPU4 NET/Socket/0" in t.message and t.fix.startswith(
-        "the ranks ran with NCCL_P2P_DISABLE=1, NCCL_SHM_DISABLE=1: unset NCCL_P2P_DISABLE NCCL_SHM_DISABLE"
-    )
+    unset = "the ranks ran with NCCL_P2P_DISABLE=1, NCCL_SHM_DISABLE=1: unset NCCL_P2P_DISABLE NCCL_SHM_DISABLE"
+    assert "GPU3->GPU4 NET/Socket/0" in t.message and t.fix.startswith(unset)
     assert "--ipc=host" in run(changed(capture("pcie8x-net"), "nccl-transport", nccl_env={}))[0]["nccl.transport"].fix
     rec = capture("pcie8x")
     rec["nccl-transport"] = rec["nccl-transport"].replace("3[3] -> 4[4] via P2P/CUMEM", "3[3] -> 4[4] via SHM/direct")
@@ -320,13 +305,8 @@ def test_nccl_hang_wrong_sum_no_lines_slow_and_unmeasured():
 
 
 def test_pcie_ipc_hang_or_wrong_sum_fails_with_the_switch_and_the_host_cause():
-    hung = {
-        "measured": False,
-        "hung": True,
-        "world": 8,
-        "phase": "ranks 0-7: iterate 8x7168",
-        "why": "no progress within 60 s (ranks 0,1,2,3,4,5,6,7: iterate 8x7168); the ranks were killed",
-    }
+    why = "no progress within 60 s (ranks 0,1,2,3,4,5,6,7: iterate 8x7168); the ranks were killed"
+    hung = dict(measured=False, hung=True, world=8, phase="ranks 0-7: iterate 8x7168", why=why)
     rec = capture("pcie8x-hmm-iommu") | {"pcie-ipc-smoke": MARK + json.dumps(hung) + "\n"}
     f, facts = run(rec)
     s = f["pcie_ipc.smoke"]

@@ -10,7 +10,6 @@ import os
 import shlex
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PROFILES = {p.stem: p for p in (ROOT / "docker" / "profiles").glob("*.yaml")}
 SPEC = ("kimi-k25-eagle3-tp8", "kimi-k25-dflash-tp8")
 KEY = "k3y-0f-the-0perator"
+SPEC_EAGLE3 = ("--speculative-algorithm", "EAGLE3")
 IMAGE = load_pin().serving_image
 
 
@@ -78,39 +78,22 @@ def test_the_dflash_draft_attends_on_triton_on_sm120_unless_told_otherwise(sglan
     """SGLang's resolution of the DFlash profile for Kimi-K2.5 on an SM120 GPU (the fixtures' configs)."""
     import _sgl
 
-    argv = [
-        "--config",
-        str(PROFILES["kimi-k25-dflash-tp8"]),
-        "--model-path",
-        str(_sgl.KIMI_K25),
-        "--speculative-draft-model-path",
-        str(_sgl.FIXTURES / "kimi-k25-dflash"),
-        "--device",
-        "cuda",
-        *extra,
-    ]
-    sa = serve.parse_with_sglang(argv)
+    paths = {"--model-path": _sgl.KIMI_K25, "--speculative-draft-model-path": _sgl.FIXTURES / "kimi-k25-dflash"}
+    argv = ["--config", str(PROFILES["kimi-k25-dflash-tp8"]), *(str(x) for kv in paths.items() for x in kv)]
+    sa = serve.parse_with_sglang([*argv, "--device", "cuda", *extra])
     with _sgl.platform(12):
         sa.resolve_once()
-    assert (_sgl.resolved(sa, "attention_backend"), _sgl.resolved(sa, "speculative_draft_attention_backend")) == (
-        "triton",
-        want,
-    )
+    backends = (_sgl.resolved(sa, "attention_backend"), _sgl.resolved(sa, "speculative_draft_attention_backend"))
+    assert backends == ("triton", want)
 
 
 def test_dry_run_is_sglangs_own_command_line(capsys, sglang_tree, hf):
-    doc = dry_run(
-        capsys, "--model", "/m", "--draft-model", "x/own-drafter", "--port", "31000", "--", "--context-length", "4096"
-    )
+    own = ["--model", "/m", "--draft-model", "x/own-drafter", "--port", "31000"]
+    doc = dry_run(capsys, *own, "--", "--context-length", "4096")
     assert (doc["port"], doc["tp"], doc["weights"]) == (31000, 8, ["/m", "x/own-drafter"])  # what make serve checks
     assert doc["argv"][1:5] == ["-m", "sglang.launch_server", "--config", str(PROFILES["kimi-k25-eagle3-tp8"])]
     sa = sglang_parse(doc["argv"])  # the command line wins over the file: SGLang's rule
-    assert (sa.model_path, sa.speculative_draft_model_path, sa.port, sa.context_length) == (
-        "/m",
-        "x/own-drafter",
-        31000,
-        4096,
-    )
+    assert (sa.model_path, sa.speculative_draft_model_path, sa.port, sa.context_length) == ("/m", own[3], 31000, 4096)
     assert sa.tp_size == 8 and doc["listen"] == "listening on 127.0.0.1 only"
 
 
@@ -137,14 +120,7 @@ def test_a_drafter_without_its_algorithm_is_refused(capsys, sglang_tree, hf):
     with pytest.raises(UserError, match="drafts for DFLASH, not EAGLE3: add -- --speculative-algorithm DFLASH"):
         dry_run(capsys, "--draft-model", "z-lab/Kimi-K2.5-DFlash")
     doc = dry_run(
-        capsys,
-        "--profile",
-        "kimi-k25-tp8",
-        "--draft-model",
-        "lightseekorg/kimi-k2.5-eagle3",
-        "--",
-        "--speculative-algorithm",
-        "EAGLE3",
+        capsys, *"--profile kimi-k25-tp8 --draft-model lightseekorg/kimi-k2.5-eagle3 --".split(), *SPEC_EAGLE3
     )
     assert sglang_parse(doc["argv"]).speculative_algorithm == "EAGLE3"
 
@@ -170,12 +146,9 @@ def test_drafters_are_checked_against_the_known_ones_and_the_hf_cache(capsys, hf
     with pytest.raises(UserError, match="no such directory") as e:  # a path: never told to hf download it
         dry_run(capsys, "--draft-model", "/data/my-drafter")
     assert "hf download" not in str(e.value)
-    notes = dry_run(capsys, "--profile", "kimi-k25-dflash-tp8")["notes"]  # make serve SERVE_ARGS="--profile ..."
-    assert any(
-        n.startswith("drafter z-lab/Kimi-K2.5-DFlash (DFLASH): block drafting")
-        and n.endswith("(or before: hf download z-lab/Kimi-K2.5-DFlash)")
-        for n in notes
-    ), notes
+    notes = "\n".join(dry_run(capsys, "--profile", "kimi-k25-dflash-tp8")["notes"])  # SERVE_ARGS="--profile ..."
+    assert "drafter z-lab/Kimi-K2.5-DFlash (DFLASH): block drafting" in notes
+    assert "(or before: hf download z-lab/Kimi-K2.5-DFlash)" in notes
 
 
 def test_profile_lookup(capsys, tmp_path, hf):
@@ -225,21 +198,14 @@ def fake_sglang(tmp_path: Path) -> Path:
     return pkg.parent
 
 
-def serve_verb(*args, path: str | None = None, prefix: tuple = (), **env) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*prefix, sys.executable, "-m", "scripts.host.serve", *args],
-        cwd=ROOT,
-        env={**os.environ, **({"PATH": path} if path else {}), **env},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def serve_verb(*args, docker: _fake_docker.FakeDocker | None = None, **env) -> subprocess.CompletedProcess:
+    path = {"PATH": _fake_docker.path_with(docker.bindir)} if docker else {}
+    return _fake_docker.verb("scripts.host.serve", *args, timeout=300, **path, **env)
 
 
 def test_the_key_reaches_sglang_in_a_private_copy_read_once(sglang_tree, tmp_path, hf):
-    cp = serve_verb(
-        "--host", "0.0.0.0", PYTHONPATH=str(fake_sglang(tmp_path)), SGLANG_API_KEY=KEY, TMPDIR=str(tmp_path)
-    )
+    env = {"PYTHONPATH": str(fake_sglang(tmp_path)), "SGLANG_API_KEY": KEY, "TMPDIR": str(tmp_path)}
+    cp = serve_verb("--host", "0.0.0.0", **env)
     assert cp.returncode == 0, cp.stderr
     got = json.loads(cp.stdout)
     import yaml
@@ -259,9 +225,9 @@ def printed_command(out: str) -> list[str]:
     return shlex.split(" ".join(ln.rstrip("\\") for ln in lines[: end + 1]))
 
 
-def box(tmp_path: Path, images=(IMAGE,), labels=None) -> _fake_docker.FakeDocker:
+def box(tmp_path: Path, labels=None) -> _fake_docker.FakeDocker:
     """make serve's box: docker with the serving image (this checkout's patch set), 8 idle GPUs."""
-    return _fake_docker.install(tmp_path, images, pythonpath=(fake_sglang(tmp_path),), labels=labels, gpus=8)
+    return _fake_docker.install(tmp_path, (IMAGE,), pythonpath=(fake_sglang(tmp_path),), labels=labels, gpus=8)
 
 
 def test_make_serve_checks_the_box_and_the_images_dry_run_then_runs_it(sglang_tree, tmp_path, hf, monkeypatch):
@@ -277,9 +243,8 @@ def test_make_serve_checks_the_box_and_the_images_dry_run_then_runs_it(sglang_tr
     key.write_text(KEY)
     monkeypatch.setenv("SGLANG_BASE", "auto")  # make exports it for apply
     monkeypatch.setenv("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE", "0")
-    path = _fake_docker.path_with(docker.bindir)
     own = ["--image", IMAGE, "--draft-model", str(drafter), "--port", port]
-    dry = serve_verb(*own, "--dry-run", "--host", "0.0.0.0", "--api-key-file", str(key), path=path)
+    dry = serve_verb(*own, "--dry-run", "--host", "0.0.0.0", "--api-key-file", key, docker=docker)
     assert dry.returncode == 0, dry.stderr
     cmd = printed_command(dry.stdout)
     assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" in cmd and "SGLANG_BASE" not in cmd
@@ -290,7 +255,7 @@ def test_make_serve_checks_the_box_and_the_images_dry_run_then_runs_it(sglang_tr
     for ok in ("image", "GPUs: 8 x", "GPUs idle", f"port {port}: free", f"weights: moonshotai/Kimi-K2.5, {drafter}"):
         assert f"ok   {ok}" in dry.stdout, ok
     assert all("--dry-run" in run for run in docker.runs())
-    real = serve_verb(*own, "--", "--tp-size", "2", path=path)
+    real = serve_verb(*own, "--", "--tp-size", "2", docker=docker)
     assert real.returncode == 0, real.stderr
     run = docker.runs()[-1]
     assert printed_command(real.stdout) == ["docker", *run] and run[run.index(IMAGE) + 1] == "serve"
@@ -299,28 +264,22 @@ def test_make_serve_checks_the_box_and_the_images_dry_run_then_runs_it(sglang_tr
     assert reached["argv"][-4:] == ["--port", port, "--tp-size", "2"]
 
 
-@pytest.mark.parametrize("situation", ["stale image", "no image", "busy box", "a value SGLang fails on late"])
-def test_make_serve_refuses_before_it_starts_anything(sglang_tree, tmp_path, hf, situation):
-    """Each refusal names the problem and its fix; the only docker run is the image's own dry run, if any."""
-    stale = {PATCHSET_LABEL: "0000000stale"} if situation == "stale image" else None
-    docker, args = box(tmp_path, images=() if situation == "no image" else (IMAGE,), labels=stale), []
-    said = {
-        "stale image": [f"image {IMAGE} holds patch set 0000000stale", f"Fix: make image IMAGE={IMAGE} (it builds"],
-        "no image": [f"image {IMAGE} is not in this docker engine. Fix: make image IMAGE={IMAGE} (it builds {IMAGE}"],
-        "a value SGLang fails on late": ["its dry run", "mem-fraction-static 1.5: must be a fraction"],
-    }.get(situation, [])
+def test_make_serve_refuses_before_it_starts_anything(sglang_tree, tmp_path, hf):
+    """A stale image; a server holding the GPUs and the port, with the weights not there; a value SGLang fails on
+    after the load: each named with its fix, and the only docker run is the image's own dry run."""
+    stale = box(tmp_path / "stale", labels={PATCHSET_LABEL: "0000000stale"})
+    cp = serve_verb("--image", IMAGE, docker=stale)
+    assert cp.returncode == 2 and f"Fix: make image IMAGE={IMAGE}" in cp.stderr and not stale.runs(), cp.stderr
+    docker = box(tmp_path)
+    docker.busy("4242, sglang::scheduler_TP0, 88000 MiB")
     with socket.socket() as listener:
-        if situation == "busy box":  # a server holds the GPUs and the port, and the weights are not there
-            docker.busy("4242, sglang::scheduler_TP0, 88000 MiB")
-            listener.bind(("127.0.0.1", 0))
-            listener.listen()
-            args = ["--port", str(listener.getsockname()[1])]
-            said = ["FAIL GPUs idle: 4242", "FAIL port", f"hf download moonshotai/Kimi-K2.5 --cache-dir {hf}"]
-        if situation == "a value SGLang fails on late":
-            args = ["--", "--mem-fraction-static", "1.5"]
-        cp = serve_verb("--image", IMAGE, *args, path=_fake_docker.path_with(docker.bindir))
-    assert cp.returncode == 2 and "Traceback" not in cp.stderr, cp.stderr
-    assert all(s in cp.stderr for s in said), cp.stderr
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        busy = serve_verb("--image", IMAGE, "--port", listener.getsockname()[1], docker=docker)
+    late = serve_verb("--image", IMAGE, "--", "--mem-fraction-static", "1.5", docker=docker)
+    weights = f"hf download moonshotai/Kimi-K2.5 --cache-dir {hf}"
+    for cp, said in [(busy, ["FAIL GPUs idle: 4242", "FAIL port", weights]), (late, ["its dry run", "1.5: must be"])]:
+        assert cp.returncode == 2 and all(s in cp.stderr for s in said) and "Traceback" not in cp.stderr, cp.stderr
     assert all("--dry-run" in run for run in docker.runs())
 
 
@@ -331,7 +290,7 @@ def test_a_key_file_this_user_cannot_reach_is_named_with_the_fix(tmp_path):
     (secret / "api_key").write_text(KEY)
     secret.chmod(0)
     root = ("setpriv", "--bounding-set=-dac_override,-dac_read_search") if os.getuid() == 0 else ()
-    cp = serve_verb("--image", IMAGE, "--host", "0.0.0.0", "--api-key-file", str(secret / "api_key"), prefix=root)
+    cp = serve_verb("--image", IMAGE, "--host", "0.0.0.0", "--api-key-file", secret / "api_key", prefix=root)
     secret.chmod(0o700)
     assert cp.returncode == 2 and "Traceback" not in cp.stderr, cp.stderr
     assert "docker, as root, could still mount it" in cp.stderr and f"sudo chown $USER {secret}" in cp.stderr
