@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         if p.port is not None:
             print(
                 "  not checked here: the servers' SGLang arguments; each server's serve refuses bad ones in its "
-                'first seconds (make serve SERVE_ARGS="--dry-run --profile P -- ARGS" checks them now)'
+                'first seconds (make serve DRY_RUN=1 SERVE_ARGS="--profile P -- ARGS" checks them now)'
             )
         return 2 if any(not c.ok for c in checks) else 0
     failed = [c.line() for c in checks if not c.ok]
