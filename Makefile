@@ -26,6 +26,15 @@ LOOKALIKE := $(shell $(PY) -c 'import difflib, sys; n = lambda s: s.upper().repl
     ours, 1, 0.8)] if m], sep="; ")' $(filter-out $(OUR_VARS),$(CLI_VARS)) -- $(OUR_VARS))
 $(if $(LOOKALIKE),$(error $(LOOKALIKE)))
 endif
+# DRY_RUN=1 is every verb's --dry-run (print what would run, check, run nothing); where it means nothing, make stops
+DRY       := $(if $(DRY_RUN),--dry-run)
+DRY_VERBS := image serve test-gpu test-serve bench bench-sweep bench-comm report
+ifneq ($(DRY_RUN),)
+ifneq ($(filter-out $(DRY_VERBS),$(or $(MAKECMDGOALS),help)),)
+$(error DRY_RUN=1 means nothing to make $(filter-out $(DRY_VERBS),$(or $(MAKECMDGOALS),help)): it is the dry run of \
+    $(DRY_VERBS) only)
+endif
+endif
 
 .PHONY: help setup apply export check-patches refresh test test-gpu test-serve prove-tests image lint-docker doctor \
         serve test-image bench bench-sweep bench-comm report docs clean distclean
@@ -41,7 +50,9 @@ help:            ## list targets and the variables they take
 #:   REBUILD=1                apply: build build/sglang again from a fresh base (drops commits not exported)
 #:   TO=TAG WHEEL=FILE WRITE=1  refresh: the new release, its wheel if you have it, move the pin and patches/
 #:   IMAGE=NAME:TAG           image, serve, test-gpu, test-serve, bench, bench-sweep, bench-comm, report: another image
-#:   NCCL=VERSION DRY_RUN=1   image: an NCCL variant (own tag); print the docker build instead of running it
+#:   DRY_RUN=1                image, serve, test-gpu, test-serve, bench, bench-sweep, bench-comm, report: their
+#:                            --dry-run (print what would run and the checks, run nothing; exit 2 if a check fails)
+#:   NCCL=VERSION             image: an NCCL variant (own tag)
 #:   BASE=REF ALLOW_BAD_NCCL=1  image: FROM another base (labels name it); build an NCCL known to fail, on purpose
 #:   SERVE_ARGS="..."         serve: its options (--dry-run, --draft-model D, --host 0.0.0.0 --api-key-file F, -- ARGS)
 #:   BENCH_ARGS="..."         bench, bench-sweep, bench-comm: their options (BENCH_ARGS=--dry-run: the plan only)
@@ -84,23 +95,23 @@ test: setup apply  ## the whole check: code format and lint, pytest, series roun
 	$(VPY) -m scripts.series.prove_tests
 
 test-gpu:        ## the patched collectives, fused op and decisions on >= 2 GPUs, in the image -> bench/results
-	$(PY) -m scripts.host.in_image $(if $(IMAGE),--image $(IMAGE)) test-gpu $(TEST_GPU_ARGS)
+	$(PY) -m scripts.host.in_image $(if $(IMAGE),--image $(IMAGE)) test-gpu $(DRY) $(TEST_GPU_ARGS)
 
 test-serve:      ## the patched server with EAGLE-3 on generated tiny models, in IMAGE on this machine's GPUs -> bench/results
-	$(PY) -m scripts.host.in_image $(if $(IMAGE),--image $(IMAGE)) test-serve $(TEST_SERVE_ARGS)
+	$(PY) -m scripts.host.in_image $(if $(IMAGE),--image $(IMAGE)) test-serve $(DRY) $(TEST_SERVE_ARGS)
 
 prove-tests: setup apply  ## show that every patch test fails on the unpatched base tree
 	$(VPY) -m scripts.series.prove_tests
 
 image:           ## the serving image FROM the pinned upstream image (DRY_RUN=1: print the command; NCCL=, BASE=)
 	$(PY) -m scripts.host.image $(if $(IMAGE),--tag $(IMAGE)) $(if $(NCCL),--nccl $(NCCL)) $(if $(BASE),--base \
-	    $(BASE)) $(if $(ALLOW_BAD_NCCL),--allow-known-bad-nccl) $(if $(DRY_RUN),--dry-run)
+	    $(BASE)) $(if $(ALLOW_BAD_NCCL),--allow-known-bad-nccl) $(DRY)
 
 lint-docker:     ## hadolint docker/Dockerfile
 	$(VPY) -m scripts.host.image --lint-only
 
 serve:           ## serve Kimi-K2.5 with EAGLE-3 from the image (the docker run is printed first; SERVE_ARGS)
-	$(PY) -m scripts.host.serve --image=$(IMAGE) $(SERVE_ARGS)
+	$(PY) -m scripts.host.serve --image=$(IMAGE) $(DRY) $(SERVE_ARGS)
 
 test-image:      ## build docker/Dockerfile on a local stand-in base and run its verbs (root, ~8 GB, 3-7 min)
 	$(PY) -m tests.image.build
@@ -109,16 +120,16 @@ doctor:          ## preflight of this box (GPUs, NVLink/P2P, NUMA, driver, NCCL,
 	$(PY) -m scripts.host.doctor
 
 bench:           ## A/B serving benchmarks, servers and client in the serving image (BENCH_ARGS="--variants ... --scenarios C1")
-	$(BPY) -m scripts.bench.bench $(if $(IMAGE),--image $(IMAGE)) $(BENCH_ARGS)
+	$(BPY) -m scripts.bench.bench $(if $(IMAGE),--image $(IMAGE)) $(DRY) $(BENCH_ARGS)
 
 bench-sweep:     ## drafters x speculative settings (bench/sweep.toml), each point's setting checked first
-	$(BPY) -m scripts.bench.bench --sweep $(if $(IMAGE),--image $(IMAGE)) $(BENCH_ARGS)
+	$(BPY) -m scripts.bench.bench --sweep $(if $(IMAGE),--image $(IMAGE)) $(DRY) $(BENCH_ARGS)
 
 bench-comm:      ## all-reduce / verify-shaped communication benchmark on >= 2 GPUs, in the serving image
-	$(PY) -m scripts.host.in_image $(if $(IMAGE),--image $(IMAGE)) bench-comm $(BENCH_ARGS)
+	$(PY) -m scripts.host.in_image $(if $(IMAGE),--image $(IMAGE)) bench-comm $(DRY) $(BENCH_ARGS)
 
 report:          ## the box receipt: test-serve, doctor, test-gpu, bench-comm, bench -> bench/receipts/<box>_<date>/ + .tar.gz (resumable; REPORT_ARGS)
-	$(BPY) -m scripts.report.receipt $(if $(IMAGE),--image $(IMAGE)) $(REPORT_ARGS)
+	$(BPY) -m scripts.report.receipt $(if $(IMAGE),--image $(IMAGE)) $(DRY) $(REPORT_ARGS)
 
 docs:            ## regenerate eagle-fast-verify.md's tables and plot from bench/ and receipts (RECEIPT=<.tar.gz>: that one)
 	$(BPY) -m scripts.report.cost_model --write $(if $(RECEIPT),--receipt $(RECEIPT))

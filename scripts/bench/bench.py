@@ -34,6 +34,7 @@ from ..lib.errors import UserError
 from ..lib.http import use_api_key
 from ..lib.progress import say
 from ..lib.table import duration, num
+from ..series.pin import load_pin, patchset_id
 from . import observe
 from . import plan as pl
 from . import report as rep
@@ -52,11 +53,16 @@ def main(argv: list[str] | None = None) -> int:
     if not p.runs:
         say(f"every run of the plan is already in {p.results_dir} (--resume): nothing to run")
         return 0
-    checks = box_checks(p)
+    checks = box_checks(p, stop_left=not p.dry_run)
     if p.dry_run:
         print_plan(p)
         print("checks (a real run stops when one fails):\n" + "\n".join("  " + c.line() for c in checks))
-        return 0
+        if p.port is not None:
+            print(
+                "  not checked here: the servers' SGLang arguments; each server's serve refuses bad ones in its "
+                'first seconds (make serve DRY_RUN=1 SERVE_ARGS="--profile P -- ARGS" checks them now)'
+            )
+        return 2 if any(not c.ok for c in checks) else 0
     failed = [c.line() for c in checks if not c.ok]
     if failed:
         raise UserError("make bench cannot start; nothing was started or written:\n  " + "\n  ".join(failed))
@@ -65,9 +71,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # --------------------------------------------------------------------------------------------- checks, dry run
-def box_checks(p: pl.Plan) -> list[preflight.Check]:
-    """What the box must have for this plan (scripts/box/preflight.py), each with its fix."""
-    out = preflight.docker_checks(p.images) + [preflight.writable_check(p.results_dir)]
+def box_checks(p: pl.Plan, stop_left: bool = True) -> list[preflight.Check]:
+    """What the box must have for this plan (scripts/box/preflight.py), each with its fix; stop_left: remove the
+    containers an earlier run left (a dry run only names them)."""
+    stock = (load_pin().upstream_image,)
+    out = preflight.docker_checks(p.images, patchset_id(), stock, stop_left) + [preflight.writable_check(p.results_dir)]
     if p.port is not None:
         out += preflight.gpu_checks(p.gpus) + [preflight.port_check(p.port), preflight.weights_check(p.weights)]
     return out
@@ -172,6 +180,9 @@ def session(p: pl.Plan, progress: Progress, left: list[list[pl.Run]]) -> None:
             if r.scenario.name in progress.bad_scenarios:
                 progress.failed([r], f"not run: {progress.bad_scenarios[r.scenario.name]}")
                 continue
+            if lost := server.lost():  # the container stopped, or another server answers on its port
+                progress.failed(left[0][left[0].index(r) :], f"not run: {lost}")
+                break
             say(f"{r.label(len(p.runs))}... {progress.eta(p.runs[r.index - 1 :], loads)}")
             t0 = time.monotonic()
             rec, why, rc = one_run(p, r, server, patch)

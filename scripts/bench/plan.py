@@ -11,14 +11,12 @@ import argparse
 import dataclasses
 import json
 import math
-import os
 import re
 import shlex
 import string
-import time
 from pathlib import Path
 
-from ..box.docker import RESULTS_IN_IMAGE, docker_run, hf_cache_dir
+from ..box.docker import RESULTS_IN_IMAGE, container_name, docker_run, hf_cache_dir
 from ..box.results import box_name, stamp
 from ..lib import profiles
 from ..lib.errors import UserError
@@ -34,7 +32,8 @@ ORDERS = ("aba", "blocked")
 ASSUMED_LOAD_S = 600.0  # one Kimi-K2.5 TP8 server: weights from the page cache or NVMe, graphs, JIT
 ASSUMED_STREAM_TOK_S = 50.0  # decode tok/s per stream (the seed box: 82 without speculation, 60 with EAGLE-3)
 IN_IMAGE_REPO = "/opt/eagle-fast-verify"  # where a stock image sees this checkout (its serve)
-CLIENT_ENV = ("OPENAI_API_KEY", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")  # passed to bench_serving by name
+# passed to bench_serving by name (PYTHONUNBUFFERED: its lines as printed, which bench reads as they come)
+CLIENT_ENV = ("OPENAI_API_KEY", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "PYTHONUNBUFFERED")
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 NAME_RULE = "letters, digits, '.', '_', '+' or '-'"
 
@@ -401,7 +400,7 @@ def select(a: argparse.Namespace, server_args: list[str]) -> tuple[list[Variant]
 def launch(v: Variant, image: str, serve: list[str], port: int, stem: Path, timeout: float) -> Launch:
     """A variant's server: the image's serve verb in a named detached container on the host's network, or (a stock
     image) this checkout's serve, mounted read-only; its output goes to a log beside the results."""
-    name = re.sub(r"[^A-Za-z0-9_.-]", "-", f"eagle-bench-{v.name}-{os.getpid()}-{int(time.time())}")
+    name = container_name(f"bench-{v.name}")
     cmd, extra = ["serve"], [x for k, val in v.env for x in ("-e", f"{k}={val}")]
     if v.image == "stock":
         cmd = ["-m", "scripts.host.serve"]

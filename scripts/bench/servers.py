@@ -1,27 +1,27 @@
 """One server lifecycle, for `make bench` and the profile part: start, wait until it answers, stop.
 
 a container  the image's serve in a detached `docker run -d --name NAME` (scripts/box/docker.py): marked started
-             before `docker run` runs, so stop() removes it by its name whatever happens after (docker stop, rm)
+             before `docker run` runs, so stop() removes it by its name whatever happens after (docker stop, rm);
+             lost() says when what answers is not it (the container stopped, another server holds the port)
 a URL        a server someone else runs (--server-url): only checked
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import shlex
 import time
+import urllib.parse
 from pathlib import Path
 
-from ..box.docker import engine
+from ..box.docker import PATCHSET_LABEL, engine, image_info
 from ..lib import proc
 from ..lib.errors import UserError
-from ..lib.http import API_KEY, http_get
+from ..lib.http import API_KEY, get_json, http_get
 from ..lib.progress import say
 from ..lib.table import duration
 
 DOCKER_TIMEOUT = 600.0
-PATCHSET_LABEL = "io.eagle-fast-verify.patchset"
 
 
 class InfraError(UserError):
@@ -59,10 +59,15 @@ class Server:
         self.argv, self.container, self.image = list(launch.argv), launch.container, launch.image
         self.patchset, self.started, self.launch_s = launch.patchset, False, None
         self._logs = self._log = None
+        self.model = self.argv[self.argv.index("--model") + 1] if "--model" in self.argv else None
 
     def start(self) -> None:
         if not self.argv:
-            return self._answers()
+            status = self._models(10)
+            if status != 200:
+                got = f"HTTP {status}" if status else "no answer"
+                raise UserError(f"{self.name}: no SGLang server answers at {self.url} (GET /v1/models: {got})")
+            return None
         say(f"launching {self.name}: {shlex.join(self.argv)}")
         t0 = time.monotonic()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -76,8 +81,7 @@ class Server:
             raise UserError(f"docker run for {self.name} failed ({res.why})")
         self._logs = proc.spawn(["docker", "logs", "-f", self.container], stdout=self._log, stderr=proc.STDOUT)
         while not self._ready():
-            running = proc.run(["docker", "inspect", "-f", "{{.State.Running}}", self.container], timeout=60)
-            if running.stdout.strip() != "true":
+            if not self._running():
                 raise UserError(f"{self.name} exited while starting; {self.log_path}:\n{tail(self.log_path)}")
             if time.monotonic() - t0 > self.timeout:
                 raise UserError(
@@ -85,26 +89,40 @@ class Server:
                     f"{self.log_path}:\n{tail(self.log_path)}"
                 )
             time.sleep(2)
+        if why := self.lost():
+            raise UserError(f"{self.name}: {why}")
         self.launch_s = time.monotonic() - t0
         say(f"{self.name} is up on {self.url} after {duration(self.launch_s)}")
 
-    def _answers(self) -> None:
-        status = http_get(self.url + "/v1/models", 10)[0]
+    def _models(self, timeout: float) -> int:
+        """GET /v1/models: its status (0: no answer); a 401 is a UserError with the fix."""
+        status = http_get(self.url + "/v1/models", timeout)[0]
         if status == 401:
             raise UserError(f"{self.name}: {unauthorized(self.url)}")
-        if status != 200:
-            raise UserError(
-                f"{self.name}: no SGLang server answers at {self.url} (GET /v1/models: "
-                + (f"HTTP {status})" if status else "no answer)")
-            )
+        return status
 
     def _ready(self) -> bool:
-        if http_get(self.url + "/health", 5)[0] != 200:
-            return False
-        status = http_get(self.url + "/v1/models", 5)[0]
-        if status == 401:
-            raise UserError(f"{self.name}: {unauthorized(self.url)}")
-        return status == 200
+        return http_get(self.url + "/health", 5)[0] == 200 and self._models(5) == 200
+
+    def _running(self) -> bool:
+        res = proc.run(["docker", "inspect", "-f", "{{.State.Running}}", self.container], timeout=60)
+        return res.stdout.strip() == "true"
+
+    def lost(self) -> str:
+        """'' while what answers at the URL is this launch's server: its container runs and /server_info names the
+        model and port it was started with; else what is wrong (asked before every run: a number from another
+        server is never recorded as this one's)."""
+        if not self.argv:
+            return ""
+        if not self._running():
+            return f"its container {self.container} is not running; {self.log_path}:\n{tail(self.log_path)}"
+        info, port = get_json(self.url + "/server_info", 30) or {}, urllib.parse.urlsplit(self.url).port
+        if (self.model and info.get("model_path") != self.model) or info.get("port", port) != port:
+            return (
+                f"the server answering at {self.url} is not the one started in {self.container}: it serves "
+                f"{info.get('model_path')} on port {info.get('port', '?')}, not {self.model or 'its model'} on {port}"
+            )
+        return ""
 
     def stop(self) -> None:
         if self.started:
@@ -124,9 +142,8 @@ class Server:
         """The patch set the server runs: declared (a URL), its image's label (a container)."""
         if not self.argv:
             return {"patchset": self.patchset or "unknown"}
-        res = proc.run(["docker", "image", "inspect", "--format", "{{json .Config.Labels}}", self.image], timeout=60)
-        labels = (json.loads(res.stdout or "null") or {}) if res.ok else {}
-        return {"patchset": labels.get(PATCHSET_LABEL, "none" if res.ok else "unknown"), "image": self.image}
+        info = image_info(self.image) or {"Labels": {PATCHSET_LABEL: "unknown"}}
+        return {"patchset": info["Labels"].get(PATCHSET_LABEL, "none"), "image": self.image}
 
 
 def unauthorized(url: str) -> str:

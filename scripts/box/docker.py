@@ -1,22 +1,27 @@
 """The docker engine and the one `docker run` of the serving image.
 
-engine() asks whether the engine answers (and names the fix when it does not), image_id() whether it has an image:
-asked before anything is built or started, so a missing engine is one message, never a failed step. docker_run()
-builds every command that runs the image (serve, test-gpu, test-serve, bench-comm, the bench's servers and client,
-the profile's servers, the doctor's probes) with the HF-cache rule of hf_cache_dir().
+engine() asks whether the engine answers (and names the fix when it does not), image_id() whether it has an image
+(built from the series a caller names): asked before anything is built or started, so a missing engine is one message,
+never a failed step. docker_run() builds every command that runs the image (serve, test-gpu, test-serve, bench-comm,
+the bench's servers and client, the profile's servers, the doctor's probes) with the HF-cache rule of hf_cache_dir().
+A container this tooling starts is named by container_name(): whose it is, so a later run stops one left behind.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import re
 import shlex
 from pathlib import Path
 from typing import Iterable
 
 from ..lib import proc
 
-HF_CACHE_IN_IMAGE = "/root/.cache/huggingface"
+HF_CACHE_IN_IMAGE = "/root/.cache/huggingface/hub"
+PATCHSET_LABEL = "io.eagle-fast-verify.patchset"  # make image's label: the series the image holds (patchset_id)
+OWNER = re.compile(r"^eagle-.+-pid(\d+)$")  # container_name(): the pid of the process that started it
 FLASHINFER_MOUNT = "sglang-flashinfer:/root/.cache/flashinfer"  # JIT kernels and the all-reduce autotune, kept
 RESULTS_IN_IMAGE = "/results"
 PASS_NAMES = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HF_TOKEN")
@@ -77,20 +82,48 @@ def engine(docker: str = "docker") -> Engine:
     )
 
 
-def image_id(image: str, docker: str = "docker") -> tuple[str | None, str]:
-    """(the image's id, '') when the engine has it, else (None, why, with the fix)."""
+def image_info(image: str, docker: str = "docker") -> dict | None:
+    """`docker image inspect`'s object for the image (Id, RepoDigests, ...) with its Labels at the top; None when the
+    engine lacks it."""
+    res = proc.run([docker, "image", "inspect", image], timeout=PROBE_TIMEOUT)
+    try:
+        info = json.loads(res.stdout)[0] if res.ok else None
+    except (ValueError, IndexError, KeyError):
+        return None
+    return info and {**info, "Labels": (info.get("Config") or {}).get("Labels") or {}}
+
+
+def image_id(image: str, patchset: str = "", docker: str = "docker") -> tuple[str | None, str]:
+    """(the image's id, '') when the engine has it and, given a patch set (an image make image builds from this
+    checkout's patches/: series.pin.patchset_id), its label names that one; else (None, why, with the fix)."""
     eng = engine(docker)
     if not eng.ok:
         return None, f"the docker engine {eng.why}. Fix: {eng.fix}"
-    res = proc.run([docker, "image", "inspect", "--format", "{{.Id}}", image], timeout=PROBE_TIMEOUT)
-    if res.ok:
-        return res.stdout.strip(), ""
-    return None, f"image {image} is not in this docker engine. Fix: make image (it builds {image})"
+    info, build = image_info(image, docker), f"make image IMAGE={image} (it builds {image} from this checkout)"
+    if info is None:
+        return None, f"image {image} is not in this docker engine. Fix: " + (
+            build if patchset else f"docker pull {image}"
+        )
+    label = info["Labels"].get(PATCHSET_LABEL)
+    if patchset and label != patchset:
+        why = (
+            f"holds patch set {label or 'none (not built by make image)'}, but this checkout's patches/ are {patchset}"
+        )
+        return None, f"image {image} {why}: it would run another series. Fix: {build}"
+    return info["Id"], ""
+
+
+def container_name(what: str) -> str:
+    """eagle-<what>-pid<this process>: a container this process starts; OWNER reads the pid back, so a later run
+    knows one whose process is gone (a SIGKILL, a crash) was left behind."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", f"eagle-{what}-pid{os.getpid()}")
 
 
 def hf_cache_dir() -> str:
-    """The HF cache on this machine: $HF_HOME if set, else ~/.cache/huggingface (mounted at HF_CACHE_IN_IMAGE)."""
-    return os.environ.get("HF_HOME") or os.path.expanduser("~/.cache/huggingface")
+    """The HF hub cache, where `hf download` puts models, found as `hf` finds it (mounted at HF_CACHE_IN_IMAGE):
+    $HF_HUB_CACHE, else $HF_HOME/hub, else ${XDG_CACHE_HOME:-~/.cache}/huggingface/hub."""
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME", "~/.cache"), "huggingface")
+    return os.path.expanduser(os.environ.get("HF_HUB_CACHE") or os.path.join(home, "hub"))
 
 
 def docker_run(
@@ -107,7 +140,9 @@ def docker_run(
     extra: list[str] = (),
     docker: str = "docker",
 ) -> list[str]:
-    """argv of `docker run` for the image's verb `args`; environment variables go by name (docker copies them)."""
+    """argv of `docker run` for the image's verb `args`: environment variables go by name (docker copies them), and
+    a path of this machine among `args` (absolute, existing: a model, drafter, profile, key file) is mounted
+    read-only where it is, so the container sees it as named."""
     passed = (k for k in os.environ if k in PASS_NAMES or k.startswith(PASS_PREFIXES) and k not in OURS)
     names = [*env_names, *passed]
     cmd = [docker, "run", "-d" if detach else "--rm"]
@@ -122,6 +157,8 @@ def docker_run(
     if hf_cache:
         cmd += ["-v", f"{hf_cache}:{HF_CACHE_IN_IMAGE}"]
     cmd += ["-v", FLASHINFER_MOUNT]
+    paths = [a for a in args if a.startswith("/") and not a.startswith(RESULTS_IN_IMAGE) and os.path.exists(a)]
+    cmd += [x for p in dict.fromkeys(paths) for x in ("-v", f"{p}:{p}:ro")]
     cmd += [x for k in sorted(set(names)) if k in os.environ for x in ("-e", k)]
     return [*cmd, *extra, image, *args]
 

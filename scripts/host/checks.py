@@ -481,7 +481,7 @@ def environment(f: Facts) -> list[Finding]:
 
 @doctor_check
 def disk(f: Facts) -> list[Finding]:
-    """disk.free: room for the model in the HF cache serve mounts ($HF_HOME, else ~/.cache/huggingface)."""
+    """disk.free: room for the model in the HF cache every verb mounts ($HF_HUB_CACHE, else $HF_HOME/hub)."""
     d = parse_df(f.get("df").text) if f.get("df").ok else None
     where = f"the HF cache {f.probe.hf_cache}"
     if d is None:
@@ -501,9 +501,8 @@ def disk(f: Facts) -> list[Finding]:
     if free >= need:
         return [Finding("disk.free", "ok", msg)]
     fix = (
-        "free space there, or put the cache on a bigger disk: export HF_HOME=/big/disk/huggingface (make serve, "
-        "make bench and make report mount $HF_HOME at /root/.cache/huggingface; by hand: docker run -v "
-        '"$HF_HOME":/root/.cache/huggingface ...)'
+        "free space there, or put the cache on a bigger disk: export HF_HUB_CACHE=/big/disk/hub (hf download and every "
+        'make verb use it; by hand: docker run -v "$HF_HUB_CACHE":/root/.cache/huggingface/hub ...)'
     )
     return [Finding("disk.free", "warn" if there else "error", msg, fix)]
 

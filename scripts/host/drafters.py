@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from ..box.docker import hf_cache_dir
+from ..box.preflight import weights_problem
 from ..lib.errors import UserError
 from ..lib.repo import PROFILES_DIR
 
@@ -25,9 +26,8 @@ KNOWN = {  # HF id: (the --speculative-algorithm it drafts for, what is publishe
 
 
 def cached(repo: str, cache: str | None = None) -> bool:
-    """Whether `repo` (an HF id) has a snapshot in the HF cache, or is a local directory."""
-    hub = Path(cache or hf_cache_dir()) / "hub" / f"models--{repo.replace('/', '--')}" / "snapshots"
-    return Path(repo).is_dir() or any(hub.glob("*/config.json"))
+    """Whether `repo` (an HF id) is complete in the HF cache, or is a local directory (the bench's weights check)."""
+    return not weights_problem(repo, Path(cache or hf_cache_dir()))
 
 
 def profiled() -> list[str]:
@@ -40,20 +40,19 @@ def profiled() -> list[str]:
 
 
 def drafter_note(repo: str, cache: str | None = None) -> str:
-    """A line about the drafter for the dry run; a UserError for an id that is neither known nor in the cache."""
+    """A line about the drafter for the dry run; a UserError for an id that is neither known nor in the cache, or a
+    path that is no directory."""
+    cache = cache or hf_cache_dir()
     if repo in KNOWN:
-        return f"drafter {repo} ({KNOWN[repo][0]}): {KNOWN[repo][1]}" + (
-            ""
-            if cached(repo, cache)
-            else f"; not in the HF cache {cache or hf_cache_dir()}: SGLang downloads it "
-            f"at start (or before: hf download {repo})"
-        )
+        missing = f"; not in the HF cache {cache}: SGLang downloads it at start (or before: hf download {repo})"
+        return f"drafter {repo} ({KNOWN[repo][0]}): {KNOWN[repo][1]}" + ("" if cached(repo, cache) else missing)
     if cached(repo, cache):
         return f"drafter {repo}: not one of the known drafters ({', '.join(KNOWN)})"
+    if repo.startswith(("/", ".", "~")):
+        raise UserError(f"drafter {repo}: no such directory (a drafter given as a path is a directory of its weights)")
     close = difflib.get_close_matches(repo, list(KNOWN), n=1)
     raise UserError(
-        f"drafter {repo} is neither a known drafter ({', '.join(KNOWN)}) nor in the HF cache "
-        f"{cache or hf_cache_dir()}"
-        + (f": did you mean {close[0]}?" if close else "")
+        f"drafter {repo} is neither a known drafter ({', '.join(KNOWN)}) nor in the HF cache {cache}"
+        + (f": did you mean {close[0]}?" if close else ".")
         + f" To use it anyway, download it first: hf download {repo}"
     )

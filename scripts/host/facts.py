@@ -15,7 +15,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from types import SimpleNamespace
 
-from ..box.docker import docker_run, hf_cache_dir, image_id
+from ..box.docker import container_name, docker_run, hf_cache_dir, image_id
 from ..lib import proc
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
@@ -69,7 +69,7 @@ P2P_LEGEND = {
 def image_doctor(image: str) -> str:
     """The doctor in the image, with the GPUs, the host's IPC namespace and the caches mounted as serve mounts them."""
     cmd = shlex.join(docker_run(image, ["doctor"], hf_cache="HF_CACHE"))
-    return cmd.replace("HF_CACHE:", '"${HF_HOME:-$HOME/.cache/huggingface}":')
+    return cmd.replace("HF_CACHE:", '"${HF_HUB_CACHE:-${HF_HOME:-$HOME/.cache/huggingface}/hub}":')
 
 
 # One output: ok with its text, or not ok and why (not installed, failed, timed out, not recorded).
@@ -120,7 +120,7 @@ class Probe:
 
     def _live(self, key: str) -> Out:
         hf = self.hf_cache
-        snaps = hf / "hub" / f"models--{TARGET_REPO.replace('/', '--')}" / "snapshots"
+        snaps = hf / f"models--{TARGET_REPO.replace('/', '--')}" / "snapshots"
         if key in COMMANDS:
             return self.command(COMMANDS[key])
         if key in FILES:
@@ -156,15 +156,12 @@ class Probe:
             why = f"{self.python} has no sglang ({self.get('sglang').why})"
         if not self.image:
             return nccl.unmeasured(why)
-        found, missing = (
-            image_id(self.image)
-            if proc.which("docker")
-            else (None, "docker is not installed (no docker client on PATH)")
-        )
+        found, missing = image_id(self.image)
         if not found:
             return nccl.unmeasured(f"here, {why}; in the image: {missing}")
-        cmd = docker_run(self.image, ["python3", "-c", nccl.source(key, self.ranks, timeout)])
-        return nccl.watch(cmd, timeout + 60, f"{nccl.WHAT[key]} in {self.image}")
+        name = container_name(f"doctor-{key}")
+        cmd = docker_run(self.image, ["python3", "-c", nccl.source(key, self.ranks, timeout)], name=name)
+        return nccl.watch(cmd, timeout + 60, f"{nccl.WHAT[key]} in {self.image}", container=name)
 
     def record(self, dest: Path) -> list[str]:
         """Write every output read so far (the ok ones) to `dest`, one file each."""

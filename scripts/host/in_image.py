@@ -3,9 +3,10 @@
   python -m scripts.host.in_image [--image IMAGE] [--results DIR] VERB [ARGS...]
 
 The docker run (scripts/box/docker.py: the GPUs, the host's IPC, bench/results mounted at /results, the HF
-cache, FlashInfer's cache, the CUDA/NCCL/SGLang variables by name) is printed first, then this process becomes it;
-with --dry-run among ARGS it is only printed (on stdout).
-Exit status: the verb's; 0 a dry run; 2 when the docker engine or the image is missing (named with the fix).
+cache, FlashInfer's cache, the CUDA/NCCL/SGLang variables by name) is printed first, then the box's checks
+(scripts/box/preflight.py: the engine, the image and its patch set, no resident server, no process on the GPUs), then
+this process becomes it; with --dry-run among ARGS it is only printed (on stdout), with the checks.
+Exit status: the verb's; 0 a dry run whose checks pass; 2 a failed check (named with its fix).
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import os
 import sys
 from pathlib import Path
 
-from ..box.docker import docker_run, hf_cache_dir, image_id, shown
+from ..box import preflight
+from ..box.docker import docker_run, hf_cache_dir, shown
 from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
-from ..series.pin import load_pin
+from ..series.pin import load_pin, patchset_id
 
 
 def main(argv=None) -> int:
@@ -36,16 +38,19 @@ def main(argv=None) -> int:
     ap.add_argument("verb", help="test-serve, test-gpu, bench-comm, doctor, ...")
     ap.add_argument("args", nargs=argparse.REMAINDER, help="the verb's arguments")
     a = ap.parse_args(argv)
-    image, dry = a.image or load_pin().serving_image, "--dry-run" in a.args
+    pin, dry = load_pin(), "--dry-run" in a.args
+    image = a.image or pin.serving_image
     cmd = docker_run(
         image, [a.verb, *(t for t in a.args if t != "--dry-run")], results=a.results.resolve(), hf_cache=hf_cache_dir()
     )
     print(shown(cmd), file=sys.stdout if dry else sys.stderr, flush=True)
+    checks = preflight.docker_checks([image], patchset_id(), (pin.upstream_image,), not dry) + [preflight.idle_check()]
+    failed = [c.line() for c in checks if not c.ok]
     if dry:
-        return 0
-    found, why = image_id(image)
-    if found is None:
-        raise UserError(f"{a.verb} runs in the serving image: {why}")
+        print("checks (a real run stops when one fails):\n" + "\n".join("  " + c.line() for c in checks))
+        return 2 if failed else 0
+    if failed:
+        raise UserError(f"{a.verb} runs in the serving image, and cannot start:\n  " + "\n  ".join(failed))
     a.results.resolve().mkdir(parents=True, exist_ok=True)
     os.execvp(cmd[0], cmd)
     return 0  # not reached

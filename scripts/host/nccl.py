@@ -115,9 +115,10 @@ def unmeasured(why: str, text: str = "", **extra) -> str:
     )
 
 
-def watch(argv: list[str], timeout: float, what: str = "") -> str:
+def watch(argv: list[str], timeout: float, what: str = "", container: str = "") -> str:
     """Run a probe's process (in its own process group) with a watchdog: its output, ending in a result line; when
-    it runs past `timeout` the group is killed and the result says hung. `what` is said first, as progress."""
+    it runs past `timeout` the group is killed (and its `container` removed: a killed docker client leaves it
+    running) and the result says hung; the same on Ctrl-C or SIGTERM, which then goes on up. `what` is said first."""
     if what:
         say(f"doctor: {what}; at most {timeout:.0f} s")
     try:
@@ -126,9 +127,13 @@ def watch(argv: list[str], timeout: float, what: str = "") -> str:
         return unmeasured(f"{argv[0]} could not run: {e}")
     try:
         out, _ = p.communicate(timeout=timeout)
-    except proc.TimeoutExpired:
+    except (proc.TimeoutExpired, KeyboardInterrupt) as e:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, signal.SIGKILL)
+        if container:
+            proc.run(["docker", "rm", "-f", container], timeout=120)
+        if isinstance(e, KeyboardInterrupt):
+            raise
         out, _ = p.communicate()
         return unmeasured(f"no answer within {timeout:.0f} s (the probe was killed)", out or "", hung=True)
     if not result(out):

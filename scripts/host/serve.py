@@ -4,9 +4,13 @@
                                [--api-key-file F] [--dry-run [--json]] [--image [IMAGE]] [-- SGLANG_ARGS...]
 
 Runs `python3 -m sglang.launch_server --config PROFILE [...]`; command-line flags override the file (SGLang's rule).
-Where SGLang imports, its prepare_server_args checks the command first. Loopback unless an API key is given (a key
-file, else $SGLANG_API_KEY), which reaches SGLang through a pipe, never a command line. --image: in the serving image.
-Exit status: 0 dry run printed (serving replaces this process with SGLang or docker); 2 a problem, named with its fix.
+SGLang's prepare_server_args checks the command first, then the values it would fail on only after the load (RULES,
+the drafter's algorithm). Loopback unless an API key is given (a key file, else $SGLANG_API_KEY), which reaches
+SGLang through a pipe, never a command line. --image (make serve): the box's checks (the engine, the image and its
+patch set, no resident server), the image's own dry run (the checks above, there), then the GPUs (enough, idle), the
+port and the weights here, each with its fix; then this verb in the serving image, a path of serve's options mounted
+where it is. Exit status: 0 served or a dry run that passed (serving replaces this process with SGLang or docker);
+2 a problem or a failed check, named with its fix.
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..box.docker import docker_run, hf_cache_dir, shown
-from ..lib import profiles
+from ..box import preflight
+from ..box.docker import container_name, docker_run, hf_cache_dir, shown
+from ..lib import proc, profiles
 from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.repo import SHIPPED_PROFILE
@@ -60,18 +65,24 @@ RULES = {
     "speculative_num_steps": (lambda v: v >= 1, "at least 1"),
     "speculative_num_draft_tokens": (lambda v: v >= 1, "at least 1"),
     "max_running_requests": (lambda v: v >= 1, "at least 1"),
-    "tp_size": (lambda v: v >= 1, "at least 1"),
+    "tp_size": (lambda v: v in (1, 2, 4, 8), "1, 2, 4 or 8 (what splits Kimi-K2.5's 64 heads over this box's GPUs)"),
 }
 
 
 @dataclasses.dataclass
 class Plan:
-    profile: Path
+    """What serve runs and what its dry run says (--json: all of it but the key)."""
+
+    profile: str
     argv: list[str]
     listen: str = ""  # who can reach the server
+    notes: list[str] = dataclasses.field(default_factory=list)
+    port: int = 30000
+    tp: int = 1
+    weights: list[str] = dataclasses.field(default_factory=list)  # the model and the drafter
+    launcher: str = LAUNCHER_NOTE
     key: str = ""  # goes into the private copy of the profile
     key_from: str = ""
-    notes: list[str] = dataclasses.field(default_factory=list)
 
 
 def read_key(environ: dict[str, str], key_file: str | None) -> tuple[str, str]:
@@ -111,12 +122,15 @@ def listening(host: str, key_from: str) -> str:
 
 
 def parse_with_sglang(args: list[str]):
-    """SGLang's own parse of the command (ServerArgs), or None where SGLang does not import here."""
+    """SGLang's own parse of the command (ServerArgs)."""
     try:
         with contextlib.redirect_stdout(sys.stderr):
             from sglang.srt.server_args import prepare_server_args
-    except Exception:  # noqa: BLE001 - any failure means: not checked, and the dry run says so
-        return None
+    except Exception as e:  # noqa: BLE001 - any failure: SGLang is not usable here
+        raise UserError(
+            f"SGLang does not import here ({type(e).__name__}: {e}): serve runs where SGLang is installed (make "
+            f"serve runs it in the serving image)"
+        ) from None
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
@@ -159,18 +173,8 @@ def check_values(sa) -> None:
         )
 
 
-def last_flag(args: list[str], flag: str, default=None):
-    for i, t in enumerate(args):
-        if t == flag and i + 1 < len(args):
-            default = args[i + 1]
-        elif t.startswith(flag + "="):
-            default = t.split("=", 1)[1]
-    return default
-
-
 def build_plan(a: argparse.Namespace, extra: list[str], environ: dict[str, str]) -> Plan:
     path = profiles.find(a.profile)
-    prof = profiles.load(path)
     given = [
         ("--model-path", a.model),
         ("--speculative-draft-model-path", a.draft_model),
@@ -178,27 +182,31 @@ def build_plan(a: argparse.Namespace, extra: list[str], environ: dict[str, str])
         ("--host", a.host),
     ]
     sgl = ["--config", str(path), *[x for f, v in given if v is not None for x in (f, str(v))], *extra]
-    plan = Plan(path, [sys.executable, "-m", LAUNCH, *sgl])
     sa = parse_with_sglang(sgl)
-    if sa is None:
-        plan.notes.append("SGLang does not import here: the values were not checked (run it in the image)")
-        host = last_flag(sgl, "--host", prof.get("host", "127.0.0.1"))  # SGLang's default
-        draft = last_flag(sgl, "--speculative-draft-model-path", prof.get("speculative-draft-model-path"))
-        model = last_flag(sgl, "--model-path", prof.get("model-path"))
-        cli_key = any(str(t).lstrip("-").replace("_", "-").split("=")[0] == "api-key" for t in [*prof, *sgl])
-    else:
-        check_values(sa)
-        host, draft, model, cli_key = sa.host, sa.speculative_draft_model_path, sa.model_path, bool(sa.api_key)
+    check_values(sa)
+    plan = Plan(str(path), [sys.executable, "-m", LAUNCH, *sgl], port=sa.port, tp=sa.tp_size)
+    plan.weights = [w for w in (sa.model_path, sa.speculative_draft_model_path) if w]
     plan.key, plan.key_from = read_key(environ, a.api_key_file)
-    plan.listen = listening(host, plan.key_from or ("the command line (--api-key)" if cli_key else ""))
-    if draft:
-        plan.notes.append(drafters.drafter_note(draft))
-    if model and not drafters.cached(model):
+    plan.listen = listening(sa.host, plan.key_from or ("the command line (--api-key)" if sa.api_key else ""))
+    if sa.speculative_draft_model_path:
+        plan.notes.append(drafters.drafter_note(sa.speculative_draft_model_path))
+    if not drafters.cached(sa.model_path):
         plan.notes.append(
-            f"model {model} is not in the HF cache {hf_cache_dir()}: SGLang downloads it at start "
+            f"model {sa.model_path} is not in the HF cache {hf_cache_dir()}: SGLang downloads it at start "
             f"(Kimi-K2.5: ~600 GB; the doctor asks for 700 GB free)"
         )
+    if plan.key:
+        plan.notes.append(
+            f"the API key from {plan.key_from} reaches SGLang in a private copy of the profile "
+            f"(read once through a pipe), on no command line"
+        )
     return plan
+
+
+def describe(doc: dict) -> str:
+    """The dry run as text: the profile, the notes, who can reach the server, then SGLang's command."""
+    notes = [*doc["notes"], doc["launcher"], doc["listen"]]
+    return "\n".join([f"# profile {doc['profile']}", *(f"# {n}" for n in notes), shlex.join(doc["argv"])])
 
 
 def private_config(profile: dict, key: str) -> str:
@@ -228,36 +236,57 @@ def private_config(profile: dict, key: str) -> str:
     return fifo
 
 
-def in_image(a: argparse.Namespace, extra: list[str]) -> int:
-    """make serve: this verb in the serving image through docker_run; a profile or key file given as a host path is
-    mounted read-only."""
-    from ..series.pin import load_pin
+def host_path(opt: str, v: str) -> str:
+    """A value of serve's own option as the container sees it: a path of this machine made absolute (docker_run
+    mounts it there), an HF id or a profile's name as is."""
+    if (opt == "--profile" and not v.endswith((".yaml", ".yml"))) or opt in ("--port", "--host"):
+        return v
+    if opt != "--api-key-file" and not (v.startswith(("/", ".", "~")) or Path(v).exists()):
+        return v
+    path = Path(v).expanduser().absolute()
+    try:
+        path.stat()
+    except PermissionError as e:
+        raise UserError(
+            f"{opt} {v}: this user cannot reach it ({e.strerror}), so serve cannot check it (docker, as root, could "
+            f"still mount it). Fix: sudo chown $USER {path.parent} {path} (it stays private), or run make serve as root"
+        ) from None
+    except OSError:
+        raise UserError(f"{opt} {v}: no such file here, so there is nothing to mount into the container") from None
+    return str(path)
 
-    args, mounts = [], []
+
+def in_image(a: argparse.Namespace, extra: list[str]) -> int:
+    """make serve: the checks (the module's docstring) with their fixes, then this verb in the serving image."""
+    from ..series.pin import load_pin, patchset_id
+
+    pin, own = load_pin(), []
+    image = a.image or pin.serving_image
     for opt in OWN:
         v = getattr(a, opt[2:].replace("-", "_"))
-        if opt == "--api-key-file" and v or opt == "--profile" and v.endswith((".yaml", ".yml")):
-            if not Path(v).is_file():
-                raise UserError(f"{opt} {v}: no such file here, so there is nothing to mount into the container")
-            mounts += ["-v", f"{Path(v).resolve()}:/run/serve/{Path(v).name}:ro"]
-            v = f"/run/serve/{Path(v).name}"
-        args += [opt, str(v)] if v is not None and v != SHIPPED_PROFILE else []
-    cmd = docker_run(
-        a.image or load_pin().serving_image,
-        ["serve", *args, *(["--", *extra] if extra else [])],
-        hf_cache=hf_cache_dir(),
-        network_host=True,
-        extra=mounts,
-    )
+        own += [opt, host_path(opt, str(v))] if v is not None and v != SHIPPED_PROFILE else []
+    args = [*own, *(["--", *extra] if extra else [])]
+    cmd = docker_run(image, ["serve", *args], hf_cache=hf_cache_dir(), network_host=True, name=container_name("serve"))
     print(shown(cmd), flush=True)
-    if not a.dry_run:
-        os.execvp(cmd[0], cmd)
-    at = cmd.index("serve") + 1
-    print(
-        f"# what SGLang resolves from it, and the patched launcher's decisions, without serving: "
-        f"{shlex.join([*cmd[:at], '--dry-run', *cmd[at:]])}"
-    )
-    return 0
+    checks = preflight.docker_checks([image], patchset_id(), (pin.upstream_image,), not a.dry_run)
+    if all(c.ok for c in checks):
+        dry = ["serve", "--dry-run", "--json", *args]
+        res = proc.run(docker_run(image, dry, gpus=False, hf_cache=hf_cache_dir()), timeout=600)
+        if not res.ok:
+            said = res.output[res.output.rfind("error: ") + 7 :] if "error: " in res.output else res.why
+            raise UserError(f"the image's serve refuses the command (its dry run, before any GPU is used): {said}")
+        doc = json.loads(res.stdout)
+        print(describe(doc))
+        checks += [*preflight.gpu_checks(doc["tp"]), preflight.port_check(doc["port"])]
+        checks.append(preflight.weights_check(doc["weights"]))
+    failed = [c.line() for c in checks if not c.ok]
+    if a.dry_run:
+        print("checks (a real run stops when one fails):\n" + "\n".join("  " + c.line() for c in checks))
+        return 2 if failed else 0
+    if failed:
+        raise UserError("make serve cannot start; nothing was started:\n  " + "\n  ".join(failed))
+    os.execvp(cmd[0], cmd)
+    return 0  # not reached
 
 
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -272,12 +301,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--json", action="store_true", help="with --dry-run: one JSON object")
     ap.add_argument("--image", nargs="?", const="", help="run serve in this image (default: make image's)")
     a, unknown = ap.parse_known_args(own)
-    for t in unknown:
+    if unknown:
+        t = unknown[0]
         close = difflib.get_close_matches(t.split("=")[0], [*OWN, "--dry-run", "--json", "--image"], 1, 0.8)
-        raise UserError(
-            f"serve has no option {t}: "
-            + (f"did you mean {close[0]}?" if close else f"an SGLang flag goes after --: serve ... -- {t}")
-        )
+        after = f"an SGLang flag goes after --: serve ... -- {shlex.join(unknown)}"
+        raise UserError(f"serve has no option {t}: " + (f"did you mean {close[0]}?" if close else after))
     return a, extra
 
 
@@ -287,32 +315,13 @@ def main(argv=None) -> int:
         return in_image(a, extra)
     environ = dict(os.environ)
     plan = build_plan(a, extra, environ)
-    if plan.key:
-        plan.notes.append(
-            f"the API key from {plan.key_from} reaches SGLang in a private copy of the profile "
-            f"(read once through a pipe), on no command line"
-        )
-    shown = "\n".join(
-        [
-            f"# profile {plan.profile}",
-            *(f"# {n}" for n in [*plan.notes, LAUNCHER_NOTE, plan.listen]),
-            shlex.join(plan.argv),
-        ]
-    )
+    doc = {k: v for k, v in dataclasses.asdict(plan).items() if k != "key"}
     if a.dry_run:
-        doc = {
-            "argv": plan.argv,
-            "env": {},
-            "listen": plan.listen,
-            "notes": plan.notes,
-            "profile": str(plan.profile),
-            "launcher": LAUNCHER_NOTE,
-        }
-        print(json.dumps(doc, indent=1) if a.json else shown)
+        print(json.dumps(doc, indent=1) if a.json else describe(doc))
         return 0
-    print(shown, file=sys.stderr, flush=True)  # what starts, and what it will download
+    print(describe(doc), file=sys.stderr, flush=True)  # what starts, and what it will download
     if plan.key:
-        plan.argv[plan.argv.index("--config") + 1] = private_config(profiles.load(plan.profile), plan.key)
+        plan.argv[plan.argv.index("--config") + 1] = private_config(profiles.load(Path(plan.profile)), plan.key)
     environ.pop(KEY_VAR, None)
     os.execve(plan.argv[0], plan.argv, environ)
     return 0  # not reached

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ..bench import observe
 from ..bench.servers import Launch, Server
-from ..box.docker import RESULTS_IN_IMAGE, docker_run, hf_cache_dir
+from ..box.docker import RESULTS_IN_IMAGE, container_name, docker_run, hf_cache_dir
 from ..lib.cli import run
 from ..lib.errors import UserError
 from ..lib.http import get_json, post_json, use_api_key
@@ -175,7 +175,7 @@ def launch(a, name: str, prof: str, spec: bool, traces: Path) -> Launch:
     args = ["serve", "--profile", prof, "--port", str(a.port), *(["--model", a.model] if a.model else [])]
     args += ["--draft-model", a.draft_model] if a.draft_model and spec else []
     args += ["--", *a.sglang_args] if a.sglang_args else []
-    image, cname, cache = a.image or load_pin().serving_image, f"eagle-profile-{name}-{os.getpid()}", hf_cache_dir()
+    image, cname, cache = a.image or load_pin().serving_image, container_name(f"profile-{name}"), hf_cache_dir()
     argv = docker_run(image, args, hf_cache=cache, network_host=True, detach=True, name=cname, results=traces)
     url = f"http://127.0.0.1:{a.port}"
     return Launch(name, url, image, tuple(argv), cname, log=log, timeout=a.launch_timeout)

@@ -2,12 +2,14 @@
 directory and one tarball that say whether the series pays off on this box and which defaults to keep.
 
   python -m scripts.report.receipt [--dir DIR] [--parts a,b] [--redo PART,..] [--image IMAGE] [--box NAME]
-        [--dry-run] [-- BENCH_ARGS]
+        [--port N] [--dry-run] [-- BENCH_ARGS]
   python -m scripts.report.receipt --summarize DIR   derive summary, plots, recommendations and tarball again (a
         receipt directory, or results put under DIR/raw/ by hand with a receipt.json naming the parts)
 
 The parts (receipt_data.py PARTS) run in order, each its own verb, after one preflight of what they need; --dry-run
-prints the plan and checks and writes nothing. A re-run resumes this box's newest unfinished receipt. DIR:
+prints the plan and checks and writes nothing. receipt.json keeps the parts' state after each part, so a re-run
+(after Ctrl-C, a failed part, a result cut short: that part's failure) resumes this box's newest unfinished receipt,
+keeping what is done. --port moves the parts that serve (bench, profile). DIR:
 bench/receipts/<box>_<UTC date>, its .tar.gz what leaves the box (share.py); more: bench/receipts/README.md.
 
 Exit status: 0 every part done; 1 a part failed (the receipt says which) or none measured anything; 2 a check failed
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -25,6 +28,7 @@ from pathlib import Path
 from ..bench import plan as pl
 from ..bench import report as rep
 from ..box import preflight
+from ..box.docker import PATCHSET_LABEL, image_info
 from ..box.results import box_name, iso, stamp
 from ..comm import comm_report
 from ..lib import proc
@@ -82,8 +86,9 @@ def done(part: rd.Part, d: Path, old: dict) -> bool:
 def bench_plan(d: Path, a: argparse.Namespace, redo: bool) -> pl.Plan:
     """bench's plan as its part will run it (what raw/bench lacks), with make report's BENCH_ARGS."""
     image = ["--image", a.image] if a.image else []
+    port = ["--port", str(a.port)] if a.port else []
     args, server_args = pl.parse(
-        ["--results-dir", str(d / rd.PARTS["bench"].result), "--resume", *image, *a.bench_args]
+        ["--results-dir", str(d / rd.PARTS["bench"].result), "--resume", *image, *port, *a.bench_args]
     )
     args.resume = not redo
     return pl.build(args, server_args)
@@ -92,11 +97,14 @@ def bench_plan(d: Path, a: argparse.Namespace, redo: bool) -> pl.Plan:
 def checks(todo: list[rd.Part], d: Path, a: argparse.Namespace, bp: pl.Plan | None) -> list[preflight.Check]:
     """What the parts to run need from the box, each with its fix."""
     gpu_parts = [p for p in todo if p.name != "doctor"]
-    images = [a.image or load_pin().serving_image] * bool(gpu_parts) + (bp.images if bp else [])
-    out = preflight.docker_checks(images) + [preflight.writable_check(d)]
-    if gpu_parts:  # the bench's port, or serve's default: a resident server is found there
-        port = bp.port if bp and bp.port else 30000
-        out += preflight.gpu_checks(max(bp.gpus if bp else 0, 2)) + [preflight.port_check(port)]
+    pin = load_pin()
+    images = [a.image or pin.serving_image] * bool(gpu_parts) + (bp.images if bp else [])
+    out = preflight.docker_checks(images, patchset_id(), (pin.upstream_image,), not a.dry_run)
+    out.append(preflight.writable_check(d))
+    if gpu_parts:
+        out += preflight.gpu_checks(max(bp.gpus if bp else 0, 2))
+    ports = {bp.port if bp else None} | {a.port or 30000 for p in todo if p.name == "profile"}  # the parts that serve
+    out += [preflight.port_check(port) for port in sorted(ports - {None})]
     return out + ([preflight.weights_check(bp.weights)] if bp and bp.weights else [])
 
 
@@ -137,7 +145,8 @@ def collect(a: argparse.Namespace) -> int:
 
 
 def run_part(part: rd.Part, d: Path, a: argparse.Namespace) -> dict:
-    """One part, its output streamed to the terminal and kept in logs/<part>.log (the doctor's JSON: its result)."""
+    """One part, its output streamed to the terminal and kept in logs/<part>.log (the doctor's JSON: its result); a
+    result that does not read (cut short) is that part's failure, moved aside to <result>.bad so a re-run redoes it."""
     argv = part.command(d, a)
     for sub in ("logs", "raw"):
         (d / sub).mkdir(parents=True, exist_ok=True)
@@ -148,10 +157,15 @@ def run_part(part: rd.Part, d: Path, a: argparse.Namespace) -> dict:
         try:
             err = proc.PIPE if out else proc.STDOUT
             p = proc.spawn(argv, cwd=REPO_ROOT, stdout=out or proc.PIPE, stderr=err, text=True, bufsize=1)
-            for line in p.stderr if out else p.stdout:
-                sys.stderr.write(f"  {part.name}| {line}")
-                log.write(line)
-            rc = p.wait()
+            try:
+                for line in p.stderr if out else p.stdout:
+                    sys.stderr.write(f"  {part.name}| {line}")
+                    log.write(line)
+                rc = p.wait()
+            except KeyboardInterrupt:  # this process alone was signalled: the part stops what it started, too
+                p.send_signal(signal.SIGTERM)
+                p.wait()
+                raise
         finally:
             if out:
                 out.close()
@@ -160,6 +174,12 @@ def run_part(part: rd.Part, d: Path, a: argparse.Namespace) -> dict:
     if part.stdout and not wrote:
         (d / part.result).unlink(missing_ok=True)
     status = "done" if rc == 0 else "done, with error findings" if ok else f"failed (exit {rc})"
+    try:
+        rd.raw_parts(d)
+    except UserError as e:
+        if (d / part.result).is_file():
+            (d / part.result).rename(d / f"{part.result}.bad")
+        ok, status = False, f"failed: {e}"
     seconds = round(time.monotonic() - t0, 1)
     return {"command": argv, "status": status, "ok": ok, "seconds": seconds, "log": str(log_path.relative_to(d))}
 
@@ -173,6 +193,7 @@ def run_parts(d: Path, a, parts: list[rd.Part], todo: list[rd.Part], old: dict, 
             continue
         say(f"[{i}/{len(parts)}] {part.name}: about {duration(seconds[part.name])}; {duration(left)} left in all")
         results[part.name] = run_part(part, d, a)
+        (d / "receipt.json").write_text(json.dumps({"schema": rd.SCHEMA, "parts": results}, indent=1) + "\n")
         left -= seconds[part.name]
         got = results[part.name]
         so_far = duration(time.monotonic() - t_all)
@@ -191,15 +212,11 @@ def run_parts(d: Path, a, parts: list[rd.Part], todo: list[rd.Part], old: dict, 
 def environment(d: Path, a: argparse.Namespace) -> dict:
     """What ran: git revision, box, pin, patch set, the doctor's findings and NCCL transport, bench-comm's GPUs, NCCL
     and topology, the image's digest."""
-    env: dict = {"git_rev": revision(short=True)[0], "box": a.box}
-    try:
-        pin = load_pin()
-        digest = f"@{pin.image_digest}" if pin.image_digest else " (no digest pinned)"
-        env["pin"] = {"sglang": pin.version, "image": f"{pin.image_name}:{pin.image_tag}{digest}"}
-        env["patchset"] = patchset_id()
-    except (UserError, OSError) as e:  # a receipt without the series still records the box
-        env.setdefault("pin", f"unreadable: {e}")
-        env["patchset"] = "unknown"
+    pin = load_pin()
+    image = a.image or pin.serving_image
+    digest = f"@{pin.image_digest}" if pin.image_digest else " (no digest pinned)"
+    env: dict = {"git_rev": revision(short=True)[0], "box": a.box, "patchset": patchset_id()}
+    env["pin"] = {"sglang": pin.version, "image": f"{pin.image_name}:{pin.image_tag}{digest}"}
     doc = _read(d / rd.PARTS["doctor"].result)
     if doc:
         env["doctor"] = {f["id"]: f["message"] for f in doc.get("findings", [])}
@@ -207,9 +224,9 @@ def environment(d: Path, a: argparse.Namespace) -> dict:
     m = _read(d / rd.PARTS["bench-comm"].result).get("meta")
     if m:
         env |= {"gpus": m.get("gpus") or m.get("gpu_name"), "nccl": m.get("nccl"), "topo_m": m.get("topo_m")}
-    if a.image and proc.which("docker"):
-        res = proc.run(["docker", "image", "inspect", "--format", "{{.Id}} {{json .RepoDigests}}", a.image])
-        env["image"] = {"name": a.image, "digest": res.stdout.strip() if res.ok else f"unknown: {res.why}"}
+    info = image_info(image) or {"Labels": {}}
+    env["image"] = {"name": image, "id": info.get("Id", "unknown"), "digests": info.get("RepoDigests")}
+    env["image"]["patchset"] = info["Labels"].get(PATCHSET_LABEL)
     return env
 
 
@@ -352,6 +369,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--redo", default="", help="comma list of parts to run again although they are done")
     ap.add_argument("--image", help="the serving image (default: the pin's)")
     ap.add_argument("--box", help="this box's name (default: its GPUs' model and count; never the host name)")
+    ap.add_argument("--port", type=int, help="the port of the parts that serve: bench and profile (default 30000)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and the checks; run and write nothing")
     ap.add_argument("--summarize", type=Path, metavar="DIR", help="only derive summary, plots and tarball again")
     a = ap.parse_args(argv[:i])

@@ -45,6 +45,10 @@ def _image(a) -> list[str]:
     return ["--image", a.image] if a.image else []
 
 
+def _port(a) -> list[str]:  # make report --port: every part that serves
+    return ["--port", str(a.port)] if getattr(a, "port", None) else []
+
+
 def _in_image(d: Path, a, verb: str, out: str, flag: str = "--out") -> list[str]:
     """The image's `verb` writing raw/`out` (the receipt's raw/ mounted at /results)."""
     return _verb("scripts.host.in_image", *_image(a), "--results", d / "raw", verb, flag, f"/results/{out}")
@@ -68,9 +72,8 @@ def _test_serve(d: Path, a) -> list[str]:
 
 
 def _bench(d: Path, a) -> list[str]:
-    return _verb(
-        "scripts.bench.bench", "--results-dir", d / "raw/bench", "--box", a.box, "--resume", *_image(a), *a.bench_args
-    )
+    where = ["--results-dir", d / "raw/bench", "--box", a.box, "--resume"]
+    return _verb("scripts.bench.bench", *where, *_image(a), *_port(a), *a.bench_args)
 
 
 def _doctor(d: Path, a) -> list[str]:
@@ -78,7 +81,7 @@ def _doctor(d: Path, a) -> list[str]:
 
 
 def _profile(d: Path, a) -> list[str]:  # read by make docs RECEIPT=
-    return _verb("scripts.report.profile", "--out", d / "raw/profile.json", *_image(a))
+    return _verb("scripts.report.profile", "--out", d / "raw/profile.json", *_image(a), *_port(a))
 
 
 PARTS = {

@@ -21,13 +21,9 @@ H200 = [ROOT / "bench" / "results" / f"bench-comm_H200_x2_{n}.json" for n in ("r
 
 def bench_comm(*args, path: str, **env) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "SGLANG_", "CUDA_", "EAGLE_"))}
+    cmd = [sys.executable, "-m", "scripts.comm.bench_comm", *args]
     return subprocess.run(
-        [sys.executable, "-m", "scripts.comm.bench_comm", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**clean, "PATH": path, **env},
+        cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env={**clean, "PATH": path, **env}
     )
 
 
@@ -64,9 +60,8 @@ def test_bench_comm_summary_of_a_committed_h200_run(path):
     s = comm_report.summarize(res)
     assert s["correctness"]["ok"]
     row = next(r for r in s["allreduce"] if r["impl"] == "nccl" and r["variant"] == "default" and r["rows"] == 8)
-    assert row["x_nccl_default"] == 1.0 and row["floor_us"] == pytest.approx(
-        comm_report.floor_us(8, res["meta"]["world"], s["peer_gbps_min"])
-    )
+    floor = comm_report.floor_us(8, res["meta"]["world"], s["peer_gbps_min"])
+    assert row["x_nccl_default"] == 1.0 and row["floor_us"] == pytest.approx(floor)
     # ring / two-shot floor: 2 (n-1)/n x bytes per rank; 8 ranks, 8 rows x 7168 bf16 at 50 GB/s
     assert comm_report.floor_us(8, 8, 50.0) == pytest.approx(2 * 7 / 8 * 8 * 7168 * 2 / 50e9 * 1e6)
 
@@ -77,18 +72,8 @@ def test_table_and_plot_name_the_measured_layers_and_chain(tmp_path):
         {"kind": "verify_forward", "variant": "default", "impl": "nccl", "rows": 4, "layers": 2, "mode": m, "us": us}
         for m, us in (("eager", 900.0), ("graph", 300.0))
     ]
-    recs.append(
-        dict(
-            kind="allreduce",
-            variant="default",
-            impl="nccl",
-            rows=4,
-            chain=4,
-            mode="graph",
-            us_per_call=20.0,
-            us_chain=80.0,
-        )
-    )
+    ar = dict(kind="allreduce", variant="default", impl="nccl", rows=4, chain=4, mode="graph")
+    recs.append({**ar, "us_per_call": 20.0, "us_chain": 80.0})
     res = {"meta": {"world": 2, "gpu_name": "cpu"}, "records": recs}
     text = comm_report.table(comm_report.summarize(res))
     assert "Verify-shaped forward, 2 layers (ms)" in text and "61 layers" not in text

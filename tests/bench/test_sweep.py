@@ -121,12 +121,12 @@ def test_bench_sweep_dry_run_and_what_it_refuses(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PATH", _fake_docker.path_with(docker.bindir))
     res = tmp_path / "res"
     base = ["--sweep", "--results-dir", str(res), "--dry-run"]
-    assert bench.main(base) == 0
+    assert bench.main(base) == 2  # a dry run whose checks fail (no engine here)
     out = capsys.readouterr()
     assert "plan: 86 run(s) (1 scenario(s) x 43 variant(s) x 2 repeat(s)) in 43 server session(s)" in out.out
     assert "43 load(s) of moonshotai/Kimi-K2.5" in out.out and "FAIL docker engine" in out.out
     picked = "patched-nospec,sweep-lightseekorg-kimi-k2.5-eagle3-mla-3-4-8"
-    assert bench.main(base + ["--variants", picked, "--repeats", "1"]) == 0
+    assert bench.main(base + ["--variants", picked, "--repeats", "1"]) == 2
     assert "plan: 2 run(s) (1 scenario(s) x 2 variant(s) x 1 repeat(s))" in capsys.readouterr().out
     with pytest.raises(UserError, match="a sweep's drafters are its own"):
         bench.main(base + ["--draft-model", "x/y"])

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -73,14 +75,8 @@ def test_clean_pcie_box(capsys):
     assert "300 each of 4 and 8 rows, every sum right (4x7168 9.8 us, 8x7168 11.2 us)" in f["pcie_ipc.smoke"].message
     assert "25.9-50.1 GB/s per flow with all 8 GPUs writing at once" in f["pcie.peer_write"].message
     assert facts["pcie_only"] is True and facts["nccl"] == "2.28.3"
-    assert facts["nccl_transport"] == {
-        "measured": True,
-        "world": 8,
-        "allreduce_us": 24.6,
-        "sum_ok": True,
-        "links": {"P2P": 16},
-        "nccl": "2.29.7+cuda13.0",
-    }
+    transport = dict(measured=True, world=8, allreduce_us=24.6, sum_ok=True, links={"P2P": 16}, nccl="2.29.7+cuda13.0")
+    assert facts["nccl_transport"] == transport
     smoke = dict(measured=True, world=8, engaged=True, sum_ok=True, wrong={}, rows=[4, 8], iters=300)
     assert facts["pcie_ipc_smoke"] == {**smoke, "us": {"4": 9.8, "8": 11.2}}
     assert facts["peer_bandwidth"]["min_gbps"] == 25.9 and len(facts["peer_bandwidth"]["rounds"]) == 7
@@ -133,14 +129,8 @@ def test_h200_nvlink_box_and_its_live_recording():
 
 def test_known_bad_nccl_releases_and_the_loaded_library():
     rec = capture("pcie8x")
-    rec["nccl"] = json.dumps(
-        {
-            "torch": "2.14.1+cu130",
-            "nccl_build": "2.30.7",
-            "nccl": "2.30.4",
-            "nccl_lib": "/usr/lib/x86_64-linux-gnu/libnccl.so.2",
-        }
-    )
+    lib = "/usr/lib/x86_64-linux-gnu/libnccl.so.2"
+    rec["nccl"] = json.dumps({"torch": "2.14.1+cu130", "nccl_build": "2.30.7", "nccl": "2.30.4", "nccl_lib": lib})
     n = run(rec)[0]["nccl.version"]
     assert n.severity == "error" and n.message.startswith("NCCL 2.30.4 (loaded by torch 2.14.1+cu130 from /usr/lib")
     assert "built against 2.30.7" in n.message and "NCCL_P2P_DISABLE=1" in n.fix
@@ -180,19 +170,29 @@ def test_numa_layouts():
     assert t.severity == "warn" and "interleave" in t.message and "CUDA_VISIBLE_DEVICES=0,2,4,6,1,3,5,7" in t.fix
 
 
-def test_disk_is_judged_in_the_hf_cache_serve_mounts(monkeypatch):
-    monkeypatch.setenv("HF_HOME", "/big/hf")
-    assert F.hf_cache_dir() == "/big/hf" and F.Probe({}).hf_cache == Path("/big/hf")
-    monkeypatch.delenv("HF_HOME")
-    assert F.hf_cache_dir() == str(Path.home() / ".cache" / "huggingface")
+@pytest.mark.parametrize(
+    "env", [{}, {"XDG_CACHE_HOME": "/x"}, {"HF_HOME": "/h"}, {"HF_HOME": "/h", "HF_HUB_CACHE": "/f"}]
+)
+def test_the_hf_cache_is_where_hf_puts_models(monkeypatch, env):
+    """Every verb's HF cache (what it mounts, checks and measures) is huggingface_hub's own HF_HUB_CACHE."""
+    for k in ("HF_HOME", "HF_HUB_CACHE", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    code = "from huggingface_hub import constants; print(constants.HF_HUB_CACHE)"
+    hf = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip()
+    assert F.hf_cache_dir() == hf and F.Probe({}).hf_cache == Path(hf)
+
+
+def test_disk_is_judged_in_the_hf_cache_every_verb_mounts():
     rec = capture("pcie8x")
     rec["df"] = "Filesystem 1024-blocks Used Available Capacity Mounted on\n/dev/sda1 5 4 100000000 80% /\n"
     d = run(rec)[0]["disk.free"]
     assert d.severity == "error" and d.message.startswith("102 GB free at the HF cache /models (filesystem /)")
-    assert "export HF_HOME=" in d.fix and '-v "$HF_HOME":/root/.cache/huggingface' in d.fix
+    assert "export HF_HUB_CACHE=" in d.fix and '-v "$HF_HUB_CACHE":/root/.cache/huggingface/hub' in d.fix
     d = run(rec, environ={"EAGLE_IMAGE": "eagle-fast-verify/sglang:v0.5.23"})[0]["disk.free"]  # nothing mounted
-    assert d.severity == "warn" and "the container's own disk" in d.message
-    assert '-v "${HF_HOME:-$HOME/.cache/huggingface}":/root/.cache/huggingface' in d.fix and "--ipc=host" in d.fix
+    assert d.severity == "warn" and "the container's own disk" in d.message and "--ipc=host" in d.fix
+    assert '-v "${HF_HUB_CACHE:-${HF_HOME:-$HOME/.cache/huggingface}/hub}":/root/.cache/huggingface/hub' in d.fix
     rec["model-present"] = "yes\n"
     assert run(rec)[0]["disk.free"].severity == "ok"
 
@@ -203,9 +203,10 @@ def test_the_profiles_drafters_are_looked_for_in_the_hf_cache(tmp_path):
     rec["drafters-present"] = "lightseekorg/kimi-k2.5-eagle3\n"
     d = run(rec)[0]["weights.drafters"]
     assert "lacks z-lab/Kimi-K2.5-DFlash" in d.message and d.fix == "hf download z-lab/Kimi-K2.5-DFlash"
-    snap = tmp_path / "hub" / "models--z-lab--Kimi-K2.5-DFlash" / "snapshots" / "r1"
+    snap = tmp_path / "models--z-lab--Kimi-K2.5-DFlash" / "snapshots" / "r1"
     snap.mkdir(parents=True)
     (snap / "config.json").write_text("{}")
+    (snap / "model.safetensors").write_text("")  # complete: a config and its weights
     assert F.Probe(python="python3", hf_cache=str(tmp_path)).get("drafters-present").text == "z-lab/Kimi-K2.5-DFlash\n"
     rec["drafters-present"] += "z-lab/Kimi-K2.5-DFlash\n"
     assert run(rec)[0]["weights.drafters"].severity == "ok"
@@ -260,15 +261,13 @@ def test_nccl_shm_inside_a_switch_names_acs_and_net_names_the_settings():
         if cells[0].strip() in ("GPU0", "GPU1"):
             cells[2 if cells[0].strip() == "GPU0" else 1] = "CNS"
     rec["topo-p2p-r"] = "\n".join("\t".join(c) for c in rows) + "\n"
-    rec["nccl-transport"] = rec["nccl-transport"].replace(
-        "Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM", "Channel 00 : 0[0] -> 1[1] via SHM/direct/direct"
-    )
+    shm = "Channel 00 : 0[0] -> 1[1] via SHM/direct/direct"
+    rec["nccl-transport"] = rec["nccl-transport"].replace("Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM", shm)
     t = run(rec)[0]["nccl.transport"]
     assert "GPU0-GPU1 CNS (PIX), which share a PCIe switch" in t.fix and "ECAP_ACS+6.w=0000" in t.fix
     t = run(capture("pcie8x-net"))[0]["nccl.transport"]
-    assert "GPU3->GPU4 NET/Socket/0" in t.message and t.fix.startswith(
-        "the ranks ran with NCCL_P2P_DISABLE=1, NCCL_SHM_DISABLE=1: unset NCCL_P2P_DISABLE NCCL_SHM_DISABLE"
-    )
+    unset = "the ranks ran with NCCL_P2P_DISABLE=1, NCCL_SHM_DISABLE=1: unset NCCL_P2P_DISABLE NCCL_SHM_DISABLE"
+    assert "GPU3->GPU4 NET/Socket/0" in t.message and t.fix.startswith(unset)
     assert "--ipc=host" in run(changed(capture("pcie8x-net"), "nccl-transport", nccl_env={}))[0]["nccl.transport"].fix
     rec = capture("pcie8x")
     rec["nccl-transport"] = rec["nccl-transport"].replace("3[3] -> 4[4] via P2P/CUMEM", "3[3] -> 4[4] via SHM/direct")
@@ -306,13 +305,8 @@ def test_nccl_hang_wrong_sum_no_lines_slow_and_unmeasured():
 
 
 def test_pcie_ipc_hang_or_wrong_sum_fails_with_the_switch_and_the_host_cause():
-    hung = {
-        "measured": False,
-        "hung": True,
-        "world": 8,
-        "phase": "ranks 0-7: iterate 8x7168",
-        "why": "no progress within 60 s (ranks 0,1,2,3,4,5,6,7: iterate 8x7168); the ranks were killed",
-    }
+    why = "no progress within 60 s (ranks 0,1,2,3,4,5,6,7: iterate 8x7168); the ranks were killed"
+    hung = dict(measured=False, hung=True, world=8, phase="ranks 0-7: iterate 8x7168", why=why)
     rec = capture("pcie8x-hmm-iommu") | {"pcie-ipc-smoke": MARK + json.dumps(hung) + "\n"}
     f, facts = run(rec)
     s = f["pcie_ipc.smoke"]

@@ -5,7 +5,6 @@ with what the tests recorded and the run's properties, no machine path in it, re
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -13,26 +12,20 @@ import pytest
 
 import _fake_docker
 from scripts.box import docker, results
-from scripts.lib.repo import REPO_ROOT
+from scripts.box.docker import PATCHSET_LABEL
+from scripts.series.pin import load_pin, patchset_id
 
 IMAGE = "eagle-fast-verify/sglang:test"
 
 
-def verb(*args: str, path: str, module: str = "scripts.host.in_image", **env) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        cwd=REPO_ROOT,
-        text=True,
-        capture_output=True,
-        timeout=300,
-        env={**os.environ, "PATH": path, **env},
-    )
+def in_image(*args, path: str, **env) -> subprocess.CompletedProcess:
+    return _fake_docker.verb("scripts.host.in_image", *args, timeout=300, PATH=path, **env)
 
 
 def test_the_image_runs_it_and_refuses_without_gpus_with_advice_for_the_image(tmp_path):
     fake = _fake_docker.install(tmp_path, images=(IMAGE,))
     args = ["--image", IMAGE, "--results", str(tmp_path / "r"), "test-gpu", "--out", "/results/t.xml", "--", "-k"]
-    cp = verb(*args, "faults", path=_fake_docker.path_with(fake.bindir))
+    cp = in_image(*args, "faults", path=_fake_docker.path_with(fake.bindir))
     (run,) = fake.runs()
     assert run[:5] == ["run", "--rm", "--gpus", "all", "--ipc=host"] and docker.FLASHINFER_MOUNT in run
     assert f"{tmp_path / 'r'}:/results" in run
@@ -41,20 +34,33 @@ def test_the_image_runs_it_and_refuses_without_gpus_with_advice_for_the_image(tm
     assert "Traceback" not in cp.stderr
 
 
-@pytest.mark.parametrize("state", ["no client", "no engine", "no image"])
-def test_without_the_image_it_says_which_and_the_fix(tmp_path, state):
-    fake = _fake_docker.install(
-        tmp_path, images=() if state == "no image" else (IMAGE,), engine_up=state != "no engine"
-    )
+FIXES = {
+    "no client": "install Docker",
+    "no engine": "systemctl start docker",
+    "no image": f"FAIL image {IMAGE}: image {IMAGE} is not in this docker engine. Fix: make image IMAGE={IMAGE} (it",
+    "no stock image": f"is not in this docker engine. Fix: docker pull {load_pin().upstream_image}\n",
+    "stale image": f"image {IMAGE} holds patch set 0000000stale, but this checkout's patches/ are {patchset_id()}",
+    "busy GPUs": "FAIL GPUs idle: 4242, sglang::scheduler_TP0, 88000 MiB. Fix: stop what holds them",
+}
+
+
+@pytest.mark.parametrize("verb", ["test-gpu", "test-serve", "bench-comm"])
+@pytest.mark.parametrize("state", FIXES)
+def test_a_box_that_cannot_run_it_is_named_with_the_fix_before_docker_run(tmp_path, state, verb):
+    """The box's checks of every verb that runs the image: the engine, the image and its patch set, idle GPUs."""
+    image = load_pin().upstream_image if state == "no stock image" else IMAGE
+    images = () if state.startswith("no") else (image,)
+    labels = {PATCHSET_LABEL: "0000000stale"} if state == "stale image" else None
+    fake = _fake_docker.install(tmp_path, images, engine_up=state != "no engine", labels=labels, gpus=2)
+    fake.busy(*["4242, sglang::scheduler_TP0, 88000 MiB"] * (state == "busy GPUs"))
     path = str(tmp_path / "empty") if state == "no client" else _fake_docker.path_with(fake.bindir)
-    cp = verb("--image", IMAGE, "test-gpu", path=path, DOCKER_HOST=f"unix://{tmp_path}/dead.sock")
-    assert cp.returncode == 2 and not fake.runs()
-    fix = {"no client": "install Docker", "no engine": "systemctl start docker", "no image": "make image"}[state]
-    assert fix in cp.stderr
+    cp = in_image("--image", image, verb, path=path, DOCKER_HOST=f"unix://{tmp_path}/dead.sock")
+    assert cp.returncode == 2 and not fake.runs() and FIXES[state] in cp.stderr, cp.stderr
+    assert "make image" not in cp.stderr or state in ("no image", "stale image")
 
 
 def test_here_without_gpus_points_to_the_image(tmp_path):
-    cp = verb("--out", str(tmp_path / "t.xml"), path="/usr/bin:/bin", module="scripts.host.gpu_tier", EAGLE_IMAGE="")
+    cp = _fake_docker.verb("scripts.host.gpu_tier", "--out", tmp_path / "t.xml", PATH="/usr/bin:/bin", EAGLE_IMAGE="")
     assert cp.returncode == 2 and "make test-gpu" in cp.stderr and not (tmp_path / "t.xml").exists()
 
 
@@ -71,9 +77,7 @@ def test_a_tiers_result_is_pytests_junitxml_with_the_runs_properties(tmp_path):
     (tmp_path / "test_tier.py").write_text(TIER)
     out = tmp_path / "out" / "r.xml"
     pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "junit_family=xunit1"]
-    subprocess.run(
-        [*pytest, f"--junitxml={out}", str(tmp_path / "test_tier.py")], cwd=tmp_path, capture_output=True, timeout=300
-    )
+    subprocess.run([*pytest, f"--junitxml={out}", tmp_path / "test_tier.py"], cwd=tmp_path, capture_output=True)
     results.finish_junit(out, {"world": 2, "command": f"pytest {tmp_path}"}, {str(tmp_path): "<tmp>"})
     doc = results.read_junit(out)
     assert (doc["passed"], doc["failed"], doc["skipped"]) == (1, 1, 0)

@@ -125,30 +125,32 @@ def test_dockerignore_lets_through_what_the_dockerfile_copies():
 def test_the_entrypoint_verbs(tmp_path):
     (tmp_path / "python3").symlink_to(sys.executable)  # the image's python3
     env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "EAGLE_HOME": str(ROOT), "HOME": str(tmp_path)}
-    run = lambda *a: subprocess.run(
-        ["sh", str(ROOT / "docker" / "entrypoint"), *a], env=env, capture_output=True, text=True, timeout=60
-    )
+    run = lambda *a: subprocess.run(["sh", ROOT / "docker" / "entrypoint", *a], env=env, capture_output=True, text=True)
     assert run("echo", "hi").stdout == "hi\n"  # any other command runs as is
     assert run("serve", "--bad").returncode == run("--bad").returncode == 2  # "-..." goes to serve
     assert "--draft-model" in run("serve", "--help").stdout
+    env["EAGLE_RESULTS"] = str(tmp_path / "not-mounted")  # test-serve refuses, as test-gpu and bench-comm do
+    cp = run("test-serve")
+    assert cp.returncode == 2 and "mount a directory there" in cp.stderr and not (tmp_path / "not-mounted").exists()
 
 
-@pytest.mark.parametrize(
-    "typo, right",
-    [
-        ("DRYRUN=1", "DRY_RUN"),
-        ("dry-run=1", "DRY_RUN"),
-        ("BENCH_ARG=x", "BENCH_ARGS"),
-        ("TEST_SERVE_ARG=x", "TEST_SERVE_ARGS"),
-        ("SERVE_ARG=x", "SERVE_ARGS"),
-    ],
-)
+@pytest.mark.parametrize("target", "serve test-gpu test-serve bench bench-comm report doctor docs".split())
+def test_dry_run_is_each_verbs_own_dry_run_or_refused(target):
+    cp = subprocess.run(["make", "-n", target, "DRY_RUN=1"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    if target in ("doctor", "docs"):  # nothing to print instead of doing: make stops
+        assert cp.returncode == 2 and f"DRY_RUN=1 means nothing to make {target}" in cp.stderr and not cp.stdout
+    else:
+        assert cp.returncode == 0 and " --dry-run" in cp.stdout, cp.stdout + cp.stderr
+
+
+TYPOS = {"DRYRUN=1": "DRY_RUN", "dry-run=1": "DRY_RUN", "BENCH_ARG=x": "BENCH_ARGS", "SERVE_ARG=x": "SERVE_ARGS"}
+
+
+@pytest.mark.parametrize("typo, right", [*TYPOS.items(), ("TEST_SERVE_ARG=x", "TEST_SERVE_ARGS")])
 def test_a_make_variable_that_looks_like_ours_stops_make_with_its_name(typo, right):
     cp = subprocess.run(["make", "-n", "image", typo], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert cp.returncode == 2 and f"did you mean {right}?" in cp.stderr and not cp.stdout
     assert (
-        subprocess.run(
-            ["make", "-n", "image", "DRY_RUN=1", "UNRELATED=1"], cwd=ROOT, capture_output=True, timeout=60
-        ).returncode
+        subprocess.run(["make", "-n", "image", "DRY_RUN=1", "UNRELATED=1"], cwd=ROOT, capture_output=True).returncode
         == 0
     )

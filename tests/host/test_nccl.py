@@ -12,6 +12,8 @@ import time
 import zipfile
 from pathlib import Path
 
+import pytest
+
 import _fake_docker
 from scripts.host import facts as F
 from scripts.host import nccl
@@ -27,13 +29,8 @@ def test_the_probe_reports_the_nccl_torch_loaded_not_the_one_it_was_built_with(n
     wheel = next(nccl_wheels.glob(f"{PIN.nccl_package.replace('-', '_')}-{PIN.nccl_version}-*.whl"))
     with zipfile.ZipFile(wheel) as z:
         z.extractall(tmp_path / "site")
-    cp = subprocess.run(
-        [sys.executable, "-c", nccl.NCCL_PROBE],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
-    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    cp = subprocess.run([sys.executable, "-c", nccl.NCCL_PROBE], capture_output=True, text=True, timeout=120, env=env)
     info = json.loads(cp.stdout.strip().splitlines()[-1])
     import torch
 
@@ -112,19 +109,16 @@ def test_the_smoke_brings_up_sglangs_own_tp_group(sglang_tree):
     publish_build_topology and initialize_model_parallel with SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1: SGLang builds no
     PCIe-IPC all-reduce for one CPU rank, and the smoke says so (on GPUs this is the path the kernels run on)."""
     r = nccl.pcie_ipc_smoke(1, 300, device="cpu")
-    assert r == {
-        "measured": False,
-        "world": 1,
-        "engaged": False,
-        "why": "SGLang built no PCIe-IPC all-reduce for its "
-        "tp group of 1 cpu rank(s) (FlashInfer's kernels serve 2, 4 or 8 CUDA GPUs)",
-    }, r
+    why = "SGLang built no PCIe-IPC all-reduce for its tp group of 1 cpu rank(s) (FlashInfer's kernels serve 2, 4 or "
+    why += "8 CUDA GPUs)"
+    assert r == {"measured": False, "world": 1, "engaged": False, "why": why}, r
 
 
 def test_without_gpus_here_the_probes_run_in_the_image(tmp_path, monkeypatch):
     """This python's torch sees no GPU (its NCCL probe says so), so each probe runs in the image: `docker run --gpus
     all --ipc=host`, FlashInfer's cache volume, the caller's NCCL_* variables by name, the code found through the
-    image's $EAGLE_HOME; a fake docker runs that command with this interpreter, so the code printed is what runs."""
+    image's $EAGLE_HOME; a fake docker runs that command with this interpreter, so the code printed is what runs. On
+    Ctrl-C a probe that hangs (deaf to signals, as one stuck in the driver) is removed by its container's name."""
     image = "eagle-fast-verify/sglang:test"
     fake = _fake_docker.install(tmp_path, images=(image,))
     monkeypatch.setenv("PATH", _fake_docker.path_with(fake.bindir))
@@ -140,10 +134,18 @@ def test_without_gpus_here_the_probes_run_in_the_image(tmp_path, monkeypatch):
     assert run[run.index("NCCL_P2P_DISABLE") - 1] == "-e"
     assert run[run.index(image) + 1 : run.index(image) + 3] == ["python3", "-c"]
     assert "os.environ['EAGLE_HOME']" in run[-1] and "run('nccl-transport', 8, 120.0)" in run[-1]
+    assert run[run.index("--name") + 1] == f"eagle-doctor-nccl-transport-pid{os.getpid()}"
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no docker client at all
     probe.cache.pop("nccl-transport")
     why = nccl.result(probe.get("nccl-transport").text)["why"]
-    assert why == (
-        "here, torch 2.14.1+cu130 sees 0 CUDA GPU(s), and the all-reduce needs 2; in the image: docker is "
-        "not installed (no docker client on PATH)"
+    assert why.startswith(
+        "here, torch 2.14.1+cu130 sees 0 CUDA GPU(s), and the all-reduce needs 2; in the image: the docker engine is "
+        "missing here (docker not found on PATH)"
     )
+    hang = f"trap '' INT TERM; sleep 1; kill -INT {os.getpid()}; sleep 600"  # Ctrl-C while it hangs, deaf to signals
+    hung = _fake_docker.install(tmp_path / "hung", images=(image,), verbs={"python3": hang})
+    monkeypatch.setenv("PATH", _fake_docker.path_with(hung.bindir))
+    probe.cache.pop("nccl-transport")
+    with pytest.raises(KeyboardInterrupt):
+        probe.get("nccl-transport")
+    assert ["rm", "-f", run[run.index("--name") + 1]] in hung.calls() and not hung.running()

@@ -1,5 +1,6 @@
 """scripts/host/serve.py and the serving profiles, through SGLang's own parser (the patched tree under test) and the
-verb's real entry points: main() for the dry run, a subprocess for what reaches SGLang, the fake docker for make serve.
+verb's real entry points: main() for the dry run, a subprocess for what reaches SGLang, the fake docker for make serve
+(its checks, the image's own dry run, then the run).
 """
 
 from __future__ import annotations
@@ -7,31 +8,42 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import _fake_docker
+from scripts.box.docker import PATCHSET_LABEL
+from scripts.box.ranks import free_port
 from scripts.host import drafters, serve
 from scripts.lib.errors import UserError
+from scripts.series.pin import load_pin
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILES = {p.stem: p for p in (ROOT / "docker" / "profiles").glob("*.yaml")}
 SPEC = ("kimi-k25-eagle3-tp8", "kimi-k25-dflash-tp8")
 KEY = "k3y-0f-the-0perator"
+SPEC_EAGLE3 = ("--speculative-algorithm", "EAGLE3")
+IMAGE = load_pin().serving_image
+
+
+def snapshot(hub: Path, repo: str) -> None:
+    snap = hub / f"models--{repo.replace('/', '--')}" / "snapshots" / "r1"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text("{}")
+    (snap / "model.safetensors").write_text("")
 
 
 @pytest.fixture
 def hf(tmp_path, monkeypatch) -> Path:
-    """An HF cache of this test's own (HF_HOME), holding one drafter that is not a known one."""
-    snap = tmp_path / "hf" / "hub" / "models--x--own-drafter" / "snapshots" / "r1"
-    snap.mkdir(parents=True)
-    (snap / "config.json").write_text("{}")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    """An HF hub cache of this test's own (HF_HUB_CACHE, as hf download finds it), holding a drafter that is not a
+    known one."""
+    snapshot(tmp_path / "hub", "x/own-drafter")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.delenv("SGLANG_API_KEY", raising=False)
-    return tmp_path / "hf"
+    return tmp_path / "hub"
 
 
 def dry_run(capsys, *argv) -> dict:
@@ -66,39 +78,22 @@ def test_the_dflash_draft_attends_on_triton_on_sm120_unless_told_otherwise(sglan
     """SGLang's resolution of the DFlash profile for Kimi-K2.5 on an SM120 GPU (the fixtures' configs)."""
     import _sgl
 
-    argv = [
-        "--config",
-        str(PROFILES["kimi-k25-dflash-tp8"]),
-        "--model-path",
-        str(_sgl.KIMI_K25),
-        "--speculative-draft-model-path",
-        str(_sgl.FIXTURES / "kimi-k25-dflash"),
-        "--device",
-        "cuda",
-        *extra,
-    ]
-    sa = serve.parse_with_sglang(argv)
+    paths = {"--model-path": _sgl.KIMI_K25, "--speculative-draft-model-path": _sgl.FIXTURES / "kimi-k25-dflash"}
+    argv = ["--config", str(PROFILES["kimi-k25-dflash-tp8"]), *(str(x) for kv in paths.items() for x in kv)]
+    sa = serve.parse_with_sglang([*argv, "--device", "cuda", *extra])
     with _sgl.platform(12):
         sa.resolve_once()
-    assert (_sgl.resolved(sa, "attention_backend"), _sgl.resolved(sa, "speculative_draft_attention_backend")) == (
-        "triton",
-        want,
-    )
+    backends = (_sgl.resolved(sa, "attention_backend"), _sgl.resolved(sa, "speculative_draft_attention_backend"))
+    assert backends == ("triton", want)
 
 
 def test_dry_run_is_sglangs_own_command_line(capsys, sglang_tree, hf):
-    doc = dry_run(
-        capsys, "--model", "/m", "--draft-model", "x/own-drafter", "--port", "31000", "--", "--context-length", "4096"
-    )
-    assert {"argv", "env", "listen", "notes", "profile", "launcher"} <= set(doc)
+    own = ["--model", "/m", "--draft-model", "x/own-drafter", "--port", "31000"]
+    doc = dry_run(capsys, *own, "--", "--context-length", "4096")
+    assert (doc["port"], doc["tp"], doc["weights"]) == (31000, 8, ["/m", "x/own-drafter"])  # what make serve checks
     assert doc["argv"][1:5] == ["-m", "sglang.launch_server", "--config", str(PROFILES["kimi-k25-eagle3-tp8"])]
     sa = sglang_parse(doc["argv"])  # the command line wins over the file: SGLang's rule
-    assert (sa.model_path, sa.speculative_draft_model_path, sa.port, sa.context_length) == (
-        "/m",
-        "x/own-drafter",
-        31000,
-        4096,
-    )
+    assert (sa.model_path, sa.speculative_draft_model_path, sa.port, sa.context_length) == ("/m", own[3], 31000, 4096)
     assert sa.tp_size == 8 and doc["listen"] == "listening on 127.0.0.1 only"
 
 
@@ -110,6 +105,7 @@ def test_dry_run_is_sglangs_own_command_line(capsys, sglang_tree, hf):
         (["--speculative-algorithm", "EAGLE9"], "EAGLE9"),
         (["--speculative-num-stpes", "2"], "--speculative-num-steps"),
         (["--tp-size", "eight"], "eight"),
+        (["--tp-size", "3"], "tp-size 3: must be 1, 2, 4 or 8"),
     ],
 )
 def test_values_sglang_would_fail_on_after_the_load_are_refused_first(capsys, sglang_tree, hf, extra, named):
@@ -124,20 +120,14 @@ def test_a_drafter_without_its_algorithm_is_refused(capsys, sglang_tree, hf):
     with pytest.raises(UserError, match="drafts for DFLASH, not EAGLE3: add -- --speculative-algorithm DFLASH"):
         dry_run(capsys, "--draft-model", "z-lab/Kimi-K2.5-DFlash")
     doc = dry_run(
-        capsys,
-        "--profile",
-        "kimi-k25-tp8",
-        "--draft-model",
-        "lightseekorg/kimi-k2.5-eagle3",
-        "--",
-        "--speculative-algorithm",
-        "EAGLE3",
+        capsys, *"--profile kimi-k25-tp8 --draft-model lightseekorg/kimi-k2.5-eagle3 --".split(), *SPEC_EAGLE3
     )
     assert sglang_parse(doc["argv"]).speculative_algorithm == "EAGLE3"
 
 
 @pytest.mark.parametrize(
-    "argv, right", [(["--draft-modle", "x"], "--draft-model"), (["--prot", "1"], "--port"), (["--tp", "4"], "-- --tp")]
+    "argv, right",
+    [(["--draft-modle", "x"], "--draft-model"), (["--prot", "1"], "--port"), (["--tp", "4"], "serve ... -- --tp 4")],
 )
 def test_serves_own_typos_name_the_right_option(capsys, argv, right):
     with pytest.raises(UserError) as e:
@@ -153,12 +143,12 @@ def test_drafters_are_checked_against_the_known_ones_and_the_hf_cache(capsys, hf
     assert any(n.startswith("drafter x/own-drafter: not one of the known") for n in own)
     known = dry_run(capsys, "--draft-model", "AQ-MedAI/Kimi-K25-eagle3")["notes"]
     assert any(n.startswith("drafter AQ-MedAI/Kimi-K25-eagle3") and str(hf) in n for n in known)
-    notes = dry_run(capsys, "--profile", "kimi-k25-dflash-tp8")["notes"]  # make serve SERVE_ARGS="--profile ..."
-    assert any(
-        n.startswith("drafter z-lab/Kimi-K2.5-DFlash (DFLASH): block drafting")
-        and n.endswith("(or before: hf download z-lab/Kimi-K2.5-DFlash)")
-        for n in notes
-    ), notes
+    with pytest.raises(UserError, match="no such directory") as e:  # a path: never told to hf download it
+        dry_run(capsys, "--draft-model", "/data/my-drafter")
+    assert "hf download" not in str(e.value)
+    notes = "\n".join(dry_run(capsys, "--profile", "kimi-k25-dflash-tp8")["notes"])  # SERVE_ARGS="--profile ..."
+    assert "drafter z-lab/Kimi-K2.5-DFlash (DFLASH): block drafting" in notes
+    assert "(or before: hf download z-lab/Kimi-K2.5-DFlash)" in notes
 
 
 def test_profile_lookup(capsys, tmp_path, hf):
@@ -195,11 +185,11 @@ def test_key_sources(capsys, hf, tmp_path, monkeypatch):
 
 
 def fake_sglang(tmp_path: Path) -> Path:
-    """A stand-in sglang.launch_server that reports what reached it: its argv, the --config it read, its command line
-    as ps shows it, whether the key is in its environment."""
+    """The patched tree's sglang, but a stand-in sglang.launch_server that reports what reached it: its argv, the
+    --config it read, its command line as ps shows it, whether the key is in its environment."""
     pkg = tmp_path / "fake" / "sglang"
     pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text(f"__path__.append({str(ROOT / 'build' / 'sglang' / 'python' / 'sglang')!r})\n")
     (pkg / "launch_server.py").write_text(
         "import json, os, sys\nc = sys.argv[sys.argv.index('--config') + 1]\n"
         "print(json.dumps({'argv': sys.argv[1:], 'config': open(c).read(), 'env_key': os.environ.get("
@@ -208,16 +198,14 @@ def fake_sglang(tmp_path: Path) -> Path:
     return pkg.parent
 
 
-def test_the_key_reaches_sglang_in_a_private_copy_read_once(tmp_path, hf):
-    env = {**os.environ, "PYTHONPATH": str(fake_sglang(tmp_path)), "SGLANG_API_KEY": KEY, "TMPDIR": str(tmp_path)}
-    cp = subprocess.run(
-        [sys.executable, "-m", "scripts.host.serve", "--host", "0.0.0.0"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def serve_verb(*args, docker: _fake_docker.FakeDocker | None = None, **env) -> subprocess.CompletedProcess:
+    path = {"PATH": _fake_docker.path_with(docker.bindir)} if docker else {}
+    return _fake_docker.verb("scripts.host.serve", *args, timeout=300, **path, **env)
+
+
+def test_the_key_reaches_sglang_in_a_private_copy_read_once(sglang_tree, tmp_path, hf):
+    env = {"PYTHONPATH": str(fake_sglang(tmp_path)), "SGLANG_API_KEY": KEY, "TMPDIR": str(tmp_path)}
+    cp = serve_verb("--host", "0.0.0.0", **env)
     assert cp.returncode == 0, cp.stderr
     got = json.loads(cp.stdout)
     import yaml
@@ -237,34 +225,72 @@ def printed_command(out: str) -> list[str]:
     return shlex.split(" ".join(ln.rstrip("\\") for ln in lines[: end + 1]))
 
 
-def test_make_serve_runs_the_images_serve_through_docker_run(tmp_path, hf, capsys, monkeypatch):
-    """serve --image: the docker run (GPUs, --network host, the HF cache, a key file mounted read-only, SGLang's
-    variables but not this repository's) is printed, then run; through the image's entrypoint it reaches SGLang's
+def box(tmp_path: Path, labels=None) -> _fake_docker.FakeDocker:
+    """make serve's box: docker with the serving image (this checkout's patch set), 8 idle GPUs."""
+    return _fake_docker.install(tmp_path, (IMAGE,), pythonpath=(fake_sglang(tmp_path),), labels=labels, gpus=8)
+
+
+def test_make_serve_checks_the_box_and_the_images_dry_run_then_runs_it(sglang_tree, tmp_path, hf, monkeypatch):
+    """The docker run (GPUs, --network host, the HF hub cache, a drafter directory and a key file mounted read-only
+    where they are, SGLang's variables but not this repository's, a name) is printed, the image's own dry run
+    resolves the command, the box is checked; then it runs, through the image's entrypoint to SGLang's
     launch_server with the profile as --config."""
-    image = "eagle-fast-verify/sglang:test"
-    key = tmp_path / "key"
+    docker, port = box(tmp_path), str(free_port())
+    snapshot(hf, "moonshotai/Kimi-K2.5")
+    drafter, key = tmp_path / "my-drafter", tmp_path / "key"
+    drafter.mkdir()
+    (drafter / "config.json").write_text("{}")
     key.write_text(KEY)
     monkeypatch.setenv("SGLANG_BASE", "auto")  # make exports it for apply
     monkeypatch.setenv("SGLANG_ENABLE_PCIE_IPC_ALLREDUCE", "0")
-    assert serve.main(["--image", image, "--dry-run", "--host", "0.0.0.0", "--api-key-file", str(key)]) == 0
-    out = capsys.readouterr().out
-    cmd = printed_command(out)
+    own = ["--image", IMAGE, "--draft-model", str(drafter), "--port", port]
+    dry = serve_verb(*own, "--dry-run", "--host", "0.0.0.0", "--api-key-file", key, docker=docker)
+    assert dry.returncode == 0, dry.stderr
+    cmd = printed_command(dry.stdout)
     assert "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE" in cmd and "SGLANG_BASE" not in cmd
-    assert f"{image} serve --dry-run --host 0.0.0.0" in out.splitlines()[-1]
-    assert cmd[cmd.index("--network") + 1] == "host" and f"{hf}:/root/.cache/huggingface" in cmd
-    assert f"{key}:/run/serve/key:ro" in cmd and cmd[cmd.index("--api-key-file") + 1] == "/run/serve/key"
-    docker = _fake_docker.install(tmp_path, images=(image,), pythonpath=(fake_sglang(tmp_path),))
-    env = {**os.environ, "PATH": _fake_docker.path_with(docker.bindir), "HF_HOME": str(hf)}
-    cp = subprocess.run(
-        [sys.executable, "-m", "scripts.host.serve", f"--image={image}", "--", "--tp-size", "2"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert cp.returncode == 0, cp.stderr
-    (run,) = docker.runs()
-    assert printed_command(cp.stdout) == ["docker", *run] and run[run.index(image) + 1] == "serve"
-    reached = json.loads(cp.stdout.splitlines()[-1])
-    assert reached["argv"] == ["--config", str(PROFILES["kimi-k25-eagle3-tp8"]), "--tp-size", "2"]
+    assert cmd[cmd.index("--network") + 1] == "host" and f"{hf}:/root/.cache/huggingface/hub" in cmd
+    assert f"{drafter}:{drafter}:ro" in cmd and f"{key}:{key}:ro" in cmd
+    assert cmd[cmd.index("--name") + 1].startswith("eagle-serve-pid")
+    assert f"--speculative-draft-model-path {drafter} --port {port} --host 0.0.0.0" in dry.stdout  # SGLang's command
+    for ok in ("image", "GPUs: 8 x", "GPUs idle", f"port {port}: free", f"weights: moonshotai/Kimi-K2.5, {drafter}"):
+        assert f"ok   {ok}" in dry.stdout, ok
+    assert all("--dry-run" in run for run in docker.runs())
+    real = serve_verb(*own, "--", "--tp-size", "2", docker=docker)
+    assert real.returncode == 0, real.stderr
+    run = docker.runs()[-1]
+    assert printed_command(real.stdout) == ["docker", *run] and run[run.index(IMAGE) + 1] == "serve"
+    reached = json.loads(real.stdout.splitlines()[-1])
+    assert reached["argv"][:2] == ["--config", str(PROFILES["kimi-k25-eagle3-tp8"])]
+    assert reached["argv"][-4:] == ["--port", port, "--tp-size", "2"]
+
+
+def test_make_serve_refuses_before_it_starts_anything(sglang_tree, tmp_path, hf):
+    """A stale image; a server holding the GPUs and the port, with the weights not there; a value SGLang fails on
+    after the load: each named with its fix, and the only docker run is the image's own dry run."""
+    stale = box(tmp_path / "stale", labels={PATCHSET_LABEL: "0000000stale"})
+    cp = serve_verb("--image", IMAGE, docker=stale)
+    assert cp.returncode == 2 and f"Fix: make image IMAGE={IMAGE}" in cp.stderr and not stale.runs(), cp.stderr
+    docker = box(tmp_path)
+    docker.busy("4242, sglang::scheduler_TP0, 88000 MiB")
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        busy = serve_verb("--image", IMAGE, "--port", listener.getsockname()[1], docker=docker)
+    late = serve_verb("--image", IMAGE, "--", "--mem-fraction-static", "1.5", docker=docker)
+    weights = f"hf download moonshotai/Kimi-K2.5 --cache-dir {hf}"
+    for cp, said in [(busy, ["FAIL GPUs idle: 4242", "FAIL port", weights]), (late, ["its dry run", "1.5: must be"])]:
+        assert cp.returncode == 2 and all(s in cp.stderr for s in said) and "Traceback" not in cp.stderr, cp.stderr
+    assert all("--dry-run" in run for run in docker.runs())
+
+
+def test_a_key_file_this_user_cannot_reach_is_named_with_the_fix(tmp_path):
+    """docker/README's recipe as a user who is not root: a key in a directory only root may enter."""
+    secret = tmp_path / "sglang"
+    secret.mkdir()
+    (secret / "api_key").write_text(KEY)
+    secret.chmod(0)
+    root = ("setpriv", "--bounding-set=-dac_override,-dac_read_search") if os.getuid() == 0 else ()
+    cp = serve_verb("--image", IMAGE, "--host", "0.0.0.0", "--api-key-file", secret / "api_key", prefix=root)
+    secret.chmod(0o700)
+    assert cp.returncode == 2 and "Traceback" not in cp.stderr, cp.stderr
+    assert "docker, as root, could still mount it" in cp.stderr and f"sudo chown $USER {secret}" in cp.stderr

@@ -3,27 +3,18 @@ that fail the ways the image build can (the package itself, a driver-only import
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
+import _fake_docker
 from scripts.host import smoke
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_smoke(pythonpath: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(pythonpath)}
-    return subprocess.run(
-        [sys.executable, "-m", "scripts.host.smoke", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    return _fake_docker.verb("scripts.host.smoke", *args, PYTHONPATH=str(pythonpath))
 
 
 def counts(out: str) -> tuple[int, int, int]:
@@ -81,13 +72,8 @@ def test_driver_only_failures_are_counted_apart_from_imports(tmp_path):
 
 
 def test_the_tolerance_does_not_hide_other_failures(tmp_path):
-    site = fake_sglang(
-        tmp_path,
-        {
-            "sglang.launch_server": "raise ValueError('libcuda.so.1: cannot open')\n",
-            "sglang.srt.server_args": "import a_module_that_does_not_exist\n",
-        },
-    )
+    bodies = {"sglang.launch_server": "raise ValueError('libcuda.so.1: cannot open')\n"}
+    site = fake_sglang(tmp_path, {**bodies, "sglang.srt.server_args": "import a_module_that_does_not_exist\n"})
     cp = run_smoke(site, "--tolerate-no-driver")
     assert cp.returncode == 1 and counts(cp.stdout)[2] == 2
 
