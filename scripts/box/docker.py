@@ -143,8 +143,9 @@ def docker_run(
     """argv of `docker run` for the image's verb `args`: environment variables go by name (docker copies them), and
     a path of this machine among `args` (absolute, existing: a model, drafter, profile, key file) is mounted
     read-only where it is, so the container sees it as named."""
-    passed = (k for k in os.environ if k in PASS_NAMES or k.startswith(PASS_PREFIXES) and k not in OURS)
-    names = [*env_names, *passed]
+    # env_names go whether set now or not (docker copies each from its own environment when it runs: a key set
+    # after the command is built still reaches the container); SGLang's own variables, where set
+    passed = [k for k in os.environ if k in PASS_NAMES or k.startswith(PASS_PREFIXES) and k not in OURS]
     cmd = [docker, "run", "-d" if detach else "--rm"]
     if gpus:
         cmd += ["--gpus", "all", "--ipc=host"]
@@ -159,7 +160,7 @@ def docker_run(
     cmd += ["-v", FLASHINFER_MOUNT]
     paths = [a for a in args if a.startswith("/") and not a.startswith(RESULTS_IN_IMAGE) and os.path.exists(a)]
     cmd += [x for p in dict.fromkeys(paths) for x in ("-v", f"{p}:{p}:ro")]
-    cmd += [x for k in sorted(set(names)) if k in os.environ for x in ("-e", k)]
+    cmd += [x for k in sorted({*env_names, *passed}) for x in ("-e", k)]
     return [*cmd, *extra, image, *args]
 
 
