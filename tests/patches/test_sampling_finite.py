@@ -91,14 +91,26 @@ def test_a_batch_with_an_overflowing_row_samples_every_row(sampler, rows, want):
         assert ids[row] in (token if isinstance(token, set) else {token}), ids
 
 
-def test_the_verify_softmax_of_an_overflowing_row_is_finite():
-    """The speculative verify's softmax (EAGLE, DFlash) divides by the temperature the same way."""
+def dflash_target_probs(logits, temperatures):
+    from sglang.srt.speculative.dflash_utils import build_speculative_verify_target_probs
+
+    info = batch([{"temperature": float(t)} for t in temperatures.flatten()])
+    probs = build_speculative_verify_target_probs(
+        next_token_logits=logits, sampling_info=info, draft_token_num=1, bs=len(logits), use_sparse_topk=False
+    )
+    return probs.view(len(logits), -1)
+
+
+@pytest.mark.parametrize("verify", ["softmax", "dflash"])
+def test_the_verify_softmax_of_an_overflowing_row_is_finite(verify):
+    """The speculative verify's probabilities divide by the temperature the same way: EAGLE's softmax, and the
+    target probabilities of DFLASH's block verify (on an H200 it returned the last id for every verified token)."""
     from sglang.kernels.ops.sampling import softmax
 
     logits = torch.randn(3, VOCAB)
     logits[0, 5] = F32_MAX
     logits[1] = float("-inf")
-    probs = softmax(logits, torch.tensor([[0.5], [0.5], [1.0]]))
+    probs = {"softmax": softmax, "dflash": dflash_target_probs}[verify](logits, torch.tensor([[0.5], [0.5], [1.0]]))
     assert torch.isfinite(probs).all() and probs[0].argmax() == 5, probs
     assert torch.allclose(probs.sum(-1), torch.ones(3)), probs.sum(-1)
 
