@@ -3,8 +3,6 @@ text model (vocabulary 163840, hidden 7168) with a small word-level tokenizer, b
 entrypoints/http_server.py with the real OpenAI serving classes. Only the scheduler (GPU) is stood in: it records
 what it is sent and finishes each request with no output tokens."""
 
-from __future__ import annotations
-
 import json
 from pathlib import Path
 

@@ -1,8 +1,6 @@
 """cuda-python's driver as SGLang's fusion workspace preflight calls it, on a CPU rank (tests/gpu/_ranks.py,
 tests/patches); `_fake_cuda`, as tests/conftest.py puts tests/ on sys.path."""
 
-from __future__ import annotations
-
 import os
 from types import SimpleNamespace
 

@@ -18,8 +18,6 @@ the box. Imported as `_fake_docker` (tests/ is on sys.path through tests/conftes
 make bench's client through it on a lent GPU machine, which has no docker.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import signal

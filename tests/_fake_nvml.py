@@ -1,8 +1,6 @@
 """A faked pynvml for the tests that ask NVML about GPU topology (tests/patches, tests/host/test_serve.py);
 `_fake_nvml`, as tests/conftest.py puts tests/ on sys.path."""
 
-from __future__ import annotations
-
 from types import SimpleNamespace
 
 # PCI bus ids of an 8-GPU two-socket box: GPUs 0-3 under socket 0, 4-7 under socket 1 (sysfs spelling).

@@ -7,8 +7,6 @@ field's range (tests/_request_fields.py) or a generic mutation; a fixed set adds
 whole. The oracle: never 5xx, hang or down, whoever's fault the request is.
 """
 
-from __future__ import annotations
-
 import dataclasses
 import json
 import random

@@ -8,8 +8,6 @@ rest is upstream's. V stands for the vocabulary's size (163840 on tests/_app.py,
 `resolve(value, vocab)` fills it in.
 """
 
-from __future__ import annotations
-
 import dataclasses
 
 F32_MAX = 3.4028234663852886e38

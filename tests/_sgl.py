@@ -4,8 +4,6 @@ Everything here drives real SGLang code from the tree under test; only the platf
 SGLang's own `runtime_context.override_platform`.
 """
 
-from __future__ import annotations
-
 import contextlib
 from pathlib import Path
 

@@ -4,8 +4,6 @@ refs/patches/upstream-head, exported, are patches/ byte for byte). SGLANG_TREE=<
 (prove_tests points it at the pristine base).
 """
 
-from __future__ import annotations
-
 import importlib.util
 import os
 import sys

@@ -11,8 +11,6 @@
 - scripts/ holds at most 9,500 lines of Python and tests/ at most 10,500, as `ruff format` writes them.
 """
 
-from __future__ import annotations
-
 import ast
 import re
 import subprocess

@@ -1,8 +1,6 @@
 """scripts/lib: the one subprocess helper, the one TOML reader, the one git HEAD and tag helpers; and the bench
 family's one number formatter."""
 
-from __future__ import annotations
-
 import pytest
 
 from scripts.lib.table import duration, num, spread

@@ -20,8 +20,6 @@ server), DIR/kernels.md (the tables), DIR/kernels-traces.tgz (the decode traces 
 tables. Exit status: 0 every server measured; 1 some did not (the rest are kept); 2 a usage problem.
 """
 
-from __future__ import annotations
-
 import argparse
 import contextlib
 import copy

@@ -9,8 +9,6 @@ stand-in `docker` (tests/_fake_docker.py) that runs the image's entrypoint with 
   python3 bench/device/lent.py profile OUT [PROFILE_ARGS...]      OUT/profile.json (+ traces, logs)
 """
 
-from __future__ import annotations
-
 import concurrent.futures as cf
 import contextlib
 import os

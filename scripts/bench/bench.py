@@ -15,8 +15,6 @@ Exit status: 0 fine; 1 a regression against --baseline, or with --fail-on-eager 
 2 a usage error or a box that cannot run the plan; 4 some runs produced no result.
 """
 
-from __future__ import annotations
-
 import dataclasses
 import json
 import os

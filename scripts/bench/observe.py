@@ -7,8 +7,6 @@ last_gen_throughput. Counters are read before and after a run; a counter that we
 and counts from zero.
 """
 
-from __future__ import annotations
-
 import dataclasses
 import statistics
 import threading

@@ -5,8 +5,6 @@ server's launch and each run's client, what --resume leaves, what the box must h
 bench.py runs it; make report shows and checks it.
 """
 
-from __future__ import annotations
-
 import argparse
 import dataclasses
 import json

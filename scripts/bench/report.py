@@ -7,8 +7,6 @@ scenario x variant the median over repeats with min-max. A baseline holds those 
 tok/s median falls more than the allowed percentage below it, or the accept length more than the allowed amount.
 """
 
-from __future__ import annotations
-
 import dataclasses
 import json
 import statistics

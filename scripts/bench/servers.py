@@ -6,8 +6,6 @@ a container  the image's serve in a detached `docker run -d --name NAME` (script
 a URL        a server someone else runs (--server-url): only checked
 """
 
-from __future__ import annotations
-
 import dataclasses
 import shlex
 import time

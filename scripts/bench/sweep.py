@@ -11,8 +11,6 @@ its parser checks every variant's arguments in serve's dry run (bench's checks),
 resolution knows (a topk > 1 backend, rejection sampling).
 """
 
-from __future__ import annotations
-
 import dataclasses
 import re
 from pathlib import Path

@@ -7,8 +7,6 @@ the bench's servers and client, the profile's servers, the doctor's probes) with
 A container this tooling starts is named by container_name(): whose it is, so a later run stops one left behind.
 """
 
-from __future__ import annotations
-
 import dataclasses
 import json
 import os

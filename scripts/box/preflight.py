@@ -3,8 +3,6 @@ images (built from this checkout's series), no resident server (one a run left b
 GPU list: enough, and idle), the weights in the HF cache (hf_cache_dir(), the cache every verb mounts), the results
 directory (written to, not only measured), the port."""
 
-from __future__ import annotations
-
 import dataclasses
 import json
 import os

@@ -14,8 +14,6 @@ a timeout of their own, so the parent stops the group (every rank still running 
 - at `timeout` seconds in all.
 """
 
-from __future__ import annotations
-
 import dataclasses
 import json
 import os

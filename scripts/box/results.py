@@ -5,8 +5,6 @@ A result file is <verb>_<box>_<stamp>.<ext> in results_dir(); <box> is the GPUs'
 the host name: results leave the box.
 """
 
-from __future__ import annotations
-
 import datetime as _dt
 import json
 import os

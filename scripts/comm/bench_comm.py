@@ -11,8 +11,6 @@ Exit status: 0 every variant ran and every reduction was correct; 1 a variant fa
 usage problem (fewer than 2 GPUs, no patched SGLang here, an unknown variant, no /results mount in the image).
 """
 
-from __future__ import annotations
-
 import argparse
 import importlib.util
 import json

@@ -2,8 +2,6 @@
 record lookups the receipt and `make docs` (the cost model) read, and the summary whose rows `make bench-comm`
 prints as tables and draws as plots."""
 
-from __future__ import annotations
-
 from pathlib import Path
 
 from ..lib.kimi import CHAIN, HIDDEN, LAYERS

@@ -5,8 +5,6 @@ reads. Shapes are Kimi-K2.5 / DeepSeek-V3 at TP8 (scripts/lib/kimi.py): hidden 7
 shapes of a TP8 layer, whatever the world size of the machine running it.
 """
 
-from __future__ import annotations
-
 import json
 import math
 import os

@@ -5,8 +5,6 @@ rows so both exercise what the server runs: bring_up() (the model runner's own i
 captured in SGLang's graph_capture()). CUDA ranks, or CPU ranks over gloo where a test only needs the routing.
 """
 
-from __future__ import annotations
-
 import statistics
 import time
 from pathlib import Path

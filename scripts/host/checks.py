@@ -1,8 +1,6 @@
 """The doctor's checks: functions over one Facts object, registered in order (@doctor_check), returning findings
 (id, severity, message, fix). A check's docstring is its line in `doctor --list`: its finding ids, what it checks."""
 
-from __future__ import annotations
-
 import collections
 import dataclasses
 import itertools

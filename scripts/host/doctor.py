@@ -7,8 +7,6 @@
 Exit status: 0 no error finding, 1 at least one error finding, 2 a usage problem.
 """
 
-from __future__ import annotations
-
 import argparse
 import dataclasses
 import json

@@ -1,8 +1,6 @@
 """The Kimi-K2.5 drafters this project knows (docker/README.md "Drafters" has their evidence), the ones the shipped
 profiles name, and whether a drafter or model is in the HF cache serve and bench mount."""
 
-from __future__ import annotations
-
 import difflib
 import re
 from pathlib import Path

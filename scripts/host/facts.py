@@ -1,8 +1,6 @@
 """What the doctor knows about the box: each tool's output read once (live with a timeout, or replayed from a
 directory that `doctor --record` wrote), one parser per output, and the facts the checks read."""
 
-from __future__ import annotations
-
 import collections
 import dataclasses
 import itertools

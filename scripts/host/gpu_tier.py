@@ -10,8 +10,6 @@ revision as the suite's properties, with no path of this machine; make report ke
 Exit status: 0 every test passed; 1 a test failed; 2 fewer than 2 GPUs, or a bad option.
 """
 
-from __future__ import annotations
-
 import argparse
 import os
 import sys

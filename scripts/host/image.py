@@ -10,8 +10,6 @@ REF (make image BASE=REF: a stand-in; the labels then name REF, never the upstre
 Exit status: 0 built, printed or lint clean; 1 hadolint found problems (--lint-only); 2 a problem named with its fix.
 """
 
-from __future__ import annotations
-
 import argparse
 import re
 import shutil

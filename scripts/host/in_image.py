@@ -9,8 +9,6 @@ this process becomes it; with --dry-run among ARGS it is only printed (on stdout
 Exit status: the verb's; 0 a dry run whose checks pass; 2 a failed check (named with its fix).
 """
 
-from __future__ import annotations
-
 import argparse
 import os
 import sys

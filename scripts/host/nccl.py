@@ -4,8 +4,6 @@ lines of an all-reduce of 8 x 7168 bf16, the sum checked, 20 more timed. pcie-ip
 SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1, its workspace prepared as the model runner does, 300 all-reduces of 4 and of 8
 rows of 7168 bf16, every sum checked. peer-bandwidth: n-1 rounds; in round k every GPU i writes to GPU i+k mod n."""
 
-from __future__ import annotations
-
 import collections
 import contextlib
 import functools

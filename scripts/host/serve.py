@@ -13,8 +13,6 @@ where it is. Exit status: 0 served or a dry run that passed (serving replaces th
 2 a problem or a failed check, named with its fix.
 """
 
-from __future__ import annotations
-
 import argparse
 import contextlib
 import dataclasses

@@ -9,8 +9,6 @@ apart. --expect-nccl: torch must load that NCCL release (ncclGetVersion of the l
 Exit status: 0 every module imports or compiles (and the NCCL is the one expected); 1 otherwise; 2 a usage problem.
 """
 
-from __future__ import annotations
-
 import argparse
 import importlib
 import re

@@ -3,8 +3,6 @@ ConflictError, a patch that does not apply). Ctrl-C, SIGTERM and SIGHUP (a dropp
 KeyboardInterrupt, so every `finally` stops what the verb started; the exit status is then 128 + the signal.
 Otherwise the exit status is what main returns."""
 
-from __future__ import annotations
-
 import os
 import signal
 import stat

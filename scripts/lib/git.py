@@ -4,8 +4,6 @@
 other command and raises a UserError that names the command and git's message when it fails (check=True).
 """
 
-from __future__ import annotations
-
 import hashlib
 import os
 from pathlib import Path

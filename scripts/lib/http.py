@@ -2,8 +2,6 @@
 status of 0, never an exception. Every request carries the API key use_api_key() set (a bearer token, as
 bench_serving sends $OPENAI_API_KEY), so a server started with a key can be read."""
 
-from __future__ import annotations
-
 import dataclasses
 import json
 import urllib.error

@@ -5,8 +5,6 @@ timed out, could not start, or the exit code and the last line it printed). `spa
 (a server, a streaming client) whose owner stops it. Nothing else in scripts/ imports subprocess.
 """
 
-from __future__ import annotations
-
 import dataclasses
 import os
 import shutil

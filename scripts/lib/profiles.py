@@ -1,8 +1,6 @@
 """The serving profiles (docker/profiles/*.yaml, SGLang `--config` files): found by name or path, read with PyYAML as
 SGLang reads them. serve launches one; make bench and the receipt read their settings."""
 
-from __future__ import annotations
-
 from pathlib import Path
 
 from .errors import UserError

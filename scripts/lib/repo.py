@@ -1,7 +1,5 @@
 """This repository: where it is, where builds go, and which revision it is at (for labels and result files)."""
 
-from __future__ import annotations
-
 import os
 from pathlib import Path
 

@@ -1,8 +1,6 @@
 """How the reports print: the one markdown-table writer (make bench's report, the receipt, the cost model's blocks,
 bench-comm's printout, the README's series table) and the number and duration formats in them."""
 
-from __future__ import annotations
-
 import statistics
 
 DASH = "–"

@@ -1,7 +1,5 @@
 """The one TOML reader of the tooling: a file that is missing or not TOML is a UserError that names it and the fix."""
 
-from __future__ import annotations
-
 import tomllib
 from pathlib import Path
 

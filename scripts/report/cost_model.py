@@ -10,8 +10,6 @@ Exit status: 0 printed, written or current; 1 --check found the document out of 
 missing or damaged, or the model gives an impossible row.
 """
 
-from __future__ import annotations
-
 import argparse
 import functools
 import json

@@ -9,8 +9,6 @@ rsqrt among elementwise kernels that land in "other"). Graph nodes are every GPU
 launches (kernels, copies, sets): CUPTI reports each kernel a replay runs, correlated with the cudaGraphLaunch.
 """
 
-from __future__ import annotations
-
 import re
 import statistics
 from collections import Counter

@@ -14,8 +14,6 @@ glue. It cannot tell: other ranks (a collective includes its wait), overlapping 
 Exit status: 0 written; 2 a usage problem, a server that did not start or answer, or a trace without a stage.
 """
 
-from __future__ import annotations
-
 import argparse
 import contextlib
 import gzip

@@ -16,8 +16,6 @@ Exit status: 0 every part done; 1 a part failed (the receipt says which) or none
 (nothing run or written) or a usage problem.
 """
 
-from __future__ import annotations
-
 import argparse
 import json
 import signal

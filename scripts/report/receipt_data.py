@@ -4,8 +4,6 @@ read, the threshold it applied and a verdict (keep, change with the setting, inc
 computed once when the receipt is written. Used by make report (receipt.py) and make docs (cost_model.py).
 """
 
-from __future__ import annotations
-
 import dataclasses
 import json
 import re

@@ -4,8 +4,6 @@ GPUs, their links and NUMA (SHARED_TOOLS; not nvidia-smi -q's serials, the kerne
 file the receipt's path becomes its name, this checkout's <repo>, the home ~ and the host name <host>.
 """
 
-from __future__ import annotations
-
 import io
 import platform
 import re

@@ -4,8 +4,6 @@ Model: one chain cycle of s steps at batch 1, ms, at one corner of each [band] u
 collectives from bench/inputs/collectives_kimi_tp8.toml; its formulas are printed in eagle-fast-verify.md section 1.
 """
 
-from __future__ import annotations
-
 import math
 from pathlib import Path
 

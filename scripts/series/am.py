@@ -4,8 +4,6 @@ commit, the patches applied with -p2). Every file the series touches must first 
 patches' index lines), so a tree of another release is refused with its files.
 """
 
-from __future__ import annotations
-
 import re
 import shutil
 from pathlib import Path

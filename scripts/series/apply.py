@@ -9,8 +9,6 @@ or already applied; 2 a problem you can fix (the message says how); 3 a patch do
 130: the tree is as it was).
 """
 
-from __future__ import annotations
-
 import argparse
 import os
 import shutil

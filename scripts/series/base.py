@@ -3,8 +3,6 @@ python/ in a fresh git repository whose one commit carries the tag. Either ends 
 build/cache/sglang-<tag>.git (SGLANG_PATCHES_CACHE moves the cache), that the verbs clone from.
 """
 
-from __future__ import annotations
-
 import hashlib
 import json
 import os

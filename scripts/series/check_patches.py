@@ -7,8 +7,6 @@ Exit status: 0 healthy; 1 a lint problem or a round-trip difference (printed, wi
 (the message says what to do); 3 a patch does not apply to the pristine base.
 """
 
-from __future__ import annotations
-
 import argparse
 import os
 import shutil

@@ -6,8 +6,6 @@ A commit keeps its file name through its `Patch-Filename:` line; a new commit is
 line. README.md's series table is rewritten from the patches (scripts/series/readme.py). Exit status: 0 exported; 2 the tree is not a linear series on its base (the message says what to do).
 """
 
-from __future__ import annotations
-
 import argparse
 from pathlib import Path
 

@@ -9,8 +9,6 @@
   readme     README.md's series table is the one make export writes from the patches
 """
 
-from __future__ import annotations
-
 import email.utils
 import os
 import re

@@ -4,8 +4,6 @@
 series by its files' bytes; `applied_patchset(path)` names the one a tree holds, from git alone.
 """
 
-from __future__ import annotations
-
 import dataclasses
 import email.parser
 import email.policy

@@ -9,8 +9,6 @@ Exit status: 0 every test follows the rule; 1 some test breaks it (named, with i
 2 the base tree cannot be made (the message says why).
 """
 
-from __future__ import annotations
-
 import argparse
 import os
 import sys

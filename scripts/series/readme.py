@@ -2,8 +2,6 @@
 added lines define or read, and its DEP-3 Forwarded line. `make export` writes it between the markers;
 `make check-patches` fails while it differs from the series."""
 
-from __future__ import annotations
-
 import re
 
 from ..lib.repo import REPO_ROOT

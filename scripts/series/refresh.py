@@ -10,8 +10,6 @@ it writes nothing else. Exit status: 0 every patch applied (and moved, with --wr
 conflict; 2 a problem you can fix (the message says how).
 """
 
-from __future__ import annotations
-
 import argparse
 import dataclasses
 import os

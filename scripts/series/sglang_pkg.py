@@ -1,7 +1,5 @@
 """The one sglang locator: the sglang package directory an interpreter would import, found without importing it."""
 
-from __future__ import annotations
-
 import sys
 from pathlib import Path
 

@@ -1,7 +1,5 @@
 """What the bench family's tests share: a box receipt that holds only a profile part (make docs refits from it)."""
 
-from __future__ import annotations
-
 import json
 from pathlib import Path
 

@@ -8,8 +8,6 @@ Fixtures (tests/fixtures/bench/): bench_serving_{stock,patched}.jsonl, server_in
 record_fixtures.py from the harness against standin_server.py), results_abba.jsonl, tokenizer/.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import signal

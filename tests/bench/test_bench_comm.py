@@ -1,8 +1,6 @@
 """`make bench-comm` (scripts/comm/bench_comm.py, the image's verb): the harness end to end on CPU ranks (gloo,
 brought up by SGLang's init_distributed_environment), its refusals, and the summary of committed H200 runs."""
 
-from __future__ import annotations
-
 import json
 import os
 import subprocess

@@ -2,8 +2,6 @@
 the seed box, the physical floors it refuses to go below, the refit from a receipt's profile, the operator's
 mistakes."""
 
-from __future__ import annotations
-
 import json
 import subprocess
 import sys

@@ -4,8 +4,6 @@ on the lent H200, torch-reference route): two plain decode steps, and two specul
 extend, the next draft); every span, launch and GPU event kept, names cut at 160 characters, times from the first
 span."""
 
-from __future__ import annotations
-
 import gzip
 import importlib.util
 import json

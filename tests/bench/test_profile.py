@@ -2,8 +2,6 @@
 (its record_function spans, CUDA-graph launches and the kernels CUPTI correlates with them), reduced per forward to
 the profile the cost model refits from, and make docs refitting from a receipt that holds it."""
 
-from __future__ import annotations
-
 import argparse
 import gzip
 import json

@@ -2,8 +2,6 @@
 round trip from committed H200 results to the plan's box section, the plan and checks before anything runs,
 resuming, a failed part, the tarball that leaves the box, and a bad receipt."""
 
-from __future__ import annotations
-
 import json
 import platform
 import re

@@ -2,8 +2,6 @@
 (scripts/bench/report.py): the settings SGLang would change or fail on, the variants the points become, and the
 predicted optimum against the measured one on synthetic results."""
 
-from __future__ import annotations
-
 import copy
 import json
 import re

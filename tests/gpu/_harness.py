@@ -9,8 +9,6 @@ The children inherit sys.path: the patched tree tests/conftest.py put there, or 
 any sgl-kernel op it would reach raises, so nothing passes on it by accident.
 """
 
-from __future__ import annotations
-
 import collections
 import dataclasses
 import importlib.util

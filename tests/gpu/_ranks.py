@@ -6,8 +6,6 @@ residual + RMSNorm op and its workspace manager. Inputs are seeded per rank, so 
 reference of every reduction itself.
 """
 
-from __future__ import annotations
-
 import logging.handlers
 import os
 import tempfile

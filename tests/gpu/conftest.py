@@ -8,8 +8,6 @@ gloo). Environment variables, not options: `make test` runs all of tests/, where
 exist. What a test records goes into pytest's junitxml as properties (scripts/host/gpu_tier.py's receipt).
 """
 
-from __future__ import annotations
-
 import json
 import os
 

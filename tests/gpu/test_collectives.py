@@ -4,8 +4,6 @@ One run of _ranks.battery (a process per GPU, PCIe IPC forced on, the trtllm fus
 test here; each asserts one property of what every rank reported. Skips without >= 2 GPUs.
 """
 
-from __future__ import annotations
-
 import pytest
 
 from _harness import run_ranks

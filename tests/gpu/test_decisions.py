@@ -3,8 +3,6 @@ graphs, then read back from the cache by a second start; forced by SGLANG_ENABLE
 Every rank holds the same table and each size's all-reduce reaches the backend it names, summing right. Skips
 without >= 2 GPUs."""
 
-from __future__ import annotations
-
 from _harness import run_ranks
 
 # What RouteLog records for each backend of the table (NCCL: pynccl in a graph, torch.distributed eagerly).

@@ -4,8 +4,6 @@ with correct results, or with the same clear error on every rank; never a hang (
 Skips without >= 2 GPUs.
 """
 
-from __future__ import annotations
-
 import pytest
 
 from _harness import run_ranks

@@ -2,8 +2,6 @@
 up, failing or hanging, and the GPU tests' skip where there is no GPU; and the group decisions that need no GPU.
 """
 
-from __future__ import annotations
-
 import subprocess
 import sys
 from pathlib import Path

@@ -1,8 +1,6 @@
 """The doctor (scripts/host/doctor.py, facts.py, checks.py) fed recorded outputs of the real tools
 (tests/fixtures/doctor/README.md says which are captured and which written)."""
 
-from __future__ import annotations
-
 import json
 import subprocess
 import sys

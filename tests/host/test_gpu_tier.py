@@ -3,8 +3,6 @@ scripts/host/in_image.py, the route of every GPU verb (the fake docker runs the 
 python), its refusal inside the image and here; and a test tier's result (pytest's junitxml, scripts/box/results.py)
 with what the tests recorded and the run's properties, no machine path in it, read back as make report reads it."""
 
-from __future__ import annotations
-
 import subprocess
 import sys
 

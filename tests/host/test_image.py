@@ -2,8 +2,6 @@
 Dockerfile's ARGs, the labels, the NCCL refusals, and what happens without docker. `make test-image` builds it for real.
 """
 
-from __future__ import annotations
-
 import dataclasses
 import re
 import shlex

@@ -2,8 +2,6 @@
 runners (a child that hangs, ranks that hang, fail or sum wrong), the PCIe-IPC smoke's bring-up through the real
 patched SGLang on CPU ranks, and the probes' route into the image through a fake docker."""
 
-from __future__ import annotations
-
 import json
 import os
 import subprocess

@@ -3,8 +3,6 @@ verb's real entry points: main() for the dry run, a subprocess for what reaches 
 (its checks, the image's own dry run, then the run).
 """
 
-from __future__ import annotations
-
 import json
 import os
 import shlex

@@ -1,8 +1,6 @@
 """scripts/host/smoke.py, the image build's import smoke: on the patched tree under test, and on generated packages
 that fail the ways the image build can (the package itself, a driver-only import, a missing dependency)."""
 
-from __future__ import annotations
-
 import re
 import subprocess
 from pathlib import Path

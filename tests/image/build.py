@@ -10,8 +10,6 @@ changes go. Needs root, apt, make setup, make apply and 12 GB free.
 Exit status: 0 every check passed; 1 a check failed (listed); 2 this machine cannot run it (why, and the fix).
 """
 
-from __future__ import annotations
-
 import argparse
 import contextlib
 import importlib.metadata as md

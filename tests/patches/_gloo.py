@@ -8,8 +8,6 @@ A hang is killed at `timeout` (scripts/box/ranks.py). Only what needs a GPU is s
 contract of the FlashInfer call it replaces.
 """
 
-from __future__ import annotations
-
 import dataclasses
 import importlib.util
 import os

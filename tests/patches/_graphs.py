@@ -2,8 +2,6 @@
 classes made without their constructors, their graph replays and eager forwards stubbed; forward batches as
 SimpleNamespaces carrying what the runners read."""
 
-from __future__ import annotations
-
 from types import SimpleNamespace
 
 import torch

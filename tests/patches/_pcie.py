@@ -5,8 +5,6 @@ process groups; FlashInfer's PCIe-IPC workspaces (GPU only) are stood in by `Wor
 with SGLang: built with the max_numel asked for, admitting what fits it. conftest.py installs them.
 """
 
-from __future__ import annotations
-
 from pathlib import Path
 from types import SimpleNamespace
 

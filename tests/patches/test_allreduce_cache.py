@@ -3,8 +3,6 @@ the measurement, read by the first rank for the group. FlashInfer's real autotun
 FLASHINFER_AUTOTUNE_DIR; NVML and the timing faked; two CPU ranks over gloo for the group's read.
 """
 
-from __future__ import annotations
-
 import os
 
 import pytest

@@ -2,8 +2,6 @@
 not (pcie_ipc_ar.off_reason, PcieIpcCommunicator.report), read by the controller that answers GET /server_info.
 """
 
-from __future__ import annotations
-
 from types import SimpleNamespace
 
 import pytest

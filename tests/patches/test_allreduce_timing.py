@@ -3,8 +3,6 @@ it wins by SGLANG_PCIE_IPC_MIN_SPEEDUP, one decision for the group, a user's set
 method (_time_backends) is faked; two CPU ranks over gloo for the group decision (_gloo.py allreduce_timing).
 """
 
-from __future__ import annotations
-
 import logging
 
 import pytest

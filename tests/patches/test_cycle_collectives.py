@@ -3,8 +3,6 @@ DFlash), and the verify and draft heads that gather each vocab shard's argmax: r
 their values on two CPU ranks over gloo (_gloo.py).
 """
 
-from __future__ import annotations
-
 import logging
 import tomllib
 from types import SimpleNamespace

@@ -3,8 +3,6 @@ counted by outcome and reason like EAGLE's draft stages, capped to its graph, it
 draft block runs on the draft runner's DecodeCudaGraphRunner in verify mode (8 rows a request).
 """
 
-from __future__ import annotations
-
 import contextlib
 import logging
 from types import SimpleNamespace

@@ -5,8 +5,6 @@ SGLANG_ENABLE_EMBED_REPLICATION=1. Unpatched, the draft keeps its TP-sharded loo
 token outside rank 0's shard. Two CPU ranks, the real draft model class (tests/gpu/_ranks.py eagle3_draft_embedding).
 """
 
-from __future__ import annotations
-
 import sys
 from pathlib import Path
 

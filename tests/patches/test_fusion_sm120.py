@@ -2,8 +2,6 @@
 faked platform, a fake CUDA driver for the workspace preflight, a recording stand-in for FlashInfer's kernel call.
 """
 
-from __future__ import annotations
-
 import contextlib
 import importlib
 import inspect

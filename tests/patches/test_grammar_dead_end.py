@@ -5,8 +5,6 @@ the matcher refuses it, and SGLang 0.5.23 answers 500 "Grammar accept_token fail
 over a word-level tokenizer (w0, w1, ...: no token holds a "z" or a "q"), the scheduler's real grammar steps.
 """
 
-from __future__ import annotations
-
 from http import HTTPStatus
 from types import SimpleNamespace
 

@@ -2,8 +2,6 @@
 Kimi-K2.5 server arguments, NVML faked (tests/_fake_nvml.py); the launcher must not initialise CUDA.
 """
 
-from __future__ import annotations
-
 import itertools
 import logging
 import multiprocessing

@@ -2,8 +2,6 @@
 real communicator, FlashInfer's workspace stood in (_pcie.py); two CPU ranks over gloo for the autotune's save.
 """
 
-from __future__ import annotations
-
 import logging
 
 import _gloo

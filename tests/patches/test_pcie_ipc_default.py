@@ -1,8 +1,6 @@
 """The PCIe-IPC all-reduce on by default for TP groups of >= 4 SM120 GPUs without NVLink (pcie_ipc_ar.off_reason,
 every rank voting on the host group), with NVML faked through the pynvml calls SGLang makes."""
 
-from __future__ import annotations
-
 import logging
 
 import pytest

@@ -1,7 +1,5 @@
 """The PCIe-IPC ranks' GPU and NUMA node logged at the first build, and a warning where an island spans two nodes."""
 
-from __future__ import annotations
-
 import logging
 
 import torch

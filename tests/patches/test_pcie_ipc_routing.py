@@ -2,8 +2,6 @@
 workspaces the patched server sizes for the shipped Kimi-K2.5 profile on SM120 (_pcie.py, conftest.py).
 """
 
-from __future__ import annotations
-
 import pytest
 import torch
 

@@ -7,8 +7,6 @@ Each request goes through the real entry points (the HTTP app, Engine.async_gene
 CPU, the scheduler stood in (tests/_app.py).
 """
 
-from __future__ import annotations
-
 import asyncio
 import re
 

@@ -6,8 +6,6 @@ assert that takes the server down, every batched request with it); one greedy re
 ones there. The real Sampler on CPU over SamplingBatchInfo's real logit_bias step, and the verify's softmax.
 """
 
-from __future__ import annotations
-
 from types import SimpleNamespace
 
 import pytest

@@ -6,8 +6,6 @@ through the watermark-only redaction: anyone holding the plain API key read the 
 parsed from a real command line by prepare_server_args; only the tokenizer manager's live state is stood in.
 """
 
-from __future__ import annotations
-
 import asyncio
 import json
 import tempfile

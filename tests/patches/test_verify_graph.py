@@ -5,8 +5,6 @@ counter (tests/patches/_graphs.py builds the runners); resolved Kimi-K2.5 + EAGL
 the captured batch sizes cover every batch the scheduler can form, and an eager verify is announced at startup.
 """
 
-from __future__ import annotations
-
 import contextlib
 import logging
 from types import SimpleNamespace

@@ -4,8 +4,6 @@ range, every value taken reaches the scheduler, every value refused is a 4xx tha
 of the corpus gets a 5xx or escapes the app as an exception (on the unpatched tree several do).
 """
 
-from __future__ import annotations
-
 import dataclasses
 import json
 

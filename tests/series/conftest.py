@@ -2,8 +2,6 @@
 pip index (PIP_FIND_LINKS, so pip's own --require-hashes check runs), and a patches/ directory of two patches that
 the real `export` made from commits. The verbs run as the real CLI in a subprocess."""
 
-from __future__ import annotations
-
 import hashlib
 import os
 import subprocess

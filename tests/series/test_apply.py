@@ -1,7 +1,5 @@
 """`make apply` and `apply --python` on the tiny world (tests/series/conftest.py), and once on the real pinned wheel."""
 
-from __future__ import annotations
-
 import os
 import shutil
 import signal

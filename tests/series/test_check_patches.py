@@ -1,8 +1,6 @@
 """`make check-patches` (lint + round trip), `make export` and `make refresh` on the tiny world; the lint on the real
 series."""
 
-from __future__ import annotations
-
 import re
 import subprocess
 import sys

@@ -1,8 +1,6 @@
 """The one sglang locator: another interpreter's sglang, found without importing it; a python that does not run, or
 has no sglang, is told apart."""
 
-from __future__ import annotations
-
 import os
 import sys
 

@@ -9,8 +9,6 @@ JIT kernels of the same contract (sglang.kernels.ops.layernorm.norm), one kernel
 size they do not take falls back to the torch reference.
 """
 
-from __future__ import annotations
-
 import functools
 import logging
 import os

@@ -5,8 +5,6 @@ tiny profile (docker/profiles/tiny/*.yaml, SGLang --config files as serve's) by 
 (`sglang serve --model-path T --config P ...`) and stopped by its terminate_and_kill_process_tree.
 """
 
-from __future__ import annotations
-
 import contextlib
 import dataclasses
 import json

@@ -9,8 +9,6 @@ report's) is pytest's junitxml, --serve-out FILE or DIR/test-serve_<box>_<stamp>
 run's properties (properties()), no path of this machine; the servers' logs beside it (.log).
 """
 
-from __future__ import annotations
-
 import concurrent.futures as cf
 import contextlib
 import importlib.util

@@ -3,8 +3,6 @@ healthy, and its greedy output afterwards is what it was (the target's chain). O
 without speculation, each its own (sv.BAD_PHASES): a request that kills one leaves every other phase alone.
 The malformed ones come first; a token id outside [0, vocab) is last (SGLang 0.5.23 dies on one in a prompt)."""
 
-from __future__ import annotations
-
 import pytest
 
 import _servers as sv

@@ -2,8 +2,6 @@
 speculation (llama-nospec). Every greedy result is the same, token for token (a tiny-model token is one word,
 "w<id>"), and where the chain says what it must be, it is that."""
 
-from __future__ import annotations
-
 import pytest
 
 import _servers as sv

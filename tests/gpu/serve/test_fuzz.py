@@ -4,8 +4,6 @@ valid greedy, sampled and extreme-but-accepted requests in one batch. Every answ
 down) goes into the phase's report; it fails on a dead server, a hang, any 5xx (a client's fault is a 4xx, a valid
 request a 2xx), or greedy output afterwards other than the target's chain."""
 
-from __future__ import annotations
-
 import collections
 import concurrent.futures as cf
 import time

@@ -3,8 +3,6 @@ DFlash (llama-dflash-sampled, right at block position 1): each completes with ac
 puts ~97% of its probability on the chain's token), greedy requests in the same batches keep the chain, the server
 stays up, and under the sync guard (plugin/) no speculative decode cycle after warm-up synchronises with the host."""
 
-from __future__ import annotations
-
 import collections
 import concurrent.futures as cf
 import json

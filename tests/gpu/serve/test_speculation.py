@@ -2,8 +2,6 @@
 128 greedy tokens one after another and all at once (and a burst above the captured batch size where the phase
 raises --max-running-requests), then /server_info and /metrics; the log lines are the patched SGLang's own."""
 
-from __future__ import annotations
-
 import concurrent.futures as cf
 import re
 import statistics

@@ -2,8 +2,6 @@
 the bad-request list; the suite itself on a machine without a GPU: every server test skips with one reason, and
 with --serve-out it refuses once, and its result (pytest's junitxml) says why."""
 
-from __future__ import annotations
-
 import json
 import os
 import subprocess

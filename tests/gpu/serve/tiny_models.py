@@ -18,8 +18,6 @@ Heads, KV heads and experts divide by 8: each runs at TP 1, 2, 4 and 8. Needs to
 (the WordLevel tokenizer is written here); seconds on a CPU.
 """
 
-from __future__ import annotations
-
 import json
 from pathlib import Path
 

@@ -7,8 +7,6 @@ function, any other a falsy placeholder (its attributes too) that raises NotImpl
 kernel that would really run cannot pass on a fake.
 """
 
-from __future__ import annotations
-
 import importlib.abc
 import importlib.machinery
 import sys

@@ -13,8 +13,6 @@ sync_guard (EAGLE_SYNC_GUARD=FILE): every speculative decode cycle (EAGLEWorkerV
   switch to "warn" before the cycle's first line ran (once per run on the lent H200, torch 2.11): reported apart.
 """
 
-from __future__ import annotations
-
 import importlib.util
 import json
 import os

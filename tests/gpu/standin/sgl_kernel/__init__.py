@@ -7,8 +7,6 @@ moe_sum_reduce (its Triton one) and utils.is_arch_support_pdl() -> False (asked 
 start; the stand-in vouches for no programmatic-dependent-launch path).
 """
 
-from __future__ import annotations
-
 from eagle_importonly import stand_in
 
 STANDIN = True
