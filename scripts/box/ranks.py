@@ -75,6 +75,11 @@ def _rank(fn, rank: int, world: int, port: int, tmp: str, env: dict, args: tuple
     except BaseException:  # noqa: BLE001 - everything a rank hits is the evidence; the parent stops its peers
         doc = {"error": traceback.format_exc()}
     Path(tmp, f"{rank}.json").write_text(json.dumps(doc, default=str))
+    # rank 0 holds the group's rendezvous store (torch.distributed's TCPStore on `port`): leaving first would cut off
+    # a peer still setting its groups up ("Broken pipe"), so it waits for every peer's result or error (the parent
+    # stops the group on a hang)
+    while rank == 0 and not all(Path(tmp, f"{r}.json").exists() for r in range(world)):
+        time.sleep(0.05)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
