@@ -45,7 +45,7 @@ RUN_TIMEOUT_S = 3600.0  # one bench_serving run
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = pl.build(*pl.parse(list(sys.argv[1:] if argv is None else argv)))
+    p = pl.build(*pl.parse(argv))
     if p.report:
         return EXIT_REGRESSION if rep.rebuild(p.report, p.judging, p.meta["box"]) else 0
     if not p.runs:

@@ -17,6 +17,7 @@ from pathlib import Path
 from ..box.docker import RESULTS_IN_IMAGE, container_name, docker_run, hf_cache_dir
 from ..box.results import box_name, stamp
 from ..lib import profiles
+from ..lib.cli import parser, split
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT, revision
 from ..lib.tomlfile import load_toml
@@ -336,8 +337,10 @@ class Plan:
     dry_run: bool = False
 
 
-def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="scripts.bench.bench", allow_abbrev=False)
+def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    """(options, SGLang arguments after --)."""
+    own, server_args = split(argv)
+    ap = parser("scripts.bench.bench", allow_abbrev=False)
     add = ap.add_argument
     add("--scenarios", help="comma list of scenario names (default: those marked default)")
     add("--variants", help="comma list of variant names, in A, B, C order (default: those marked default)")
@@ -366,13 +369,7 @@ def parser() -> argparse.ArgumentParser:
     add("--fail-on-eager", action="store_true", help="exit 1 when a verify forward ran off its CUDA graph")
     add("--report", metavar="RESULTS.jsonl", help="only rebuild the report of a results file (and compare)")
     add("--dry-run", action="store_true", help="print the plan, its checks and every command; run nothing")
-    return ap
-
-
-def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    """(options, SGLang arguments after --)."""
-    i = argv.index("--") if "--" in argv else len(argv)
-    return parser().parse_args(argv[:i]), argv[i + 1 :]
+    return ap.parse_args(own), server_args
 
 
 def select(a: argparse.Namespace, server_args: list[str]) -> tuple[list[Variant], dict, str | None]:

@@ -25,7 +25,7 @@ from ..box import ranks
 from ..box.results import box_name, result_file, results_dir, stamp, write_json
 from ..host.nccl import expected_nccl, nccl_report
 from ..lib import proc
-from ..lib.cli import run
+from ..lib.cli import parser, run
 from ..lib.errors import UserError
 from ..lib.kimi import CHAIN, LAYERS
 from ..lib.progress import say
@@ -67,7 +67,7 @@ def run_variant(name: str, env: dict, world: int, cfg: dict, timeout: float) -> 
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="scripts.comm.bench_comm", allow_abbrev=False)
+    ap = parser("scripts.comm.bench_comm", __doc__, allow_abbrev=False)
     ap.add_argument("--dry-run", action="store_true", help="print what would run; run and write nothing")
     ap.add_argument("--world", type=int, help="ranks (default: every visible GPU)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list (default {','.join(VARIANTS)})")

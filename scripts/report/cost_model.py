@@ -10,14 +10,13 @@ Exit status: 0 printed, written or current; 1 --check found the document out of 
 missing or damaged, or the model gives an impossible row.
 """
 
-import argparse
 import functools
 import json
 import sys
 from pathlib import Path
 
 from ..comm.comm_report import record
-from ..lib.cli import run
+from ..lib.cli import parser, run
 from ..lib.errors import UserError
 from ..lib.kimi import ATTN_GEMMS, LAYERS, MOE_GEMMS
 from ..lib.progress import say
@@ -564,9 +563,7 @@ def render(inp: dict, cyc: dict, runs: list[dict], receipts: list[dict]) -> tupl
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="scripts.report.cost_model", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = parser("scripts.report.cost_model", __doc__)
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--write", action="store_true", help="rewrite the document's generated blocks and the plot")
     g.add_argument("--check", action="store_true", help="exit 1 if the document is out of date")
