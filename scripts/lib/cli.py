@@ -1,7 +1,7 @@
-"""Common main() wrapper, and a verb's argument parser. main(): a UserError prints its message (no traceback) and exits with its code (2; 3 for a
-ConflictError, a patch that does not apply). Ctrl-C, SIGTERM and SIGHUP (a dropped ssh) take one way out, Python's
-KeyboardInterrupt, so every `finally` stops what the verb started; the exit status is then 128 + the signal.
-Otherwise the exit status is what main returns."""
+"""Common main() wrapper, and a verb's argument parser. main(): a UserError prints its message (no traceback) and exits
+with its code (2; 3 for a ConflictError, a patch that does not apply). Ctrl-C, SIGTERM and SIGHUP (a dropped ssh)
+take one way out, Python's KeyboardInterrupt, so every `finally` stops what the verb started; the exit status is then
+128 + the signal. Otherwise the exit status is what main returns."""
 
 import argparse
 import os
