@@ -118,35 +118,13 @@ def machine(a: argparse.Namespace, meta: dict) -> int:
 def measure(a: argparse.Namespace, vmap: dict, world: int, meta: dict) -> list[dict]:
     """Every variant in its own ranks (the first one also runs the SGLang rows); their records."""
     ints = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
-    cfg = dict(
-        device=a.device,
-        rows=ints(a.rows),
-        prefill_rows=ints(a.prefill_rows),
-        layers=a.layers,
-        chain=a.chain,
-        reps=a.reps,
-        flashinfer=not a.no_flashinfer,
-    )
-    why_not = (
-        "--device cpu"
-        if a.device == "cpu"
-        else "--no-flashinfer"
-        if a.no_flashinfer
-        else "--no-sglang"
-        if a.no_sglang
-        else ""
-        if importlib.util.find_spec("flashinfer")
-        else "flashinfer does not import"
-    )
-    sglang_args = (
-        None
-        if why_not
-        else {
-            "flashinfer_allreduce_fusion_backend": "trtllm",
-            "disable_custom_all_reduce": True,
-            "disable_flashinfer_autotune": a.no_autotune,
-        }
-    )
+    cfg = {k: getattr(a, k) for k in ("device", "layers", "chain", "reps")}
+    cfg |= {"rows": ints(a.rows), "prefill_rows": ints(a.prefill_rows), "flashinfer": not a.no_flashinfer}
+    skips = {"--device cpu": a.device == "cpu", "--no-flashinfer": a.no_flashinfer, "--no-sglang": a.no_sglang}
+    skips["flashinfer does not import"] = importlib.util.find_spec("flashinfer") is None
+    why_not = next((why for why, skip in skips.items() if skip), "")
+    fusion = {"flashinfer_allreduce_fusion_backend": "trtllm", "disable_custom_all_reduce": True}
+    sglang_args = None if why_not else fusion | {"disable_flashinfer_autotune": a.no_autotune}
     meta["sglang_rows"] = {"server_args": sglang_args, "skipped": why_not}
     records, t_all = [], time.monotonic()
     if a.device == "cuda":
