@@ -568,13 +568,8 @@ def main(argv=None) -> int:
     g.add_argument("--write", action="store_true", help="rewrite the document's generated blocks and the plot")
     g.add_argument("--check", action="store_true", help="exit 1 if the document is out of date")
     ap.add_argument("--doc", type=Path, default=DOC)
-    ap.add_argument(
-        "--receipt",
-        type=Path,
-        action="append",
-        metavar="R",
-        help="a box receipt (make report's directory or .tar.gz; default: bench/receipts/*.tar.gz)",
-    )
+    receipt = "a box receipt (make report's directory or .tar.gz; default: bench/receipts/*.tar.gz)"
+    ap.add_argument("--receipt", type=Path, action="append", metavar="R", help=receipt)
     a = ap.parse_args(argv)
     inp, cyc = sm.load()
     receipts = read_receipts(a.receipt if a.receipt is not None else sorted(RECEIPTS.glob("*.tar.gz")))
@@ -595,11 +590,8 @@ def main(argv=None) -> int:
     if changed:
         a.doc.write_text(new)
     png = RESULTS / "cost-model.png" if a.doc.resolve() == DOC.resolve() else a.doc.with_name("cost-model.png")
-    print(
-        f"{a.doc}: "
-        + (f"rewrote {', '.join(changed)}" if changed else "up to date, nothing written")
-        + f"; plot {png.name}: {plot(box, png)}"
-    )
+    wrote = f"rewrote {', '.join(changed)}" if changed else "up to date, nothing written"
+    print(f"{a.doc}: {wrote}; plot {png.name}: {plot(box, png)}")
     return 0
 
 

@@ -42,6 +42,7 @@ PROMPT = (
     "short Python class that simulates an LRU cache and test it."
 )
 SAMPLING = {"temperature": 0.0, "ignore_eos": True}
+PROFILER = {"activities": ["CPU", "GPU"], "profile_by_stage": True, "with_stack": False, "record_shapes": False}
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 COMM = re.compile(r"nccl|pcie_ipc|all_?reduce|all_?gather|reduce_?scatter|cross_device_reduce|PtoP", re.I)
 PER_CALL = {
@@ -186,18 +187,7 @@ def capture(a, server: Server, traces: Path) -> tuple[Path, dict, float | None]:
             raise UserError(f"{name}: GET /server_info gave no tp_size; its log: {log}")
         _post(url + "/generate", {"text": PROMPT, "sampling_params": {**SAMPLING, "max_new_tokens": 32}})
         where = RESULTS_IN_IMAGE if server.argv else str(traces.resolve())
-        _post(
-            url + "/start_profile",
-            dict(
-                output_dir=where,
-                num_steps=a.steps,
-                activities=["CPU", "GPU"],
-                profile_by_stage=True,
-                with_stack=False,
-                record_shapes=False,
-                profile_prefix=name,
-            ),
-        )
+        _post(url + "/start_profile", {**PROFILER, "output_dir": where, "num_steps": a.steps, "profile_prefix": name})
         before = observe.snapshot(url)  # SGLang stops the profiler and writes the traces within this request:
         _post(url + "/generate", {"text": PROMPT, "sampling_params": {**SAMPLING, "max_new_tokens": 8 * a.steps + 200}})
         al = observe.accept_length(before, observe.snapshot(url))

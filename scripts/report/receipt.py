@@ -261,18 +261,8 @@ def summary_markdown(data: dict, plot_files: list[str]) -> str:
         for r in meta.get("recommendations", [])
     ]
     thresholds = "Thresholds: " + ", ".join(f"{k} = {v}" for k, v in meta["thresholds"].items())
-    out += [
-        "",
-        "## Parts",
-        "",
-        md_table("part | status | seconds | command", parts),
-        "",
-        "## Recommendations",
-        "",
-        thresholds,
-        "",
-        md_table("default | verdict | why | threshold | setting", recs),
-    ]
+    out += ["", "## Parts", "", md_table("part | status | seconds | command", parts), ""]
+    out += ["## Recommendations", "", thresholds, "", md_table("default | verdict | why | threshold | setting", recs)]
     out += tiers_markdown(data) + measured_markdown(data)
     return "\n".join(out + [""] + [f"![{Path(p).stem}]({p})" for p in plot_files]) + "\n"
 
@@ -331,14 +321,8 @@ def write(d: Path, parts: dict, env: dict, tarball: bool = True) -> None:
     """receipt.json (the recommendations, computed once here), summary.md, plots, and (a part measured something)
     the tarball to attach."""
     data = rd.raw_parts(d)
-    meta = {
-        "schema": rd.SCHEMA,
-        "created": iso(),
-        "parts": parts,
-        "environment": env,
-        "thresholds": rd.THRESHOLDS,
-        "recommendations": rd.recommendations(data),
-    }
+    meta = {"schema": rd.SCHEMA, "created": iso(), "parts": parts, "environment": env, "thresholds": rd.THRESHOLDS}
+    meta["recommendations"] = rd.recommendations(data)
     (d / "receipt.json").write_text(json.dumps(meta, indent=1, default=str) + "\n")
     (d / "summary.md").write_text(summary_markdown(data | {"receipt": meta}, plots(data, d / "plots")))
     if not tarball:
