@@ -7,6 +7,7 @@ bench.py runs it; make report shows and checks it.
 
 import argparse
 import dataclasses
+import itertools
 import json
 import math
 import re
@@ -262,13 +263,7 @@ def make_plan(scenarios: list[Scenario], variants: list[Variant], repeats: int, 
 
 def sessions(runs: list[Run]) -> list[list[Run]]:
     """Consecutive runs of one variant: one server each."""
-    out: list[list[Run]] = []
-    for run in runs:
-        if out and out[-1][-1].variant.name == run.variant.name:
-            out[-1].append(run)
-        else:
-            out.append([run])
-    return out
+    return [list(group) for _, group in itertools.groupby(runs, key=lambda r: r.variant.name)]
 
 
 def held(runs: list[Run], results_dir: Path) -> tuple[list[Run], list[dict]]:

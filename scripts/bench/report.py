@@ -152,15 +152,8 @@ def make_baseline(rows: list[Row], meta: dict, thresholds: dict) -> dict:
         entries.append(
             {"scenario": r.scenario, "variant": r.variant, "patchset": ",".join(r.patchsets), "n": r.n, **medians}
         )
-    return {
-        "schema": BASELINE_SCHEMA,
-        "box": meta.get("box"),
-        "git_rev": meta.get("git_rev"),
-        "source": meta.get("stem"),
-        "thresholds": thresholds,
-        "entries": entries,
-        "created_at": iso(),
-    }
+    head = {"schema": BASELINE_SCHEMA, "box": meta.get("box"), "git_rev": meta.get("git_rev")}
+    return head | {"source": meta.get("stem"), "thresholds": thresholds, "entries": entries, "created_at": iso()}
 
 
 def load_baseline(path: Path) -> dict:
@@ -383,14 +376,8 @@ def rebuild(path: Path, judging: Judging, box: str | None = None) -> bool:
     if not records:
         raise UserError(f"{path} holds no runs")
     first, last = records[0]["eagle"], records[-1]["eagle"]
-    meta = {
-        "stem": path.stem,
-        "box": box or first.get("box"),
-        "git_rev": first.get("git_rev"),
-        "runs": len(records),
-        "started_at": first.get("started_at"),
-        "finished_at": last.get("finished_at"),
-    }
+    meta = {"stem": path.stem, "box": box or first.get("box"), "git_rev": first.get("git_rev"), "runs": len(records)}
+    meta |= {"started_at": first.get("started_at"), "finished_at": last.get("finished_at")}
     return publish(records, path.with_suffix(""), meta, judging)
 
 

@@ -82,14 +82,8 @@ def main(argv=None) -> int:
         return 0
     patchset, _, pinned_image = _pin()
     image = None if os.environ.get("EAGLE_IMAGE") else a.image or pinned_image  # in the image: no docker
-    probe = Probe(
-        load_capture(a.replay) if a.replay else None,
-        python=a.python,
-        timeout=a.timeout,
-        image=image,
-        ranks=a.tp,
-        probe_timeout=a.probe_timeout,
-    )
+    recorded = load_capture(a.replay) if a.replay else None
+    probe = Probe(recorded, python=a.python, timeout=a.timeout, image=image, ranks=a.tp, probe_timeout=a.probe_timeout)
     findings, facts = diagnose(probe, tp=a.tp, need_gb=a.need_gb, expected_patchset=patchset)
     if a.record:
         print(f"recorded {len(probe.record(a.record))} outputs in {a.record}", file=sys.stderr)

@@ -25,12 +25,8 @@ from ..series.pin import load_pin, patchset_id
 def main(argv=None) -> int:
     ap = parser("scripts.host.in_image", __doc__)
     ap.add_argument("--image", help="the image (default: the one make image builds)")
-    ap.add_argument(
-        "--results",
-        type=Path,
-        default=REPO_ROOT / "bench" / "results",
-        help="the host directory mounted at /results (default bench/results)",
-    )
+    mounted = "the host directory mounted at /results (default bench/results)"
+    ap.add_argument("--results", type=Path, default=REPO_ROOT / "bench" / "results", help=mounted)
     ap.add_argument("verb", help="test-serve, test-gpu, bench-comm, doctor, ...")
     ap.add_argument("args", nargs=argparse.REMAINDER, help="the verb's arguments")
     a = ap.parse_args(argv)

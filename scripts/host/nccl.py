@@ -233,15 +233,9 @@ def transport_links(text: str) -> tuple[str, list[dict]]:
         if (ch, conn, sr, dr, side) not in seen:
             seen.add((ch, conn, sr, dr, side))
             kind = via.split("/")[0]
-            links.append(
-                {
-                    "src": int(sd) if sd.isdigit() else None,
-                    "dst": int(dd) if dd.isdigit() else None,
-                    "pair": f"{name(sr, sd)}->{name(dr, dd)}",
-                    "via": via,
-                    "kind": kind if kind in ("P2P", "SHM", "NET") else "other",
-                }
-            )
+            kind = kind if kind in ("P2P", "SHM", "NET") else "other"
+            ends = {"src": int(sd) if sd.isdigit() else None, "dst": int(dd) if dd.isdigit() else None}
+            links.append(ends | {"pair": f"{name(sr, sd)}->{name(dr, dd)}", "via": via, "kind": kind})
     return version, links
 
 

@@ -64,11 +64,8 @@ def try_import(mod: str, pkg_parent: Path, tolerate: bool) -> tuple[str, str]:
 def main(argv=None) -> int:
     ap = parser("scripts.host.smoke", __doc__)
     ap.add_argument("--expect-nccl", metavar="VERSION", help="fail unless torch loads this NCCL release")
-    ap.add_argument(
-        "--tolerate-no-driver",
-        action="store_true",
-        help="count a driver-only import failure as compiled only (docker build)",
-    )
+    no_driver = "count a driver-only import failure as compiled only (docker build)"
+    ap.add_argument("--tolerate-no-driver", action="store_true", help=no_driver)
     a = ap.parse_args(argv)
     try:
         pkg = importlib.import_module("sglang")
