@@ -373,16 +373,9 @@ def h200_table(runs: list[dict], rows: list[dict]) -> str:
                 pass
         return spread(vals, 0 if q["unit"] == "" else 2, q["unit"], none="-")
 
-    return md_table(
-        [
-            "H200 x2 proxy (NVLink: not the box)",
-            *(
-                f"{w}: " + ", ".join(r["_file"] for r in g)
-                for w, g in zip(("through SGLang", "FlashInfer directly"), groups)
-            ),
-        ],
-        [[q["row"], cell(q, 0), cell(q, 1)] for q in rows],
-    )
+    named = zip(("through SGLang", "FlashInfer directly"), groups)
+    header = ["H200 x2 proxy (NVLink: not the box)", *(f"{w}: " + ", ".join(r["_file"] for r in g) for w, g in named)]
+    return md_table(header, [[q["row"], cell(q, 0), cell(q, 1)] for q in rows])
 
 
 def read_receipts(paths: list[Path]) -> list[dict]:
@@ -403,20 +396,13 @@ def read_receipts(paths: list[Path]) -> list[dict]:
             profile = json.loads(prof.read_text()) if prof.is_file() else None
             parts = data["receipt"].get("parts", {})
             if not profile and not any(r.get("ok") for p, r in parts.items() if rd.measures(p)):
-                why = (
-                    "no part measured anything (" + ", ".join(f"{p}: {r.get('status')}" for p, r in parts.items()) + ")"
-                )
+                states = ", ".join(f"{p}: {r.get('status')}" for p, r in parts.items())
+                why = f"no part measured anything ({states})"
             else:
                 tp, want = (profile or {}).get("tp"), sm.load_cycle()["tp"]
-                out.append(
-                    {
-                        "name": Path(path).name,
-                        "data": data,
-                        "profile": profile,
-                        "proxy": rd.proxy_reasons(rd.box_class(data))
-                        + ([f"its profile ran at TP{tp}, the model at TP{want}"] if tp and tp != want else []),
-                    }
-                )
+                proxy = rd.proxy_reasons(rd.box_class(data))
+                proxy += [f"its profile ran at TP{tp}, the model at TP{want}"] if tp and tp != want else []
+                out.append({"name": Path(path).name, "data": data, "profile": profile, "proxy": proxy})
         except UserError as e:
             why = str(e)
         except (ValueError, KeyError, TypeError, AttributeError) as e:
