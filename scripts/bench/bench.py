@@ -45,7 +45,7 @@ RUN_TIMEOUT_S = 3600.0  # one bench_serving run
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = pl.build(*pl.parse(list(sys.argv[1:] if argv is None else argv)))
+    p = pl.build(*pl.parse(argv))
     if p.report:
         return EXIT_REGRESSION if rep.rebuild(p.report, p.judging, p.meta["box"]) else 0
     if not p.runs:
@@ -232,9 +232,7 @@ def one_run(p: pl.Plan, r: pl.Run, server: Server, patch: dict) -> tuple[dict | 
         "launch_s": server.launch_s,
         "speculative_algorithm": (after.server_info or {}).get("speculative_algorithm"),
         **patch,
-        "git_rev": p.meta["git_rev"],
-        "git_dirty": p.meta["git_dirty"],
-        "box": p.meta["box"],
+        **{k: p.meta[k] for k in ("git_rev", "git_dirty", "box")},
         "started_at": started,
         "finished_at": iso(),
         "wall_s": round(time.monotonic() - t0, 3),

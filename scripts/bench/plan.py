@@ -7,6 +7,7 @@ bench.py runs it; make report shows and checks it.
 
 import argparse
 import dataclasses
+import itertools
 import json
 import math
 import re
@@ -17,6 +18,7 @@ from pathlib import Path
 from ..box.docker import RESULTS_IN_IMAGE, container_name, docker_run, hf_cache_dir
 from ..box.results import box_name, stamp
 from ..lib import profiles
+from ..lib.cli import parser, split
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT, revision
 from ..lib.tomlfile import load_toml
@@ -261,13 +263,7 @@ def make_plan(scenarios: list[Scenario], variants: list[Variant], repeats: int, 
 
 def sessions(runs: list[Run]) -> list[list[Run]]:
     """Consecutive runs of one variant: one server each."""
-    out: list[list[Run]] = []
-    for run in runs:
-        if out and out[-1][-1].variant.name == run.variant.name:
-            out[-1].append(run)
-        else:
-            out.append([run])
-    return out
+    return [list(group) for _, group in itertools.groupby(runs, key=lambda r: r.variant.name)]
 
 
 def held(runs: list[Run], results_dir: Path) -> tuple[list[Run], list[dict]]:
@@ -336,8 +332,10 @@ class Plan:
     dry_run: bool = False
 
 
-def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="scripts.bench.bench", allow_abbrev=False)
+def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    """(options, SGLang arguments after --)."""
+    own, server_args = split(argv)
+    ap = parser("scripts.bench.bench", allow_abbrev=False)
     add = ap.add_argument
     add("--scenarios", help="comma list of scenario names (default: those marked default)")
     add("--variants", help="comma list of variant names, in A, B, C order (default: those marked default)")
@@ -366,13 +364,7 @@ def parser() -> argparse.ArgumentParser:
     add("--fail-on-eager", action="store_true", help="exit 1 when a verify forward ran off its CUDA graph")
     add("--report", metavar="RESULTS.jsonl", help="only rebuild the report of a results file (and compare)")
     add("--dry-run", action="store_true", help="print the plan, its checks and every command; run nothing")
-    return ap
-
-
-def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    """(options, SGLang arguments after --)."""
-    i = argv.index("--") if "--" in argv else len(argv)
-    return parser().parse_args(argv[:i]), argv[i + 1 :]
+    return ap.parse_args(own), server_args
 
 
 def select(a: argparse.Namespace, server_args: list[str]) -> tuple[list[Variant], dict, str | None]:

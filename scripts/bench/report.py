@@ -152,15 +152,8 @@ def make_baseline(rows: list[Row], meta: dict, thresholds: dict) -> dict:
         entries.append(
             {"scenario": r.scenario, "variant": r.variant, "patchset": ",".join(r.patchsets), "n": r.n, **medians}
         )
-    return {
-        "schema": BASELINE_SCHEMA,
-        "box": meta.get("box"),
-        "git_rev": meta.get("git_rev"),
-        "source": meta.get("stem"),
-        "thresholds": thresholds,
-        "entries": entries,
-        "created_at": iso(),
-    }
+    head = {"schema": BASELINE_SCHEMA, "box": meta.get("box"), "git_rev": meta.get("git_rev")}
+    return head | {"source": meta.get("stem"), "thresholds": thresholds, "entries": entries, "created_at": iso()}
 
 
 def load_baseline(path: Path) -> dict:
@@ -383,14 +376,8 @@ def rebuild(path: Path, judging: Judging, box: str | None = None) -> bool:
     if not records:
         raise UserError(f"{path} holds no runs")
     first, last = records[0]["eagle"], records[-1]["eagle"]
-    meta = {
-        "stem": path.stem,
-        "box": box or first.get("box"),
-        "git_rev": first.get("git_rev"),
-        "runs": len(records),
-        "started_at": first.get("started_at"),
-        "finished_at": last.get("finished_at"),
-    }
+    meta = {"stem": path.stem, "box": box or first.get("box"), "git_rev": first.get("git_rev"), "runs": len(records)}
+    meta |= {"started_at": first.get("started_at"), "finished_at": last.get("finished_at")}
     return publish(records, path.with_suffix(""), meta, judging)
 
 
@@ -421,17 +408,8 @@ def sweep_points(rows: list[Row], scenario: str) -> tuple[list[Point], float | N
     for r in rows:
         s, al, tps = r.setting, r.stats.get("accept_length"), r.stats.get("decode_tok_s")
         if r.scenario == scenario and s and al and tps and tps.median > 0:
-            points.append(
-                Point(
-                    r.variant,
-                    f"{s['drafter']} ({s['draft_quantization']})",
-                    s["steps"],
-                    s["draft_tokens"],
-                    al.median,
-                    tps.median,
-                    r.hit_rate,
-                )
-            )
+            group = f"{s['drafter']} ({s['draft_quantization']})"
+            points.append(Point(r.variant, group, s["steps"], s["draft_tokens"], al.median, tps.median, r.hit_rate))
     refs = [
         r.stats["decode_tok_s"].median
         for r in rows
@@ -477,34 +455,27 @@ def verdict(points: list[Point], f: dict) -> list[str]:
     """The fit, the predicted against the measured optimum, and the points the model misses most."""
     tok = lambda p: 1000.0 * p.accept_length / model_cycle(f, p)  # noqa: E731
     pr, me = max(points, key=tok), max(points, key=lambda p: p.decode_tok_s)
-    misses = sorted(((p, p.decode_tok_s / tok(p) - 1.0) for p in points), key=lambda x: -abs(x[1]))[:3]
-    worst = [(p, d) for p, d in misses if abs(d) > 0.02]
-    return [
+    steps = ", ".join(f"{g} {v:.2f} ms" for g, v in f["per_step"].items())
+    agree = "The sweep agrees with the model."
+    if pr.name != me.name:
+        below = 100 * (1 - pr.decode_tok_s / me.decode_tok_s)
+        agree = (
+            f"The sweep does NOT agree with the model (the predicted point measured {below:.1f}% below the best): "
+            "the linear costs miss something at one of them (look at its verify graph hit rate)."
+        )
+    out = [
         f"Cost model over {len(points)} point(s): cycle = {f['t1']:.2f} ms (t1, {f['source']}) + "
-        f"{f['per_token']:.3f} ms per verified token beyond the first + per draft step: "
-        + ", ".join(f"{g} {v:.2f} ms" for g, v in f["per_step"].items())
-        + ".",
+        f"{f['per_token']:.3f} ms per verified token beyond the first + per draft step: {steps}.",
         f"Predicted optimum: {pr.name} ({tok(pr):.1f} tok/s predicted, {pr.decode_tok_s:.1f} measured). "
-        f"Measured optimum: {me.name} ({me.decode_tok_s:.1f} tok/s). "
-        + (
-            "The sweep agrees with the model."
-            if pr.name == me.name
-            else "The sweep does NOT agree with the "
-            f"model (the predicted point measured {100 * (1 - pr.decode_tok_s / me.decode_tok_s):.1f}% below "
-            "the best): the linear costs miss something at one of them (look at its verify graph hit rate)."
-        ),
-    ] + (
-        [
-            "Largest misses (measured vs predicted tok/s): "
-            + ", ".join(
-                f"{p.name} {100 * d:+.1f}%"
-                + (f" (verify graph {100 * p.hit_rate:.0f}%)" if p.hit_rate is not None else "")
-                for p, d in worst
-            )
-        ]
-        if worst
-        else []
-    )
+        f"Measured optimum: {me.name} ({me.decode_tok_s:.1f} tok/s). {agree}",
+    ]
+    misses = sorted(((p, p.decode_tok_s / tok(p) - 1.0) for p in points), key=lambda x: -abs(x[1]))[:3]
+    worst = []
+    for p, d in misses:
+        if abs(d) > 0.02:
+            graph = f" (verify graph {100 * p.hit_rate:.0f}%)" if p.hit_rate is not None else ""
+            worst.append(f"{p.name} {100 * d:+.1f}%{graph}")
+    return out + (["Largest misses (measured vs predicted tok/s): " + ", ".join(worst)] if worst else [])
 
 
 SWEEP_HEADER = (
@@ -550,25 +521,16 @@ def plot(rows: list[Row], path: Path, title: str = "") -> bool:
     scenarios = list(dict.fromkeys(r.scenario for r in rows))
     metrics = [m for m in BASELINE_METRICS if any(r.stats.get(m) for r in rows)] or ["output_tok_s"]
     variants = list(dict.fromkeys(r.variant for r in sorted(rows, key=lambda r: r.letter)))
-    fig, axes = plt.subplots(
-        len(metrics),
-        len(scenarios),
-        squeeze=False,
-        figsize=(max(4.0, 1.2 + 0.9 * len(variants)) * len(scenarios), 3.2 * len(metrics)),
-    )
+    size = (max(4.0, 1.2 + 0.9 * len(variants)) * len(scenarios), 3.2 * len(metrics))
+    fig, axes = plt.subplots(len(metrics), len(scenarios), squeeze=False, figsize=size)
     for (i, m), (j, sc) in ((im, js) for im in enumerate(metrics) for js in enumerate(scenarios)):
         ax = axes[i][j]
         for k, r in enumerate(next((r for r in rows if r.scenario == sc and r.variant == v), None) for v in variants):
             if s := (r.stats.get(m) if r else None):
                 ax.bar(k, s.median, color=plt.get_cmap("tab10")(k % 10), alpha=0.55, width=0.7)
                 ax.errorbar(k, s.median, yerr=[[s.median - s.min], [s.max - s.median]], color="black", capsize=4)
-                ax.scatter(
-                    [k + (x - (len(s.values) - 1) / 2) * 0.12 for x in range(len(s.values))],
-                    s.values,
-                    color="black",
-                    s=12,
-                    zorder=3,
-                )
+                spread = [k + (x - (len(s.values) - 1) / 2) * 0.12 for x in range(len(s.values))]
+                ax.scatter(spread, s.values, color="black", s=12, zorder=3)
                 if r.eager:
                     ax.annotate("eager!", (k, s.median), ha="center", va="bottom", color="red", fontsize=8)
         ax.set_xticks(range(len(variants)), variants, rotation=20, ha="right", fontsize=8)

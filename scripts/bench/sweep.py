@@ -175,17 +175,8 @@ def variants(sw: Sweep, vset) -> list:
         extra = p.setting.args() + (["--speculative-draft-model-quantization", p.quant] if p.quant else [])
         bad += [f"{p.name}: {w}" for w in ([] if p.block else problems(p.setting))]
         said = f"{base.description}; drafter {p.drafter}, {p.setting.label}" + (f", draft {p.quant}" if p.quant else "")
-        out.append(
-            dataclasses.replace(
-                base,
-                name=p.name,
-                default=True,
-                draft_model=p.drafter,
-                args=(*base.args, *extra),
-                description=said,
-                setting=tuple(p.describe().items()),
-            )
-        )
+        point = dict(name=p.name, default=True, draft_model=p.drafter, args=(*base.args, *extra), description=said)
+        out.append(dataclasses.replace(base, **point, setting=tuple(p.describe().items())))
     if bad:
         raise UserError(f"{sw.path}: {len(bad)} point(s) SGLang would change or fail on:\n  " + "\n  ".join(bad))
     return out

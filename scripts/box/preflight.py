@@ -90,12 +90,8 @@ def port_check(port: int) -> Check:
     with socket.socket() as s:
         s.settimeout(1)
         taken = s.connect_ex(("127.0.0.1", port)) == 0
-    return Check(
-        f"port {port}",
-        not taken,
-        "in use: something listens there" if taken else "free",
-        "stop the server on it (docker ps lists containers: docker stop NAME), or pass --port N",
-    )
+    fix = "stop the server on it (docker ps lists containers: docker stop NAME), or pass --port N"
+    return Check(f"port {port}", not taken, "in use: something listens there" if taken else "free", fix)
 
 
 def weights_problem(repo: str, hf_cache: Path) -> str:
@@ -120,13 +116,9 @@ def weights_check(repos: list[str]) -> Check:
     problems = {r: why for r in dict.fromkeys(repos) if (why := weights_problem(r, cache))}
     if not problems:
         return Check("weights", True, f"{', '.join(dict.fromkeys(repos)) or 'none needed'} in {cache}")
-    return Check(
-        "weights",
-        False,
-        "; ".join(f"{r}: {w}" for r, w in problems.items()),
-        "; ".join(f"hf download {r} --cache-dir {cache}" for r in problems if not r.startswith(("/", ".", "~")))
-        + " (or export HF_HUB_CACHE=<the cache that holds them>: every verb mounts it)",
-    )
+    fix = "; ".join(f"hf download {r} --cache-dir {cache}" for r in problems if not r.startswith(("/", ".", "~")))
+    fix += " (or export HF_HUB_CACHE=<the cache that holds them>: every verb mounts it)"
+    return Check("weights", False, "; ".join(f"{r}: {w}" for r, w in problems.items()), fix)
 
 
 def writable_check(d: Path) -> Check:

@@ -108,14 +108,8 @@ def read_junit(path: Path) -> dict:
         outcome = {"failure": "failed", "error": "failed", "skipped": "skipped"}.get(getattr(bad, "tag", ""), "passed")
         message = "" if bad is None else (bad.get("message") or bad.text or "")
         props = {p.get("name"): _value(p.get("value", "")) for p in c.iter("property")}
-        cases.append(
-            {
-                "name": f"{c.get('classname')}::{c.get('name')}",
-                "outcome": outcome,
-                "message": message,
-                "properties": props,
-            }
-        )
+        name = f"{c.get('classname')}::{c.get('name')}"
+        cases.append({"name": name, "outcome": outcome, "message": message, "properties": props})
     props = {p.get("name"): _value(p.get("value", "")) for p in suite.findall("properties/property")}
     counts = {k: sum(c["outcome"] == k for c in cases) for k in ("passed", "failed", "skipped")}
     return {**counts, "cases": cases, "properties": props}

@@ -25,7 +25,7 @@ from ..box import ranks
 from ..box.results import box_name, result_file, results_dir, stamp, write_json
 from ..host.nccl import expected_nccl, nccl_report
 from ..lib import proc
-from ..lib.cli import run
+from ..lib.cli import parser, run
 from ..lib.errors import UserError
 from ..lib.kimi import CHAIN, LAYERS
 from ..lib.progress import say
@@ -67,7 +67,7 @@ def run_variant(name: str, env: dict, world: int, cfg: dict, timeout: float) -> 
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="scripts.comm.bench_comm", allow_abbrev=False)
+    ap = parser("scripts.comm.bench_comm", __doc__, allow_abbrev=False)
     ap.add_argument("--dry-run", action="store_true", help="print what would run; run and write nothing")
     ap.add_argument("--world", type=int, help="ranks (default: every visible GPU)")
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma list (default {','.join(VARIANTS)})")
@@ -118,35 +118,13 @@ def machine(a: argparse.Namespace, meta: dict) -> int:
 def measure(a: argparse.Namespace, vmap: dict, world: int, meta: dict) -> list[dict]:
     """Every variant in its own ranks (the first one also runs the SGLang rows); their records."""
     ints = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
-    cfg = dict(
-        device=a.device,
-        rows=ints(a.rows),
-        prefill_rows=ints(a.prefill_rows),
-        layers=a.layers,
-        chain=a.chain,
-        reps=a.reps,
-        flashinfer=not a.no_flashinfer,
-    )
-    why_not = (
-        "--device cpu"
-        if a.device == "cpu"
-        else "--no-flashinfer"
-        if a.no_flashinfer
-        else "--no-sglang"
-        if a.no_sglang
-        else ""
-        if importlib.util.find_spec("flashinfer")
-        else "flashinfer does not import"
-    )
-    sglang_args = (
-        None
-        if why_not
-        else {
-            "flashinfer_allreduce_fusion_backend": "trtllm",
-            "disable_custom_all_reduce": True,
-            "disable_flashinfer_autotune": a.no_autotune,
-        }
-    )
+    cfg = {k: getattr(a, k) for k in ("device", "layers", "chain", "reps")}
+    cfg |= {"rows": ints(a.rows), "prefill_rows": ints(a.prefill_rows), "flashinfer": not a.no_flashinfer}
+    skips = {"--device cpu": a.device == "cpu", "--no-flashinfer": a.no_flashinfer, "--no-sglang": a.no_sglang}
+    skips["flashinfer does not import"] = importlib.util.find_spec("flashinfer") is None
+    why_not = next((why for why, skip in skips.items() if skip), "")
+    fusion = {"flashinfer_allreduce_fusion_backend": "trtllm", "disable_custom_all_reduce": True}
+    sglang_args = None if why_not else fusion | {"disable_flashinfer_autotune": a.no_autotune}
     meta["sglang_rows"] = {"server_args": sglang_args, "skipped": why_not}
     records, t_all = [], time.monotonic()
     if a.device == "cuda":

@@ -30,19 +30,15 @@ def floor_us(rows: int, world: int, gbps: float | None) -> float | None:
 def _is_bad(r: dict) -> bool:
     # one reduction must match the fp32 reference to bf16 rounding; after a 61-layer forward two correct
     # implementations (bf16 NCCL sums vs fp32-accumulating kernels) drift apart by a few percent
-    kind, err = r.get("kind"), r.get("max_rel_err", 0)
-    return bool(
-        r.get("nan")
-        or kind == "fused_check"
-        and not r.get("ok")
-        or kind in ("allreduce", "allreduce_check")
-        and err > 0.02
-        or kind == "verify_forward_check"
-        and err > 0.15
-        or kind == "pdl_race"
-        and r.get("bad_trials")
-        and r.get("trigger_at_end")
-    )
+    kind, err = r.get("kind"), r.get("max_rel_err") or 0
+    bad = {
+        "fused_check": not r.get("ok"),
+        "allreduce": err > 0.02,
+        "allreduce_check": err > 0.02,
+        "verify_forward_check": err > 0.15,
+        "pdl_race": bool(r.get("bad_trials") and r.get("trigger_at_end")),
+    }
+    return bool(r.get("nan")) or bad.get(kind, False)
 
 
 def correctness(recs: list[dict]) -> dict:
@@ -56,17 +52,8 @@ def allreduce_rows(recs: list[dict], world: int, gbps: float | None) -> list[dic
     for r in recs:
         if r.get("kind") == "allreduce" and r.get("mode") == "graph":
             f = floor_us(r["rows"], world, gbps)
-            per_call = r["us_per_call"]
-            rows.append(
-                dict(
-                    variant=r["variant"],
-                    impl=r["impl"],
-                    rows=r["rows"],
-                    us_per_call=per_call,
-                    floor_us=f,
-                    x_floor=per_call / f if f else None,
-                )
-            )
+            row = {k: r[k] for k in ("variant", "impl", "rows", "us_per_call")}
+            rows.append(row | {"floor_us": f, "x_floor": r["us_per_call"] / f if f else None})
             if r["impl"] == "nccl" and r["variant"] == "default":
                 nccl_graph[r["rows"]] = r["us_per_call"]
     for row in rows:
@@ -79,17 +66,9 @@ def forward_rows(vf: dict) -> list[dict]:
     out = []
     for variant, impl, rows in sorted({k[:3] for k in vf}):
         graph, eager = vf.get((variant, impl, rows, "graph")), vf.get((variant, impl, rows, "eager"))
+        times = {"graph_ms": graph / 1e3 if graph else None, "eager_ms": eager / 1e3 if eager else None}
         speedup = eager / graph if eager and graph else None
-        out.append(
-            dict(
-                variant=variant,
-                impl=impl,
-                rows=rows,
-                graph_ms=graph / 1e3 if graph else None,
-                eager_ms=eager / 1e3 if eager else None,
-                graph_speedup=speedup,
-            )
-        )
+        out.append({"variant": variant, "impl": impl, "rows": rows} | times | {"graph_speedup": speedup})
     return out
 
 

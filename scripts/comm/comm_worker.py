@@ -267,17 +267,8 @@ def p2p_bandwidth(size_mb: int = 256) -> list[dict]:
                     e.record()
                     e.synchronize()
                     times.append(s.elapsed_time(e) / 1e3)
-            t = statistics.median(times)
-            out.append(
-                {
-                    "kind": "p2p_bw",
-                    "src": a,
-                    "dst": b,
-                    "bytes": src.numel(),
-                    "gbps": src.numel() / t / 1e9,
-                    "peer_access": bool(torch.cuda.can_device_access_peer(a, b)),
-                }
-            )
+            gbps, peer = src.numel() / statistics.median(times) / 1e9, torch.cuda.can_device_access_peer(a, b)
+            out.append({"kind": "p2p_bw", "src": a, "dst": b, "bytes": src.numel(), "gbps": gbps, "peer_access": peer})
             del src, dst
     return out
 

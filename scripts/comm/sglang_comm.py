@@ -315,16 +315,8 @@ def path_timings(r, rows, *, chain: int = 122, reps: int = 10) -> list[dict]:
                     routed = sorted(set(log.take()))
                 finally:
                     restore()
-                out.append(
-                    {
-                        "kind": "allreduce",
-                        "path": label,
-                        "rows": n,
-                        "chain": chain,
-                        "backend": routed,
-                        "us_per_call": us / chain,
-                    }
-                )
+                row = {"kind": "allreduce", "path": label, "rows": n, "chain": chain}
+                out.append(row | {"backend": routed, "us_per_call": us / chain})
             res = t.randn(n, seed=n + 7, rank=0)
             us = timer.graph_chain_us(lambda xs=xs, res=res: [fused_allreduce_rmsnorm(x, res, gamma) for x in xs], reps)
             log.take()
@@ -342,16 +334,8 @@ def path_timings(r, rows, *, chain: int = 122, reps: int = 10) -> list[dict]:
                     routed = sorted(set(log.take()))
                 finally:
                     restore()
-                out.append(
-                    {
-                        "kind": "fused",
-                        "path": f"unfused/{label}",
-                        "rows": n,
-                        "chain": chain,
-                        "backend": routed,
-                        "us_per_call": us / chain,
-                    }
-                )
+                row = {"kind": "fused", "path": f"unfused/{label}", "rows": n, "chain": chain}
+                out.append(row | {"backend": routed, "us_per_call": us / chain})
     finally:
         log.close()
     return out

@@ -77,17 +77,11 @@ def _not_measured_fix(f: Facts) -> str:
 def gpus(f: Facts) -> list[Finding]:
     """gpu.driver, gpu.model, gpu.count: a driver, identical GPUs, enough of them for --tp."""
     if f.gpu_why or not f.n:
+        msg = f"no NVIDIA driver/GPU found: {f.gpu_why or 'nvidia-smi lists none'}"
         fix = (
             "install the NVIDIA driver (>= 580 for CUDA 13.0) and check `nvidia-smi`; in docker: docker run --gpus all"
         )
-        return [
-            Finding(
-                "gpu.driver",
-                "error",
-                f"no NVIDIA driver/GPU found: {f.gpu_why or 'nvidia-smi lists none'}",
-                fix + " (NVIDIA Container Toolkit)",
-            )
-        ]
+        return [Finding("gpu.driver", "error", msg, fix + " (NVIDIA Container Toolkit)")]
     names, ccs = sorted({g.name for g in f.gpus}), sorted({g.compute_cap for g in f.gpus})
     desc = f"{f.n}x {' + '.join(names)}, compute capability {'/'.join(c or '?' for c in ccs)}"
     if len(ccs) > 1 or len(names) > 1:
@@ -467,13 +461,8 @@ def environment(f: Facts) -> list[Finding]:
     settings = {k: v for k, v in f.env.items() if k.startswith("NCCL_") and k != "NCCL_VERSION"}  # image metadata
     if settings:
         shown = ", ".join(f"{k}={v}" for k, v in sorted(settings.items()))
-        out.append(
-            Finding(
-                "env.nccl",
-                "info",
-                f"NCCL settings in the environment (they win over the series' PCIe defaults): {shown}",
-            )
-        )
+        msg = f"NCCL settings in the environment (they win over the series' PCIe defaults): {shown}"
+        out.append(Finding("env.nccl", "info", msg))
     return out
 
 
@@ -515,14 +504,8 @@ def drafter_weights(f: Facts) -> list[Finding]:
     missing = [r for r in drafters.profiled() if r not in have]
     if not missing:
         return [Finding("weights.drafters", "ok", f"{where} holds every profile's drafter ({', '.join(have)})")]
-    return [
-        Finding(
-            "weights.drafters",
-            "info",
-            f"{where} lacks {', '.join(missing)}: serve downloads a profile's drafter when it starts",
-            "; ".join(f"hf download {r}" for r in missing),
-        )
-    ]
+    msg = f"{where} lacks {', '.join(missing)}: serve downloads a profile's drafter when it starts"
+    return [Finding("weights.drafters", "info", msg, "; ".join(f"hf download {r}" for r in missing))]
 
 
 @doctor_check

@@ -7,7 +7,6 @@
 Exit status: 0 no error finding, 1 at least one error finding, 2 a usage problem.
 """
 
-import argparse
 import dataclasses
 import json
 import os
@@ -15,7 +14,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from ..lib.cli import run
+from ..lib.cli import parser, run
 from ..series.pin import load_pin, patchset_id
 from .checks import Finding, listing, run_checks, table
 from .facts import Probe, build_facts, load_capture, summary
@@ -58,9 +57,7 @@ def diagnose(
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="scripts.host.doctor", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = parser("scripts.host.doctor", __doc__)
     ap.add_argument("--list", action="store_true", help="list the checks and exit")
     ap.add_argument("--tp", type=int, default=8, help="tensor-parallel size to check for (default 8)")
     ap.add_argument("--need-gb", type=float, default=DEFAULT_NEED_GB, help="disk the model needs (default 700)")
@@ -85,32 +82,18 @@ def main(argv=None) -> int:
         return 0
     patchset, _, pinned_image = _pin()
     image = None if os.environ.get("EAGLE_IMAGE") else a.image or pinned_image  # in the image: no docker
-    probe = Probe(
-        load_capture(a.replay) if a.replay else None,
-        python=a.python,
-        timeout=a.timeout,
-        image=image,
-        ranks=a.tp,
-        probe_timeout=a.probe_timeout,
-    )
+    recorded = load_capture(a.replay) if a.replay else None
+    probe = Probe(recorded, python=a.python, timeout=a.timeout, image=image, ranks=a.tp, probe_timeout=a.probe_timeout)
     findings, facts = diagnose(probe, tp=a.tp, need_gb=a.need_gb, expected_patchset=patchset)
     if a.record:
         print(f"recorded {len(probe.record(a.record))} outputs in {a.record}", file=sys.stderr)
+    errors = sum(f.severity == "error" for f in findings)
     if a.json:
-        print(
-            json.dumps(
-                {
-                    "findings": [dataclasses.asdict(f) for f in findings],
-                    "facts": facts,
-                    "errors": sum(f.severity == "error" for f in findings),
-                },
-                indent=1,
-                default=str,
-            )
-        )
+        doc = {"findings": [dataclasses.asdict(f) for f in findings], "facts": facts, "errors": errors}
+        print(json.dumps(doc, indent=1, default=str))
     else:
         print(table(findings, shutil.get_terminal_size((110, 20)).columns))
-    return 1 if any(f.severity == "error" for f in findings) else 0
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":

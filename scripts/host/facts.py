@@ -235,13 +235,9 @@ def parse_topo_m(text: str) -> dict:
             break
         if re.fullmatch(r"GPU\d+", cells[0]):
             i = int(cells[0][3:])
-            links.update(
-                {
-                    (i, int(d[3:])): c
-                    for d, c in zip(devices, cells[1 : 1 + len(devices)])
-                    if d.startswith("GPU") and int(d[3:]) != i
-                }
-            )
+            for d, c in zip(devices, cells[1 : 1 + len(devices)]):
+                if d.startswith("GPU") and int(d[3:]) != i:
+                    links[(i, int(d[3:]))] = c
             rest = [c for c in cells[1 + len(devices) :] if c]  # CPU affinity, NUMA affinity, GPU NUMA ID
             numa.update({i: rest[1]} if len(rest) > 1 else {})
     return {"links": links, "numa": numa}

@@ -10,7 +10,6 @@ revision as the suite's properties, with no path of this machine; make report ke
 Exit status: 0 every test passed; 1 a test failed; 2 fewer than 2 GPUs, or a bad option.
 """
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -18,16 +17,14 @@ from pathlib import Path
 from ..box.preflight import gpus
 from ..box.results import box_name, finish_junit, read_junit, result_file, results_dir
 from ..lib import proc
-from ..lib.cli import run
+from ..lib.cli import parser, run
 from ..lib.errors import UserError
 from ..lib.progress import say
 from ..lib.repo import REPO_ROOT, revision
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="scripts.host.gpu_tier", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = parser("scripts.host.gpu_tier", __doc__)
     ap.add_argument("--out", type=Path, help="the junitxml result (default <results>/test-gpu_<box>_<stamp>.xml)")
     ap.add_argument("--world", type=int, help="ranks per test (default: every visible GPU)")
     ap.add_argument("--timeout", type=int, default=600, help="seconds one multi-rank run may take (default 600)")

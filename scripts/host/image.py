@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..box.docker import engine, shown
 from ..lib import proc
-from ..lib.cli import run
+from ..lib.cli import parser, run
 from ..lib.errors import UserError
 from ..lib.progress import say
 from ..lib.repo import REPO_ROOT, revision, source_url
@@ -156,9 +156,7 @@ def build(cmd: list[str], docker: str, tag: str) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="scripts.host.image", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = parser("scripts.host.image", __doc__)
     ap.add_argument("--dry-run", action="store_true", help="print the docker build command and exit")
     ap.add_argument("--lint-only", action="store_true", help="run hadolint on docker/Dockerfile and exit")
     ap.add_argument("--tag", help="name:tag to build (default eagle-fast-verify/sglang:<the pinned tag>)")

@@ -16,23 +16,17 @@ from pathlib import Path
 
 from ..box import preflight
 from ..box.docker import docker_run, hf_cache_dir, shown
-from ..lib.cli import run
+from ..lib.cli import parser, run
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
 from ..series.pin import load_pin, patchset_id
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="scripts.host.in_image", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = parser("scripts.host.in_image", __doc__)
     ap.add_argument("--image", help="the image (default: the one make image builds)")
-    ap.add_argument(
-        "--results",
-        type=Path,
-        default=REPO_ROOT / "bench" / "results",
-        help="the host directory mounted at /results (default bench/results)",
-    )
+    mounted = "the host directory mounted at /results (default bench/results)"
+    ap.add_argument("--results", type=Path, default=REPO_ROOT / "bench" / "results", help=mounted)
     ap.add_argument("verb", help="test-serve, test-gpu, bench-comm, doctor, ...")
     ap.add_argument("args", nargs=argparse.REMAINDER, help="the verb's arguments")
     a = ap.parse_args(argv)

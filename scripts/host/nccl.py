@@ -104,13 +104,8 @@ def result(text: str) -> dict:
 
 def unmeasured(why: str, text: str = "", **extra) -> str:
     """`text` with a result line saying why nothing was measured."""
-    return (
-        text
-        + ("\n" if text and not text.endswith("\n") else "")
-        + MARK
-        + json.dumps({"measured": False, **extra, "why": why})
-        + "\n"
-    )
+    line = MARK + json.dumps({"measured": False, **extra, "why": why}) + "\n"
+    return (text if text.endswith("\n") or not text else text + "\n") + line
 
 
 def watch(argv: list[str], timeout: float, what: str = "", container: str = "") -> str:
@@ -164,11 +159,8 @@ def _gpus(world: int, what: str, need: int = 2) -> tuple[dict, int]:
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     r = {"torch": torch.__version__, "gpus": n}
     if n < need:
-        return {
-            **r,
-            "measured": False,
-            "why": f"torch {torch.__version__} sees {n} CUDA GPU(s), and the {what} needs {need}",
-        }, 0
+        why = f"torch {torch.__version__} sees {n} CUDA GPU(s), and the {what} needs {need}"
+        return r | {"measured": False, "why": why}, 0
     return r, min(world, n) if world > 0 else n
 
 
@@ -241,15 +233,9 @@ def transport_links(text: str) -> tuple[str, list[dict]]:
         if (ch, conn, sr, dr, side) not in seen:
             seen.add((ch, conn, sr, dr, side))
             kind = via.split("/")[0]
-            links.append(
-                {
-                    "src": int(sd) if sd.isdigit() else None,
-                    "dst": int(dd) if dd.isdigit() else None,
-                    "pair": f"{name(sr, sd)}->{name(dr, dd)}",
-                    "via": via,
-                    "kind": kind if kind in ("P2P", "SHM", "NET") else "other",
-                }
-            )
+            kind = kind if kind in ("P2P", "SHM", "NET") else "other"
+            ends = {"src": int(sd) if sd.isdigit() else None, "dst": int(dd) if dd.isdigit() else None}
+            links.append(ends | {"pair": f"{name(sr, sd)}->{name(dr, dd)}", "via": via, "kind": kind})
     return version, links
 
 
@@ -327,29 +313,15 @@ def pcie_ipc_smoke(
         return r
     with tempfile.TemporaryDirectory(prefix="eagle-tune-") as tune:
         got = ranks.run(rank_fn, n, timeout, device, tune, stall=STALL)
+    r["world"], each = n, got.results
     if not got.ok:
-        return {**r, "world": n, **failure(got)}
-    each = got.results
+        return r | failure(got)
     if not all(x.get("engaged") for x in each):
-        return {
-            **r,
-            "measured": False,
-            "world": n,
-            "engaged": False,
-            "why": next(x["why"] for x in each if not x.get("engaged")),
-        }
+        why = next(x["why"] for x in each if not x.get("engaged"))
+        return r | {"measured": False, "engaged": False, "why": why}
     wrong = {str(i): x["bad"] for i, x in enumerate(each) if x["bad"]}
-    return {
-        **r,
-        "measured": True,
-        "world": n,
-        "engaged": True,
-        "rows": list(SMOKE_ROWS),
-        "iters": SMOKE_ITERS,
-        "sum_ok": not wrong,
-        "wrong": wrong,
-        "us": each[0]["us"],
-    }
+    measured = {"measured": True, "engaged": True, "rows": list(SMOKE_ROWS), "iters": SMOKE_ITERS}
+    return r | measured | {"sum_ok": not wrong, "wrong": wrong, "us": each[0]["us"]}
 
 
 def peer_bandwidth(

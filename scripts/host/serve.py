@@ -23,15 +23,15 @@ import json
 import os
 import re
 import shlex
+import signal
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from ..box import preflight
 from ..box.docker import container_name, docker_run, hf_cache_dir, shown
 from ..lib import proc, profiles
-from ..lib.cli import run
+from ..lib.cli import parser, run, split
 from ..lib.errors import UserError
 from ..lib.repo import SHIPPED_PROFILE
 from . import drafters
@@ -213,21 +213,13 @@ def private_config(profile: dict, key: str) -> str:
     import yaml
 
     mine = {**{k: v for k, v in profile.items() if k not in ("api-key", "api_key")}, "api-key": key}
-    text = yaml.safe_dump(mine, sort_keys=False)
     fifo = os.path.join(tempfile.mkdtemp(prefix="serve-"), "profile.yaml")
     os.mkfifo(fifo, 0o600)
     if os.fork() == 0:
-        deadline = time.monotonic() + 900
-        while time.monotonic() < deadline:
-            try:
-                fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-            except OSError:  # no reader yet
-                time.sleep(0.2)
-                continue
-            os.set_blocking(fd, True)
-            os.write(fd, text.encode())
-            os.close(fd)
-            break
+        signal.signal(signal.SIGALRM, signal.default_int_handler)  # a KeyboardInterrupt, as SIGTERM and SIGHUP are
+        signal.alarm(900)
+        with contextlib.suppress(KeyboardInterrupt), open(fifo, "w") as f:  # open waits for SGLang to open it
+            f.write(yaml.safe_dump(mine, sort_keys=False))
         os.unlink(fifo)
         os.rmdir(os.path.dirname(fifo))
         os._exit(0)
@@ -287,11 +279,9 @@ def in_image(a: argparse.Namespace, extra: list[str]) -> int:
     return 0  # not reached
 
 
-def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    own, extra = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
-    ap = argparse.ArgumentParser(
-        prog="serve", description=__doc__, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    own, extra = split(argv)
+    ap = parser("serve", __doc__, allow_abbrev=False)
     for opt, what in OWN.items():
         ap.add_argument(opt, type=int if opt == "--port" else str, help=what)
     ap.set_defaults(profile=SHIPPED_PROFILE)
@@ -308,7 +298,7 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def main(argv=None) -> int:
-    a, extra = parse_args(list(sys.argv[1:] if argv is None else argv))
+    a, extra = parse_args(argv)
     if a.image is not None:
         return in_image(a, extra)
     environ = dict(os.environ)

@@ -9,12 +9,11 @@ apart. --expect-nccl: torch must load that NCCL release (ncclGetVersion of the l
 Exit status: 0 every module imports or compiles (and the NCCL is the one expected); 1 otherwise; 2 a usage problem.
 """
 
-import argparse
 import importlib
 import re
 from pathlib import Path
 
-from ..lib.cli import run
+from ..lib.cli import parser, run
 from ..lib.repo import REPO_ROOT
 from .nccl import nccl_report
 
@@ -63,15 +62,10 @@ def try_import(mod: str, pkg_parent: Path, tolerate: bool) -> tuple[str, str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="scripts.host.smoke", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = parser("scripts.host.smoke", __doc__)
     ap.add_argument("--expect-nccl", metavar="VERSION", help="fail unless torch loads this NCCL release")
-    ap.add_argument(
-        "--tolerate-no-driver",
-        action="store_true",
-        help="count a driver-only import failure as compiled only (docker build)",
-    )
+    no_driver = "count a driver-only import failure as compiled only (docker build)"
+    ap.add_argument("--tolerate-no-driver", action="store_true", help=no_driver)
     a = ap.parse_args(argv)
     try:
         pkg = importlib.import_module("sglang")

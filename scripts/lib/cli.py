@@ -1,8 +1,9 @@
-"""Common main() wrapper: a UserError prints its message (no traceback) and exits with its code (2; 3 for a
-ConflictError, a patch that does not apply). Ctrl-C, SIGTERM and SIGHUP (a dropped ssh) take one way out, Python's
-KeyboardInterrupt, so every `finally` stops what the verb started; the exit status is then 128 + the signal.
-Otherwise the exit status is what main returns."""
+"""Common main() wrapper, and a verb's argument parser. main(): a UserError prints its message (no traceback) and exits
+with its code (2; 3 for a ConflictError, a patch that does not apply). Ctrl-C, SIGTERM and SIGHUP (a dropped ssh)
+take one way out, Python's KeyboardInterrupt, so every `finally` stops what the verb started; the exit status is then
+128 + the signal. Otherwise the exit status is what main returns."""
 
+import argparse
 import os
 import signal
 import stat
@@ -34,3 +35,17 @@ def run(main: Callable[[list[str] | None], int | None], argv: list[str] | None =
         print(f"interrupted ({signal.Signals(signum).name})", file=sys.stderr)
         sys.exit(128 + signum)
     sys.exit(rc or 0)
+
+
+def parser(prog: str, doc: str | None = None, **kw) -> argparse.ArgumentParser:
+    """A verb's parser, its help text the module docstring (`doc`) as written."""
+    return argparse.ArgumentParser(
+        prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter, **kw
+    )
+
+
+def split(argv: list[str] | None) -> tuple[list[str], list[str]]:
+    """(a verb's own arguments, the ones after --) of argv, else of the command line."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    i = argv.index("--") if "--" in argv else len(argv)
+    return argv[:i], argv[i + 1 :]

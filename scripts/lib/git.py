@@ -88,10 +88,6 @@ def file_blob(path: Path) -> str | None:
 
 
 def status_porcelain(repo: Path, *paths: str, untracked: bool = True) -> str:
-    args = ["--no-optional-locks", "-C", str(repo), "status", "--porcelain"]
-    if not untracked:
-        args.append("--untracked-files=no")
-    res = proc.run(["git", *args, *(["--", *paths] if paths else [])], env=git_env(), timeout=TIMEOUT)
-    if not res.ok:
-        raise UserError(f"git status failed in {repo}: {res.why}")
-    return res.stdout.rstrip()
+    """`git status --porcelain` (of `paths` only, when given), without taking the index lock."""
+    untracked_files = [] if untracked else ["--untracked-files=no"]
+    return git(repo, "--no-optional-locks", "status", "--porcelain", *untracked_files, "--", *paths).stdout.rstrip()

@@ -10,14 +10,13 @@ Exit status: 0 printed, written or current; 1 --check found the document out of 
 missing or damaged, or the model gives an impossible row.
 """
 
-import argparse
 import functools
 import json
 import sys
 from pathlib import Path
 
 from ..comm.comm_report import record
-from ..lib.cli import run
+from ..lib.cli import parser, run
 from ..lib.errors import UserError
 from ..lib.kimi import ATTN_GEMMS, LAYERS, MOE_GEMMS
 from ..lib.progress import say
@@ -374,16 +373,9 @@ def h200_table(runs: list[dict], rows: list[dict]) -> str:
                 pass
         return spread(vals, 0 if q["unit"] == "" else 2, q["unit"], none="-")
 
-    return md_table(
-        [
-            "H200 x2 proxy (NVLink: not the box)",
-            *(
-                f"{w}: " + ", ".join(r["_file"] for r in g)
-                for w, g in zip(("through SGLang", "FlashInfer directly"), groups)
-            ),
-        ],
-        [[q["row"], cell(q, 0), cell(q, 1)] for q in rows],
-    )
+    named = zip(("through SGLang", "FlashInfer directly"), groups)
+    header = ["H200 x2 proxy (NVLink: not the box)", *(f"{w}: " + ", ".join(r["_file"] for r in g) for w, g in named)]
+    return md_table(header, [[q["row"], cell(q, 0), cell(q, 1)] for q in rows])
 
 
 def read_receipts(paths: list[Path]) -> list[dict]:
@@ -404,20 +396,13 @@ def read_receipts(paths: list[Path]) -> list[dict]:
             profile = json.loads(prof.read_text()) if prof.is_file() else None
             parts = data["receipt"].get("parts", {})
             if not profile and not any(r.get("ok") for p, r in parts.items() if rd.measures(p)):
-                why = (
-                    "no part measured anything (" + ", ".join(f"{p}: {r.get('status')}" for p, r in parts.items()) + ")"
-                )
+                states = ", ".join(f"{p}: {r.get('status')}" for p, r in parts.items())
+                why = f"no part measured anything ({states})"
             else:
                 tp, want = (profile or {}).get("tp"), sm.load_cycle()["tp"]
-                out.append(
-                    {
-                        "name": Path(path).name,
-                        "data": data,
-                        "profile": profile,
-                        "proxy": rd.proxy_reasons(rd.box_class(data))
-                        + ([f"its profile ran at TP{tp}, the model at TP{want}"] if tp and tp != want else []),
-                    }
-                )
+                proxy = rd.proxy_reasons(rd.box_class(data))
+                proxy += [f"its profile ran at TP{tp}, the model at TP{want}"] if tp and tp != want else []
+                out.append({"name": Path(path).name, "data": data, "profile": profile, "proxy": proxy})
         except UserError as e:
             why = str(e)
         except (ValueError, KeyError, TypeError, AttributeError) as e:
@@ -564,20 +549,13 @@ def render(inp: dict, cyc: dict, runs: list[dict], receipts: list[dict]) -> tupl
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="scripts.report.cost_model", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = parser("scripts.report.cost_model", __doc__)
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--write", action="store_true", help="rewrite the document's generated blocks and the plot")
     g.add_argument("--check", action="store_true", help="exit 1 if the document is out of date")
     ap.add_argument("--doc", type=Path, default=DOC)
-    ap.add_argument(
-        "--receipt",
-        type=Path,
-        action="append",
-        metavar="R",
-        help="a box receipt (make report's directory or .tar.gz; default: bench/receipts/*.tar.gz)",
-    )
+    receipt = "a box receipt (make report's directory or .tar.gz; default: bench/receipts/*.tar.gz)"
+    ap.add_argument("--receipt", type=Path, action="append", metavar="R", help=receipt)
     a = ap.parse_args(argv)
     inp, cyc = sm.load()
     receipts = read_receipts(a.receipt if a.receipt is not None else sorted(RECEIPTS.glob("*.tar.gz")))
@@ -598,11 +576,8 @@ def main(argv=None) -> int:
     if changed:
         a.doc.write_text(new)
     png = RESULTS / "cost-model.png" if a.doc.resolve() == DOC.resolve() else a.doc.with_name("cost-model.png")
-    print(
-        f"{a.doc}: "
-        + (f"rewrote {', '.join(changed)}" if changed else "up to date, nothing written")
-        + f"; plot {png.name}: {plot(box, png)}"
-    )
+    wrote = f"rewrote {', '.join(changed)}" if changed else "up to date, nothing written"
+    print(f"{a.doc}: {wrote}; plot {png.name}: {plot(box, png)}")
     return 0
 
 

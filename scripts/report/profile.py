@@ -14,7 +14,6 @@ glue. It cannot tell: other ranks (a collective includes its wait), overlapping 
 Exit status: 0 written; 2 a usage problem, a server that did not start or answer, or a trace without a stage.
 """
 
-import argparse
 import contextlib
 import gzip
 import json
@@ -22,14 +21,13 @@ import math
 import os
 import re
 import statistics
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 from ..bench import observe
 from ..bench.servers import Launch, Server
 from ..box.docker import RESULTS_IN_IMAGE, container_name, docker_run, hf_cache_dir
-from ..lib.cli import run
+from ..lib.cli import parser, run, split
 from ..lib.errors import UserError
 from ..lib.http import get_json, post_json, use_api_key
 from ..lib.progress import say
@@ -44,6 +42,7 @@ PROMPT = (
     "short Python class that simulates an LRU cache and test it."
 )
 SAMPLING = {"temperature": 0.0, "ignore_eos": True}
+PROFILER = {"activities": ["CPU", "GPU"], "profile_by_stage": True, "with_stack": False, "record_shapes": False}
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 COMM = re.compile(r"nccl|pcie_ipc|all_?reduce|all_?gather|reduce_?scatter|cross_device_reduce|PtoP", re.I)
 PER_CALL = {
@@ -188,18 +187,7 @@ def capture(a, server: Server, traces: Path) -> tuple[Path, dict, float | None]:
             raise UserError(f"{name}: GET /server_info gave no tp_size; its log: {log}")
         _post(url + "/generate", {"text": PROMPT, "sampling_params": {**SAMPLING, "max_new_tokens": 32}})
         where = RESULTS_IN_IMAGE if server.argv else str(traces.resolve())
-        _post(
-            url + "/start_profile",
-            dict(
-                output_dir=where,
-                num_steps=a.steps,
-                activities=["CPU", "GPU"],
-                profile_by_stage=True,
-                with_stack=False,
-                record_shapes=False,
-                profile_prefix=name,
-            ),
-        )
+        _post(url + "/start_profile", {**PROFILER, "output_dir": where, "num_steps": a.steps, "profile_prefix": name})
         before = observe.snapshot(url)  # SGLang stops the profiler and writes the traces within this request:
         _post(url + "/generate", {"text": PROMPT, "sampling_params": {**SAMPLING, "max_new_tokens": 8 * a.steps + 200}})
         al = observe.accept_length(before, observe.snapshot(url))
@@ -217,17 +205,16 @@ def capture(a, server: Server, traces: Path) -> tuple[Path, dict, float | None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    cut = argv.index("--") if "--" in argv else len(argv)
-    ap = argparse.ArgumentParser(prog="scripts.report.profile", allow_abbrev=False)
+    own, sglang_args = split(argv)
+    ap = parser("scripts.report.profile", __doc__, allow_abbrev=False)
     add = ap.add_argument
     add("--out", type=Path, default=Path("profile.json")), add("--image"), add("--port", type=int, default=30000)
     add("--server-url", action="append", metavar="URL", help="twice: the running servers without, then with EAGLE-3")
     add("--steps", type=int, default=8, help="decode iterations captured per server (default 8)")
     add("--profiles", default=",".join(PROFILES), help="NOSPEC,SPEC serving profiles (names or .yaml files)")
     add("--model"), add("--draft-model"), add("--launch-timeout", type=float, default=3600.0)
-    a = ap.parse_args(argv[:cut])
-    a.sglang_args = argv[cut + 1 :]
+    a = ap.parse_args(own)
+    a.sglang_args = sglang_args
     profs = a.profiles.split(",")
     if len(profs) != 2 or a.steps < 2 or len(a.server_url or "ab") != 2:
         raise UserError(

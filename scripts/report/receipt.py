@@ -30,7 +30,7 @@ from ..box.docker import PATCHSET_LABEL, image_info
 from ..box.results import box_name, iso, stamp
 from ..comm import comm_report
 from ..lib import proc
-from ..lib.cli import run
+from ..lib.cli import parser, run, split
 from ..lib.errors import UserError
 from ..lib.progress import say
 from ..lib.repo import REPO_ROOT, revision
@@ -261,18 +261,8 @@ def summary_markdown(data: dict, plot_files: list[str]) -> str:
         for r in meta.get("recommendations", [])
     ]
     thresholds = "Thresholds: " + ", ".join(f"{k} = {v}" for k, v in meta["thresholds"].items())
-    out += [
-        "",
-        "## Parts",
-        "",
-        md_table("part | status | seconds | command", parts),
-        "",
-        "## Recommendations",
-        "",
-        thresholds,
-        "",
-        md_table("default | verdict | why | threshold | setting", recs),
-    ]
+    out += ["", "## Parts", "", md_table("part | status | seconds | command", parts), ""]
+    out += ["## Recommendations", "", thresholds, "", md_table("default | verdict | why | threshold | setting", recs)]
     out += tiers_markdown(data) + measured_markdown(data)
     return "\n".join(out + [""] + [f"![{Path(p).stem}]({p})" for p in plot_files]) + "\n"
 
@@ -331,14 +321,8 @@ def write(d: Path, parts: dict, env: dict, tarball: bool = True) -> None:
     """receipt.json (the recommendations, computed once here), summary.md, plots, and (a part measured something)
     the tarball to attach."""
     data = rd.raw_parts(d)
-    meta = {
-        "schema": rd.SCHEMA,
-        "created": iso(),
-        "parts": parts,
-        "environment": env,
-        "thresholds": rd.THRESHOLDS,
-        "recommendations": rd.recommendations(data),
-    }
+    meta = {"schema": rd.SCHEMA, "created": iso(), "parts": parts, "environment": env, "thresholds": rd.THRESHOLDS}
+    meta["recommendations"] = rd.recommendations(data)
     (d / "receipt.json").write_text(json.dumps(meta, indent=1, default=str) + "\n")
     (d / "summary.md").write_text(summary_markdown(data | {"receipt": meta}, plots(data, d / "plots")))
     if not tarball:
@@ -359,9 +343,9 @@ def write(d: Path, parts: dict, env: dict, tarball: bool = True) -> None:
         say(f"  {r['verdict']:<12} {r['default']}: {r['why']}" + (f" -> {r['setting']}" if r["setting"] else ""))
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    i = argv.index("--") if "--" in argv else len(argv)
-    ap = argparse.ArgumentParser(prog="scripts.report.receipt", allow_abbrev=False)
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    own, bench_args = split(argv)
+    ap = parser("scripts.report.receipt", __doc__, allow_abbrev=False)
     ap.add_argument("--dir", type=Path, help="receipt directory (default bench/receipts/<box>_<UTC date>)")
     ap.add_argument("--parts", default=",".join(rd.PARTS), help="which parts, in order (default: all)")
     ap.add_argument("--redo", default="", help="comma list of parts to run again although they are done")
@@ -370,13 +354,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--port", type=int, help="the port of the parts that serve: bench and profile (default 30000)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and the checks; run and write nothing")
     ap.add_argument("--summarize", type=Path, metavar="DIR", help="only derive summary, plots and tarball again")
-    a = ap.parse_args(argv[:i])
-    a.bench_args, a.redo = argv[i + 1 :], {p.strip() for p in a.redo.split(",") if p.strip()}
+    a = ap.parse_args(own)
+    a.bench_args, a.redo = bench_args, {p.strip() for p in a.redo.split(",") if p.strip()}
     return a
 
 
 def main(argv=None) -> int:
-    a = parse_args(list(sys.argv[1:] if argv is None else argv))
+    a = parse_args(argv)
     if a.summarize:
         d, _ = rd.open_receipt(a.summarize)
         old = json.loads((d / "receipt.json").read_text())

@@ -33,6 +33,7 @@ THRESHOLDS = {
     "goal_tok_s": 170.0,  # the goal on the box: single-stream decode with EAGLE-3
     "goal_verify_ms": 8.0,
 }
+SGLANG_BACKENDS = {"sglang_tp_default": "pcie_ipc", "sglang_tp_flashinfer": "flashinfer", "sglang_tp_nccl": "nccl"}
 
 
 def _verb(module: str, *args) -> list[str]:
@@ -195,14 +196,7 @@ def _vf(bc: dict, impl: str, rows: int) -> float | None:
 
 
 def _verdict(name: str, verdict: str, why: str, measured: dict, threshold: str, setting: str = "") -> dict:
-    return {
-        "default": name,
-        "verdict": verdict,
-        "why": why,
-        "measured": measured,
-        "threshold": threshold,
-        "setting": setting,
-    }
+    return dict(default=name, verdict=verdict, why=why, measured=measured, threshold=threshold, setting=setting)
 
 
 def startup_table(data: dict) -> dict | None:
@@ -216,11 +210,7 @@ def backend_latencies(data: dict) -> dict[int, dict[str, float]]:
     rows (tp.all_reduce routed to PCIe IPC, FlashInfer, NCCL), then the served model's own startup timing, which wins
     where both measured a size (it ran in the server's graphs, on every rank)."""
     out: dict[int, dict[str, float]] = {}
-    for impl, backend in (
-        ("sglang_tp_default", "pcie_ipc"),
-        ("sglang_tp_flashinfer", "flashinfer"),
-        ("sglang_tp_nccl", "nccl"),
-    ):
+    for impl, backend in SGLANG_BACKENDS.items():
         for r in records(data.get("bench_comm") or {"records": []}, kind="allreduce", impl=impl, mode="graph"):
             if backend != "pcie_ipc" or r.get("backend") == ["pcie_ipc"]:
                 out.setdefault(r["rows"], {})[backend] = r["us_per_call"]
@@ -299,19 +289,9 @@ def bench_rows(recs: list[dict]) -> list[dict]:
     for row in summarize(recs):
         tok, al = row.stats.get(row.main), row.stats.get("accept_length")
         patched = any(p not in ("unknown", "None", "none") for p in row.patchsets)
-        out.append(
-            dict(
-                scenario=row.scenario,
-                variant=row.variant,
-                n=row.n,
-                tok_s=tok and tok.median,
-                tok_s_min=tok and tok.min,
-                tok_s_max=tok and tok.max,
-                accept_length=al and al.median,
-                eager_verifies=row.eager,
-                patched=patched,
-            )
-        )
+        which = {"scenario": row.scenario, "variant": row.variant, "n": row.n}
+        tok_s = {"tok_s": tok and tok.median, "tok_s_min": tok and tok.min, "tok_s_max": tok and tok.max}
+        out.append(which | tok_s | {"accept_length": al and al.median, "eager_verifies": row.eager, "patched": patched})
     return out
 
 
@@ -345,13 +325,7 @@ def rec_speculation(recs: list[dict]) -> list[dict]:
         f"{b_on['variant']} {b_on['tok_s']:.1f} tok/s{al} vs {b_off['variant']} {b_off['tok_s']:.1f} tok/s "
         f"({ratio:.2f}x); goal {goal:.0f} tok/s {'met' if met else 'not met'}"
     )
-    measured = {
-        "scenario": scenario,
-        "speculative": b_on,
-        "non_speculative": b_off,
-        "ratio": round(ratio, 3),
-        "goal_met": met,
-    }
+    measured = dict(scenario=scenario, speculative=b_on, non_speculative=b_off, ratio=round(ratio, 3), goal_met=met)
     keep, setting = ratio >= th, "" if ratio >= th else "serve --profile kimi-k25-tp8"
     ranked = sorted(on, key=lambda r: -r["tok_s"])
     fastest, shipped = ranked[0]["variant"], ranked[0]["variant"] == "patched-eagle3"

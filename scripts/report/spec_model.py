@@ -59,14 +59,10 @@ def load_cycle(path: Path = COLLECTIVES, mode: str = "greedy") -> dict:
             if op not in OPS or not isinstance(c, int) or c < 0 or c % n
         ]
         if st not in counts or bad:
-            raise UserError(
-                f"{where}: [per_forward.{mode}] {st} = {{ op = count, ... }} "
-                + (
-                    f"has {', '.join(bad)}: ops are {', '.join(OPS)}, whole counts, a multiple of its {n} forward(s)"
-                    if bad
-                    else "is missing"
-                )
-            )
+            what = "is missing"
+            if bad:
+                what = f"has {', '.join(bad)}: ops are {', '.join(OPS)}, whole counts, a multiple of its {n} forward(s)"
+            raise UserError(f"{where}: [per_forward.{mode}] {st} = {{ op = count, ... }} {what}")
         out["stages"][st] = {op: c // n for op, c in counts[st].items()}
         sites = [s for s in raw.get("stages", {}).get(st, []) if s.get("when", "always") in ("always", mode)]
         out["kib"][st] = {s["op"]: BYTES[s["dtype"]] * math.prod(s["shape"][1:] or s["shape"]) / 1024 for s in sites}

@@ -27,17 +27,10 @@ def check_base(root: Path, prefix: str, pin: Pin, patches: list[PatchInfo], fix:
         for f, b in found.items()
         if b != base[f]
     ]
-    more = [f"  ... and {len(wrong) - 8} more"] if len(wrong) > 8 else []
     if wrong:
+        shown = "\n".join(wrong[:8] + ([f"  ... and {len(wrong) - 8} more"] if len(wrong) > 8 else []))
         raise UserError(
-            "\n".join(
-                [
-                    f"{root} is not the pinned base SGLang {pin.version}, so nothing was changed:",
-                    *wrong[:8],
-                    *more,
-                    f"Fix: {fix}",
-                ]
-            )
+            f"{root} is not the pinned base SGLang {pin.version}, so nothing was changed:\n{shown}\nFix: {fix}"
         )
 
 

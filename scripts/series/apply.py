@@ -9,13 +9,12 @@ or already applied; 2 a problem you can fix (the message says how); 3 a patch do
 130: the tree is as it was).
 """
 
-import argparse
 import os
 import shutil
 from pathlib import Path
 
 from ..lib import git
-from ..lib.cli import run
+from ..lib.cli import parser, run
 from ..lib.errors import Interrupted, UserError
 from ..lib.progress import say
 from ..lib.repo import BUILD_DIR
@@ -78,9 +77,7 @@ def apply_python(python: str, pin, patches) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="scripts.series.apply", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = parser("scripts.series.apply", __doc__)
     where = ap.add_mutually_exclusive_group()
     where.add_argument("--src", type=Path, help="a clean SGLang checkout of the pinned tag (make apply SGLANG_SRC=)")
     where.add_argument("--python", help="apply to the sglang this interpreter imports")

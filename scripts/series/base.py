@@ -85,13 +85,10 @@ def _wheel_repo(wheel: Path, work: Path, tag: str) -> dict:
 def pick_source(source: str, repository: str, tag: str) -> str:
     """auto: clone when the repository answers, else the wheel (and say so)."""
     repository = os.environ.get("SGLANG_REPO") or repository
-    if (
-        source != "auto"
-        or proc.run(
-            ["git", "ls-remote", "--exit-code", repository, f"refs/tags/{tag}"], timeout=20, env=git.git_env()
-        ).ok
-    ):
-        return "clone" if source == "auto" else source
+    if source != "auto":
+        return source
+    if proc.run(["git", "ls-remote", "--exit-code", repository, f"refs/tags/{tag}"], timeout=20, env=git.git_env()).ok:
+        return "clone"
     say(
         f"{repository} does not answer: taking the base from the PyPI wheel (the same sources as the tag, sha256 "
         f"checked; SGLANG_BASE=clone insists on the clone)"

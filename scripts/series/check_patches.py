@@ -7,14 +7,13 @@ Exit status: 0 healthy; 1 a lint problem or a round-trip difference (printed, wi
 (the message says what to do); 3 a patch does not apply to the pristine base.
 """
 
-import argparse
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
 from ..lib import proc
-from ..lib.cli import run
+from ..lib.cli import parser, run
 from ..lib.progress import say
 from .am import apply_tree
 from .base import clone_base, ensure_base
@@ -35,9 +34,7 @@ def round_trip(patches_dir: Path | None) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="scripts.series.check_patches", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = parser("scripts.series.check_patches", __doc__)
     ap.add_argument("--patches-dir", type=Path)
     a = ap.parse_args(argv)
     problems = lint(a.patches_dir)

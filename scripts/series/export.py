@@ -6,11 +6,10 @@ A commit keeps its file name through its `Patch-Filename:` line; a new commit is
 line. README.md's series table is rewritten from the patches (scripts/series/readme.py). Exit status: 0 exported; 2 the tree is not a linear series on its base (the message says what to do).
 """
 
-import argparse
 from pathlib import Path
 
 from ..lib import git
-from ..lib.cli import run
+from ..lib.cli import parser, run
 from ..lib.progress import say
 from ..lib.repo import BUILD_DIR
 from .am import APPLIED
@@ -19,9 +18,7 @@ from .readme import write_readme
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="scripts.series.export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = parser("scripts.series.export", __doc__)
     ap.add_argument("--tree", type=Path, default=BUILD_DIR / "sglang")
     ap.add_argument("--patches-dir", type=Path)
     a = ap.parse_args(argv)

@@ -13,7 +13,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from ..lib import git, proc
+from ..lib import git
 from ..lib.errors import UserError
 from ..lib.repo import REPO_ROOT
 from ..lib.tomlfile import load_toml
@@ -158,24 +158,9 @@ def format_series(repo: Path, base: str, prefix: str = "") -> list[tuple[str, st
     `Patch-Filename:` line, or from its subject with that line added. prefix: the repository path of the tree's
     root (python/ for an installed package made a repository)."""
     env = {**git.git_env(), "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
+    prefixes = [f"--src-prefix=a/{prefix}", f"--dst-prefix=b/{prefix}"]
     with tempfile.TemporaryDirectory() as tmp:
-        res = proc.run(
-            [
-                "git",
-                "-C",
-                str(repo),
-                *FORMAT_PATCH,
-                f"--src-prefix=a/{prefix}",
-                f"--dst-prefix=b/{prefix}",
-                "-o",
-                tmp,
-                f"{base}..HEAD",
-            ],
-            env=env,
-            timeout=git.TIMEOUT,
-        )
-        if not res.ok:
-            raise UserError(f"git format-patch failed in {repo}: {res.stderr.strip() or res.why}")
+        git.git(repo, *FORMAT_PATCH, *prefixes, "-o", tmp, f"{base}..HEAD", env=env)
         out = []
         for f in sorted(Path(tmp).glob("*.patch")):
             head, _, rest = f.read_text().partition("\n\n")

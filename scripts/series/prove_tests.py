@@ -9,7 +9,6 @@ Exit status: 0 every test follows the rule; 1 some test breaks it (named, with i
 2 the base tree cannot be made (the message says why).
 """
 
-import argparse
 import os
 import sys
 import tempfile
@@ -18,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 from ..lib import git, proc
-from ..lib.cli import run
+from ..lib.cli import parser, run
 from ..lib.errors import UserError
 from ..lib.progress import say
 from ..lib.repo import BUILD_DIR, REPO_ROOT
@@ -62,9 +61,7 @@ def run_pytest(tree: Path, tests: list[str], marker: str | None = None) -> dict[
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="scripts.series.prove_tests", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = parser("scripts.series.prove_tests", __doc__)
     ap.add_argument("tests", nargs="*", default=["tests/patches"])
     ap.add_argument("--patched", type=Path, default=BUILD_DIR / "sglang")
     ap.add_argument("--base", type=Path, default=BUILD_DIR / "sglang-base")
@@ -85,11 +82,10 @@ def main(argv=None) -> int:
         f"patched tree: {dict(Counter(patched.values()))}; base, patch tests: {dict(Counter(must_fail.values()))};"
         f" base, guards: {dict(Counter(guards.values()))}"
     )
-    print(
-        "".join(f"problem: {p}\n" for p in problems + ["no tests were collected"] * (not patched or not must_fail)),
-        end="",
-    )
-    return 1 if problems or not patched or not must_fail else 0
+    if not patched or not must_fail:
+        problems.append("no tests were collected")
+    print("".join(f"problem: {p}\n" for p in problems), end="")
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

@@ -19,14 +19,8 @@ def series_table(pin: Pin) -> str:
     for n, p in enumerate(series_patches(pin), 1):
         switches = sorted(set(SWITCH.findall(p.path.read_text().partition("\ndiff --git ")[2])))
         forwarded = FORWARDED.search(p.message)
-        rows.append(
-            [
-                n,
-                p.subject,
-                ", ".join(f"`{s}`" for s in switches) or "-",
-                "not sent" if not forwarded or forwarded[1] == "no" else forwarded[1],
-            ]
-        )
+        upstream = "not sent" if not forwarded or forwarded[1] == "no" else forwarded[1]
+        rows.append([n, p.subject, ", ".join(f"`{s}`" for s in switches) or "-", upstream])
     return md_table(["#", "patch", "switches", "upstream"], rows, "r")
 
 

@@ -10,7 +10,6 @@ it writes nothing else. Exit status: 0 every patch applied (and moved, with --wr
 conflict; 2 a problem you can fix (the message says how).
 """
 
-import argparse
 import dataclasses
 import os
 import shutil
@@ -18,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from ..lib import git, proc
-from ..lib.cli import run
+from ..lib.cli import parser, run
 from ..lib.errors import UserError
 from ..lib.progress import say
 from ..lib.repo import BUILD_DIR
@@ -71,15 +70,8 @@ def start(pin, a, version: str) -> int:
         apply_tree(Path(tmp) / "old", pin, series_patches(pin))
         git.git(a.dest, "fetch", "-q", "--no-tags", str(Path(tmp) / "old"), "HEAD:refs/patches/previous")
     say(f"git am -3 of {len(pin.series())} patches onto {a.to} in {a.dest}")
-    return (
-        proc.run(
-            ["git", "-C", str(a.dest), "am", "-3", "--no-gpg-sign", *[str(p.resolve()) for p in pin.series()]],
-            env=git.git_env(),
-            timeout=git.TIMEOUT,
-            capture=False,
-        ).returncode
-        or 0
-    )
+    am = ["git", "-C", str(a.dest), "am", "-3", "--no-gpg-sign", *[str(p.resolve()) for p in pin.series()]]
+    return proc.run(am, env=git.git_env(), timeout=git.TIMEOUT, capture=False).returncode or 0
 
 
 def write(pin, a, version: str) -> None:
@@ -106,9 +98,7 @@ def write(pin, a, version: str) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="scripts.series.refresh", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = parser("scripts.series.refresh", __doc__)
     ap.add_argument("--to", help="the new upstream tag, e.g. v0.5.24")
     ap.add_argument("--wheel", type=Path, help="its PyPI wheel, a file you have (default: pip downloads it)")
     ap.add_argument("--write", action="store_true", help="move patches/pin.toml and re-export patches/")
