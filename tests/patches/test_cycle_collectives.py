@@ -84,17 +84,6 @@ def test_decode_sized_all_gathers_take_pcie_ipc(tp, n, dtype, width, want):
     assert recorded("draft_decode", lambda: gather(tp, n, width, dtype))["calls"] == {"all_gather": {want: 1}}
 
 
-def test_an_in_place_all_gather_falls_back_to_nccl(tp):
-    """FlashInfer refuses an output that overlaps the input; NCCL gathers in place. The same gather out of place
-    takes PCIe IPC."""
-    out = torch.empty((8 * 64, 4), dtype=torch.float32)
-    got = recorded(
-        "target_verify",
-        lambda: (tp.all_gather_into_tensor(out, torch.zeros((64, 4))), tp.all_gather_into_tensor(out, out[:64])),
-    )
-    assert got["calls"] == {"all_gather": {"pcie_ipc": 1, "nccl": 1}}
-
-
 def test_the_all_gather_is_tuned_with_the_all_reduce_and_says_when_it_is_not_built(no_gpu, caplog):
     """prepare() tunes the all-gather for the rows it serves (the logits shard, and one 16-byte pack per row); with
     CUDA graphs off (no captured rows) it builds no all-gather and says so once."""

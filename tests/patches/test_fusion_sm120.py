@@ -347,21 +347,6 @@ def fused_op(fcf):
 PDL_ROWS = [1, 4, 8, 16, 17, 32, 64, 128, 192, 193, 256, 1024]
 
 
-def _flashinfer_picks_oneshot(rows: int, world: int) -> bool:
-    """FlashInfer 0.7.2's own decision for use_oneshot=None (trtllm_ar._should_use_oneshot)."""
-    from flashinfer.comm.trtllm_ar import _should_use_oneshot
-
-    return _should_use_oneshot(rows, 7168, torch.bfloat16, world)
-
-
-@unchanged
-def test_fusion_oneshot_range_reaches_past_16_tokens():
-    """Why a <= 16-token guard was not enough: FlashInfer runs its one-shot kernel far beyond 16 rows (at TP8 up
-    to 192 rows of 7168 bf16, at TP2/TP4 every size up to the SM12X cap)."""
-    assert [r for r in PDL_ROWS if _flashinfer_picks_oneshot(r, 8)] == [1, 4, 8, 16, 17, 32, 64, 128, 192]
-    assert all(_flashinfer_picks_oneshot(r, w) for r in PDL_ROWS if r <= 256 for w in (2, 4))
-
-
 @pytest.mark.parametrize("rows", [r for r in PDL_ROWS if r <= 256])
 def test_fusion_the_layernorm_caller_takes_the_capped_workspace_and_completes_pdl_at_end(
     reload_add_norm, monkeypatch, fcf, fake_flashinfer, kimi, rows

@@ -168,14 +168,8 @@ def test_engine_api_raises_value_error(server, kwargs, message):
     assert sent == [] or (sent == [[5]] and isinstance(kwargs["input_ids"][0], list)), sent  # a batch's head
 
 
-WIDEST = {"stop_token_ids": [VOCAB - 1], "top_k": 2**31 - 1, "logit_bias": {"5": -100.0}}
-GOOD = {  # name: (the embedding server?, (path, body))
-    "generate": (False, gen(input_ids=[0, 5, VOCAB - 1], sampling_params=WIDEST)),
+GOOD = {  # name: (the embedding server?, (path, body)); single requests' fields: tests/requests/test_fields.py
     "generate-batch": (False, gen(input_ids=[[5], [VOCAB - 1]], return_logprob=True, top_logprobs_num=20)),
-    "generate-text": (False, (GEN, {"text": "w1 w2", "token_ids_logprob": [VOCAB - 1], "return_logprob": True})),
-    "completions": (False, cmpl(prompt=[5, VOCAB - 1], max_tokens=1, logprobs=5, stop_token_ids=[0])),
-    "completions-batch": (False, cmpl(prompt=[[5], [6]], max_tokens=1)),
-    "chat": (False, chat(input_ids=[5, VOCAB - 1], max_tokens=1)),
     "encode": (True, ("/encode", {"input_ids": [5, VOCAB - 1]})),
     "embeddings-batch": (True, ("/v1/embeddings", {"model": "m", "input": [[5], [VOCAB - 1]]})),
 }
@@ -184,7 +178,7 @@ GOOD = {  # name: (the embedding server?, (path, body))
 @pytest.mark.unchanged
 @pytest.mark.parametrize("name", GOOD)
 def test_good_request_reaches_the_scheduler(request, name):
-    """In-range ids, the vocabulary's last id, the widest top_k and long-standing logprob counts pass unchanged."""
+    """Batches and the embedding paths: in-range ids up to the vocabulary's last pass unchanged."""
     embedding, (path, body) = GOOD[name]
     server = request.getfixturevalue("embedding_server" if embedding else "server")
     resp = server.client().post(path, json=body)
