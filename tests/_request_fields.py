@@ -5,8 +5,7 @@ CPU (a field upstream adds fails there until its range is written here); the fuz
 
 The ranges are the patched tree's: the validation patch refuses what would crash the scheduler or answer 5xx; the
 rest is upstream's. V stands for the vocabulary's size (163840 on tests/_app.py, 2048 on test-serve's tiny models):
-`resolve(value, vocab)` fills it in.
-"""
+`resolve(value, vocab)` fills it in."""
 
 import dataclasses
 

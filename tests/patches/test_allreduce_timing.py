@@ -1,7 +1,6 @@
 """Each decode size's all-reduce backend timed at start (PcieIpcCommunicator._choose_backends): PCIe IPC only where
 it wins by SGLANG_PCIE_IPC_MIN_SPEEDUP, one decision for the group, a user's setting winning. Only the measuring
-method (_time_backends) is faked; two CPU ranks over gloo for the group decision (_gloo.py allreduce_timing).
-"""
+method (_time_backends) is faked; two CPU ranks over gloo for the group decision (_gloo.py allreduce_timing)."""
 
 import logging
 

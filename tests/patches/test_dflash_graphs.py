@@ -1,7 +1,6 @@
 """DFlash's draft block under the series' graph guarantees: on its CUDA graph at every batch the scheduler forms,
 counted by outcome and reason like EAGLE's draft stages, capped to its graph, its collectives recorded by name. The
-draft block runs on the draft runner's DecodeCudaGraphRunner in verify mode (8 rows a request).
-"""
+draft block runs on the draft runner's DecodeCudaGraphRunner in verify mode (8 rows a request)."""
 
 import contextlib
 import logging

@@ -1,6 +1,5 @@
 """FlashInfer all-reduce + residual + RMSNorm fusion on SM12X (patches flashinfer-*.patch): the real SGLang code on a
-faked platform, a fake CUDA driver for the workspace preflight, a recording stand-in for FlashInfer's kernel call.
-"""
+faked platform, a fake CUDA driver for the workspace preflight, a recording stand-in for FlashInfer's kernel call."""
 
 import importlib
 import inspect

@@ -1,6 +1,5 @@
 """The launcher's NCCL default for single-node TP on PCIe-only GPUs: the real `_set_envs_and_config` on resolved
-Kimi-K2.5 server arguments, NVML faked (tests/_fake_nvml.py); the launcher must not initialise CUDA.
-"""
+Kimi-K2.5 server arguments, NVML faked (tests/_fake_nvml.py); the launcher must not initialise CUDA."""
 
 import itertools
 import logging

@@ -1,6 +1,5 @@
 """The PCIe-IPC all-reduce's build and autotune, decided on every rank together (PcieIpcCommunicator.prepare): the
-real communicator, FlashInfer's workspace stood in (_pcie.py); two CPU ranks over gloo for the autotune's save.
-"""
+real communicator, FlashInfer's workspace stood in (_pcie.py); two CPU ranks over gloo for the autotune's save."""
 
 import logging
 

@@ -1,6 +1,5 @@
 """The PCIe-IPC all-reduce ahead of FlashInfer's allreduce-only path: the real GroupCoordinator.all_reduce, with the
-workspaces the patched server sizes for the shipped Kimi-K2.5 profile on SM120 (_pcie.py, conftest.py).
-"""
+workspaces the patched server sizes for the shipped Kimi-K2.5 profile on SM120 (_pcie.py, conftest.py)."""
 
 import pytest
 import torch

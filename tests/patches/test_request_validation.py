@@ -4,8 +4,7 @@ A prompt token id outside [0, vocab) reaches the embedding's index_select (a dev
 and every later request is refused); stop_token_ids, top_logprobs_num, top_k, pooling positions, a client-set
 lora_id, JSON positional_embed_overrides and ragged input_embeds reach other device indexing or crash the scheduler.
 Each request goes through the real entry points (the HTTP app, Engine.async_generate) to a real TokenizerManager on
-CPU, the scheduler stood in (tests/_app.py).
-"""
+CPU, the scheduler stood in (tests/_app.py)."""
 
 import asyncio
 import re

@@ -2,8 +2,7 @@
 
 The real graph runners' decisions, ModelRunner.forward, the EAGLE draft stages, /server_info and the Prometheus
 counter (tests/patches/_graphs.py builds the runners); resolved Kimi-K2.5 + EAGLE-3 ServerArgs on a faked SM120 box:
-the captured batch sizes cover every batch the scheduler can form, and an eager verify is announced at startup.
-"""
+the captured batch sizes cover every batch the scheduler can form, and an eager verify is announced at startup."""
 
 import contextlib
 import logging
