@@ -17,7 +17,6 @@ U = pytest.mark.unchanged
 WIDTH = 4  # num_draft_tokens for steps=3, topk=1
 PADDING_OFF = dict(disable_padding=True, backend=SimpleNamespace(can_run=lambda fb, key: key.size in (1, 2, 4, 8)))
 CASES = {  # name: (runner overrides, batch kwargs, expected reason or None for graph replay)
-    "bs1": ({}, dict(bs=1), None),
     "bs_at_max": ({}, dict(bs=MAX_BS), None),
     "batch_above_max_bs": ({}, dict(bs=MAX_BS + 1), "batch_above_max_bs"),
     "width_mismatch": ({}, dict(width=1), "width_mismatch"),
@@ -96,11 +95,13 @@ def test_spec_graph_stats_count_outcomes_and_warn_once_per_stage_and_reason(capl
         assert sum(f"Speculative {stage} forward" in m and f"reason={reason}" in m for m in warned) == 1, warned
 
 
-def test_spec_graph_forward_counts_each_verify_and_records_eager_collectives(kimi, collectives):
+def test_spec_graph_forward_counts_each_verify_and_records_eager_collectives(kimi, collectives, monkeypatch):
     """The real ModelRunner.forward counts each TARGET_VERIFY forward once by how it ran (decode graph, piecewise
-    prefill graph, eager); an eager target-verify or draft-extend forward records its collectives as `<stage>_eager`
-    (in forwards), a graph replay none (its capture did). Decode batches and draft runners count and record nothing;
-    a draft forward inside a graph's capture counts for that graph (issue 22 item 1)."""
+    prefill graph, eager), also when an elastic-EP rank fault re-runs it; an eager target-verify or draft-extend
+    forward records its collectives as `<stage>_eager` (in forwards), a graph replay none (its capture did). Decode
+    batches and draft runners count and record nothing; a draft forward inside a graph's capture counts for that graph
+    (issue 22 item 1)."""
+    from sglang.srt.model_executor import model_runner as mr_mod
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     def eager(fb, pp_proxy_tensors=None):  # one reduction of the batch's rows
@@ -122,6 +123,12 @@ def test_spec_graph_forward_counts_each_verify_and_records_eager_collectives(kim
     assert no_graphs.spec_graph_stats.to_dict()["target_verify"] == g.graph(eager=1, no_graph_runner=1)
     assert collectives.snapshot() == {"target_verify_eager": g.reduced(1, (MAX_BS + 1) * WIDTH, forwards=2)}
 
+    elastic = g.model_runner(g.runner())
+    elastic.enable_elastic_ep = True
+    monkeypatch.setattr(mr_mod, "maybe_rebalance_after_rank_fault", lambda eplb_manager: True)
+    g.forward(elastic, g.verify_batch(bs=2))
+    assert elastic.spec_graph_stats.to_dict()["target_verify"] == g.graph(1)
+
     piecewise = g.model_runner(g.runner(), piecewise=True)
     assert g.forward(piecewise, g.verify_batch(bs=MAX_BS + 1)).logits_output == "piecewise"
     assert piecewise.spec_graph_stats.to_dict()["target_verify"] == g.graph(piecewise=1, batch_above_max_bs=1)
@@ -140,17 +147,6 @@ def test_spec_graph_forward_counts_each_verify_and_records_eager_collectives(kim
     assert got.pop("draft_extend_eager") == g.reduced(1, 2 * WIDTH, forwards=1)
     assert got.pop("draft_decode") == g.reduced(2, 2 * 2, graphs=1)
     assert list(got) == ["target_verify_eager"]
-
-
-def test_spec_graph_elastic_ep_retry_counts_one_verify_once(kimi, monkeypatch):
-    """An elastic-EP rank fault re-runs the verify forward; it is still one verify."""
-    from sglang.srt.model_executor import model_runner as mr_mod
-
-    monkeypatch.setattr(mr_mod, "maybe_rebalance_after_rank_fault", lambda eplb_manager: True)
-    mr = g.model_runner(g.runner())
-    mr.enable_elastic_ep = True
-    g.forward(mr, g.verify_batch(bs=2))
-    assert mr.spec_graph_stats.to_dict()["target_verify"] == g.graph(1)
 
 
 def _draft_runner(stage="draft_decode", **overrides):
@@ -486,24 +482,24 @@ def test_verify_running_request_cap_leaves_draft_and_plain_runners(draft, spec):
 # Eager verify said at startup: decode CUDA graphs off, compact ragged verify without ragged graphs
 
 
-@pytest.mark.parametrize("flag", ["disable_cuda_graph", "disable_decode_cuda_graph"])
-def test_verify_warns_at_startup_without_decode_cuda_graph(flag, caplog):
+@pytest.mark.parametrize(
+    "flag, spec",
+    [
+        ("disable_cuda_graph", True),
+        ("disable_decode_cuda_graph", True),
+        pytest.param("disable_cuda_graph", False, marks=U),
+    ],
+)
+def test_verify_warns_at_startup_without_decode_cuda_graph(flag, spec, caplog):
     """Speculation with the decode graphs off starts (upstream's test kit runs EAGLE-3 so), with one warning naming
-    the cause, the cost and where the eager verifies are counted."""
+    the cause, the cost and where the eager verifies are counted; a server without speculation gets none."""
     with caplog.at_level(logging.WARNING):
-        sa = sm120_args(**{flag: True})
+        sa = sm120_args(spec=spec, **{flag: True})
     assert resolved(sa, "cuda_graph_config").decode.backend == "disabled"
-    assert resolved(sa, "speculative_algorithm") == "EAGLE3"
-    (msg,) = [m for m in caplog.messages if "decode CUDA graphs disabled" in m]
-    assert "--" + flag.replace("_", "-") in msg and "spec_cuda_graph" in msg and "no_graph_runner" in msg
-
-
-@U
-def test_verify_warning_leaves_non_speculative_servers_alone(caplog):
-    with caplog.at_level(logging.WARNING):
-        sa = sm120_args(spec=False, disable_cuda_graph=True)
-    assert resolved(sa, "cuda_graph_config").decode.backend == "disabled"
-    assert not [m for m in caplog.messages if "Speculative decoding" in m]
+    assert resolved(sa, "speculative_algorithm") == ("EAGLE3" if spec else None)
+    warned = [m for m in caplog.messages if "Speculative decoding" in m]
+    assert len(warned) == spec
+    assert all("--" + flag.replace("_", "-") in m and "spec_cuda_graph" in m and "no_graph_runner" in m for m in warned)
 
 
 @pytest.mark.parametrize(
