@@ -30,15 +30,10 @@ SM120_BACKENDS = [  # (major, backend, multi-node, the backend or what the Value
     (12, "cutedsl", False, ("SM100", TRTLLM_FLAG)),
     *[(12, backend, True, ("single-node",)) for backend in ("auto", "trtllm", "mnnvl", "cutedsl")],
 ]
-OTHER_GPUS_BACKENDS = [
+OTHER_GPUS_BACKENDS = [  # other GPUs reach upstream's resolver as before: each backend it returns, most errors
     (10, "auto", False, "mnnvl"),
-    (10, "auto", True, "mnnvl"),
-    (10, "trtllm", False, "trtllm"),
-    (10, "mnnvl", True, "mnnvl"),
     (10, "cutedsl", False, "cutedsl"),
     (9, "auto", False, "trtllm"),
-    (9, "trtllm", False, "trtllm"),
-    (9, "mnnvl", False, "mnnvl"),
     (9, "auto", True, ()),
     (9, "cutedsl", False, ()),
     (10, "trtllm", True, ()),

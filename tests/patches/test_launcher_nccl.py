@@ -23,10 +23,6 @@ UPSTREAM_NCCL = {"NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE", "NCCL_MNNVL_ENABLE"}
 SET_LINE = "No NVLink between the visible GPUs: set NCCL_MIN_NCHANNELS=8 (SGLANG_PCIE_NCCL_DEFAULTS=0 skips this)."
 
 
-def all_pairs(indices) -> set:
-    return {frozenset(p) for p in itertools.combinations(indices, 2)}
-
-
 @pytest.fixture
 def launch(monkeypatch, caplog):
     """run(server_args, major=12, **env): the real _set_envs_and_config; returns the variables it added or changed."""
@@ -82,7 +78,10 @@ def test_pcie_nccl_probes_the_visible_gpus(launch, monkeypatch):
     """GPUs 0-1 share NVLink, but this server sees 4-7 only (CUDA_VISIBLE_DEVICES numbers are NVML indices)."""
     fake = nvml(monkeypatch, nvlink=[(0, 1)])
     changed = launch(server_args(12, tp=4), CUDA_VISIBLE_DEVICES="4,5,6,7")
-    assert fake.pairs == all_pairs([4, 5, 6, 7]) and changed["NCCL_MIN_NCHANNELS"] == "8"
+    assert (
+        fake.pairs == {frozenset(p) for p in itertools.combinations([4, 5, 6, 7], 2)}
+        and changed["NCCL_MIN_NCHANNELS"] == "8"
+    )
 
 
 @pytest.mark.parametrize("setting", CHANNELS)
