@@ -143,7 +143,6 @@ def test_fusion_sm120_per_batch_predicate(reload_add_norm, monkeypatch, fusion_o
     mod = reload_add_norm(12)
     monkeypatch.setattr(mod, "_is_flashinfer_available", True)
     assert (mod._is_sm90_supported, mod._is_sm100_supported, mod._is_sm120_supported) == (False, False, True)
-    assert mod.FUSE_ALLREDUCE_MAX_BATCH_SIZE == 256
     assert [n for n in (0, 1, 8, 64, 256, 257, 2048) if mod.flashinfer_ar_fusion_applies(n)] == [1, 8, 64, 256]
     monkeypatch.setattr(mod, "_is_sm120_supported", False)
     assert not mod.flashinfer_ar_fusion_applies(8)
