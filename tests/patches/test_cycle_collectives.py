@@ -39,8 +39,9 @@ def recorded(stage, run):
     return collective_stats.snapshot().get(stage)
 
 
-def test_collectives_counted_by_op_and_backend(tp):
-    """One recorded forward: each collective is noted with the backend the real code picked."""
+def test_collectives_counted_by_op_and_backend(tp, monkeypatch):
+    """One recorded forward: each collective is noted with the backend the real code picked, and /server_info lists
+    them; without SGLANG_RECORD_SPEC_COLLECTIVES=1 nothing is recorded or listed."""
 
     def forward():
         tp.all_reduce(rows(8))  # a decode-sized reduction: PCIe IPC
@@ -59,16 +60,11 @@ def test_collectives_counted_by_op_and_backend(tp):
     }
     assert got["graphs"] == 1 and got["bytes"]["all_gather"] == 129 * KIMI_VOCAB_SHARD * 2 + 64 * 16 + 12
     assert tp.pynccl_comm.calls == ["all_reduce", "all_gather", "all_gather"]
-
-
-def test_collectives_recorded_only_when_asked(tp, monkeypatch):
-    """Without SGLANG_RECORD_SPEC_COLLECTIVES=1 nothing is recorded and /server_info has no spec_collectives."""
-    for value, listed in (("1", True), ("0", False)):
-        monkeypatch.setenv("SGLANG_RECORD_SPEC_COLLECTIVES", value)
-        got = recorded("target_verify", lambda: tp.all_reduce(rows(8)))
-        assert (got is not None) is listed
-        state = speculative_state(stats())
-        assert ("spec_collectives" in state) is listed and "spec_cuda_graph" in state
+    assert "spec_collectives" in speculative_state(stats())
+    monkeypatch.setenv("SGLANG_RECORD_SPEC_COLLECTIVES", "0")
+    assert recorded("target_verify", lambda: tp.all_reduce(rows(8))) is None
+    state = speculative_state(stats())
+    assert "spec_collectives" not in state and "spec_cuda_graph" in state
 
 
 def test_the_all_gather_is_tuned_with_the_all_reduce_and_says_when_it_is_not_built(no_gpu, caplog):
