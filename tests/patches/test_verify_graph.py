@@ -237,12 +237,13 @@ def _eagle_draft_worker(monkeypatch, graph_runner, extend_runner):
     return w, target.model_runner.spec_graph_stats
 
 
-def test_spec_graph_eagle_draft_decode_counted(monkeypatch, collectives):
-    """EagleDraftWorker.draft records its draft-decode forward: graph when its runner takes the batch, eager with
-    the runner's reason otherwise (here a batch above the captured maximum)."""
+def test_spec_graph_eagle_draft_stages_counted(monkeypatch, collectives):
+    """EagleDraftWorker.draft records its draft-decode forward, and the draft extend after each verify its own: graph
+    when its runner takes the batch, eager with the runner's reason otherwise (here a batch above the captured
+    maximum)."""
     from sglang.srt.speculative import eagle_worker_v2 as ew
 
-    w, stats = _eagle_draft_worker(monkeypatch, _draft_runner(), None)
+    w, stats = _eagle_draft_worker(monkeypatch, _draft_runner(), _draft_runner("draft_extend"))
 
     def draft_forward(fb):  # each of the 2 draft decode steps reduces the batch's rows once
         g.reduce(fb.batch_size)
@@ -256,16 +257,8 @@ def test_spec_graph_eagle_draft_decode_counted(monkeypatch, collectives):
             ew, "prepare_for_draft", lambda *a, fb=fb, **k: (fb, w.cuda_graph_runner.can_run_graph(fb), None)
         )
         w.draft(SimpleNamespace(spec_info=SimpleNamespace(dsa_topk_indices=None)))
-    assert stats.to_dict()["draft_decode"] == g.graph(1, eager=1, batch_above_max_bs=1)
     # the eager one's collectives, both steps as one forward (issue 22 item 1)
     assert collectives.snapshot() == {"draft_decode_eager": g.reduced(2, 2 * (MAX_BS + 1), forwards=1)}
-
-
-def test_spec_graph_eagle_draft_extend_counted(monkeypatch):
-    """The draft extend after each verify is recorded the same way (graph, or eager with the reason)."""
-    from sglang.srt.speculative import eagle_worker_v2 as ew
-
-    w, stats = _eagle_draft_worker(monkeypatch, None, _draft_runner("draft_extend"))
     for bs in (4, MAX_BS + 1):
         fb = _draft_batch(bs=bs, width=WIDTH)
         monkeypatch.setattr(ew, "prepare_for_draft_extend", lambda *a, fb=fb, **k: fb)
@@ -276,7 +269,8 @@ def test_spec_graph_eagle_draft_extend_counted(monkeypatch):
         )
         with pytest.raises(_Stop):
             w._draft_extend_for_decode(SimpleNamespace(seq_lens=torch.ones(bs)), result)
-    assert stats.to_dict()["draft_extend"] == g.graph(1, eager=1, batch_above_max_bs=1)
+    counted = stats.to_dict()
+    assert counted["draft_decode"] == counted["draft_extend"] == g.graph(1, eager=1, batch_above_max_bs=1)
 
 
 def test_spec_graph_counts_in_prometheus_metrics(kimi):
