@@ -4,8 +4,7 @@ and /v1/chat/completions, and concurrent bursts that mix valid greedy, sampled a
 Pure Python, no server: tests/gpu/serve/test_fuzz.py sends the corpus to the servers, tests/requests/test_fields.py
 through the real HTTP app on CPU. A case is a valid request with one to three fields replaced, by a value of the
 field's range (tests/_request_fields.py) or a generic mutation; a fixed set adds what is wrong with the request as a
-whole. The oracle: never 5xx, hang or down, whoever's fault the request is.
-"""
+whole. The oracle: never 5xx, hang or down, whoever's fault the request is."""
 
 import dataclasses
 import json

@@ -5,8 +5,7 @@ CPU (a field upstream adds fails there until its range is written here); the fuz
 
 The ranges are the patched tree's: the validation patch refuses what would crash the scheduler or answer 5xx; the
 rest is upstream's. V stands for the vocabulary's size (163840 on tests/_app.py, 2048 on test-serve's tiny models):
-`resolve(value, vocab)` fills it in.
-"""
+`resolve(value, vocab)` fills it in."""
 
 import dataclasses
 
@@ -45,16 +44,8 @@ def flag(**kw) -> Field:
     return Field(good=(True, False), bad=("maybe", [1], {}), **kw)
 
 
-def text(**kw) -> Field:
-    return Field(good=("x",), bad=(5, [1], {}), **kw)
-
-
 def obj(good=({},), **kw) -> Field:
     return Field(good=good, bad=("x", 5, [1]), **kw)
-
-
-def internal(why: str, good=(None,), bad=("x", 5, [1], {})) -> Field:
-    return Field(good=good, bad=bad, why=why)
 
 
 def ints(lo, hi, bad=(), **kw) -> Field:
@@ -105,10 +96,9 @@ SAMPLING = {  # /generate's sampling_params (SamplingParams), with their OpenAI 
     "watermark": Field(good=(None,), bad=(5, "x", {"a": 1}), why="off on this server"),
     # internal fields of SamplingParams: the typed decoding of /generate refuses them
     **{
-        k: internal("internal", good=())
-        for k in ("stop_strs", "stop_regex_strs", "stop_str_max_len", "stop_regex_max_len", "is_normalized")
+        k: Field(bad=("x", 5, [1], {}), why="internal")
+        for k in "stop_strs stop_regex_strs stop_str_max_len stop_regex_max_len is_normalized ebnf_full_assistant".split()
     },
-    "ebnf_full_assistant": internal("internal", good=()),
 }
 
 GENERATE_FIELDS = {  # GenerateReqInput
@@ -215,7 +205,6 @@ AS_SAMPLING = (
 OPENAI = {  # fields /v1/completions and /v1/chat/completions share
     "model": Field(good=("<served model>",), bad=(None, 5), why="any name (informational), a LoRA adapter refused"),
     **{k: SAMPLING[k] for k in AS_SAMPLING},
-    "max_tokens": Field(good=(1, 16), bad=(-1, HUGE, "x")),
     "min_tokens": Field(good=(0, 4), bad=(-1, 17, "x"), with_={"max_tokens": 16}),
     "n": Field(good=(1, 2), bad=(0, 10**7, "x")),
     "seed": Field(good=(None, 0, -1), bad=(HUGE, "x")),
@@ -248,7 +237,6 @@ OPENAI = {  # fields /v1/completions and /v1/chat/completions share
     "bootstrap_host": Field(good=(None, "x"), bad=(5,), why=PD),
     "bootstrap_port": Field(good=(None, 1), bad=("x",), why=PD),
     "bootstrap_room": Field(good=(None, 0), bad=("x",), why=PD),
-    "rid": Field(good=(None,), bad=([], 5)),
     "extra_key": Field(good=(None, "x"), bad=(5,)),
     "cache_salt": Field(good=(None, "x"), bad=(5,)),
     "priority": Field(good=(None, 0, -1), bad=(HUGE, "x")),

@@ -1,12 +1,6 @@
-"""Scenarios on CPU ranks over gloo, one fresh process each, driving the SGLang tree under test.
-
-    ranks = run("gather_semantics", world=2, timeout=240)  # one dict per rank; fails the test on an error or hang
-
-Each rank brings SGLang's TP group up as the model runner does (ServerArgs for the Kimi-K2.5 fixture, published,
-`bootstrap.init_parallel_runtime`) on SGLang's CPU engine, then runs one scenario below, scenario(tp, rank, **params).
-A hang is killed at `timeout` (scripts/box/ranks.py). Only what needs a GPU is stood in, each stand-in following the
-contract of the FlashInfer call it replaces.
-"""
+"""Scenarios on CPU ranks over gloo, one fresh process each: `run("gather_semantics", world=2)` is one dict per rank
+from scenario(tp, rank, **params), run on SGLang's TP group brought up as the model runner does on the CPU engine.
+Only what needs a GPU is stood in, each by the contract of the FlashInfer call it replaces."""
 
 import dataclasses
 import importlib.util
@@ -21,9 +15,7 @@ import pytest
 from _sgl import EAGLE3_CHAIN, KIMI_K25, bare
 from scripts.box import ranks
 
-STANDIN = (
-    Path(__file__).resolve().parents[1] / "gpu" / "standin"
-)  # import-only sgl_kernel: any op it would reach raises
+STANDIN = Path(__file__).resolve().parents[1] / "gpu" / "standin"  # sgl_kernel to import: any op of it raises
 CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1", "SGLANG_NCCL_SO_PATH": "/nonexistent/libnccl.so.2"}
 
 
@@ -36,8 +28,7 @@ def run(scenario: str, world: int = 2, timeout: float = 240, autotune: bool = Fa
 
 
 def _child(rank, world, port, phase, scenario, autotune, params):
-    """SGLang's TP group on this rank, as the model runner brings it up (no GPU: CUDA probes answer as idle), then
-    the scenario."""
+    """SGLang's TP group on this rank as the model runner brings it up (CUDA probes answer idle), then the scenario."""
     os.environ.update(
         SGLANG_CPU_OMP_THREADS_BIND="|".join(str(i % (os.cpu_count() or 1)) for i in range(world)),
         FLASHINFER_AUTOTUNE_DIR=tempfile.mkdtemp(),
@@ -64,8 +55,7 @@ def _child(rank, world, port, phase, scenario, autotune, params):
 
 
 def _pcie_ipc(tp, workspace_cls=None):
-    """SGLang's PcieIpcCommunicator on the real TP group (its constructor needs a CUDA device), FlashInfer's
-    all-reduce workspace stood in (tests/patches/_pcie.py)."""
+    """SGLang's PcieIpcCommunicator on the real TP group, FlashInfer's all-reduce workspace stood in (_pcie.py)."""
     import torch
 
     from _pcie import Workspace, communicator
@@ -81,9 +71,8 @@ def _pcie_ipc(tp, workspace_cls=None):
 
 
 def _gloo_gather(tp, calls=None):
-    """FlashInfer's PcieIpcAllGatherWorkspace stood in by a gloo gather under its contract (rank-major
-    [world * rows, width] bf16 output, refusing an output that overlaps the input); `calls` lists each gather's
-    input shape. The communicator is prepared for 8 rows of 64, the all-gather too."""
+    """FlashInfer's PcieIpcAllGatherWorkspace as a gloo gather under its contract (rank-major bf16 output that must not
+    overlap the input); `calls` lists each gather's input shape. PCIe IPC prepared for 8 rows of 64."""
     import flashinfer.comm as fi_comm
     import torch
     import torch.distributed as dist
@@ -104,9 +93,7 @@ def _gloo_gather(tp, calls=None):
 
 
 def gather_semantics(tp, rank):
-    """PCIe-IPC all-gathers and broadcasts through the real GroupCoordinator and PcieIpcCommunicator (_gloo_gather):
-    every dtype bit-exact, broadcast from either source, the packed verify broadcast, and an in-place gather that
-    must fall back to the device group's own gather."""
+    """All-gathers and broadcasts through the real GroupCoordinator and PcieIpcCommunicator (_gloo_gather)."""
     import torch
 
     from sglang.srt.speculative.spec_tp_sync import broadcast_packed
@@ -156,10 +143,9 @@ class _Stop(Exception):
 
 
 def verify_wiring(tp, rank, vocab):
-    """EAGLEWorkerV2.verify to eagle_sample as the server runs them, the target's real LogitsProcessor and
-    vocab-parallel ParallelLMHead (vocab padded to 64: the last shard holds padding) armed by
-    defer_target_verify_gather. Stood in: the verify's preparation, the target model body (hidden states given) and
-    verify_tree_greedy_func, which records the target's greedy tokens, per batch kind, beside the undeferred argmax."""
+    """EAGLEWorkerV2.verify to eagle_sample with the target's real LogitsProcessor and vocab-parallel ParallelLMHead (the
+    last shard holds padding) armed by defer_target_verify_gather; verify_tree_greedy_func records the greedy tokens
+    of each batch kind. Stood in: the verify's preparation and the model body (hidden states given)."""
     import contextlib
 
     import torch
@@ -251,9 +237,8 @@ def verify_wiring(tp, rank, vocab):
 
 
 def tune_cache_save_fails(tp, rank):
-    """The PCIe-IPC all-reduce's autotune, FlashInfer's tune() stood in by its own ending (device-group barrier, rank
-    0 saving FlashInfer's AutoTuner cache, barrier), the save failing for real on rank 0 (a cache path under a
-    regular file): every rank must leave tune() and take the group's decision together."""
+    """FlashInfer's tune() stood in by its own ending (barrier, rank 0 saves the AutoTuner cache, barrier), the save
+    failing for real on rank 0 (its path under a regular file): every rank must leave tune() and decide together."""
     import torch.distributed as dist
     from flashinfer.autotuner import AutoTuner
 
@@ -311,12 +296,10 @@ def fusion_exchange_fails_early(tp, rank, bad_rank):
     return {"proceed": proceed}
 
 
-# ------------------------------------------------------------------------------------------------------------------
 def allreduce_timing(tp, rank, cache_dir):
-    """Four starts of the PCIe-IPC all-reduce's timing decision on one TP group, each a fresh communicator prepared as
-    the model runner prepares it, the measuring method (_time_backends) faked per rank, the box (a PCI bus per rank,
-    NVML) faked, the timing cache in cache_dir; before them, what /server_info says of this CPU group:
-      differ: each rank's own times would route 1, 4 and 8 rows differently; cached: a second start on the box;
+    """Four starts of the all-reduce timing on one TP group, each a fresh communicator prepared as the model runner does,
+    _time_backends faked per rank, the box (PCI buses, NVML) faked; first what /server_info says of this CPU group.
+      differ: each rank's times alone would route 1, 4, 8 rows differently; cached: a second start on the box;
       new_driver: another driver is another box; fails: rank 1 cannot time (on yet another driver)."""
     import pynvml
     import torch
@@ -359,9 +342,8 @@ def allreduce_timing(tp, rank, cache_dir):
 
 
 def dflash_packing(tp, rank):
-    """DFlash's draft heads over a vocab-parallel lm_head (vocab 250, shards of 128) on the real TP group (_gloo_gather):
-    in the draft graph (_DflashDraftSampler) and eager, beside the full-vocab argmax, a row tying across the shards
-    (ids 3 and 130); rank 0's accept lengths and bonus tokens after SpecTpSync.sync_packed."""
+    """DFlash's draft heads (graph: _DflashDraftSampler, and eager) over a vocab-parallel lm_head (vocab 250, shards of
+    128; ids 3 and 130 tie) beside the full argmax; rank 0's accept lengths and bonus tokens after sync_packed."""
     import torch
 
     from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2, _DflashDraftSampler

@@ -2,8 +2,7 @@
 
 The real PcieIpcCommunicator and GroupCoordinator are made without their constructors, which need CUDA devices and
 process groups; FlashInfer's PCIe-IPC workspaces (GPU only) are stood in by `Workspace`, which keeps their contract
-with SGLang: built with the max_numel asked for, admitting what fits it. conftest.py installs them.
-"""
+with SGLang: built with the max_numel asked for, admitting what fits it. conftest.py installs them."""
 
 from pathlib import Path
 from types import SimpleNamespace

@@ -1,7 +1,6 @@
 """The all-reduce timing cached per box (PcieIpcCommunicator._read_timings, _timing_cache): keyed on every input of
 the measurement, read by the first rank for the group. FlashInfer's real autotune store under a temporary
-FLASHINFER_AUTOTUNE_DIR; NVML and the timing faked; two CPU ranks over gloo for the group's read.
-"""
+FLASHINFER_AUTOTUNE_DIR; NVML and the timing faked; two CPU ranks over gloo for the group's read."""
 
 import os
 

@@ -1,7 +1,6 @@
 """Each decode size's all-reduce backend timed at start (PcieIpcCommunicator._choose_backends): PCIe IPC only where
 it wins by SGLANG_PCIE_IPC_MIN_SPEEDUP, one decision for the group, a user's setting winning. Only the measuring
-method (_time_backends) is faked; two CPU ranks over gloo for the group decision (_gloo.py allreduce_timing).
-"""
+method (_time_backends) is faked; two CPU ranks over gloo for the group decision (_gloo.py allreduce_timing)."""
 
 import logging
 
@@ -33,7 +32,9 @@ def timed(monkeypatch):
 
 
 @pytest.mark.parametrize("fusion_on", [False, True])
-def test_allreduce_timing_routes_each_size_to_its_fastest(profile, tp8, fusion_workspace, timed, caplog, fusion_on):
+def test_allreduce_timing_routes_each_size_to_its_fastest(
+    profile, tp8, fusion_workspace, timed, monkeypatch, caplog, fusion_on
+):
     """Prepared for the profile's 64 rows, each tuned row count is timed and GroupCoordinator.all_reduce routes by the
     table: PCIe IPC up to 16 rows (>= 1.2x faster), NCCL where it is within 1.2x (32) or faster (64), FlashInfer's
     kernel where it is the fastest (32, fusion on). A size between two timed ones takes the wider one's backend;
@@ -44,7 +45,17 @@ def test_allreduce_timing_routes_each_size_to_its_fastest(profile, tp8, fusion_w
         comm = tp8.pcie_ipc_comm = prepared(widest_decode_rows(profile), coordinator=tp8)
     assert timed == [(1, 2, 4, 8, 16, 32, 64)]
     mid = "flashinfer" if fusion_on else "nccl"
-    assert [s["backend"] for s in comm.report()["sizes"]] == ["pcie_ipc"] * 5 + [mid, "nccl"]
+    info = server_info(monkeypatch, tp8)  # GET /server_info's allreduce_backends, as JSON
+    assert info["source"] == "measured" and info["margin"] == 1.2 and info["why"].startswith("timed at start")
+    assert [s["rows"] for s in info["sizes"]] == [1, 2, 4, 8, 16, 32, 64]
+    assert [s["backend"] for s in info["sizes"]] == ["pcie_ipc"] * 5 + [mid, "nccl"]
+    assert info["sizes"][0] == {
+        "rows": 1,
+        "bytes": 2 * HIDDEN,
+        "us": {"pcie_ipc": 5.5, "nccl": 20.1, **({"flashinfer": 50.0} if fusion_on else {})},
+        "backend": "pcie_ipc",
+        "why": "PCIe IPC 5.5 us vs NCCL 20.1 us, wins 3.7x >= 1.2x",
+    }
     for n, want in ((1, "pcie_ipc"), (3, "pcie_ipc"), (16, "pcie_ipc"), (17, mid), (32, mid), (64, "nccl"), (65, mid)):
         assert route(tp8, n) == want, n
         assert comm.should_pcie_ipc_ar(rows(n)) is (want == "pcie_ipc")
@@ -57,21 +68,6 @@ def test_allreduce_timing_routes_each_size_to_its_fastest(profile, tp8, fusion_w
         if fusion_on
         else "nccl       NCCL within 1.2x: PCIe IPC 21.0 us vs NCCL 23.2 us"
     ) in table
-
-
-def test_allreduce_timing_in_server_info(profile, tp8, timed, monkeypatch):
-    """GET /server_info returns internal_states[0] from get_internal_state: allreduce_backends holds the table."""
-    tp8.pcie_ipc_comm = prepared(64, coordinator=tp8)
-    info = server_info(monkeypatch, tp8)
-    assert info["source"] == "measured" and info["margin"] == 1.2 and info["why"].startswith("timed at start")
-    assert [s["rows"] for s in info["sizes"]] == [1, 2, 4, 8, 16, 32, 64]
-    assert info["sizes"][0] == {
-        "rows": 1,
-        "bytes": 2 * HIDDEN,
-        "us": {"pcie_ipc": 5.5, "nccl": 20.1},
-        "backend": "pcie_ipc",
-        "why": "PCIe IPC 5.5 us vs NCCL 20.1 us, wins 3.7x >= 1.2x",
-    }
 
 
 @pytest.mark.parametrize(

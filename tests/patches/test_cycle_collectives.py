@@ -1,7 +1,5 @@
 """Collectives of the speculative cycle: counted per stage when asked, none on NCCL at decode sizes (EAGLE-3 and
-DFlash), and the verify and draft heads that gather each vocab shard's argmax: routed in one process (conftest.py),
-their values on two CPU ranks over gloo (_gloo.py).
-"""
+DFlash), and the verify and draft heads that gather each vocab shard's argmax (their values on two ranks: _gloo.py)."""
 
 import logging
 import tomllib
@@ -22,8 +20,7 @@ BLOCK = 8  # DFlash's block (z-lab/Kimi-K2.5-DFlash), 7 drafted positions per re
 
 @pytest.fixture
 def tp(tp8):
-    """The TP8 group with the PCIe-IPC communicator prepared for the shipped profile: 64 rows of hidden 7168 for the
-    all-reduce, 64 rows of the 20480-wide Kimi vocab shard for the all-gather."""
+    """The TP8 group, PCIe IPC prepared for the shipped profile's 64-row verify (all-reduce and vocab-shard gather)."""
     tp8.pcie_ipc_comm = prepared(PROFILE_ROWS, gather_width=KIMI_VOCAB_SHARD)
     return tp8
 
@@ -42,57 +39,32 @@ def recorded(stage, run):
     return collective_stats.snapshot().get(stage)
 
 
-def test_collectives_counted_by_op_and_backend(tp):
-    """One recorded forward: each collective is noted with the backend the real code picked."""
+def test_collectives_counted_by_op_and_backend(tp, monkeypatch):
+    """One recorded forward: each collective is noted with the backend the real code picked, and /server_info lists
+    them; without SGLANG_RECORD_SPEC_COLLECTIVES=1 nothing is recorded or listed."""
 
     def forward():
         tp.all_reduce(rows(8))  # a decode-sized reduction: PCIe IPC
         tp.all_reduce(rows(2048))  # prefill-sized: NCCL
-        gather(tp, 64, KIMI_VOCAB_SHARD)
+        gather(tp, 64, KIMI_VOCAB_SHARD)  # the widest verify's logits shard: PCIe IPC
+        gather(tp, 65, KIMI_VOCAB_SHARD)  # wider: NCCL
+        gather(tp, 64, 4, torch.float32)  # the greedy verify's (max, index, 0, 0) rows: PCIe IPC
+        gather(tp, 1, 3, torch.int32)  # 12 bytes, not whole 16-byte packs: NCCL
         tp.broadcast(torch.zeros(12, dtype=torch.int32))
 
     got = recorded("target_verify", forward)
     assert got["calls"] == {
         "all_reduce": {"nccl": 1, "pcie_ipc": 1},
-        "all_gather": {"pcie_ipc": 1},
+        "all_gather": {"nccl": 2, "pcie_ipc": 2},
         "broadcast": {"pcie_ipc": 1},
     }
-    assert got["graphs"] == 1 and got["bytes"]["all_gather"] == 64 * KIMI_VOCAB_SHARD * 2
-    assert tp.pynccl_comm.calls == ["all_reduce"]
-
-
-def test_collectives_recorded_only_when_asked(tp, monkeypatch):
-    """Without SGLANG_RECORD_SPEC_COLLECTIVES=1 nothing is recorded and /server_info has no spec_collectives."""
-    for value, listed in (("1", True), ("0", False)):
-        monkeypatch.setenv("SGLANG_RECORD_SPEC_COLLECTIVES", value)
-        got = recorded("target_verify", lambda: tp.all_reduce(rows(8)))
-        assert (got is not None) is listed
-        state = speculative_state(stats())
-        assert ("spec_collectives" in state) is listed and "spec_cuda_graph" in state
-
-
-@pytest.mark.parametrize(
-    "n, dtype, width, want",
-    [
-        (64, torch.bfloat16, KIMI_VOCAB_SHARD, "pcie_ipc"),  # the widest verify's logits shard
-        (65, torch.bfloat16, KIMI_VOCAB_SHARD, "nccl"),  # wider: NCCL keeps it
-        (64, torch.float32, 4, "pcie_ipc"),  # the greedy verify's (max, index, 0, 0) rows
-        (1, torch.int32, 3, "nccl"),  # 12 bytes: not whole 16-byte packs
-    ],
-)
-def test_decode_sized_all_gathers_take_pcie_ipc(tp, n, dtype, width, want):
-    assert recorded("draft_decode", lambda: gather(tp, n, width, dtype))["calls"] == {"all_gather": {want: 1}}
-
-
-def test_an_in_place_all_gather_falls_back_to_nccl(tp):
-    """FlashInfer refuses an output that overlaps the input; NCCL gathers in place. The same gather out of place
-    takes PCIe IPC."""
-    out = torch.empty((8 * 64, 4), dtype=torch.float32)
-    got = recorded(
-        "target_verify",
-        lambda: (tp.all_gather_into_tensor(out, torch.zeros((64, 4))), tp.all_gather_into_tensor(out, out[:64])),
-    )
-    assert got["calls"] == {"all_gather": {"pcie_ipc": 1, "nccl": 1}}
+    assert got["graphs"] == 1 and got["bytes"]["all_gather"] == 129 * KIMI_VOCAB_SHARD * 2 + 64 * 16 + 12
+    assert tp.pynccl_comm.calls == ["all_reduce", "all_gather", "all_gather"]
+    assert "spec_collectives" in speculative_state(stats())
+    monkeypatch.setenv("SGLANG_RECORD_SPEC_COLLECTIVES", "0")
+    assert recorded("target_verify", lambda: tp.all_reduce(rows(8))) is None
+    state = speculative_state(stats())
+    assert "spec_collectives" not in state and "spec_cuda_graph" in state
 
 
 def test_the_all_gather_is_tuned_with_the_all_reduce_and_says_when_it_is_not_built(no_gpu, caplog):
@@ -128,18 +100,16 @@ def test_the_all_gather_memory_vote_sizes_the_layouts_of_its_world(monkeypatch, 
 
 
 def test_pcie_ipc_all_gather_bytes_and_broadcast_sources_on_two_ranks():
-    """Two CPU ranks: int32, fp32 (NaN, -0.0, inf), bf16 and uint8 gathers bit-exact and rank-major; broadcast from
-    rank 0 and from rank 1; the sampled verify's three tensors in one packed broadcast; all on PCIe IPC (7 calls),
-    and an in-place gather correct on the group's own gather."""
+    """Gathers bit-exact and rank-major in every dtype (NaN, -0.0, inf too), broadcasts from either rank, the sampled
+    verify's packed broadcast: 7 PCIe-IPC calls; an in-place gather (FlashInfer refuses it) right on the group's."""
     for r in _gloo.run("gather_semantics", timeout=400):
         assert r.pop("pcie_ipc_calls") == 7 and r.pop("in_place_on_pcie_ipc") is False
         assert all(r.values()), r
 
 
 def test_the_greedy_verify_from_shards_through_eagle_worker_verify():
-    """Two CPU ranks, EAGLEWorkerV2.verify to eagle_sample (vocab 250, padded to 256): the greedy batch takes the
-    argmax from the shards (eagle_sample reads no logits), the logit-bias batch the full gather; both give the
-    target's tokens of the undeferred logits on both ranks, a tie across shards to the lowest id."""
+    """A greedy batch reads the shards' argmax (no logits), a logit-bias batch the full gather: both give the undeferred
+    logits' tokens on both ranks (vocab 250 padded to 256), a tie across shards to the lowest id."""
     for r in _gloo.run("verify_wiring", timeout=400, vocab=250):
         assert r["deferred"] and r["reference"][0] == 3 and r["reference"][1] == 248
         assert r["greedy"] == {"tokens": r["reference"], "logits": None}
@@ -174,9 +144,8 @@ def test_the_greedy_verify_needs_only_the_argmax_when_nothing_reads_the_logits(m
 
 
 def test_a_target_that_post_processes_its_logits_keeps_the_full_gather(kimi):
-    """Gemma-4 unified fills eoi/eoa by global id into next_token_logits after its logits processor: the verify must
-    not hand it a vocab shard (the id is out of range of a shard, or the wrong token in it), so neither EAGLE nor
-    DFlash defers its gather. A target that does not (DeepSeek-V3 / Kimi-K2.5) defers."""
+    """Gemma-4 unified writes eoi/eoa by global id into its logits after the processor, which a vocab shard cannot
+    take: neither EAGLE nor DFlash defers its gather there; DeepSeek-V3 / Kimi-K2.5 does."""
     from sglang.srt.layers.logits_processor import LogitsProcessor
     from sglang.srt.models.deepseek_v2 import DeepseekV3ForCausalLM
     from sglang.srt.models.gemma4_unified import Gemma4UnifiedForConditionalGeneration as Gemma4Unified
@@ -205,9 +174,8 @@ def test_a_target_that_post_processes_its_logits_keeps_the_full_gather(kimi):
     ],
 )
 def test_workers_without_the_deferral_verify(kimi, monkeypatch, module, worker, draft):
-    """STANDALONE and Frozen-KV MTP build their own state instead of calling EAGLEWorkerV2.__init__ and inherit its
-    verify(): their real __init__ (the draft worker and the GPU streams stood in), then verify() reaches
-    run_eagle_verify, undeferred."""
+    """STANDALONE and Frozen-KV MTP inherit EAGLEWorkerV2.verify without its __init__: from their real __init__,
+    verify() reaches run_eagle_verify undeferred."""
     import importlib
 
     from sglang.srt.speculative import eagle_worker_v2
@@ -273,11 +241,9 @@ def test_kimi_tp8_cycle_has_no_nccl_call(tp):
 
 
 def test_the_dflash_cycle_has_no_nccl_call_at_any_captured_batch(kimi_dflash, tp8, monkeypatch):
-    """Every collective of a Kimi-K2.5 TP8 DFlash step at every captured batch (8 to 384 rows), through the real code,
-    the PCIe-IPC workspaces and timing prepared as the model runner prepares them (PCIe IPC timed fastest): the
-    reductions, the draft head's gather in its graph and eager, the greedy verify's shard argmax and the sampled
-    verify's logits gather, the accept's broadcasts. Apart, the head's maxima and ids and the accept's lengths and
-    tokens are not whole 16-byte packs at small batches, which the PCIe-IPC all-gather needs."""
+    """Every collective of a Kimi-K2.5 TP8 DFlash step at every captured batch (8 to 384 rows), the real code with PCIe
+    IPC prepared and timed fastest: reductions, the draft head's gather (graph and eager), the verify's shard argmax
+    and logits gather, the accept's broadcasts, each packed in whole 16-byte rows as the PCIe-IPC all-gather needs."""
     from sglang.srt.distributed.device_communicators.pcie_ipc_ar import PcieIpcCommunicator
     from sglang.srt.layers import logits_processor as lp
     from sglang.srt.model_executor.runner.base_cuda_graph_runner import get_batch_sizes_to_capture
@@ -357,9 +323,8 @@ def test_the_dflash_cycle_has_no_nccl_call_at_any_captured_batch(kimi_dflash, tp
 
 
 def test_the_dflash_heads_and_accept_keep_their_values_on_two_ranks():
-    """Two CPU ranks over gloo, a vocab-parallel head (vocab 250 in shards of 128): the packed gather gives the
-    full-vocabulary argmax on both ranks (a tie across shards to the lower id), in the draft graph's head and the
-    eager one alike; the packed accept broadcast leaves rank 0's accept lengths and bonus tokens on both."""
+    """The draft graph's head and the eager one give the full vocabulary's argmax on both ranks (a tie across shards
+    to the lower id); the packed accept broadcast leaves rank 0's accept lengths and bonus tokens on both."""
     for r in _gloo.run("dflash_packing", timeout=400):
         assert r["sampler"] == r["reference"] == r["eager"] and r["reference"][0] == 3, r
         assert r["accept"] == {"accept_len": [2, 0, 7], "bonus": [2**40 + 5, 17, 250]}, r

@@ -2,8 +2,7 @@
 
 EagleDraftWorker hands the draft the target's embed_tokens.weight; Kimi-K2.5 replicates it with
 SGLANG_ENABLE_EMBED_REPLICATION=1. Unpatched, the draft keeps its TP-sharded lookup and embeds wrong rows for every
-token outside rank 0's shard. Two CPU ranks, the real draft model class (tests/gpu/_ranks.py eagle3_draft_embedding).
-"""
+token outside rank 0's shard. Two CPU ranks, the real draft model class (tests/gpu/_ranks.py eagle3_draft_embedding)."""
 
 import sys
 from pathlib import Path

@@ -1,8 +1,6 @@
 """FlashInfer all-reduce + residual + RMSNorm fusion on SM12X (patches flashinfer-*.patch): the real SGLang code on a
-faked platform, a fake CUDA driver for the workspace preflight, a recording stand-in for FlashInfer's kernel call.
-"""
+faked platform, a fake CUDA driver for the workspace preflight, a recording stand-in for FlashInfer's kernel call."""
 
-import contextlib
 import importlib
 import inspect
 from types import SimpleNamespace
@@ -24,46 +22,37 @@ def fcf():
     return importlib.import_module("sglang.srt.layers.flashinfer_comm_fusion")
 
 
-@pytest.mark.parametrize("backend", ["auto", "trtllm"])
-def test_fusion_sm120_resolves_to_trtllm_single_node(fcf, backend):
-    with platform(12):
-        assert fcf._resolve_backend(backend, is_multi_node=False) == "trtllm"
+TRTLLM_FLAG = "--flashinfer-allreduce-fusion-backend=trtllm"
+SM120_BACKENDS = [  # (major, backend, multi-node, the backend or what the ValueError says)
+    (12, "auto", False, "trtllm"),
+    (12, "trtllm", False, "trtllm"),
+    (12, "mnnvl", False, ("multicast", TRTLLM_FLAG)),
+    (12, "cutedsl", False, ("SM100", TRTLLM_FLAG)),
+    *[(12, backend, True, ("single-node",)) for backend in ("auto", "trtllm", "mnnvl", "cutedsl")],
+]
+OTHER_GPUS_BACKENDS = [  # other GPUs reach upstream's resolver as before: each backend it returns, most errors
+    (10, "auto", False, "mnnvl"),
+    (10, "cutedsl", False, "cutedsl"),
+    (9, "auto", False, "trtllm"),
+    (9, "auto", True, ()),
+    (9, "cutedsl", False, ()),
+    (10, "trtllm", True, ()),
+    (8, "auto", False, ()),
+]
 
 
-@pytest.mark.parametrize("backend,needle", [("mnnvl", "multicast"), ("cutedsl", "SM100")])
-def test_fusion_sm120_rejects_mnnvl_and_cutedsl_with_a_reason(fcf, backend, needle):
-    with platform(12), pytest.raises(ValueError) as e:
-        fcf._resolve_backend(backend, is_multi_node=False)
-    assert needle in str(e.value) and "--flashinfer-allreduce-fusion-backend=trtllm" in str(e.value)
-
-
-@pytest.mark.parametrize("backend", ["auto", "trtllm", "mnnvl", "cutedsl"])
-def test_fusion_sm120_rejects_multi_node(fcf, backend):
-    with platform(12), pytest.raises(ValueError, match="single-node"):
-        fcf._resolve_backend(backend, is_multi_node=True)
-
-
-@unchanged
 @pytest.mark.parametrize(
-    "major,backend,multi,want",  # want None: refused
-    [
-        (10, "auto", False, "mnnvl"),
-        (10, "auto", True, "mnnvl"),
-        (10, "trtllm", False, "trtllm"),
-        (10, "mnnvl", True, "mnnvl"),
-        (10, "cutedsl", False, "cutedsl"),
-        (9, "auto", False, "trtllm"),
-        (9, "trtllm", False, "trtllm"),
-        (9, "mnnvl", False, "mnnvl"),
-        (9, "auto", True, None),
-        (9, "cutedsl", False, None),
-        (10, "trtllm", True, None),
-        (8, "auto", False, None),
-    ],
+    "major, backend, multi, want", SM120_BACKENDS + [pytest.param(*row, marks=unchanged) for row in OTHER_GPUS_BACKENDS]
 )
-def test_fusion_resolver_of_other_gpus_unchanged(fcf, major, backend, multi, want):
-    with platform(major), pytest.raises(ValueError) if want is None else contextlib.nullcontext():
-        assert fcf._resolve_backend(backend, is_multi_node=multi) == want
+def test_fusion_backend_resolution(fcf, major, backend, multi, want):
+    """SM12X takes trtllm on one node and refuses the rest saying why and what works; other GPUs as before."""
+    with platform(major):
+        if isinstance(want, str):
+            assert fcf._resolve_backend(backend, is_multi_node=multi) == want
+            return
+        with pytest.raises(ValueError) as e:
+            fcf._resolve_backend(backend, is_multi_node=multi)
+    assert all(needle in str(e.value) for needle in want), e.value
 
 
 # ----------------------------------------------------------------------------- ServerArgs auto-enable gate
@@ -81,32 +70,21 @@ def test_fusion_sm120_auto_enable_gate_kimi_k25(monkeypatch):
 
 
 def test_fusion_sm120_switch_each_way(monkeypatch):
+    """=1 enables it where the gate would not, =0 disables it where it would; enforce-disable still wins over =1."""
     monkeypatch.setenv("SGLANG_SM120_ALLREDUCE_FUSION", "1")
-    on = {tp: resolved(server_args(12, tp=tp, spec=False), FUSION) for tp in (4, 8)}
+    on = {tp: resolved(server_args(12, tp=tp, spec=False), FUSION) for tp in (2, 4, 8)}
+    enforced = server_args(12, tp=2, spec=False, enforce_disable_flashinfer_allreduce_fusion=True)
     monkeypatch.setenv("SGLANG_SM120_ALLREDUCE_FUSION", "0")
     off = resolved(server_args(12, tp=2, spec=False), FUSION)
-    assert (on, off) == ({4: "auto", 8: "auto"}, None)
-
-
-def test_fusion_sm120_enforce_disable_still_wins(monkeypatch):
-    monkeypatch.setenv("SGLANG_SM120_ALLREDUCE_FUSION", "1")
-    sa = server_args(12, tp=2, spec=False, enforce_disable_flashinfer_allreduce_fusion=True)
-    assert resolved(sa, FUSION) is None
-    # ... and the gate really would have enabled it (so the assertion above is about the flag)
-    assert resolved(server_args(12, tp=2, spec=False), FUSION) == "auto"
+    assert (on, resolved(enforced, FUSION), off) == ({2: "auto", 4: "auto", 8: "auto"}, None, None)
 
 
 @unchanged
-def test_fusion_sm120_explicit_backend_kept(monkeypatch):
-    monkeypatch.delenv("SGLANG_SM120_ALLREDUCE_FUSION", raising=False)
-    assert resolved(server_args(12, tp=8, spec=False, flashinfer_allreduce_fusion_backend="trtllm"), FUSION) == "trtllm"
-
-
-@unchanged
-@pytest.mark.parametrize("major", [9, 10])
-def test_fusion_auto_enable_sm90_sm100_unchanged(monkeypatch, major):
-    monkeypatch.setenv("SGLANG_SM120_ALLREDUCE_FUSION", "0")  # the SM12X switch must not touch other GPUs
-    assert resolved(server_args(major, tp=8, spec=False), FUSION) == "auto"
+@pytest.mark.parametrize("major, kw", [(12, {FUSION: "trtllm"}), (9, {}), (10, {})])
+def test_fusion_explicit_backend_and_other_gpus_unchanged(monkeypatch, major, kw):
+    """A backend the user set is kept; SM90 and SM100 auto-enable as before, the SM12X switch touching neither."""
+    monkeypatch.setenv("SGLANG_SM120_ALLREDUCE_FUSION", "0")
+    assert resolved(server_args(major, tp=8, spec=False, **kw), FUSION) == kw.get(FUSION, "auto")
 
 
 # ------------------------------------------------------------------------ per-batch predicate and token cap
@@ -116,14 +94,6 @@ def fusion_on():
 
     with get_context().override_server_args(flashinfer_allreduce_fusion_backend="trtllm"):
         yield
-
-
-@unchanged
-def test_fusion_per_batch_predicate_sm90_unchanged(monkeypatch, fusion_on):
-    add_norm = importlib.import_module("sglang.srt.layers.layer_boundary.residual.add_norm")
-    monkeypatch.setattr(add_norm, "_is_sm90_supported", True)
-    monkeypatch.setattr(add_norm, "_is_flashinfer_available", True)
-    assert add_norm.flashinfer_ar_fusion_applies(2048)
 
 
 @pytest.fixture
@@ -173,15 +143,16 @@ def test_fusion_sm120_per_batch_predicate(reload_add_norm, monkeypatch, fusion_o
     mod = reload_add_norm(12)
     monkeypatch.setattr(mod, "_is_flashinfer_available", True)
     assert (mod._is_sm90_supported, mod._is_sm100_supported, mod._is_sm120_supported) == (False, False, True)
-    assert mod.FUSE_ALLREDUCE_MAX_BATCH_SIZE == 256
     assert [n for n in (0, 1, 8, 64, 256, 257, 2048) if mod.flashinfer_ar_fusion_applies(n)] == [1, 8, 64, 256]
     monkeypatch.setattr(mod, "_is_sm120_supported", False)
     assert not mod.flashinfer_ar_fusion_applies(8)
 
 
 @unchanged
-def test_fusion_token_cap_sm90_unchanged(reload_add_norm):
-    assert reload_add_norm(9).FUSE_ALLREDUCE_MAX_BATCH_SIZE == 2048
+def test_fusion_token_cap_and_per_batch_predicate_sm90_unchanged(reload_add_norm, monkeypatch, fusion_on):
+    mod = reload_add_norm(9)
+    monkeypatch.setattr(mod, "_is_flashinfer_available", True)
+    assert mod.FUSE_ALLREDUCE_MAX_BATCH_SIZE == 2048 and mod.flashinfer_ar_fusion_applies(2048)
 
 
 # --------------------------------------------------------------------------------- workspace preflight
@@ -345,21 +316,6 @@ def fused_op(fcf):
 # Row counts from decode (1) through chain verify (bs x 4 draft tokens) to the SM12X cap (256), and beyond it to
 # FlashInfer's own one-shot bound at TP8 (192 rows of 7168 bf16) and a prefill chunk.
 PDL_ROWS = [1, 4, 8, 16, 17, 32, 64, 128, 192, 193, 256, 1024]
-
-
-def _flashinfer_picks_oneshot(rows: int, world: int) -> bool:
-    """FlashInfer 0.7.2's own decision for use_oneshot=None (trtllm_ar._should_use_oneshot)."""
-    from flashinfer.comm.trtllm_ar import _should_use_oneshot
-
-    return _should_use_oneshot(rows, 7168, torch.bfloat16, world)
-
-
-@unchanged
-def test_fusion_oneshot_range_reaches_past_16_tokens():
-    """Why a <= 16-token guard was not enough: FlashInfer runs its one-shot kernel far beyond 16 rows (at TP8 up
-    to 192 rows of 7168 bf16, at TP2/TP4 every size up to the SM12X cap)."""
-    assert [r for r in PDL_ROWS if _flashinfer_picks_oneshot(r, 8)] == [1, 4, 8, 16, 17, 32, 64, 128, 192]
-    assert all(_flashinfer_picks_oneshot(r, w) for r in PDL_ROWS if r <= 256 for w in (2, 4))
 
 
 @pytest.mark.parametrize("rows", [r for r in PDL_ROWS if r <= 256])

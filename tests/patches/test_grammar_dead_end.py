@@ -2,8 +2,7 @@
 
 xgrammar compiles such a grammar and then masks every token, the stop tokens too: the sampler picks a masked token,
 the matcher refuses it, and SGLang 0.5.23 answers 500 "Grammar accept_token failed". The real XGrammarGrammarBackend
-over a word-level tokenizer (w0, w1, ...: no token holds a "z" or a "q"), the scheduler's real grammar steps.
-"""
+over a word-level tokenizer (w0, w1, ...: no token holds a "z" or a "q"), the scheduler's real grammar steps."""
 
 from http import HTTPStatus
 from types import SimpleNamespace

@@ -1,6 +1,5 @@
 """The launcher's NCCL default for single-node TP on PCIe-only GPUs: the real `_set_envs_and_config` on resolved
-Kimi-K2.5 server arguments, NVML faked (tests/_fake_nvml.py); the launcher must not initialise CUDA.
-"""
+Kimi-K2.5 server arguments, NVML faked (tests/_fake_nvml.py); the launcher must not initialise CUDA."""
 
 import itertools
 import logging
@@ -22,10 +21,6 @@ WATCHED += ["NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE", "NCCL_GRAPH_MIXING_SUPPORT"
 # What upstream's launcher itself sets among NCCL_* on one node (engine.py _set_envs_and_config).
 UPSTREAM_NCCL = {"NCCL_CUMEM_ENABLE", "NCCL_NVLS_ENABLE", "NCCL_MNNVL_ENABLE"}
 SET_LINE = "No NVLink between the visible GPUs: set NCCL_MIN_NCHANNELS=8 (SGLANG_PCIE_NCCL_DEFAULTS=0 skips this)."
-
-
-def all_pairs(indices) -> set:
-    return {frozenset(p) for p in itertools.combinations(indices, 2)}
 
 
 @pytest.fixture
@@ -83,7 +78,8 @@ def test_pcie_nccl_probes_the_visible_gpus(launch, monkeypatch):
     """GPUs 0-1 share NVLink, but this server sees 4-7 only (CUDA_VISIBLE_DEVICES numbers are NVML indices)."""
     fake = nvml(monkeypatch, nvlink=[(0, 1)])
     changed = launch(server_args(12, tp=4), CUDA_VISIBLE_DEVICES="4,5,6,7")
-    assert fake.pairs == all_pairs([4, 5, 6, 7]) and changed["NCCL_MIN_NCHANNELS"] == "8"
+    assert fake.pairs == {frozenset(p) for p in itertools.combinations([4, 5, 6, 7], 2)}
+    assert changed["NCCL_MIN_NCHANNELS"] == "8"
 
 
 @pytest.mark.parametrize("setting", CHANNELS)

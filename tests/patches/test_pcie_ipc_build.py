@@ -1,14 +1,13 @@
 """The PCIe-IPC all-reduce's build and autotune, decided on every rank together (PcieIpcCommunicator.prepare): the
-real communicator, FlashInfer's workspace stood in (_pcie.py); two CPU ranks over gloo for the autotune's save.
-"""
+real communicator, FlashInfer's workspace stood in (_pcie.py); two CPU ranks over gloo for the autotune's save."""
 
 import logging
 
 import _gloo
-from _pcie import HIDDEN, Workspace, communicator, prepared, route, rows, widest_decode_rows
+from _pcie import HIDDEN, Workspace, communicator, prepared, route, rows, server_info, widest_decode_rows
 
 
-def test_pcie_ipc_short_of_memory_stays_off_with_a_reason(profile, tp8, fusion_workspace, no_gpu, caplog):
+def test_pcie_ipc_short_of_memory_stays_off_with_a_reason(profile, tp8, fusion_workspace, no_gpu, monkeypatch, caplog):
     """A rank that cannot allocate the workspace (FlashInfer's cudaMalloc precedes its handle exchange) does not enter
     the build: disabled, saying why; reductions keep the FlashInfer/NCCL route."""
     fusion_workspace()
@@ -18,6 +17,7 @@ def test_pcie_ipc_short_of_memory_stays_off_with_a_reason(profile, tp8, fusion_w
     assert tp8.pcie_ipc_comm.disabled and Workspace.built == []
     assert any("this rank (it has 1048576 bytes free" in m and "could not allocate it" in m for m in caplog.messages)
     assert route(tp8, 8) == "flashinfer"
+    assert server_info(monkeypatch, tp8)["why"] == "its workspace could not be built or tuned on every rank"
 
 
 def test_pcie_ipc_size_that_cannot_be_computed_is_no_refusal(profile, monkeypatch, caplog):
@@ -62,7 +62,5 @@ def test_pcie_ipc_the_first_prepare_wins(profile):
 def test_pcie_ipc_tune_cache_save_failing_on_rank_0_is_no_hang():
     """Two CPU ranks: FlashInfer's tune() saves its cache on rank 0 between two barriers; a save failing for real
     there is recorded, rank 0 reaches the second barrier, both keep PCIe IPC with the measured tactics."""
-    assert (
-        _gloo.run("tune_cache_save_fails", timeout=400, autotune=True)
-        == [{"disabled": False, "barrier_broken": []}] * 2
-    )
+    ranks = _gloo.run("tune_cache_save_fails", timeout=400, autotune=True)
+    assert ranks == [{"disabled": False, "barrier_broken": []}] * 2

@@ -1,23 +1,12 @@
 """The PCIe-IPC all-reduce ahead of FlashInfer's allreduce-only path: the real GroupCoordinator.all_reduce, with the
-workspaces the patched server sizes for the shipped Kimi-K2.5 profile on SM120 (_pcie.py, conftest.py).
-"""
+workspaces the patched server sizes for the shipped Kimi-K2.5 profile on SM120 (_pcie.py, conftest.py)."""
 
 import pytest
 import torch
 
-from _pcie import HIDDEN, Workspace, prepared, route, widest_decode_rows
+from _pcie import prepared, route, widest_decode_rows
 
 U = pytest.mark.unchanged
-
-
-@U
-def test_pcie_ipc_workspace_is_sized_from_the_profile(profile):
-    """The shipped profile (16 running requests, decode graphs to bs 16, 4 draft tokens) gives a 64-row PCIe-IPC
-    workspace: the widest verify batch, not the 192-row default of an unconfigured server."""
-    max_rows = widest_decode_rows(profile)
-    prepared(max_rows)
-    (ws,) = Workspace.built
-    assert max_rows == 64 and ws.max_numel == 64 * HIDDEN and max(ws.kw["tune_batches"]) == 64
 
 
 @pytest.mark.parametrize(
@@ -25,7 +14,6 @@ def test_pcie_ipc_workspace_is_sized_from_the_profile(profile):
     [
         # decode and chain verify (bs x 4 draft tokens up to bs 16): PCIe-IPC ahead of FlashInfer's one-shot kernel
         (1, True, "pcie_ipc"),
-        (4, True, "pcie_ipc"),
         (16, True, "pcie_ipc"),
         (64, True, "pcie_ipc"),
         # wider than the PCIe-IPC workspace: a short prefill or a draft-extend chunk keeps FlashInfer up to its cap...
@@ -33,7 +21,6 @@ def test_pcie_ipc_workspace_is_sized_from_the_profile(profile):
         pytest.param(256, True, "flashinfer", marks=U),
         # ... and NCCL above it
         pytest.param(257, True, "nccl", marks=U),
-        pytest.param(8192, True, "nccl", marks=U),
         # fusion off (the TP8 default): no FlashInfer workspace, PCIe-IPC up to 64 rows, NCCL above
         pytest.param(64, False, "pcie_ipc", marks=U),
         pytest.param(65, False, "nccl", marks=U),

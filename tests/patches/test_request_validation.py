@@ -4,8 +4,7 @@ A prompt token id outside [0, vocab) reaches the embedding's index_select (a dev
 and every later request is refused); stop_token_ids, top_logprobs_num, top_k, pooling positions, a client-set
 lora_id, JSON positional_embed_overrides and ragged input_embeds reach other device indexing or crash the scheduler.
 Each request goes through the real entry points (the HTTP app, Engine.async_generate) to a real TokenizerManager on
-CPU, the scheduler stood in (tests/_app.py).
-"""
+CPU, the scheduler stood in (tests/_app.py)."""
 
 import asyncio
 import re
@@ -151,12 +150,10 @@ def test_embedding_path_rejects_out_of_vocabulary_ids(embedding_server, path, bo
     [
         (dict(input_ids=[5, OOV]), OOV_MSG),
         (dict(input_ids=[[5], [OOV]]), OOV_MSG),
-        (dict(input_ids=[5], sampling_params={"stop_token_ids": [VOCAB]}), f"token id {VOCAB}; valid range"),
-        (dict(input_ids=[5], return_logprob=True, top_logprobs_num=-1), "top_logprobs_num must be an integer"),
         (dict(input_ids=[5], sampling_params={"logit_bias": {"5": float("nan")}}), "finite float32 numbers, got nan"),
         (dict(input_ids=[5, OOV], image_data=""), NO_MM),
     ],
-    ids=["single", "batch", "stop-token-ids", "top-logprobs-num", "logit-bias-nan", "image-data"],
+    ids=["single", "batch", "logit-bias-nan", "image-data"],
 )
 def test_engine_api_raises_value_error(server, kwargs, message):
     from sglang.srt.entrypoints.engine import Engine
@@ -168,14 +165,8 @@ def test_engine_api_raises_value_error(server, kwargs, message):
     assert sent == [] or (sent == [[5]] and isinstance(kwargs["input_ids"][0], list)), sent  # a batch's head
 
 
-WIDEST = {"stop_token_ids": [VOCAB - 1], "top_k": 2**31 - 1, "logit_bias": {"5": -100.0}}
-GOOD = {  # name: (the embedding server?, (path, body))
-    "generate": (False, gen(input_ids=[0, 5, VOCAB - 1], sampling_params=WIDEST)),
+GOOD = {  # name: (the embedding server?, (path, body)); single requests' fields: tests/requests/test_fields.py
     "generate-batch": (False, gen(input_ids=[[5], [VOCAB - 1]], return_logprob=True, top_logprobs_num=20)),
-    "generate-text": (False, (GEN, {"text": "w1 w2", "token_ids_logprob": [VOCAB - 1], "return_logprob": True})),
-    "completions": (False, cmpl(prompt=[5, VOCAB - 1], max_tokens=1, logprobs=5, stop_token_ids=[0])),
-    "completions-batch": (False, cmpl(prompt=[[5], [6]], max_tokens=1)),
-    "chat": (False, chat(input_ids=[5, VOCAB - 1], max_tokens=1)),
     "encode": (True, ("/encode", {"input_ids": [5, VOCAB - 1]})),
     "embeddings-batch": (True, ("/v1/embeddings", {"model": "m", "input": [[5], [VOCAB - 1]]})),
 }
@@ -184,7 +175,7 @@ GOOD = {  # name: (the embedding server?, (path, body))
 @pytest.mark.unchanged
 @pytest.mark.parametrize("name", GOOD)
 def test_good_request_reaches_the_scheduler(request, name):
-    """In-range ids, the vocabulary's last id, the widest top_k and long-standing logprob counts pass unchanged."""
+    """Batches and the embedding paths: in-range ids up to the vocabulary's last pass unchanged."""
     embedding, (path, body) = GOOD[name]
     server = request.getfixturevalue("embedding_server" if embedding else "server")
     resp = server.client().post(path, json=body)

@@ -1,10 +1,6 @@
-"""The API keys (and the SSL key password) never reach the startup log line or /server_info.
-
-Upstream logs server_args at startup and returns them from GET /server_info (NORMAL auth level) and /get_server_info
-through the watermark-only redaction: anyone holding the plain API key read the admin key there, and
-`launch_command` carried `--api-key K` verbatim. The real logging helper and endpoint coroutines, over arguments
-parsed from a real command line by prepare_server_args; only the tokenizer manager's live state is stood in.
-"""
+"""The API keys and the SSL key password never reach the startup log line or /server_info: upstream returned them from
+GET /server_info (NORMAL auth level), so anyone holding the plain API key read the admin key there, and
+`launch_command` carried `--api-key K` verbatim. Real command lines through prepare_server_args, the real endpoints."""
 
 import asyncio
 import json
@@ -18,8 +14,6 @@ from _sgl import KIMI_K25, platform
 
 KEY, ADMIN, SSL_PW = "S3CRET-plain-key", "S3CRET-admin-key", "S3CRET-ssl-pw"
 SECRETS = (KEY, ADMIN, SSL_PW)
-
-
 PEM = Path(tempfile.mkdtemp(prefix="secrets-test-"))  # --ssl-certfile/--ssl-keyfile must name files
 (PEM / "cert.pem").write_text("cert\n")
 (PEM / "key.pem").write_text("key\n")
@@ -45,18 +39,6 @@ COMMAND_LINES = {
 }
 
 
-@pytest.mark.parametrize("form", COMMAND_LINES)
-def test_secrets_redacted_in_the_startup_log_line(form):
-    from sglang.srt.entrypoints.engine import _server_args_for_logging
-
-    sa = parsed(*COMMAND_LINES[form])
-    assert (sa.api_key, sa.admin_api_key, sa.ssl_keyfile_password) == SECRETS  # the server still has them
-    logged = _server_args_for_logging(sa)
-    line = f"server_args={logged}"
-    assert not any(s in line for s in SECRETS), line
-    assert logged["api_key"] == logged["admin_api_key"] == logged["ssl_keyfile_password"] == "<redacted>"
-
-
 @pytest.fixture
 def server(monkeypatch):
     """make(server_args): the real http_server global state, with a tokenizer manager stand-in for its live
@@ -78,15 +60,19 @@ def server(monkeypatch):
     return make
 
 
-@pytest.mark.parametrize("endpoint", ["server_info", "get_server_info"])
 @pytest.mark.parametrize("form", COMMAND_LINES)
-def test_secrets_redacted_in_server_info(server, endpoint, form):
-    http = server(parsed(*COMMAND_LINES[form]))
-    info = asyncio.run(getattr(http, endpoint)())
-    text = json.dumps(info, default=str)
-    assert not any(s in text for s in SECRETS), text[:2000]
-    assert info["api_key"] == info["admin_api_key"] == info["ssl_keyfile_password"] == "<redacted>"
-    assert "<redacted>" in info["launch_command"]
+def test_secrets_redacted_in_the_startup_log_line_and_server_info(server, form):
+    from sglang.srt.entrypoints.engine import _server_args_for_logging
+
+    sa = parsed(*COMMAND_LINES[form])
+    assert (sa.api_key, sa.admin_api_key, sa.ssl_keyfile_password) == SECRETS  # the server still has them
+    http = server(sa)
+    infos = [asyncio.run(http.server_info()), asyncio.run(http.get_server_info())]
+    for shown in (_server_args_for_logging(sa), *infos):  # the log line is f"server_args={logged}"
+        text = json.dumps(shown, default=str)
+        assert not any(s in text for s in SECRETS), text[:2000]
+        assert shown["api_key"] == shown["admin_api_key"] == shown["ssl_keyfile_password"] == "<redacted>"
+    assert all("<redacted>" in info["launch_command"] for info in infos)
 
 
 @pytest.mark.unchanged

@@ -1,9 +1,6 @@
-"""Every fixed-width EAGLE verify batch replays a CUDA graph, and every speculative fallback is counted.
-
-The real graph runners' decisions, ModelRunner.forward, the EAGLE draft stages, /server_info and the Prometheus
-counter (tests/patches/_graphs.py builds the runners); resolved Kimi-K2.5 + EAGLE-3 ServerArgs on a faked SM120 box:
-the captured batch sizes cover every batch the scheduler can form, and an eager verify is announced at startup.
-"""
+"""Every fixed-width EAGLE verify batch replays a CUDA graph, every speculative fallback is counted (graph runners,
+ModelRunner.forward, the EAGLE draft stages, /server_info, Prometheus), the captured batch sizes cover every batch the
+scheduler can form (resolved ServerArgs on a faked SM120 box), and an eager verify is announced at startup."""
 
 import contextlib
 import logging
@@ -20,7 +17,6 @@ U = pytest.mark.unchanged
 WIDTH = 4  # num_draft_tokens for steps=3, topk=1
 PADDING_OFF = dict(disable_padding=True, backend=SimpleNamespace(can_run=lambda fb, key: key.size in (1, 2, 4, 8)))
 CASES = {  # name: (runner overrides, batch kwargs, expected reason or None for graph replay)
-    "bs1": ({}, dict(bs=1), None),
     "bs_at_max": ({}, dict(bs=MAX_BS), None),
     "batch_above_max_bs": ({}, dict(bs=MAX_BS + 1), "batch_above_max_bs"),
     "width_mismatch": ({}, dict(width=1), "width_mismatch"),
@@ -52,32 +48,6 @@ def test_verify_graph_fallback_reason(case, what):
     check_graph_decision(what, g.runner(**runner_kw), g.verify_batch(**batch_kw), reason)
 
 
-@U
-def test_verify_batches_never_carry_replace_embeds(monkeypatch):
-    """Upstream's own guarantee that the verify graph relies on: a speculative decode step clears replace_embeds (the
-    scoring API's) before the verify batch is built; Kimi-K2.5 merges image features inside its forward."""
-    from sglang.srt.managers.schedule_batch import ScheduleBatch
-    from sglang.srt.speculative import spec_utils
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-    handed = []
-    monkeypatch.setattr(
-        spec_utils,
-        "spec_prepare_for_decode",
-        lambda b: handed.append((b.replace_embeds, b.replace_positions, b.input_embeds)),
-    )
-    batch = SimpleNamespace(
-        spec_algorithm=SpeculativeAlgorithm.EAGLE3,
-        forward_mode=None,
-        replace_embeds=torch.zeros(2, 8),
-        replace_positions=torch.tensor([0, 1]),
-        input_embeds=torch.zeros(2, 8),
-        attn_cp_metadata=None,
-    )
-    ScheduleBatch.prepare_for_decode(batch)
-    assert handed == [(None, None, None)]
-
-
 # Counters: SpecGraphStats, ModelRunner.forward, the EAGLE draft stages, /server_info, Prometheus
 
 
@@ -102,23 +72,13 @@ def test_spec_graph_stats_count_outcomes_and_warn_once_per_stage_and_reason(capl
         stats.record_forward("target_verify", r, g.verify_batch(bs=MAX_BS + 2), "piecewise")
         stats.record_forward("draft_decode", None, g.verify_batch(bs=2), "eager")
         stats.record_forward("draft_extend", r, g.verify_batch(bs=2), "eager", "dsa_topk_seed")
-    got = stats.to_dict()
-    assert got["target_verify"] == g.graph(
-        3, piecewise=1, eager=5, batch_above_max_bs=3, width_mismatch=1, no_graph_runner=2
-    )
-    assert got["draft_decode"] == g.graph(eager=1, no_graph_runner=1)
-    assert got["draft_extend"] == g.graph(eager=1, dsa_topk_seed=1)
-    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warned) == 5, warned
-    for stage, reason in (
-        ("target_verify", "batch_above_max_bs"),
-        ("target_verify", "width_mismatch"),
-        ("target_verify", "no_graph_runner"),
-        ("draft_decode", "no_graph_runner"),
-        ("draft_extend", "dsa_topk_seed"),
-    ):
-        assert sum(f"Speculative {stage} forward" in m and f"reason={reason}" in m for m in warned) == 1, warned
-    assert sorted(stats.pop_unexported()) == [
+    assert g.speculative_state(stats)["spec_cuda_graph"] == {  # GET /server_info's, read by make bench
+        "target_verify": g.graph(3, piecewise=1, eager=5, batch_above_max_bs=3, width_mismatch=1, no_graph_runner=2),
+        "draft_decode": g.graph(eager=1, no_graph_runner=1),
+        "draft_extend": g.graph(eager=1, dsa_topk_seed=1),
+    }
+    unexported = sorted(stats.pop_unexported())  # the Prometheus counter's increments
+    assert unexported == [
         ("draft_decode", "eager", "no_graph_runner", 1),
         ("draft_extend", "eager", "dsa_topk_seed", 1),
         ("target_verify", "eager", "batch_above_max_bs", 2),
@@ -128,40 +88,20 @@ def test_spec_graph_stats_count_outcomes_and_warn_once_per_stage_and_reason(capl
         ("target_verify", "piecewise", "batch_above_max_bs", 1),
     ]
     assert stats.pop_unexported() == []
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    fallbacks = {(stage, reason) for stage, outcome, reason, _ in unexported if outcome == "eager"}
+    assert len(warned) == len(fallbacks) == 5, warned  # one warning per stage and reason
+    for stage, reason in fallbacks:
+        assert sum(f"Speculative {stage} forward" in m and f"reason={reason}" in m for m in warned) == 1, warned
 
 
-def test_spec_graph_forward_counts_every_target_verify_forward(kimi):
-    """The real ModelRunner.forward counts each TARGET_VERIFY forward once, by how it ran: decode graph, piecewise
-    prefill graph, eager; decode batches and draft runners count nothing."""
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
-    mr = g.model_runner(g.runner())
-    outs = [
-        g.forward(mr, fb) for fb in (g.verify_batch(bs=2), g.verify_batch(bs=MAX_BS + 1), g.verify_batch(bs=MAX_BS))
-    ]
-    assert [o.logits_output for o in outs] == ["graph", "eager", "graph"]
-    assert [o.graph_outcome for o in outs] == ["graph", "eager", "graph"]
-    decode = g.verify_batch(bs=2, forward_mode=ForwardMode.DECODE, spec_info=None)
-    assert g.forward(mr, decode).logits_output == "graph"
-    assert mr.spec_graph_stats.to_dict()["target_verify"] == g.graph(2, eager=1, batch_above_max_bs=1)
-
-    no_graphs = g.model_runner(None)
-    assert g.forward(no_graphs, g.verify_batch()).logits_output == "eager"
-    assert no_graphs.spec_graph_stats.to_dict()["target_verify"] == g.graph(eager=1, no_graph_runner=1)
-
-    piecewise = g.model_runner(g.runner(), piecewise=True)
-    assert g.forward(piecewise, g.verify_batch(bs=MAX_BS + 1)).logits_output == "piecewise"
-    assert piecewise.spec_graph_stats.to_dict()["target_verify"] == g.graph(piecewise=1, batch_above_max_bs=1)
-
-    draft = g.model_runner(g.runner(), is_draft_worker=True)
-    g.forward(draft, g.verify_batch())
-    assert draft.spec_graph_stats.to_dict()["target_verify"] == g.graph()
-
-
-def test_eager_speculative_forwards_record_their_collectives(kimi, collectives):
-    """The real ModelRunner.forward: an eager target-verify or draft-extend forward records its collectives as
-    `<stage>_eager` (counted in forwards); a graph replay records nothing (its capture did), nor does a plain eager
-    decode, and a draft forward inside a graph's capture counts for that graph (issue 22 item 1)."""
+def test_spec_graph_forward_counts_each_verify_and_records_eager_collectives(kimi, collectives, monkeypatch):
+    """The real ModelRunner.forward counts each TARGET_VERIFY forward once by how it ran (decode graph, piecewise
+    prefill graph, eager), also when an elastic-EP rank fault re-runs it; an eager target-verify or draft-extend
+    forward records its collectives as `<stage>_eager` (in forwards), a graph replay none (its capture did). Decode
+    batches and draft runners count and record nothing; a draft forward inside a graph's capture counts for that graph
+    (issue 22 item 1)."""
+    from sglang.srt.model_executor import model_runner as mr_mod
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     def eager(fb, pp_proxy_tensors=None):  # one reduction of the batch's rows
@@ -170,12 +110,32 @@ def test_eager_speculative_forwards_record_their_collectives(kimi, collectives):
 
     mr = g.model_runner(g.runner())
     mr.eager_runner.execute = eager
-    outs = [g.forward(mr, fb) for fb in (g.verify_batch(bs=2), g.verify_batch(bs=MAX_BS + 1), g.verify_batch(bs=1))]
-    assert [o.graph_outcome for o in outs] == ["graph", "eager", "graph"]
-    mr.decode_cuda_graph_runner = None
-    g.forward(mr, g.verify_batch(bs=1))  # no graph runner: eager, narrower than the widest recorded
-    g.forward(mr, g.verify_batch(bs=2, forward_mode=ForwardMode.DECODE, spec_info=None))  # plain decode
+    outs = [g.forward(mr, g.verify_batch(bs=bs)) for bs in (2, MAX_BS + 1, MAX_BS)]
+    assert [o.logits_output for o in outs] == [o.graph_outcome for o in outs] == ["graph", "eager", "graph"]
+    decode = g.verify_batch(bs=2, forward_mode=ForwardMode.DECODE, spec_info=None)
+    assert g.forward(mr, decode).logits_output == "graph"
+    assert mr.spec_graph_stats.to_dict()["target_verify"] == g.graph(2, eager=1, batch_above_max_bs=1)
+
+    no_graphs = g.model_runner(None)
+    no_graphs.eager_runner.execute = eager
+    assert g.forward(no_graphs, g.verify_batch(bs=1)).logits_output == "eager"  # narrower than the widest recorded
+    assert g.forward(no_graphs, decode).logits_output == "eager"  # a plain eager decode
+    assert no_graphs.spec_graph_stats.to_dict()["target_verify"] == g.graph(eager=1, no_graph_runner=1)
     assert collectives.snapshot() == {"target_verify_eager": g.reduced(1, (MAX_BS + 1) * WIDTH, forwards=2)}
+
+    elastic = g.model_runner(g.runner())
+    elastic.enable_elastic_ep = True
+    monkeypatch.setattr(mr_mod, "maybe_rebalance_after_rank_fault", lambda eplb_manager: True)
+    g.forward(elastic, g.verify_batch(bs=2))
+    assert elastic.spec_graph_stats.to_dict()["target_verify"] == g.graph(1)
+
+    piecewise = g.model_runner(g.runner(), piecewise=True)
+    assert g.forward(piecewise, g.verify_batch(bs=MAX_BS + 1)).logits_output == "piecewise"
+    assert piecewise.spec_graph_stats.to_dict()["target_verify"] == g.graph(piecewise=1, batch_above_max_bs=1)
+
+    draft_graphs = g.model_runner(g.runner(), is_draft_worker=True)
+    g.forward(draft_graphs, g.verify_batch())
+    assert draft_graphs.spec_graph_stats.to_dict()["target_verify"] == g.graph()
 
     draft = g.model_runner(None, is_draft_worker=True)
     draft.eager_runner.execute = eager
@@ -187,17 +147,6 @@ def test_eager_speculative_forwards_record_their_collectives(kimi, collectives):
     assert got.pop("draft_extend_eager") == g.reduced(1, 2 * WIDTH, forwards=1)
     assert got.pop("draft_decode") == g.reduced(2, 2 * 2, graphs=1)
     assert list(got) == ["target_verify_eager"]
-
-
-def test_spec_graph_elastic_ep_retry_counts_one_verify_once(kimi, monkeypatch):
-    """An elastic-EP rank fault re-runs the verify forward; it is still one verify."""
-    from sglang.srt.model_executor import model_runner as mr_mod
-
-    monkeypatch.setattr(mr_mod, "maybe_rebalance_after_rank_fault", lambda eplb_manager: True)
-    mr = g.model_runner(g.runner())
-    mr.enable_elastic_ep = True
-    g.forward(mr, g.verify_batch(bs=2))
-    assert mr.spec_graph_stats.to_dict()["target_verify"] == g.graph(1)
 
 
 def _draft_runner(stage="draft_decode", **overrides):
@@ -288,12 +237,13 @@ def _eagle_draft_worker(monkeypatch, graph_runner, extend_runner):
     return w, target.model_runner.spec_graph_stats
 
 
-def test_spec_graph_eagle_draft_decode_counted(monkeypatch, collectives):
-    """EagleDraftWorker.draft records its draft-decode forward: graph when its runner takes the batch, eager with
-    the runner's reason otherwise (here a batch above the captured maximum)."""
+def test_spec_graph_eagle_draft_stages_counted(monkeypatch, collectives):
+    """EagleDraftWorker.draft records its draft-decode forward, and the draft extend after each verify its own: graph
+    when its runner takes the batch, eager with the runner's reason otherwise (here a batch above the captured
+    maximum)."""
     from sglang.srt.speculative import eagle_worker_v2 as ew
 
-    w, stats = _eagle_draft_worker(monkeypatch, _draft_runner(), None)
+    w, stats = _eagle_draft_worker(monkeypatch, _draft_runner(), _draft_runner("draft_extend"))
 
     def draft_forward(fb):  # each of the 2 draft decode steps reduces the batch's rows once
         g.reduce(fb.batch_size)
@@ -307,16 +257,8 @@ def test_spec_graph_eagle_draft_decode_counted(monkeypatch, collectives):
             ew, "prepare_for_draft", lambda *a, fb=fb, **k: (fb, w.cuda_graph_runner.can_run_graph(fb), None)
         )
         w.draft(SimpleNamespace(spec_info=SimpleNamespace(dsa_topk_indices=None)))
-    assert stats.to_dict()["draft_decode"] == g.graph(1, eager=1, batch_above_max_bs=1)
     # the eager one's collectives, both steps as one forward (issue 22 item 1)
     assert collectives.snapshot() == {"draft_decode_eager": g.reduced(2, 2 * (MAX_BS + 1), forwards=1)}
-
-
-def test_spec_graph_eagle_draft_extend_counted(monkeypatch):
-    """The draft extend after each verify is recorded the same way (graph, or eager with the reason)."""
-    from sglang.srt.speculative import eagle_worker_v2 as ew
-
-    w, stats = _eagle_draft_worker(monkeypatch, None, _draft_runner("draft_extend"))
     for bs in (4, MAX_BS + 1):
         fb = _draft_batch(bs=bs, width=WIDTH)
         monkeypatch.setattr(ew, "prepare_for_draft_extend", lambda *a, fb=fb, **k: fb)
@@ -327,29 +269,8 @@ def test_spec_graph_eagle_draft_extend_counted(monkeypatch):
         )
         with pytest.raises(_Stop):
             w._draft_extend_for_decode(SimpleNamespace(seq_lens=torch.ones(bs)), result)
-    assert stats.to_dict()["draft_extend"] == g.graph(1, eager=1, batch_above_max_bs=1)
-
-
-def test_spec_graph_counts_in_server_info():
-    """GET /server_info returns internal_states[0] from get_internal_state; bench_serving and make bench read it."""
-    stats = g.stats()
-    for outcome, reason in (
-        ("graph", ""),
-        ("graph", ""),
-        ("eager", "batch_above_max_bs"),
-        ("eager", "mlp_sync"),
-        ("piecewise", "batch_above_max_bs"),
-    ):
-        stats.record("target_verify", outcome, reason)
-    stats.record("draft_extend", "eager", "mlp_sync")
-    state = g.speculative_state(stats)
-    assert state["avg_spec_accept_length"] == 3.0
-    # draft_decode: nothing recorded it, so it is not listed (a draft worker that records no draft stages, such as
-    # MultiLayerEagleDraftWorker, must not read as zero fallbacks)
-    assert state["spec_cuda_graph"] == {
-        "target_verify": g.graph(2, piecewise=1, eager=2, batch_above_max_bs=2, mlp_sync=1),
-        "draft_extend": g.graph(eager=1, mlp_sync=1),
-    }
+    counted = stats.to_dict()
+    assert counted["draft_decode"] == counted["draft_extend"] == g.graph(1, eager=1, batch_above_max_bs=1)
 
 
 def test_spec_graph_counts_in_prometheus_metrics(kimi):
@@ -555,24 +476,24 @@ def test_verify_running_request_cap_leaves_draft_and_plain_runners(draft, spec):
 # Eager verify said at startup: decode CUDA graphs off, compact ragged verify without ragged graphs
 
 
-@pytest.mark.parametrize("flag", ["disable_cuda_graph", "disable_decode_cuda_graph"])
-def test_verify_warns_at_startup_without_decode_cuda_graph(flag, caplog):
+@pytest.mark.parametrize(
+    "flag, spec",
+    [
+        ("disable_cuda_graph", True),
+        ("disable_decode_cuda_graph", True),
+        pytest.param("disable_cuda_graph", False, marks=U),
+    ],
+)
+def test_verify_warns_at_startup_without_decode_cuda_graph(flag, spec, caplog):
     """Speculation with the decode graphs off starts (upstream's test kit runs EAGLE-3 so), with one warning naming
-    the cause, the cost and where the eager verifies are counted."""
+    the cause, the cost and where the eager verifies are counted; a server without speculation gets none."""
     with caplog.at_level(logging.WARNING):
-        sa = sm120_args(**{flag: True})
+        sa = sm120_args(spec=spec, **{flag: True})
     assert resolved(sa, "cuda_graph_config").decode.backend == "disabled"
-    assert resolved(sa, "speculative_algorithm") == "EAGLE3"
-    (msg,) = [m for m in caplog.messages if "decode CUDA graphs disabled" in m]
-    assert "--" + flag.replace("_", "-") in msg and "spec_cuda_graph" in msg and "no_graph_runner" in msg
-
-
-@U
-def test_verify_warning_leaves_non_speculative_servers_alone(caplog):
-    with caplog.at_level(logging.WARNING):
-        sa = sm120_args(spec=False, disable_cuda_graph=True)
-    assert resolved(sa, "cuda_graph_config").decode.backend == "disabled"
-    assert not [m for m in caplog.messages if "Speculative decoding" in m]
+    assert resolved(sa, "speculative_algorithm") == ("EAGLE3" if spec else None)
+    warned = [m for m in caplog.messages if "Speculative decoding" in m]
+    assert len(warned) == spec
+    assert all("--" + flag.replace("_", "-") in m and "spec_cuda_graph" in m and "no_graph_runner" in m for m in warned)
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,7 @@
 """The table of request fields and their ranges (tests/_request_fields.py) and the fuzzer's corpus (tests/_fuzz.py)
 against the real HTTP app of the tree under test on CPU (tests/_app.py): every field of the request classes has a
 range, every value taken reaches the scheduler, every value refused is a 4xx that never reaches it, and no request
-of the corpus gets a 5xx or escapes the app as an exception (on the unpatched tree several do).
-"""
+of the corpus gets a 5xx or escapes the app as an exception (on the unpatched tree several do)."""
 
 import dataclasses
 import json
