@@ -32,19 +32,6 @@ sys.path.insert(0, str(FIX))
 import standin_server  # noqa: E402
 
 IMAGE = load_pin().serving_image
-STANDIN = """import os, sys, time
-sys.path.insert(0, {fix!r})
-import standin_server as s
-from aiohttp import web
-a = dict(zip(sys.argv[1::2], sys.argv[2::2]))
-if os.environ.get("EXIT"):  # the server dies while starting
-    sys.exit(1)
-if os.environ.get("MUTE"):  # the container runs, nothing answers
-    time.sleep(600)
-model = os.environ.get("ANOTHER") or a["--model"]  # ANOTHER: another server answers on the port
-standin = s.StandIn(s.PROFILES["patched" if "--draft-model" in a else "stock"], model_path=model)
-web.run_app(standin.app(), host="127.0.0.1", port=int(a["--port"]), print=None)
-"""
 
 
 def bench_verb(*args) -> subprocess.CompletedProcess:
@@ -59,8 +46,10 @@ def client_env() -> dict[str, str]:
 def box(tmp_path, monkeypatch) -> dict:
     """A fake box: docker (engine up, the serving image there, its serve a stand-in), 8 idle GPUs, a model and a
     drafter on disk, a variants file of the shipped profiles with them, one small scenario."""
-    (tmp_path / "standin.py").write_text(STANDIN.format(fix=str(FIX)))
-    serve = f'exec python3 {tmp_path / "standin.py"} "$@"'
+    # EXIT: the server dies while starting; MUTE: the container runs, nothing answers; ANOTHER: another server
+    # answers on the port
+    standin = FIX / "standin_server.py"
+    serve = f'[ "$EXIT" ] && exit 1; [ "$MUTE" ] && exec sleep 600; exec python3 {standin} "$@" ${{ANOTHER:+--model 1}}'
     docker = _fake_docker.install(tmp_path, (IMAGE,), pythonpath=(TREE,), verbs={"serve": serve}, gpus=8)
     for d in ("model", "draft"):
         (tmp_path / d).mkdir()
@@ -252,13 +241,10 @@ def test_a_running_server_with_an_api_key(box, tmp_path):
     """--server-url: 401 is named with the fix; with the key from --api-key-file (serve's source) the harness and
     bench_serving (the image's client, by name in its environment) send it, and it is in no output, log or result."""
     key = "k3y-" + "5ecret" * 4
-    server = standin_server.ServerThread("patched", api_key=key).start()
     (tmp_path / "key").write_text(key + "\n")
-    args = [*box["args"], "--server-url", f"s={server.url}", "--patchset", "s=abc"]
-    try:
+    with standin_server.serving("patched", api_key=key) as url:
+        args = [*box["args"], "--server-url", f"s={url}", "--patchset", "s=abc"]
         no_key, keyed = bench_verb(*args), bench_verb(*args, "--api-key-file", tmp_path / "key")
-    finally:
-        server.stop()
     assert no_key.returncode == 4 and "export SGLANG_API_KEY=<its key>, or pass --api-key-file FILE" in no_key.stderr
     assert keyed.returncode == 0, keyed.stderr[-3000:]
     (results,) = box["res"].glob("*.jsonl")
