@@ -281,9 +281,11 @@ def test_make_dry_runs_print_their_plans_and_write_nothing(target, tmp_path):
     assert subprocess.run(status, cwd=ROOT, capture_output=True, text=True).stdout == before
 
 
-def test_the_lent_route_benches_its_servers_through_server_url(tmp_path, monkeypatch):
-    """bench/device/lent.py (the tiny bench of a lent GPU machine; no GPU here): its servers are SGLang --config
-    launches of the tiny profiles with the route's flags, and the make bench it runs plans A/B/A over them."""
+def test_the_lent_route_benches_its_tiny_servers_through_server_url(tmp_path, monkeypatch):
+    """bench/device/lent.py (the tiny bench and the DFlash arm's proxy on a lent GPU machine; no GPU here): its servers
+    are SGLang --config launches of the tiny profiles with the route's flags; the make bench it runs plans A/B/A over
+    them, and sweep-tiny serves no speculation, EAGLE-3 and DFlash at once, benched at C1 on the chat and code prompt
+    sets once each, as make bench runs the DFlash arm."""
     monkeypatch.syspath_prepend(str(ROOT / "tests" / "gpu" / "serve"))
     monkeypatch.syspath_prepend(str(ROOT / "bench" / "device"))
     import _servers
@@ -300,3 +302,11 @@ def test_the_lent_route_benches_its_servers_through_server_url(tmp_path, monkeyp
     assert {x.patchset for x in p.launches.values()} == {"0123456789ab"}
     assert not any(x.argv for x in p.launches.values())
     assert lent.profile_argv(urls, tmp_path)[-2:] == ["--out", str(tmp_path / "profile.json")]
+    servers = lent.SERVERS["sweep-tiny"]
+    assert [p for _, p, _ in servers] == ["nospec.yaml", "eagle3.yaml", "dflash.yaml"]
+    assert [d for _, _, d in servers] == [None, "draft-pi", "dflash-first"]
+    urls = {name: f"http://127.0.0.1:{32000 + 10 * i}" for i, (name, _, _) in enumerate(servers)}
+    argv = lent.bench_argv(urls, tmp_path, FIX / "tokenizer", "0123456789ab", "lent")
+    runs = pl.build(*pl.parse([*argv[3:], *lent.ARGS["sweep-tiny"]])).runs
+    assert [(r.scenario.name, r.variant.name) for r in runs] == [(s, v) for v in urls for s in ("C1-chat", "C1-code")]
+    assert all((ROOT / r.scenario.extra_args[1]).is_file() and r.scenario.dataset_name == "custom" for r in runs)
