@@ -19,25 +19,18 @@ import _gloo  # noqa: E402
 from _pcie import HIDDEN, Workspace  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def cpu_routing():
-    return run_ranks("routing_only", world=2, device="cpu", timeout=240, params={"rows": [1, 8]})
-
-
-def test_harness_brings_sglang_up_on_cpu_ranks(cpu_routing):
+def test_harness_brings_sglang_up_on_cpu_ranks():
     """Two CPU ranks: SGLang's TP group of 2 over gloo, each rank's all-reduce equal to the fp32 sum of both ranks'
     inputs, routed through SGLang's in-place path to torch.distributed (no NCCL anywhere)."""
-    assert cpu_routing.ok, cpu_routing.explain()
+    outcome = run_ranks("routing_only", world=2, device="cpu", timeout=240, params={"rows": [1, 8]})
+    assert outcome.ok, outcome.explain()
+    results = outcome.results
     # the published state the runners read (the decisions test reads the fusion backend there): no fusion on CPU
-    assert all(r["fusion_backend_published"] is None for r in cpu_routing.results)
-    assert [r["tp_size"] for r in cpu_routing.results] == [2, 2]
-    assert sorted(r["rank_in_group"] for r in cpu_routing.results) == [0, 1]
-    assert len({r["pid"] for r in cpu_routing.results}) == 2
-    for r in cpu_routing.results:
-        assert r["device"] == "cpu"
-        for call in r["calls"]:
-            assert call["backend"] == ["torch_distributed"], call
-            assert not call["nan"] and call["max_rel_err"] < 2e-2, call
+    assert all(r["fusion_backend_published"] is None and r["device"] == "cpu" for r in results)
+    assert [r["tp_size"] for r in results] == [2, 2] and sorted(r["rank_in_group"] for r in results) == [0, 1]
+    assert len({r["pid"] for r in results}) == 2
+    for call in (c for r in results for c in r["calls"]):
+        assert call["backend"] == ["torch_distributed"] and not call["nan"] and call["max_rel_err"] < 2e-2, call
 
 
 def test_harness_reports_a_rank_error_with_its_traceback():

@@ -23,7 +23,6 @@ ROOT = Path(__file__).resolve().parents[2]
 PROFILES = {p.stem: p for p in (ROOT / "docker" / "profiles").glob("*.yaml")}
 SPEC = ("kimi-k25-eagle3-tp8", "kimi-k25-dflash-tp8")
 KEY = "k3y-0f-the-0perator"
-SPEC_EAGLE3 = ("--speculative-algorithm", "EAGLE3")
 IMAGE = load_pin().serving_image
 
 
@@ -120,10 +119,8 @@ def test_a_drafter_without_its_algorithm_is_refused(capsys, sglang_tree, hf):
         dry_run(capsys, "--profile", "kimi-k25-tp8", "--draft-model", "lightseekorg/kimi-k2.5-eagle3")
     with pytest.raises(UserError, match="drafts for DFLASH, not EAGLE3: add -- --speculative-algorithm DFLASH"):
         dry_run(capsys, "--draft-model", "z-lab/Kimi-K2.5-DFlash")
-    doc = dry_run(
-        capsys, *"--profile kimi-k25-tp8 --draft-model lightseekorg/kimi-k2.5-eagle3 --".split(), *SPEC_EAGLE3
-    )
-    assert sglang_parse(doc["argv"]).speculative_algorithm == "EAGLE3"
+    argv = "--profile kimi-k25-tp8 --draft-model lightseekorg/kimi-k2.5-eagle3 -- --speculative-algorithm EAGLE3"
+    assert sglang_parse(dry_run(capsys, *argv.split())["argv"]).speculative_algorithm == "EAGLE3"
 
 
 def test_drafters_are_checked_against_the_known_ones_and_the_hf_cache(capsys, hf):
