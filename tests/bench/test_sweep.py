@@ -154,9 +154,8 @@ def test_cost_model_recovers_the_costs_and_agrees_with_a_consistent_sweep():
     assert t1 == pytest.approx(T1) and len(points) == 10
     f, why = report.fit(points, t1)
     assert f is not None, why
-    assert f["per_token"] == pytest.approx(V) and f["per_step"] == pytest.approx(
-        {"A/one (checkpoint)": 0.8, "B/two (checkpoint)": 1.4}
-    )
+    per_step = {"A/one (checkpoint)": 0.8, "B/two (checkpoint)": 1.4}
+    assert f["per_token"] == pytest.approx(V) and f["per_step"] == pytest.approx(per_step)
     assert "Predicted optimum: sweep-A-one-4-4-8 " in report.verdict(points, f)[1]
     md = report.markdown(rows, {"stem": "S"})
     assert "## Sweep: drafters and speculative settings (C1)" in md

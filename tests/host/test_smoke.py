@@ -75,9 +75,7 @@ def test_driver_only_failures_are_counted_apart_and_tolerated_alone(tmp_path):
 
 def test_modules_come_from_the_patches(tmp_path):
     (tmp_path / "series").write_text("# a comment\n0001-a.patch\n")
-    touched = (
-        "python/sglang/srt/x.py python/sglang/srt/pkg/__init__.py python/sglang/srt/k.cu test/t.py "
-        "python/sglang/srt/x.py"
-    )  # the first one twice
+    touched = "python/sglang/srt/x.py python/sglang/srt/pkg/__init__.py python/sglang/srt/k.cu test/t.py"
+    touched += " python/sglang/srt/x.py"  # the first one twice
     (tmp_path / "0001-a.patch").write_text("".join(f"diff --git a/{f} b/{f}\n" for f in touched.split()))
     assert smoke.series_modules(tmp_path) == ["sglang.srt.x", "sglang.srt.pkg"]
