@@ -1,4 +1,4 @@
-"""cuda-python's driver as SGLang's fusion workspace preflight calls it, on a CPU rank (tests/gpu/_ranks.py,
+"""cuda-python's driver as SGLang's fusion workspace preflight calls it, on a CPU rank (tests/gpu/test_harness.py,
 tests/patches); `_fake_cuda`, as tests/conftest.py puts tests/ on sys.path."""
 
 import os
@@ -11,27 +11,13 @@ class FakeCudaDriver:
     and shareable handles that are real file descriptors (so FlashInfer's own SCM_RIGHTS exchange moves them).
     `fail` names the call that fails on this rank; `calls` lists the calls made, `created` the sizes allocated."""
 
-    class CUresult:
-        CUDA_SUCCESS = 0
-        CUDA_ERROR_INVALID_VALUE = 1
-        CUDA_ERROR_NOT_SUPPORTED = 801
-
-    class CUdevice_attribute:
-        CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 132
-
-    class CUmemAllocationGranularity_flags:
-        CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1
-
-    class CUmemAccess_flags:
-        CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
-
-    class CUmemAccessDesc:
-        pass
-
-    class CUmulticastGranularity_flags:
-        CU_MULTICAST_GRANULARITY_RECOMMENDED = 1
-
-    CUmulticastObjectProp = SimpleNamespace
+    # the driver's enums and structs, as far as the preflight reads them
+    CUresult = SimpleNamespace(CUDA_SUCCESS=0, CUDA_ERROR_INVALID_VALUE=1, CUDA_ERROR_NOT_SUPPORTED=801)
+    CUdevice_attribute = SimpleNamespace(CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED=132)
+    CUmemAllocationGranularity_flags = SimpleNamespace(CU_MEM_ALLOC_GRANULARITY_RECOMMENDED=1)
+    CUmemAccess_flags = SimpleNamespace(CU_MEM_ACCESS_FLAGS_PROT_READWRITE=3)
+    CUmulticastGranularity_flags = SimpleNamespace(CU_MULTICAST_GRANULARITY_RECOMMENDED=1)
+    CUmemAccessDesc = CUmulticastObjectProp = SimpleNamespace
 
     def __init__(self, fail: str | None = None, multicast=False, granularity=2 << 20, mc_granularity=512 << 20):
         self.fail, self.multicast, self.granularity, self.mc_granularity = fail, multicast, granularity, mc_granularity

@@ -1,21 +1,15 @@
-"""A fake `docker` client for tests: it records every argv and runs `docker run IMAGE ...` as the image would.
+"""A fake `docker` client: it records every argv and runs `docker run IMAGE ...` as the image would, so a printed
+`docker run` command is tested by running it (a missing mount or an unknown image fails as on the box).
 
-`install(tmp_path, images=...)` writes it as bin/docker (first on the PATH the caller builds) and returns a
-FakeDocker. It answers `docker version` (no engine when `engine_up` is false: the client's own message), `docker
-image inspect` for the images it has (their labels: this checkout's patch set unless `labels` says otherwise), and
-runs `docker run ... IMAGE ARGS` through this repository's docker/entrypoint with the image's environment
-(EAGLE_HOME = this checkout, EAGLE_IMAGE, EAGLE_RESULTS = the host directory mounted at /results, else /results
-itself, which the image does not create and this machine lacks), the `-e` variables it was given, and this
-interpreter as the image's python3 (host directories of -v are made when missing, as docker makes them; an argument
-naming a path under a mount names the host's). `verbs` replaces a verb of the image by a shell command (its
-arguments are "$@"). A container runs in a session of its own, as docker's does: a signal to the client's group
-never reaches it, the client forwards SIGINT/SIGTERM/SIGHUP to it (docker's sig-proxy), and `docker run -d`, `ps`,
-`inspect`, `logs`, `stop` and `rm -f` know it by its --name. With gpus=N it also writes an nvidia-smi that lists N
-GPUs and the compute processes busy() gave it; verb() runs a verb as make does.
-
-So a printed `docker run` command is tested by running it: a missing mount or an unknown image fails as it would on
-the box. Imported as `_fake_docker` (tests/ is on sys.path through tests/conftest.py); bench/device/lent.py runs
-make bench's client through it on a lent GPU machine, which has no docker.
+install() writes bin/docker (and with gpus=N an nvidia-smi listing N GPUs, busy() their compute processes) and
+returns a FakeDocker. It answers `version` (engine_up=False: the client's own "no engine" message), `image inspect`
+(labels: this checkout's patch set unless told otherwise), and `run` through docker/entrypoint with the image's
+environment (EAGLE_HOME this checkout; EAGLE_RESULTS the host directory mounted at /results, else /results, which
+this machine lacks), its -e variables, this interpreter as python3, -v host directories made as docker makes them and
+paths under a mount rewritten to the host's. `verbs` replaces an image verb by a shell command ("$@": its arguments).
+A container runs in its own session (a signal to the client's group never reaches it; the client forwards SIGINT,
+SIGTERM and SIGHUP, docker's sig-proxy); run -d, ps, inspect, logs, stop and rm -f know it by its --name. Also used by
+bench/device/lent.py on a lent GPU machine, which has no docker.
 """
 
 import json

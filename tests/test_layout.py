@@ -166,14 +166,10 @@ def test_nothing_names_a_path_outside_the_repository():
 def test_the_image_verbs_need_nothing_the_upstream_image_lacks():
     """serve, doctor, smoke, gpu_tier, in_image, bench_comm, image and apply run on the upstream image's python3,
     which has no tomlkit: they import (and apply --help runs) with it blocked."""
-    verbs = [
-        f"scripts.{v}"
-        for v in "host.serve host.doctor host.smoke host.gpu_tier host.in_image comm.bench_comm "
-        "host.image series.apply".split()
-    ]
+    verbs = "host.serve host.doctor host.smoke host.gpu_tier host.in_image comm.bench_comm host.image series.apply"
     code = (
         "import sys, importlib; sys.modules['tomlkit'] = None; "
-        f"[importlib.import_module(m) for m in {verbs!r}]; "
+        f"[importlib.import_module('scripts.' + v) for v in {verbs.split()!r}]; "
         "from scripts.series.apply import main; main(['--help'])"
     )
     cp = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)

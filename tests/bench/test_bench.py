@@ -32,19 +32,6 @@ sys.path.insert(0, str(FIX))
 import standin_server  # noqa: E402
 
 IMAGE = load_pin().serving_image
-STANDIN = """import os, sys, time
-sys.path.insert(0, {fix!r})
-import standin_server as s
-from aiohttp import web
-a = dict(zip(sys.argv[1::2], sys.argv[2::2]))
-if os.environ.get("EXIT"):  # the server dies while starting
-    sys.exit(1)
-if os.environ.get("MUTE"):  # the container runs, nothing answers
-    time.sleep(600)
-model = os.environ.get("ANOTHER") or a["--model"]  # ANOTHER: another server answers on the port
-standin = s.StandIn(s.PROFILES["patched" if "--draft-model" in a else "stock"], model_path=model)
-web.run_app(standin.app(), host="127.0.0.1", port=int(a["--port"]), print=None)
-"""
 
 
 def bench_verb(*args) -> subprocess.CompletedProcess:
@@ -59,8 +46,10 @@ def client_env() -> dict[str, str]:
 def box(tmp_path, monkeypatch) -> dict:
     """A fake box: docker (engine up, the serving image there, its serve a stand-in), 8 idle GPUs, a model and a
     drafter on disk, a variants file of the shipped profiles with them, one small scenario."""
-    (tmp_path / "standin.py").write_text(STANDIN.format(fix=str(FIX)))
-    serve = f'exec python3 {tmp_path / "standin.py"} "$@"'
+    # EXIT: the server dies while starting; MUTE: the container runs, nothing answers; ANOTHER: another server
+    # answers on the port
+    standin = FIX / "standin_server.py"
+    serve = f'[ "$EXIT" ] && exit 1; [ "$MUTE" ] && exec sleep 600; exec python3 {standin} "$@" ${{ANOTHER:+--model 1}}'
     docker = _fake_docker.install(tmp_path, (IMAGE,), pythonpath=(TREE,), verbs={"serve": serve}, gpus=8)
     for d in ("model", "draft"):
         (tmp_path / d).mkdir()
@@ -158,16 +147,9 @@ def test_the_dry_run_prints_the_plan_its_checks_and_every_command_and_writes_not
     assert "-- --max-running-requests 8" in out and f"{IMAGE} bench-client --backend sglang" in out
     assert f"-v {box['tmp'] / 'hub'}:/root/.cache/huggingface/hub" in out  # $HF_HUB_CACHE, what serve mounts too
     assert f"-v {box['tmp'] / 'model'}:{box['tmp'] / 'model'}:ro" in out  # a model directory: mounted where it is
-    idle = "FAIL GPUs idle: 4242, python3, 81000 MiB. Fix: stop what holds them"
-    for line in (
-        "ok   docker engine",
-        f"ok   image {IMAGE}",
-        "ok   GPUs: 8 x NVIDIA RTX PRO 6000",
-        idle,
-        "ok   weights",
-    ):
-        assert line in out, line
-    assert "ok   results directory" in out and "not checked here: the servers' SGLang arguments" in out
+    checks = ["ok   docker engine", f"ok   image {IMAGE}", "ok   GPUs: 8 x NVIDIA RTX PRO 6000", "ok   weights"]
+    checks += ["FAIL GPUs idle: 4242, python3, 81000 MiB. Fix: stop what holds them", "ok   results directory"]
+    assert [c for c in checks if c not in out] == [] and "not checked here: the servers' SGLang arguments" in out
     assert not box["res"].exists() and not [c for c in box["docker"].calls() if "-d" in c]
 
 
@@ -252,13 +234,10 @@ def test_a_running_server_with_an_api_key(box, tmp_path):
     """--server-url: 401 is named with the fix; with the key from --api-key-file (serve's source) the harness and
     bench_serving (the image's client, by name in its environment) send it, and it is in no output, log or result."""
     key = "k3y-" + "5ecret" * 4
-    server = standin_server.ServerThread("patched", api_key=key).start()
     (tmp_path / "key").write_text(key + "\n")
-    args = [*box["args"], "--server-url", f"s={server.url}", "--patchset", "s=abc"]
-    try:
+    with standin_server.serving("patched", api_key=key) as url:
+        args = [*box["args"], "--server-url", f"s={url}", "--patchset", "s=abc"]
         no_key, keyed = bench_verb(*args), bench_verb(*args, "--api-key-file", tmp_path / "key")
-    finally:
-        server.stop()
     assert no_key.returncode == 4 and "export SGLANG_API_KEY=<its key>, or pass --api-key-file FILE" in no_key.stderr
     assert keyed.returncode == 0, keyed.stderr[-3000:]
     (results,) = box["res"].glob("*.jsonl")
@@ -295,9 +274,11 @@ def test_make_dry_runs_print_their_plans_and_write_nothing(target, tmp_path):
     assert subprocess.run(status, cwd=ROOT, capture_output=True, text=True).stdout == before
 
 
-def test_the_lent_route_benches_its_servers_through_server_url(tmp_path, monkeypatch):
-    """bench/device/lent.py (the tiny bench of a lent GPU machine; no GPU here): its servers are SGLang --config
-    launches of the tiny profiles with the route's flags, and the make bench it runs plans A/B/A over them."""
+def test_the_lent_route_benches_its_tiny_servers_through_server_url(tmp_path, monkeypatch):
+    """bench/device/lent.py (the tiny bench and the DFlash arm's proxy on a lent GPU machine; no GPU here): its servers
+    are SGLang --config launches of the tiny profiles with the route's flags; the make bench it runs plans A/B/A over
+    them, and sweep-tiny serves no speculation, EAGLE-3 and DFlash at once, benched at C1 on the chat and code prompt
+    sets once each, as make bench runs the DFlash arm."""
     monkeypatch.syspath_prepend(str(ROOT / "tests" / "gpu" / "serve"))
     monkeypatch.syspath_prepend(str(ROOT / "bench" / "device"))
     import _servers
@@ -314,3 +295,11 @@ def test_the_lent_route_benches_its_servers_through_server_url(tmp_path, monkeyp
     assert {x.patchset for x in p.launches.values()} == {"0123456789ab"}
     assert not any(x.argv for x in p.launches.values())
     assert lent.profile_argv(urls, tmp_path)[-2:] == ["--out", str(tmp_path / "profile.json")]
+    servers = lent.SERVERS["sweep-tiny"]
+    assert [p for _, p, _ in servers] == ["nospec.yaml", "eagle3.yaml", "dflash.yaml"]
+    assert [d for _, _, d in servers] == [None, "draft-pi", "dflash-first"]
+    urls = {name: f"http://127.0.0.1:{32000 + 10 * i}" for i, (name, _, _) in enumerate(servers)}
+    argv = lent.bench_argv(urls, tmp_path, FIX / "tokenizer", "0123456789ab", "lent")
+    runs = pl.build(*pl.parse([*argv[3:], *lent.ARGS["sweep-tiny"]])).runs
+    assert [(r.scenario.name, r.variant.name) for r in runs] == [(s, v) for v in urls for s in ("C1-chat", "C1-code")]
+    assert all((ROOT / r.scenario.extra_args[1]).is_file() and r.scenario.dataset_name == "custom" for r in runs)

@@ -5,10 +5,12 @@ mistakes."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from scripts.report import cost_model as cm
+from scripts.report import receipt_data as rd
 from scripts.report import spec_model as sm
 from scripts.lib.errors import UserError
 
@@ -93,7 +95,19 @@ def test_refit_takes_what_the_profile_measured():
         sm.refit(_profile(cycle_ms=None, target_verify={"forward_ms": 1.0}))
 
 
-def test_make_docs_refits_the_model_from_a_box_receipt_s_profile_not_a_proxy_s(tmp_path, capsys, profile_receipt):
+def profile_receipt(directory: Path, profile: dict) -> Path:
+    """directory/box: a receipt with raw/profile.json and one inconclusive recommendation, as make report writes
+    them."""
+    d = directory / "box"
+    (d / "raw").mkdir(parents=True)
+    rec = dict(default="EAGLE-3 in the shipped profile", verdict="inconclusive", why="no bench", measured={})
+    meta = dict(schema=rd.SCHEMA, parts={"profile": {"ok": True}}, thresholds=rd.THRESHOLDS, environment={"box": "box"})
+    (d / "receipt.json").write_text(json.dumps({**meta, "recommendations": [{**rec, "threshold": "", "setting": ""}]}))
+    (d / "raw" / "profile.json").write_text(json.dumps(profile))
+    return d
+
+
+def test_make_docs_refits_the_model_from_a_box_receipt_s_profile_not_a_proxy_s(tmp_path, capsys):
     doc = tmp_path / "plan.md"
     doc.write_text(cm.DOC.read_text())
     assert cm.main(["--write", "--doc", str(doc), "--receipt", str(profile_receipt(tmp_path, _profile()))]) == 0

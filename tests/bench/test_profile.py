@@ -1,6 +1,6 @@
 """make report's profile part (scripts/report/profile.py): a chrome trace as SGLang v0.5.23's torch profiler writes it
 (its record_function spans, CUDA-graph launches and the kernels CUPTI correlates with them), reduced per forward to
-the profile the cost model refits from, and make docs refitting from a receipt that holds it."""
+the profile the cost model refits from."""
 
 import argparse
 import gzip
@@ -9,7 +9,6 @@ import sys
 
 import pytest
 
-from scripts.report import cost_model as cm
 from scripts.report import kernels as kn
 from scripts.report import profile as pf
 from scripts.report import receipt_data as rd
@@ -95,16 +94,10 @@ def test_a_trace_without_a_stage_is_named(tmp_path):
         pf.main(["--profiles", "kimi-k25-tp8", "--out", str(tmp_path / "p.json")])
 
 
-def test_make_docs_refits_from_the_profile_the_part_wrote(tmp_path, profile_receipt):
-    p = made_profile(tmp_path)
-    m = sm.Model(*sm.load(), **sm.refit(p))
+def test_the_cost_model_refits_from_the_profile_the_part_wrote(tmp_path):
+    """(make docs reading a receipt's profile: tests/bench/test_cost_model.py.)"""
+    m = sm.Model(*sm.load(), **sm.refit(made_profile(tmp_path)))
     assert m.B() == pytest.approx(9.03) and m.p["glue_ms"] == pytest.approx(15.0 - 13.082 - 0.318 - 0.415)
-    d = profile_receipt(tmp_path, p)
-    doc = tmp_path / "plan.md"
-    doc.write_text(cm.DOC.read_text())
-    assert cm.main(["--write", "--doc", str(doc), "--receipt", str(d)]) == 0
-    box = cm.block(doc.read_text(), "box-measured")
-    assert "the model above is refitted from it." in box and "| plain decode, ms | 9.07 |" in box
 
 
 def test_the_receipt_runs_the_part_as_its_own_verb(tmp_path):

@@ -83,11 +83,13 @@ def test_clean_pcie_box(capsys):
     assert set(out) == {"findings", "facts", "errors"} and out["facts"]["pcie_ipc_smoke"]["sum_ok"] is True
 
 
-def test_list_is_the_checks_docstrings(capsys):
+def test_list_is_the_checks_docstrings_and_the_table_leads_with_errors(capsys):
     assert doctor.main(["--list"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [ln.split()[0] for ln in lines] == [c.__name__ for c in checks.CHECKS]
     assert any(ln.startswith("pcie_ipc") and "pcie_ipc.smoke:" in ln for ln in lines)
+    text = checks.table(list(run(capture("pcie8x-hmm-iommu"))[0].values()))
+    assert text.splitlines()[1].startswith("error  host.hmm") and "fix: echo 'options nvidia_uvm" in text
 
 
 def test_cns_pairs_hmm_and_iommu():
@@ -103,9 +105,12 @@ def test_cns_pairs_hmm_and_iommu():
     assert "Addressing Mode HMM" in run(rec)[0]["host.hmm"].message
 
 
-def test_exit_status_follows_errors(capsys, tmp_path):
-    for k, text in capture("pcie8x-hmm-iommu").items():
-        (tmp_path / F.CAPTURE_FILES[k]).write_text(text)
+def test_a_recording_replays_and_the_exit_status_follows_errors(capsys, tmp_path):
+    rec = capture("pcie8x-hmm-iommu")
+    probe = F.Probe(rec)
+    doctor.diagnose(probe, environ={})
+    probe.record(tmp_path)
+    assert F.load_capture(tmp_path) == rec
     assert doctor.main(["--replay", str(tmp_path), "--json"]) == 1
     rep = json.loads(capsys.readouterr().out)
     assert rep["errors"] == 1 and {x["id"] for x in rep["findings"] if x["severity"] == "error"} == {"host.hmm"}
@@ -220,19 +225,6 @@ def test_patch_set_and_environment():
     f, _ = run(rec, environ={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "NCCL_GRAPH_FILE": ""})
     assert f["env.alloc"].severity == "warn" and f["env.graph_file"].severity == "error"
     assert f["env.graph_file"].fix.startswith("unset NCCL_GRAPH_FILE")
-
-
-def test_record_and_replay_round_trip(tmp_path):
-    rec = capture("pcie8x")
-    probe = F.Probe(rec)
-    doctor.diagnose(probe, environ={})
-    probe.record(tmp_path / "rec")
-    assert F.load_capture(tmp_path / "rec") == rec
-
-
-def test_table(tmp_path):
-    text = checks.table(list(run(capture("pcie8x-hmm-iommu"))[0].values()))
-    assert text.splitlines()[1].startswith("error  host.hmm") and "fix: echo 'options nvidia_uvm" in text
 
 
 # nccl.transport / nccl.latency: the transport NCCL picked (recorded outputs in NCCL 2.29's formats) and the fix the

@@ -148,7 +148,5 @@ TYPOS = {"DRYRUN=1": "DRY_RUN", "dry-run=1": "DRY_RUN", "BENCH_ARG=x": "BENCH_AR
 def test_a_make_variable_that_looks_like_ours_stops_make_with_its_name(typo, right):
     cp = subprocess.run(["make", "-n", "image", typo], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert cp.returncode == 2 and f"did you mean {right}?" in cp.stderr and not cp.stdout
-    assert (
-        subprocess.run(["make", "-n", "image", "DRY_RUN=1", "UNRELATED=1"], cwd=ROOT, capture_output=True).returncode
-        == 0
-    )
+    unrelated = subprocess.run(["make", "-n", "image", "DRY_RUN=1", "UNRELATED=1"], cwd=ROOT, capture_output=True)
+    assert unrelated.returncode == 0

@@ -23,7 +23,6 @@ ROOT = Path(__file__).resolve().parents[2]
 PROFILES = {p.stem: p for p in (ROOT / "docker" / "profiles").glob("*.yaml")}
 SPEC = ("kimi-k25-eagle3-tp8", "kimi-k25-dflash-tp8")
 KEY = "k3y-0f-the-0perator"
-SPEC_EAGLE3 = ("--speculative-algorithm", "EAGLE3")
 IMAGE = load_pin().serving_image
 
 
@@ -96,19 +95,22 @@ def test_dry_run_is_sglangs_own_command_line(capsys, sglang_tree, hf):
 
 
 @pytest.mark.parametrize(
-    "extra, named",
+    "argv, named",
     [
-        (["--mem-fraction-static", "1.5"], "mem-fraction-static"),
-        (["--speculative-eagle-topk", "0"], "speculative-eagle-topk"),
-        (["--speculative-algorithm", "EAGLE9"], "EAGLE9"),
-        (["--speculative-num-stpes", "2"], "--speculative-num-steps"),
-        (["--tp-size", "eight"], "eight"),
-        (["--tp-size", "3"], "tp-size 3: must be 1, 2, 4 or 8"),
+        (["--", "--mem-fraction-static", "1.5"], "mem-fraction-static"),  # values SGLang would fail on after the load
+        (["--", "--speculative-eagle-topk", "0"], "speculative-eagle-topk"),
+        (["--", "--speculative-algorithm", "EAGLE9"], "EAGLE9"),
+        (["--", "--speculative-num-stpes", "2"], "--speculative-num-steps"),
+        (["--", "--tp-size", "eight"], "eight"),
+        (["--", "--tp-size", "3"], "tp-size 3: must be 1, 2, 4 or 8"),
+        (["--draft-modle", "x"], "--draft-model"),  # serve's own typos name the right option
+        (["--prot", "1"], "--port"),
+        (["--tp", "4"], "serve ... -- --tp 4"),
     ],
 )
-def test_values_sglang_would_fail_on_after_the_load_are_refused_first(capsys, sglang_tree, hf, extra, named):
+def test_a_bad_value_or_a_typo_is_refused_before_sglang_loads(capsys, sglang_tree, hf, argv, named):
     with pytest.raises(UserError) as e:
-        dry_run(capsys, "--", *extra)
+        dry_run(capsys, *argv)
     assert named in str(e.value)
 
 
@@ -117,20 +119,8 @@ def test_a_drafter_without_its_algorithm_is_refused(capsys, sglang_tree, hf):
         dry_run(capsys, "--profile", "kimi-k25-tp8", "--draft-model", "lightseekorg/kimi-k2.5-eagle3")
     with pytest.raises(UserError, match="drafts for DFLASH, not EAGLE3: add -- --speculative-algorithm DFLASH"):
         dry_run(capsys, "--draft-model", "z-lab/Kimi-K2.5-DFlash")
-    doc = dry_run(
-        capsys, *"--profile kimi-k25-tp8 --draft-model lightseekorg/kimi-k2.5-eagle3 --".split(), *SPEC_EAGLE3
-    )
-    assert sglang_parse(doc["argv"]).speculative_algorithm == "EAGLE3"
-
-
-@pytest.mark.parametrize(
-    "argv, right",
-    [(["--draft-modle", "x"], "--draft-model"), (["--prot", "1"], "--port"), (["--tp", "4"], "serve ... -- --tp 4")],
-)
-def test_serves_own_typos_name_the_right_option(capsys, argv, right):
-    with pytest.raises(UserError) as e:
-        serve.main(argv)
-    assert right in str(e.value)
+    argv = "--profile kimi-k25-tp8 --draft-model lightseekorg/kimi-k2.5-eagle3 -- --speculative-algorithm EAGLE3"
+    assert sglang_parse(dry_run(capsys, *argv.split())["argv"]).speculative_algorithm == "EAGLE3"
 
 
 def test_drafters_are_checked_against_the_known_ones_and_the_hf_cache(capsys, hf):

@@ -1,21 +1,15 @@
 """Tiny generated models for test-serve: targets with EAGLE-3 and DFlash drafters SGLang loads with its own loaders.
 
-Every target's greedy next token is a fixed permutation `chain` of the current token (chain.json), with a clear
-logit margin: embeddings are random unit rows times sqrt(hidden), lm_head row j is 0.5 * the embedding row of
-chain^-1(j), and the blocks add small random outputs, so attention, MLP and MoE all compute without moving the
-argmax. Speculation must not change a greedy output, so a served chain is the lossless check. Drafters:
-
-  draft-pi      proposes chain(token) at every step, so it is always accepted (llama_pi_drafter says how).
-  draft-random  random weights, half the vocabulary as draft vocab (d2t/t2d): almost never accepted.
-  draft-mla     (kimi) draft-pi in Kimi's MLA drafter form (Eagle3DeepseekV2ForCausalLM, lightseekorg's form).
-  dflash-first  DFlashDraftModel (z-lab/Kimi-K2.5-DFlash's Qwen3 form), right at block position 1 only: its accept
-                length is exactly 2 (dflash_drafter says how).
-  dflash-random the same form with random weights: almost never right.
-
-Pairs: `llama` (LlamaForCausalLM, 4 layers, 8 heads / 8 KV heads) and `kimi` (Kimi-K2.5's text config,
-tests/fixtures/kimi-k25, scaled down: MLA, a dense first layer, 16 routed experts top-4 + 1 shared; bf16, not int4).
-Heads, KV heads and experts divide by 8: each runs at TP 1, 2, 4 and 8. Needs torch, safetensors and tokenizers
-(the WordLevel tokenizer is written here); seconds on a CPU.
+Every target's greedy next token is a fixed permutation `chain` of the current token (chain.json), by a clear logit
+margin: embeddings are random unit rows times sqrt(hidden), lm_head row j is 0.5 * the embedding row of chain^-1(j),
+and the blocks add small random outputs (attention, MLP and MoE all compute without moving the argmax). Speculation
+must not change a greedy output, so a served chain is the lossless check. Drafters: draft-pi proposes chain(token)
+at every step (always accepted); draft-random has random weights and half the vocabulary as draft vocab (almost
+never accepted); draft-mla (kimi) is draft-pi in Kimi's MLA drafter form (lightseekorg's); dflash-first is a
+DFlashDraftModel (z-lab/Kimi-K2.5-DFlash's Qwen3 form) right at block position 1 only (accept length exactly 2);
+dflash-random the same form, random. Pairs: `llama` (4 layers, 8 heads / 8 KV heads) and `kimi` (Kimi-K2.5's text
+config scaled down: MLA, a dense first layer, 16 routed experts top-4 + 1 shared; bf16, not int4). Heads, KV heads
+and experts divide by 8: each runs at TP 1, 2, 4 and 8. Seconds on a CPU.
 """
 
 import json
@@ -67,10 +61,8 @@ def make_chain(g) -> tuple[list[int], object]:
     return nxt.tolist(), inv
 
 
-def _orthonormal_rows(g, rows: int, cols: int):
-    """rows x cols with orthonormal rows (rows <= cols)."""
-    q, _ = torch.linalg.qr(torch.randn(cols, rows, generator=g))
-    return q.T.contiguous()
+def _orthonormal_rows(g, rows: int, cols: int):  # rows <= cols
+    return torch.linalg.qr(torch.randn(cols, rows, generator=g))[0].T.contiguous()
 
 
 def _save(d: Path, weights: dict, config: dict) -> None:
@@ -131,7 +123,6 @@ def kimi_target(g, inv, out_std: float = 0.02) -> tuple[object, dict, dict]:
     """Kimi-K2.5's text model (DeepseekV3ForCausalLM, model_type kimi_k2) at hidden 512, 3 layers."""
     u, w = _readout(g, inv)
     layers, experts, moe_inter, nh = 3, 16, 256, HEADS
-    qr, kvr, nope, rope, vd = QR, KVR, NOPE, ROPE, VD
 
     def rnd(*shape, std=0.02):
         return torch.randn(*shape, generator=g) * std
@@ -142,22 +133,18 @@ def kimi_target(g, inv, out_std: float = 0.02) -> tuple[object, dict, dict]:
             {
                 p + "input_layernorm.weight": torch.ones(WIDTH),
                 p + "post_attention_layernorm.weight": torch.ones(WIDTH),
-                p + "self_attn.q_a_proj.weight": rnd(qr, WIDTH),
-                p + "self_attn.q_a_layernorm.weight": torch.ones(qr),
-                p + "self_attn.q_b_proj.weight": rnd(nh * (nope + rope), qr, std=0.1),
-                p + "self_attn.kv_a_proj_with_mqa.weight": rnd(kvr + rope, WIDTH),
-                p + "self_attn.kv_a_layernorm.weight": torch.ones(kvr),
-                p + "self_attn.kv_b_proj.weight": rnd(nh * (nope + vd), kvr, std=0.1 * (64 / kvr) ** 0.5),
-                p + "self_attn.o_proj.weight": rnd(WIDTH, nh * vd, std=out_std * 5 * (256 / (nh * vd)) ** 0.5),
+                p + "self_attn.q_a_proj.weight": rnd(QR, WIDTH),
+                p + "self_attn.q_a_layernorm.weight": torch.ones(QR),
+                p + "self_attn.q_b_proj.weight": rnd(nh * (NOPE + ROPE), QR, std=0.1),
+                p + "self_attn.kv_a_proj_with_mqa.weight": rnd(KVR + ROPE, WIDTH),
+                p + "self_attn.kv_a_layernorm.weight": torch.ones(KVR),
+                p + "self_attn.kv_b_proj.weight": rnd(nh * (NOPE + VD), KVR, std=0.1 * (64 / KVR) ** 0.5),
+                p + "self_attn.o_proj.weight": rnd(WIDTH, nh * VD, std=out_std * 5 * (256 / (nh * VD)) ** 0.5),
             }
         )
         if i == 0:  # first_k_dense_replace = 1
-            for name, shape, std in (
-                ("gate_proj", (INTER, WIDTH), 0.02),
-                ("up_proj", (INTER, WIDTH), 0.02),
-                ("down_proj", (WIDTH, INTER), out_std),
-            ):
-                w[p + f"mlp.{name}.weight"] = rnd(*shape, std=std)
+            w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"] = rnd(INTER, WIDTH), rnd(INTER, WIDTH)
+            w[p + "mlp.down_proj.weight"] = rnd(WIDTH, INTER, std=out_std)
             continue
         w[p + "mlp.gate.weight"] = rnd(experts, WIDTH)
         w[p + "mlp.gate.e_score_correction_bias"] = rnd(experts, std=0.01)
