@@ -39,7 +39,7 @@ def runner(width=4, algorithm="EAGLE3", is_draft_worker=False, **attrs):
 
 
 def verify_batch(bs=8, width=4, **overrides):
-    """A TARGET_VERIFY forward batch of bs requests, `width` rows each."""
+    """A TARGET_VERIFY forward batch of bs requests, `width` rows each (what EAGLE's draft runners read too)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
     fb = SimpleNamespace(
@@ -54,6 +54,9 @@ def verify_batch(bs=8, width=4, **overrides):
         encoder_lens=None,
         global_num_tokens_cpu=None,
         moe_num_token_non_padded=None,
+        seq_lens=torch.ones(bs),
+        can_run_dp_draft_cuda_graph=True,
+        sampling_info=None,
     )
     vars(fb).update(overrides)
     return fb

@@ -30,22 +30,44 @@ CASES = {  # name: (runner overrides, batch kwargs, expected reason or None for 
 }
 
 
+DRAFT_CASES = {
+    "ok": ({}, {}, None),
+    "batch_above_max_bs": ({}, dict(bs=MAX_BS + 1), "batch_above_max_bs"),
+    "width_mismatch": ({}, dict(width=3), "width_mismatch"),
+    "mlp_sync": (dict(require_mlp_sync=True), dict(can_run_decode_cuda_graph=False), "mlp_sync"),
+}
+STAGE_CASES = [("target_verify", c) for c in CASES] + [
+    (s, c) for s in ("draft_decode", "draft_extend") for c in DRAFT_CASES
+]
+
+
+def _draft_runner(stage="draft_decode", **overrides):
+    """An EAGLE draft-decode (topk 1) or draft-extend graph runner captured at bs 1..MAX_BS (no __init__, no GPU)."""
+    from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner as Decode
+    from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import EAGLEDraftExtendCudaGraphRunner as Extend
+
+    cls, width = (Decode, 1) if stage == "draft_decode" else (Extend, WIDTH)
+    attrs = dict(captured_req_width=width, require_mlp_tp_gather=False, disable_padding=False, require_mlp_sync=False)
+    return bare(cls, **(attrs | dict(max_bs=MAX_BS) | overrides))
+
+
 # The graph/eager decision is upstream's (unchanged); the patch names the reason.
-DECISION_OR_REASON = pytest.mark.parametrize("what", [pytest.param("decision", marks=U), "reason"])
-
-
-def check_graph_decision(what, r, fb, reason):
+@pytest.mark.parametrize("what", [pytest.param("decision", marks=U), "reason"])
+@pytest.mark.parametrize("stage, case", STAGE_CASES)
+def test_graph_fallback_reason(stage, case, what):
+    if stage == "target_verify":
+        runner_kw, batch_kw, reason = CASES[case]
+        r, fb = g.runner(**runner_kw), g.verify_batch(**batch_kw)
+    else:
+        runner_kw, batch_kw, reason = DRAFT_CASES[case]
+        if stage == "draft_extend":  # captured at num_draft_tokens rows per request
+            batch_kw = {**batch_kw, "width": 1 if "width" in batch_kw else WIDTH}
+        batch_kw = {"width": 1, **batch_kw}
+        r, fb = _draft_runner(stage, **runner_kw), g.verify_batch(**batch_kw)
     if what == "decision":
         assert bool(r.can_run_graph(fb)) is (reason is None)
     else:
         assert r.graph_fallback_reason(fb) == reason and r.can_run_graph(fb) is (reason is None)
-
-
-@DECISION_OR_REASON
-@pytest.mark.parametrize("case", CASES)
-def test_verify_graph_fallback_reason(case, what):
-    runner_kw, batch_kw, reason = CASES[case]
-    check_graph_decision(what, g.runner(**runner_kw), g.verify_batch(**batch_kw), reason)
 
 
 # Counters: SpecGraphStats, ModelRunner.forward, the EAGLE draft stages, /server_info, Prometheus
@@ -96,11 +118,8 @@ def test_spec_graph_stats_count_outcomes_and_warn_once_per_stage_and_reason(capl
 
 
 def test_spec_graph_forward_counts_each_verify_and_records_eager_collectives(kimi, collectives, monkeypatch):
-    """The real ModelRunner.forward counts each TARGET_VERIFY forward once by how it ran (decode graph, piecewise
-    prefill graph, eager), also when an elastic-EP rank fault re-runs it; an eager target-verify or draft-extend
-    forward records its collectives as `<stage>_eager` (in forwards), a graph replay none (its capture did). Decode
-    batches and draft runners count and record nothing; a draft forward inside a graph's capture counts for that graph
-    (issue 22 item 1)."""
+    """Each TARGET_VERIFY forward counts once by how it ran (also when an elastic-EP fault re-runs it); an eager one
+    records its collectives as `<stage>_eager`, a replay none (its capture did); issue 22 item 1."""
     from sglang.srt.model_executor import model_runner as mr_mod
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
@@ -149,58 +168,6 @@ def test_spec_graph_forward_counts_each_verify_and_records_eager_collectives(kim
     assert list(got) == ["target_verify_eager"]
 
 
-def _draft_runner(stage="draft_decode", **overrides):
-    """An EAGLE draft-decode (topk 1) or draft-extend graph runner captured at bs 1..MAX_BS (no __init__, no GPU)."""
-    from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner as Decode
-    from sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner import EAGLEDraftExtendCudaGraphRunner as Extend
-
-    cls, width = (Decode, 1) if stage == "draft_decode" else (Extend, WIDTH)
-    r = bare(
-        cls,
-        captured_req_width=width,
-        require_mlp_tp_gather=False,
-        disable_padding=False,
-        max_bs=MAX_BS,
-        require_mlp_sync=False,
-    )
-    vars(r).update(overrides)
-    return r
-
-
-def _draft_batch(bs=8, width=1, **overrides):
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
-
-    fb = SimpleNamespace(
-        forward_mode=ForwardMode.DECODE,
-        batch_size=bs,
-        seq_lens=torch.ones(bs),
-        spec_info=SimpleNamespace(num_tokens_per_req=width),
-        can_run_decode_cuda_graph=True,
-        can_run_dp_draft_cuda_graph=True,
-        sampling_info=None,
-    )
-    vars(fb).update(overrides)
-    return fb
-
-
-DRAFT_CASES = {
-    "ok": ({}, {}, None),
-    "batch_above_max_bs": ({}, dict(bs=MAX_BS + 1), "batch_above_max_bs"),
-    "width_mismatch": ({}, dict(width=3), "width_mismatch"),
-    "mlp_sync": (dict(require_mlp_sync=True), dict(can_run_decode_cuda_graph=False), "mlp_sync"),
-}
-
-
-@DECISION_OR_REASON
-@pytest.mark.parametrize("case", DRAFT_CASES)
-@pytest.mark.parametrize("stage", ["draft_decode", "draft_extend"])
-def test_spec_graph_draft_runner_fallback_reason(stage, case, what):
-    runner_kw, batch_kw, reason = DRAFT_CASES[case]
-    if stage == "draft_extend":  # captured at num_draft_tokens rows per request
-        batch_kw = {**batch_kw, "width": 1 if "width" in batch_kw else WIDTH}
-    check_graph_decision(what, _draft_runner(stage, **runner_kw), _draft_batch(**batch_kw), reason)
-
-
 class _Stop(Exception):
     pass
 
@@ -238,9 +205,7 @@ def _eagle_draft_worker(monkeypatch, graph_runner, extend_runner):
 
 
 def test_spec_graph_eagle_draft_stages_counted(monkeypatch, collectives):
-    """EagleDraftWorker.draft records its draft-decode forward, and the draft extend after each verify its own: graph
-    when its runner takes the batch, eager with the runner's reason otherwise (here a batch above the captured
-    maximum)."""
+    """EagleDraftWorker counts its draft decode and each draft extend: graph, or eager with the runner's reason."""
     from sglang.srt.speculative import eagle_worker_v2 as ew
 
     w, stats = _eagle_draft_worker(monkeypatch, _draft_runner(), _draft_runner("draft_extend"))
@@ -252,7 +217,7 @@ def test_spec_graph_eagle_draft_stages_counted(monkeypatch, collectives):
 
     w.draft_forward = draft_forward
     for bs in (4, MAX_BS + 1):
-        fb = _draft_batch(bs=bs, mark_forward_metadata_ready=lambda: None)
+        fb = g.verify_batch(bs=bs, width=1, mark_forward_metadata_ready=lambda: None)
         monkeypatch.setattr(
             ew, "prepare_for_draft", lambda *a, fb=fb, **k: (fb, w.cuda_graph_runner.can_run_graph(fb), None)
         )
@@ -260,7 +225,7 @@ def test_spec_graph_eagle_draft_stages_counted(monkeypatch, collectives):
     # the eager one's collectives, both steps as one forward (issue 22 item 1)
     assert collectives.snapshot() == {"draft_decode_eager": g.reduced(2, 2 * (MAX_BS + 1), forwards=1)}
     for bs in (4, MAX_BS + 1):
-        fb = _draft_batch(bs=bs, width=WIDTH)
+        fb = g.verify_batch(bs=bs)
         monkeypatch.setattr(ew, "prepare_for_draft_extend", lambda *a, fb=fb, **k: fb)
         result = SimpleNamespace(
             prepared_draft_extend_inputs=(None, None, None),
@@ -304,16 +269,8 @@ def test_spec_graph_counts_in_prometheus_metrics(kimi):
         decode_log_interval=40,
     )
     batch = SimpleNamespace(dp_cooperation_info=None)
-    steps = [
-        [
-            ("target_verify", "graph", ""),
-            ("target_verify", "graph", ""),
-            ("target_verify", "eager", "batch_above_max_bs"),
-            ("draft_decode", "graph", ""),
-        ],
-        [("target_verify", "graph", "")],
-        [],
-    ]
+    verify, above = ("target_verify", "graph", ""), ("target_verify", "eager", "batch_above_max_bs")
+    steps = [[verify, verify, above, ("draft_decode", "graph", "")], [verify], []]
     for step in steps:
         for stage, outcome, reason in step:
             stats.record(stage, outcome, reason)
@@ -360,8 +317,7 @@ def test_verify_capture_sizes_cover_the_running_requests(kw, running):
 
 
 def test_verify_running_requests_capped_to_the_largest_captured_graph(monkeypatch, caplog):
-    """Two-batch overlap with --cuda-graph-max-bs-decode 15 captures even sizes only (TBO alignment 2), so 14 is the
-    largest graph. The real ModelRunner.init_cuda_graphs (the GPU capture stubbed, the real capture list) lowers
+    """Two-batch overlap with --cuda-graph-max-bs-decode 15 captures even sizes only, so init_cuda_graphs lowers
     max_running_requests to 14: every batch the scheduler can form replays a verify graph."""
     from sglang.srt.model_executor import model_runner as mr_mod
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -395,11 +351,8 @@ def test_verify_running_requests_capped_to_the_largest_captured_graph(monkeypatc
 
 
 def test_verify_cap_covers_the_draft_graphs(monkeypatch, caplog):
-    """TP8, DP attention 2, --cuda-graph-max-bs-decode 15: a graph's token count must divide by attn_tp_size (4), so
-    the verify graph (4 rows a request) keeps 1..8, 10, 12, 14, 15 and both draft graphs (1 row) only 4, 8, 12. The
-    real EagleDraftWorker._capture_cuda_graphs caps max_running_requests to the largest draft batch captured, so no
-    batch drafts eagerly every step. The draft runners are the real classes without their GPU capture, on an
-    XPU-style platform (no CUDA-only attention imports)."""
+    """TP8, DP attention 2, --cuda-graph-max-bs-decode 15: token counts divide by attn_tp_size (4), so the draft
+    graphs (1 row a request) keep only 4, 8, 12 and the cap follows them. XPU-style platform: no CUDA-only imports."""
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.model_executor.runner.base_cuda_graph_runner import get_batch_sizes_to_capture
@@ -453,24 +406,18 @@ def test_verify_cap_covers_the_draft_graphs(monkeypatch, caplog):
     assert runner_of["EAGLEDraftCudaGraphRunner"].capture_bs == [4, 8, 12]
     assert runner_of["EAGLEDraftExtendCudaGraphRunner"].capture_bs == [4, 8, 12]
     assert target.max_running_requests == 12
+    for draft, algorithm in ((True, SpeculativeAlgorithm.EAGLE3), (False, SpeculativeAlgorithm.NONE)):  # never capped
+        other = bare(
+            ModelRunner,
+            is_draft_worker=draft,
+            spec_algorithm=algorithm,
+            max_running_requests=48,
+            memory_pool_config=None,
+            decode_cuda_graph_runner=target.decode_cuda_graph_runner,
+        )
+        other._cap_running_requests_to_verify_graphs()
+        assert other.max_running_requests == 48
     assert any("capped from 15 to 12" in m and "draft_decode" in m for m in caplog.messages)
-
-
-@pytest.mark.parametrize("draft, spec", [(True, True), (False, False)])
-def test_verify_running_request_cap_leaves_draft_and_plain_runners(draft, spec):
-    from sglang.srt.model_executor.model_runner import ModelRunner
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-    mr = bare(
-        ModelRunner,
-        is_draft_worker=draft,
-        max_running_requests=48,
-        memory_pool_config=None,
-        spec_algorithm=SpeculativeAlgorithm.EAGLE3 if spec else SpeculativeAlgorithm.NONE,
-        decode_cuda_graph_runner=g.runner(capture_bs=[1, 2, 4, 8]),
-    )
-    mr._cap_running_requests_to_verify_graphs()
-    assert mr.max_running_requests == 48
 
 
 # Eager verify said at startup: decode CUDA graphs off, compact ragged verify without ragged graphs
@@ -501,9 +448,8 @@ def test_verify_warns_at_startup_without_decode_cuda_graph(flag, spec, caplog):
     [("triton", "TritonAttnBackend"), pytest.param("flashinfer_mla", "FlashInferMLAAttnBackend", marks=U)],
 )
 def test_verify_compact_ragged_verify_without_ragged_graphs_warns(kimi, monkeypatch, caplog, module, backend):
-    """SGLANG_RAGGED_VERIFY_MODE=compact on a backend that captures no ragged verify graphs (triton, the SM120 MLA
-    default) sends every target verify to eager: the real DecodeCudaGraphRunner.__init__ (a MagicMock target runner)
-    says so before it reaches the backend's graph buffers (where this backend, which has none, stops it)."""
+    """SGLANG_RAGGED_VERIFY_MODE=compact on a backend without ragged verify graphs (triton) verifies eagerly: the
+    real DecodeCudaGraphRunner.__init__ says so before the backend's graph buffers (which it lacks) stop it."""
     import importlib
     from unittest import mock
 
