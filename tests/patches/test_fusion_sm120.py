@@ -59,18 +59,14 @@ def test_fusion_backend_resolution(fcf, major, backend, multi, want):
 FUSION = "flashinfer_allreduce_fusion_backend"
 
 
-def test_fusion_sm120_auto_enable_gate_kimi_k25(monkeypatch):
-    """Evidence gate: auto-enable on SM12X at TP2 on one node only (TP4 regressed upstream, TP8 one-shot lost
-    to NCCL across NUMA). Real resolution of a Kimi-K2.5 config at TP 2/4/8 x nnodes 1/2 (EAGLE-3 on at TP8)."""
+def test_fusion_sm120_auto_enable_gate_and_switch(monkeypatch):
+    """Evidence gate: auto-enable on SM12X at TP2 on one node only (TP4 regressed upstream, TP8 one-shot lost to NCCL
+    across NUMA); =1 enables it where the gate would not, =0 disables it; enforce-disable still wins over =1."""
     monkeypatch.delenv("SGLANG_SM120_ALLREDUCE_FUSION", raising=False)
     got = {
         (tp, n): resolved(server_args(12, tp=tp, nnodes=n, spec=(tp == 8)), FUSION) for tp in (2, 4, 8) for n in (1, 2)
     }
     assert got == {(2, 1): "auto", (4, 1): None, (8, 1): None, (2, 2): None, (4, 2): None, (8, 2): None}
-
-
-def test_fusion_sm120_switch_each_way(monkeypatch):
-    """=1 enables it where the gate would not, =0 disables it where it would; enforce-disable still wins over =1."""
     monkeypatch.setenv("SGLANG_SM120_ALLREDUCE_FUSION", "1")
     on = {tp: resolved(server_args(12, tp=tp, spec=False), FUSION) for tp in (2, 4, 8)}
     enforced = server_args(12, tp=2, spec=False, enforce_disable_flashinfer_allreduce_fusion=True)
@@ -121,13 +117,20 @@ def reload_add_norm(monkeypatch):
         importlib.reload(importlib.import_module(m))
 
 
-@pytest.mark.parametrize("env,want", [({}, 256), ({"SGLANG_SM120_ALLREDUCE_FUSION_MAX_TOKENS": "64"}, 64)])
-def test_fusion_sm120_token_cap_sizes_the_workspaces(reload_add_norm, monkeypatch, fusion_on, env, want):
-    """The cap sizes both fusion workspaces before graph capture (base_runner)."""
+@pytest.mark.parametrize(
+    "env, want, fused",
+    [({}, 256, [1, 8, 64, 65, 256]), ({"SGLANG_SM120_ALLREDUCE_FUSION_MAX_TOKENS": "64"}, 64, [1, 8, 64])],
+)
+def test_fusion_sm120_token_cap_sizes_the_workspaces_and_bounds_the_predicate(
+    reload_add_norm, monkeypatch, fusion_on, env, want, fused
+):
+    """The cap sizes both fusion workspaces before graph capture (base_runner) and bounds add_norm's per-batch
+    predicate: decode and chain verify fuse, one token past the cap does not, and no other GPU generation does."""
     from sglang.srt.layers import flashinfer_comm_fusion as fcf
     from sglang.srt.model_executor.runner import base_runner
 
-    assert reload_add_norm(12, **env).FUSE_ALLREDUCE_MAX_BATCH_SIZE == want
+    mod = reload_add_norm(12, **env)
+    assert mod.FUSE_ALLREDUCE_MAX_BATCH_SIZE == want
     seen = {}
     monkeypatch.setattr(fcf, "pre_initialize_workspaces", lambda **kw: seen.update(kw))
     model_runner = SimpleNamespace(
@@ -135,15 +138,9 @@ def test_fusion_sm120_token_cap_sizes_the_workspaces(reload_add_norm, monkeypatc
     )
     base_runner.BaseRunner._pre_initialize_flashinfer_allreduce_workspace(SimpleNamespace(model_runner=model_runner))
     assert seen["max_token_num"] == want and seen["hidden_dim"] == 7168
-
-
-def test_fusion_sm120_per_batch_predicate(reload_add_norm, monkeypatch, fusion_on):
-    """add_norm's per-batch predicate as imported on an SM12X GPU (cap 256): decode and chain verify fuse, one token
-    past the cap does not, and the SM12X term admits no other GPU generation."""
-    mod = reload_add_norm(12)
     monkeypatch.setattr(mod, "_is_flashinfer_available", True)
     assert (mod._is_sm90_supported, mod._is_sm100_supported, mod._is_sm120_supported) == (False, False, True)
-    assert [n for n in (0, 1, 8, 64, 256, 257, 2048) if mod.flashinfer_ar_fusion_applies(n)] == [1, 8, 64, 256]
+    assert [n for n in (0, 1, 8, 64, 65, 256, 257, 2048) if mod.flashinfer_ar_fusion_applies(n)] == fused
     monkeypatch.setattr(mod, "_is_sm120_supported", False)
     assert not mod.flashinfer_ar_fusion_applies(8)
 
@@ -160,13 +157,14 @@ class _FlashInferStop(Exception):
     pass
 
 
-def flashinfer_allocation_sizes(monkeypatch, world, tokens, hidden, drv: FakeCudaDriver, multicast: bool) -> list[int]:
-    """The oracle: what FlashInfer 0.7.2 itself allocates per rank for the trtllm fusion workspace. The three buffer
-    sizes trtllm_create_ipc_workspace_for_all_reduce_fusion asks SymmDeviceMemory for, each made an allocation size
-    by SymmDeviceMemory._get_allocation_prop with this driver's granularities (multicast rounding when asked)."""
-    import types
-
+def assert_probes_cover(monkeypatch, probe: list[int], tokens: int, drv: FakeCudaDriver, multicast=False) -> None:
+    """The preflight probes at least what FlashInfer 0.7.2 allocates per rank for the trtllm fusion workspace (else it
+    passes where the real allocation fails) and at most one granule more (else it refuses one that would fit). The
+    oracle: the three buffer sizes FlashInfer asks SymmDeviceMemory for, made allocation sizes by its own
+    _get_allocation_prop with this driver's granularities."""
     from flashinfer.comm import mnnvl, trtllm_ar
+
+    world = 8
 
     asked: list[int] = []
 
@@ -186,18 +184,18 @@ def flashinfer_allocation_sizes(monkeypatch, world, tokens, hidden, drv: FakeCud
             tp_rank=0,
             tp_size=world,
             max_token_num=tokens,
-            hidden_dim=hidden,
+            hidden_dim=7168,
             create_metadata=True,
             comm_backend=object(),
             use_symm_dev_mem=True,
         )
 
     ok = SimpleNamespace(value=0)
-    fake_cuda = types.SimpleNamespace(**{k: getattr(mnnvl.cuda, k) for k in dir(mnnvl.cuda) if not k.startswith("_")})
+    fake_cuda = SimpleNamespace(**{k: getattr(mnnvl.cuda, k) for k in dir(mnnvl.cuda) if not k.startswith("_")})
     fake_cuda.cuMemGetAllocationGranularity = lambda prop, flags: (ok, drv.granularity)
     fake_cuda.cuMulticastGetGranularity = lambda prop, flags: (ok, drv.mc_granularity)
     monkeypatch.setattr(mnnvl, "cuda", fake_cuda)
-    sizes = []
+    allocated = []
     for buf_size in asked:
         mem = mnnvl.SymmDeviceMemory.__new__(mnnvl.SymmDeviceMemory)
         mem.device_idx, mem.group_size, mem.SIGNAL_PAD_SIZE = 0, world, mnnvl.SIGNAL_PAD_SIZE
@@ -206,14 +204,7 @@ def flashinfer_allocation_sizes(monkeypatch, world, tokens, hidden, drv: FakeCud
             handle_type=mnnvl.cuda.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
         )
         mem._get_allocation_prop(buf_size)
-        sizes.append(mem.allocation_size)
-    return sizes
-
-
-def assert_probes_cover(monkeypatch, probe: list[int], tokens: int, drv: FakeCudaDriver, multicast=False) -> None:
-    """The preflight must probe at least what FlashInfer allocates (else it passes where the real allocation
-    fails), and no more than one allocation granule above it (else it refuses a workspace that would fit)."""
-    allocated = flashinfer_allocation_sizes(monkeypatch, 8, tokens, 7168, drv, multicast)
+        allocated.append(mem.allocation_size)
     granule = drv.mc_granularity if multicast else drv.granularity
     assert len(probe) == len(allocated) == 3
     for p, a in zip(probe, allocated, strict=True):
@@ -252,9 +243,7 @@ def test_fusion_preflight_votes_proceed_without_multicast(fcf, monkeypatch, gloo
 
 
 def test_fusion_workspace_preflight_gets_the_workspace_comm_backend(fcf, monkeypatch, gloo_group):
-    """The workspace manager hands the preflight the comm backend FlashInfer will exchange the handles over, so the
-    preflight's handle-exchange probe runs on the same transport (tests/gpu/test_harness.py runs the probe itself
-    on two CPU ranks)."""
+    """The preflight's handle-exchange probe runs on the comm backend FlashInfer will exchange the handles over."""
     seen = {}
 
     class Backend:
@@ -322,10 +311,8 @@ PDL_ROWS = [1, 4, 8, 16, 17, 32, 64, 128, 192, 193, 256, 1024]
 def test_fusion_the_layernorm_caller_takes_the_capped_workspace_and_completes_pdl_at_end(
     reload_add_norm, monkeypatch, fcf, fake_flashinfer, kimi, rows
 ):
-    """The fused RMSNorm path (layernorm._forward_with_allreduce_fusion) at every row count the SM12X cap admits
-    (FlashInfer may run any of them one-shot): it asks for the 256-token workspace BaseRunner pre-initialized, so
-    that a re-init cannot build a 2048-token one (~0.9 GiB a GPU at TP8, maybe inside graph capture), and reaches
-    FlashInfer's fused call with PDL on and the completion trigger at kernel end."""
+    """The fused RMSNorm path asks for the 256-token workspace BaseRunner pre-initialized (a re-init would build a
+    2048-token one, ~0.9 GiB a GPU, maybe inside graph capture) and completes PDL at kernel end."""
     reload_add_norm(12)
     from sglang.srt.layers import flashinfer_comm_fusion as fcf_mod
     from sglang.srt.layers import layernorm
