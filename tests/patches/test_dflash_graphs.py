@@ -102,7 +102,7 @@ def draft_step(monkeypatch, draft_graph, bs, stats):
         worker.forward_batch_generation(batch)
 
 
-def test_the_dflash_draft_block_is_counted_by_outcome_and_reason(kimi_dflash, monkeypatch, caplog):
+def test_the_dflash_draft_block_is_counted_and_its_collectives_recorded(kimi_dflash, monkeypatch, caplog, collectives):
     """Each step's draft block is counted as stage draft_block (/server_info spec_cuda_graph, the Prometheus counter):
     on its graph, eager above the captured batches or without a graph runner, the first of each warned about."""
     draft_graph, stats = g.runner(width=BLOCK, algorithm="DFLASH", is_draft_worker=True), g.stats()
@@ -121,6 +121,14 @@ def test_the_dflash_draft_block_is_counted_by_outcome_and_reason(kimi_dflash, mo
     }
     warned = [m for m in caplog.messages if "Speculative draft_block forward" in m]
     assert len(warned) == 2 and "reason=batch_above_max_bs" in warned[0] and "reason=no_graph_runner" in warned[1]
+    # its collectives: the graph's capture as draft_block (the target's stays target_verify), an eager one's forward
+    assert draft_graph.collective_stage == "draft_block"
+    assert g.runner(width=BLOCK, algorithm="DFLASH").collective_stage == "target_verify"
+    draft = g.model_runner(None, is_draft_worker=True)
+    draft.eager_runner.execute = lambda fb, pp_proxy_tensors=None: g.reduce(fb.input_ids.numel())
+    with published(kimi_dflash):
+        g.forward(draft, g.verify_batch(bs=2, width=BLOCK))
+    assert collectives.snapshot() == {"draft_block_eager": g.reduced(1, 2 * BLOCK, forwards=1)}
 
 
 @pytest.mark.parametrize(
@@ -155,20 +163,5 @@ def test_max_running_requests_is_capped_to_the_draft_blocks_captured_batches(
         monkeypatch.setattr(dw, "draft_tp_context", lambda layout: contextlib.nullcontext())
         worker.init_cuda_graphs()
     assert target.max_running_requests == want
-    said = (
-        f"max_running_requests is capped from 48 to 8, the largest captured draft_block batch size (capture list "
-        f"{captured}), so that no draft_block batch runs eagerly."
-    )
-    assert [m for m in caplog.messages if "capped" in m] == ([said] if captured else [])
-
-
-def test_the_draft_blocks_collectives_are_recorded_as_draft_block(kimi_dflash, collectives):
-    """The draft block graph's capture is recorded as draft_block (the target's verify graph keeps target_verify), an
-    eager draft block's forward (the real ModelRunner.forward of the draft runner) as draft_block_eager."""
-    assert g.runner(width=BLOCK, algorithm="DFLASH", is_draft_worker=True).collective_stage == "draft_block"
-    assert g.runner(width=BLOCK, algorithm="DFLASH").collective_stage == "target_verify"
-    draft = g.model_runner(None, is_draft_worker=True)
-    draft.eager_runner.execute = lambda fb, pp_proxy_tensors=None: g.reduce(fb.input_ids.numel())
-    with published(kimi_dflash):
-        g.forward(draft, g.verify_batch(bs=2, width=BLOCK))
-    assert collectives.snapshot() == {"draft_block_eager": g.reduced(1, 2 * BLOCK, forwards=1)}
+    said = [m for m in caplog.messages if "capped" in m]
+    assert len(said) == bool(captured) and all("capped from 48 to 8" in m and "draft_block" in m for m in said)
