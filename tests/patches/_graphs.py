@@ -1,6 +1,5 @@
-"""SGLang's CUDA graph runners and ModelRunner as the speculative graph tests build them (no GPU here): the real
-classes made without their constructors, their graph replays and eager forwards stubbed; forward batches as
-SimpleNamespaces carrying what the runners read."""
+"""SGLang's CUDA graph runners and ModelRunner without their constructors (no GPU here), replays and eager forwards
+stubbed; forward batches as SimpleNamespaces carrying what the runners read."""
 
 from types import SimpleNamespace
 
@@ -18,8 +17,7 @@ def runner(width=4, algorithm="EAGLE3", is_draft_worker=False, **attrs):
     from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    r = bare(
-        DecodeCudaGraphRunner,
+    defaults = dict(
         ragged_verify_mode=False,
         captured_req_width=width,
         require_mlp_tp_gather=False,
@@ -34,15 +32,14 @@ def runner(width=4, algorithm="EAGLE3", is_draft_worker=False, **attrs):
         capture_forward_mode=ForwardMode.TARGET_VERIFY,
         model_runner=SimpleNamespace(spec_algorithm=SpeculativeAlgorithm[algorithm], is_draft_worker=is_draft_worker),
     )
-    vars(r).update(attrs)
-    return r
+    return bare(DecodeCudaGraphRunner, **(defaults | attrs))
 
 
 def verify_batch(bs=8, width=4, **overrides):
     """A TARGET_VERIFY forward batch of bs requests, `width` rows each (what EAGLE's draft runners read too)."""
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    fb = SimpleNamespace(
+    defaults = dict(
         forward_mode=ForwardMode.TARGET_VERIFY,
         batch_size=bs,
         spec_info=SimpleNamespace(num_tokens_per_req=width, ragged_verify_layout=None),
@@ -58,8 +55,7 @@ def verify_batch(bs=8, width=4, **overrides):
         can_run_dp_draft_cuda_graph=True,
         sampling_info=None,
     )
-    vars(fb).update(overrides)
-    return fb
+    return SimpleNamespace(**(defaults | overrides))
 
 
 def greedy_sampling(**kw):
@@ -102,8 +98,7 @@ def reduced(calls, rows, **count):
 
 
 def scheduler(stats, algorithm="EAGLE3"):
-    """The scheduler as /server_info's and /metrics' speculative readers see it: 3 tokens accepted per step, the
-    target runner's counters `stats`."""
+    """The scheduler as /server_info's and /metrics' speculative readers see it (3 tokens accepted a step)."""
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     target = SimpleNamespace(model_runner=SimpleNamespace(spec_graph_stats=stats))
@@ -114,8 +109,7 @@ def scheduler(stats, algorithm="EAGLE3"):
 
 
 def speculative_state(stats, algorithm="EAGLE3") -> dict:
-    """What GET /server_info's internal_states[0] carries of the speculative state (SchedulerInternalStateController,
-    as get_internal_state fills it)."""
+    """The speculative state of GET /server_info's internal_states[0], as get_internal_state fills it."""
     from sglang.srt.managers.scheduler_components.internal_state import SchedulerInternalStateController
 
     state = {}
@@ -158,7 +152,6 @@ def model_runner(decode_runner, is_draft_worker=False, piecewise=False):
 
 
 def forward(mr, fb):
-    """The real ModelRunner.forward of `fb`."""
     fb.apply_deprecated_skip_attn_backend_init = lambda skip: None
     fb.token_indices_to_pool = None
     return mr.forward(fb)
@@ -166,8 +159,7 @@ def forward(mr, fb):
 
 def captured_bs(sa, width):
     """(request pool size, capture list) of a decode graph of `width` rows per request, as DecodeCudaGraphRunner
-    builds it for the request pool the server sizes (KVCacheConfigurator.resolve_max_num_reqs: max_running_requests
-    per DP worker, lowered only when the KV pool is small; here it is not)."""
+    builds it for the request pool KVCacheConfigurator sizes (max_running_requests per DP worker, a large KV pool)."""
     from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
     from sglang.srt.model_executor.runner.base_cuda_graph_runner import get_batch_sizes_to_capture
 

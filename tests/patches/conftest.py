@@ -58,9 +58,8 @@ class Nccl:
 
 @pytest.fixture
 def tp8(monkeypatch, no_gpu):
-    """SGLang's GroupCoordinator of TP8 on one PCIe node: the real methods, NCCL's communicator stood in, no PCIe-IPC
-    communicator (set pcie_ipc_comm) and no fusion workspace (fusion_workspace). The registered ops run their
-    bodies; `routed` lists where each all-reduce went."""
+    """SGLang's GroupCoordinator of TP8 on one PCIe node, NCCL stood in, no PCIe-IPC communicator (set pcie_ipc_comm)
+    nor fusion workspace (fusion_workspace); the registered ops run their bodies, `routed` lists each one's route."""
     from sglang.srt.distributed import parallel_state as ps
 
     g = ps.GroupCoordinator.__new__(ps.GroupCoordinator)
@@ -162,8 +161,7 @@ def kimi_dflash():
 
 @pytest.fixture(scope="session")
 def kimi_profile():
-    """The shipped serving profile (docker/profiles/kimi-k25-eagle3-tp8.yaml: TP8, EAGLE-3 3/1/4, 16 running
-    requests, decode graphs up to bs 16) resolved on a faked SM120 box with 96 GB GPUs."""
+    """The shipped serving profile (docker/profiles/kimi-k25-eagle3-tp8.yaml) resolved on a faked SM120 box, 96 GB."""
     import yaml
 
     args = yaml.safe_load((REPO / "docker" / "profiles" / "kimi-k25-eagle3-tp8.yaml").read_text())

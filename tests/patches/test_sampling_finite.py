@@ -88,26 +88,24 @@ def test_a_batch_with_an_overflowing_row_samples_every_row(sampler, rows, want):
         assert ids[row] in (token if isinstance(token, set) else {token}), ids
 
 
-def dflash_target_probs(logits, temperatures):
-    from sglang.srt.speculative.dflash_utils import build_speculative_verify_target_probs
-
-    info = batch([{"temperature": float(t)} for t in temperatures.flatten()])
-    probs = build_speculative_verify_target_probs(
-        next_token_logits=logits, sampling_info=info, draft_token_num=1, bs=len(logits), use_sparse_topk=False
-    )
-    return probs.view(len(logits), -1)
-
-
 @pytest.mark.parametrize("verify", ["softmax", "dflash"])
 def test_the_verify_softmax_of_an_overflowing_row_is_finite(verify):
     """The speculative verify's probabilities divide by the temperature the same way: EAGLE's softmax, and the
     target probabilities of DFLASH's block verify (on an H200 it returned the last id for every verified token)."""
     from sglang.kernels.ops.sampling import softmax
+    from sglang.srt.speculative.dflash_utils import build_speculative_verify_target_probs
 
     logits = torch.randn(3, VOCAB)
     logits[0, 5] = F32_MAX
     logits[1] = float("-inf")
-    probs = {"softmax": softmax, "dflash": dflash_target_probs}[verify](logits, torch.tensor([[0.5], [0.5], [1.0]]))
+    temperatures = [0.5, 0.5, 1.0]
+    if verify == "softmax":
+        probs = softmax(logits, torch.tensor([[t] for t in temperatures]))
+    else:
+        info = batch([{"temperature": t} for t in temperatures])
+        probs = build_speculative_verify_target_probs(
+            next_token_logits=logits, sampling_info=info, draft_token_num=1, bs=3, use_sparse_topk=False
+        ).view(3, -1)
     assert torch.isfinite(probs).all() and probs[0].argmax() == 5, probs
     assert torch.allclose(probs.sum(-1), torch.ones(3)), probs.sum(-1)
 

@@ -172,12 +172,20 @@ class _Stop(Exception):
     pass
 
 
-def _eagle_draft_worker(monkeypatch, graph_runner, extend_runner):
-    """The real EagleDraftWorker (no __init__) of a 3-step chain; the draft forward, the graph replays and the
-    verify-input builder stubbed."""
+def test_spec_graph_eagle_draft_stages_counted(monkeypatch, collectives):
+    """The real EagleDraftWorker of a 3-step chain (forwards, replays and verify input stubbed) counts its draft
+    decode and each draft extend: graph, or eager with the runner's reason."""
     from sglang.srt.speculative import eagle_worker_v2 as ew
 
-    target = SimpleNamespace(model_runner=SimpleNamespace(spec_graph_stats=g.stats(), kv_index_translator=None))
+    def draft_forward(fb):  # each of the 2 draft decode steps reduces the batch's rows once
+        g.reduce(fb.batch_size)
+        g.reduce(fb.batch_size)
+        return None, None, None, None
+
+    graph_runner, extend_runner, stats = _draft_runner(), _draft_runner("draft_extend"), g.stats()
+    graph_runner.execute = lambda fb: (None, None, None, None)
+    extend_runner.execute = lambda fb, select_index: (_ for _ in ()).throw(_Stop())
+    monkeypatch.setattr(ew, "build_eagle_verify_input", lambda *a, **k: SimpleNamespace())
     w = bare(
         ew.EagleDraftWorker,
         req_to_token_pool=None,
@@ -187,35 +195,15 @@ def _eagle_draft_worker(monkeypatch, graph_runner, extend_runner):
         topk=1,
         speculative_num_steps=3,
         speculative_num_draft_tokens=WIDTH,
-        target_worker=target,
+        target_worker=SimpleNamespace(model_runner=SimpleNamespace(spec_graph_stats=stats, kv_index_translator=None)),
         seed_dsa_topk_from_draft_extend=False,
         tree_mask_mode=None,
         device="cpu",
         draft_attn_backend=SimpleNamespace(init_forward_metadata=lambda fb: None),
-        draft_forward=lambda fb: (None, None, None, None),
+        draft_forward=draft_forward,
         plan_stream=None,
         plan_stream_ctx=contextlib.nullcontext(),
     )
-    if graph_runner is not None:
-        graph_runner.execute = lambda fb: (None, None, None, None)
-    if extend_runner is not None:
-        extend_runner.execute = lambda fb, select_index: (_ for _ in ()).throw(_Stop())
-    monkeypatch.setattr(ew, "build_eagle_verify_input", lambda *a, **k: SimpleNamespace())
-    return w, target.model_runner.spec_graph_stats
-
-
-def test_spec_graph_eagle_draft_stages_counted(monkeypatch, collectives):
-    """EagleDraftWorker counts its draft decode and each draft extend: graph, or eager with the runner's reason."""
-    from sglang.srt.speculative import eagle_worker_v2 as ew
-
-    w, stats = _eagle_draft_worker(monkeypatch, _draft_runner(), _draft_runner("draft_extend"))
-
-    def draft_forward(fb):  # each of the 2 draft decode steps reduces the batch's rows once
-        g.reduce(fb.batch_size)
-        g.reduce(fb.batch_size)
-        return None, None, None, None
-
-    w.draft_forward = draft_forward
     for bs in (4, MAX_BS + 1):
         fb = g.verify_batch(bs=bs, width=1, mark_forward_metadata_ready=lambda: None)
         monkeypatch.setattr(
