@@ -117,8 +117,8 @@ def speculative_state(stats, algorithm="EAGLE3") -> dict:
     return state
 
 
-def model_runner(decode_runner, is_draft_worker=False, piecewise=False):
-    """A ModelRunner (no __init__) whose graph replays and eager forwards are stubbed (they need a GPU); the
+def model_runner(decode_runner, is_draft_worker=False, piecewise=False, eager=None):
+    """A ModelRunner (no __init__) whose graph replays and eager forwards (`eager`) are stubbed (they need a GPU); the
     dispatch in forward/_forward_raw is the real code."""
     from sglang.srt.model_executor.model_runner import ModelRunner
 
@@ -144,7 +144,7 @@ def model_runner(decode_runner, is_draft_worker=False, piecewise=False):
         enable_elastic_ep=False,
         eplb_manager=None,
         device_timer=None,
-        eager_runner=SimpleNamespace(execute=lambda fb, pp_proxy_tensors=None: "eager"),
+        eager_runner=SimpleNamespace(execute=eager or (lambda fb, pp_proxy_tensors=None: "eager")),
         _prepare_eager_forward_batch=lambda fb: None,
         _extend_forward_kwargs=lambda fb, pp: {},
         _maybe_execute_deferred_mamba_cow_and_clear=lambda fb: None,

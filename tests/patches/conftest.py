@@ -159,18 +159,14 @@ def kimi_dflash():
     return sm120_args(spec=False, **DFLASH_BLOCK)
 
 
-@pytest.fixture(scope="session")
-def kimi_profile():
-    """The shipped serving profile (docker/profiles/kimi-k25-eagle3-tp8.yaml) resolved on a faked SM120 box, 96 GB."""
+@pytest.fixture
+def profile(no_gpu):
+    """The shipped serving profile (docker/profiles/kimi-k25-eagle3-tp8.yaml) resolved on a faked SM120 box, 96 GB,
+    published."""
     import yaml
 
     args = yaml.safe_load((REPO / "docker" / "profiles" / "kimi-k25-eagle3-tp8.yaml").read_text())
     kw = {k.replace("-", "_"): v for k, v in args.items()}
-    return sm120_args(**{k: v for k, v in kw.items() if k not in FRONT_END and not k.endswith("model_path")})
-
-
-@pytest.fixture
-def profile(kimi_profile, no_gpu):
-    """The shipped profile published."""
-    with published(kimi_profile):
-        yield kimi_profile
+    sa = sm120_args(**{k: v for k, v in kw.items() if k not in FRONT_END and not k.endswith("model_path")})
+    with published(sa):
+        yield sa

@@ -127,16 +127,14 @@ def test_spec_graph_forward_counts_each_verify_and_records_eager_collectives(kim
         g.reduce(fb.input_ids.numel())
         return "eager"
 
-    mr = g.model_runner(g.runner())
-    mr.eager_runner.execute = eager
+    mr = g.model_runner(g.runner(), eager=eager)
     outs = [g.forward(mr, g.verify_batch(bs=bs)) for bs in (2, MAX_BS + 1, MAX_BS)]
     assert [o.logits_output for o in outs] == [o.graph_outcome for o in outs] == ["graph", "eager", "graph"]
     decode = g.verify_batch(bs=2, forward_mode=ForwardMode.DECODE, spec_info=None)
     assert g.forward(mr, decode).logits_output == "graph"
     assert mr.spec_graph_stats.to_dict()["target_verify"] == g.graph(2, eager=1, batch_above_max_bs=1)
 
-    no_graphs = g.model_runner(None)
-    no_graphs.eager_runner.execute = eager
+    no_graphs = g.model_runner(None, eager=eager)
     assert g.forward(no_graphs, g.verify_batch(bs=1)).logits_output == "eager"  # narrower than the widest recorded
     assert g.forward(no_graphs, decode).logits_output == "eager"  # a plain eager decode
     assert no_graphs.spec_graph_stats.to_dict()["target_verify"] == g.graph(eager=1, no_graph_runner=1)
@@ -156,8 +154,7 @@ def test_spec_graph_forward_counts_each_verify_and_records_eager_collectives(kim
     g.forward(draft_graphs, g.verify_batch())
     assert draft_graphs.spec_graph_stats.to_dict()["target_verify"] == g.graph()
 
-    draft = g.model_runner(None, is_draft_worker=True)
-    draft.eager_runner.execute = eager
+    draft = g.model_runner(None, is_draft_worker=True, eager=eager)
     g.forward(draft, g.verify_batch(bs=2, forward_mode=ForwardMode.DRAFT_EXTEND_V2))
     with collectives.recording("draft_decode"):  # as FullCudaGraphBackend captures the draft decode graph
         g.forward(draft, g.verify_batch(bs=2, width=1, forward_mode=ForwardMode.DECODE))
