@@ -1,9 +1,8 @@
-"""A request's sampling values never make the sampler's probabilities non-finite.
-
-A logit_bias near the float32 maximum over a temperature below 1 overflows to inf, and a row whose every token is
--inf (a logit_bias or grammar that allows none) softmaxes to NaN: torch.multinomial then fails (on a GPU a device
-assert that takes the server down, every batched request with it); one greedy request in the batch sends the sampled
-ones there. The real Sampler on CPU over SamplingBatchInfo's real logit_bias step, and the verify's softmax."""
+"""A request's sampling values never make the sampler's probabilities non-finite: a logit_bias near the float32
+maximum over a temperature below 1 overflows to inf, a row whose every token is -inf softmaxes to NaN, and
+torch.multinomial then fails (on a GPU a device assert that takes the server down, every batched request with it);
+one greedy request in the batch sends the sampled ones there. The real Sampler on CPU over SamplingBatchInfo's real
+logit_bias step, and the verify's softmax."""
 
 from types import SimpleNamespace
 
