@@ -77,18 +77,11 @@ def test_spec_graph_stats_count_outcomes_and_warn_once_per_stage_and_reason(capl
     from sglang.srt.model_executor.runner.eager_runner import EagerRunner
 
     stats, r = g.stats(), g.runner()
-    forwards = [
-        (r, g.verify_batch(bs=4)),
-        (r, g.verify_batch(bs=MAX_BS)),
-        (r, g.verify_batch(bs=MAX_BS + 8)),
-        (r, g.verify_batch(bs=MAX_BS + 1)),
-        (r, g.verify_batch(width=1)),
-        (None, g.verify_batch()),
-        (bare(EagerRunner), g.verify_batch()),
-        (r, g.verify_batch(bs=1)),
-    ]
+    forwards = [(r, dict(bs=bs)) for bs in (4, MAX_BS, MAX_BS + 8, MAX_BS + 1)]
+    forwards += [(r, dict(width=1)), (None, {}), (bare(EagerRunner), {}), (r, dict(bs=1))]
     with caplog.at_level(logging.WARNING):
-        for runner, fb in forwards:
+        for runner, batch_kw in forwards:
+            fb = g.verify_batch(**batch_kw)
             can = bool(runner is not None and runner.can_run_graph(fb))
             stats.record_forward("target_verify", runner, fb, "graph" if can else "eager")
         stats.record_forward("target_verify", r, g.verify_batch(bs=MAX_BS + 2), "piecewise")
