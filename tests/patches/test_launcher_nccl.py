@@ -93,8 +93,11 @@ def test_pcie_nccl_default_never_overrides_a_channel_setting(launch, kimi_sm120,
 
 
 def test_pcie_nccl_default_opt_out(launch, kimi_sm120, monkeypatch, caplog):
+    from sglang.srt.environ import envs
+
     fake = nvml(monkeypatch)
     changed = launch(kimi_sm120, SGLANG_PCIE_NCCL_DEFAULTS="0")
+    assert envs.SGLANG_PCIE_NCCL_DEFAULTS.get() is False  # the switch exists: unpatched, =0 changes nothing either
     assert "NCCL_MIN_NCHANNELS" not in changed and fake.inits == 0 and launcher_log(caplog) == []
 
 
