@@ -183,15 +183,13 @@ def install(
 
 
 def verb(module: str, *args, prefix: tuple = (), timeout: float = 900, **env) -> subprocess.CompletedProcess:
-    """`python -m MODULE ARGS` in this checkout as make runs it, with `env` over this environment (PATH=path_with(
-    ...): the fakes first)."""
+    """`python -m MODULE ARGS` in this checkout as make runs it, with `env` over this environment."""
     cmd = [*prefix, sys.executable, "-m", module, *map(str, args)]
     return subprocess.run(cmd, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout)
 
 
 def interrupted(module: str, *args, when, sig: int = signal.SIGTERM, **env) -> subprocess.Popen:
-    """`python -m MODULE ARGS` in a session of its own, `sig` sent to its group once when() holds; it has finished
-    (its stderr: text) when this returns."""
+    """`python -m MODULE ARGS` in a session of its own, `sig` sent to its group once when() holds; ended on return."""
     cmd = [sys.executable, "-m", module, *map(str, args)]
     p = subprocess.Popen(
         cmd, cwd=ROOT, env={**os.environ, **env}, stderr=subprocess.PIPE, text=True, start_new_session=True

@@ -176,9 +176,8 @@ def test_checks_stop_a_real_run_before_any_server(box):
 
 
 def test_the_box_route_end_to_end(box):
-    """Each variant's server in a named detached container, bench_serving from the image, the records with the
-    server's counters; a container that dies while starting, and one whose port another server answers, are stopped
-    by their names all the same, and no number of theirs is recorded."""
+    """Each variant's server in a named detached container, the records with its counters; a container that dies while
+    starting, and one whose port another server answers, are stopped all the same, and none of their numbers kept."""
     variants = ["--variants", "nospec,eagle3,exit,another"]
     cp = bench_verb(*box["args"], *variants, "--write-baseline", box["tmp"] / "base.json")
     assert cp.returncode == 4, cp.stderr[-3000:]  # the broken variants' runs produced no result
@@ -221,8 +220,7 @@ def test_a_signal_stops_the_server_or_the_next_run_does(box, sig):
 
 
 def test_a_running_server_with_an_api_key(box, tmp_path):
-    """--server-url: 401 is named with the fix; with the key from --api-key-file (serve's source) the harness and
-    bench_serving (the image's client, by name in its environment) send it, and it is in no output, log or result."""
+    """--server-url: a 401 is named with the fix; the key from --api-key-file is sent, in no output, log or result."""
     key = "k3y-" + "5ecret" * 4
     (tmp_path / "key").write_text(key + "\n")
     with standin_server.serving("patched", api_key=key) as url:

@@ -90,8 +90,7 @@ def test_refit_takes_what_the_profile_measured():
 
 
 def profile_receipt(directory: Path, profile: dict) -> Path:
-    """directory/box: a receipt with raw/profile.json and one inconclusive recommendation, as make report writes
-    them."""
+    """directory/box: a receipt with raw/profile.json and one inconclusive recommendation, as make report writes it."""
     d = directory / "box"
     (d / "raw").mkdir(parents=True)
     rec = dict(default="EAGLE-3 in the shipped profile", verdict="inconclusive", why="no bench", measured={})

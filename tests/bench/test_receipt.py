@@ -105,7 +105,6 @@ def test_a_receipt_of_committed_results_recommends_from_the_measured_numbers(pro
 
 @pytest.fixture(scope="module")
 def pcie_receipt(tmp_path_factory):
-    """The committed H200 numbers as if measured on 8 GPUs without NVLink (the box class the series is for)."""
     tmp = tmp_path_factory.mktemp("pcie")
     return made_receipt(tmp / "box", "box", bench_comm=pcie_bench_comm(tmp))
 
@@ -180,9 +179,8 @@ def test_a_failed_test_serve_stops_the_report_and_runs_again_next_time(tmp_path)
 
 
 def test_an_interrupted_report_keeps_its_parts_and_redoes_a_cut_result_alone(tmp_path):
-    """test-gpu passes, then SIGTERM in bench-comm: the parts' state is kept after each part, so the next plan runs
-    bench-comm alone (and checks no port: neither part serves). A bench-comm killed mid-write is that part's
-    failure: its result is moved aside, the receipt is written, and the next report redoes it."""
+    """test-gpu passes, then SIGTERM in bench-comm: the next plan runs bench-comm alone (and checks no port: neither
+    part serves). A bench-comm killed mid-write is that part's failure, its result moved aside, redone next time."""
     passed = junit(tmp_path / "passed.xml", 1)
     cut = f'[ -e {tmp_path}/cut ] && printf \'{{"records": [\' > "$2" && exit 137; touch {tmp_path}/in; exec sleep 600'
     verbs = {"test-gpu": f'cp {passed} "$2"', "bench-comm": cut}

@@ -52,8 +52,7 @@ not an NCCL line: Channel 00 : 0[0] -> 1[1] via SHM/direct/direct"""  # the thir
 
 
 def test_the_watchdog_kills_a_probe_that_hangs_and_says_so():
-    """A fake probe child that starts a grandchild and then hangs: both are killed at the deadline, the output so
-    far is kept, and the result line says hung (the doctor's error and fix: tests/host/test_doctor.py)."""
+    """A probe child that starts a grandchild and hangs: both killed at the deadline, the output so far kept."""
     code = (
         "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
         "print('bring-up done', flush=True); time.sleep(60)"
@@ -87,8 +86,7 @@ def _summing_rank(rank, world, port, phase, *_):
 
 
 def test_ranks_that_hang_fail_or_sum_wrong(monkeypatch):
-    """The smoke's rank machinery with fake ranks: a rank stuck in an iterate phase past STALL, one that raises
-    (its peer, left waiting, is killed at once), wrong sums on one rank, and a healthy group."""
+    """The smoke's rank machinery with fake ranks; one that raises gets its peer, left waiting, killed at once."""
     monkeypatch.setattr(nccl, "STALL", 2.0)
     r = nccl.pcie_ipc_smoke(2, 120, device="cpu", rank_fn=_hanging_rank)
     assert r["hung"] and r["measured"] is False and r["phase"] == "ranks 0,1: iterate 8x7168"

@@ -66,8 +66,7 @@ def why_not(standins: bool) -> str:
 
 
 def pytest_collection_finish(session):
-    """With --serve-out (make test-serve, the image's verb), a machine that cannot start a server is one refusal:
-    the document records it and pytest exits 2, instead of a hundred failed tests."""
+    """With --serve-out, a machine that cannot start a server is one refusal, not a hundred failed tests."""
     why = session.config.getoption("--serve-out") and why_not(session.config.getoption("--standins"))
     if why:
         RUN["refused"] = why

@@ -14,7 +14,6 @@ import _fuzz
 import _servers as sv
 from tiny_models import VOCAB, greedy_chain, load_chain
 
-PHASE = "fuzz"
 WHERE = sv.BAD_PHASES
 TIMEOUT_S = 60  # per request: a tiny model answers any of them in well under a second
 BURSTS, BURST_SIZE = 12, 16
