@@ -75,8 +75,7 @@ def snap(info=None, metrics=None) -> observe.Snapshot:
 
 
 def test_the_counters_read_from_a_recorded_patched_and_stock_server():
-    """/server_info spec_cuda_graph and sglang:cuda_graph_passes_total{stage,outcome,reason} give the same counts
-    per speculative stage; upstream's own decode series and a stock server's give none."""
+    """/server_info and /metrics give the same counts per speculative stage; upstream's decode series and stock none."""
     info = json.loads((FIX / "server_info_patched.json").read_text())
     metrics = observe.parse_metrics((FIX / "metrics_patched.txt").read_text())
     from_info = observe.graph_counts_from_info(info)
