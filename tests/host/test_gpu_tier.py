@@ -1,7 +1,5 @@
-"""`make test-gpu` on a machine without GPUs: the image's test-gpu verb (scripts/host/gpu_tier.py) through
-scripts/host/in_image.py, the route of every GPU verb (the fake docker runs the image's entrypoint with this
-python), its refusal inside the image and here; and a test tier's result (pytest's junitxml, scripts/box/results.py)
-with what the tests recorded and the run's properties, no machine path in it, read back as make report reads it."""
+"""`make test-gpu` on a machine without GPUs: the image's verb through scripts/host/in_image.py, the route of every GPU
+verb, and its refusals; a test tier's result (pytest's junitxml, scripts/box/results.py) read back as make report."""
 
 import subprocess
 import sys

@@ -164,8 +164,7 @@ def test_key_sources(capsys, hf, tmp_path, monkeypatch):
 
 
 def fake_sglang(tmp_path: Path) -> Path:
-    """The patched tree's sglang, but a stand-in sglang.launch_server that reports what reached it: its argv, the
-    --config it read, its command line as ps shows it, whether the key is in its environment."""
+    """The patched tree's sglang, but a stand-in sglang.launch_server that reports what reached it."""
     pkg = tmp_path / "fake" / "sglang"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text(f"__path__.append({str(ROOT / 'build' / 'sglang' / 'python' / 'sglang')!r})\n")

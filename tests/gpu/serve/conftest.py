@@ -75,8 +75,7 @@ def pytest_collection_finish(session):
 
 @pytest.fixture(scope="session")
 def server(request, tmp_path_factory):
-    """server(phase) -> its running _servers.Server. Every phase's server starts at once on first use; at the end
-    each is stopped (terminate_and_kill_process_tree) and checked gone with its port free."""
+    """server(phase) -> its running _servers.Server; all start at once on first use, end checked gone, ports free."""
     opt = request.config.getoption
     why = why_not(opt("--standins"))
     if why:
