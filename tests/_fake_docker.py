@@ -1,15 +1,11 @@
 """A fake `docker` client: it records every argv and runs `docker run IMAGE ...` as the image would, so a printed
 `docker run` command is tested by running it (a missing mount or an unknown image fails as on the box).
 
-install() writes bin/docker (and with gpus=N an nvidia-smi listing N GPUs, busy() their compute processes) and
-returns a FakeDocker. It answers `version` (engine_up=False: the client's own "no engine" message), `image inspect`
-(labels: this checkout's patch set unless told otherwise), and `run` through docker/entrypoint with the image's
-environment (EAGLE_HOME this checkout; EAGLE_RESULTS the host directory mounted at /results, else /results, which
-this machine lacks), its -e variables, this interpreter as python3, -v host directories made as docker makes them and
-paths under a mount rewritten to the host's. `verbs` replaces an image verb by a shell command ("$@": its arguments).
-A container runs in its own session (a signal to the client's group never reaches it; the client forwards SIGINT,
-SIGTERM and SIGHUP, docker's sig-proxy); run -d, ps, inspect, logs, stop and rm -f know it by its --name. Also used by
-bench/device/lent.py on a lent GPU machine, which has no docker.
+install() writes bin/docker (with gpus=N, an nvidia-smi listing N GPUs) and returns a FakeDocker. `run` goes through
+docker/entrypoint with the image's environment, this interpreter as python3 and the mounts' paths as the host's;
+`verbs` replaces an image verb by a shell command ("$@": its arguments). A container runs in its own session, its
+client forwarding SIGINT, SIGTERM and SIGHUP (docker's sig-proxy). Also used by bench/device/lent.py on a lent GPU
+machine, which has no docker.
 """
 
 import json
@@ -139,8 +135,7 @@ class FakeDocker:
     def runs(self) -> list[list[str]]:
         return [c for c in self.calls() if c[:1] == ["run"]]
 
-    def running(self) -> list[str]:
-        """The containers that run (docker ps)."""
+    def running(self) -> list[str]:  # docker ps
         out = subprocess.run([self.bindir / "docker", "ps"], capture_output=True, text=True).stdout
         return [ln.split("\t")[0] for ln in out.splitlines()]
 
@@ -188,15 +183,13 @@ def install(
 
 
 def verb(module: str, *args, prefix: tuple = (), timeout: float = 900, **env) -> subprocess.CompletedProcess:
-    """`python -m MODULE ARGS` in this checkout as make runs it, with `env` over this environment (PATH=path_with(
-    ...): the fakes first)."""
+    """`python -m MODULE ARGS` in this checkout as make runs it, with `env` over this environment."""
     cmd = [*prefix, sys.executable, "-m", module, *map(str, args)]
     return subprocess.run(cmd, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout)
 
 
 def interrupted(module: str, *args, when, sig: int = signal.SIGTERM, **env) -> subprocess.Popen:
-    """`python -m MODULE ARGS` in a session of its own, `sig` sent to its group once when() holds; it has finished
-    (its stderr: text) when this returns."""
+    """`python -m MODULE ARGS` in a session of its own, `sig` sent to its group once when() holds; ended on return."""
     cmd = [sys.executable, "-m", module, *map(str, args)]
     p = subprocess.Popen(
         cmd, cwd=ROOT, env={**os.environ, **env}, stderr=subprocess.PIPE, text=True, start_new_session=True

@@ -8,13 +8,9 @@ BUS = [f"0000:{b}1:00.0" for b in "02468ace"]  # 0000:01:00.0, 0000:21:00.0, ...
 
 
 class FakeNvml:
-    """The pynvml calls SGLang's launcher and the doctor make, answering for `count` GPUs.
-
-    NVML index i is the GPU on PCI bus `buses[i]` (sysfs spelling; default: bus order), named `names[i]`, with UUID
-    `uuid(i)`; `nvlink` holds NVLink-joined NVML index pairs. `init_error` / `pair_error`: the NVML error code
-    nvmlInit / the NVLink query raises. `pairs` records which index pairs were asked about NVLink, `inits` how often
-    NVML was initialised. P2P capabilities other than NVLink answer OK everywhere.
-    """
+    """The pynvml calls SGLang's launcher and the doctor make, for `count` GPUs: index i on PCI bus `buses[i]`
+    (sysfs spelling), named `names[i]`, UUID `uuid(i)`; `nvlink`: NVLink-joined index pairs; `init_error` /
+    `pair_error`: what nvmlInit / the NVLink query raises; `pairs`, `inits`: what was asked. Other P2P answers OK."""
 
     def __init__(self, monkeypatch, count=8, nvlink=(), init_error=None, pair_error=None, buses=None, names=None):
         import pynvml

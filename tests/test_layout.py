@@ -39,12 +39,11 @@ MODULES = {module_name(p): p for p in sorted(SCRIPTS.rglob("*.py"))}
 TREES = {name: ast.parse(p.read_text(), filename=str(p)) for name, p in MODULES.items()}
 
 
-def is_verb(name: str) -> bool:
-    tree = TREES[name]
-    return any(isinstance(n, ast.If) and "__main__" in ast.unparse(n.test) for n in tree.body)
-
-
-VERBS = {name for name in MODULES if is_verb(name)}
+VERBS = {
+    name
+    for name, tree in TREES.items()
+    if any(isinstance(n, ast.If) and "__main__" in ast.unparse(n.test) for n in tree.body)  # `if __name__ ...`
+}
 
 
 def imports(name: str) -> list[tuple[str, list[str], int]]:

@@ -1,12 +1,7 @@
-"""`make bench` through its real entry points: the counters a server reports (recorded stand-in outputs), the plan,
-the dry run, the checks before the first server, and both server routes end to end against stand-in servers, with
-SGLang's real bench_serving run as the image's bench-client verb (the fake docker, whose serve verb starts a
-stand-in): the box's (a container per variant, each checked to be the one answering; stopped on every signal, or by
-the next run when it was left behind) and --server-url (a server with an API key).
-
-Fixtures (tests/fixtures/bench/): bench_serving_{stock,patched}.jsonl, server_info_*.json, metrics_*.txt (written by
-record_fixtures.py from the harness against standin_server.py), results_abba.jsonl, tokenizer/.
-"""
+"""`make bench` through its real entry points: the counters a server reports, the plan, the dry run, the checks before
+the first server, and both server routes (the box's containers, --server-url) end to end against stand-in servers
+(tests/fixtures/bench/standin_server.py; record_fixtures.py records its outputs), with SGLang's real bench_serving
+run as the image's bench-client verb."""
 
 import json
 import os
@@ -44,10 +39,8 @@ def client_env() -> dict[str, str]:
 
 @pytest.fixture
 def box(tmp_path, monkeypatch) -> dict:
-    """A fake box: docker (engine up, the serving image there, its serve a stand-in), 8 idle GPUs, a model and a
-    drafter on disk, a variants file of the shipped profiles with them, one small scenario."""
-    # EXIT: the server dies while starting; MUTE: the container runs, nothing answers; ANOTHER: another server
-    # answers on the port
+    """A fake box: docker whose serve is a stand-in, 8 idle GPUs, a model and a drafter, variants, one scenario."""
+    # EXIT: the server dies while starting; MUTE: the container runs, nothing answers; ANOTHER: another server answers
     standin = FIX / "standin_server.py"
     serve = f'[ "$EXIT" ] && exit 1; [ "$MUTE" ] && exec sleep 600; exec python3 {standin} "$@" ${{ANOTHER:+--model 1}}'
     docker = _fake_docker.install(tmp_path, (IMAGE,), pythonpath=(TREE,), verbs={"serve": serve}, gpus=8)
@@ -82,8 +75,7 @@ def snap(info=None, metrics=None) -> observe.Snapshot:
 
 
 def test_the_counters_read_from_a_recorded_patched_and_stock_server():
-    """/server_info spec_cuda_graph and sglang:cuda_graph_passes_total{stage,outcome,reason} give the same counts
-    per speculative stage; upstream's own decode series and a stock server's give none."""
+    """/server_info and /metrics give the same counts per speculative stage; upstream's decode series and stock none."""
     info = json.loads((FIX / "server_info_patched.json").read_text())
     metrics = observe.parse_metrics((FIX / "metrics_patched.txt").read_text())
     from_info = observe.graph_counts_from_info(info)
@@ -154,8 +146,16 @@ def test_the_dry_run_prints_the_plan_its_checks_and_every_command_and_writes_not
 
 
 def test_checks_stop_a_real_run_before_any_server(box):
-    """A results directory that cannot be written, a missing drafter and a stale image are named together, before
-    any `docker run -d`: nothing is started, nothing written; a profile that does not exist is refused with the plan."""
+    """Concurrency above max-running-requests stops the plan; a results directory that cannot be written, a missing
+    drafter and a stale image are named together, before any `docker run -d`; so is a profile that does not exist."""
+    scen = box["tmp"] / "big.toml"
+    scen.write_text(
+        '[[scenario]]\nname = "C1000"\nmax_concurrency = 1000\nnum_prompts = 1000\ninput_len = 8\noutput_len = 8\n'
+    )
+    dry = [*box["args"], "--scenarios-file", str(scen), "--dry-run"]
+    with pytest.raises(UserError, match="max_concurrency 1000 is above max-running-requests 16 of eagle3"):
+        bench.main(dry)
+    assert bench.main([*dry, "--", "--max-running-requests", "1000"]) == 0
     ro = box["tmp"] / "a-file"
     ro.write_text("")
     (box["tmp"] / "draft" / "config.json").unlink()
@@ -174,21 +174,9 @@ def test_checks_stop_a_real_run_before_any_server(box):
         bench.main([*box["args"], "--dry-run"])
 
 
-def test_concurrency_above_max_running_requests_stops_before_anything(box, tmp_path):
-    scen = tmp_path / "big.toml"
-    scen.write_text(
-        '[[scenario]]\nname = "C1000"\nmax_concurrency = 1000\nnum_prompts = 1000\ninput_len = 8\noutput_len = 8\n'
-    )
-    dry = [*box["args"], "--scenarios-file", str(scen), "--dry-run"]
-    with pytest.raises(UserError, match="max_concurrency 1000 is above max-running-requests 16 of eagle3"):
-        bench.main(dry)
-    assert bench.main([*dry, "--", "--max-running-requests", "1000"]) == 0
-
-
 def test_the_box_route_end_to_end(box):
-    """Each variant's server in a named detached container, bench_serving from the image, the records with the
-    server's counters; a container that dies while starting, and one whose port another server answers, are stopped
-    by their names all the same, and no number of theirs is recorded."""
+    """Each variant's server in a named detached container, the records with its counters; a container that dies while
+    starting, and one whose port another server answers, are stopped all the same, and none of their numbers kept."""
     variants = ["--variants", "nospec,eagle3,exit,another"]
     cp = bench_verb(*box["args"], *variants, "--write-baseline", box["tmp"] / "base.json")
     assert cp.returncode == 4, cp.stderr[-3000:]  # the broken variants' runs produced no result
@@ -231,8 +219,7 @@ def test_a_signal_stops_the_server_or_the_next_run_does(box, sig):
 
 
 def test_a_running_server_with_an_api_key(box, tmp_path):
-    """--server-url: 401 is named with the fix; with the key from --api-key-file (serve's source) the harness and
-    bench_serving (the image's client, by name in its environment) send it, and it is in no output, log or result."""
+    """--server-url: a 401 is named with the fix; the key from --api-key-file is sent, in no output, log or result."""
     key = "k3y-" + "5ecret" * 4
     (tmp_path / "key").write_text(key + "\n")
     with standin_server.serving("patched", api_key=key) as url:
@@ -275,10 +262,7 @@ def test_make_dry_runs_print_their_plans_and_write_nothing(target, tmp_path):
 
 
 def test_the_lent_route_benches_its_tiny_servers_through_server_url(tmp_path, monkeypatch):
-    """bench/device/lent.py (the tiny bench and the DFlash arm's proxy on a lent GPU machine; no GPU here): its servers
-    are SGLang --config launches of the tiny profiles with the route's flags; the make bench it runs plans A/B/A over
-    them, and sweep-tiny serves no speculation, EAGLE-3 and DFlash at once, benched at C1 on the chat and code prompt
-    sets once each, as make bench runs the DFlash arm."""
+    """bench/device/lent.py: the tiny bench and the DFlash arm's proxy on a lent GPU machine (no GPU here)."""
     monkeypatch.syspath_prepend(str(ROOT / "tests" / "gpu" / "serve"))
     monkeypatch.syspath_prepend(str(ROOT / "bench" / "device"))
     import _servers

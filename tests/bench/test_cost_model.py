@@ -17,11 +17,8 @@ from scripts.lib.errors import UserError
 INP, CYC = sm.load()
 
 
-def test_the_document_is_current():
+def test_the_document_is_current_and_its_back_test_predicts_every_seed_number_within_10_percent():
     assert cm.main(["--check"]) == 0
-
-
-def test_the_back_test_predicts_every_seed_number_within_10_percent():
     table = cm.Box(INP, CYC, runs=cm.load_runs()).backtest()
     rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in table.splitlines()[2:]]
     named = {"Plain decode, tok/s", "EAGLE-3 at AL 2.0, tok/s", "AQ-MedAI drafter at AL 1.5, tok/s"}
@@ -39,6 +36,10 @@ def test_the_calibrated_model_gives_the_review_s_box_numbers():
     assert [round(m["central"].cycle_ms(s), 2) for s in range(1, 6)] == [10.69, 12.31, 13.92, 15.51, 17.08]
     assert [round(m[c].tok_s()) for c in sm.CORNERS] == [121, 164, 225]
     assert sm.Model(INP, CYC, head_rows=32000).cycle_ms(3, "nccl", 30.0) == pytest.approx(31.8, abs=0.05)
+    c = sm.Model(INP, CYC)  # its bytes and floors
+    assert [round(c.gb(w), 2) for w in (1, 4, 8)] == [6.03, 10.31, 15.61]
+    assert [round(c.oneshot_us(r), 1) for r in (1, 4, 8)] == [1.9, 7.6, 15.1]  # 7 x rows x 14 KiB at 53 GB/s
+    assert c.floor_ms(1) == pytest.approx(6.03 / 1.792 + 123 * 1.89e-3, abs=0.01) and c.problems() == []
 
 
 def test_the_dflash_arm_gives_the_review_s_numbers_and_its_break_even_with_eagle3():
@@ -55,13 +56,6 @@ def test_the_dflash_arm_gives_the_review_s_numbers_and_its_break_even_with_eagle
     assert "| AL for 200 tok/s | 3.68 (2.60-4.93) | 2.78 (2.03-3.77) |" in table
     assert "| AL at which it matches EAGLE-3 3/1/4 at AL 2.28 | 3.01 (2.92-3.01) | - |" in table
     assert "| DFlash (+22%) |\n| code, benchmark (MBPP)" in drafters and drafters.endswith("| EAGLE-3 (+53%) |")
-
-
-def test_bytes_and_floors():
-    m = sm.Model(INP, CYC)
-    assert [round(m.gb(w), 2) for w in (1, 4, 8)] == [6.03, 10.31, 15.61]
-    assert [round(m.oneshot_us(r), 1) for r in (1, 4, 8)] == [1.9, 7.6, 15.1]  # 7 x rows x 14 KiB at 53 GB/s
-    assert m.floor_ms(1) == pytest.approx(6.03 / 1.792 + 123 * 1.89e-3, abs=0.01) and m.problems() == []
 
 
 def test_make_docs_refuses_a_row_below_its_floor_or_a_verify_faster_than_its_decode(monkeypatch):
@@ -96,8 +90,7 @@ def test_refit_takes_what_the_profile_measured():
 
 
 def profile_receipt(directory: Path, profile: dict) -> Path:
-    """directory/box: a receipt with raw/profile.json and one inconclusive recommendation, as make report writes
-    them."""
+    """directory/box: a receipt with raw/profile.json and one inconclusive recommendation, as make report writes it."""
     d = directory / "box"
     (d / "raw").mkdir(parents=True)
     rec = dict(default="EAGLE-3 in the shipped profile", verdict="inconclusive", why="no bench", measured={})

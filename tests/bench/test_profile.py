@@ -55,14 +55,10 @@ def recorded(tmp_path, name: str, spans: list[str]) -> dict:
     return pf.read_trace(f)
 
 
-def made_profile(tmp_path) -> dict:
+def test_a_recorded_trace_reduces_to_the_profile_per_forward(tmp_path):
     plain = pf.forwards(recorded(tmp_path, "nospec", ["step[DECODE bs=1]"]))
     spec = pf.forwards(recorded(tmp_path, "spec", ["draft", "step[VERIFY bs=1]", "draft_extend"]), draft_tokens=4)
-    return pf.profile(plain, spec, tp=8, steps=3, accept_length=2.5)
-
-
-def test_a_recorded_trace_reduces_to_the_profile_per_forward(tmp_path):
-    p = made_profile(tmp_path)
+    p = pf.profile(plain, spec, tp=8, steps=3, accept_length=2.5)
     assert set(p) == {*sm.PROFILE_FIELDS, "cycle_busy_ms"}
     assert all(set(p[s]) == {*sm.STAGE_FIELDS, *kn.FIELDS} for s in sm.PROFILE_STAGES)
     assert p["gpu"].startswith("NVIDIA RTX PRO 6000") and (p["tp"], p["steps"], p["accept_length"]) == (8, 3, 2.5)
@@ -75,6 +71,8 @@ def test_a_recorded_trace_reduces_to_the_profile_per_forward(tmp_path):
     assert p["draft_extend"]["comm_ms"] == 0.005 and p["cycle_ms"] == 15.0  # first GPU work of one draft to the next
     # per call, by rows: NCCL's all-reduce in the graphs, PCIe IPC's all-reduce (its all-gather is not one)
     assert p["nccl_graph_us"] == {"1": 30.0, "4": 40.0} and p["pcie_ipc_us"] == {"1": 6.0, "4": 12.0}
+    m = sm.Model(*sm.load(), **sm.refit(p))  # what the cost model refits from (make docs: test_cost_model.py)
+    assert m.B() == pytest.approx(9.03) and m.p["glue_ms"] == pytest.approx(15.0 - 13.082 - 0.318 - 0.415)
 
 
 def test_an_eager_forward_is_its_step_spans_and_gives_no_in_graph_nccl():
@@ -92,12 +90,6 @@ def test_a_trace_without_a_stage_is_named(tmp_path):
         pf.profile(plain, pf.forwards(trace(["draft"])), tp=1, steps=3, accept_length=4.0)
     with pytest.raises(UserError, match="--profiles NOSPEC,SPEC"):
         pf.main(["--profiles", "kimi-k25-tp8", "--out", str(tmp_path / "p.json")])
-
-
-def test_the_cost_model_refits_from_the_profile_the_part_wrote(tmp_path):
-    """(make docs reading a receipt's profile: tests/bench/test_cost_model.py.)"""
-    m = sm.Model(*sm.load(), **sm.refit(made_profile(tmp_path)))
-    assert m.B() == pytest.approx(9.03) and m.p["glue_ms"] == pytest.approx(15.0 - 13.082 - 0.318 - 0.415)
 
 
 def test_the_receipt_runs_the_part_as_its_own_verb(tmp_path):

@@ -105,7 +105,6 @@ def test_a_receipt_of_committed_results_recommends_from_the_measured_numbers(pro
 
 @pytest.fixture(scope="module")
 def pcie_receipt(tmp_path_factory):
-    """The committed H200 numbers as if measured on 8 GPUs without NVLink (the box class the series is for)."""
     tmp = tmp_path_factory.mktemp("pcie")
     return made_receipt(tmp / "box", "box", bench_comm=pcie_bench_comm(tmp))
 
@@ -132,9 +131,8 @@ def test_on_the_box_class_the_verdicts_are_judged_and_stored(pcie_receipt, tmp_p
 
 
 def test_the_dry_run_shows_the_plan_and_total_when_the_box_cannot_run_it(tmp_path):
-    """No GPU and no docker engine (a client whose engine is down, whatever this machine runs): the plan of every
-    part with its command and time, the total, and each failed check with its fix; exit 2 and nothing written, as a
-    real run would stop there. --port moves every part that serves."""
+    """No GPU and no docker engine: the plan of every part with its command and time, the total, and each failed
+    check with its fix; exit 2 and nothing written, as a real run stops there; --port moves every part that serves."""
     docker = _fake_docker.install(tmp_path, engine_up=False)
     d, env = tmp_path / "box", {"PATH": _fake_docker.path_with(docker.bindir)}
     for extra in (["--dry-run"], []):
@@ -181,9 +179,8 @@ def test_a_failed_test_serve_stops_the_report_and_runs_again_next_time(tmp_path)
 
 
 def test_an_interrupted_report_keeps_its_parts_and_redoes_a_cut_result_alone(tmp_path):
-    """test-gpu passes, then SIGTERM in bench-comm: the parts' state is kept after each part, so the next plan runs
-    bench-comm alone (and checks no port: neither part serves). A bench-comm killed mid-write is that part's
-    failure: its result is moved aside, the receipt is written, and the next report redoes it."""
+    """test-gpu passes, then SIGTERM in bench-comm: the next plan runs bench-comm alone (and checks no port: neither
+    part serves). A bench-comm killed mid-write is that part's failure, its result moved aside, redone next time."""
     passed = junit(tmp_path / "passed.xml", 1)
     cut = f'[ -e {tmp_path}/cut ] && printf \'{{"records": [\' > "$2" && exit 137; touch {tmp_path}/in; exec sleep 600'
     verbs = {"test-gpu": f'cp {passed} "$2"', "bench-comm": cut}
@@ -222,7 +219,7 @@ def test_unknown_parts_and_bad_receipts_are_named(tmp_path):
 
 def test_the_tarball_leaves_out_what_names_the_machine(tmp_path):
     """The receipt directory keeps every raw output; its tarball has no host name, checkout or home path, GPU
-    serials, kernel command line or df, and make docs still reads it."""
+    serials, kernel command line or df."""
     d = tmp_path / "box_1"
     shutil.copytree(DOCTOR_CAPTURE, d / "env" / "tools")
     doctor = tmp_path / "doctor.json"
@@ -240,9 +237,7 @@ def test_the_tarball_leaves_out_what_names_the_machine(tmp_path):
     for n, text in texts.items():
         for private in (str(ROOT), str(Path.home()), platform.node()):
             assert not re.search(rf"(?<![\w.-]){re.escape(private)}(?![\w-])", text), (n, private)
-    assert "<repo>/x.json" in texts["box_1/raw/bench-comm.json"]
-    tarball = str(d.with_name("box_1.tar.gz"))
-    assert cost_model.main(["--write", "--doc", str(_plan_md(tmp_path)), "--receipt", tarball]) == 0
+    assert "<repo>/x.json" in texts["box_1/raw/bench-comm.json"]  # make docs reads a tarball: the proxy's test
 
 
 def test_the_default_receipt_resumes_this_boxs_newest_unfinished_one(tmp_path):

@@ -161,6 +161,10 @@ def test_cost_model_recovers_the_costs_and_agrees_with_a_consistent_sweep():
     assert "## Sweep: drafters and speculative settings (C1)" in md
     assert "| A/one | checkpoint | 4/4/8 | 2.900 | 134.9 | 100.0% | " in md and "The sweep agrees with the model." in md
     assert "0.900 ms per verified token beyond the first" in md and "t1, measured by the reference run" in md
+    chain = [r for r in sweep_records() if r["eagle"].get("variant_spec", {}).get("setting", {}).get("topk", 1) == 1]
+    f, why = report.fit(*report.sweep_points(report.summarize(chain), "C1"))  # chain points alone cannot separate
+    assert f is None and "add tree points (topk > 1)" in why
+    assert "No cost-model verdict: the points cannot separate" in report.markdown(report.summarize(chain), {})
 
 
 def test_a_point_off_its_verify_graph_makes_the_sweep_disagree():
@@ -185,10 +189,3 @@ def test_accept_length_per_prompt_set_in_the_report_and_the_receipt():
     got = rd.rec_speculation(recs)[1]
     assert got["measured"]["accept_length_by_set"]["sweep-A-one-3-1-4"] == {"C1-chat": 2.2, "C1-code": 2.75}
     assert 'sweep-A-one-3-1-4 {"C1-chat": 2.2, "C1-code": 2.75}' in got["why"]
-
-
-def test_chain_points_alone_cannot_separate_verify_and_draft_costs():
-    recs = [r for r in sweep_records() if r["eagle"].get("variant_spec", {}).get("setting", {}).get("topk", 1) == 1]
-    f, why = report.fit(*report.sweep_points(report.summarize(recs), "C1"))
-    assert f is None and "add tree points (topk > 1)" in why
-    assert "No cost-model verdict: the points cannot separate" in report.markdown(report.summarize(recs), {})

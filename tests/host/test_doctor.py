@@ -28,10 +28,6 @@ def run(rec: dict[str, str], tp: int = 8, environ: dict | None = None, expected:
     return {f.id: f for f in findings}, facts
 
 
-def sev(findings) -> dict[str, str]:
-    return {k: f.severity for k, f in findings.items()}
-
-
 def changed(rec: dict, key: str, **kw) -> dict:
     """The recording with the result line of probe `key` changed (its other lines kept)."""
     lines = rec[key].splitlines()
@@ -65,7 +61,7 @@ def test_the_pcie_only_rule():
 
 def test_clean_pcie_box(capsys):
     f, facts = run(capture("pcie8x"))
-    assert not {k: v for k, v in sev(f).items() if v in ("warn", "error")}
+    assert not [k for k, x in f.items() if x.severity in ("warn", "error")]
     ids = "gpu.model gpu.count driver.cuda topo.nvlink topo.p2p topo.numa pcie.link pcie.bar1 host.hmm host.iommu "
     for key in (ids + "nccl.version nccl.transport nccl.latency pcie_ipc.smoke pcie.peer_write disk.free").split():
         assert f[key].severity == "ok", (key, f[key])
@@ -122,7 +118,11 @@ def test_a_recording_replays_and_the_exit_status_follows_errors(capsys, tmp_path
 def test_h200_nvlink_box_and_its_live_recording():
     f, facts = run(capture("h200x2"), tp=2)
     assert facts["pcie_only"] is False and f["topo.nvlink"].severity == "info" and "NV18" in f["topo.nvlink"].message
-    assert f["gpu.model"].severity == "info" and f["host.hmm"].severity == "info" and "error" not in sev(f).values()
+    assert (
+        f["gpu.model"].severity == "info"
+        and f["host.hmm"].severity == "info"
+        and "error" not in {x.severity for x in f.values()}
+    )
     assert f["pcie_ipc.smoke"].message.startswith("PCIe-IPC smoke not run: the series turns PCIe IPC on only for SM120")
     assert run(capture("h200x2"), tp=8)[0]["gpu.count"].severity == "error"
     f, facts = run(capture("h200x2-live"), tp=2, environ={"NCCL_VERSION": "2.28.3-1", "NCCL_NVLS_ENABLE": "0"})
@@ -294,7 +294,7 @@ def test_nccl_hang_wrong_sum_no_lines_slow_and_unmeasured():
 # pcie_ipc.smoke and pcie.peer_write: the probes' results (scripts/host/nccl.py; tests/host/test_nccl.py runs them)
 
 
-def test_pcie_ipc_hang_or_wrong_sum_fails_with_the_switch_and_the_host_cause():
+def test_the_pcie_ipc_smoke_runs_where_the_series_turns_it_on_and_a_hang_or_wrong_sum_names_its_cause():
     why = "no progress within 60 s (ranks 0,1,2,3,4,5,6,7: iterate 8x7168); the ranks were killed"
     hung = dict(measured=False, hung=True, world=8, phase="ranks 0-7: iterate 8x7168", why=why)
     rec = capture("pcie8x-hmm-iommu") | {"pcie-ipc-smoke": MARK + json.dumps(hung) + "\n"}
@@ -310,9 +310,6 @@ def test_pcie_ipc_hang_or_wrong_sum_fails_with_the_switch_and_the_host_cause():
     assert "GPU0-GPU4" in s.fix and "PCIe host bridge (PHB)" in s.fix
     s = run(changed(capture("pcie8x"), "pcie-ipc-smoke", measured=False, engaged=False, why="x"))[0]["pcie_ipc.smoke"]
     assert s.severity == "warn" and "SGLang did not take the PCIe-IPC path: x" in s.message
-
-
-def test_pcie_ipc_smoke_runs_only_where_the_series_turns_it_on():
     f, facts = run(capture("pcie8x"), environ={"SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "0"})
     assert "not run: SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=0 is set" in f["pcie_ipc.smoke"].message
     assert facts["pcie_ipc_smoke"]["measured"] is False

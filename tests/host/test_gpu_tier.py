@@ -1,7 +1,5 @@
-"""`make test-gpu` on a machine without GPUs: the image's test-gpu verb (scripts/host/gpu_tier.py) through
-scripts/host/in_image.py, the route of every GPU verb (the fake docker runs the image's entrypoint with this
-python), its refusal inside the image and here; and a test tier's result (pytest's junitxml, scripts/box/results.py)
-with what the tests recorded and the run's properties, no machine path in it, read back as make report reads it."""
+"""`make test-gpu` on a machine without GPUs: the image's verb through scripts/host/in_image.py, the route of every GPU
+verb, and its refusals; a test tier's result (pytest's junitxml, scripts/box/results.py) read back as make report."""
 
 import subprocess
 import sys
@@ -20,7 +18,7 @@ def in_image(*args, path: str, **env) -> subprocess.CompletedProcess:
     return _fake_docker.verb("scripts.host.in_image", *args, timeout=300, PATH=path, **env)
 
 
-def test_the_image_runs_it_and_refuses_without_gpus_with_advice_for_the_image(tmp_path):
+def test_the_image_runs_it_and_both_it_and_this_machine_refuse_without_gpus_with_their_advice(tmp_path):
     fake = _fake_docker.install(tmp_path, images=(IMAGE,))
     args = ["--image", IMAGE, "--results", str(tmp_path / "r"), "test-gpu", "--out", "/results/t.xml", "--", "-k"]
     cp = in_image(*args, "faults", path=_fake_docker.path_with(fake.bindir))
@@ -30,6 +28,8 @@ def test_the_image_runs_it_and_refuses_without_gpus_with_advice_for_the_image(tm
     assert run[run.index(IMAGE) + 1 :] == ["test-gpu", "--out", "/results/t.xml", "--", "-k", "faults"]
     assert cp.returncode == 2 and "--gpus all" in cp.stderr and "make test-gpu" not in cp.stderr  # inside the image
     assert "Traceback" not in cp.stderr
+    cp = _fake_docker.verb("scripts.host.gpu_tier", "--out", tmp_path / "t.xml", PATH="/usr/bin:/bin", EAGLE_IMAGE="")
+    assert cp.returncode == 2 and "make test-gpu" in cp.stderr and not (tmp_path / "t.xml").exists()  # here
 
 
 FIXES = {
@@ -55,11 +55,6 @@ def test_a_box_that_cannot_run_it_is_named_with_the_fix_before_docker_run(tmp_pa
     cp = in_image("--image", image, verb, path=path, DOCKER_HOST=f"unix://{tmp_path}/dead.sock")
     assert cp.returncode == 2 and not fake.runs() and FIXES[state] in cp.stderr, cp.stderr
     assert "make image" not in cp.stderr or state in ("no image", "stale image")
-
-
-def test_here_without_gpus_points_to_the_image(tmp_path):
-    cp = _fake_docker.verb("scripts.host.gpu_tier", "--out", tmp_path / "t.xml", PATH="/usr/bin:/bin", EAGLE_IMAGE="")
-    assert cp.returncode == 2 and "make test-gpu" in cp.stderr and not (tmp_path / "t.xml").exists()
 
 
 TIER = """

@@ -52,8 +52,7 @@ not an NCCL line: Channel 00 : 0[0] -> 1[1] via SHM/direct/direct"""  # the thir
 
 
 def test_the_watchdog_kills_a_probe_that_hangs_and_says_so():
-    """A fake probe child that starts a grandchild and then hangs: both are killed at the deadline, the output so
-    far is kept, and the result line says hung (the doctor's error and fix: tests/host/test_doctor.py)."""
+    """A probe child that starts a grandchild and hangs: both killed at the deadline, the output so far kept."""
     code = (
         "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
         "print('bring-up done', flush=True); time.sleep(60)"
@@ -87,8 +86,7 @@ def _summing_rank(rank, world, port, phase, *_):
 
 
 def test_ranks_that_hang_fail_or_sum_wrong(monkeypatch):
-    """The smoke's rank machinery with fake ranks: a rank stuck in an iterate phase past STALL, one that raises
-    (its peer, left waiting, is killed at once), wrong sums on one rank, and a healthy group."""
+    """The smoke's rank machinery with fake ranks; one that raises gets its peer, left waiting, killed at once."""
     monkeypatch.setattr(nccl, "STALL", 2.0)
     r = nccl.pcie_ipc_smoke(2, 120, device="cpu", rank_fn=_hanging_rank)
     assert r["hung"] and r["measured"] is False and r["phase"] == "ranks 0,1: iterate 8x7168"
@@ -103,9 +101,8 @@ def test_ranks_that_hang_fail_or_sum_wrong(monkeypatch):
 
 
 def test_the_smoke_brings_up_sglangs_own_tp_group(sglang_tree):
-    """The real rank code on a CPU rank over gloo, through the patched SGLang's init_distributed_environment,
-    publish_build_topology and initialize_model_parallel with SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1: SGLang builds no
-    PCIe-IPC all-reduce for one CPU rank, and the smoke says so (on GPUs this is the path the kernels run on)."""
+    """The real rank code on a CPU rank over gloo, through the patched SGLang's bring-up: SGLang builds no PCIe-IPC
+    all-reduce for one CPU rank, and the smoke says so (on GPUs this is the path the kernels run on)."""
     r = nccl.pcie_ipc_smoke(1, 300, device="cpu")
     why = "SGLang built no PCIe-IPC all-reduce for its tp group of 1 cpu rank(s) (FlashInfer's kernels serve 2, 4 or "
     why += "8 CUDA GPUs)"
@@ -113,10 +110,8 @@ def test_the_smoke_brings_up_sglangs_own_tp_group(sglang_tree):
 
 
 def test_without_gpus_here_the_probes_run_in_the_image(tmp_path, monkeypatch):
-    """This python's torch sees no GPU (its NCCL probe says so), so each probe runs in the image: `docker run --gpus
-    all --ipc=host`, FlashInfer's cache volume, the caller's NCCL_* variables by name, the code found through the
-    image's $EAGLE_HOME; a fake docker runs that command with this interpreter, so the code printed is what runs. On
-    Ctrl-C a probe that hangs (deaf to signals, as one stuck in the driver) is removed by its container's name."""
+    """This python's torch sees no GPU, so each probe runs in the image (the fake docker runs it with this
+    interpreter); on Ctrl-C a probe that hangs, deaf to signals as one stuck in the driver, is removed by its name."""
     image = "eagle-fast-verify/sglang:test"
     fake = _fake_docker.install(tmp_path, images=(image,))
     monkeypatch.setenv("PATH", _fake_docker.path_with(fake.bindir))

@@ -1,7 +1,5 @@
 """scripts/host/serve.py and the serving profiles, through SGLang's own parser (the patched tree under test) and the
-verb's real entry points: main() for the dry run, a subprocess for what reaches SGLang, the fake docker for make serve
-(its checks, the image's own dry run, then the run).
-"""
+verb's entry points: main() for the dry run, a subprocess for what reaches SGLang, the fake docker for make serve."""
 
 import json
 import os
@@ -35,8 +33,7 @@ def snapshot(hub: Path, repo: str) -> None:
 
 @pytest.fixture
 def hf(tmp_path, monkeypatch) -> Path:
-    """An HF hub cache of this test's own (HF_HUB_CACHE, as hf download finds it), holding a drafter that is not a
-    known one."""
+    """An HF hub cache of this test's own (HF_HUB_CACHE), holding a drafter that is not a known one."""
     snapshot(tmp_path / "hub", "x/own-drafter")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.delenv("SGLANG_API_KEY", raising=False)
@@ -84,7 +81,7 @@ def test_the_dflash_draft_attends_on_triton_on_sm120_unless_told_otherwise(sglan
     assert backends == ("triton", want)
 
 
-def test_dry_run_is_sglangs_own_command_line(capsys, sglang_tree, hf):
+def test_dry_run_is_sglangs_own_command_line_of_a_profile_found_by_name_or_path(capsys, sglang_tree, hf, tmp_path):
     own = ["--model", "/m", "--draft-model", "x/own-drafter", "--port", "31000"]
     doc = dry_run(capsys, *own, "--", "--context-length", "4096")
     assert (doc["port"], doc["tp"], doc["weights"]) == (31000, 8, ["/m", "x/own-drafter"])  # what make serve checks
@@ -92,6 +89,11 @@ def test_dry_run_is_sglangs_own_command_line(capsys, sglang_tree, hf):
     sa = sglang_parse(doc["argv"])  # the command line wins over the file: SGLang's rule
     assert (sa.model_path, sa.speculative_draft_model_path, sa.port, sa.context_length) == ("/m", own[3], 31000, 4096)
     assert sa.tp_size == 8 and doc["listen"] == "listening on 127.0.0.1 only"
+    with pytest.raises(UserError, match="kimi-k25-eagle3-tp8"):
+        serve.main(["--dry-run", "--profile", "nope"])
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("model-path: /m\nport: 31001\n")
+    assert dry_run(capsys, "--profile", str(mine))["argv"][4] == str(mine)
 
 
 @pytest.mark.parametrize(
@@ -114,16 +116,13 @@ def test_a_bad_value_or_a_typo_is_refused_before_sglang_loads(capsys, sglang_tre
     assert named in str(e.value)
 
 
-def test_a_drafter_without_its_algorithm_is_refused(capsys, sglang_tree, hf):
+def test_drafters_are_checked_against_their_algorithm_the_known_ones_and_the_hf_cache(capsys, sglang_tree, hf):
     with pytest.raises(UserError, match="--speculative-algorithm EAGLE3"):
         dry_run(capsys, "--profile", "kimi-k25-tp8", "--draft-model", "lightseekorg/kimi-k2.5-eagle3")
     with pytest.raises(UserError, match="drafts for DFLASH, not EAGLE3: add -- --speculative-algorithm DFLASH"):
         dry_run(capsys, "--draft-model", "z-lab/Kimi-K2.5-DFlash")
     argv = "--profile kimi-k25-tp8 --draft-model lightseekorg/kimi-k2.5-eagle3 -- --speculative-algorithm EAGLE3"
     assert sglang_parse(dry_run(capsys, *argv.split())["argv"]).speculative_algorithm == "EAGLE3"
-
-
-def test_drafters_are_checked_against_the_known_ones_and_the_hf_cache(capsys, hf):
     with pytest.raises(UserError) as e:
         dry_run(capsys, "--draft-model", "lightseekorg/kimi-k2.5-eagle")  # a typo, and not in the cache
     assert "lightseekorg/kimi-k2.5-eagle3?" in str(e.value) and str(hf) in str(e.value)
@@ -137,14 +136,6 @@ def test_drafters_are_checked_against_the_known_ones_and_the_hf_cache(capsys, hf
     notes = "\n".join(dry_run(capsys, "--profile", "kimi-k25-dflash-tp8")["notes"])  # SERVE_ARGS="--profile ..."
     assert "drafter z-lab/Kimi-K2.5-DFlash (DFLASH): block drafting" in notes
     assert "(or before: hf download z-lab/Kimi-K2.5-DFlash)" in notes
-
-
-def test_profile_lookup(capsys, tmp_path, hf):
-    with pytest.raises(UserError, match="kimi-k25-eagle3-tp8"):
-        serve.main(["--dry-run", "--profile", "nope"])
-    mine = tmp_path / "mine.yaml"
-    mine.write_text("model-path: /m\nport: 31001\n")
-    assert dry_run(capsys, "--profile", str(mine))["argv"][4] == str(mine)
 
 
 # ------------------------------------------------------------------------------------------ who can reach it
@@ -173,8 +164,7 @@ def test_key_sources(capsys, hf, tmp_path, monkeypatch):
 
 
 def fake_sglang(tmp_path: Path) -> Path:
-    """The patched tree's sglang, but a stand-in sglang.launch_server that reports what reached it: its argv, the
-    --config it read, its command line as ps shows it, whether the key is in its environment."""
+    """The patched tree's sglang, but a stand-in sglang.launch_server that reports what reached it."""
     pkg = tmp_path / "fake" / "sglang"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text(f"__path__.append({str(ROOT / 'build' / 'sglang' / 'python' / 'sglang')!r})\n")
@@ -219,10 +209,8 @@ def box(tmp_path: Path, labels=None) -> _fake_docker.FakeDocker:
 
 
 def test_make_serve_checks_the_box_and_the_images_dry_run_then_runs_it(sglang_tree, tmp_path, hf, monkeypatch):
-    """The docker run (GPUs, --network host, the HF hub cache, a drafter directory and a key file mounted read-only
-    where they are, SGLang's variables but not this repository's, a name) is printed, the image's own dry run
-    resolves the command, the box is checked; then it runs, through the image's entrypoint to SGLang's
-    launch_server with the profile as --config."""
+    """The docker run is printed, the image's own dry run resolves the command, the box is checked; then it runs,
+    through the image's entrypoint to SGLang's launch_server with the profile as --config."""
     docker, port = box(tmp_path), str(free_port())
     snapshot(hf, "moonshotai/Kimi-K2.5")
     drafter, key = tmp_path / "my-drafter", tmp_path / "key"

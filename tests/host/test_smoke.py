@@ -34,21 +34,17 @@ def fake_sglang(tmp: Path, bodies: dict[str, str]) -> Path:
     return tmp
 
 
-def test_the_series_modules_are_the_patched_trees(sglang_tree):
+def test_the_patched_tree_imports_its_series_modules_and_loads_the_nccl_torch_runs(sglang_tree):
+    from scripts.host.nccl import nccl_report
+
     mods = smoke.series_modules()
     assert "sglang.srt.speculative.eagle_worker_v2" in mods and len(mods) == len(set(mods))
     for mod in mods:
         path = sglang_tree / "python" / Path(*mod.split("."))
         assert path.with_suffix(".py").is_file() or (path / "__init__.py").is_file(), mod
-
-
-def test_the_patched_tree_imports_and_loads_the_nccl_torch_runs(sglang_tree):
-    from scripts.host.nccl import nccl_report
-
-    nccl = nccl_report()["nccl"]
-    cp = run_smoke(sglang_tree / "python", "--expect-nccl", nccl)
+    cp = run_smoke(sglang_tree / "python", "--expect-nccl", nccl_report()["nccl"])
     assert cp.returncode == 0, cp.stdout[-3000:]
-    assert counts(cp.stdout) == (len(set([*smoke.ENTRY, *smoke.series_modules()])), 0, 0)
+    assert counts(cp.stdout) == (len(set([*smoke.ENTRY, *mods])), 0, 0)
 
 
 def test_a_failing_package_is_named_once(tmp_path):

@@ -90,7 +90,7 @@ class World:
         self.names = (self.patches / "series").read_text().split()[-2:]
 
     def env(self, **extra) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if k not in ("SGLANG_BASE", "SGLANG_WHEEL", "SGLANG_REPO")}
+        env = dict(os.environ, SGLANG_BASE="", SGLANG_WHEEL="", SGLANG_REPO="")  # empty: unset, to the verbs
         env.update(SGLANG_PATCHES_CACHE=str(self.tmp / "cache"), PIP_FIND_LINKS=str(self.tmp / "index"))
         env.update(PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1")  # pip's own hash check, on the local index
         return {**env, **extra}

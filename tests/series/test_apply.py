@@ -1,18 +1,20 @@
-"""`make apply` and `apply --python` on the tiny world (tests/series/conftest.py), and once on the real pinned wheel."""
+"""`make apply` and `apply --python` on the tiny world (tests/series/conftest.py), and once on the real pinned wheel;
+the one sglang locator (another interpreter's sglang, found without importing it)."""
 
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import time
 import zipfile
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, commit, message, subjects, wheel
 
+import _fake_docker
 from scripts.lib import git
+from scripts.series import sglang_pkg
 from scripts.series.base import pip_download, sha256_file
 from scripts.series.pin import applied_patchset, load_pin, patchset_id
 
@@ -100,16 +102,10 @@ def test_ctrl_c_leaves_the_tree_and_names_the_command_that_rebuilds(world, tmp_p
         f'#!/bin/sh\n[ "$3 $4" = "am -3" ] && touch {shim}/in-am && sleep 60\nexec {shutil.which("git")} "$@"\n'
     )
     (shim / "git").chmod(0o755)
+    args = ["--dest", dest, "--rebuild", "--patches-dir", world.patches]
     env = world.env(PATH=f"{shim}:{os.environ['PATH']}")
-    argv = [sys.executable, "-m", "scripts.series.apply", "--dest", str(dest), "--rebuild"]
-    argv += ["--patches-dir", str(world.patches)]
-    p = subprocess.Popen(argv, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    for _ in range(600):
-        if (shim / "in-am").exists() or p.poll() is not None:
-            break
-        time.sleep(0.1)
-    os.killpg(p.pid, signal.SIGINT)
-    seen = p.communicate(timeout=60)[1]
+    p = _fake_docker.interrupted("scripts.series.apply", *args, when=(shim / "in-am").exists, sig=signal.SIGINT, **env)
+    seen = p.stderr.read()
     assert p.returncode == 130, seen
     assert f"{dest} was left as it was. To build it, run make apply REBUILD=1 again" in seen, seen
     assert snapshot(dest) == before and "Traceback" not in seen
@@ -152,3 +148,14 @@ def test_the_real_series_on_the_real_pinned_wheel_installed(tmp_path):
     cp = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert cp.returncode == 0, cp.stderr
     assert applied_patchset(site / "sglang") == patchset_id() and git.status_porcelain(site) == ""
+
+
+def test_another_interpreter_is_asked_for_its_sglang_without_importing_it(tmp_path):
+    site = tmp_path / "site"
+    (site / "sglang").mkdir(parents=True)
+    (site / "sglang" / "__init__.py").write_text("raise SystemExit('the locator must not import sglang')\n")
+    assert sglang_pkg.find_sglang(sys.executable, env=dict(os.environ, PYTHONPATH=str(site))) == (site / "sglang", "")
+    pkg, why = sglang_pkg.find_sglang(str(tmp_path / "no-python"))
+    assert pkg is None and "no-python" in why
+    pkg, why = sglang_pkg.find_sglang(sys.executable, env=dict(os.environ, PYTHONPATH=str(tmp_path / "none")))
+    assert pkg is None and "has no sglang installed" in why

@@ -113,11 +113,11 @@ def test_a_python_below_3_11_is_named_with_the_fix():
 
 
 def test_make_clean_keeps_the_venv_and_distclean_removes_it():
-    def dry(target):
-        return subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
-
-    assert ".venv" not in dry("clean").split() and "build/sglang.new" in dry("clean").split()
-    assert ".venv" in dry("distclean").split()
+    clean, distclean = (
+        subprocess.run(["make", "-n", t], cwd=ROOT, capture_output=True, text=True, timeout=60).stdout.split()
+        for t in ("clean", "distclean")
+    )
+    assert ".venv" not in clean and "build/sglang.new" in clean and ".venv" in distclean
 
 
 def test_the_readme_series_table_is_generated_from_the_patches(tmp_path, monkeypatch):

@@ -1,9 +1,6 @@
-"""test-serve's servers: the phases, the lent-GPU route, one server's start, calls and stop.
-
-A phase is one server: a tiny target (tiny_models.py), with or without an EAGLE-3 or DFlash drafter, started from a
-tiny profile (docker/profiles/tiny/*.yaml, SGLang --config files as serve's) by SGLang's own popen_launch_server
-(`sglang serve --model-path T --config P ...`) and stopped by its terminate_and_kill_process_tree.
-"""
+"""test-serve's servers: a phase is one server, a tiny target (tiny_models.py) with or without an EAGLE-3 or DFlash
+drafter, started from a tiny profile (docker/profiles/tiny/*.yaml) by SGLang's own popen_launch_server and stopped by
+its terminate_and_kill_process_tree; the lent-GPU route."""
 
 import contextlib
 import dataclasses

@@ -66,8 +66,7 @@ def why_not(standins: bool) -> str:
 
 
 def pytest_collection_finish(session):
-    """With --serve-out (make test-serve, the image's verb), a machine that cannot start a server is one refusal:
-    the document records it and pytest exits 2, instead of a hundred failed tests."""
+    """With --serve-out, a machine that cannot start a server is one refusal, not a hundred failed tests."""
     why = session.config.getoption("--serve-out") and why_not(session.config.getoption("--standins"))
     if why:
         RUN["refused"] = why
@@ -76,8 +75,7 @@ def pytest_collection_finish(session):
 
 @pytest.fixture(scope="session")
 def server(request, tmp_path_factory):
-    """server(phase) -> its running _servers.Server. Every phase's server starts at once on first use; at the end
-    each is stopped (terminate_and_kill_process_tree) and checked gone with its port free."""
+    """server(phase) -> its running _servers.Server; all start at once on first use, end checked gone, ports free."""
     opt = request.config.getoption
     why = why_not(opt("--standins"))
     if why:

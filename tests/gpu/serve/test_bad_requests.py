@@ -8,7 +8,6 @@ import pytest
 import _servers as sv
 from tiny_models import greedy_chain, load_chain
 
-PHASE = "bad-requests"
 OOV = 999_999  # a token id outside the tiny vocabulary (and Kimi-K2.5's)
 DROP, MODEL = object(), "<served model>"
 

@@ -7,7 +7,6 @@ import pytest
 import _servers as sv
 from tiny_models import greedy_chain, load_chain
 
-PHASE = "client"
 SERVERS = ("llama-client", "llama-nospec")
 PROMPT, N = sv.prompts(seed=7, lens=(16,))[0], 32
 GRAMMAR = "(w1[0-9]*)+"  # tokens whose word starts with "w1": about half the chain's next tokens are refused

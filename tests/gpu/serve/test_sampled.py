@@ -12,7 +12,6 @@ import pytest
 import _servers as sv
 from tiny_models import VOCAB, greedy_chain, load_chain
 
-PHASE = "sampled"
 SERVERS = [sv.GUARDED, "llama-dflash-sampled"]
 GREEDY_FALLBACK = "falling back to greedy argmax verification"  # DFLASH without its sampled verify
 N = 48

@@ -12,7 +12,6 @@ import pytest
 import _servers as sv
 from tiny_models import greedy_chain, load_chain
 
-PHASE = "timing"  # of the test without a phase parameter
 MAX_NEW, BURST, TIMED_TOKENS = 128, 64, 256
 SPEC = [n for n, p in sv.PHASES.items() if p.reference]
 NOSPEC = sorted({sv.PHASES[n].reference for n in SPEC})

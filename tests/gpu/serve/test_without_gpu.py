@@ -14,7 +14,6 @@ import tiny_models as tm
 from scripts.box.results import read_junit
 from test_bad_requests import BAD
 
-PHASE = "suite"
 TOKEN_KEYS = ("input_ids", "prompt", "token_ids_logprob", "stop_token_ids", "sampling_params")  # of a bad request
 
 
