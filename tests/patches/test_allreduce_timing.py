@@ -108,22 +108,17 @@ def test_allreduce_timing_a_user_setting_wins(profile, tp8, monkeypatch, timed, 
         assert info["why"] == f"{setting} is set" and f"FlashInfer PCIe-IPC all-reduce off: {setting} is set." in log
 
 
-TABLE = ["pcie_ipc", "pcie_ipc", "nccl", "nccl"]  # the MAX of both ranks' times at 1, 2, 4 and 8 rows
-
-
 def test_allreduce_timing_is_one_group_decision(timing_starts):
     """Each rank's own times would route 1, 4 or 8 rows differently: the group takes the MAX on the host group and both
-    route alike. Before, the real GroupCoordinator of this 2-rank CPU group said why it built none."""
+    route alike; where rank 1 cannot time, both turn PCIe IPC off, neither left waiting. Before, the real
+    GroupCoordinator of this 2-rank CPU group said why it built none."""
+    table = ["pcie_ipc", "pcie_ipc", "nccl", "nccl"]  # the MAX of both ranks' times at 1, 2, 4 and 8 rows
     assert [r["differ"] for r in timing_starts] == [
-        {"timed": 1, "disabled": False, "source": "measured", "table": TABLE}
+        {"timed": 1, "disabled": False, "source": "measured", "table": table}
+    ] * 2
+    assert [r["fails"] for r in timing_starts] == [
+        {"timed": 1, "disabled": True, "source": "off", "table": [None] * 4}
     ] * 2
     assert [r["before"] for r in timing_starts] == [
         {"source": "off", "why": "not a TP group of >= 4 SM120 GPUs without NVLink"}
-    ] * 2
-
-
-def test_allreduce_timing_failing_on_one_rank_turns_it_off_everywhere(timing_starts):
-    """Rank 1 cannot time: both ranks turn PCIe IPC off (reductions keep NCCL), and neither is left waiting."""
-    assert [r["fails"] for r in timing_starts] == [
-        {"timed": 1, "disabled": True, "source": "off", "table": [None] * 4}
     ] * 2
