@@ -315,6 +315,7 @@ def _fusion_preflight(tp, driver, group) -> bool:
     import flashinfer.comm.mnnvl as mnnvl
     import torch
 
+    from _pcie import HIDDEN
     from sglang.srt.layers import flashinfer_comm_fusion as fcf
 
     posix = mnnvl.cuda.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
@@ -324,7 +325,7 @@ def _fusion_preflight(tp, driver, group) -> bool:
     mnnvl.is_mnnvl_fabric_supported = lambda dev: False  # a PCIe-only GPU: POSIX file descriptors
     comm = mnnvl.TorchDistBackend(group=group)
     return fcf._preflight_check_workspace_memory(
-        tp.world_size, 256, 7168, torch.bfloat16, cpu_group=tp.cpu_group, comm_backend=comm
+        tp.world_size, 256, HIDDEN, torch.bfloat16, cpu_group=tp.cpu_group, comm_backend=comm
     )
 
 
