@@ -175,11 +175,8 @@ def verify_wiring(tp, rank, vocab):
     outputs = []
 
     def forward(**kw):  # the target's verify forward: its logits processor on the given hidden states
-        outputs.append(
-            LogitsProcessorOutput(
-                next_token_logits=model.logits_processor._get_logits(states, lm_head, meta), hidden_states=None
-            )
-        )
+        logits = model.logits_processor._get_logits(states, lm_head, meta)
+        outputs.append(LogitsProcessorOutput(next_token_logits=logits, hidden_states=None))
         return SimpleNamespace(logits_output=outputs[-1])
 
     target = SimpleNamespace(model_runner=runner, forward_batch_generation=forward)
