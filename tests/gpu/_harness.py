@@ -1,13 +1,7 @@
-"""Runs one scenario of _ranks.py on N ranks, one process each, with scripts/box/ranks.py (the box's one spawner
-and watchdog: a group whose ranks disagree about a backend hangs, and the watchdog ends it, naming them in `hung`).
-
-    outcome = run_ranks("battery", world=8, device="cuda", params={...}, timeout=300)
-    outcome.ok, outcome.results (one dict per rank), outcome.errors, outcome.hung, outcome.explain()
-
-The children inherit sys.path: the patched tree tests/conftest.py put there, or the image's patched sglang. Where
-`import sgl_kernel` fails (CI, a lent GPU machine), the import-only stand-in tests/gpu/standin is appended to it:
-any sgl-kernel op it would reach raises, so nothing passes on it by accident.
-"""
+"""Runs one scenario of _ranks.py on N ranks, one process each, with scripts/box/ranks.py (the box's one spawner and
+watchdog: a group whose ranks disagree about a backend hangs, and the watchdog ends it, naming them in `hung`).
+The children inherit sys.path; where `import sgl_kernel` fails (CI, a lent GPU machine), the import-only stand-in
+tests/gpu/standin is appended: any sgl-kernel op it would reach raises, so nothing passes on it by accident."""
 
 import collections
 import dataclasses

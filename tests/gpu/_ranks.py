@@ -1,10 +1,6 @@
-"""What each rank runs in the GPU tier: scenario functions of a Rank (tests/gpu/_harness.py), returning JSON dicts.
-
-Every scenario brings SGLang up as the model runner does (scripts/comm/sglang_comm.py bring_up), then drives SGLang's
-own code: GroupCoordinator.all_reduce, the PCIe-IPC communicator and its start-up decision, the fused all-reduce +
-residual + RMSNorm op and its workspace manager. Inputs are seeded per rank, so each rank computes the fp32
-reference of every reduction itself.
-"""
+"""What each rank runs in the GPU tier: scenarios of a Rank (_harness.py) returning JSON dicts. Each brings SGLang up
+as the model runner does (sglang_comm.bring_up), then drives SGLang's own code; inputs are seeded per rank, so each
+rank computes the fp32 reference of every reduction itself."""
 
 import logging.handlers
 import os
@@ -83,7 +79,7 @@ def hang_on(r, stuck_rank: int):
 
 
 # ------------------------------------------------------------------------------------------ GPU: the battery
-def _routing(r, sa, rows, prefill_rows) -> list[dict]:
+def _routing(r, rows, prefill_rows) -> list[dict]:
     """tp.all_reduce eager and replayed from a graph captured inside graph_capture(), fresh inputs each way."""
     tp, log, t, timer = sc.tp_group(), sc.RouteLog(), sc.Tensors(r.rank, r.world, _device(r)), sc.Timer(r.device)
     out = []
@@ -106,8 +102,7 @@ def _routing(r, sa, rows, prefill_rows) -> list[dict]:
 
 
 def _fused(r, rows) -> list[dict]:
-    """SGLang's fused op vs an fp32 reference and vs tp.all_reduce + FlashInfer's fused add-RMSNorm; eager and
-    graph-replayed with fresh inputs."""
+    """SGLang's fused op vs an fp32 reference and vs tp.all_reduce + fused add-RMSNorm; eager and graph-replayed."""
     from flashinfer.norm import fused_add_rmsnorm
 
     t, timer, tp = sc.Tensors(r.rank, r.world, _device(r)), sc.Timer(r.device), sc.tp_group()
@@ -145,8 +140,7 @@ def _fused(r, rows) -> list[dict]:
 
 
 def _fusion_sizes(world: int, dtype) -> dict:
-    """The attention fusion workspace as built: FlashInfer's cuMem allocation sizes, and the sizes SGLang's
-    preflight probes before building it (_flashinfer_trtllm_workspace_allocation_sizes, its mirror of them)."""
+    """The fusion workspace's cuMem allocation sizes as FlashInfer built them, and as SGLang's preflight probes them."""
     from sglang.srt.layers import flashinfer_comm_fusion as fcf
     from sglang.srt.layers.layer_boundary import FUSE_ALLREDUCE_MAX_BATCH_SIZE
 
@@ -177,14 +171,10 @@ def _versions() -> dict:
             pynvml.nvmlShutdown()
         except Exception as e:  # noqa: BLE001 - a version is a fact to report, not a reason to fail
             out["driver"] = f"unknown ({type(e).__name__})"
-    try:
-        import flashinfer
-
-        out["flashinfer"] = flashinfer.__version__
-    except Exception as e:  # noqa: BLE001
-        out["flashinfer"] = f"unavailable ({type(e).__name__}: {e})"
+    import flashinfer  # the battery's fused op has run: it is there
     import sglang
 
+    out["flashinfer"] = flashinfer.__version__
     out["sglang"] = str(Path(sglang.__file__).parent)
     out["patchset"] = applied_patchset(Path(sglang.__file__).parent)
     prefixes = ("NCCL_", "SGLANG_ENABLE_PCIE", "SGLANG_SM120", "CUDA_VISIBLE")
@@ -193,10 +183,8 @@ def _versions() -> dict:
 
 
 def _pdl_race(r, rows, *, chain: int = 16, trials: int = 20) -> list[dict]:
-    """Graph-replayed chains of the fused op, each call feeding its residual to the next (as between layers) and
-    followed by a PDL-launched consumer reading its norm output at once (FlashInfer rmsnorm, enable_pdl=True).
-    Fresh inputs every trial, every trial checked against an fp32 chained reference; the op's own default and
-    trigger_completion_at_end=False (the pre-fix setting, as a control)."""
+    """Graph-replayed chains of the fused op (each residual feeding the next, as between layers), each call's norm
+    read at once by a PDL-launched rmsnorm; the op's default and trigger_completion_at_end=False (a control)."""
     from flashinfer.norm import rmsnorm
 
     t, timer = sc.Tensors(r.rank, r.world, _device(r)), sc.Timer(r.device)
@@ -246,7 +234,7 @@ def battery(r, rows, prefill_rows, fused_rows):
     sa = _up(r)
     result = {"pcie_ipc": sc.prepare_pcie_ipc(sa), "fusion": sc.prepare_fusion(torch.bfloat16)}
     result["fusion"].update(_fusion_sizes(r.world, torch.bfloat16))
-    result["routing"] = _routing(r, sa, rows, prefill_rows)
+    result["routing"] = _routing(r, rows, prefill_rows)
     result["fused"] = _fused(r, fused_rows)
     result["pdl_race"] = _pdl_race(r, RACE_ROWS)
     result["timings"] = sc.path_timings(r, TIMING_ROWS)
@@ -256,11 +244,8 @@ def battery(r, rows, prefill_rows, fused_rows):
 
 # ------------------------------------------------------------------------------------------ decisions
 def decisions(r, setting: str | None = None):
-    """The PCIe-IPC all-reduce's start-up decision on this device. The communicator is built with
-    SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 (setting "0": with =0, so it is off), then prepared as the model runner
-    prepares it with `setting` as that variable (None: unset, so the TP group times PCIe IPC, NCCL and FlashInfer's
-    kernel in CUDA graphs at each decode size, or reads an earlier start's table from FLASHINFER_AUTOTUNE_DIR).
-    Then one all-reduce per decided size; /server_info's allreduce_backends, prepare()'s seconds, the log lines."""
+    """The PCIe-IPC all-reduce's start-up decision, SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=`setting` at prepare() (None:
+    unset, so timed, or read from an earlier start's cache), then one all-reduce per decided size."""
     from sglang.srt.distributed.device_communicators.pcie_ipc_ar import allreduce_backends
 
     captured = logging.handlers.BufferingHandler(capacity=1 << 20)
@@ -304,8 +289,7 @@ def _hog_memory(leave_bytes: int) -> list:
 
 
 def fault_pcie_ipc_oom(r, bad_rank: int):
-    """One rank cannot allocate the PCIe-IPC workspace (FlashInfer's cudaMalloc precedes its handle exchange): it
-    keeps half of what the workspace needs (a few MB at 64 rows: a fixed margin would leave it enough) only while
+    """One rank keeps half of what the PCIe-IPC workspace needs free (a fixed margin would leave it enough) while
     the workspace is built."""
     from flashinfer.comm.pcie_ipc_ar import AR_MAX_BLOCKS, get_pcie_ipc_comm_module
 
@@ -359,16 +343,14 @@ def fault_pcie_ipc_tune(r, bad_rank: int):
 
 
 def fault_pcie_ipc_tune_dir(r, bad_rank: int):
-    """FlashInfer's autotune on, and bad_rank cannot write the tune cache (pcie_ipc_tune_vote's fault, on GPUs):
-    SGLang's vote before tuning must keep every rank off tuning, on the same (seed-policy) PCIe-IPC workspace."""
+    """bad_rank cannot write the tune cache (pcie_ipc_tune_vote's fault, on GPUs): no rank may tune."""
     _tune_dir(unwritable=r.rank == bad_rank)
     sa = _up(r, disable_flashinfer_autotune=False, cuda_graph_max_bs_decode=1, max_running_requests=1)
     return {"prepare": sc.prepare_pcie_ipc(sa), **_after_fault(r)}
 
 
 def fault_fusion_exchange(r, bad_rank: int):
-    """bad_rank cannot import its peers' handles in the fusion preflight's handle-exchange probe (the step after
-    FlashInfer's all-gather of shareable handles): every rank must skip the fusion, none be left in an exchange."""
+    """bad_rank cannot import its peers' handles in the fusion preflight's exchange probe: every rank must skip."""
     from sglang.srt.layers import flashinfer_comm_fusion as fcf
 
     if r.rank == bad_rank:
@@ -399,8 +381,7 @@ def fault_fusion_oom(r, bad_rank: int):
 
 
 def fault_nvml(r, bad_rank: int):
-    """One rank's NVML claims NVLink between every pair; FlashInfer's joint topology probe must still leave every
-    rank on the same backend (the default's own NVML vote is tested on CPU ranks, tests/patches)."""
+    """One rank's NVML claims NVLink between every pair: FlashInfer's joint topology probe must still agree."""
     if r.rank == bad_rank:
         import pynvml
 
@@ -411,10 +392,8 @@ def fault_nvml(r, bad_rank: int):
 
 # ------------------------------------------------------------------------------------------ CPU: the draft embedding
 def eagle3_draft_embedding(r, replicate: bool):
-    """The EAGLE-3 Llama-form draft handed the target's embedding table (EagleDraftWorker: set_embed) on CPU ranks
-    over gloo: the target's table is built as SGLang's DeepSeek-V2 family builds it (get_embedding_tp_kwargs(), so
-    replicated under SGLANG_ENABLE_EMBED_REPLICATION=1) and loaded with its own weight loader; the draft's
-    embedding must then look up the same rows on every rank as a plain lookup of the full table."""
+    """The EAGLE-3 draft handed the target's embedding table (set_embed), built as DeepSeek-V2 builds it
+    (get_embedding_tp_kwargs()), on CPU ranks: its lookup against a plain lookup of the full table."""
     from transformers import LlamaConfig
 
     if replicate:

@@ -1,12 +1,8 @@
-"""The GPU tier (`make test-gpu`): options, the world size and the skips.
+"""The GPU tier (`make test-gpu`): [EAGLE_GPU_WORLD=N] [EAGLE_GPU_TIMEOUT=S] pytest tests/gpu --ignore tests/gpu/serve
 
-  [EAGLE_GPU_WORLD=N] [EAGLE_GPU_TIMEOUT=S] pytest tests/gpu --ignore tests/gpu/serve [--junitxml FILE]
-
-World size: every visible GPU (CUDA_VISIBLE_DEVICES narrows it), at least 2; EAGLE_GPU_WORLD picks fewer. A test
-that needs GPUs skips with its reason where there are fewer, so in CI only the harness tests run (CPU ranks over
-gloo). Environment variables, not options: `make test` runs all of tests/, where this conftest's options would not
-exist. What a test records goes into pytest's junitxml as properties (scripts/host/gpu_tier.py's receipt).
-"""
+World size: every visible GPU, at least 2 (else the GPU tests skip, saying why); EAGLE_GPU_WORLD picks fewer.
+Environment variables, not options: `make test` runs all of tests/, where this conftest's options would not exist.
+What a test records goes into pytest's junitxml as properties (scripts/host/gpu_tier.py's receipt)."""
 
 import json
 import os

@@ -1,7 +1,6 @@
 """The PCIe-IPC all-reduce's start-up decision on this device (_ranks.decisions): timed per decode size in CUDA
 graphs, then read back from the cache by a second start; forced by SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1; off with =0.
-Every rank holds the same table and each size's all-reduce reaches the backend it names, summing right. Skips
-without >= 2 GPUs."""
+Every rank holds the same table and each size's all-reduce reaches the backend it names, summing right."""
 
 from _harness import run_ranks
 

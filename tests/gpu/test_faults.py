@@ -1,8 +1,6 @@
 """What happens when one rank fails. The kernels under test spin on peer flags with no timeout of their own, so a
 group whose ranks disagree about a backend would hang: every fault must end with every rank on the same backend,
-with correct results, or with the same clear error on every rank; never a hang (the harness timeout ends one).
-Skips without >= 2 GPUs.
-"""
+with correct results, or with the same clear error on every rank; never a hang (the harness timeout ends one)."""
 
 import pytest
 
@@ -20,8 +18,7 @@ PCIE_IPC_FAULTS = {
 
 def _results(scenario, world, timeout, bad_rank):
     outcome = run_ranks(scenario, world=world, timeout=min(timeout, 180), params={"bad_rank": bad_rank % world})
-    assert not outcome.hung, outcome.explain()
-    assert outcome.ok, outcome.explain()
+    assert outcome.ok, outcome.explain()  # a hang too
     return outcome.results
 
 

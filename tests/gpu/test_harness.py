@@ -1,22 +1,19 @@
 """The GPU tier's harness itself, in CI: CPU ranks over gloo (SGLang's CPU engine, no NCCL library) spawned, brought
 up, failing or hanging, and the GPU tests' skip where there is no GPU; and the group decisions that need no GPU, on
-the patch tests' CPU ranks (each scenario below: scenario(tp, rank, **params))."""
+the patch tests' CPU ranks (their scenarios in tests/patches/_gloo.py)."""
 
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from _harness import gpu_count, run_ranks
-from scripts.box import ranks
 from scripts.box.results import read_junit
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "patches"))  # the patch tests' CPU ranks (_gloo) and PCIe-IPC stand-ins (_pcie)
 import _gloo  # noqa: E402
-from _pcie import HIDDEN, Workspace  # noqa: E402
 
 
 def test_harness_brings_sglang_up_on_cpu_ranks():
@@ -62,111 +59,23 @@ def test_gpu_tests_skip_with_their_reason_without_gpus(tmp_path):
     assert all("needs >= 2 GPUs" in c["message"] for c in doc["cases"]), doc["cases"]
 
 
-def _on_gloo(rank, world, port, phase, scenario, autotune, params):
-    """`scenario` below on a CPU rank brought up as the patch tests' (tests/patches/_gloo.py: SGLang's TP group over
-    gloo, the CUDA probes answering as an idle 80 GB GPU)."""
-    import _gloo
-
-    setattr(_gloo, scenario, globals()[scenario])
-    return _gloo._child(rank, world, port, phase, scenario, autotune, params)
-
-
-def two_cpu_ranks(scenario: str, autotune: bool = False, **params) -> list:
-    """What `scenario` returned on each of two CPU ranks over gloo (SGLang's real TP group)."""
-    outcome = ranks.run(_on_gloo, 2, 240, scenario, autotune, params, env=_gloo.CPU_ENV)
-    assert outcome.ok, outcome.explain()
-    return outcome.results
-
-
-def _workspace_size():
-    """FlashInfer's PCIe-IPC workspace size function (JIT, GPU only), stood in: 2 bytes x max_numel x 2 stages."""
-    import flashinfer.comm.pcie_ipc_ar as fi_ar
-
-    fi_ar.get_pcie_ipc_comm_module = lambda: SimpleNamespace(workspace_size=lambda world, n, elem, blocks: 2 * n * elem)
-
-
-def pcie_ipc_vote(tp, rank, short_rank):
-    import torch
-
-    _workspace_size()
-    free = (1 << 20) if rank == short_rank else (80 << 30)
-    torch.cuda.mem_get_info = lambda device=None: (free, 96 << 30)
-    comm = _gloo._pcie_ipc(tp)
-    comm._tune = lambda hidden: None
-    comm.prepare(hidden=HIDDEN, max_rows=64)
-    return {"disabled": comm.disabled, "built": [w.max_numel for w in Workspace.built]}
-
-
 @pytest.mark.parametrize("short_rank", [None, 1])
 def test_pcie_ipc_build_is_a_group_decision(short_rank):
     """The PCIe-IPC workspace is built on both ranks or on neither: with one rank short of memory, neither enters
     FlashInfer's build (whose handle exchange would block the other)."""
-    results = two_cpu_ranks("pcie_ipc_vote", short_rank=short_rank)
-    disabled, built = [r["disabled"] for r in results], [r["built"] for r in results]
-    if short_rank is None:
-        assert disabled == [False, False] and built == [[64 * 7168]] * 2
-    else:
-        assert disabled == [True, True] and built == [[], []]
-
-
-def pcie_ipc_tune_vote(tp, rank, bad_rank, fault):
-    from _ranks import _tune_dir
-
-    calls = {"tune": 0, "destroy": 0}
-
-    class Tuned(Workspace):
-        def tune(self, hiddens, **kw):
-            calls["tune"] += 1
-            if fault == "raises" and rank == bad_rank:
-                raise OSError(f"injected tune failure on rank {bad_rank}")
-            return {(hiddens[0], 8): "config"}
-
-        def destroy(self):
-            calls["destroy"] += 1
-
-    _workspace_size()
-    _tune_dir(unwritable=fault == "unwritable" and rank == bad_rank)
-    comm = _gloo._pcie_ipc(tp, Tuned)
-    comm.prepare(hidden=HIDDEN, max_rows=64)
-    return {"disabled": comm.disabled, **calls}
+    results = _gloo.run("pcie_ipc_vote", short_rank=short_rank)
+    want = (True, []) if short_rank else (False, [64 * 7168])
+    assert [(r["disabled"], r["built"]) for r in results] == [want] * 2
 
 
 @pytest.mark.parametrize("fault, bad_rank", [("unwritable", 0), ("raises", 1)])
 def test_pcie_ipc_autotune_is_a_group_decision(fault, bad_rank):
-    """A tune cache one rank cannot write keeps every rank from tuning (all on the seed policy, PCIe IPC kept;
-    FlashInfer writes it on rank 0 between two barriers: an I/O error there would leave the others in the second); a
-    tune() that raises on one rank takes PCIe IPC off on every rank (each destroys its workspace), so no rank is left
-    in a collective its peers never enter."""
-    results = two_cpu_ranks("pcie_ipc_tune_vote", autotune=True, bad_rank=bad_rank, fault=fault)
-    got = [(x["disabled"], x["tune"], x["destroy"]) for x in results]
-    if fault == "unwritable":
-        assert got == [(False, 0, 0)] * 2
-    else:
-        assert got == [(True, 1, 1)] * 2
-
-
-def fusion_exchange_vote(tp, rank, bad_rank, fail):
-    import flashinfer.comm.mnnvl as mnnvl
-    import torch
-
-    from _fake_cuda import FakeCudaDriver
-    from sglang.srt.layers import flashinfer_comm_fusion as fcf
-
-    drv = FakeCudaDriver(fail if rank == bad_rank else None)
-    posix = mnnvl.cuda.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-    prop = SimpleNamespace(location=SimpleNamespace(id=0), requestedHandleTypes=posix)
-    fcf.get_cuda_driver_bindings = lambda: drv
-    fcf._make_flashinfer_workspace_allocation_prop = lambda d: prop
-    mnnvl.is_mnnvl_fabric_supported = lambda dev: False  # a PCIe-only GPU: POSIX file descriptors
-    # FlashInfer's TorchDistBackend over the gloo group: what SGLang's _FixedTorchDistBackend subclasses (that
-    # subclass is defined only where FlashInfer is available for the device, which a CPU rank is not)
-    comm = mnnvl.TorchDistBackend(group=tp.cpu_group)
-    proceed = fcf._preflight_check_workspace_memory(
-        tp.world_size, 256, HIDDEN, torch.bfloat16, cpu_group=tp.cpu_group, comm_backend=comm
-    )
-    count = drv.calls.count
-    calls = {"imports": count("cuMemImportFromShareableHandle"), "creates": count("cuMemCreate")}
-    return {"proceed": proceed, **calls, "releases": count("cuMemRelease")}
+    """A tune cache one rank cannot write keeps every rank from tuning (FlashInfer writes it on rank 0 between two
+    barriers: an I/O error there would leave the others in the second); a tune() raising on one rank takes PCIe IPC
+    off on every rank (each destroys its workspace): no rank is left in a collective its peers never enter."""
+    results = _gloo.run("pcie_ipc_tune_vote", autotune=True, bad_rank=bad_rank, fault=fault)
+    want = (False, 0, 0) if fault == "unwritable" else (True, 1, 1)
+    assert [(x["disabled"], x["tune"], x["destroy"]) for x in results] == [want] * 2
 
 
 @pytest.mark.parametrize(
@@ -176,9 +85,8 @@ def test_fusion_workspace_handle_exchange_is_a_group_decision(fail):
     """The fusion preflight exports, exchanges (FlashInfer's own SCM_RIGHTS exchange), imports and maps one probe
     handle per workspace buffer: one rank failing any step makes every rank skip the fusion; with no failure both
     proceed; every probe handle is released."""
-    results = two_cpu_ranks("fusion_exchange_vote", bad_rank=1, fail=fail)
+    results = _gloo.run("fusion_exchange_vote", bad_rank=1, fail=fail)
     assert [x["proceed"] for x in results] == [fail is None] * 2, results
-    for x in results:
-        assert x["releases"] >= x["creates"]
+    assert all(x["releases"] >= x["creates"] for x in results)
     if fail == "cuMemExportToShareableHandle":  # voted down before any exchange
         assert [x["imports"] for x in results] == [0, 0]

@@ -143,9 +143,8 @@ class _Stop(Exception):
 
 
 def verify_wiring(tp, rank, vocab):
-    """EAGLEWorkerV2.verify to eagle_sample with the target's real LogitsProcessor and vocab-parallel ParallelLMHead (the
-    last shard holds padding) armed by defer_target_verify_gather; verify_tree_greedy_func records the greedy tokens
-    of each batch kind. Stood in: the verify's preparation and the model body (hidden states given)."""
+    """EAGLEWorkerV2.verify to eagle_sample, the target's real LogitsProcessor and ParallelLMHead (padded last shard)
+    armed by defer_target_verify_gather: the greedy tokens of each batch kind. The model body is stood in."""
     import contextlib
 
     import torch
@@ -176,11 +175,8 @@ def verify_wiring(tp, rank, vocab):
     outputs = []
 
     def forward(**kw):  # the target's verify forward: its logits processor on the given hidden states
-        outputs.append(
-            LogitsProcessorOutput(
-                next_token_logits=model.logits_processor._get_logits(states, lm_head, meta), hidden_states=None
-            )
-        )
+        logits = model.logits_processor._get_logits(states, lm_head, meta)
+        outputs.append(LogitsProcessorOutput(next_token_logits=logits, hidden_states=None))
         return SimpleNamespace(logits_output=outputs[-1])
 
     target = SimpleNamespace(model_runner=runner, forward_batch_generation=forward)
@@ -265,42 +261,98 @@ def tune_cache_save_fails(tp, rank):
     return {"disabled": comm.disabled, "barrier_broken": broken}
 
 
-def fusion_exchange_fails_early(tp, rank, bad_rank):
-    """The fusion workspace preflight, FlashInfer's real handle exchange over a group of its own (as the device group
-    is), bad_rank unable to make the exchange's socket directory: a failure before the exchange's first collective."""
+def _workspace_size():
+    """FlashInfer's PCIe-IPC workspace size function (JIT, GPU only), stood in: 2 bytes x max_numel x 2 stages."""
+    import flashinfer.comm.pcie_ipc_ar as fi_ar
+
+    fi_ar.get_pcie_ipc_comm_module = lambda: SimpleNamespace(workspace_size=lambda world, n, elem, blocks: 2 * n * elem)
+
+
+def pcie_ipc_vote(tp, rank, short_rank):
+    import torch
+
+    from _pcie import HIDDEN, Workspace
+
+    _workspace_size()
+    free = (1 << 20) if rank == short_rank else (80 << 30)
+    torch.cuda.mem_get_info = lambda device=None: (free, 96 << 30)
+    comm = _pcie_ipc(tp)
+    comm._tune = lambda hidden: None
+    comm.prepare(hidden=HIDDEN, max_rows=64)
+    return {"disabled": comm.disabled, "built": [w.max_numel for w in Workspace.built]}
+
+
+def pcie_ipc_tune_vote(tp, rank, bad_rank, fault):
+    from _pcie import HIDDEN, Workspace
+    from _ranks import _tune_dir
+
+    calls = {"tune": 0, "destroy": 0}
+
+    class Tuned(Workspace):
+        def tune(self, hiddens, **kw):
+            calls["tune"] += 1
+            if fault == "raises" and rank == bad_rank:
+                raise OSError(f"injected tune failure on rank {bad_rank}")
+            return {(hiddens[0], 8): "config"}
+
+        def destroy(self):
+            calls["destroy"] += 1
+
+    _workspace_size()
+    _tune_dir(unwritable=fault == "unwritable" and rank == bad_rank)
+    comm = _pcie_ipc(tp, Tuned)
+    comm.prepare(hidden=HIDDEN, max_rows=64)
+    return {"disabled": comm.disabled, **calls}
+
+
+def _fusion_preflight(tp, driver, group) -> bool:
+    """The fusion workspace preflight on `driver` (_fake_cuda.py), FlashInfer's real handle exchange over `group`
+    (FlashInfer's TorchDistBackend: SGLang's _FixedTorchDistBackend, its subclass, exists only where FlashInfer has
+    the device, which a CPU rank is not)."""
     import flashinfer.comm.mnnvl as mnnvl
     import torch
+
+    from _pcie import HIDDEN
+    from sglang.srt.layers import flashinfer_comm_fusion as fcf
+
+    posix = mnnvl.cuda.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+    prop = SimpleNamespace(location=SimpleNamespace(id=0), requestedHandleTypes=posix)
+    fcf.get_cuda_driver_bindings = lambda: driver
+    fcf._make_flashinfer_workspace_allocation_prop = lambda d: prop
+    mnnvl.is_mnnvl_fabric_supported = lambda dev: False  # a PCIe-only GPU: POSIX file descriptors
+    comm = mnnvl.TorchDistBackend(group=group)
+    return fcf._preflight_check_workspace_memory(
+        tp.world_size, 256, HIDDEN, torch.bfloat16, cpu_group=tp.cpu_group, comm_backend=comm
+    )
+
+
+def fusion_exchange_vote(tp, rank, bad_rank, fail):
+    """bad_rank's driver failing the call `fail`; the exchange over the TP group's gloo group."""
+    from _fake_cuda import FakeCudaDriver
+
+    drv = FakeCudaDriver(fail if rank == bad_rank else None)
+    proceed, count = _fusion_preflight(tp, drv, tp.cpu_group), drv.calls.count
+    calls = {"imports": count("cuMemImportFromShareableHandle"), "creates": count("cuMemCreate")}
+    return {"proceed": proceed, **calls, "releases": count("cuMemRelease")}
+
+
+def fusion_exchange_fails_early(tp, rank, bad_rank):
+    """The exchange over a group of its own (as the device group is), bad_rank unable to make the exchange's socket
+    directory: a failure before the exchange's first collective."""
     import torch.distributed as dist
 
     from _fake_cuda import FakeCudaDriver
-    from sglang.srt.layers import flashinfer_comm_fusion as fcf
 
     side = dist.new_group(backend="gloo")
-    prop = SimpleNamespace(
-        location=SimpleNamespace(id=0),
-        requestedHandleTypes=mnnvl.cuda.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-    )
-    fcf.get_cuda_driver_bindings = lambda: FakeCudaDriver(None)
-    fcf._make_flashinfer_workspace_allocation_prop = lambda driver: prop
-    mnnvl.is_mnnvl_fabric_supported = lambda device: False  # a PCIe-only GPU: POSIX file descriptors
     if rank == bad_rank:
         tempfile.tempdir = "/nonexistent/tmp"
-    proceed = fcf._preflight_check_workspace_memory(
-        tp.world_size,
-        256,
-        7168,
-        torch.bfloat16,
-        cpu_group=tp.cpu_group,
-        comm_backend=mnnvl.TorchDistBackend(group=side),
-    )
-    return {"proceed": proceed}
+    return {"proceed": _fusion_preflight(tp, FakeCudaDriver(None), side)}
 
 
 def allreduce_timing(tp, rank, cache_dir):
-    """Four starts of the all-reduce timing on one TP group, each a fresh communicator prepared as the model runner does,
-    _time_backends faked per rank, the box (PCI buses, NVML) faked; first what /server_info says of this CPU group.
-      differ: each rank's times alone would route 1, 4, 8 rows differently; cached: a second start on the box;
-      new_driver: another driver is another box; fails: rank 1 cannot time (on yet another driver)."""
+    """Four starts of the all-reduce timing, each a fresh communicator prepared as the model runner does, the box and
+    _time_backends faked per rank: differ (each rank's times alone would route differently), cached (a second start),
+    new_driver (another driver is another box), fails (rank 1 cannot time); first what /server_info says."""
     import pynvml
     import torch
 

@@ -1,8 +1,6 @@
-"""SGLang's PCIe-IPC communicator and TP group coordinator as the patch tests build them (no GPU here).
-
-The real PcieIpcCommunicator and GroupCoordinator are made without their constructors, which need CUDA devices and
-process groups; FlashInfer's PCIe-IPC workspaces (GPU only) are stood in by `Workspace`, which keeps their contract
-with SGLang: built with the max_numel asked for, admitting what fits it. conftest.py installs them."""
+"""SGLang's PCIe-IPC communicator and TP group coordinator as the patch tests build them (no GPU here): the real
+classes made without their constructors (which need CUDA devices and process groups), FlashInfer's PCIe-IPC
+workspaces (GPU only) stood in by `Workspace`, which keeps their contract with SGLang. conftest.py installs them."""
 
 from pathlib import Path
 from types import SimpleNamespace
@@ -63,13 +61,10 @@ def on_pci_buses(monkeypatch):
     """CUDA device i sits on PCI bus BUS[i] of FakeNvml's box (the meta device on BUS[0])."""
     from _fake_nvml import BUS
 
-    monkeypatch.setattr(
-        torch.cuda,
-        "get_device_properties",
-        lambda d: SimpleNamespace(
-            pci_domain_id=0, pci_bus_id=int(BUS[d.index or 0].split(":")[1], 16), pci_device_id=0
-        ),
-    )
+    def properties(d):
+        return SimpleNamespace(pci_domain_id=0, pci_bus_id=int(BUS[d.index or 0].split(":")[1], 16), pci_device_id=0)
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
 
 
 def communicator(world=8, **attrs):

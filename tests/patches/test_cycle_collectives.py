@@ -277,14 +277,11 @@ def test_the_dflash_cycle_has_no_nccl_call_at_any_captured_batch(kimi_dflash, tp
         weight=head.weight, block_size=BLOCK, num_org=256, org_vocab_start=0, max_bs=max(capture_bs), tp_group=tp8
     )
     monkeypatch.setattr(dw, "is_dflash_sampling_verify_available", lambda: True)
-    monkeypatch.setattr(
-        dw,
-        "compute_dflash_sampling_correct_drafts_and_bonus",
-        lambda candidates, **kw: (
-            torch.zeros(len(candidates), dtype=torch.int32),
-            torch.zeros(len(candidates), dtype=torch.int64),
-        ),
-    )
+
+    def correct_drafts_and_bonus(candidates, **kw):
+        return torch.zeros(len(candidates), dtype=torch.int32), torch.zeros(len(candidates), dtype=torch.int64)
+
+    monkeypatch.setattr(dw, "compute_dflash_sampling_correct_drafts_and_bonus", correct_drafts_and_bonus)
     worker = bare(
         dw.DFlashWorkerV2,
         _draft_greedy_local_max_buf=None,
@@ -295,7 +292,10 @@ def test_the_dflash_cycle_has_no_nccl_call_at_any_captured_batch(kimi_dflash, tp
         block_size=BLOCK,
         _use_triton_accept_bonus=False,
     )
-    sampled = SimpleNamespace(is_all_greedy=False), SimpleNamespace(max_top_k=None, uniform_top_k_value=None)
+    sampled = dict(
+        sampling_info=SimpleNamespace(is_all_greedy=False),
+        draft_input=SimpleNamespace(max_top_k=None, uniform_top_k_value=None),
+    )
     for bs in capture_bs:
         n = BLOCK * bs
 
@@ -307,14 +307,9 @@ def test_the_dflash_cycle_has_no_nccl_call_at_any_captured_batch(kimi_dflash, tp
             processor.deferred_argmax(torch.zeros(n, KIMI_VOCAB_SHARD, dtype=torch.bfloat16))
             gather(tp8, n, KIMI_VOCAB_SHARD)  # finish_deferred_gather's, as all_gather issues it on a GPU
             block = dict(candidates=torch.zeros(bs, BLOCK, dtype=torch.int64), prefix_lens=torch.zeros(bs), bs=bs)
-            worker._accept_block(
-                **block,
-                next_token_logits=None,
-                sampling_info=None,
-                draft_input=None,
-                target_predict=torch.zeros(n, dtype=torch.int64),
-            )  # greedy
-            worker._accept_block(**block, next_token_logits=None, sampling_info=sampled[0], draft_input=sampled[1])
+            greedy = dict(sampling_info=None, draft_input=None, target_predict=torch.zeros(n, dtype=torch.int64))
+            for accept in (greedy, sampled):
+                worker._accept_block(**block, next_token_logits=None, **accept)
 
         calls = recorded("draft_block", step)["calls"]  # the eager head gathers per 256 rows
         assert {op: set(b) for op, b in calls.items()} == {op: {"pcie_ipc"} for op in calls} and len(calls) == 3, bs

@@ -24,13 +24,11 @@ def test_pcie_ipc_logs_each_ranks_numa_node_and_warns_on_a_split_island(profile,
     on_pci_buses(monkeypatch)
     monkeypatch.setattr(dist, "all_reduce", lambda flag, op, group: None)  # every rank agrees
     monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
-    monkeypatch.setattr(
-        dist,
-        "all_gather_object",
-        lambda out, obj, group: out.__setitem__(
-            slice(None), [pcie_ipc_ar._gpu_placement(torch.device("cuda", r)) for r in range(8)]
-        ),
-    )
+
+    def all_gather_object(out, obj, group):
+        out[:] = [pcie_ipc_ar._gpu_placement(torch.device("cuda", r)) for r in range(8)]
+
+    monkeypatch.setattr(dist, "all_gather_object", all_gather_object)
     monkeypatch.setenv("FLASHINFER_AUTOTUNE_DIR", str(tmp_path / "tune"))
     with caplog.at_level(logging.INFO):
         communicator(_cpu_group="host-group", _tune=lambda hidden: None).prepare(hidden=HIDDEN, max_rows=64)

@@ -1,11 +1,7 @@
 """Import-only stand-ins for packages a lent GPU machine lacks: sgl_kernel (built for another torch) and flash_mla
-(the EAGLE worker's isinstance check imports it). Never on the serving image's path; tests/gpu/_harness.py appends
-it where `import sgl_kernel` fails, test-serve's lent-GPU route names it (_servers.LENT_PATHS).
-
+(the EAGLE worker imports it). Never on the serving image's path (_harness.py, _servers.LENT_PATHS add it).
 `stand_in(__name__, ops)` in a package's __init__ makes it and its submodules importable: a name in `ops` is that
-function, any other a falsy placeholder (its attributes too) that raises NotImplementedError when called, so a
-kernel that would really run cannot pass on a fake.
-"""
+function, any other a falsy placeholder that raises NotImplementedError when called, so no kernel passes on a fake."""
 
 import importlib.abc
 import importlib.machinery

@@ -1,11 +1,6 @@
-"""Import-only stand-in for sgl-kernel (tests/gpu/standin/eagle_importonly.py says why and how).
-
-SGLang's argument resolution and distributed bring-up import modules that import `sgl_kernel`; test-gpu never
-calls an op of it. For the tiny servers of test-serve's lent-GPU route three names are answered, by SGLang's own
-kernels of the same contract (nothing is re-implemented here): moe_align_block_size (its JIT CUDA kernel),
-moe_sum_reduce (its Triton one) and utils.is_arch_support_pdl() -> False (asked by SGLang's triton attention at
-start; the stand-in vouches for no programmatic-dependent-launch path).
-"""
+"""Import-only stand-in for sgl-kernel (eagle_importonly.py says why and how). test-gpu calls no op of it; for the
+tiny servers of test-serve's lent-GPU route three are answered by SGLang's own kernels of the same contract:
+moe_align_block_size, moe_sum_reduce, and utils.is_arch_support_pdl() -> False (vouching for no PDL path)."""
 
 from eagle_importonly import stand_in
 
